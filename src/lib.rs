@@ -1,0 +1,1 @@
+//! redlock-mux: Redlock distributed locks over N independent Redis masters.
