@@ -1,1 +1,35 @@
-//! redlock-mux: Redlock distributed locks over N independent Redis masters.
+//! # redlock-mux
+//!
+//! Redlock distributed locks over N independent Redis masters, for blocking programs.
+//!
+//! Each operation writes its command to all N nodes at once over non-blocking sockets, and
+//! returns as soon as a quorum (`N / 2 + 1`) has answered: one round trip to the fastest
+//! majority, not N sequential ones. There is no async runtime and no background thread.
+//!
+//! What is in scope:
+//! - the Redlock mutex of antirez's specification: acquire with `SET NX PX`, validity of
+//!   `ttl − elapsed − drift`, cleanup on every node after a failed attempt, jittered retries,
+//!   extension within the validity, release by compare-and-delete;
+//! - the building blocks it stands on, usable on their own: a sans-IO RESP2 codec
+//!   ([`resp`]) and a sans-IO quorum core driven with caller-supplied time ([`core`]).
+//!
+//! What is not: Redis Cluster routing, Sentinel failover, RESP3, TLS, and any safety beyond
+//! what Redlock's timing assumptions give (see the README's "Guarantees and their limits").
+//!
+//! Layers, from the bottom: [`resp`] (codec) and [`core`] (fan-out, quorum, validity, lock
+//! algorithms) never touch a socket or a clock; a thin mio driver runs them over TCP; the
+//! [`Client`] and its guards are the API.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod client;
+pub mod core;
+mod driver;
+mod error;
+pub mod resp;
+mod rng;
+mod sha1;
+mod url;
+
+pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
+pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};

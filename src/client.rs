@@ -1,0 +1,530 @@
+//! The lock API: [`Client`], its [`ClientBuilder`], and the [`Lock`] guard.
+#![forbid(unsafe_code)]
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::core::ops::{Acquire, Extend, Op, Release};
+use crate::core::{quorum, Decision, Round, Timing};
+use crate::driver::Driver;
+use crate::error::{Error, InvalidArgument, NodeFailure};
+use crate::resp::Limits;
+use crate::rng::Token;
+use crate::url::NodeAddr;
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 64 * 1024;
+/// The most nodes one client may use.
+pub const MAX_NODES: usize = 64;
+/// The longest TTL accepted: 2^44 ms, a little over 557 years. Longer ones could overflow the
+/// server's millisecond clock arithmetic.
+pub const MAX_TTL: Duration = Duration::from_millis(1 << 44);
+
+/// Most idle drivers kept for reuse; more threads than this still work, they just connect anew.
+const MAX_IDLE_DRIVERS: usize = 64;
+
+/// Settings shared by every thread using a client.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub nodes: Vec<NodeAddr>,
+    pub node_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub retry_count: u32,
+    pub retry_delay: Duration,
+    pub wait_timeout: Duration,
+    pub drift_factor: f64,
+    pub limits: Limits,
+}
+
+/// A Redlock client over N independent Redis masters.
+///
+/// Cheap to clone; clones share configuration and idle connections. Each thread that locks
+/// concurrently gets its own connections to every node, so threads never wait on each other.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_mux::Client;
+///
+/// let client = Client::new(["redis://127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"])?;
+/// let lock = client.lock("invoice:42", Duration::from_secs(10))?;
+/// // ... work that must finish within lock.validity() ...
+/// lock.release()?;
+/// # Ok::<(), redlock_mux::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Arc<Config>,
+    pool: Mutex<Vec<Driver>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field(
+                "nodes",
+                &self
+                    .inner
+                    .config
+                    .nodes
+                    .iter()
+                    .map(|n| n.display.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Client`]; see each method for its default.
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    nodes: Vec<String>,
+    node_timeout: Duration,
+    connect_timeout: Duration,
+    retry_count: u32,
+    retry_delay: Duration,
+    wait_timeout: Duration,
+    drift_factor: f64,
+}
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        ClientBuilder {
+            nodes: Vec::new(),
+            node_timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            retry_count: 32,
+            retry_delay: Duration::from_millis(50),
+            wait_timeout: Duration::from_secs(10),
+            drift_factor: 0.01,
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// Adds nodes, as `redis://[user:password@]host:port[/db]` or bare `host:port` URLs.
+    ///
+    /// The quorum is `N / 2 + 1`. An even `N` is allowed but buys nothing: 4 nodes need 3, so
+    /// they survive one failure, like 3 nodes do.
+    pub fn nodes<I, S>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.nodes
+            .extend(nodes.into_iter().map(|s| s.as_ref().to_owned()));
+        self
+    }
+
+    /// How long to wait for one node's reply before counting it as failed. Keep it small next
+    /// to the TTL (seed 004 suggests 5–50 ms for a 10 s TTL). Default 50 ms.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// How long a TCP connect may take before it is abandoned. Default 1 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How many times [`Client::lock`] retries after a failed attempt. Default 32.
+    pub fn retry_count(mut self, count: u32) -> Self {
+        self.retry_count = count;
+        self
+    }
+
+    /// The base delay between attempts; each delay is drawn from `[d/2, 3d/2)`. Default 50 ms.
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// The longest [`Client::lock`] waits in all, whatever the retry count. Default 10 s.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = timeout;
+        self
+    }
+
+    /// Clock drift between processes allowed for, as a fraction of the TTL; 2 ms are always
+    /// added. Must be in `[0, 0.5)`. Default 0.01.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// Checks every setting and resolves every node. Nothing is sent yet: connections open on
+    /// first use, and a node that is down then only counts against the quorum.
+    pub fn build(self) -> Result<Client, Error> {
+        if self.nodes.is_empty() {
+            return Err(InvalidArgument::NoNodes.into());
+        }
+        if self.nodes.len() > MAX_NODES {
+            return Err(InvalidArgument::TooManyNodes {
+                count: self.nodes.len(),
+                max: MAX_NODES,
+            }
+            .into());
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return Err(InvalidArgument::BadOption {
+                name: "drift_factor",
+                reason: "must be at least 0 and less than 0.5",
+            }
+            .into());
+        }
+        if self.node_timeout.is_zero() {
+            return Err(InvalidArgument::BadOption {
+                name: "node_timeout",
+                reason: "must be more than zero",
+            }
+            .into());
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(InvalidArgument::BadOption {
+                name: "connect_timeout",
+                reason: "must be more than zero",
+            }
+            .into());
+        }
+        let mut nodes: Vec<NodeAddr> = Vec::with_capacity(self.nodes.len());
+        for url in &self.nodes {
+            let node = NodeAddr::parse(url)?;
+            if nodes.iter().any(|n| n.addr == node.addr && n.db == node.db) {
+                return Err(InvalidArgument::DuplicateNode { url: url.clone() }.into());
+            }
+            nodes.push(node);
+        }
+        let config = Arc::new(Config {
+            nodes,
+            node_timeout: self.node_timeout,
+            connect_timeout: self.connect_timeout,
+            retry_count: self.retry_count,
+            retry_delay: self.retry_delay,
+            wait_timeout: self.wait_timeout,
+            drift_factor: self.drift_factor,
+            limits: Limits::default(),
+        });
+        Ok(Client {
+            inner: Arc::new(Inner {
+                config,
+                pool: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+}
+
+impl Client {
+    /// A client over `nodes` with default settings; see [`ClientBuilder::nodes`] for the URL
+    /// forms.
+    pub fn new<I, S>(nodes: I) -> Result<Client, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Client::builder().nodes(nodes).build()
+    }
+
+    /// A builder with default settings.
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
+    /// How many nodes this client uses.
+    pub fn nodes(&self) -> usize {
+        self.inner.config.nodes.len()
+    }
+
+    /// How many nodes must agree: `nodes() / 2 + 1`.
+    pub fn quorum(&self) -> usize {
+        quorum(self.nodes())
+    }
+
+    /// One attempt to take the lock on `key` for `ttl`, without retrying.
+    ///
+    /// Fails with [`Error::Contended`] when someone else holds it.
+    pub fn try_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        self.lock_with(key.as_ref(), ttl, false)
+    }
+
+    /// Takes the lock on `key` for `ttl`, retrying after a jittered delay up to the retry count
+    /// and the wait timeout. The returned guard is valid for [`Lock::validity`], which is less
+    /// than `ttl` by the time the quorum took and the drift allowance.
+    pub fn lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        self.lock_with(key.as_ref(), ttl, true)
+    }
+
+    fn lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<Lock, Error> {
+        check_key(key)?;
+        let (ttl_ms, timing) = self.timing(ttl)?;
+        let token = Token::generate();
+        let acquire = Acquire {
+            key,
+            token: token.as_bytes(),
+            ttl_ms,
+        };
+        let release = Release {
+            key,
+            token: token.as_bytes(),
+        };
+        let valid_until = self.acquire(&acquire, &release, timing, wait)?;
+        Ok(Lock {
+            client: self.clone(),
+            key: key.to_vec(),
+            token,
+            valid_until,
+            released: false,
+        })
+    }
+
+    /// The TTL in whole milliseconds (what the server is told) and the timing built on it.
+    pub(crate) fn timing(&self, ttl: Duration) -> Result<(u64, Timing), InvalidArgument> {
+        if ttl.is_zero() {
+            return Err(InvalidArgument::ZeroTtl);
+        }
+        if ttl > MAX_TTL || Instant::now().checked_add(ttl).is_none() {
+            return Err(InvalidArgument::TtlOutOfRange { ttl });
+        }
+        let ttl_ms = ttl.as_millis() as u64;
+        let timing = Timing {
+            ttl: Duration::from_millis(ttl_ms),
+            drift_factor: self.inner.config.drift_factor,
+        };
+        if timing.validity(Duration::ZERO).is_none() {
+            return Err(InvalidArgument::TtlBelowDrift {
+                ttl,
+                drift: timing.drift(),
+            });
+        }
+        Ok((ttl_ms, timing))
+    }
+
+    /// Runs `f` with a driver of this client's pool, made on demand.
+    pub(crate) fn with_driver<R>(&self, f: impl FnOnce(&mut Driver) -> R) -> Result<R, Error> {
+        let pooled = self
+            .inner
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let mut driver = match pooled {
+            Some(d) => d,
+            None => Driver::new(self.inner.config.clone()).map_err(|e| Error::Io(e.kind()))?,
+        };
+        let r = f(&mut driver);
+        let mut pool = self
+            .inner
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if pool.len() < MAX_IDLE_DRIVERS {
+            pool.push(driver);
+        }
+        Ok(r)
+    }
+
+    /// Redlock acquisition (seed 004): `acquire` on every node at once; won on a quorum within
+    /// the validity; otherwise `cleanup` on every node straight away, and again after a jittered
+    /// delay while `wait` allows. Returns when the lock stops being valid.
+    pub(crate) fn acquire(
+        &self,
+        acquire: &dyn Op,
+        cleanup: &dyn Op,
+        timing: Timing,
+        wait: bool,
+    ) -> Result<Instant, Error> {
+        let config = &self.inner.config;
+        self.with_driver(|driver| {
+            let first = Instant::now();
+            let deadline = first.checked_add(config.wait_timeout).unwrap_or(first);
+            let mut attempt = 0u32;
+            loop {
+                let start = Instant::now();
+                let mut round = driver.take_round(start, Some(timing), None);
+                driver.run(acquire, &mut round);
+                let outcome = match round.decision() {
+                    Some(Decision::Won {
+                        valid_until: Some(until),
+                        ..
+                    }) => Ok(until),
+                    _ => Err(self.loss(&round)),
+                };
+                driver.put_round(round);
+                let error = match outcome {
+                    Ok(until) => return Ok(until),
+                    Err(e) => e,
+                };
+                // Seed 004 step 5: unlock every node, even those that said no or did not answer.
+                driver.broadcast(cleanup);
+                attempt += 1;
+                let next = Instant::now() + driver.jitter.around(config.retry_delay);
+                if !wait || attempt > config.retry_count || next >= deadline {
+                    driver.flush_until(Instant::now() + config.node_timeout);
+                    return Err(error);
+                }
+                driver.idle_until(next);
+            }
+        })?
+    }
+
+    /// Sends `op` to every node and waits for a quorum of acknowledgements (or failures).
+    pub(crate) fn ack_round(&self, op: &dyn Op) -> Result<(), Error> {
+        self.with_driver(|driver| {
+            let mut round = driver.take_round(Instant::now(), None, None);
+            driver.run(op, &mut round);
+            let r = match round.decision() {
+                Some(Decision::Won { .. }) => Ok(()),
+                _ => Err(self.loss(&round)),
+            };
+            driver.put_round(round);
+            r
+        })?
+    }
+
+    /// Runs an extend round: `op` must win a quorum before `hold_until`; returns the new end of
+    /// validity.
+    pub(crate) fn extend_round(
+        &self,
+        op: &dyn Op,
+        timing: Timing,
+        hold_until: Instant,
+    ) -> Result<Instant, Error> {
+        self.with_driver(|driver| {
+            let start = Instant::now();
+            if start >= hold_until {
+                return Err(Error::ValidityExpired {
+                    elapsed: Duration::ZERO,
+                });
+            }
+            let mut round = driver.take_round(start, Some(timing), Some(hold_until));
+            driver.run(op, &mut round);
+            let r = match round.decision() {
+                Some(Decision::Won {
+                    valid_until: Some(until),
+                    ..
+                }) => Ok(until),
+                _ => Err(self.loss(&round)),
+            };
+            driver.put_round(round);
+            r
+        })?
+    }
+
+    /// The error for a round that was not won.
+    fn loss(&self, round: &Round) -> Error {
+        let config = &self.inner.config;
+        let failures = || -> Vec<NodeFailure> {
+            round
+                .failures()
+                .map(|(node, kind)| NodeFailure {
+                    node,
+                    addr: config.nodes[node].display.clone(),
+                    kind: kind.clone(),
+                })
+                .collect()
+        };
+        match round.decision() {
+            Some(Decision::Expired { elapsed }) => Error::ValidityExpired { elapsed },
+            Some(Decision::Contended) => Error::Contended {
+                refused: round.refused(),
+                nodes: round.nodes(),
+                failures: failures(),
+            },
+            _ => Error::QuorumUnreachable {
+                quorum: round.quorum(),
+                nodes: round.nodes(),
+                failures: failures(),
+            },
+        }
+    }
+}
+
+/// Rejects keys that are empty or longer than [`MAX_KEY_LEN`].
+pub(crate) fn check_key(key: &[u8]) -> Result<(), InvalidArgument> {
+    if key.is_empty() {
+        return Err(InvalidArgument::EmptyKey);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(InvalidArgument::KeyTooLong {
+            len: key.len(),
+            max: MAX_KEY_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// A held Redlock mutex. Dropping it releases it, best effort; call [`release`](Lock::release)
+/// to see whether that worked.
+///
+/// The lock is only guaranteed exclusive until [`validity`](Lock::validity) runs out. Work that
+/// may take longer must [`extend`](Lock::extend) it first.
+#[derive(Debug)]
+pub struct Lock {
+    client: Client,
+    key: Vec<u8>,
+    token: Token,
+    valid_until: Instant,
+    released: bool,
+}
+
+impl Lock {
+    /// The key this lock is on.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// This holder's token: 160 bits from the OS random source, as 40 hex characters. It is
+    /// the value stored at the key on every node that granted the lock.
+    pub fn token(&self) -> &[u8] {
+        self.token.as_bytes()
+    }
+
+    /// The time left before the lock may be granted to someone else. Zero once it has run out.
+    pub fn validity(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Resets the lock's TTL to `ttl` on every node that still holds our token.
+    ///
+    /// Succeeds only if a quorum agrees before the current validity ends; the validity is then
+    /// `ttl` minus the time the round took minus the drift allowance. On failure the lock is
+    /// left as it was (still held until its current validity ends, if it was held).
+    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        let (ttl_ms, timing) = self.client.timing(ttl)?;
+        let op = Extend {
+            key: &self.key,
+            token: self.token.as_bytes(),
+            ttl_ms,
+        };
+        self.valid_until = self.client.extend_round(&op, timing, self.valid_until)?;
+        Ok(())
+    }
+
+    /// Releases the lock on every node, whether or not that node granted it. Keys that have
+    /// expired, or that hold someone else's token, are left alone.
+    ///
+    /// Returns once a quorum of nodes has answered; the other nodes still get the release.
+    pub fn release(mut self) -> Result<(), Error> {
+        self.released = true;
+        self.release_now()
+    }
+
+    fn release_now(&self) -> Result<(), Error> {
+        self.client.ack_round(&Release {
+            key: &self.key,
+            token: self.token.as_bytes(),
+        })
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.release_now();
+        }
+    }
+}

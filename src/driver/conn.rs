@@ -1,0 +1,381 @@
+//! One node's connection: the non-blocking connect, setup (AUTH, SELECT, SCRIPT LOAD), bounded
+//! buffers, and the queue of replies still owed to us, matched in order.
+//!
+//! Everything about the connect procedure lives here and nowhere else: a non-blocking
+//! `connect` finishes only after a WRITABLE event, a clean `take_error()` and a `peer_addr()`
+//! that answers; anything earlier is a spurious wake-up.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use mio::net::TcpStream;
+use mio::{Interest, Registry, Token};
+use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
+
+use crate::core::ops::{ScriptForm, SCRIPTS};
+use crate::error::NodeErrorKind;
+use crate::resp::{self, Limits, Reply, Status};
+use crate::url::NodeAddr;
+
+/// How many replies a connection may owe before it is presumed wedged and reset.
+const MAX_OWED: usize = 256;
+/// Read granularity; also the first size of the input buffer.
+const READ_CHUNK: usize = 16 * 1024;
+/// Reconnect backoff bounds.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// What a reply in the queue is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// Connection setup; an error reply fails the connection when `required`.
+    Setup { required: bool },
+    /// A vote in round `round`, sent in `form`.
+    Vote { round: u64, form: ScriptForm },
+    /// A reply nobody waits for (cleanup after a lost round).
+    Discard,
+}
+
+#[derive(Debug)]
+enum State {
+    /// No socket. A new connect may start at `retry_at`.
+    Down {
+        retry_at: Instant,
+    },
+    /// Connect in progress since `since`.
+    Connecting {
+        since: Instant,
+    },
+    Up,
+}
+
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub node: usize,
+    stream: Option<TcpStream>,
+    state: State,
+    /// Bytes to send; `out[out_pos..]` is still pending.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// Received bytes; `inp[inp_pos..inp_end]` is not yet decoded.
+    inp: Vec<u8>,
+    inp_pos: usize,
+    inp_end: usize,
+    owed: VecDeque<Slot>,
+    backoff: Duration,
+    registered: Option<Interest>,
+    last_error: Option<NodeErrorKind>,
+}
+
+impl Conn {
+    pub fn new(node: usize) -> Conn {
+        Conn {
+            node,
+            stream: None,
+            state: State::Down {
+                retry_at: Instant::now(),
+            },
+            out: Vec::with_capacity(512),
+            out_pos: 0,
+            inp: Vec::new(),
+            inp_pos: 0,
+            inp_end: 0,
+            owed: VecDeque::with_capacity(8),
+            backoff: BACKOFF_MIN,
+            registered: None,
+            last_error: None,
+        }
+    }
+
+    /// True when commands can be queued: connected, connecting, or due for a new connect.
+    pub fn can_send(&self, now: Instant) -> bool {
+        match self.state {
+            State::Down { retry_at } => now >= retry_at,
+            _ => true,
+        }
+    }
+
+    /// Why the node is down, for the vote of a node that cannot be sent to.
+    pub fn down_reason(&self) -> NodeErrorKind {
+        self.last_error.clone().unwrap_or(NodeErrorKind::Backoff)
+    }
+
+    pub fn is_up(&self) -> bool {
+        matches!(self.state, State::Up)
+    }
+
+    /// Bytes queued but not yet written.
+    pub fn has_pending_output(&self) -> bool {
+        self.out_pos < self.out.len()
+    }
+
+    /// The replies still owed, oldest first.
+    pub fn owed(&self) -> usize {
+        self.owed.len()
+    }
+
+    /// Makes sure a socket exists, starting a connect (with its setup queued) if the node is
+    /// down and its backoff has passed. Checks that a pending connect is not overdue and that the
+    /// connection is not wedged.
+    pub fn prepare(
+        &mut self,
+        registry: &Registry,
+        addr: &NodeAddr,
+        now: Instant,
+        connect_timeout: Duration,
+    ) -> Result<(), NodeErrorKind> {
+        match self.state {
+            State::Connecting { since }
+                if now.saturating_duration_since(since) >= connect_timeout =>
+            {
+                Err(NodeErrorKind::Connect(io::ErrorKind::TimedOut))
+            }
+            State::Down { retry_at } if now >= retry_at => self.connect(registry, addr, now),
+            State::Down { .. } => Err(self.down_reason()),
+            _ if self.owed.len() >= MAX_OWED => Err(NodeErrorKind::Timeout),
+            _ => Ok(()),
+        }
+    }
+
+    fn connect(
+        &mut self,
+        registry: &Registry,
+        node: &NodeAddr,
+        now: Instant,
+    ) -> Result<(), NodeErrorKind> {
+        let stream = open(node.addr).map_err(|e| NodeErrorKind::Connect(e.kind()))?;
+        self.stream = Some(stream);
+        self.state = State::Connecting { since: now };
+        self.registered = None;
+        self.queue_setup(node);
+        self.update_interest(registry)
+            .map_err(|e| NodeErrorKind::Connect(e.kind()))
+    }
+
+    /// AUTH and SELECT as the URL asks, and every script loaded so EVALSHA hits.
+    fn queue_setup(&mut self, node: &NodeAddr) {
+        if let Some(password) = &node.password {
+            match &node.user {
+                Some(user) => resp::encode_command(&mut self.out, &[b"AUTH", user, password]),
+                None => resp::encode_command(&mut self.out, &[b"AUTH", password]),
+            }
+            self.owed.push_back(Slot::Setup { required: true });
+        }
+        if node.db != 0 {
+            resp::write_array_len(&mut self.out, 2);
+            resp::write_bulk(&mut self.out, b"SELECT");
+            resp::write_bulk_u64(&mut self.out, node.db.into());
+            self.owed.push_back(Slot::Setup { required: true });
+        }
+        for script in SCRIPTS {
+            resp::encode_command(&mut self.out, &[b"SCRIPT", b"LOAD", script.body.as_bytes()]);
+            // A server that refuses SCRIPT LOAD (ACLs) still works: EVALSHA falls back to EVAL.
+            self.owed.push_back(Slot::Setup { required: false });
+        }
+    }
+
+    /// Queues one command, written by `encode`, whose reply is for `slot`.
+    pub fn queue(&mut self, slot: Slot, encode: impl FnOnce(&mut Vec<u8>)) {
+        encode(&mut self.out);
+        self.owed.push_back(slot);
+    }
+
+    /// Writes what is pending and reads what has arrived. Call after readiness and after
+    /// queueing; readiness may be spurious, so this never assumes any I/O will succeed.
+    pub fn drive(&mut self, registry: &Registry, limits: &Limits) -> Result<(), NodeErrorKind> {
+        if let State::Connecting { .. } = self.state {
+            let Some(stream) = &self.stream else {
+                return Err(NodeErrorKind::Connect(io::ErrorKind::NotConnected));
+            };
+            if let Some(e) = stream
+                .take_error()
+                .map_err(|e| NodeErrorKind::Connect(e.kind()))?
+            {
+                return Err(NodeErrorKind::Connect(e.kind()));
+            }
+            match stream.peer_addr() {
+                Ok(_) => {
+                    self.state = State::Up;
+                    self.backoff = BACKOFF_MIN;
+                    self.last_error = None;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return Ok(()),
+                Err(e) => return Err(NodeErrorKind::Connect(e.kind())),
+            }
+        }
+        self.write_out()?;
+        self.read_in(limits)?;
+        self.update_interest(registry)
+            .map_err(|e| NodeErrorKind::Io(e.kind()))
+    }
+
+    fn write_out(&mut self) -> Result<(), NodeErrorKind> {
+        let Some(stream) = self.stream.as_mut() else {
+            return Ok(());
+        };
+        while self.out_pos < self.out.len() {
+            match stream.write(&self.out[self.out_pos..]) {
+                Ok(0) => return Err(NodeErrorKind::Io(io::ErrorKind::WriteZero)),
+                Ok(n) => self.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(NodeErrorKind::Io(e.kind())),
+            }
+        }
+        self.out.clear();
+        self.out_pos = 0;
+        Ok(())
+    }
+
+    fn read_in(&mut self, limits: &Limits) -> Result<(), NodeErrorKind> {
+        let Some(stream) = self.stream.as_mut() else {
+            return Ok(());
+        };
+        // The most a single reply can need, so the buffer never grows past what the codec allows.
+        let cap = limits
+            .max_bulk
+            .saturating_add(limits.max_line)
+            .saturating_add(READ_CHUNK);
+        loop {
+            if self.inp_end == self.inp.len() {
+                if self.inp_pos > 0 {
+                    self.inp.copy_within(self.inp_pos..self.inp_end, 0);
+                    self.inp_end -= self.inp_pos;
+                    self.inp_pos = 0;
+                }
+                if self.inp_end == self.inp.len() {
+                    if self.inp.len() >= cap {
+                        // A reply bigger than the codec will ever accept: the decoder would
+                        // already have refused it, so this is only reached by a broken server.
+                        return Err(NodeErrorKind::UnexpectedReply);
+                    }
+                    let grow = self.inp.len().max(READ_CHUNK).min(cap - self.inp.len());
+                    self.inp.resize(self.inp.len() + grow, 0);
+                }
+            }
+            match stream.read(&mut self.inp[self.inp_end..]) {
+                Ok(0) => return Err(NodeErrorKind::Io(io::ErrorKind::UnexpectedEof)),
+                Ok(n) => self.inp_end += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(NodeErrorKind::Io(e.kind())),
+            }
+        }
+    }
+
+    /// Decodes every complete reply and hands each, with the slot it answers, to `handle`.
+    /// `handle` may queue more commands (a resend after NOSCRIPT) through the `Vec` it is given;
+    /// the caller must [`drive`](Self::drive) again afterwards to send them.
+    pub fn take_replies(
+        &mut self,
+        limits: &Limits,
+        mut handle: impl FnMut(Slot, &Reply<'_>, &mut Vec<u8>, &mut VecDeque<Slot>),
+    ) -> Result<(), NodeErrorKind> {
+        loop {
+            let input = &self.inp[self.inp_pos..self.inp_end];
+            if input.is_empty() {
+                break;
+            }
+            match resp::decode(input, limits) {
+                Ok(Status::Complete((reply, used))) => {
+                    let slot = self
+                        .owed
+                        .pop_front()
+                        .ok_or(NodeErrorKind::UnexpectedReply)?;
+                    if let (Slot::Setup { required: true }, Reply::Error(m)) = (slot, &reply) {
+                        return Err(crate::core::ops::server_error(m));
+                    }
+                    handle(slot, &reply, &mut self.out, &mut self.owed);
+                    self.inp_pos += used;
+                }
+                Ok(Status::Partial) => break,
+                Err(e) => return Err(NodeErrorKind::Protocol(e)),
+            }
+        }
+        if self.inp_pos == self.inp_end {
+            self.inp_pos = 0;
+            self.inp_end = 0;
+        }
+        Ok(())
+    }
+
+    /// Drops the connection after `why`; returns the slots that were still owed so the caller
+    /// can fail the votes among them. A new connect may start after the backoff.
+    pub fn fail(
+        &mut self,
+        registry: &Registry,
+        why: NodeErrorKind,
+        now: Instant,
+    ) -> VecDeque<Slot> {
+        if let Some(mut s) = self.stream.take() {
+            let _ = registry.deregister(&mut s);
+        }
+        self.registered = None;
+        self.out.clear();
+        self.out_pos = 0;
+        self.inp_pos = 0;
+        self.inp_end = 0;
+        self.state = State::Down {
+            retry_at: now + self.backoff,
+        };
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        self.last_error = Some(why);
+        std::mem::take(&mut self.owed)
+    }
+
+    /// Registers for WRITABLE only while a connect is in progress or output is pending.
+    fn update_interest(&mut self, registry: &Registry) -> io::Result<()> {
+        let Some(stream) = self.stream.as_mut() else {
+            return Ok(());
+        };
+        let want =
+            if matches!(self.state, State::Connecting { .. }) || self.out_pos < self.out.len() {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+        match self.registered {
+            Some(have) if have == want => Ok(()),
+            Some(_) => {
+                registry.reregister(stream, Token(self.node), want)?;
+                self.registered = Some(want);
+                Ok(())
+            }
+            None => {
+                registry.register(stream, Token(self.node), want)?;
+                self.registered = Some(want);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `connect` on a non-blocking socket reports this while the handshake is under way (std has no
+/// stable `ErrorKind` for it yet).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+const EINPROGRESS: i32 = 115;
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+const EINPROGRESS: i32 = 36;
+
+/// A non-blocking TCP socket to `addr`, connect started, with TCP_NODELAY (each command is one
+/// small write that must not wait for Nagle) and keepalive (so a dead peer is noticed while idle).
+fn open(addr: SocketAddr) -> io::Result<TcpStream> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_nonblocking(true)?;
+    socket.set_tcp_nodelay(true)?;
+    socket.set_tcp_keepalive(
+        &TcpKeepalive::new()
+            .with_time(Duration::from_secs(30))
+            .with_interval(Duration::from_secs(10)),
+    )?;
+    match socket.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e)
+            if e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(TcpStream::from_std(socket.into()))
+}

@@ -1,0 +1,248 @@
+//! The thin mio driver: one persistent connection per node, every command written to all N
+//! sockets before any reply is read, replies fed to the sans-IO [`Round`] as they arrive.
+//!
+//! A driver is used by one thread at a time; the client keeps a pool of them so that threads
+//! run their rounds in parallel, each over its own connections.
+#![forbid(unsafe_code)]
+
+mod conn;
+
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Poll};
+
+use crate::client::Config;
+use crate::core::ops::{Op, ScriptForm, Verdict};
+use crate::core::{Round, Vote};
+use crate::error::NodeErrorKind;
+use crate::rng::Jitter;
+
+use conn::{Conn, Slot};
+
+/// The round in progress, as the reply handler needs it.
+struct Current<'a> {
+    id: u64,
+    op: &'a dyn Op,
+    round: &'a mut Round,
+}
+
+pub(crate) struct Driver {
+    poll: Poll,
+    events: Events,
+    ready: Vec<usize>,
+    conns: Vec<Conn>,
+    config: Arc<Config>,
+    round_id: u64,
+    /// A finished round's storage, reused so a round costs no allocation.
+    spare: Option<Round>,
+    /// Retry jitter for the thread using this driver.
+    pub jitter: Jitter,
+}
+
+impl Driver {
+    pub fn new(config: Arc<Config>) -> io::Result<Driver> {
+        let n = config.nodes.len();
+        Ok(Driver {
+            poll: Poll::new()?,
+            events: Events::with_capacity(n.max(4) * 2),
+            ready: Vec::with_capacity(n * 2),
+            conns: (0..n).map(Conn::new).collect(),
+            config,
+            round_id: 0,
+            spare: None,
+            jitter: Jitter::from_os(),
+        })
+    }
+
+    /// A round over this driver's nodes, started at `start` (see [`Round::new`]). Give it back
+    /// with [`put_round`](Self::put_round) so the next one reuses its storage.
+    pub fn take_round(
+        &mut self,
+        start: Instant,
+        timing: Option<crate::core::Timing>,
+        hold_until: Option<Instant>,
+    ) -> Round {
+        let node_timeout = self.config.node_timeout;
+        match self.spare.take() {
+            Some(mut r) => {
+                r.reset(start, node_timeout, timing, hold_until);
+                r
+            }
+            None => Round::new(self.conns.len(), start, node_timeout, timing, hold_until),
+        }
+    }
+
+    /// Returns a round's storage for reuse.
+    pub fn put_round(&mut self, round: Round) {
+        self.spare = Some(round);
+    }
+
+    /// Sends `op` to every node and feeds the replies to `round` until it is decided.
+    ///
+    /// `round` must have been started (with the instant before this call) over as many nodes as
+    /// the client has. Replies owed from earlier rounds on the same connections are read and
+    /// dropped first, in order, as they arrive.
+    pub fn run(&mut self, op: &dyn Op, round: &mut Round) {
+        self.round_id += 1;
+        let id = self.round_id;
+        let now = Instant::now();
+        for i in 0..self.conns.len() {
+            if !self.conns[i].can_send(now) {
+                let why = self.conns[i].down_reason();
+                round.handle_vote(i, Vote::Failed(why), now);
+                continue;
+            }
+            if let Err(why) = self.conns[i].prepare(
+                self.poll.registry(),
+                &self.config.nodes[i],
+                now,
+                self.config.connect_timeout,
+            ) {
+                self.conns[i].fail(self.poll.registry(), why.clone(), now);
+                round.handle_vote(i, Vote::Failed(why), now);
+                continue;
+            }
+            self.conns[i].queue(
+                Slot::Vote {
+                    round: id,
+                    form: ScriptForm::Sha,
+                },
+                |out| op.encode(out, ScriptForm::Sha),
+            );
+            // Write now, read later: every node gets its command before any reply is read.
+            self.service(i, now, &mut Some(Current { id, op, round }));
+        }
+        let mut current = Some(Current { id, op, round });
+        while let Some(deadline) = current.as_ref().and_then(|c| c.round.poll_timeout()) {
+            let now = Instant::now();
+            if now >= deadline {
+                if let Some(c) = current.as_mut() {
+                    c.round.handle_timeout(now);
+                }
+                continue;
+            }
+            self.wait(deadline - now, &mut current);
+        }
+    }
+
+    /// Queues `op` on every node that can take it, replies discarded: the cleanup after a lost
+    /// round. It is pipelined behind the round's own command, so a node that answers that
+    /// command late is cleaned up too. Scripts go with their body so no reply needs reading.
+    pub fn broadcast(&mut self, op: &dyn Op) {
+        let now = Instant::now();
+        for i in 0..self.conns.len() {
+            if !self.conns[i].can_send(now) || self.conns[i].owed() == 0 && !self.conns[i].is_up() {
+                // Down, or never got the round's command: nothing of ours can be there.
+                continue;
+            }
+            self.conns[i].queue(Slot::Discard, |out| op.encode(out, ScriptForm::Body));
+            self.service(i, now, &mut None);
+        }
+    }
+
+    /// Services I/O until `until` (draining late replies, finishing writes), for retry delays.
+    pub fn idle_until(&mut self, until: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            self.wait(until - now, &mut None);
+        }
+    }
+
+    /// Services I/O until every queued write is on the wire, or `deadline` passes.
+    pub fn flush_until(&mut self, deadline: Instant) {
+        while self.conns.iter().any(Conn::has_pending_output) {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            self.wait(deadline - now, &mut None);
+        }
+    }
+
+    /// Waits for readiness at most `timeout`, and services every connection that is ready.
+    fn wait(&mut self, timeout: Duration, current: &mut Option<Current<'_>>) {
+        if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                // The poller itself failed; nothing can be read. Sleep out the timeout rather
+                // than spin, and let the round's deadlines decide.
+                std::thread::sleep(timeout);
+            }
+        }
+        self.ready.clear();
+        self.ready.extend(self.events.iter().map(|e| e.token().0));
+        let now = Instant::now();
+        for k in 0..self.ready.len() {
+            let i = self.ready[k];
+            if i < self.conns.len() {
+                self.service(i, now, current);
+            }
+        }
+        if let Some(c) = current.as_mut() {
+            c.round.handle_timeout(now);
+        }
+    }
+
+    /// Does whatever I/O node `i` allows, and hands complete replies to the round.
+    fn service(&mut self, i: usize, now: Instant, current: &mut Option<Current<'_>>) {
+        let limits = self.config.limits;
+        let registry = self.poll.registry();
+        let conn = &mut self.conns[i];
+        let mut result = conn.drive(registry, &limits);
+        if result.is_ok() {
+            let mut resent = false;
+            result = conn.take_replies(&limits, |slot, reply, out, owed| {
+                let Slot::Vote { round: id, form } = slot else {
+                    return;
+                };
+                let Some(c) = current.as_mut().filter(|c| c.id == id) else {
+                    return;
+                };
+                match c.op.classify(reply) {
+                    Verdict::Vote(v) => c.round.handle_vote(i, v, now),
+                    Verdict::NoScript if form == ScriptForm::Sha => {
+                        c.op.encode(out, ScriptForm::Body);
+                        owed.push_back(Slot::Vote {
+                            round: id,
+                            form: ScriptForm::Body,
+                        });
+                        resent = true;
+                    }
+                    Verdict::NoScript => {
+                        c.round
+                            .handle_vote(i, Vote::Failed(NodeErrorKind::UnexpectedReply), now)
+                    }
+                }
+            });
+            if result.is_ok() && resent {
+                result = conn.drive(registry, &limits);
+            }
+        }
+        if let Err(why) = result {
+            self.fail(i, why, now, current);
+        }
+    }
+
+    /// Closes node `i`'s connection and fails the current round's vote on it, if still owed.
+    fn fail(
+        &mut self,
+        i: usize,
+        why: NodeErrorKind,
+        now: Instant,
+        current: &mut Option<Current<'_>>,
+    ) {
+        let owed = self.conns[i].fail(self.poll.registry(), why.clone(), now);
+        if let Some(c) = current.as_mut() {
+            if owed
+                .iter()
+                .any(|s| matches!(s, Slot::Vote { round, .. } if *round == c.id))
+            {
+                c.round.handle_vote(i, Vote::Failed(why), now);
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! The one public error type, and what it says about each node.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+use crate::resp::{DecodeError, ServerErrorKind};
+
+/// Everything that can go wrong with a lock operation.
+///
+/// The variants say what happened and, where nodes are involved, on which nodes. Match on the
+/// kind you care about and treat the rest as a failure; the enum is `#[non_exhaustive]` so new
+/// kinds can be added without breaking you.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// An argument was rejected before anything was sent to any node.
+    InvalidArgument(InvalidArgument),
+    /// The lock is held by someone else: too many nodes said no for a quorum to be reached.
+    Contended {
+        /// How many nodes refused because another token holds the key.
+        refused: usize,
+        /// How many nodes the client talks to.
+        nodes: usize,
+        /// The nodes that failed instead of answering (they count against the quorum too).
+        failures: Vec<NodeFailure>,
+    },
+    /// Too many nodes failed (down, timed out, erroring) for a quorum to be reached at all.
+    QuorumUnreachable {
+        /// Nodes needed: `nodes / 2 + 1`.
+        quorum: usize,
+        /// How many nodes the client talks to.
+        nodes: usize,
+        /// What happened on each failed node.
+        failures: Vec<NodeFailure>,
+    },
+    /// The validity ran out: the quorum answered later than the TTL allows (after subtracting the
+    /// clock-drift allowance), or an extend was asked for after the lock's validity had ended.
+    ValidityExpired {
+        /// How long the attempt took from the first send to the decision.
+        elapsed: Duration,
+    },
+    /// The local system refused a resource the client needs (a poller or a socket), for
+    /// example because the process is out of file descriptors.
+    Io(io::ErrorKind),
+}
+
+impl Error {
+    /// True when the lock was held by someone else, so waiting and retrying makes sense.
+    pub fn is_contended(&self) -> bool {
+        matches!(self, Error::Contended { .. })
+    }
+
+    /// The node failures this error carries, if any.
+    pub fn failures(&self) -> &[NodeFailure] {
+        match self {
+            Error::Contended { failures, .. } | Error::QuorumUnreachable { failures, .. } => {
+                failures
+            }
+            _ => &[],
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidArgument(a) => write!(f, "invalid argument: {a}"),
+            Error::Contended {
+                refused,
+                nodes,
+                failures,
+            } => {
+                write!(
+                    f,
+                    "lock is held elsewhere: {refused} of {nodes} nodes refused"
+                )?;
+                write_failures(f, failures)
+            }
+            Error::QuorumUnreachable {
+                quorum,
+                nodes,
+                failures,
+            } => {
+                write!(
+                    f,
+                    "quorum of {quorum} out of {nodes} nodes unreachable: {} failed",
+                    failures.len()
+                )?;
+                write_failures(f, failures)
+            }
+            Error::ValidityExpired { elapsed } => write!(
+                f,
+                "lock validity ran out (the attempt took {} ms)",
+                elapsed.as_millis()
+            ),
+            Error::Io(kind) => write!(f, "local I/O resource unavailable: {kind}"),
+        }
+    }
+}
+
+fn write_failures(f: &mut fmt::Formatter<'_>, failures: &[NodeFailure]) -> fmt::Result {
+    for (i, n) in failures.iter().enumerate() {
+        f.write_str(if i == 0 { " (" } else { "; " })?;
+        write!(f, "{n}")?;
+    }
+    if !failures.is_empty() {
+        f.write_str(")")?;
+    }
+    Ok(())
+}
+
+impl std::error::Error for Error {}
+
+impl From<InvalidArgument> for Error {
+    fn from(a: InvalidArgument) -> Self {
+        Error::InvalidArgument(a)
+    }
+}
+
+/// Why an argument was rejected.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InvalidArgument {
+    /// The key is empty.
+    EmptyKey,
+    /// The key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN).
+    KeyTooLong {
+        /// The key's length in bytes.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// The TTL is zero.
+    ZeroTtl,
+    /// The TTL does not fit Redis's millisecond expiry (or this machine's clock).
+    TtlOutOfRange {
+        /// The TTL asked for.
+        ttl: Duration,
+    },
+    /// The TTL is not longer than the clock-drift allowance, so the lock could never be valid.
+    TtlBelowDrift {
+        /// The TTL asked for.
+        ttl: Duration,
+        /// The drift allowance: `ttl * drift_factor + 2 ms`.
+        drift: Duration,
+    },
+    /// No nodes were given.
+    NoNodes,
+    /// More nodes than [`MAX_NODES`](crate::MAX_NODES).
+    TooManyNodes {
+        /// How many were given.
+        count: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// The same node (address and database) was given twice.
+    DuplicateNode {
+        /// The second URL naming it.
+        url: String,
+    },
+    /// A node URL could not be understood or resolved.
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A builder option is out of range.
+    BadOption {
+        /// The option's name.
+        name: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+impl fmt::Display for InvalidArgument {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InvalidArgument::EmptyKey => f.write_str("the key is empty"),
+            InvalidArgument::KeyTooLong { len, max } => {
+                write!(f, "the key is {len} bytes long, more than the cap of {max}")
+            }
+            InvalidArgument::ZeroTtl => f.write_str("the TTL is zero"),
+            InvalidArgument::TtlOutOfRange { ttl } => {
+                write!(f, "the TTL {ttl:?} does not fit a millisecond expiry")
+            }
+            InvalidArgument::TtlBelowDrift { ttl, drift } => write!(
+                f,
+                "the TTL {ttl:?} is not longer than the clock-drift allowance {drift:?}"
+            ),
+            InvalidArgument::NoNodes => f.write_str("no nodes were given"),
+            InvalidArgument::TooManyNodes { count, max } => {
+                write!(f, "{count} nodes given, more than the cap of {max}")
+            }
+            InvalidArgument::DuplicateNode { url } => {
+                write!(f, "node {url} is given more than once")
+            }
+            InvalidArgument::BadUrl { url, reason } => write!(f, "bad node URL {url:?}: {reason}"),
+            InvalidArgument::BadOption { name, reason } => write!(f, "option {name}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for InvalidArgument {}
+
+/// What went wrong on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFailure {
+    /// The node's index in the list given to the client.
+    pub node: usize,
+    /// The node's address, as `host:port`.
+    pub addr: String,
+    /// What happened.
+    pub kind: NodeErrorKind,
+}
+
+impl fmt::Display for NodeFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "node {} ({}): {}", self.node, self.addr, self.kind)
+    }
+}
+
+/// What went wrong on one node.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeErrorKind {
+    /// No reply within the per-node timeout.
+    Timeout,
+    /// The connection could not be made.
+    Connect(io::ErrorKind),
+    /// The node failed recently and the client is waiting out its reconnect backoff.
+    Backoff,
+    /// The connection broke.
+    Io(io::ErrorKind),
+    /// The node sent bytes that are not valid RESP2; the connection was closed.
+    Protocol(DecodeError),
+    /// The node answered with an error.
+    Server {
+        /// The error's kind, from its prefix.
+        kind: ServerErrorKind,
+        /// The error message as the server sent it.
+        message: String,
+    },
+    /// The node answered with a well-formed reply that this command never returns.
+    UnexpectedReply,
+}
+
+impl fmt::Display for NodeErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeErrorKind::Timeout => f.write_str("timed out"),
+            NodeErrorKind::Connect(k) => write!(f, "connect failed: {k}"),
+            NodeErrorKind::Backoff => f.write_str("waiting to reconnect after a failure"),
+            NodeErrorKind::Io(k) => write!(f, "connection broke: {k}"),
+            NodeErrorKind::Protocol(e) => write!(f, "protocol error: {e}"),
+            NodeErrorKind::Server { message, .. } => write!(f, "server error: {message}"),
+            NodeErrorKind::UnexpectedReply => f.write_str("unexpected reply"),
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Randomness: lock tokens straight from the OS CSPRNG, retry jitter from a small seeded PRNG.
+#![forbid(unsafe_code)]
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use rand_core::{Rng, SeedableRng, TryRng};
+
+/// Random bytes in a token: 160 bits, as seed 004 asks.
+pub(crate) const TOKEN_BYTES: usize = 20;
+/// A token is sent and shown as lowercase hex, so it is printable in logs and tools.
+pub(crate) const TOKEN_LEN: usize = TOKEN_BYTES * 2;
+
+/// A lock token: 160 bits from `getrandom`, as 40 hex characters.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Token([u8; TOKEN_LEN]);
+
+impl Token {
+    /// Draws a fresh token from the OS CSPRNG.
+    ///
+    /// # Panics
+    /// Only if the OS has no working random source, in which case no lock could be safe.
+    pub fn generate() -> Token {
+        let mut raw = [0u8; TOKEN_BYTES];
+        getrandom::fill(&mut raw).expect("the OS random source failed");
+        let mut hex = [0u8; TOKEN_LEN];
+        for (i, b) in raw.iter().enumerate() {
+            hex[2 * i] = HEX[(b >> 4) as usize];
+            hex[2 * i + 1] = HEX[(b & 15) as usize];
+        }
+        Token(hex)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Only a prefix: enough to correlate logs, not enough to release someone's lock.
+        write!(f, "Token({}…)", String::from_utf8_lossy(&self.0[..8]))
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// xoshiro256++: fast, small, good enough for retry jitter. Never used for tokens.
+#[derive(Debug)]
+pub(crate) struct Jitter {
+    s: [u64; 4],
+}
+
+impl TryRng for Jitter {
+    type Error = Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        Ok((self.step() >> 32) as u32)
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        Ok(self.step())
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+        for chunk in dst.chunks_mut(8) {
+            let v = self.step().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+        Ok(())
+    }
+}
+
+impl SeedableRng for Jitter {
+    type Seed = [u8; 32];
+
+    fn from_seed(seed: [u8; 32]) -> Jitter {
+        let mut s = [0u64; 4];
+        for (i, w) in s.iter_mut().enumerate() {
+            *w = u64::from_le_bytes(seed[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        }
+        if s == [0; 4] {
+            // The all-zero state is a fixed point of xoshiro.
+            s = [0x9e37_79b9_7f4a_7c15, 1, 2, 3];
+        }
+        Jitter { s }
+    }
+}
+
+impl Jitter {
+    /// Seeded from the OS random source, so clients started together do not retry in lockstep.
+    pub fn from_os() -> Jitter {
+        let mut seed = [0u8; 32];
+        getrandom::fill(&mut seed).expect("the OS random source failed");
+        Jitter::from_seed(seed)
+    }
+
+    fn step(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[0].wrapping_add(s[3]).rotate_left(23).wrapping_add(s[0]);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// A delay drawn uniformly from `[base / 2, base * 3 / 2)`.
+    pub fn around(&mut self, base: Duration) -> Duration {
+        let nanos = base.as_nanos().min(u64::MAX as u128) as u64;
+        if nanos == 0 {
+            return Duration::ZERO;
+        }
+        let offset = ((self.next_u64() as u128 * nanos as u128) >> 64) as u64;
+        Duration::from_nanos(nanos / 2 + offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_hex_and_distinct() {
+        let a = Token::generate();
+        let b = Token::generate();
+        assert_ne!(a, b);
+        assert_eq!(a.as_bytes().len(), 40);
+        assert!(a.as_bytes().iter().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn jitter_stays_in_range_and_spreads() {
+        let mut j = Jitter::from_seed([7; 32]);
+        let base = Duration::from_millis(100);
+        let mut lo = Duration::MAX;
+        let mut hi = Duration::ZERO;
+        for _ in 0..10_000 {
+            let d = j.around(base);
+            assert!(d >= base / 2 && d < base * 3 / 2, "{d:?}");
+            lo = lo.min(d);
+            hi = hi.max(d);
+        }
+        assert!(lo < Duration::from_millis(55) && hi > Duration::from_millis(145));
+        assert_eq!(j.around(Duration::ZERO), Duration::ZERO);
+    }
+}
