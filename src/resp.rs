@@ -178,6 +178,11 @@ pub const MAX_LENGTH_LINE: usize = 20;
 /// if `input` is a valid prefix that ends before the reply does. Bytes after
 /// the reply are never examined. Never panics, and never reserves memory for
 /// more array elements than the remaining input could possibly hold.
+///
+/// No state is kept across calls: after `Partial`, append the newly read
+/// bytes and call again on the whole buffer, which re-parses the reply from
+/// its start (cheap for the small replies of lock commands; bounded overall
+/// by [`Limits`]).
 pub fn decode<'a>(
     input: &'a [u8],
     limits: &Limits,
