@@ -271,7 +271,7 @@ impl Client {
             key,
             token: token.as_bytes(),
         };
-        let valid_until = self.acquire(&acquire, &release, timing, wait)?;
+        let valid_until = self.acquire(key, &acquire, &release, timing, wait)?;
         Ok(Lock {
             client: self.clone(),
             key: key.to_vec(),
@@ -330,8 +330,12 @@ impl Client {
     /// Redlock acquisition (seed 004): `acquire` on every node at once; won on a quorum within
     /// the validity; otherwise `cleanup` on every node straight away, and again after a jittered
     /// delay while `wait` allows. Returns when the lock stops being valid.
+    ///
+    /// `resource` is the key whose wake channel ([`WAKE_PREFIX`](crate::core::ops::WAKE_PREFIX))
+    /// announces releases that make a retry worth trying.
     pub(crate) fn acquire(
         &self,
+        _resource: &[u8],
         acquire: &dyn Op,
         cleanup: &dyn Op,
         timing: Timing,

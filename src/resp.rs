@@ -528,6 +528,18 @@ pub fn write_bulk(out: &mut Vec<u8>, arg: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Appends one bulk string made of `parts` joined, without building the joined string first
+/// (for derived names such as a prefix followed by a key).
+pub fn write_bulk_parts(out: &mut Vec<u8>, parts: &[&[u8]]) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    out.reserve(bulk_size(len));
+    out.push(b'$');
+    write_u64(out, len as u64);
+    out.extend_from_slice(b"\r\n");
+    parts.iter().for_each(|p| out.extend_from_slice(p));
+    out.extend_from_slice(b"\r\n");
+}
+
 /// Appends a bulk string holding the decimal digits of `n` (e.g. a `PX`
 /// argument), without allocating.
 pub fn write_bulk_u64(out: &mut Vec<u8>, n: u64) {

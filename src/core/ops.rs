@@ -45,12 +45,19 @@ pub enum Arg<'a> {
     Bytes(&'a [u8]),
     /// A number, sent as its decimal digits.
     Num(u64),
+    /// The pub/sub channel on which releases of this resource key are announced.
+    Wake(&'a [u8]),
 }
+
+/// Releases of resource `K` are announced on channel `WAKE_PREFIX ++ K`, so that waiters can
+/// retry at once instead of sleeping out their retry delay.
+pub const WAKE_PREFIX: &[u8] = b"redlock-mux:wake:";
 
 fn write_arg(out: &mut Vec<u8>, arg: Arg<'_>) {
     match arg {
         Arg::Bytes(b) => resp::write_bulk(out, b),
         Arg::Num(n) => resp::write_bulk_u64(out, n),
+        Arg::Wake(key) => resp::write_bulk_parts(out, &[WAKE_PREFIX, key]),
     }
 }
 
@@ -121,9 +128,10 @@ pub fn int_verdict(reply: &Reply<'_>) -> Verdict {
     }
 }
 
-/// Compare-and-delete: frees the key only if it still holds our token.
+/// Compare-and-delete: frees the key only if it still holds our token, and then announces the
+/// release on the wake channel (ARGV[2]) in the same atomic step.
 pub static RELEASE: Script = Script::new(
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.call('publish', ARGV[2], '1'); return 1 else return 0 end",
 );
 
 /// Compare-and-PEXPIRE: extends the key only if it still holds our token.
@@ -178,7 +186,13 @@ pub struct Release<'a> {
 
 impl Op for Release<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
-        write_eval(out, &RELEASE, form, &[self.key], &[Arg::Bytes(self.token)]);
+        write_eval(
+            out,
+            &RELEASE,
+            form,
+            &[self.key],
+            &[Arg::Bytes(self.token), Arg::Wake(self.key)],
+        );
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
