@@ -335,7 +335,7 @@ impl Client {
     /// announces releases that make a retry worth trying.
     pub(crate) fn acquire(
         &self,
-        _resource: &[u8],
+        resource: &[u8],
         acquire: &dyn Op,
         cleanup: &dyn Op,
         timing: Timing,
@@ -346,7 +346,9 @@ impl Client {
             let first = Instant::now();
             let deadline = first.checked_add(config.wait_timeout).unwrap_or(first);
             let mut attempt = 0u32;
-            loop {
+            let mut subscribed = false;
+            let result = loop {
+                driver.clear_wake();
                 let start = Instant::now();
                 let mut round = driver.take_round(start, Some(timing), None);
                 driver.run(acquire, &mut round);
@@ -359,19 +361,33 @@ impl Client {
                 };
                 driver.put_round(round);
                 let error = match outcome {
-                    Ok(until) => return Ok(until),
+                    Ok(until) => break Ok(until),
                     Err(e) => e,
                 };
                 // Seed 004 step 5: unlock every node, even those that said no or did not answer.
                 driver.broadcast(cleanup);
                 attempt += 1;
-                let next = Instant::now() + driver.jitter.around(config.retry_delay);
-                if !wait || attempt > config.retry_count || next >= deadline {
-                    driver.flush_until(Instant::now() + config.node_timeout);
-                    return Err(error);
+                let now = Instant::now();
+                if !wait || attempt > config.retry_count || now >= deadline {
+                    driver.flush_until(now + config.node_timeout);
+                    break Err(error);
                 }
-                driver.idle_until(next);
+                if !subscribed && error.is_contended() {
+                    // From now on every release of `resource` is announced to us; try again
+                    // at once, since a release may have come before the subscription did.
+                    driver.subscribe(resource);
+                    subscribed = true;
+                    continue;
+                }
+                // Wait for a release to be announced; the jittered delay is only the backstop
+                // for announcements that are lost.
+                let backstop = now + driver.jitter.around(config.retry_delay);
+                driver.wait_wake(backstop.min(deadline));
+            };
+            if subscribed {
+                driver.unsubscribe(resource);
             }
+            result
         })?
     }
 

@@ -37,6 +37,17 @@ pub(crate) enum Slot {
     Vote { round: u64, form: ScriptForm },
     /// A reply nobody waits for (cleanup after a lost round).
     Discard,
+    /// A message on a subscriber connection (confirmations and published messages alike).
+    Push,
+}
+
+/// What a connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Lock commands, each reply owed to a queued slot.
+    Commands,
+    /// Pub/sub: after setup, every reply is a push message.
+    Subscriber,
 }
 
 #[derive(Debug)]
@@ -54,7 +65,9 @@ enum State {
 
 #[derive(Debug)]
 pub(crate) struct Conn {
-    pub node: usize,
+    /// The poll token, unique within the driver.
+    token: Token,
+    role: Role,
     stream: Option<TcpStream>,
     state: State,
     /// Bytes to send; `out[out_pos..]` is still pending.
@@ -71,9 +84,10 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub fn new(node: usize) -> Conn {
+    pub fn new(token: usize, role: Role) -> Conn {
         Conn {
-            node,
+            token: Token(token),
+            role,
             stream: None,
             state: State::Down {
                 retry_at: Instant::now(),
@@ -164,6 +178,10 @@ impl Conn {
             }
             self.owed.push_back(Slot::Setup { required: true });
         }
+        if self.role == Role::Subscriber {
+            // Channels are global to the server: no database, no scripts.
+            return;
+        }
         if node.db != 0 {
             resp::write_array_len(&mut self.out, 2);
             resp::write_bulk(&mut self.out, b"SELECT");
@@ -175,6 +193,12 @@ impl Conn {
             // A server that refuses SCRIPT LOAD (ACLs) still works: EVALSHA falls back to EVAL.
             self.owed.push_back(Slot::Setup { required: false });
         }
+    }
+
+    /// Queues bytes whose replies nobody matches: commands on a subscriber connection, where
+    /// every reply is a push.
+    pub fn queue_unmatched(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
+        encode(&mut self.out);
     }
 
     /// Queues one command, written by `encode`, whose reply is for `slot`.
@@ -281,10 +305,11 @@ impl Conn {
             }
             match resp::decode(input, limits) {
                 Ok(Status::Complete((reply, used))) => {
-                    let slot = self
-                        .owed
-                        .pop_front()
-                        .ok_or(NodeErrorKind::UnexpectedReply)?;
+                    let slot = match (self.owed.pop_front(), self.role) {
+                        (Some(slot), _) => slot,
+                        (None, Role::Subscriber) => Slot::Push,
+                        (None, Role::Commands) => return Err(NodeErrorKind::UnexpectedReply),
+                    };
                     if let (Slot::Setup { required: true }, Reply::Error(m)) = (slot, &reply) {
                         return Err(crate::core::ops::server_error(m));
                     }
@@ -340,12 +365,12 @@ impl Conn {
         match self.registered {
             Some(have) if have == want => Ok(()),
             Some(_) => {
-                registry.reregister(stream, Token(self.node), want)?;
+                registry.reregister(stream, self.token, want)?;
                 self.registered = Some(want);
                 Ok(())
             }
             None => {
-                registry.register(stream, Token(self.node), want)?;
+                registry.register(stream, self.token, want)?;
                 self.registered = Some(want);
                 Ok(())
             }

@@ -19,7 +19,9 @@ use crate::core::{Round, Vote};
 use crate::error::NodeErrorKind;
 use crate::rng::Jitter;
 
-use conn::{Conn, Slot};
+use crate::core::ops::WAKE_PREFIX;
+use crate::resp::{self, Reply};
+use conn::{Conn, Role, Slot};
 
 /// The round in progress, as the reply handler needs it.
 struct Current<'a> {
@@ -33,6 +35,13 @@ pub(crate) struct Driver {
     events: Events,
     ready: Vec<usize>,
     conns: Vec<Conn>,
+    /// Subscriber connections, one per node, opened on the first wait: node `i` has poll token
+    /// `n + i`.
+    subs: Vec<Conn>,
+    /// Subscriptions confirmed since the last [`subscribe`](Self::subscribe).
+    confirmed: usize,
+    /// A message arrived on a wake channel since the last subscribe or retry.
+    woken: bool,
     config: Arc<Config>,
     round_id: u64,
     /// A finished round's storage, reused so a round costs no allocation.
@@ -48,7 +57,10 @@ impl Driver {
             poll: Poll::new()?,
             events: Events::with_capacity(n.max(4) * 2),
             ready: Vec::with_capacity(n * 2),
-            conns: (0..n).map(Conn::new).collect(),
+            conns: (0..n).map(|i| Conn::new(i, Role::Commands)).collect(),
+            subs: Vec::new(),
+            confirmed: 0,
+            woken: false,
             config,
             round_id: 0,
             spare: None,
@@ -142,12 +154,81 @@ impl Driver {
         }
     }
 
-    /// Services I/O until `until` (draining late replies, finishing writes), for retry delays.
-    pub fn idle_until(&mut self, until: Instant) {
+    /// Subscribes to the wake channel of `resource` on every node, and waits (at most the
+    /// per-node timeout) until the nodes confirm, so that any release from then on is heard.
+    pub fn subscribe(&mut self, resource: &[u8]) {
+        let n = self.conns.len();
+        if self.subs.is_empty() {
+            self.subs = (0..n).map(|i| Conn::new(n + i, Role::Subscriber)).collect();
+        }
+        self.woken = false;
+        self.confirmed = 0;
+        let now = Instant::now();
+        let mut expected = 0;
+        for i in 0..n {
+            let sub = &mut self.subs[i];
+            if !sub.can_send(now) {
+                continue;
+            }
+            if let Err(why) = sub.prepare(
+                self.poll.registry(),
+                &self.config.nodes[i],
+                now,
+                self.config.connect_timeout,
+            ) {
+                sub.fail(self.poll.registry(), why, now);
+                continue;
+            }
+            sub.queue_unmatched(|out| {
+                resp::write_array_len(out, 2);
+                resp::write_bulk(out, b"SUBSCRIBE");
+                resp::write_bulk_parts(out, &[WAKE_PREFIX, resource]);
+            });
+            expected += 1;
+            self.service(n + i, now, &mut None);
+        }
+        let deadline = now + self.config.node_timeout;
+        while self.confirmed < expected {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            self.wait(deadline - now, &mut None);
+        }
+    }
+
+    /// Leaves the wake channel of `resource`; nothing is waited for.
+    pub fn unsubscribe(&mut self, resource: &[u8]) {
+        let now = Instant::now();
+        let n = self.conns.len();
+        for i in 0..self.subs.len() {
+            if self.subs[i].is_up() {
+                self.subs[i].queue_unmatched(|out| {
+                    resp::write_array_len(out, 2);
+                    resp::write_bulk(out, b"UNSUBSCRIBE");
+                    resp::write_bulk_parts(out, &[WAKE_PREFIX, resource]);
+                });
+                self.service(n + i, now, &mut None);
+            }
+        }
+    }
+
+    /// Forgets wake messages seen so far: call right before an attempt, so that only releases
+    /// after it cut the next wait short.
+    pub fn clear_wake(&mut self) {
+        self.woken = false;
+    }
+
+    /// Services I/O (draining late replies, finishing writes) until `until`, or until a release
+    /// is announced on a subscribed wake channel. Returns whether a release was announced.
+    pub fn wait_wake(&mut self, until: Instant) -> bool {
         loop {
+            if self.woken {
+                return true;
+            }
             let now = Instant::now();
             if now >= until {
-                return;
+                return false;
             }
             self.wait(until - now, &mut None);
         }
@@ -177,18 +258,22 @@ impl Driver {
         self.ready.extend(self.events.iter().map(|e| e.token().0));
         let now = Instant::now();
         for k in 0..self.ready.len() {
-            let i = self.ready[k];
-            if i < self.conns.len() {
-                self.service(i, now, current);
-            }
+            self.service(self.ready[k], now, current);
         }
         if let Some(c) = current.as_mut() {
             c.round.handle_timeout(now);
         }
     }
 
-    /// Does whatever I/O node `i` allows, and hands complete replies to the round.
-    fn service(&mut self, i: usize, now: Instant, current: &mut Option<Current<'_>>) {
+    /// Does whatever I/O the connection with poll token `token` allows: a command connection
+    /// hands complete replies to the round, a subscriber connection notes wake messages.
+    fn service(&mut self, token: usize, now: Instant, current: &mut Option<Current<'_>>) {
+        let n = self.conns.len();
+        if token >= n {
+            self.service_subscriber(token - n, now);
+            return;
+        }
+        let i = token;
         let limits = self.config.limits;
         let registry = self.poll.registry();
         let conn = &mut self.conns[i];
@@ -224,6 +309,30 @@ impl Driver {
         }
         if let Err(why) = result {
             self.fail(i, why, now, current);
+        }
+    }
+
+    fn service_subscriber(&mut self, i: usize, now: Instant) {
+        let limits = self.config.limits;
+        let registry = self.poll.registry();
+        let Some(sub) = self.subs.get_mut(i) else {
+            return;
+        };
+        let (woken, confirmed) = (&mut self.woken, &mut self.confirmed);
+        let result = sub.drive(registry, &limits).and_then(|()| {
+            sub.take_replies(&limits, |_, reply, _, _| {
+                if let Reply::Array(Some(items)) = reply {
+                    match items.first() {
+                        Some(Reply::Bulk(Some(b"message"))) => *woken = true,
+                        Some(Reply::Bulk(Some(b"subscribe"))) => *confirmed += 1,
+                        _ => {}
+                    }
+                }
+            })
+        });
+        if let Err(why) = result {
+            // A lost subscriber only costs wake-ups: the retry delay is the backstop.
+            sub.fail(registry, why, now);
         }
     }
 
