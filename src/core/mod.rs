@@ -13,6 +13,7 @@
 //! [`ops`]; the arithmetic of validity is in [`Timing`].
 #![forbid(unsafe_code)]
 
+pub(crate) mod fair;
 pub(crate) mod ops;
 
 use std::time::{Duration, Instant};
