@@ -207,9 +207,14 @@ impl Conn {
         self.owed.push_back(slot);
     }
 
-    /// Writes what is pending and reads what has arrived. Call after readiness and after
-    /// queueing; readiness may be spurious, so this never assumes any I/O will succeed.
-    pub fn drive(&mut self, registry: &Registry, limits: &Limits) -> Result<(), NodeErrorKind> {
+    /// Writes what is pending and, if `read`, reads what has arrived. Call after readiness and
+    /// after queueing; readiness may be spurious, so this never assumes any I/O will succeed.
+    pub fn drive(
+        &mut self,
+        registry: &Registry,
+        limits: &Limits,
+        read: bool,
+    ) -> Result<(), NodeErrorKind> {
         if let State::Connecting { .. } = self.state {
             let Some(stream) = &self.stream else {
                 return Err(NodeErrorKind::Connect(io::ErrorKind::NotConnected));
@@ -231,7 +236,9 @@ impl Conn {
             }
         }
         self.write_out()?;
-        self.read_in(limits)?;
+        if read {
+            self.read_in(limits)?;
+        }
         self.update_interest(registry)
             .map_err(|e| NodeErrorKind::Io(e.kind()))
     }
