@@ -287,8 +287,16 @@ impl Conn {
                     self.inp.resize(self.inp.len() + grow, 0);
                 }
             }
+            let space = self.inp.len() - self.inp_end;
             match stream.read(&mut self.inp[self.inp_end..]) {
                 Ok(0) => return Err(NodeErrorKind::Io(io::ErrorKind::UnexpectedEof)),
+                // A short read emptied the socket's receive queue: anything arriving later is a
+                // new edge for the poller, so the usual read that only returns WouldBlock would
+                // be a wasted system call.
+                Ok(n) if n < space => {
+                    self.inp_end += n;
+                    return Ok(());
+                }
                 Ok(n) => self.inp_end += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
