@@ -21,6 +21,11 @@ pub const MAX_NODES: usize = 64;
 /// server's millisecond clock arithmetic.
 pub const MAX_TTL: Duration = Duration::from_millis(1 << 44);
 
+/// The first window over which a waiter spreads its retry after a split vote: about one round
+/// trip on a local network. It doubles with each split, up to `SPREAD_MAX`.
+const SPREAD_MIN: Duration = Duration::from_micros(200);
+const SPREAD_MAX: Duration = Duration::from_millis(4);
+
 /// Most idle drivers kept for reuse; more threads than this still work, they just connect anew.
 const MAX_IDLE_DRIVERS: usize = 64;
 
@@ -404,6 +409,8 @@ impl Client {
             let deadline = first.checked_add(config.wait_timeout).unwrap_or(first);
             let mut attempt = 0u32;
             let mut subscribed = false;
+            // The retry window after split votes, doubled at each.
+            let mut spread = Duration::ZERO;
             let result = loop {
                 if attempt > 0 {
                     acquire.on_retry(first.elapsed());
@@ -419,11 +426,13 @@ impl Client {
                     }) => Ok(until),
                     _ => Err(self.loss(&round)),
                 };
+                let split = round.granted() > 0;
                 driver.put_round(round);
                 let error = match outcome {
                     Ok(until) => break Ok(until),
                     Err(e) => e,
                 };
+
                 // Seed 004 step 5: unlock every node, even those that said no or did not answer.
                 driver.broadcast(cleanup);
                 attempt += 1;
@@ -437,6 +446,16 @@ impl Client {
                     // at once, since a release may have come before the subscription did.
                     driver.subscribe(resource);
                     subscribed = true;
+                    continue;
+                }
+                if split {
+                    // Some nodes granted, too few: another waiter (or a release still on its
+                    // way to some nodes) split the vote. Its announcement may already have
+                    // been counted, so do not wait for one: retry after a random pause over a
+                    // window that doubles with each split, so colliding waiters drift apart.
+                    spread = (spread * 2).clamp(SPREAD_MIN, SPREAD_MAX.min(config.retry_delay));
+                    let pause = driver.jitter.below(spread);
+                    driver.sleep_until((now + pause).min(deadline));
                     continue;
                 }
                 // Wait for a release to be announced; the jittered delay is only the backstop

@@ -42,6 +42,8 @@ pub(crate) struct Driver {
     confirmed: usize,
     /// A message arrived on a wake channel since the last subscribe or retry.
     woken: bool,
+    /// The last release announced: each node announces it, and it counts once.
+    last_wake: Vec<u8>,
     config: Arc<Config>,
     round_id: u64,
     /// A finished round's storage, reused so a round costs no allocation.
@@ -61,6 +63,7 @@ impl Driver {
             subs: Vec::new(),
             confirmed: 0,
             woken: false,
+            last_wake: Vec::with_capacity(16),
             config,
             round_id: 0,
             spare: None,
@@ -222,6 +225,17 @@ impl Driver {
         self.woken = false;
     }
 
+    /// Services I/O (draining late replies, finishing writes) until `until`.
+    pub fn sleep_until(&mut self, until: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            self.wait(until - now, &mut None);
+        }
+    }
+
     /// Services I/O (draining late replies, finishing writes) until `until`, or until a release
     /// is announced on a subscribed wake channel. Returns whether a release was announced.
     pub fn wait_wake(&mut self, until: Instant) -> bool {
@@ -321,12 +335,22 @@ impl Driver {
         let Some(sub) = self.subs.get_mut(i) else {
             return;
         };
-        let (woken, confirmed) = (&mut self.woken, &mut self.confirmed);
+        let (woken, confirmed, last) = (&mut self.woken, &mut self.confirmed, &mut self.last_wake);
         let result = sub.drive(registry, &limits, true).and_then(|()| {
             sub.take_replies(&limits, |_, reply, _, _| {
                 if let Reply::Array(Some(items)) = reply {
                     match items.first() {
-                        Some(Reply::Bulk(Some(b"message"))) => *woken = true,
+                        Some(Reply::Bulk(Some(b"message"))) => {
+                            let id = match items.get(2) {
+                                Some(Reply::Bulk(Some(id))) => *id,
+                                _ => &[],
+                            };
+                            if id.is_empty() || id != last.as_slice() {
+                                last.clear();
+                                last.extend_from_slice(id);
+                                *woken = true;
+                            }
+                        }
                         Some(Reply::Bulk(Some(b"subscribe"))) => *confirmed += 1,
                         _ => {}
                     }
