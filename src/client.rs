@@ -189,8 +189,9 @@ impl ClientBuilder {
         self
     }
 
-    /// Checks every setting and resolves every node. Nothing is sent yet: connections open on
-    /// first use, and a node that is down then only counts against the quorum.
+    /// Checks every setting, resolves every node, and connects to every node (AUTH, SELECT),
+    /// waiting at most the connect timeout. A node that is down does not make this fail: it
+    /// only counts against the quorum until it comes back, and is reconnected with backoff.
     pub fn build(self) -> Result<Client, Error> {
         if self.nodes.is_empty() {
             return Err(InvalidArgument::NoNodes.into());
@@ -243,12 +244,20 @@ impl ClientBuilder {
             fair_after: self.fair_after,
             limits: Limits::default(),
         });
-        Ok(Client {
+        let client = Client {
             inner: Arc::new(Inner {
                 config,
                 pool: Mutex::new(Vec::new()),
             }),
-        })
+        };
+        let first = client.new_driver()?;
+        client
+            .inner
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(first);
+        Ok(client)
     }
 }
 
@@ -375,7 +384,7 @@ impl Client {
             .pop();
         let mut driver = match pooled {
             Some(d) => d,
-            None => Driver::new(self.inner.config.clone()).map_err(|e| Error::Io(e.kind()))?,
+            None => self.new_driver()?,
         };
         let r = f(&mut driver);
         let mut pool = self
@@ -387,6 +396,14 @@ impl Client {
             pool.push(driver);
         }
         Ok(r)
+    }
+
+    /// A driver with its connections opened and set up (bounded by the connect timeout).
+    fn new_driver(&self) -> Result<Driver, Error> {
+        let config = &self.inner.config;
+        let mut driver = Driver::new(config.clone()).map_err(|e| Error::Io(e.kind()))?;
+        driver.warm_up(Instant::now() + config.connect_timeout);
+        Ok(driver)
     }
 
     /// Redlock acquisition (seed 004): `acquire` on every node at once; won on a quorum within

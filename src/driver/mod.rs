@@ -71,6 +71,34 @@ impl Driver {
         })
     }
 
+    /// Opens every connection that is due and waits, until `deadline` at the most, for each to
+    /// be set up (or to fail), so the first rounds do not spend their per-node timeout on TCP
+    /// and setup. Nodes that are down only count against the quorum later.
+    pub fn warm_up(&mut self, deadline: Instant) {
+        let now = Instant::now();
+        for i in 0..self.conns.len() {
+            if !self.conns[i].can_send(now) {
+                continue;
+            }
+            if let Err(why) = self.conns[i].prepare(
+                self.poll.registry(),
+                &self.config.nodes[i],
+                now,
+                self.config.connect_timeout,
+            ) {
+                self.conns[i].fail(self.poll.registry(), why, now);
+            }
+        }
+        let settled = |c: &Conn| !c.can_send(Instant::now()) || (c.is_up() && c.owed() == 0);
+        while !self.conns.iter().all(settled) {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            self.wait(deadline - now, &mut None);
+        }
+    }
+
     /// A round over this driver's nodes, started at `start` (see [`Round::new`]). Give it back
     /// with [`put_round`](Self::put_round) so the next one reuses its storage.
     pub fn take_round(
