@@ -10,6 +10,7 @@ use crate::driver::Driver;
 use crate::error::{Error, InvalidArgument, NodeFailure};
 use crate::resp::Limits;
 use crate::rng::Token;
+use crate::rwlock::RwPolicy;
 use crate::url::NodeAddr;
 
 /// The longest key accepted, in bytes.
@@ -34,6 +35,7 @@ pub(crate) struct Config {
     pub wait_timeout: Duration,
     pub drift_factor: f64,
     pub limits: Limits,
+    pub rw_policy: RwPolicy,
 }
 
 /// A Redlock client over N independent Redis masters.
@@ -88,6 +90,7 @@ pub struct ClientBuilder {
     retry_delay: Duration,
     wait_timeout: Duration,
     drift_factor: f64,
+    rw_policy: RwPolicy,
 }
 
 impl Default for ClientBuilder {
@@ -100,6 +103,7 @@ impl Default for ClientBuilder {
             retry_delay: Duration::from_millis(50),
             wait_timeout: Duration::from_secs(10),
             drift_factor: 0.01,
+            rw_policy: RwPolicy::ReadPreferring,
         }
     }
 }
@@ -157,6 +161,13 @@ impl ClientBuilder {
         self
     }
 
+    /// Whom read-write locks favour when readers and a writer wait; see [`RwPolicy`]. Default
+    /// [`RwPolicy::ReadPreferring`].
+    pub fn rw_policy(mut self, policy: RwPolicy) -> Self {
+        self.rw_policy = policy;
+        self
+    }
+
     /// Checks every setting and resolves every node. Nothing is sent yet: connections open on
     /// first use, and a node that is down then only counts against the quorum.
     pub fn build(self) -> Result<Client, Error> {
@@ -208,6 +219,7 @@ impl ClientBuilder {
             wait_timeout: self.wait_timeout,
             drift_factor: self.drift_factor,
             limits: Limits::default(),
+            rw_policy: self.rw_policy,
         });
         Ok(Client {
             inner: Arc::new(Inner {
@@ -279,6 +291,11 @@ impl Client {
             valid_until,
             released: false,
         })
+    }
+
+    /// This client's settings.
+    pub(crate) fn config(&self) -> &Config {
+        &self.inner.config
     }
 
     /// The TTL in whole milliseconds (what the server is told) and the timing built on it.

@@ -28,8 +28,10 @@ mod driver;
 mod error;
 pub mod resp;
 mod rng;
+mod rwlock;
 mod sha1;
 mod url;
 
 pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
+pub use rwlock::{ReadLock, RwPolicy, WriteLock};
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};

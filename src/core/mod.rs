@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod ops;
+pub(crate) mod rw;
 
 use std::time::{Duration, Instant};
 

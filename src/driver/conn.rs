@@ -15,7 +15,7 @@ use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 
-use crate::core::ops::{ScriptForm, SCRIPTS};
+use crate::core::ops::{Caps, ScriptForm, SCRIPTS};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Reply, Status};
 use crate::url::NodeAddr;
@@ -37,6 +37,8 @@ pub(crate) enum Slot {
     Vote { round: u64, form: ScriptForm },
     /// A reply nobody waits for (cleanup after a lost round).
     Discard,
+    /// The answer to `COMMAND INFO DELEX`, which sets [`Conn::caps`].
+    Caps,
 }
 
 #[derive(Debug)]
@@ -68,6 +70,8 @@ pub(crate) struct Conn {
     backoff: Duration,
     registered: Option<Interest>,
     last_error: Option<NodeErrorKind>,
+    /// What this connection's server offers; all `false` until its setup says otherwise.
+    pub caps: Caps,
 }
 
 impl Conn {
@@ -87,6 +91,7 @@ impl Conn {
             backoff: BACKOFF_MIN,
             registered: None,
             last_error: None,
+            caps: Caps::default(),
         }
     }
 
@@ -150,6 +155,7 @@ impl Conn {
         self.stream = Some(stream);
         self.state = State::Connecting { since: now };
         self.registered = None;
+        self.caps = Caps::default();
         self.queue_setup(node);
         self.update_interest(registry)
             .map_err(|e| NodeErrorKind::Connect(e.kind()))
@@ -175,6 +181,9 @@ impl Conn {
             // A server that refuses SCRIPT LOAD (ACLs) still works: EVALSHA falls back to EVAL.
             self.owed.push_back(Slot::Setup { required: false });
         }
+        // Redis 8.4 has DELEX; older servers answer with a nil entry, and ACLs with an error.
+        resp::encode_command(&mut self.out, &[b"COMMAND", b"INFO", b"DELEX"]);
+        self.owed.push_back(Slot::Caps);
     }
 
     /// Queues one command, written by `encode`, whose reply is for `slot`.
@@ -287,6 +296,9 @@ impl Conn {
                         .ok_or(NodeErrorKind::UnexpectedReply)?;
                     if let (Slot::Setup { required: true }, Reply::Error(m)) = (slot, &reply) {
                         return Err(crate::core::ops::server_error(m));
+                    }
+                    if slot == Slot::Caps {
+                        self.caps.delex = crate::core::rw::delex_supported(&reply);
                     }
                     handle(slot, &reply, &mut self.out, &mut self.owed);
                     self.inp_pos += used;
