@@ -33,5 +33,5 @@ mod sha1;
 mod url;
 
 pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
-pub use rwlock::{ReadLock, RwPolicy, WriteLock};
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
+pub use rwlock::{ReadLock, RwPolicy, WriteLock};

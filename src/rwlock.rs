@@ -180,11 +180,7 @@ impl Client {
     /// One attempt to take the write lock on `key` for `ttl`, without retrying.
     ///
     /// Fails with [`Error::Contended`] while readers or a writer hold the lock.
-    pub fn try_write_lock(
-        &self,
-        key: impl AsRef<[u8]>,
-        ttl: Duration,
-    ) -> Result<WriteLock, Error> {
+    pub fn try_write_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<WriteLock, Error> {
         self.write_lock_with(key.as_ref(), ttl, false)
     }
 
@@ -241,7 +237,13 @@ impl Client {
             token: token.as_bytes(),
         };
         let valid_until = self.acquire(key, &acquire, &cleanup, timing, wait)?;
-        Ok(ReadLock(self.held(Side::Read, key, keys, token, valid_until)))
+        Ok(ReadLock(self.held(
+            Side::Read,
+            key,
+            keys,
+            token,
+            valid_until,
+        )))
     }
 
     fn write_lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<WriteLock, Error> {
@@ -284,7 +286,13 @@ impl Client {
             });
         }
         let valid_until = result?;
-        Ok(WriteLock(self.held(Side::Write, key, keys, token, valid_until)))
+        Ok(WriteLock(self.held(
+            Side::Write,
+            key,
+            keys,
+            token,
+            valid_until,
+        )))
     }
 
     fn held(
