@@ -34,10 +34,10 @@ use crate::core::ops::{
 use crate::core::Vote;
 use crate::resp::{self, Reply};
 
-/// The node's clock in milliseconds, as the first lines of every script that reads it.
+/// Sets `now` (declared `local` by the script) to the node's clock in milliseconds.
 macro_rules! node_now {
     () => {
-        "local t = redis.call('time'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000); "
+        "local t = redis.call('time'); now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000); "
     };
 }
 
@@ -48,12 +48,17 @@ macro_rules! node_now {
 /// refreshes) this writer's intent, pruning expired ones and keeping the set's TTL at least as
 /// long as its longest-lived member.
 pub static WRITE_ACQUIRE: Script = Script::new(concat!(
+    "local now; local free = redis.call('exists', KEYS[1], KEYS[2]) == 0; ",
+    // Readers but no writer: the readers may all have expired.
+    "if not free and redis.call('exists', KEYS[1]) == 0 then ",
     node_now!(),
-    "redis.call('zremrangebyscore', KEYS[2], '-inf', now); ",
-    "if redis.call('exists', KEYS[1]) == 0 and redis.call('zcard', KEYS[2]) == 0 then ",
-    "redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]); redis.call('zrem', KEYS[3], ARGV[1]); return 1 end; ",
+    "redis.call('zremrangebyscore', KEYS[2], '-inf', now); free = redis.call('exists', KEYS[2]) == 0 end; ",
     "local intent = tonumber(ARGV[3]); ",
-    "if intent > 0 then redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
+    "if free then redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]); ",
+    "if intent > 0 then redis.call('zrem', KEYS[3], ARGV[1]) end; return 1 end; ",
+    "if intent > 0 then if not now then ",
+    node_now!(),
+    "end; redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
     "redis.call('zadd', KEYS[3], now + intent, ARGV[1]); ",
     "if redis.call('pttl', KEYS[3]) < intent then redis.call('pexpire', KEYS[3], intent) end end; ",
     "return 0",
@@ -67,7 +72,7 @@ pub static WRITE_ACQUIRE: Script = Script::new(concat!(
 pub static WRITE_CLEANUP: Script = Script::new(concat!(
     "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.call('publish', ARGV[2], '1') end; ",
     "local intent = tonumber(ARGV[3]); ",
-    "if intent > 0 then ",
+    "if intent > 0 then local now; ",
     node_now!(),
     "redis.call('zadd', KEYS[2], now + intent, ARGV[1]); ",
     "if redis.call('pttl', KEYS[2]) < intent then redis.call('pexpire', KEYS[2], intent) end end; ",
@@ -80,10 +85,15 @@ pub static WRITE_CLEANUP: Script = Script::new(concat!(
 /// expired readers, adds the token scored by its expiry on the node's clock, and keeps the set's
 /// TTL at least as long as its longest-lived reader, so an abandoned set disappears.
 pub static READ_ACQUIRE: Script = Script::new(concat!(
+    "local now; ",
+    "if redis.call('exists', KEYS[1], KEYS[3]) > 0 then ",
     "if redis.call('exists', KEYS[1]) == 1 then return 0 end; ",
     node_now!(),
-    "if redis.call('exists', KEYS[3]) == 1 then redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
-    "if redis.call('zcard', KEYS[3]) > 0 then return 0 end end; ",
+    "redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
+    "if redis.call('exists', KEYS[3]) == 1 then return 0 end ",
+    "else ",
+    node_now!(),
+    "end; ",
     "local ttl = tonumber(ARGV[2]); ",
     "redis.call('zremrangebyscore', KEYS[2], '-inf', now); ",
     "redis.call('zadd', KEYS[2], now + ttl, ARGV[1]); ",
@@ -102,6 +112,7 @@ pub static SET_RELEASE: Script = Script::new(
 /// there and not yet expired (an expired reader is never brought back). KEYS: readers. ARGV:
 /// token, ttl ms.
 pub static READ_EXTEND: Script = Script::new(concat!(
+    "local now; ",
     node_now!(),
     "local s = redis.call('zscore', KEYS[1], ARGV[1]); ",
     "if not s or tonumber(s) <= now then return 0 end; ",
@@ -439,7 +450,7 @@ mod tests {
     #[test]
     fn crc16_matches_the_cluster_spec_example() {
         // The Redis Cluster specification gives CRC16("123456789") = 0x31C3.
-        assert_eq!(slot(b"123456789"), 0x31C3 % 16384);
+        assert_eq!(slot(b"123456789"), 0x31C3);
     }
 
     #[test]
