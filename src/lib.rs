@@ -28,11 +28,13 @@ mod driver;
 mod error;
 pub mod resp;
 mod rng;
+mod rwlock;
 mod sha1;
 mod url;
 
 pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
+pub use rwlock::{ReadLock, RwPolicy, WriteLock};
 
 /// The README's examples, run as doctests.
 #[cfg(doctest)]
