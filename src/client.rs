@@ -476,6 +476,22 @@ pub struct Lock {
 }
 
 impl Lock {
+    /// A guard for a lock just won: `token` is at `key` on a quorum until `valid_until`.
+    pub(crate) fn from_parts(
+        client: Client,
+        key: Vec<u8>,
+        token: Token,
+        valid_until: Instant,
+    ) -> Lock {
+        Lock {
+            client,
+            key,
+            token,
+            valid_until,
+            released: false,
+        }
+    }
+
     /// The key this lock is on.
     pub fn key(&self) -> &[u8] {
         &self.key

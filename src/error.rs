@@ -41,6 +41,9 @@ pub enum Error {
         /// How long the attempt took from the first send to the decision.
         elapsed: Duration,
     },
+    /// The fence counter of the key has reached the largest token that can be issued,
+    /// [`FencedLock`](crate::FencedLock)'s 2^53 − 1; the lock was released.
+    FenceExhausted,
     /// The local system refused a resource the client needs (a poller or a socket), for
     /// example because the process is out of file descriptors.
     Io(io::ErrorKind),
@@ -95,6 +98,7 @@ impl fmt::Display for Error {
                 "lock validity ran out (the attempt took {} ms)",
                 elapsed.as_millis()
             ),
+            Error::FenceExhausted => f.write_str("the fence counter has no larger token left"),
             Error::Io(kind) => write!(f, "local I/O resource unavailable: {kind}"),
         }
     }
@@ -167,6 +171,21 @@ pub enum InvalidArgument {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// An all-or-none lock was asked for no keys.
+    NoKeys,
+    /// An all-or-none lock was given the same key twice.
+    DuplicateKey {
+        /// The key given more than once.
+        key: Vec<u8>,
+    },
+    /// An all-or-none lock was given more keys than
+    /// [`MAX_LOCK_ALL_KEYS`](crate::MAX_LOCK_ALL_KEYS).
+    TooManyKeys {
+        /// How many were given.
+        count: usize,
+        /// The cap.
+        max: usize,
+    },
     /// A builder option is out of range.
     BadOption {
         /// The option's name.
@@ -199,6 +218,15 @@ impl fmt::Display for InvalidArgument {
                 write!(f, "node {url} is given more than once")
             }
             InvalidArgument::BadUrl { url, reason } => write!(f, "bad node URL {url:?}: {reason}"),
+            InvalidArgument::NoKeys => f.write_str("no keys were given"),
+            InvalidArgument::DuplicateKey { key } => write!(
+                f,
+                "key {:?} is given more than once",
+                String::from_utf8_lossy(key)
+            ),
+            InvalidArgument::TooManyKeys { count, max } => {
+                write!(f, "{count} keys given, more than the cap of {max}")
+            }
             InvalidArgument::BadOption { name, reason } => write!(f, "option {name}: {reason}"),
         }
     }

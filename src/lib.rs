@@ -26,6 +26,8 @@ mod client;
 pub mod core;
 mod driver;
 mod error;
+mod fencing;
+mod multi;
 pub mod resp;
 mod rng;
 mod sha1;
@@ -33,3 +35,5 @@ mod url;
 
 pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
+pub use fencing::FencedLock;
+pub use multi::{MultiLock, MAX_LOCK_ALL_KEYS};

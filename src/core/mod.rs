@@ -13,6 +13,8 @@
 //! [`ops`]; the arithmetic of validity is in [`Timing`].
 #![forbid(unsafe_code)]
 
+pub(crate) mod fencing;
+pub(crate) mod multi;
 pub(crate) mod ops;
 
 use std::time::{Duration, Instant};

@@ -140,7 +140,15 @@ pub static EXTEND: Script = Script::new(
 );
 
 /// Every script, loaded on each connection as it is set up so `EVALSHA` rarely misses.
-pub static SCRIPTS: &[&Script] = &[&RELEASE, &EXTEND];
+pub static SCRIPTS: &[&Script] = &[
+    &RELEASE,
+    &EXTEND,
+    &crate::core::multi::ACQUIRE_ALL,
+    &crate::core::multi::RELEASE_ALL,
+    &crate::core::multi::EXTEND_ALL,
+    &crate::core::fencing::FENCED_ACQUIRE,
+    &crate::core::fencing::FENCE_WRITE,
+];
 
 /// Mutex acquire: `SET key token NX PX ttl`.
 #[derive(Debug, Clone, Copy)]

@@ -1,0 +1,269 @@
+//! Fencing tokens over a quorum: a number that strictly increases with each grant of a lock.
+//!
+//! A lock alone cannot protect a resource from a holder that paused (a GC, a page fault, a
+//! stopped VM) past its validity and then carries on as if it still held the lock. A fencing
+//! token can: each grant carries a number larger than every earlier grant's, the holder sends
+//! it with every write, and the resource refuses a write whose token is smaller than the
+//! largest it has already seen.
+//!
+//! # The counters
+//!
+//! Every node keeps a counter per lock key at [`fence_key`], with no expiry. It is only ever
+//! raised. The counters of different nodes diverge: a grant reaches a quorum, not every node,
+//! so the largest value read in one attempt may sit on nodes that the next grant's quorum
+//! never asks. Reading alone is therefore not enough; as in quorum registers (ABD), the value
+//! read is written back to a quorum before it is used:
+//!
+//! 1. **Read**, in the acquire round itself (no extra round trip): on each node one script
+//!    sets the lock key with `NX` and, if it did, returns that node's counter, read in the
+//!    same atomic step.
+//! 2. Once a quorum granted the lock, the token is `f = max(counters read) + 1`.
+//! 3. **Write back** (one extra round trip): on each node, if the lock key still holds our
+//!    token, raise the counter to `f` (compare-and-set-if-greater) and acknowledge. The token
+//!    is returned only when a quorum acknowledged before the lock's validity ended; otherwise
+//!    the attempt fails and the lock is released on every node.
+//!
+//! Why this gives tokens that strictly increase in the order grants hold the lock, and what
+//! breaks that, is argued on [`FencedLock`](crate::FencedLock).
+//!
+//! # Using it for another kind of lock
+//!
+//! Any lock whose key holds the holder's token as a string (the mutex, a writer key) can be
+//! fenced: its acquire script reads [`fence_key`]'s counter as in [`FENCED_ACQUIRE`] and
+//! returns it on success and `-1` on refusal, its op classifies replies with
+//! [`classify_fenced`], and after a won round the client runs [`FenceWrite`] for
+//! [`FenceRead::token`] before the validity ends.
+#![forbid(unsafe_code)]
+
+use std::cell::Cell;
+
+use crate::core::ops::{
+    error_verdict, int_verdict, write_eval, Arg, Op, Script, ScriptForm, Verdict,
+};
+use crate::core::Vote;
+use crate::error::NodeErrorKind;
+use crate::resp::Reply;
+
+/// Fence counters of lock key `K` are kept at `FENCE_PREFIX ++ ...` (see [`fence_key`]).
+pub const FENCE_PREFIX: &[u8] = b"redlock-mux:fence:";
+
+/// The largest token issued: Lua (which reads and compares the counters) represents integers
+/// exactly only up to 2^53.
+pub const MAX_FENCE: u64 = (1 << 53) - 1;
+
+/// The key of the fence counter of `lock_key`, in the same Redis Cluster hash slot as
+/// `lock_key` wherever that can be arranged:
+///
+/// - a key with a hash tag (`user:{42}`) gets `FENCE_PREFIX ++ key`, which keeps the tag;
+/// - a key without one and without `}` gets `FENCE_PREFIX ++ "{" ++ key ++ "}"`, whose tag is
+///   the whole key, so it hashes as the key does;
+/// - a key without a hash tag that contains `}` cannot be made a tag; it gets
+///   `FENCE_PREFIX ++ key`, in another slot. That only matters to proxies that insist on
+///   single-slot scripts; independent masters do not.
+pub fn fence_key(lock_key: &[u8]) -> Vec<u8> {
+    let wrap = !has_hash_tag(lock_key) && !lock_key.contains(&b'}');
+    let mut out = Vec::with_capacity(FENCE_PREFIX.len() + lock_key.len() + 2);
+    out.extend_from_slice(FENCE_PREFIX);
+    if wrap {
+        out.push(b'{');
+    }
+    out.extend_from_slice(lock_key);
+    if wrap {
+        out.push(b'}');
+    }
+    out
+}
+
+/// Whether Redis Cluster hashes `key` by a hash tag: the bytes between the first `{` and the
+/// first `}` after it, when there is at least one.
+fn has_hash_tag(key: &[u8]) -> bool {
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return false;
+    };
+    key[open + 1..]
+        .iter()
+        .position(|&b| b == b'}')
+        .is_some_and(|close| close > 0)
+}
+
+/// Takes lock key KEYS[1] with token ARGV[1] and expiry ARGV[2] ms (`SET NX PX`); returns the
+/// fence counter at KEYS[2] (0 if unset) when it did, and -1 when the key was held.
+pub static FENCED_ACQUIRE: Script = Script::new(
+    "local f = redis.call('get', KEYS[2]) local n = 0 \
+     if f then n = tonumber(f) if not n or n < 0 or n ~= math.floor(n) then \
+     return redis.error_reply('ERR fence counter is not a whole number') end end \
+     if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return n end return -1",
+);
+
+/// If lock key KEYS[1] still holds token ARGV[1], raises the fence counter at KEYS[2] to
+/// ARGV[2] (if it is lower) and returns 1; otherwise changes nothing and returns 0.
+pub static FENCE_WRITE: Script = Script::new(
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
+     local f = redis.call('get', KEYS[2]) local n = 0 \
+     if f then n = tonumber(f) if not n then \
+     return redis.error_reply('ERR fence counter is not a whole number') end end \
+     if tonumber(ARGV[2]) > n then redis.call('set', KEYS[2], ARGV[2]) end return 1",
+);
+
+/// The read phase's result: the largest counter that granting nodes returned.
+///
+/// Votes are classified through `&self`, so this collects them in a [`Cell`]. Counters read in
+/// an earlier, lost attempt may remain; that can only make the token larger, never smaller
+/// than it must be, since counters only rise.
+#[derive(Debug, Default)]
+pub struct FenceRead {
+    max: Cell<Option<u64>>,
+}
+
+impl FenceRead {
+    /// Nothing read yet.
+    pub fn new() -> FenceRead {
+        FenceRead::default()
+    }
+
+    /// Records a counter that a granting node returned.
+    pub fn observe(&self, counter: u64) {
+        self.max
+            .set(Some(self.max.get().map_or(counter, |m| m.max(counter))));
+    }
+
+    /// The largest counter recorded, if any.
+    pub fn max(&self) -> Option<u64> {
+        self.max.get()
+    }
+
+    /// The token to write back: the largest counter plus one. `None` when no counter was
+    /// recorded or the token would pass [`MAX_FENCE`].
+    pub fn token(&self) -> Option<u64> {
+        self.max()
+            .and_then(|m| m.checked_add(1))
+            .filter(|&t| t <= MAX_FENCE)
+    }
+}
+
+/// Reads the reply of a fenced acquire script: a counter (`≥ 0`) is a grant, recorded in
+/// `read`; `-1` is a refusal.
+pub fn classify_fenced(reply: &Reply<'_>, read: &FenceRead) -> Verdict {
+    match reply {
+        Reply::Integer(n) if *n >= 0 => {
+            read.observe(*n as u64);
+            Verdict::Vote(Vote::Yes)
+        }
+        Reply::Integer(-1) => Verdict::Vote(Vote::No),
+        Reply::Error(m) => error_verdict(m),
+        _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+    }
+}
+
+/// Mutex acquire that also reads the fence counter: [`FENCED_ACQUIRE`].
+#[derive(Debug, Clone, Copy)]
+pub struct FencedAcquire<'a> {
+    /// The lock's key.
+    pub key: &'a [u8],
+    /// Its fence counter's key, [`fence_key`]`(key)`.
+    pub fence: &'a [u8],
+    /// This attempt's token.
+    pub token: &'a [u8],
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// Where the counters read are collected.
+    pub read: &'a FenceRead,
+}
+
+impl Op for FencedAcquire<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &FENCED_ACQUIRE,
+            form,
+            &[self.key, self.fence],
+            &[Arg::Bytes(self.token), Arg::Num(self.ttl_ms)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        classify_fenced(reply, self.read)
+    }
+}
+
+/// The write-back phase: [`FENCE_WRITE`]. A yes means the node still held our lock and its
+/// counter is now at least `value`.
+#[derive(Debug, Clone, Copy)]
+pub struct FenceWrite<'a> {
+    /// The lock's key.
+    pub key: &'a [u8],
+    /// Its fence counter's key.
+    pub fence: &'a [u8],
+    /// The holder's token (the random one stored at the lock key).
+    pub token: &'a [u8],
+    /// The fencing token to write back.
+    pub value: u64,
+}
+
+impl Op for FenceWrite<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &FENCE_WRITE,
+            form,
+            &[self.key, self.fence],
+            &[Arg::Bytes(self.token), Arg::Num(self.value)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        int_verdict(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fence_key_shares_the_hash_tag_of_its_lock_key() {
+        assert_eq!(fence_key(b"invoice:42"), b"redlock-mux:fence:{invoice:42}");
+        assert_eq!(fence_key(b"user:{42}:x"), b"redlock-mux:fence:user:{42}:x");
+        // No tag possible: `}` without a `{` before it, or an empty tag.
+        assert_eq!(fence_key(b"a}b"), b"redlock-mux:fence:a}b");
+        assert_eq!(fence_key(b"{}x"), b"redlock-mux:fence:{}x");
+        // An unclosed `{` is no tag, and the whole key can be one.
+        assert_eq!(fence_key(b"a{b"), b"redlock-mux:fence:{a{b}");
+    }
+
+    #[test]
+    fn token_is_one_more_than_the_largest_counter_granted() {
+        let read = FenceRead::new();
+        assert_eq!(read.token(), None);
+        let op = FencedAcquire {
+            key: b"k",
+            fence: b"f",
+            token: b"t",
+            ttl_ms: 10,
+            read: &read,
+        };
+        assert_eq!(op.classify(&Reply::Integer(7)), Verdict::Vote(Vote::Yes));
+        assert_eq!(op.classify(&Reply::Integer(-1)), Verdict::Vote(Vote::No));
+        assert_eq!(op.classify(&Reply::Integer(3)), Verdict::Vote(Vote::Yes));
+        assert_eq!(read.token(), Some(8));
+        assert!(matches!(
+            op.classify(&Reply::Integer(-2)),
+            Verdict::Vote(Vote::Failed(_))
+        ));
+        assert!(matches!(
+            op.classify(&Reply::Error(b"NOSCRIPT No matching script")),
+            Verdict::NoScript
+        ));
+    }
+
+    #[test]
+    fn no_token_past_what_lua_counts_exactly() {
+        let read = FenceRead::new();
+        read.observe(MAX_FENCE - 1);
+        assert_eq!(read.token(), Some(MAX_FENCE));
+        read.observe(MAX_FENCE);
+        assert_eq!(read.token(), None);
+        read.observe(u64::MAX);
+        assert_eq!(read.token(), None);
+    }
+}

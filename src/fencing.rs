@@ -1,0 +1,187 @@
+//! Fenced mutexes: [`Client::lock_fenced`], [`Client::try_lock_fenced`] and the
+//! [`FencedLock`] guard.
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+use crate::client::{check_key, Client, Lock};
+use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
+use crate::core::ops::Release;
+use crate::error::Error;
+use crate::rng::Token;
+
+impl Client {
+    /// Like [`try_lock`](Client::try_lock), and the guard carries a fencing token: see
+    /// [`FencedLock`]. One attempt, without retrying.
+    pub fn try_lock_fenced(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<FencedLock, Error> {
+        self.lock_fenced_with(key.as_ref(), ttl, false)
+    }
+
+    /// Like [`lock`](Client::lock), and the guard carries a fencing token: see [`FencedLock`].
+    ///
+    /// It costs one more round trip than [`lock`](Client::lock) (the write-back), and the
+    /// acquire is a script instead of a plain `SET`. Locks taken with [`lock`](Client::lock)
+    /// pay nothing for fencing, and exclude fenced locks on the same key as usual.
+    ///
+    /// The write-back is not retried: if it does not reach a quorum within the validity, the
+    /// lock is released on every node and its error is returned.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_mux::Client;
+    ///
+    /// let client = Client::new(["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"])?;
+    /// let lock = client.lock_fenced("invoice:42", Duration::from_secs(10))?;
+    /// // Send the token with every write; the store keeps the largest one it has seen and
+    /// // refuses writes that carry a smaller one.
+    /// let token: u64 = lock.fencing_token();
+    /// # let _ = token;
+    /// lock.release()?;
+    /// # Ok::<(), redlock_mux::Error>(())
+    /// ```
+    pub fn lock_fenced(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<FencedLock, Error> {
+        self.lock_fenced_with(key.as_ref(), ttl, true)
+    }
+
+    fn lock_fenced_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<FencedLock, Error> {
+        check_key(key)?;
+        let (ttl_ms, timing) = self.timing(ttl)?;
+        let fence = fence_key(key);
+        let token = Token::generate();
+        let read = FenceRead::new();
+        let acquire = FencedAcquire {
+            key,
+            fence: &fence,
+            token: token.as_bytes(),
+            ttl_ms,
+            read: &read,
+        };
+        let release = Release {
+            key,
+            token: token.as_bytes(),
+        };
+        let valid_until = self.acquire(key, &acquire, &release, timing, wait)?;
+        // From here a failure drops `lock`, which releases it on every node.
+        let lock = Lock::from_parts(self.clone(), key.to_vec(), token, valid_until);
+        // A won round has a quorum of granting nodes, each of which returned its counter; no
+        // token means the counters reached the largest that Lua counts exactly.
+        let fencing_token = read.token().ok_or(Error::FenceExhausted)?;
+        let write = FenceWrite {
+            key,
+            fence: &fence,
+            token: token.as_bytes(),
+            value: fencing_token,
+        };
+        // Must be won before the lock's validity ends; its own new validity is not used.
+        self.extend_round(&write, timing, valid_until)?;
+        Ok(FencedLock {
+            lock,
+            fencing_token,
+        })
+    }
+}
+
+/// A held Redlock mutex with a fencing token. Dropping it releases it, best effort.
+///
+/// The [`fencing_token`](FencedLock::fencing_token) strictly increases with each fenced grant
+/// of the same key, across all clients, in the order in which the grants hold the lock. A
+/// holder that paused past its validity (a GC, a stopped VM) and carries on regardless still
+/// has its old, smaller token, so a store that refuses tokens smaller than the largest it has
+/// seen is protected from it. A lock alone cannot give that.
+///
+/// # How
+///
+/// Every node keeps a counter per lock key that never expires and only ever rises. The counters
+/// of different nodes diverge (each grant reaches only a quorum), so the largest value read in
+/// one attempt is not enough; as in quorum registers (ABD), it is written back first:
+///
+/// 1. **Read**, in the acquire round (no extra round trip): one script per node does
+///    `SET key token NX PX ttl` and, if it set the key, returns the node's counter from the
+///    same atomic step.
+/// 2. Once a quorum granted the lock, the token is `f = max(counters read) + 1`.
+/// 3. **Write back** (one extra round trip): on each node, if the lock key still holds our
+///    random token, the counter is raised to `f` if it is lower, and the node acknowledges.
+///    `f` is returned only when a quorum acknowledged before the lock's validity ended.
+///
+/// # Why the tokens strictly increase
+///
+/// Redlock's timing assumption (seed 004): a key a node set for an attempt started at `s` lives
+/// on that node at least until `s + ttl − drift`, which is the holder's end of validity `V`.
+/// Take grants G1 (token `f1`, validity end `V1`) and G2 (`f2`, `V2`), where G1 held the lock
+/// first, so `V1 < V2`.
+///
+/// G1's write-back quorum and G2's acquire quorum are both majorities, so some node `x` is in
+/// both. On `x`, G1's write-back ran at an instant `w` and found G1's token in the lock key;
+/// G1 saw the acknowledgement before `V1`, so `w < V1`. G2's `SET NX` succeeded on `x` at an
+/// instant `a`, and G2's key then stays on `x` until at least `V2`.
+///
+/// - If `a < w`, then `w` lies in `[a, V2]` (because `w < V1 < V2`), so `x` held G2's token at
+///   `w` and could not have held G1's. Impossible.
+/// - So `w < a`: when G2 took `x`, its counter was already at least `f1` (counters only
+///   rise), and G2 read it in the same atomic step. G2's token is the largest value it read
+///   plus one, so `f2 ≥ f1 + 1`.
+///
+/// Extending the lock keeps its token. Tokens compare only between grants of the same key.
+/// Plain [`Lock`]s on the key neither read nor raise the counter and do not get tokens.
+///
+/// # What breaks it
+///
+/// - **A node that loses its counter.** A *delayed restart* protects the lock keys by
+///   outwaiting their TTL, but the counter never expires, so it does not protect the counter:
+///   a node that comes back empty may be the only one shared by G1's write-back and G2's
+///   acquire, and G2 can then get a token no larger than `f1`. Fencing needs persistence that
+///   keeps every acknowledged write through a crash: AOF with `appendfsync always`
+///   (`everysec` may lose the last second). The write-back goes to every node that granted the
+///   lock, not only to the quorum it waits for, which spreads the counter but guarantees
+///   nothing more.
+/// - **Clock jumps, or drift beyond the allowance, on the nodes** (a key that expires early)
+///   break the timing assumption, and the lock along with it.
+/// - **A write-back that misses its quorum within the validity**: then no token is given, the
+///   acquisition fails and the lock is released on every node.
+/// - **Other writers of the counter keys** (`redlock-mux:fence:` followed by the key, with the
+///   key in braces as a hash tag when it has none of its own). A value that is not a whole
+///   number makes the node fail its vote rather than count from zero.
+/// - **Counters past 2^53 − 1**, where Lua's numbers stop being exact: the acquisition then
+///   fails with [`Error::FenceExhausted`]. At a million grants a second that takes 285 years.
+#[derive(Debug)]
+pub struct FencedLock {
+    lock: Lock,
+    fencing_token: u64,
+}
+
+impl FencedLock {
+    /// The fencing token of this grant: larger than that of every fenced grant of the same key
+    /// that held it before, smaller than that of every one after.
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// The key this lock is on.
+    pub fn key(&self) -> &[u8] {
+        self.lock.key()
+    }
+
+    /// This holder's random token, stored at the key (not the fencing token).
+    pub fn token(&self) -> &[u8] {
+        self.lock.token()
+    }
+
+    /// The time left before the lock may be granted to someone else. Zero once it has run out.
+    pub fn validity(&self) -> Duration {
+        self.lock.validity()
+    }
+
+    /// Resets the lock's TTL, as [`Lock::extend`] does. The fencing token stays the same.
+    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        self.lock.extend(ttl)
+    }
+
+    /// Releases the lock on every node, as [`Lock::release`] does. The counter stays.
+    pub fn release(self) -> Result<(), Error> {
+        self.lock.release()
+    }
+}
