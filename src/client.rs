@@ -281,6 +281,11 @@ impl Client {
         })
     }
 
+    /// The longest a waiting acquisition may take in all ([`ClientBuilder::wait_timeout`]).
+    pub(crate) fn wait_timeout(&self) -> Duration {
+        self.inner.config.wait_timeout
+    }
+
     /// The TTL in whole milliseconds (what the server is told) and the timing built on it.
     pub(crate) fn timing(&self, ttl: Duration) -> Result<(u64, Timing), InvalidArgument> {
         if ttl.is_zero() {

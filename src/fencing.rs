@@ -2,11 +2,12 @@
 //! [`FencedLock`] guard.
 #![forbid(unsafe_code)]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::client::{check_key, Client, Lock};
 use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
 use crate::core::ops::Release;
+use crate::core::Timing;
 use crate::error::Error;
 use crate::rng::Token;
 
@@ -27,11 +28,13 @@ impl Client {
     /// acquire is a script instead of a plain `SET`. Locks taken with [`lock`](Client::lock)
     /// pay nothing for fencing, and exclude fenced locks on the same key as usual.
     ///
-    /// The write-back is not retried: if it does not reach a quorum within the validity, the
-    /// lock is released on every node and its error is returned.
+    /// If the write-back does not reach a quorum within the validity (a node that granted the
+    /// lock went down in between), the lock is released on every node and the attempt is made
+    /// again, at most three times in all and within the wait timeout; then the write-back's
+    /// error is returned. [`try_lock_fenced`](Client::try_lock_fenced) makes one attempt.
     ///
     /// ```no_run
-    /// use std::time::Duration;
+    /// use std::time::{Duration, Instant};
     /// use redlock_mux::Client;
     ///
     /// let client = Client::new(["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"])?;
@@ -51,11 +54,37 @@ impl Client {
         check_key(key)?;
         let (ttl_ms, timing) = self.timing(ttl)?;
         let fence = fence_key(key);
+        let deadline = Instant::now().checked_add(self.wait_timeout());
+        let mut attempt = 1;
+        loop {
+            match self.fenced_attempt(key, &fence, ttl_ms, timing, wait) {
+                Err(Attempt::WriteBack(_))
+                    if wait
+                        && attempt < WRITE_BACK_ATTEMPTS
+                        && deadline.is_some_and(|d| Instant::now() < d) =>
+                {
+                    attempt += 1;
+                }
+                Err(Attempt::WriteBack(e) | Attempt::Acquire(e)) => return Err(e),
+                Ok(lock) => return Ok(lock),
+            }
+        }
+    }
+
+    /// One acquisition (retrying contention while `wait` allows) and its write-back.
+    fn fenced_attempt(
+        &self,
+        key: &[u8],
+        fence: &[u8],
+        ttl_ms: u64,
+        timing: Timing,
+        wait: bool,
+    ) -> Result<FencedLock, Attempt> {
         let token = Token::generate();
         let read = FenceRead::new();
         let acquire = FencedAcquire {
             key,
-            fence: &fence,
+            fence,
             token: token.as_bytes(),
             ttl_ms,
             read: &read,
@@ -64,25 +93,42 @@ impl Client {
             key,
             token: token.as_bytes(),
         };
-        let valid_until = self.acquire(key, &acquire, &release, timing, wait)?;
+        let valid_until = self
+            .acquire(key, &acquire, &release, timing, wait)
+            .map_err(Attempt::Acquire)?;
         // From here a failure drops `lock`, which releases it on every node.
         let lock = Lock::from_parts(self.clone(), key.to_vec(), token, valid_until);
         // A won round has a quorum of granting nodes, each of which returned its counter; no
         // token means the counters reached the largest that Lua counts exactly.
-        let fencing_token = read.token().ok_or(Error::FenceExhausted)?;
+        let fencing_token = read
+            .token()
+            .ok_or(Attempt::Acquire(Error::FenceExhausted))?;
         let write = FenceWrite {
             key,
-            fence: &fence,
+            fence,
             token: token.as_bytes(),
             value: fencing_token,
         };
         // Must be won before the lock's validity ends; its own new validity is not used.
-        self.extend_round(&write, timing, valid_until)?;
+        self.extend_round(&write, timing, valid_until)
+            .map_err(Attempt::WriteBack)?;
         Ok(FencedLock {
             lock,
             fencing_token,
         })
     }
+}
+
+/// How many times a waiting [`Client::lock_fenced`] tries again after a lost write-back.
+const WRITE_BACK_ATTEMPTS: u32 = 3;
+
+/// Why a fenced attempt failed.
+enum Attempt {
+    /// The lock was not won (after any waiting).
+    Acquire(Error),
+    /// The lock was won but its token could not be written back to a quorum in time; it has
+    /// been released.
+    WriteBack(Error),
 }
 
 /// A held Redlock mutex with a fencing token. Dropping it releases it, best effort.
