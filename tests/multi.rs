@@ -19,6 +19,8 @@ const TTL: Duration = Duration::from_secs(10);
 fn client(cluster: &RedisCluster) -> Client {
     Client::builder()
         .nodes(cluster.urls())
+        // Generous: tests share a small, busy machine, and a timed-out node is not the point.
+        .node_timeout(Duration::from_millis(500))
         .retry_delay(Duration::from_millis(2))
         .retry_count(100_000)
         .wait_timeout(Duration::from_secs(20))
@@ -109,7 +111,8 @@ fn all_or_none_on_each_node(n: usize) {
         } else {
             vec![]
         };
-        assert_eq!(keys_of(*addr), expected, "node {i} after release");
+        // The release returns once a quorum answered; the others follow.
+        eventually("released everywhere", || keys_of(*addr) == expected);
     }
 }
 
@@ -144,7 +147,7 @@ fn a_set_and_a_mutex_on_a_shared_key_exclude_each_other() {
     // Dropping the guard released it.
     drop(c.try_lock("a", TTL).expect("a after drop"));
     for addr in cluster.addrs() {
-        assert_eq!(dbsize(addr), 0);
+        eventually("all released", || dbsize(addr) == 0);
     }
 }
 
@@ -162,7 +165,7 @@ fn extend_is_all_or_none_and_validity_follows_it() {
     assert!(set_lock.validity() > Duration::from_secs(20));
     for addr in &addrs {
         for k in [&b"k1"[..], b"k2"] {
-            assert!(pttl(*addr, k) > 20_000);
+            eventually("extended everywhere", || pttl(*addr, k) > 20_000);
         }
     }
 
@@ -179,10 +182,10 @@ fn extend_is_all_or_none_and_validity_follows_it() {
         let ttl = pttl(*addr, b"k2");
         assert!(ttl > 50_000 && ttl <= 60_000, "pttl {ttl}");
     }
-    assert!(pttl(addrs[2], b"k1") > 60_000);
+    eventually("node 2 extended", || pttl(addrs[2], b"k1") > 60_000);
     set_lock.release().expect("release");
     for addr in &addrs {
-        assert_eq!(dbsize(*addr), 0);
+        eventually("all released", || dbsize(*addr) == 0);
     }
 }
 
@@ -283,7 +286,10 @@ fn bad_sets_are_refused_before_anything_is_sent() {
     // The cap itself is allowed.
     let set_lock = c.try_lock_all(&many[..MAX_LOCK_ALL_KEYS], TTL).unwrap();
     assert_eq!(set_lock.keys().len(), MAX_LOCK_ALL_KEYS);
-    assert_eq!(dbsize(cluster.addrs()[0]), MAX_LOCK_ALL_KEYS as i64);
+    let addr = cluster.addrs()[0];
+    eventually("whole set on node 0", || {
+        dbsize(addr) == MAX_LOCK_ALL_KEYS as i64
+    });
 }
 
 /// A small deterministic generator for the key sets each worker picks.
@@ -387,6 +393,7 @@ fn child_worker(spec: &str) {
     let referee: SocketAddr = referee.parse().expect("referee");
     let c = Client::builder()
         .nodes(urls.split(','))
+        .node_timeout(Duration::from_millis(500))
         .retry_delay(Duration::from_millis(2))
         .retry_count(100_000)
         .wait_timeout(Duration::from_secs(20))
