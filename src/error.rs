@@ -41,9 +41,6 @@ pub enum Error {
         /// How long the attempt took from the first send to the decision.
         elapsed: Duration,
     },
-    /// The fence counter of the key has reached the largest token that can be issued,
-    /// [`FencedLock`](crate::FencedLock)'s 2^53 − 1; the lock was released.
-    FenceExhausted,
     /// The local system refused a resource the client needs (a poller or a socket), for
     /// example because the process is out of file descriptors.
     Io(io::ErrorKind),
@@ -98,7 +95,6 @@ impl fmt::Display for Error {
                 "lock validity ran out (the attempt took {} ms)",
                 elapsed.as_millis()
             ),
-            Error::FenceExhausted => f.write_str("the fence counter has no larger token left"),
             Error::Io(kind) => write!(f, "local I/O resource unavailable: {kind}"),
         }
     }

@@ -24,8 +24,9 @@ impl Client {
 
     /// Like [`lock`](Client::lock), and the guard carries a fencing token: see [`FencedLock`].
     ///
-    /// It costs one more round trip than [`lock`](Client::lock) (the write-back), and the
-    /// acquire is a script instead of a plain `SET`. Locks taken with [`lock`](Client::lock)
+    /// The acquire is a script instead of a plain `SET`, and it costs one more round trip than
+    /// [`lock`](Client::lock) (the write-back) when the nodes' counters disagree, which happens
+    /// after some node missed a grant: while it was down, slow, or not in a quorum. Locks taken with [`lock`](Client::lock)
     /// pay nothing for fencing, and exclude fenced locks on the same key as usual.
     ///
     /// If the write-back does not reach a quorum within the validity (a node that granted the
@@ -98,11 +99,23 @@ impl Client {
             .map_err(Attempt::Acquire)?;
         // From here a failure drops `lock`, which releases it on every node.
         let lock = Lock::from_parts(self.clone(), key.to_vec(), token, valid_until);
-        // A won round has a quorum of granting nodes, each of which returned its counter; no
-        // token means the counters reached the largest that Lua counts exactly.
-        let fencing_token = read
-            .token()
-            .ok_or(Attempt::Acquire(Error::FenceExhausted))?;
+        let Some(fencing_token) = read.token() else {
+            // Not reached: a won round had a quorum of granting nodes, each with a counter.
+            return Err(Attempt::WriteBack(Error::QuorumUnreachable {
+                quorum: self.quorum(),
+                nodes: self.nodes(),
+                failures: Vec::new(),
+            }));
+        };
+        // Every reply was read before now, so if now is within the validity, each node that
+        // returned the token held our lock key and the token at some instant before its end:
+        // on a quorum of them, the token is already where a write-back would put it.
+        if read.holders() >= self.quorum() && Instant::now() < valid_until {
+            return Ok(FencedLock {
+                lock,
+                fencing_token,
+            });
+        }
         let write = FenceWrite {
             key,
             fence,
@@ -143,56 +156,68 @@ enum Attempt {
 ///
 /// Every node keeps a counter per lock key that never expires and only ever rises. The counters
 /// of different nodes diverge (each grant reaches only a quorum), so the largest value read in
-/// one attempt is not enough; as in quorum registers (ABD), it is written back first:
+/// one attempt is not enough on its own; as in quorum registers (ABD), the token must be on a
+/// quorum before it is returned:
 ///
 /// 1. **Read**, in the acquire round (no extra round trip): one script per node does
-///    `SET key token NX PX ttl` and, if it set the key, returns the node's counter from the
-///    same atomic step.
-/// 2. Once a quorum granted the lock, the token is `f = max(counters read) + 1`.
-/// 3. **Write back** (one extra round trip): on each node, if the lock key still holds our
-///    random token, the counter is raised to `f` if it is lower, and the node acknowledges.
-///    `f` is returned only when a quorum acknowledged before the lock's validity ended.
+///    `SET key token NX PX ttl` and, if it set the key, raises the node's counter by one and
+///    returns it, in the same atomic step.
+/// 2. Once a quorum granted the lock, the token is `f = max(counters returned)`.
+/// 3. If at least a quorum of the granting nodes returned `f` itself, `f` is already on a
+///    quorum, and it is returned at once. This is the usual case: the counters agree unless
+///    some node missed a grant (it was down, slow, or left out of a quorum).
+/// 4. Otherwise, **write back** (one extra round trip): on each node, if the lock key still
+///    holds our random token, the counter is raised to `f` if it is lower, and the node
+///    acknowledges. `f` is returned only when a quorum acknowledged before the lock's validity
+///    ended. The write-back also brings lagging nodes level, so the next grant is back on the
+///    fast path.
+///
+/// In both cases there is a quorum `W` of nodes each of which, at some instant `w` before the
+/// end of validity and while holding our token in the lock key, had a counter of at least `f`:
+/// the nodes that returned `f` (step 3, `w` the instant of their acquire script), or the nodes
+/// that acknowledged the write-back (step 4).
 ///
 /// # Why the tokens strictly increase
 ///
 /// Redlock's timing assumption (seed 004): a key a node set for an attempt started at `s` lives
 /// on that node at least until `s + ttl − drift`, which is the holder's end of validity `V`.
-/// Take grants G1 (token `f1`, validity end `V1`) and G2 (`f2`, `V2`), where G1 held the lock
-/// first, so `V1 < V2`.
+/// Take grants G1 (token `f1`, validity end `V1`, quorum `W1` as above) and G2 (`f2`, `V2`),
+/// where G1 held the lock first, so `V1 < V2`.
 ///
-/// G1's write-back quorum and G2's acquire quorum are both majorities, so some node `x` is in
-/// both. On `x`, G1's write-back ran at an instant `w` and found G1's token in the lock key;
-/// G1 saw the acknowledgement before `V1`, so `w < V1`. G2's `SET NX` succeeded on `x` at an
-/// instant `a`, and G2's key then stays on `x` until at least `V2`.
+/// `W1` and the nodes that granted G2 are both majorities, so some node `x` is in both. On
+/// `x`, at an instant `w < V1`, G1's token was in the lock key and the counter was at least
+/// `f1`. G2's `SET NX` succeeded on `x` at an instant `a`, and G2's key then stays on `x` until
+/// at least `V2`.
 ///
 /// - If `a < w`, then `w` lies in `[a, V2]` (because `w < V1 < V2`), so `x` held G2's token at
 ///   `w` and could not have held G1's. Impossible.
 /// - So `w < a`: when G2 took `x`, its counter was already at least `f1` (counters only
-///   rise), and G2 read it in the same atomic step. G2's token is the largest value it read
-///   plus one, so `f2 ≥ f1 + 1`.
+///   rise), and G2's script raised it by one and returned it in the same atomic step. G2's
+///   token is the largest value returned, so `f2 ≥ f1 + 1`.
 ///
-/// Extending the lock keeps its token. Tokens compare only between grants of the same key.
-/// Plain [`Lock`]s on the key neither read nor raise the counter and do not get tokens.
+/// Tokens are not consecutive: lost attempts raise the counters of the nodes that granted
+/// them. Extending the lock keeps its token. Tokens compare only between grants of the same
+/// key. Plain [`Lock`]s on the key neither read nor raise the counter and get no token.
 ///
 /// # What breaks it
 ///
 /// - **A node that loses its counter.** A *delayed restart* protects the lock keys by
 ///   outwaiting their TTL, but the counter never expires, so it does not protect the counter:
-///   a node that comes back empty may be the only one shared by G1's write-back and G2's
-///   acquire, and G2 can then get a token no larger than `f1`. Fencing needs persistence that
-///   keeps every acknowledged write through a crash: AOF with `appendfsync always`
-///   (`everysec` may lose the last second). The write-back goes to every node that granted the
-///   lock, not only to the quorum it waits for, which spreads the counter but guarantees
-///   nothing more.
+///   a node that comes back empty may be the only one shared by `W1` and G2's quorum, and G2
+///   can then get a token no larger than `f1`. Fencing needs persistence that keeps every
+///   acknowledged write through a crash: AOF with `appendfsync always` (`everysec` may lose
+///   the last second).
 /// - **Clock jumps, or drift beyond the allowance, on the nodes** (a key that expires early)
 ///   break the timing assumption, and the lock along with it.
 /// - **A write-back that misses its quorum within the validity**: then no token is given, the
-///   acquisition fails and the lock is released on every node.
+///   attempt fails and the lock is released on every node.
 /// - **Other writers of the counter keys** (`redlock-mux:fence:` followed by the key, with the
 ///   key in braces as a hash tag when it has none of its own). A value that is not a whole
-///   number makes the node fail its vote rather than count from zero.
-/// - **Counters past 2^53 − 1**, where Lua's numbers stop being exact: the acquisition then
-///   fails with [`Error::FenceExhausted`]. At a million grants a second that takes 285 years.
+///   number makes the node fail its vote (`ERR fence counter is not a whole number`) rather
+///   than count from zero.
+/// - **Counters at 2^53 − 1**, where Lua's numbers stop being exact: nodes then fail their
+///   votes with `ERR fence counter exhausted`. At a million grants a second that takes 285
+///   years.
 #[derive(Debug)]
 pub struct FencedLock {
     lock: Lock,

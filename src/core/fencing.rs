@@ -12,16 +12,18 @@
 //! raised. The counters of different nodes diverge: a grant reaches a quorum, not every node,
 //! so the largest value read in one attempt may sit on nodes that the next grant's quorum
 //! never asks. Reading alone is therefore not enough; as in quorum registers (ABD), the value
-//! read is written back to a quorum before it is used:
+//! used must be on a quorum before it is returned:
 //!
 //! 1. **Read**, in the acquire round itself (no extra round trip): on each node one script
-//!    sets the lock key with `NX` and, if it did, returns that node's counter, read in the
-//!    same atomic step.
-//! 2. Once a quorum granted the lock, the token is `f = max(counters read) + 1`.
-//! 3. **Write back** (one extra round trip): on each node, if the lock key still holds our
-//!    token, raise the counter to `f` (compare-and-set-if-greater) and acknowledge. The token
-//!    is returned only when a quorum acknowledged before the lock's validity ended; otherwise
-//!    the attempt fails and the lock is released on every node.
+//!    sets the lock key with `NX` and, if it did, raises that node's counter by one and
+//!    returns it, in the same atomic step.
+//! 2. Once a quorum granted the lock, the token is `f = max(counters returned)`.
+//! 3. If a quorum of the granting nodes returned `f` itself, a quorum already holds it and the
+//!    token is returned at once: the common case, when no node missed earlier grants.
+//! 4. Otherwise, **write back** (one extra round trip): on each node, if the lock key still
+//!    holds our token, raise the counter to `f` (compare-and-set-if-greater) and acknowledge.
+//!    The token is returned only when a quorum acknowledged before the lock's validity ended;
+//!    otherwise the attempt fails and the lock is released on every node.
 //!
 //! Why this gives tokens that strictly increase in the order grants hold the lock, and what
 //! breaks that, is argued on [`FencedLock`](crate::FencedLock).
@@ -29,10 +31,11 @@
 //! # Using it for another kind of lock
 //!
 //! Any lock whose key holds the holder's token as a string (the mutex, a writer key) can be
-//! fenced: its acquire script reads [`fence_key`]'s counter as in [`FENCED_ACQUIRE`] and
-//! returns it on success and `-1` on refusal, its op classifies replies with
+//! fenced: its acquire script raises and returns [`fence_key`]'s counter as in
+//! [`FENCED_ACQUIRE`] on success and returns `-1` on refusal, its op classifies replies with
 //! [`classify_fenced`], and after a won round the client runs [`FenceWrite`] for
-//! [`FenceRead::token`] before the validity ends.
+//! [`FenceRead::token`] before the validity ends, unless [`FenceRead::holders`] is already a
+//! quorum.
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
@@ -47,8 +50,8 @@ use crate::resp::Reply;
 /// Fence counters of lock key `K` are kept at `FENCE_PREFIX ++ ...` (see [`fence_key`]).
 pub const FENCE_PREFIX: &[u8] = b"redlock-mux:fence:";
 
-/// The largest token issued: Lua (which reads and compares the counters) represents integers
-/// exactly only up to 2^53.
+/// The largest counter: Lua (which reads and compares the counters) represents integers
+/// exactly only up to 2^53. A node whose counter reached it refuses to raise it further.
 pub const MAX_FENCE: u64 = (1 << 53) - 1;
 
 /// The key of the fence counter of `lock_key`, in the same Redis Cluster hash slot as
@@ -86,13 +89,17 @@ fn has_hash_tag(key: &[u8]) -> bool {
         .is_some_and(|close| close > 0)
 }
 
-/// Takes lock key KEYS[1] with token ARGV[1] and expiry ARGV[2] ms (`SET NX PX`); returns the
-/// fence counter at KEYS[2] (0 if unset) when it did, and -1 when the key was held.
+/// Takes lock key KEYS[1] with token ARGV[1] and expiry ARGV[2] ms (`SET NX PX`); when it did,
+/// raises the fence counter at KEYS[2] (0 if unset) by one and returns it, and returns -1 when
+/// the key was held. A counter that is not a whole number, or that reached [`MAX_FENCE`], is an
+/// error, checked before anything is set.
 pub static FENCED_ACQUIRE: Script = Script::new(
     "local f = redis.call('get', KEYS[2]) local n = 0 \
      if f then n = tonumber(f) if not n or n < 0 or n ~= math.floor(n) then \
      return redis.error_reply('ERR fence counter is not a whole number') end end \
-     if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return n end return -1",
+     if n >= 9007199254740991 then return redis.error_reply('ERR fence counter exhausted') end \
+     if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return -1 end \
+     n = n + 1 redis.call('set', KEYS[2], string.format('%d', n)) return n",
 );
 
 /// If lock key KEYS[1] still holds token ARGV[1], raises the fence counter at KEYS[2] to
@@ -105,14 +112,17 @@ pub static FENCE_WRITE: Script = Script::new(
      if tonumber(ARGV[2]) > n then redis.call('set', KEYS[2], ARGV[2]) end return 1",
 );
 
-/// The read phase's result: the largest counter that granting nodes returned.
+/// The read phase's result: the largest counter that granting nodes returned, and how many
+/// returned it.
 ///
-/// Votes are classified through `&self`, so this collects them in a [`Cell`]. Counters read in
-/// an earlier, lost attempt may remain; that can only make the token larger, never smaller
-/// than it must be, since counters only rise.
+/// Votes are classified through `&self`, so this collects them in [`Cell`]s. Use a new one for
+/// each token. Replies from earlier, lost rounds with the same token may be counted too: each
+/// still comes from a node that held our token with that counter at an instant before the
+/// validity ends, which is all the argument on [`FencedLock`](crate::FencedLock) needs.
 #[derive(Debug, Default)]
 pub struct FenceRead {
     max: Cell<Option<u64>>,
+    at_max: Cell<usize>,
 }
 
 impl FenceRead {
@@ -123,8 +133,20 @@ impl FenceRead {
 
     /// Records a counter that a granting node returned.
     pub fn observe(&self, counter: u64) {
-        self.max
-            .set(Some(self.max.get().map_or(counter, |m| m.max(counter))));
+        match self.max.get() {
+            Some(m) if m > counter => {}
+            Some(m) if m == counter => self.at_max.set(self.at_max.get() + 1),
+            _ => {
+                self.max.set(Some(counter));
+                self.at_max.set(1);
+            }
+        }
+    }
+
+    /// How many granting nodes returned the largest counter: when that is a quorum, the
+    /// token is already on a quorum and needs no write-back.
+    pub fn holders(&self) -> usize {
+        self.at_max.get()
     }
 
     /// The largest counter recorded, if any.
@@ -132,20 +154,19 @@ impl FenceRead {
         self.max.get()
     }
 
-    /// The token to write back: the largest counter plus one. `None` when no counter was
-    /// recorded or the token would pass [`MAX_FENCE`].
+    /// The token: the largest counter returned (each already raised by one on its node).
+    /// `None` when no counter was recorded, or one is past [`MAX_FENCE`] (no node of ours
+    /// returns one).
     pub fn token(&self) -> Option<u64> {
-        self.max()
-            .and_then(|m| m.checked_add(1))
-            .filter(|&t| t <= MAX_FENCE)
+        self.max().filter(|&t| t > 0 && t <= MAX_FENCE)
     }
 }
 
-/// Reads the reply of a fenced acquire script: a counter (`≥ 0`) is a grant, recorded in
+/// Reads the reply of a fenced acquire script: a counter (`≥ 1`) is a grant, recorded in
 /// `read`; `-1` is a refusal.
 pub fn classify_fenced(reply: &Reply<'_>, read: &FenceRead) -> Verdict {
     match reply {
-        Reply::Integer(n) if *n >= 0 => {
+        Reply::Integer(n) if *n >= 1 && *n as u64 <= MAX_FENCE => {
             read.observe(*n as u64);
             Verdict::Vote(Vote::Yes)
         }
@@ -155,7 +176,7 @@ pub fn classify_fenced(reply: &Reply<'_>, read: &FenceRead) -> Verdict {
     }
 }
 
-/// Mutex acquire that also reads the fence counter: [`FENCED_ACQUIRE`].
+/// Mutex acquire that also raises and reads the fence counter: [`FENCED_ACQUIRE`].
 #[derive(Debug, Clone, Copy)]
 pub struct FencedAcquire<'a> {
     /// The lock's key.
@@ -232,7 +253,7 @@ mod tests {
     }
 
     #[test]
-    fn token_is_one_more_than_the_largest_counter_granted() {
+    fn token_is_the_largest_counter_granted_and_counts_its_holders() {
         let read = FenceRead::new();
         assert_eq!(read.token(), None);
         let op = FencedAcquire {
@@ -245,11 +266,17 @@ mod tests {
         assert_eq!(op.classify(&Reply::Integer(7)), Verdict::Vote(Vote::Yes));
         assert_eq!(op.classify(&Reply::Integer(-1)), Verdict::Vote(Vote::No));
         assert_eq!(op.classify(&Reply::Integer(3)), Verdict::Vote(Vote::Yes));
-        assert_eq!(read.token(), Some(8));
-        assert!(matches!(
-            op.classify(&Reply::Integer(-2)),
-            Verdict::Vote(Vote::Failed(_))
-        ));
+        assert_eq!((read.token(), read.holders()), (Some(7), 1));
+        assert_eq!(op.classify(&Reply::Integer(7)), Verdict::Vote(Vote::Yes));
+        assert_eq!((read.token(), read.holders()), (Some(7), 2));
+        assert_eq!(op.classify(&Reply::Integer(9)), Verdict::Vote(Vote::Yes));
+        assert_eq!((read.token(), read.holders()), (Some(9), 1));
+        for bad in [-2, 0] {
+            assert!(matches!(
+                op.classify(&Reply::Integer(bad)),
+                Verdict::Vote(Vote::Failed(_))
+            ));
+        }
         assert!(matches!(
             op.classify(&Reply::Error(b"NOSCRIPT No matching script")),
             Verdict::NoScript
@@ -259,11 +286,9 @@ mod tests {
     #[test]
     fn no_token_past_what_lua_counts_exactly() {
         let read = FenceRead::new();
-        read.observe(MAX_FENCE - 1);
-        assert_eq!(read.token(), Some(MAX_FENCE));
         read.observe(MAX_FENCE);
-        assert_eq!(read.token(), None);
-        read.observe(u64::MAX);
+        assert_eq!(read.token(), Some(MAX_FENCE));
+        read.observe(MAX_FENCE + 1);
         assert_eq!(read.token(), None);
     }
 }
