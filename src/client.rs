@@ -371,6 +371,11 @@ impl Client {
         &self.inner.config
     }
 
+    /// The longest a waiting acquisition may take in all ([`ClientBuilder::wait_timeout`]).
+    pub(crate) fn wait_timeout(&self) -> Duration {
+        self.inner.config.wait_timeout
+    }
+
     /// The TTL in whole milliseconds (what the server is told) and the timing built on it.
     pub(crate) fn timing(&self, ttl: Duration) -> Result<(u64, Timing), InvalidArgument> {
         if ttl.is_zero() {
@@ -610,6 +615,22 @@ pub struct Lock {
 }
 
 impl Lock {
+    /// A guard for a lock just won: `token` is at `key` on a quorum until `valid_until`.
+    pub(crate) fn from_parts(
+        client: Client,
+        key: Vec<u8>,
+        token: Token,
+        valid_until: Instant,
+    ) -> Lock {
+        Lock {
+            client,
+            key,
+            token,
+            valid_until,
+            released: false,
+        }
+    }
+
     /// The key this lock is on.
     pub fn key(&self) -> &[u8] {
         &self.key
