@@ -8,6 +8,7 @@ use crate::core::ops::{Acquire, Extend, Op, Release};
 use crate::core::{quorum, Decision, Round, Timing};
 use crate::driver::Driver;
 use crate::error::{Error, InvalidArgument, NodeFailure};
+use crate::keepalive::KeeperSlot;
 use crate::resp::Limits;
 use crate::rng::Token;
 use crate::url::NodeAddr;
@@ -59,6 +60,7 @@ pub struct Client {
 struct Inner {
     config: Arc<Config>,
     pool: Mutex<Vec<Driver>>,
+    keeper: KeeperSlot,
 }
 
 impl std::fmt::Debug for Client {
@@ -213,6 +215,7 @@ impl ClientBuilder {
             inner: Arc::new(Inner {
                 config,
                 pool: Mutex::new(Vec::new()),
+                keeper: KeeperSlot::new(),
             }),
         })
     }
@@ -232,6 +235,11 @@ impl Client {
     /// A builder with default settings.
     pub fn builder() -> ClientBuilder {
         ClientBuilder::default()
+    }
+
+    /// The slot of this client's keeper thread (see [`crate::keepalive`]).
+    pub(crate) fn keeper(&self) -> &KeeperSlot {
+        &self.inner.keeper
     }
 
     /// How many nodes this client uses.
@@ -476,6 +484,11 @@ pub struct Lock {
 }
 
 impl Lock {
+    /// The client this lock was taken with.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// The key this lock is on.
     pub fn key(&self) -> &[u8] {
         &self.key

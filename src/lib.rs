@@ -26,6 +26,7 @@ mod client;
 pub mod core;
 mod driver;
 mod error;
+mod keepalive;
 pub mod resp;
 mod rng;
 mod sha1;
@@ -33,3 +34,4 @@ mod url;
 
 pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
+pub use keepalive::{KeepAlive, KeptLock, Lost};
