@@ -62,6 +62,17 @@ impl Parsed {
         self.switches.contains(&name)
     }
 
+    /// The one positional argument, KEY.
+    pub fn key(&self) -> Result<String, UsageError> {
+        match self.positional.as_slice() {
+            [key] => Ok(key.clone()),
+            [] => Err(usage!("no KEY given")),
+            [_, extra, ..] => Err(usage!(
+                "unexpected argument {extra:?} (a command goes after `--`)"
+            )),
+        }
+    }
+
     /// Option `name` as a duration, or `default`.
     pub fn duration(&self, name: &str, default: Duration) -> Result<Duration, UsageError> {
         match self.value(name) {
@@ -80,6 +91,20 @@ impl Parsed {
             },
         }
     }
+}
+
+/// Parses a command's arguments; on `--help`, prints `help` and returns `None`.
+pub fn parse_command(
+    spec: &Spec,
+    args: &[String],
+    help: &str,
+) -> Result<Option<Parsed>, UsageError> {
+    let parsed = parse(spec, args)?;
+    if parsed.help {
+        print!("{help}");
+        return Ok(None);
+    }
+    Ok(Some(parsed))
 }
 
 /// Parses `args` (without the program and command names) against `spec`.

@@ -7,17 +7,17 @@
 //! machine load during the run hits both alike; their ratio is the figure to watch.
 #![forbid(unsafe_code)]
 
-use std::io::{self, IsTerminal, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io::{self, IsTerminal};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redlock_mux::resp::{self, Limits, Reply, Status};
+use redlock_mux::resp::{self, Reply, Value};
 use redlock_mux::{Client, Error};
 
 use crate::args::{self, usage, Spec};
 use crate::local_servers::RedisCluster;
+use crate::node::NodeConn;
 use crate::stats::{fmt_duration, ratio, Samples, Summary};
 use crate::Fail;
 
@@ -61,11 +61,9 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
         switches: &["json"],
         takes_command: false,
     };
-    let parsed = args::parse(&spec, argv)?;
-    if parsed.help {
-        print!("{HELP}");
+    let Some(parsed) = args::parse_command(&spec, argv, HELP)? else {
         return Ok(0);
-    }
+    };
     if let Some(extra) = parsed.positional.first() {
         return Err(usage!("unexpected argument {extra:?}").into());
     }
@@ -269,63 +267,28 @@ const BASELINE_RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then re
 
 /// The hand-written baseline: one blocking socket per node, no timeouts beyond the socket's.
 struct Baseline {
-    conns: Vec<TcpStream>,
+    conns: Vec<NodeConn>,
     sha: Vec<u8>,
     out: Vec<u8>,
-    buf: Vec<u8>,
 }
 
 impl Baseline {
     fn connect(urls: &[String]) -> io::Result<Baseline> {
-        let mut base = Baseline {
-            conns: Vec::with_capacity(urls.len()),
-            sha: Vec::new(),
-            out: Vec::with_capacity(256),
-            buf: vec![0; 4096],
-        };
+        let mut conns = Vec::with_capacity(urls.len());
+        let mut sha = Vec::new();
         for url in urls {
-            let target = UrlParts::parse(url);
-            let addr = target
-                .host_port
-                .to_socket_addrs()?
-                .next()
-                .ok_or_else(|| io::Error::other(format!("{url}: no address")))?;
-            let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-            stream.set_nodelay(true)?;
-            stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-            base.conns.push(stream);
-            let i = base.conns.len() - 1;
-            if let Some(password) = &target.password {
-                let mut args: Vec<&[u8]> = vec![b"AUTH"];
-                if let Some(user) = &target.user {
-                    args.push(user.as_bytes());
-                }
-                args.push(password.as_bytes());
-                base.call(i, &args)?;
+            let mut conn = NodeConn::connect(url, Duration::from_secs(5))?;
+            match conn.call_ok(&[b"SCRIPT", b"LOAD", BASELINE_RELEASE.as_bytes()])? {
+                Value::Bulk(Some(digest)) => sha = digest,
+                other => return Err(io::Error::other(format!("SCRIPT LOAD answered {other:?}"))),
             }
-            if let Some(db) = &target.db {
-                base.call(i, &[b"SELECT", db.as_bytes()])?;
-            }
-            let sha = base.call(i, &[b"SCRIPT", b"LOAD", BASELINE_RELEASE.as_bytes()])?;
-            base.sha = sha;
+            conns.push(conn);
         }
-        Ok(base)
-    }
-
-    /// One command on one connection; the reply's bytes, or an error for an error reply.
-    fn call(&mut self, i: usize, args: &[&[u8]]) -> io::Result<Vec<u8>> {
-        self.out.clear();
-        resp::encode_command(&mut self.out, args);
-        self.conns[i].write_all(&self.out)?;
-        let mut value = Vec::new();
-        self.read_reply(i, |r| {
-            if let Reply::Bulk(Some(b)) | Reply::Simple(b) = r {
-                value = b.to_vec();
-            }
-            !matches!(r, Reply::Error(_))
-        })?
-        .then_some(value)
-        .ok_or_else(|| io::Error::other("the server refused a setup command"))
+        Ok(Baseline {
+            conns,
+            sha,
+            out: Vec::with_capacity(256),
+        })
     }
 
     /// `SET key token NX PX ttl` to all, then every reply; whether a majority said OK.
@@ -344,81 +307,24 @@ impl Baseline {
         let mut channel = b"redlock-mux:wake:".to_vec();
         channel.extend_from_slice(key);
         self.out.clear();
-        let sha = std::mem::take(&mut self.sha);
         resp::encode_command(
             &mut self.out,
-            &[b"EVALSHA", &sha, b"1", key, token, &channel],
+            &[b"EVALSHA", &self.sha, b"1", key, token, &channel],
         );
-        self.sha = sha;
         self.fan_out(|r| matches!(r, Reply::Integer(_)))
     }
 
     fn fan_out(&mut self, yes: impl Fn(&Reply<'_>) -> bool) -> io::Result<bool> {
         for c in &mut self.conns {
-            c.write_all(&self.out)?;
+            c.send(&self.out)?;
         }
         let mut votes = 0;
-        for i in 0..self.conns.len() {
-            if self.read_reply(i, &yes)? {
+        for c in &mut self.conns {
+            if c.read_with(&yes)? {
                 votes += 1;
             }
         }
         Ok(votes > self.conns.len() / 2)
-    }
-
-    /// Reads one whole reply from connection `i` and judges it.
-    fn read_reply(&mut self, i: usize, judge: impl FnOnce(&Reply<'_>) -> bool) -> io::Result<bool> {
-        let limits = Limits::default();
-        let mut filled = 0;
-        loop {
-            if filled == self.buf.len() {
-                self.buf.resize(self.buf.len() * 2, 0);
-            }
-            let read = self.conns[i].read(&mut self.buf[filled..])?;
-            if read == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            filled += read;
-            match resp::decode(&self.buf[..filled], &limits) {
-                Ok(Status::Complete((reply, _))) => return Ok(judge(&reply)),
-                Ok(Status::Partial) => continue,
-                Err(e) => return Err(io::Error::other(e.to_string())),
-            }
-        }
-    }
-}
-
-/// The parts of a node URL the baseline needs; the library validated the URL already.
-struct UrlParts {
-    host_port: String,
-    user: Option<String>,
-    password: Option<String>,
-    db: Option<String>,
-}
-
-impl UrlParts {
-    fn parse(url: &str) -> UrlParts {
-        let rest = url.strip_prefix("redis://").unwrap_or(url);
-        let (rest, db) = match rest.split_once('/') {
-            Some((r, db)) if !db.is_empty() && db != "0" => (r, Some(db.to_owned())),
-            Some((r, _)) => (r, None),
-            None => (rest, None),
-        };
-        let (auth, host_port) = match rest.rsplit_once('@') {
-            Some((a, h)) => (Some(a), h),
-            None => (None, rest),
-        };
-        let (user, password) = match auth.map(|a| a.split_once(':')) {
-            Some(Some((u, p))) => ((!u.is_empty()).then(|| u.to_owned()), Some(p.to_owned())),
-            Some(None) => (None, auth.map(str::to_owned)),
-            None => (None, None),
-        };
-        UrlParts {
-            host_port: host_port.to_owned(),
-            user,
-            password,
-            db,
-        }
     }
 }
 

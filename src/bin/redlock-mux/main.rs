@@ -11,8 +11,11 @@
 
 mod args;
 mod bench;
+mod inspect;
 #[path = "local_servers.rs"]
 mod local_servers;
+mod node;
+mod run;
 mod stats;
 
 use std::fmt;
@@ -78,7 +81,9 @@ fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let rest = argv.get(1..).unwrap_or(&[]);
     let result = match argv.first().map(String::as_str) {
+        Some("run") => run::main(rest),
         Some("bench") => bench::main(rest),
+        Some("inspect") => inspect::main(rest),
         Some("-h" | "--help" | "help") => {
             print!("{HELP}");
             Ok(0)
