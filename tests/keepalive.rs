@@ -15,6 +15,7 @@ const KEY: &str = "keepalive:job";
 fn client(cluster: &RedisCluster) -> Client {
     Client::builder()
         .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(500))
         .retry_count(0)
         .build()
         .expect("client")

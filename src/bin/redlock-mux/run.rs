@@ -35,6 +35,8 @@ pub const EXIT_LOST: i32 = 76;
 
 /// Set for the wrapped `run`: where the wrapping shell writes the signals it caught.
 const SIGNAL_FILE_ENV: &str = "REDLOCK_MUX_RUN_SIGNAL_FILE";
+/// Set for the wrapped `run`: the PID of the wrapping shell.
+const PARENT_ENV: &str = "REDLOCK_MUX_RUN_PARENT";
 /// How often the command, the lock and the signal file are checked.
 const POLL: Duration = Duration::from_millis(10);
 
@@ -191,7 +193,7 @@ fn reexec_under_shell(argv: &[String]) -> Option<PathBuf> {
 trap 'echo INT >> "$f"' INT
 trap 'echo TERM >> "$f"' TERM
 exec 3<&0
-( trap '' INT TERM; exec "$@" ) <&3 3<&- &
+( trap '' INT TERM; REDLOCK_MUX_RUN_PARENT=$$ exec "$@" ) <&3 3<&- &
 w=$!
 exec 3<&-
 rc=0
@@ -228,7 +230,9 @@ fn spawn(command: &[String]) -> io::Result<Child> {
         c.args(&command[1..]);
         c
     };
-    cmd.env_remove(SIGNAL_FILE_ENV).stdin(Stdio::inherit());
+    cmd.env_remove(SIGNAL_FILE_ENV)
+        .env_remove(PARENT_ENV)
+        .stdin(Stdio::inherit());
     if env_resets_signals() {
         // `env` reports a missing command as exit 127 itself; check first for a clear error.
         if !command[0].contains('/') && find_in_path(&command[0]).is_none() {
@@ -265,12 +269,19 @@ enum Supervised {
 }
 
 /// Waits for the command, forwarding caught signals, and stops it if the lock is lost.
+///
+/// When wrapped, a change of parent means the wrapping shell (the process the caller knows)
+/// was killed outright, say by SIGKILL: the command is stopped as for a lost lock, so that it
+/// does not go on running while nobody answers for the lock, which is then released.
 fn supervise(
     child: &mut Child,
     lost: &mpsc::Receiver<Lost>,
     signal_file: Option<&std::path::Path>,
     grace: Duration,
 ) -> io::Result<Supervised> {
+    let parent = std::env::var(PARENT_ENV)
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok());
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(Supervised::Exited(status));
@@ -280,20 +291,14 @@ fn supervise(
                 "redlock-mux: lock lost ({}); sending SIGTERM to the command",
                 notice.error
             );
-            signal(child.id(), "TERM");
-            let deadline = Instant::now() + grace;
-            while Instant::now() < deadline {
-                if child.try_wait()?.is_some() {
-                    return Ok(Supervised::Lost(notice));
-                }
-                thread::sleep(POLL);
-            }
-            eprintln!("redlock-mux: the command outlived the grace period; sending SIGKILL");
-            let _ = child.kill();
-            let _ = child.wait();
+            stop(child, grace)?;
             return Ok(Supervised::Lost(notice));
         }
         if let Some(path) = signal_file {
+            if parent.is_some_and(|p| p != std::os::unix::process::parent_id()) {
+                let status = stop(child, grace)?;
+                return Ok(Supervised::Exited(status));
+            }
             if let Ok(caught) = fs::read_to_string(path) {
                 let _ = fs::remove_file(path);
                 for name in caught.split_whitespace() {
@@ -307,14 +312,50 @@ fn supervise(
     }
 }
 
+/// SIGTERM, then SIGKILL if the command still runs after `grace`.
+fn stop(child: &mut Child, grace: Duration) -> io::Result<ExitStatus> {
+    signal(child.id(), "TERM");
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        thread::sleep(POLL);
+    }
+    eprintln!("redlock-mux: the command outlived the grace period; sending SIGKILL");
+    let _ = child.kill();
+    child.wait()
+}
+
 /// Sends signal `name` to `pid` with the `kill` program (no `unsafe` here).
+///
+/// A command started through `env --default-signal` ignores INT and TERM until `env` has
+/// reset them; a signal sent in that window would be lost. On Linux the signal waits (at
+/// most a second) until `/proc/PID/status` shows it is no longer ignored.
 fn signal(pid: u32, name: &str) {
+    let number = if name == "INT" { 2 } else { 15 };
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while ignores(pid, number) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(2));
+    }
     let _ = Command::new("kill")
         .arg(format!("-{name}"))
         .arg(pid.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
+}
+
+/// Whether `pid` is known to ignore signal `number`; false where that cannot be told.
+fn ignores(pid: u32, number: u32) -> bool {
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (number - 1)) != 0)
 }
 
 /// The shell's convention: the exit code, or 128 + the signal that killed the command.

@@ -105,14 +105,11 @@ impl Samples {
 const SUB_BUCKETS: u32 = 4;
 
 fn bucket_of(nanos: u64) -> u32 {
-    let n = nanos.max(1);
+    // Below 4 ns the quarter-steps would not be whole nanoseconds; no latency is that short.
+    let n = nanos.max(4);
     let exp = 63 - n.leading_zeros();
     // The two bits after the leading one pick the sub-bucket.
-    let sub = if exp >= 2 {
-        ((n >> (exp - 2)) & 3) as u32
-    } else {
-        ((n << (2 - exp)) & 3) as u32
-    };
+    let sub = ((n >> (exp - 2)) & 3) as u32;
     exp * SUB_BUCKETS + sub
 }
 
@@ -155,7 +152,7 @@ impl Summary {
     }
 
     /// The figures as a JSON object, in microseconds.
-    pub fn to_json(&self) -> String {
+    pub fn to_json(self) -> String {
         format!(
             "{{\"count\":{},\"mean_us\":{:.3},\"p50_us\":{:.3},\"p90_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"max_us\":{:.3}}}",
             self.count,
