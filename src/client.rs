@@ -9,6 +9,7 @@ use crate::core::ops::{Acquire, Extend, Op, Release};
 use crate::core::{quorum, Decision, Round, Timing};
 use crate::driver::Driver;
 use crate::error::{Error, InvalidArgument, NodeFailure};
+use crate::keepalive::KeeperSlot;
 use crate::resp::Limits;
 use crate::rng::Token;
 use crate::rwlock::RwPolicy;
@@ -71,6 +72,7 @@ pub struct Client {
 struct Inner {
     config: Arc<Config>,
     pool: Mutex<Vec<Driver>>,
+    keeper: KeeperSlot,
 }
 
 impl std::fmt::Debug for Client {
@@ -262,6 +264,7 @@ impl ClientBuilder {
             inner: Arc::new(Inner {
                 config,
                 pool: Mutex::new(Vec::new()),
+                keeper: KeeperSlot::new(),
             }),
         };
         let first = client.new_driver()?;
@@ -289,6 +292,11 @@ impl Client {
     /// A builder with default settings.
     pub fn builder() -> ClientBuilder {
         ClientBuilder::default()
+    }
+
+    /// The slot of this client's keeper thread (see [`crate::keepalive`]).
+    pub(crate) fn keeper(&self) -> &KeeperSlot {
+        &self.inner.keeper
     }
 
     /// How many nodes this client uses.
@@ -629,6 +637,11 @@ impl Lock {
             valid_until,
             released: false,
         }
+    }
+
+    /// The client this lock was taken with.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
     }
 
     /// The key this lock is on.
