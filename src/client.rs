@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::core::ops::{Acquire, Extend, Op, Release};
-use crate::core::{quorum, Decision, Round, Timing};
+use crate::core::{quorum, Decision, Retry, Round, Timing};
 use crate::driver::Driver;
 use crate::error::{Error, InvalidArgument, NodeFailure};
 use crate::resp::Limits;
@@ -343,9 +343,12 @@ impl Client {
     ) -> Result<Instant, Error> {
         let config = &self.inner.config;
         self.with_driver(|driver| {
-            let first = Instant::now();
-            let deadline = first.checked_add(config.wait_timeout).unwrap_or(first);
-            let mut attempt = 0u32;
+            let mut retry = Retry::new(
+                Instant::now(),
+                config.wait_timeout,
+                config.retry_count,
+                wait,
+            );
             loop {
                 let start = Instant::now();
                 let mut round = driver.take_round(start, Some(timing), None);
@@ -364,12 +367,11 @@ impl Client {
                 };
                 // Seed 004 step 5: unlock every node, even those that said no or did not answer.
                 driver.broadcast(cleanup);
-                attempt += 1;
-                let next = Instant::now() + driver.jitter.around(config.retry_delay);
-                if !wait || attempt > config.retry_count || next >= deadline {
+                let delay = driver.jitter.around(config.retry_delay);
+                let Some(next) = retry.next_attempt(Instant::now(), delay) else {
                     driver.flush_until(Instant::now() + config.node_timeout);
                     return Err(error);
-                }
+                };
                 driver.idle_until(next);
             }
         })?

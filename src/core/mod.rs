@@ -13,7 +13,12 @@
 //! [`ops`]; the arithmetic of validity is in [`Timing`].
 #![forbid(unsafe_code)]
 
-pub(crate) mod ops;
+pub mod ops;
+mod retry;
+#[cfg(test)]
+mod sim;
+
+pub use retry::Retry;
 
 use std::time::{Duration, Instant};
 
