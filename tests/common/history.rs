@@ -254,9 +254,11 @@ impl History {
         let mut made: BTreeMap<&[u8], u64> = BTreeMap::new();
         for inc in &self.increments {
             *made.entry(&inc.key).or_default() += 1;
-            let inside = self.ops.get(inc.op).and_then(Op::window).is_some_and(
-                |(start, end)| start <= inc.at && inc.at <= end,
-            );
+            let inside = self
+                .ops
+                .get(inc.op)
+                .and_then(Op::window)
+                .is_some_and(|(start, end)| start <= inc.at && inc.at <= end);
             if !inside {
                 report.writes_outside += 1;
             }
@@ -295,7 +297,11 @@ mod tests {
         let mut h = History::default();
         h.push(op(1, Kind::Mutex, 0, 10));
         h.push(op(2, Kind::Mutex, 10, 20));
-        assert_eq!(h.check().overlaps.len(), 0, "touching windows do not overlap");
+        assert_eq!(
+            h.check().overlaps.len(),
+            0,
+            "touching windows do not overlap"
+        );
         h.push(op(3, Kind::Mutex, 15, 16));
         let r = h.check();
         assert_eq!(r.overlaps.len(), 1);

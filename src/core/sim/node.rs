@@ -201,7 +201,11 @@ impl Node {
                     let Some(n) = parse_i64(args[i]) else {
                         return err(NOT_INTEGER);
                     };
-                    let ms = if opt == b"EX" { n.checked_mul(1000) } else { Some(n) };
+                    let ms = if opt == b"EX" {
+                        n.checked_mul(1000)
+                    } else {
+                        Some(n)
+                    };
                     match ms.filter(|&ms| ms > 0) {
                         Some(ms) => px = Some(ms),
                         None => return err("ERR invalid expire time in 'set' command"),
@@ -343,7 +347,10 @@ impl Node {
         let key = args[0];
         let mut pairs = Vec::new();
         for p in args[1..].chunks(2) {
-            match std::str::from_utf8(p[0]).ok().and_then(|s| s.parse::<f64>().ok()) {
+            match std::str::from_utf8(p[0])
+                .ok()
+                .and_then(|s| s.parse::<f64>().ok())
+            {
                 Some(score) if !score.is_nan() => pairs.push((score, p[1])),
                 _ => return err("ERR value is not a valid float"),
             }
@@ -424,9 +431,19 @@ mod tests {
         };
         let ok = Value::Simple(b"OK".to_vec());
         assert_eq!(run(&mut n, 1000, &acq(b"a"), ScriptForm::Sha), ok);
-        assert_eq!(run(&mut n, 1050, &acq(b"b"), ScriptForm::Sha), Value::Bulk(None));
-        assert_eq!(run(&mut n, 1100, &acq(b"b"), ScriptForm::Sha), Value::Bulk(None));
-        assert_eq!(run(&mut n, 1101, &acq(b"b"), ScriptForm::Sha), ok, "expired");
+        assert_eq!(
+            run(&mut n, 1050, &acq(b"b"), ScriptForm::Sha),
+            Value::Bulk(None)
+        );
+        assert_eq!(
+            run(&mut n, 1100, &acq(b"b"), ScriptForm::Sha),
+            Value::Bulk(None)
+        );
+        assert_eq!(
+            run(&mut n, 1101, &acq(b"b"), ScriptForm::Sha),
+            ok,
+            "expired"
+        );
         let rel = Release {
             key: b"k",
             token: b"b",
