@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::core::fair::FairAcquire;
 use crate::core::ops::{Acquire, Extend, Op, Release};
-use crate::core::{quorum, Decision, Round, Timing};
+use crate::core::{quorum, Decision, Retry, Round, Timing};
 use crate::driver::Driver;
 use crate::error::{Error, InvalidArgument, NodeFailure};
 use crate::keepalive::KeeperSlot;
@@ -455,13 +455,12 @@ impl Client {
         let config = &self.inner.config;
         self.with_driver(|driver| {
             let first = Instant::now();
-            let deadline = first.checked_add(config.wait_timeout).unwrap_or(first);
-            let mut attempt = 0u32;
+            let mut retry = Retry::new(first, config.wait_timeout, config.retry_count, wait);
             let mut subscribed = false;
             // The retry window after split votes, doubled at each.
             let mut spread = Duration::ZERO;
             let result = loop {
-                if attempt > 0 {
+                if retry.lost() > 0 {
                     acquire.on_retry(first.elapsed());
                 }
                 driver.clear_wake();
@@ -484,12 +483,17 @@ impl Client {
 
                 // Seed 004 step 5: unlock every node, even those that said no or did not answer.
                 driver.broadcast(cleanup);
-                attempt += 1;
                 let now = Instant::now();
-                if !wait || attempt > config.retry_count || now >= deadline {
+                // The backstop: the latest the next attempt starts if no release is announced.
+                // It is kept short of the wait timeout, so a waiter still gets a last try.
+                let delay = driver
+                    .jitter
+                    .around(config.retry_delay)
+                    .min(retry.remaining(now).saturating_sub(SPREAD_MIN));
+                let Some(backstop) = retry.next_attempt(now, delay) else {
                     driver.flush_until(now + config.node_timeout);
                     break Err(error);
-                }
+                };
                 if !subscribed && error.is_contended() {
                     // From now on every release of `resource` is announced to us; try again
                     // at once, since a release may have come before the subscription did.
@@ -504,13 +508,12 @@ impl Client {
                     // window that doubles with each split, so colliding waiters drift apart.
                     spread = (spread * 2).clamp(SPREAD_MIN, SPREAD_MAX.min(config.retry_delay));
                     let pause = driver.jitter.below(spread);
-                    driver.sleep_until((now + pause).min(deadline));
+                    driver.sleep_until((now + pause).min(backstop));
                     continue;
                 }
                 // Wait for a release to be announced; the jittered delay is only the backstop
                 // for announcements that are lost.
-                let backstop = now + driver.jitter.around(config.retry_delay);
-                driver.wait_wake(backstop.min(deadline));
+                driver.wait_wake(backstop);
             };
             if let Some(finish) = acquire.on_finish() {
                 driver.broadcast(finish);

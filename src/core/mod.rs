@@ -16,8 +16,13 @@
 pub(crate) mod fair;
 pub(crate) mod fencing;
 pub(crate) mod multi;
-pub(crate) mod ops;
+pub mod ops;
+mod retry;
 pub(crate) mod rw;
+#[cfg(test)]
+mod sim;
+
+pub use retry::Retry;
 
 use std::time::{Duration, Instant};
 

@@ -155,9 +155,9 @@ pub fn int_verdict(reply: &Reply<'_>) -> Verdict {
 }
 
 /// Compare-and-delete: frees the key only if it still holds our token, and then announces the
-/// release on the wake channel (ARGV[2], see [`WAKE_PREFIX`]) in the same atomic step. The announcement is best
-/// effort (`pcall`): an ACL user without channel permissions (Redis 7's default for new users)
-/// must still be able to release, and the key is already deleted by then.
+/// release on the wake channel (`ARGV[2]`, see [`WAKE_PREFIX`]) in the same atomic step. The
+/// announcement is best effort (`pcall`): an ACL user without channel permissions (Redis 7's
+/// default for new users) must still be able to release, and the key is already deleted by then.
 pub static RELEASE: Script = Script::new(
     "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)); return 1 else return 0 end",
 );

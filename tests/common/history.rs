@@ -1,0 +1,369 @@
+//! The history checker shared by every safety suite: the deterministic simulation of the core
+//! (`src/core/sim`) and the fault suites against real `redis-server`.
+//!
+//! Std only, because it is included with `#[path = ...]` both inside the crate and by
+//! integration tests.
+//!
+//! A history is a list of [`Op`]s on one monotonic clock, as offsets from a common origin (the
+//! simulation's virtual time, or `Instant`s of one process minus a shared start). Each granted
+//! op holds its key *exclusively* (a mutex or a write lock) or *shared* (a read lock) over its
+//! window `[ok, min(release, valid_until)]`: from the grant until it is released or its validity,
+//! as the client measured it, runs out. The checker finds:
+//!
+//! - **overlaps**: two windows of the same key that intersect, where at least one is exclusive
+//!   (readers may overlap readers; writers overlap nothing);
+//! - **lost updates** of a read-modify-write counter kept per key: every [`Increment`] read a
+//!   value and wrote it plus one; increments minus the counter's growth were lost;
+//! - **fencing** order: the fencing tokens of exclusive grants strictly increase in grant order;
+//! - **writes outside the window**: an increment written when its writer no longer held the key.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// What an op holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// An exclusive mutex.
+    Mutex,
+    /// The shared side of a read-write lock.
+    Read,
+    /// The exclusive side of a read-write lock.
+    Write,
+}
+
+impl Kind {
+    /// Whether this kind excludes every other holder of its key.
+    pub fn exclusive(self) -> bool {
+        !matches!(self, Kind::Read)
+    }
+}
+
+/// One lock operation, granted or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    /// Who asked (a thread, a process, a simulated client).
+    pub client: u64,
+    /// What it holds.
+    pub kind: Kind,
+    /// The resource.
+    pub key: Vec<u8>,
+    /// When the acquisition was called.
+    pub invoke: Duration,
+    /// When it was granted; `None` if it was not.
+    pub ok: Option<Duration>,
+    /// The fencing token of the grant, once fencing exists.
+    pub fence: Option<u64>,
+    /// When the grant stops being valid, by the client's own measurement (updated by extends).
+    pub valid_until: Option<Duration>,
+    /// When the holder started releasing it; `None` if it never did (crash, or it let it expire).
+    pub release: Option<Duration>,
+}
+
+impl Op {
+    /// The window in which this op held its key, if it was granted and the window is not empty.
+    pub fn window(&self) -> Option<(Duration, Duration)> {
+        let ok = self.ok?;
+        let end = match (self.release, self.valid_until) {
+            (Some(r), Some(v)) => r.min(v),
+            (Some(r), None) => r,
+            (None, Some(v)) => v,
+            (None, None) => return None,
+        };
+        (end > ok).then_some((ok, end))
+    }
+}
+
+/// One read-modify-write of the per-key counter: read `read`, wrote `read + 1` at `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Increment {
+    /// Who wrote.
+    pub client: u64,
+    /// Whose counter.
+    pub key: Vec<u8>,
+    /// The value read.
+    pub read: u64,
+    /// When `read + 1` was written.
+    pub at: Duration,
+    /// The op (index into [`History::ops`]) under whose grant the writer believed it acted.
+    pub op: usize,
+}
+
+/// Everything recorded in one run.
+#[derive(Debug, Default, Clone)]
+pub struct History {
+    /// The lock operations, in any order.
+    pub ops: Vec<Op>,
+    /// The counter increments, in any order.
+    pub increments: Vec<Increment>,
+    /// Each counter's value at the start and at the end of the run.
+    pub counters: BTreeMap<Vec<u8>, (u64, u64)>,
+}
+
+/// Two windows of one key that overlap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlap {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The earlier-granted op (index into [`History::ops`]).
+    pub first: usize,
+    /// The later-granted op.
+    pub second: usize,
+    /// How long they overlapped.
+    pub by: Duration,
+}
+
+/// What [`History::check`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Ops recorded.
+    pub ops: usize,
+    /// Ops granted with a non-empty window.
+    pub windows: usize,
+    /// Increments recorded.
+    pub increments: usize,
+    /// Overlapping pairs, by the first that overlaps each window (at most one per window).
+    pub overlaps: Vec<Overlap>,
+    /// Increments minus the counters' growth, summed over keys.
+    pub lost_updates: u64,
+    /// Exclusive grants whose fencing token did not exceed the previous grant's, per key.
+    pub fencing_violations: usize,
+    /// Increments written outside their writer's window.
+    pub writes_outside: usize,
+}
+
+impl Report {
+    /// Overlaps plus lost updates plus fencing violations. Writes outside the window are a
+    /// cause, not a violation by themselves: they show up as lost updates when they hurt.
+    pub fn violations(&self) -> u64 {
+        self.overlaps.len() as u64 + self.lost_updates + self.fencing_violations as u64
+    }
+
+    /// Adds another run's findings to this one (op indices are then no longer meaningful).
+    pub fn absorb(&mut self, other: &Report) {
+        self.ops += other.ops;
+        self.windows += other.windows;
+        self.increments += other.increments;
+        self.overlaps.extend(other.overlaps.iter().cloned());
+        self.lost_updates += other.lost_updates;
+        self.fencing_violations += other.fencing_violations;
+        self.writes_outside += other.writes_outside;
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ops, {} windows, {} increments: {} overlaps, {} lost updates, {} fencing violations, {} writes outside their window",
+            self.ops,
+            self.windows,
+            self.increments,
+            self.overlaps.len(),
+            self.lost_updates,
+            self.fencing_violations,
+            self.writes_outside
+        )?;
+        for o in self.overlaps.iter().take(3) {
+            write!(
+                f,
+                "\n  overlap on {:?}: ops {} and {} by {:?}",
+                String::from_utf8_lossy(&o.key),
+                o.first,
+                o.second,
+                o.by
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl History {
+    /// Records an op and returns its index, for later updates and for [`Increment::op`].
+    pub fn push(&mut self, op: Op) -> usize {
+        self.ops.push(op);
+        self.ops.len() - 1
+    }
+
+    /// Appends another history (for example one thread's or one process's) to this one.
+    pub fn merge(&mut self, other: History) {
+        let base = self.ops.len();
+        self.ops.extend(other.ops);
+        self.increments
+            .extend(other.increments.into_iter().map(|mut i| {
+                i.op += base;
+                i
+            }));
+        for (key, (start, end)) in other.counters {
+            self.counters.insert(key, (start, end));
+        }
+    }
+
+    /// Checks the history; see the module documentation for what is checked.
+    pub fn check(&self) -> Report {
+        let mut report = Report {
+            ops: self.ops.len(),
+            increments: self.increments.len(),
+            ..Report::default()
+        };
+        let mut by_key: BTreeMap<&[u8], Vec<(Duration, Duration, usize)>> = BTreeMap::new();
+        for (i, op) in self.ops.iter().enumerate() {
+            if let Some((start, end)) = op.window() {
+                by_key.entry(&op.key).or_default().push((start, end, i));
+                report.windows += 1;
+            }
+        }
+        for (key, mut windows) in by_key {
+            windows.sort();
+            // Sorted by start, a window overlaps an earlier one iff it starts before the latest
+            // end seen so far (of any window if it is exclusive, of exclusive ones if shared).
+            let mut last_any: Option<(Duration, usize)> = None;
+            let mut last_excl: Option<(Duration, usize)> = None;
+            let mut last_fence: Option<u64> = None;
+            for &(start, end, i) in &windows {
+                let exclusive = self.ops[i].kind.exclusive();
+                let against = if exclusive { last_any } else { last_excl };
+                if let Some((prev_end, j)) = against.filter(|(e, _)| start < *e) {
+                    report.overlaps.push(Overlap {
+                        key: key.to_vec(),
+                        first: j,
+                        second: i,
+                        by: prev_end.min(end) - start,
+                    });
+                }
+                if exclusive {
+                    if let Some(fence) = self.ops[i].fence {
+                        if last_fence.is_some_and(|f| fence <= f) {
+                            report.fencing_violations += 1;
+                        }
+                        last_fence = Some(fence);
+                    }
+                }
+                let later = |slot: &mut Option<(Duration, usize)>| {
+                    if slot.is_none_or(|(e, _)| end > e) {
+                        *slot = Some((end, i));
+                    }
+                };
+                later(&mut last_any);
+                if exclusive {
+                    later(&mut last_excl);
+                }
+            }
+        }
+        let mut made: BTreeMap<&[u8], u64> = BTreeMap::new();
+        for inc in &self.increments {
+            *made.entry(&inc.key).or_default() += 1;
+            let inside = self
+                .ops
+                .get(inc.op)
+                .and_then(Op::window)
+                .is_some_and(|(start, end)| start <= inc.at && inc.at <= end);
+            if !inside {
+                report.writes_outside += 1;
+            }
+        }
+        for (key, count) in made {
+            let (start, end) = self.counters.get(key).copied().unwrap_or((0, 0));
+            report.lost_updates += count.saturating_sub(end.saturating_sub(start));
+        }
+        report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn op(client: u64, kind: Kind, ok: u64, end: u64) -> Op {
+        Op {
+            client,
+            kind,
+            key: b"k".to_vec(),
+            invoke: ms(ok.saturating_sub(1)),
+            ok: Some(ms(ok)),
+            fence: None,
+            valid_until: Some(ms(end)),
+            release: None,
+        }
+    }
+
+    #[test]
+    fn exclusive_windows_must_not_overlap_but_readers_may() {
+        let mut h = History::default();
+        h.push(op(1, Kind::Mutex, 0, 10));
+        h.push(op(2, Kind::Mutex, 10, 20));
+        assert_eq!(
+            h.check().overlaps.len(),
+            0,
+            "touching windows do not overlap"
+        );
+        h.push(op(3, Kind::Mutex, 15, 16));
+        let r = h.check();
+        assert_eq!(r.overlaps.len(), 1);
+        assert_eq!((r.overlaps[0].first, r.overlaps[0].second), (1, 2));
+        assert_eq!(r.overlaps[0].by, ms(1));
+
+        let mut h = History::default();
+        h.push(op(1, Kind::Read, 0, 10));
+        h.push(op(2, Kind::Read, 5, 15));
+        assert_eq!(h.check().violations(), 0);
+        h.push(op(3, Kind::Write, 12, 20));
+        assert_eq!(h.check().overlaps.len(), 1);
+        h.push(op(4, Kind::Read, 25, 30));
+        h.push(op(5, Kind::Write, 30, 31));
+        assert_eq!(h.check().overlaps.len(), 1);
+    }
+
+    #[test]
+    fn release_ends_the_window_and_other_keys_are_independent() {
+        let mut h = History::default();
+        let mut a = op(1, Kind::Mutex, 0, 100);
+        a.release = Some(ms(5));
+        h.push(a);
+        h.push(op(2, Kind::Mutex, 6, 50));
+        let mut c = op(3, Kind::Mutex, 7, 8);
+        c.key = b"other".to_vec();
+        h.push(c);
+        assert_eq!(h.check().violations(), 0);
+    }
+
+    #[test]
+    fn counts_lost_updates_and_writes_outside() {
+        let mut h = History::default();
+        let a = h.push(op(1, Kind::Mutex, 0, 10));
+        let b = h.push(op(2, Kind::Mutex, 10, 20));
+        let inc = |client, read, at, op| Increment {
+            client,
+            key: b"k".to_vec(),
+            read,
+            at: ms(at),
+            op,
+        };
+        h.increments.push(inc(1, 0, 5, a));
+        h.increments.push(inc(2, 1, 12, b));
+        h.counters.insert(b"k".to_vec(), (0, 2));
+        assert_eq!(h.check().violations(), 0);
+        // A third writer read 1 too and wrote 2 late, over the second's increment.
+        h.increments.push(inc(1, 1, 15, a));
+        let r = h.check();
+        assert_eq!((r.lost_updates, r.writes_outside), (1, 1));
+    }
+
+    #[test]
+    fn fencing_tokens_must_increase_in_grant_order() {
+        let mut h = History::default();
+        for (i, fence) in [3, 5, 4].into_iter().enumerate() {
+            let mut o = op(i as u64, Kind::Mutex, 10 * i as u64, 10 * i as u64 + 5);
+            o.fence = Some(fence);
+            h.push(o);
+        }
+        let r = h.check();
+        assert_eq!(r.fencing_violations, 1);
+        assert!(r.to_string().contains("1 fencing violations"), "{r}");
+    }
+}
