@@ -340,14 +340,14 @@ impl Client {
                 self.fair_entry_ttl_ms(),
                 self.inner.config.fair_after,
             );
-            self.acquire(key, &fair, &release, timing, wait)?
+            self.acquire(&[key], &fair, &release, timing, wait)?
         } else {
             let acquire = Acquire {
                 key,
                 token: token.as_bytes(),
                 ttl_ms,
             };
-            self.acquire(key, &acquire, &release, timing, wait)?
+            self.acquire(&[key], &acquire, &release, timing, wait)?
         };
         Ok(Lock {
             client: self.clone(),
@@ -442,11 +442,11 @@ impl Client {
     /// the validity; otherwise `cleanup` on every node straight away, and again after a jittered
     /// delay while `wait` allows. Returns when the lock stops being valid.
     ///
-    /// `resource` is the key whose wake channel ([`WAKE_PREFIX`](crate::core::ops::WAKE_PREFIX))
-    /// announces releases that make a retry worth trying.
+    /// `resources` are the keys whose wake channels ([`WAKE_PREFIX`](crate::core::ops::WAKE_PREFIX))
+    /// announce releases that make a retry worth trying.
     pub(crate) fn acquire(
         &self,
-        resource: &[u8],
+        resources: &[&[u8]],
         acquire: &dyn Op,
         cleanup: &dyn Op,
         timing: Timing,
@@ -497,7 +497,7 @@ impl Client {
                 if !subscribed && error.is_contended() {
                     // From now on every release of `resource` is announced to us; try again
                     // at once, since a release may have come before the subscription did.
-                    driver.subscribe(resource);
+                    driver.subscribe(resources);
                     subscribed = true;
                     continue;
                 }
@@ -519,7 +519,7 @@ impl Client {
                 driver.broadcast(finish);
             }
             if subscribed {
-                driver.unsubscribe(resource);
+                driver.unsubscribe(resources);
             }
             result
         })?

@@ -74,8 +74,8 @@ impl Client {
                 ttl_ms,
             };
             let release = ReleaseAll::new(&refs, token.as_bytes());
-            // Any key's release can make the set free; the first one stands for them all.
-            self.acquire(&keys[0], &acquire, &release, timing, wait)?
+            // Any key's release can make the set free: a waiter listens on every one.
+            self.acquire(&refs, &acquire, &release, timing, wait)?
         };
         Ok(MultiLock {
             client: self.clone(),

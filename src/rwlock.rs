@@ -236,7 +236,7 @@ impl Client {
             set: keys.readers(),
             token: token.as_bytes(),
         };
-        let valid_until = self.acquire(key, &acquire, &cleanup, timing, wait)?;
+        let valid_until = self.acquire(&[key], &acquire, &cleanup, timing, wait)?;
         Ok(ReadLock(self.held(
             Side::Read,
             key,
@@ -270,7 +270,7 @@ impl Client {
             token: token.as_bytes(),
             intent_ms,
         };
-        let result = self.acquire(key, &acquire, &cleanup, timing, wait);
+        let result = self.acquire(&[key], &acquire, &cleanup, timing, wait);
         if intent_ms > 0 {
             // Won: nodes that refused still hold the intent. Lost: every node may. Either way
             // it must not keep readers out any longer; nobody waits for the answer.

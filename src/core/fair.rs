@@ -94,7 +94,7 @@ return 0"#,
 pub static LEAVE: Script = Script::new(
     r#"local gone = redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-if gone == 1 and redis.call('EXISTS', KEYS[1]) == 0 then redis.call('PUBLISH', ARGV[2], string.sub(ARGV[1], 1, 16)) end
+if gone == 1 and redis.call('EXISTS', KEYS[1]) == 0 then redis.pcall('PUBLISH', ARGV[2], string.sub(ARGV[1], 1, 16)) end
 return gone"#,
 );
 

@@ -28,10 +28,12 @@ pub static ACQUIRE_ALL: Script = Script::new(
 );
 
 /// Compare-and-delete of every key that still holds token ARGV[1]; each one deleted is
-/// announced on its wake channel ARGV[i + 1]. Returns how many were deleted.
+/// announced on its wake channel ARGV[i + 1] (best effort, as for the mutex). Returns how many
+/// were deleted.
 pub static RELEASE_ALL: Script = Script::new(
     "local n = 0 for i = 1, #KEYS do if redis.call('get', KEYS[i]) == ARGV[1] then \
-     redis.call('del', KEYS[i]) redis.call('publish', ARGV[i + 1], '1') n = n + 1 end end \
+     redis.call('del', KEYS[i]) redis.pcall('publish', ARGV[i + 1], string.sub(ARGV[1], 1, 16)) \
+     n = n + 1 end end \
      return n",
 );
 

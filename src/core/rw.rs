@@ -70,7 +70,7 @@ pub static WRITE_ACQUIRE: Script = Script::new(concat!(
 /// intent ms is above zero the writer is still waiting: its intent is left (or refreshed) here,
 /// so that a node where the write went through but the quorum did not still holds readers back.
 pub static WRITE_CLEANUP: Script = Script::new(concat!(
-    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.call('publish', ARGV[2], '1') end; ",
+    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)) end; ",
     "local intent = tonumber(ARGV[3]); ",
     "if intent > 0 then local now; ",
     node_now!(),
@@ -105,7 +105,7 @@ pub static READ_ACQUIRE: Script = Script::new(concat!(
 /// intent set), announcing it on the wake channel when it was there. KEYS: set. ARGV: token,
 /// wake channel.
 pub static SET_RELEASE: Script = Script::new(
-    "if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then redis.call('publish', ARGV[2], '1'); return 1 else return 0 end",
+    "if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)); return 1 else return 0 end",
 );
 
 /// Reader extend: `ZADD XX` with a new expiry on the node's clock, only if the reader is still

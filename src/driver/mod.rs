@@ -244,9 +244,9 @@ impl Driver {
         }
     }
 
-    /// Subscribes to the wake channel of `resource` on every node, and waits (at most the
+    /// Subscribes to the wake channels of `resources` on every node, and waits (at most the
     /// per-node timeout) until the nodes confirm, so that any release from then on is heard.
-    pub fn subscribe(&mut self, resource: &[u8]) {
+    pub fn subscribe(&mut self, resources: &[&[u8]]) {
         let n = self.conns.len();
         if self.subs.is_empty() {
             self.subs = (0..n).map(|i| Conn::new(n + i, Role::Subscriber)).collect();
@@ -269,12 +269,9 @@ impl Driver {
                 sub.fail(self.poll.registry(), why, now);
                 continue;
             }
-            sub.queue_unmatched(|out| {
-                resp::write_array_len(out, 2);
-                resp::write_bulk(out, b"SUBSCRIBE");
-                resp::write_bulk_parts(out, &[WAKE_PREFIX, resource]);
-            });
-            expected += 1;
+            sub.queue_unmatched(|out| write_channels(out, b"SUBSCRIBE", resources));
+            // One confirmation per channel.
+            expected += resources.len();
             self.service(n + i, now, &mut None);
         }
         let deadline = now + self.config.node_timeout;
@@ -287,17 +284,13 @@ impl Driver {
         }
     }
 
-    /// Leaves the wake channel of `resource`; nothing is waited for.
-    pub fn unsubscribe(&mut self, resource: &[u8]) {
+    /// Leaves the wake channels of `resources`; nothing is waited for.
+    pub fn unsubscribe(&mut self, resources: &[&[u8]]) {
         let now = Instant::now();
         let n = self.conns.len();
         for i in 0..self.subs.len() {
             if self.subs[i].is_up() {
-                self.subs[i].queue_unmatched(|out| {
-                    resp::write_array_len(out, 2);
-                    resp::write_bulk(out, b"UNSUBSCRIBE");
-                    resp::write_bulk_parts(out, &[WAKE_PREFIX, resource]);
-                });
+                self.subs[i].queue_unmatched(|out| write_channels(out, b"UNSUBSCRIBE", resources));
                 self.service(n + i, now, &mut None);
             }
         }
@@ -498,5 +491,14 @@ impl Driver {
                 c.round.handle_vote(i, Vote::Failed(why), now);
             }
         }
+    }
+}
+
+/// Writes `command` (SUBSCRIBE or UNSUBSCRIBE) with the wake channel of every resource.
+fn write_channels(out: &mut Vec<u8>, command: &[u8], resources: &[&[u8]]) {
+    resp::write_array_len(out, 1 + resources.len());
+    resp::write_bulk(out, command);
+    for resource in resources {
+        resp::write_bulk_parts(out, &[WAKE_PREFIX, resource]);
     }
 }
