@@ -26,6 +26,7 @@ mod client;
 pub mod core;
 mod driver;
 mod error;
+mod ffi;
 pub mod resp;
 mod rng;
 mod sha1;
