@@ -49,7 +49,8 @@ static const char *last_error(void) {
     return buf;
 }
 
-/* A client over the given URLs with small timeouts, or exits. */
+/* A client over the given URLs, or exits. The node timeout is generous because the tests also
+ * run under valgrind, which makes every reply slow to arrive. */
 static redlock_mux_client *make_client(int count, char **urls, uint64_t wait_timeout_ms) {
     redlock_mux_client_builder *b = NULL;
     redlock_mux_client *c = NULL;
@@ -59,6 +60,7 @@ static redlock_mux_client *make_client(int count, char **urls, uint64_t wait_tim
         CHECK_OK(redlock_mux_client_builder_add_node(b, urls[i], strlen(urls[i])));
     }
     CHECK_OK(redlock_mux_client_builder_set_wait_timeout_ms(b, wait_timeout_ms));
+    CHECK_OK(redlock_mux_client_builder_set_node_timeout_ms(b, 1000));
     CHECK_OK(redlock_mux_client_builder_build(b, &c));
     redlock_mux_client_builder_free(b);
     return c;
