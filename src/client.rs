@@ -2,8 +2,9 @@
 #![forbid(unsafe_code)]
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::core::fair::FairAcquire;
 use crate::core::ops::{Acquire, Extend, Op, Release};
 use crate::core::{quorum, Decision, Round, Timing};
 use crate::driver::Driver;
@@ -33,6 +34,8 @@ pub(crate) struct Config {
     pub retry_delay: Duration,
     pub wait_timeout: Duration,
     pub drift_factor: f64,
+    pub fair: bool,
+    pub fair_after: Duration,
     pub limits: Limits,
 }
 
@@ -41,11 +44,13 @@ pub(crate) struct Config {
 /// Cheap to clone; clones share configuration and idle connections. Each thread that locks
 /// concurrently gets its own connections to every node, so threads never wait on each other.
 ///
-/// ```no_run
+/// ```
 /// use std::time::Duration;
 /// use redlock_mux::Client;
 ///
-/// let client = Client::new(["redis://127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"])?;
+/// // For example ["redis://127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"].
+/// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+/// let client = Client::new(nodes.split(','))?;
 /// let lock = client.lock("invoice:42", Duration::from_secs(10))?;
 /// // ... work that must finish within lock.validity() ...
 /// lock.release()?;
@@ -88,6 +93,8 @@ pub struct ClientBuilder {
     retry_delay: Duration,
     wait_timeout: Duration,
     drift_factor: f64,
+    fair: bool,
+    fair_after: Duration,
 }
 
 impl Default for ClientBuilder {
@@ -100,6 +107,8 @@ impl Default for ClientBuilder {
             retry_delay: Duration::from_millis(50),
             wait_timeout: Duration::from_secs(10),
             drift_factor: 0.01,
+            fair: false,
+            fair_after: Duration::ZERO,
         }
     }
 }
@@ -157,6 +166,24 @@ impl ClientBuilder {
         self
     }
 
+    /// Serves waiters in arrival order (seed 000's FIFO fairness): under contention, waiters
+    /// queue on every node and only the head of the queue may take the lock, so nobody starves.
+    /// Costs nothing while the lock is free and nobody waits. Default off.
+    ///
+    /// Waiters that die leave the queue when their entry expires: three retry delays plus one
+    /// node timeout (at least 100 ms) after their last retry.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// With [`fair`](Self::fair): an acquirer joins an empty queue once it has waited this
+    /// long (it always joins a non-empty one). Default zero: join at the first retry.
+    pub fn fair_after(mut self, interval: Duration) -> Self {
+        self.fair_after = interval;
+        self
+    }
+
     /// Checks every setting and resolves every node. Nothing is sent yet: connections open on
     /// first use, and a node that is down then only counts against the quorum.
     pub fn build(self) -> Result<Client, Error> {
@@ -207,6 +234,8 @@ impl ClientBuilder {
             retry_delay: self.retry_delay,
             wait_timeout: self.wait_timeout,
             drift_factor: self.drift_factor,
+            fair: self.fair,
+            fair_after: self.fair_after,
             limits: Limits::default(),
         });
         Ok(Client {
@@ -262,16 +291,28 @@ impl Client {
         check_key(key)?;
         let (ttl_ms, timing) = self.timing(ttl)?;
         let token = Token::generate();
-        let acquire = Acquire {
-            key,
-            token: token.as_bytes(),
-            ttl_ms,
-        };
         let release = Release {
             key,
             token: token.as_bytes(),
         };
-        let valid_until = self.acquire(key, &acquire, &release, timing, wait)?;
+        let valid_until = if self.inner.config.fair {
+            let fair = FairAcquire::new(
+                key,
+                token.as_bytes(),
+                ttl_ms,
+                self.fair_ticket(),
+                self.fair_entry_ttl_ms(),
+                self.inner.config.fair_after,
+            );
+            self.acquire(key, &fair, &release, timing, wait)?
+        } else {
+            let acquire = Acquire {
+                key,
+                token: token.as_bytes(),
+                ttl_ms,
+            };
+            self.acquire(key, &acquire, &release, timing, wait)?
+        };
         Ok(Lock {
             client: self.clone(),
             key: key.to_vec(),
@@ -279,6 +320,22 @@ impl Client {
             valid_until,
             released: false,
         })
+    }
+
+    /// A fair waiter's place in the queue: this machine's wall clock in microseconds, taken
+    /// once when the waiter arrives.
+    pub(crate) fn fair_ticket(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    }
+
+    /// How long a fair queue entry lives without a retry refreshing it: three retry delays (the
+    /// longest backstop wait is 1.5 of them) plus a node timeout, and at least 100 ms.
+    pub(crate) fn fair_entry_ttl_ms(&self) -> u64 {
+        let c = &self.inner.config;
+        let ttl = (c.retry_delay * 3 + c.node_timeout).max(Duration::from_millis(100));
+        ttl.as_millis().min(MAX_TTL.as_millis()) as u64
     }
 
     /// The TTL in whole milliseconds (what the server is told) and the timing built on it.
@@ -348,6 +405,9 @@ impl Client {
             let mut attempt = 0u32;
             let mut subscribed = false;
             let result = loop {
+                if attempt > 0 {
+                    acquire.on_retry(first.elapsed());
+                }
                 driver.clear_wake();
                 let start = Instant::now();
                 let mut round = driver.take_round(start, Some(timing), None);
@@ -384,6 +444,9 @@ impl Client {
                 let backstop = now + driver.jitter.around(config.retry_delay);
                 driver.wait_wake(backstop.min(deadline));
             };
+            if let Some(finish) = acquire.on_finish() {
+                driver.broadcast(finish);
+            }
             if subscribed {
                 driver.unsubscribe(resource);
             }

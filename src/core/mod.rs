@@ -10,9 +10,10 @@
 //! 4. [`Round::decision`] after each input; once it is `Some`, it never changes.
 //!
 //! The lock algorithms (which command each node gets, and what each reply means) are in
-//! [`ops`]; the arithmetic of validity is in [`Timing`].
+//! the crate-private `ops` module; the arithmetic of validity is in [`Timing`].
 #![forbid(unsafe_code)]
 
+pub(crate) mod fair;
 pub(crate) mod ops;
 
 use std::time::{Duration, Instant};

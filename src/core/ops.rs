@@ -100,6 +100,14 @@ pub trait Op {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm);
     /// Reads one node's reply.
     fn classify(&self, reply: &Reply<'_>) -> Verdict;
+    /// Called before each retry of an acquisition with how long the caller has waited so far
+    /// (a fair queue joins after a configured interval).
+    fn on_retry(&self, _waited: std::time::Duration) {}
+    /// A command for every node once an acquisition is over, won or given up, replies
+    /// discarded (a fair queue's waiter leaves the queue).
+    fn on_finish(&self) -> Option<&dyn Op> {
+        None
+    }
 }
 
 /// A node failure for an error reply.
@@ -140,7 +148,12 @@ pub static EXTEND: Script = Script::new(
 );
 
 /// Every script, loaded on each connection as it is set up so `EVALSHA` rarely misses.
-pub static SCRIPTS: &[&Script] = &[&RELEASE, &EXTEND];
+pub static SCRIPTS: &[&Script] = &[
+    &RELEASE,
+    &EXTEND,
+    &crate::core::fair::FAIR_ACQUIRE,
+    &crate::core::fair::LEAVE,
+];
 
 /// Mutex acquire: `SET key token NX PX ttl`.
 #[derive(Debug, Clone, Copy)]

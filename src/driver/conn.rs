@@ -207,9 +207,14 @@ impl Conn {
         self.owed.push_back(slot);
     }
 
-    /// Writes what is pending and reads what has arrived. Call after readiness and after
-    /// queueing; readiness may be spurious, so this never assumes any I/O will succeed.
-    pub fn drive(&mut self, registry: &Registry, limits: &Limits) -> Result<(), NodeErrorKind> {
+    /// Writes what is pending and, if `read`, reads what has arrived. Call after readiness and
+    /// after queueing; readiness may be spurious, so this never assumes any I/O will succeed.
+    pub fn drive(
+        &mut self,
+        registry: &Registry,
+        limits: &Limits,
+        read: bool,
+    ) -> Result<(), NodeErrorKind> {
         if let State::Connecting { .. } = self.state {
             let Some(stream) = &self.stream else {
                 return Err(NodeErrorKind::Connect(io::ErrorKind::NotConnected));
@@ -231,7 +236,9 @@ impl Conn {
             }
         }
         self.write_out()?;
-        self.read_in(limits)?;
+        if read {
+            self.read_in(limits)?;
+        }
         self.update_interest(registry)
             .map_err(|e| NodeErrorKind::Io(e.kind()))
     }
@@ -280,8 +287,16 @@ impl Conn {
                     self.inp.resize(self.inp.len() + grow, 0);
                 }
             }
+            let space = self.inp.len() - self.inp_end;
             match stream.read(&mut self.inp[self.inp_end..]) {
                 Ok(0) => return Err(NodeErrorKind::Io(io::ErrorKind::UnexpectedEof)),
+                // A short read emptied the socket's receive queue: anything arriving later is a
+                // new edge for the poller, so the usual read that only returns WouldBlock would
+                // be a wasted system call.
+                Ok(n) if n < space => {
+                    self.inp_end += n;
+                    return Ok(());
+                }
                 Ok(n) => self.inp_end += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

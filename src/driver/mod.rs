@@ -124,7 +124,10 @@ impl Driver {
                 |out| op.encode(out, ScriptForm::Sha),
             );
             // Write now, read later: every node gets its command before any reply is read.
-            self.service(i, now, &mut Some(Current { id, op, round }));
+            if let Err(why) = self.conns[i].drive(self.poll.registry(), &self.config.limits, false)
+            {
+                self.fail(i, why, now, &mut Some(Current { id, op, round }));
+            }
         }
         let mut current = Some(Current { id, op, round });
         while let Some(deadline) = current.as_ref().and_then(|c| c.round.poll_timeout()) {
@@ -277,7 +280,7 @@ impl Driver {
         let limits = self.config.limits;
         let registry = self.poll.registry();
         let conn = &mut self.conns[i];
-        let mut result = conn.drive(registry, &limits);
+        let mut result = conn.drive(registry, &limits, true);
         if result.is_ok() {
             let mut resent = false;
             result = conn.take_replies(&limits, |slot, reply, out, owed| {
@@ -304,7 +307,7 @@ impl Driver {
                 }
             });
             if result.is_ok() && resent {
-                result = conn.drive(registry, &limits);
+                result = conn.drive(registry, &limits, false);
             }
         }
         if let Err(why) = result {
@@ -319,7 +322,7 @@ impl Driver {
             return;
         };
         let (woken, confirmed) = (&mut self.woken, &mut self.confirmed);
-        let result = sub.drive(registry, &limits).and_then(|()| {
+        let result = sub.drive(registry, &limits, true).and_then(|()| {
             sub.take_replies(&limits, |_, reply, _, _| {
                 if let Reply::Array(Some(items)) = reply {
                     match items.first() {

@@ -1,0 +1,154 @@
+//! The FIFO-fair policy against real redis-server: waiters from several processes are served in
+//! arrival order, and a waiter that dies while queued blocks nobody past its entry's expiry.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use redlock_mux::resp::Value;
+use redlock_mux::Client;
+
+const CHILD_ENV: &str = "REDLOCK_FAIR_CHILD";
+const TTL: Duration = Duration::from_secs(10);
+
+fn fair_client(urls: &[String], retry_delay: Duration) -> Client {
+    Client::builder()
+        .nodes(urls)
+        .fair(true)
+        .retry_delay(retry_delay)
+        .retry_count(10_000)
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Spawns this test binary as a waiter process: it locks `key` fairly, appends `id` to the list
+/// `order` on node 0, holds the lock briefly and releases it.
+fn spawn_waiter(urls: &[String], key: &str, id: usize) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "waiter_process",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD_ENV, format!("{}|{key}|{id}", urls.join(",")))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The body of a waiter process; does nothing when run as an ordinary test.
+#[test]
+fn waiter_process() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let mut parts = spec.split('|');
+    let urls: Vec<String> = parts.next().unwrap().split(',').map(String::from).collect();
+    let key = parts.next().unwrap().to_owned();
+    let id = parts.next().unwrap().to_owned();
+    let client = fair_client(&urls, Duration::from_millis(100));
+    let lock = client.lock(&key, TTL).expect("waiter gets the lock");
+    let node0 = urls[0].trim_start_matches("redis://").parse().unwrap();
+    cmd(node0, &[b"RPUSH", b"order", id.as_bytes()]);
+    thread::sleep(Duration::from_millis(30));
+    lock.release().unwrap();
+}
+
+fn queue_len(addr: std::net::SocketAddr, key: &str) -> i64 {
+    match cmd(addr, &[b"ZCARD", format!("{{{key}}}:q").as_bytes()]) {
+        Value::Integer(n) => n,
+        other => panic!("ZCARD: {other:?}"),
+    }
+}
+
+fn wait_for_queue(cluster: &RedisCluster, key: &str, len: i64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.addrs().iter().any(|a| queue_len(*a, key) < len) {
+        assert!(Instant::now() < deadline, "waiters did not queue");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn waiters_from_several_processes_acquire_in_arrival_order() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let urls = cluster.urls();
+    let holder = fair_client(&urls, Duration::from_millis(100));
+    let lock = holder.lock("fifo", TTL).unwrap();
+    let mut children = Vec::new();
+    for id in 0..5 {
+        children.push(spawn_waiter(&urls, "fifo", id));
+        // Each waiter is queued on every node before the next one arrives.
+        wait_for_queue(&cluster, "fifo", id as i64 + 1);
+    }
+    lock.release().unwrap();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let order = cmd(cluster.addrs()[0], &[b"LRANGE", b"order", b"0", b"-1"]);
+    let want: Vec<Value> = (0..5)
+        .map(|i| Value::Bulk(Some(i.to_string().into_bytes())))
+        .collect();
+    assert_eq!(order, Value::Array(Some(want)));
+    for addr in cluster.addrs() {
+        assert_eq!(queue_len(addr, "fifo"), 0, "the queue is left empty");
+        assert_eq!(get(addr, b"fifo"), None, "the lock is free");
+    }
+}
+
+#[test]
+fn a_waiter_killed_while_queued_blocks_nobody_past_its_expiry() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let urls = cluster.urls();
+    let holder = fair_client(&urls, Duration::from_millis(100));
+    let lock = holder.lock("dead", TTL).unwrap();
+    // The first waiter queues, so it is the head, then dies without leaving.
+    let mut doomed = spawn_waiter(&urls, "dead", 0);
+    wait_for_queue(&cluster, "dead", 1);
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    let next = fair_client(&urls, Duration::from_millis(100));
+    let t = thread::spawn(move || {
+        let l = next.lock("dead", TTL).unwrap();
+        let at = Instant::now();
+        l.release().unwrap();
+        at
+    });
+    // Give the next waiter time to fail once and queue behind the dead one.
+    thread::sleep(Duration::from_millis(150));
+    let released = Instant::now();
+    lock.release().unwrap();
+    let acquired = t.join().unwrap();
+    // The dead entry lives 3 × 100 ms + 50 ms after its last refresh; allow generous slack.
+    let waited = acquired.saturating_duration_since(released);
+    assert!(waited < Duration::from_secs(5), "blocked for {waited:?}");
+    assert_eq!(
+        cmd(cluster.addrs()[0], &[b"LRANGE", b"order", b"0", b"-1"]),
+        Value::Array(Some(vec![])),
+        "the dead waiter never got the lock"
+    );
+}
+
+#[test]
+fn a_free_fair_lock_needs_no_queue() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let c = fair_client(&cluster.urls(), Duration::from_millis(100));
+    let lock = c.try_lock("free", TTL).unwrap();
+    for addr in cluster.addrs() {
+        assert_eq!(
+            keys(addr),
+            vec![b"free".to_vec()],
+            "only the lock key exists"
+        );
+    }
+    lock.release().unwrap();
+    for addr in cluster.addrs() {
+        assert_eq!(dbsize(addr), 0);
+    }
+}
