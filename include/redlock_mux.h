@@ -240,6 +240,25 @@ redlock_mux_result redlock_mux_client_builder_set_wait_timeout_ms(redlock_mux_cl
 redlock_mux_result redlock_mux_client_builder_set_drift_factor(redlock_mux_client_builder *builder, double factor);
 
 /**
+ * Serves waiters in arrival order when `fair` is non-zero: under contention, waiters queue on
+ * every node and only the head of the queue may take the lock, so nobody starves. Default 0
+ * (off).
+ *
+ * # Safety
+ * `builder` is NULL or a live builder used by no other thread.
+ */
+redlock_mux_result redlock_mux_client_builder_set_fair(redlock_mux_client_builder *builder, uint8_t fair);
+
+/**
+ * With fairness on: an acquirer joins an empty queue once it has waited this many
+ * milliseconds (it always joins a non-empty one). Default 0: join at the first retry.
+ *
+ * # Safety
+ * `builder` is NULL or a live builder used by no other thread.
+ */
+redlock_mux_result redlock_mux_client_builder_set_fair_after_ms(redlock_mux_client_builder *builder, uint64_t ms);
+
+/**
  * Checks every setting, resolves every node, and writes a new client to `*out`. Nothing is
  * sent yet: connections open on first use. The builder is left as it was and must still be
  * freed. Free the client with `redlock_mux_client_free`.

@@ -514,6 +514,35 @@ pub unsafe extern "C" fn redlock_mux_client_builder_set_drift_factor(
     unsafe { update(builder, |b| Ok(b.drift_factor(factor))) }
 }
 
+/// Serves waiters in arrival order when `fair` is non-zero: under contention, waiters queue on
+/// every node and only the head of the queue may take the lock, so nobody starves. Default 0
+/// (off).
+///
+/// # Safety
+/// `builder` is NULL or a live builder used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_builder_set_fair(
+    builder: *mut redlock_mux_client_builder,
+    fair: u8,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promise.
+    unsafe { update(builder, |b| Ok(b.fair(fair != 0))) }
+}
+
+/// With fairness on: an acquirer joins an empty queue once it has waited this many
+/// milliseconds (it always joins a non-empty one). Default 0: join at the first retry.
+///
+/// # Safety
+/// `builder` is NULL or a live builder used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_builder_set_fair_after_ms(
+    builder: *mut redlock_mux_client_builder,
+    ms: u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promise.
+    unsafe { update(builder, |b| Ok(b.fair_after(millis(ms)))) }
+}
+
 /// Checks every setting, resolves every node, and writes a new client to `*out`. Nothing is
 /// sent yet: connections open on first use. The builder is left as it was and must still be
 /// freed. Free the client with `redlock_mux_client_free`.

@@ -46,6 +46,8 @@ static void test_null_parameters(redlock_mux_client *client) {
     CHECK_RESULT(redlock_mux_client_builder_set_retry_delay_ms(NULL, 5), REDLOCK_MUX_NULL_PARAMETER);
     CHECK_RESULT(redlock_mux_client_builder_set_wait_timeout_ms(NULL, 5), REDLOCK_MUX_NULL_PARAMETER);
     CHECK_RESULT(redlock_mux_client_builder_set_drift_factor(NULL, 0.1), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_builder_set_fair(NULL, 1), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_builder_set_fair_after_ms(NULL, 5), REDLOCK_MUX_NULL_PARAMETER);
     CHECK_RESULT(redlock_mux_client_builder_build(NULL, &c), REDLOCK_MUX_NULL_PARAMETER);
     CHECK(c == SENTINEL(redlock_mux_client, 1));
 
@@ -230,6 +232,32 @@ static void test_client_freed_before_lock(int count, char **urls) {
     redlock_mux_lock_free(l);
 }
 
+static void test_fair_client(int count, char **urls) {
+    redlock_mux_client_builder *b = NULL;
+    redlock_mux_client *client = NULL;
+    redlock_mux_lock *a = NULL, *w = SENTINEL(redlock_mux_lock, 0);
+    int i;
+    CHECK_OK(redlock_mux_client_builder_new(&b));
+    for (i = 0; i < count; i++) {
+        CHECK_OK(redlock_mux_client_builder_add_node(b, urls[i], strlen(urls[i])));
+    }
+    CHECK_OK(redlock_mux_client_builder_set_fair(b, 1));
+    CHECK_OK(redlock_mux_client_builder_set_fair_after_ms(b, 0));
+    CHECK_OK(redlock_mux_client_builder_set_node_timeout_ms(b, 1000));
+    CHECK_OK(redlock_mux_client_builder_set_retry_count(b, 2));
+    CHECK_OK(redlock_mux_client_builder_set_retry_delay_ms(b, 20));
+    CHECK_OK(redlock_mux_client_builder_build(b, &client));
+    redlock_mux_client_builder_free(b);
+
+    CHECK_OK(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, &a));
+    /* A waiter gives up after its retries while the lock is held. */
+    CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, &w), REDLOCK_MUX_CONTENDED);
+    CHECK(w == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_lock_release(a));
+    redlock_mux_lock_free(a);
+    redlock_mux_client_free(client);
+}
+
 static void test_quorum_unreachable(void) {
     /* Port 1 on loopback: nothing listens there, so every connect is refused. */
     char *dead[] = {"127.0.0.1:1", "redis://127.0.0.1:1/1", "redis://127.0.0.1:1/2"};
@@ -298,6 +326,7 @@ int main(int argc, char **argv) {
     test_bad_arguments(client);
     test_lock_and_unlock(client);
     test_client_freed_before_lock(argc - 1, argv + 1);
+    test_fair_client(argc - 1, argv + 1);
     test_quorum_unreachable();
     test_threads_share_a_client(client);
 
