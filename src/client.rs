@@ -21,6 +21,11 @@ pub const MAX_NODES: usize = 64;
 /// server's millisecond clock arithmetic.
 pub const MAX_TTL: Duration = Duration::from_millis(1 << 44);
 
+/// The first window over which a waiter spreads its retry after a split vote: about one round
+/// trip on a local network. It doubles with each split, up to `SPREAD_MAX`.
+const SPREAD_MIN: Duration = Duration::from_micros(200);
+const SPREAD_MAX: Duration = Duration::from_millis(4);
+
 /// Most idle drivers kept for reuse; more threads than this still work, they just connect anew.
 const MAX_IDLE_DRIVERS: usize = 64;
 
@@ -184,8 +189,9 @@ impl ClientBuilder {
         self
     }
 
-    /// Checks every setting and resolves every node. Nothing is sent yet: connections open on
-    /// first use, and a node that is down then only counts against the quorum.
+    /// Checks every setting, resolves every node, and connects to every node (AUTH, SELECT),
+    /// waiting at most the connect timeout. A node that is down does not make this fail: it
+    /// only counts against the quorum until it comes back, and is reconnected with backoff.
     pub fn build(self) -> Result<Client, Error> {
         if self.nodes.is_empty() {
             return Err(InvalidArgument::NoNodes.into());
@@ -238,12 +244,20 @@ impl ClientBuilder {
             fair_after: self.fair_after,
             limits: Limits::default(),
         });
-        Ok(Client {
+        let client = Client {
             inner: Arc::new(Inner {
                 config,
                 pool: Mutex::new(Vec::new()),
             }),
-        })
+        };
+        let first = client.new_driver()?;
+        client
+            .inner
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(first);
+        Ok(client)
     }
 }
 
@@ -370,7 +384,7 @@ impl Client {
             .pop();
         let mut driver = match pooled {
             Some(d) => d,
-            None => Driver::new(self.inner.config.clone()).map_err(|e| Error::Io(e.kind()))?,
+            None => self.new_driver()?,
         };
         let r = f(&mut driver);
         let mut pool = self
@@ -382,6 +396,14 @@ impl Client {
             pool.push(driver);
         }
         Ok(r)
+    }
+
+    /// A driver with its connections opened and set up (bounded by the connect timeout).
+    fn new_driver(&self) -> Result<Driver, Error> {
+        let config = &self.inner.config;
+        let mut driver = Driver::new(config.clone()).map_err(|e| Error::Io(e.kind()))?;
+        driver.warm_up(Instant::now() + config.connect_timeout);
+        Ok(driver)
     }
 
     /// Redlock acquisition (seed 004): `acquire` on every node at once; won on a quorum within
@@ -404,6 +426,8 @@ impl Client {
             let deadline = first.checked_add(config.wait_timeout).unwrap_or(first);
             let mut attempt = 0u32;
             let mut subscribed = false;
+            // The retry window after split votes, doubled at each.
+            let mut spread = Duration::ZERO;
             let result = loop {
                 if attempt > 0 {
                     acquire.on_retry(first.elapsed());
@@ -419,11 +443,13 @@ impl Client {
                     }) => Ok(until),
                     _ => Err(self.loss(&round)),
                 };
+                let split = round.granted() > 0;
                 driver.put_round(round);
                 let error = match outcome {
                     Ok(until) => break Ok(until),
                     Err(e) => e,
                 };
+
                 // Seed 004 step 5: unlock every node, even those that said no or did not answer.
                 driver.broadcast(cleanup);
                 attempt += 1;
@@ -437,6 +463,16 @@ impl Client {
                     // at once, since a release may have come before the subscription did.
                     driver.subscribe(resource);
                     subscribed = true;
+                    continue;
+                }
+                if split {
+                    // Some nodes granted, too few: another waiter (or a release still on its
+                    // way to some nodes) split the vote. Its announcement may already have
+                    // been counted, so do not wait for one: retry after a random pause over a
+                    // window that doubles with each split, so colliding waiters drift apart.
+                    spread = (spread * 2).clamp(SPREAD_MIN, SPREAD_MAX.min(config.retry_delay));
+                    let pause = driver.jitter.below(spread);
+                    driver.sleep_until((now + pause).min(deadline));
                     continue;
                 }
                 // Wait for a release to be announced; the jittered delay is only the backstop

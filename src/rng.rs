@@ -108,6 +108,12 @@ impl Jitter {
         result
     }
 
+    /// A delay drawn uniformly from `[0, limit)`.
+    pub fn below(&mut self, limit: Duration) -> Duration {
+        let nanos = limit.as_nanos().min(u64::MAX as u128) as u64;
+        Duration::from_nanos(((self.next_u64() as u128 * nanos as u128) >> 64) as u64)
+    }
+
     /// A delay drawn uniformly from `[base / 2, base * 3 / 2)`.
     pub fn around(&mut self, base: Duration) -> Duration {
         let nanos = base.as_nanos().min(u64::MAX as u128) as u64;

@@ -60,7 +60,8 @@ pub fn has_hash_tag(key: &[u8]) -> bool {
 }
 
 /// Fair mutex acquire. KEYS: lock, queue, expiries. ARGV: token, ttl ms, ticket, entry TTL ms,
-/// join ('1' to join even an empty queue).
+/// join ('1' to join even an empty queue). Returns 1 when the lock was taken, 0 when it was
+/// refused without queueing, 2 when it was refused and the waiter is (still) queued.
 pub static FAIR_ACQUIRE: Script = Script::new(
     r#"local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -76,13 +77,15 @@ if redis.call('ZCARD', KEYS[2]) > 0 or ARGV[5] == '1' then
   for k = 2, 3 do
     if redis.call('PTTL', KEYS[k]) < ttl then redis.call('PEXPIRE', KEYS[k], ttl) end
   end
-  if redis.call('ZRANGE', KEYS[2], 0, 0)[1] ~= ARGV[1] then return 0 end
+  if redis.call('ZRANGE', KEYS[2], 0, 0)[1] ~= ARGV[1] then return 2 end
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    redis.call('ZREM', KEYS[3], ARGV[1])
+    return 1
+  end
+  return 2
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  return 1
-end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 return 0"#,
 );
 
@@ -91,7 +94,7 @@ return 0"#,
 pub static LEAVE: Script = Script::new(
     r#"local gone = redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-if gone == 1 and redis.call('EXISTS', KEYS[1]) == 0 then redis.call('PUBLISH', ARGV[2], '1') end
+if gone == 1 and redis.call('EXISTS', KEYS[1]) == 0 then redis.call('PUBLISH', ARGV[2], string.sub(ARGV[1], 1, 16)) end
 return gone"#,
 );
 
@@ -129,7 +132,8 @@ pub struct FairAcquire<'a> {
     /// Join even an empty queue once the caller has waited this long.
     pub join_after: Duration,
     join: Cell<bool>,
-    retried: Cell<bool>,
+    /// Some node has queued this waiter, so it must leave the queue when done.
+    queued: Cell<bool>,
     leave: Leave<'a>,
 }
 
@@ -151,7 +155,7 @@ impl<'a> FairAcquire<'a> {
             entry_ttl_ms,
             join_after,
             join: Cell::new(false),
-            retried: Cell::new(false),
+            queued: Cell::new(false),
             leave: Leave { key, token },
         }
     }
@@ -168,19 +172,25 @@ impl Op for FairAcquire<'_> {
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
-        int_verdict(reply)
+        match reply {
+            Reply::Integer(2) => {
+                self.queued.set(true);
+                Verdict::Vote(crate::core::Vote::No)
+            }
+            other => int_verdict(other),
+        }
     }
 
     fn on_retry(&self, waited: Duration) {
-        self.retried.set(true);
         if waited >= self.join_after {
             self.join.set(true);
         }
     }
 
     fn on_finish(&self) -> Option<&dyn Op> {
-        // A first-attempt win never queued anywhere it won; only waiters have entries to clear.
-        self.retried.get().then_some(&self.leave as &dyn Op)
+        // Entries left on nodes that refused (even if the quorum was won elsewhere) would make
+        // this waiter the head there until they expire; take them out now.
+        self.queued.get().then_some(&self.leave as &dyn Op)
     }
 }
 
@@ -220,7 +230,7 @@ mod tests {
 
     #[test]
     fn derived_keys_share_the_hash_slot() {
-        assert_eq!(derived(b"job"), b"$6\r\n{job}:q\r\n");
+        assert_eq!(derived(b"job"), b"$7\r\n{job}:q\r\n");
         assert_eq!(derived(b"{user1}.job"), b"$13\r\n{user1}.job:q\r\n");
         // An empty tag is no tag: Redis hashes the whole key, so we wrap it.
         assert_eq!(derived(b"a{}b"), b"$8\r\n{a{}b}:q\r\n");
@@ -237,11 +247,29 @@ mod tests {
             out
         };
         assert!(body(&op).ends_with(b"$1\r\n0\r\n"));
-        assert!(op.on_finish().is_none());
         op.on_retry(Duration::from_millis(50));
         assert!(body(&op).ends_with(b"$1\r\n0\r\n"));
-        assert!(op.on_finish().is_some());
         op.on_retry(Duration::from_millis(100));
         assert!(body(&op).ends_with(b"$1\r\n1\r\n"));
+    }
+
+    #[test]
+    fn leaves_only_if_some_node_queued_it() {
+        let op = FairAcquire::new(b"k", b"t", 1000, 7, 500, Duration::ZERO);
+        assert_eq!(
+            op.classify(&Reply::Integer(0)),
+            Verdict::Vote(crate::core::Vote::No)
+        );
+        assert!(op.on_finish().is_none());
+        assert_eq!(
+            op.classify(&Reply::Integer(1)),
+            Verdict::Vote(crate::core::Vote::Yes)
+        );
+        assert!(op.on_finish().is_none());
+        assert_eq!(
+            op.classify(&Reply::Integer(2)),
+            Verdict::Vote(crate::core::Vote::No)
+        );
+        assert!(op.on_finish().is_some());
     }
 }

@@ -195,6 +195,11 @@ impl Round {
         &self.votes
     }
 
+    /// How many nodes said yes.
+    pub fn granted(&self) -> usize {
+        self.yes
+    }
+
     /// How many nodes said no.
     pub fn refused(&self) -> usize {
         self.no

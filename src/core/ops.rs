@@ -51,6 +51,10 @@ pub enum Arg<'a> {
 
 /// Releases of resource `K` are announced on channel `WAKE_PREFIX ++ K`, so that waiters can
 /// retry at once instead of sleeping out their retry delay.
+///
+/// The message is the first 16 characters of the released token: every node announces the same
+/// release, and waiters count each release once, not once per node. Those 64 bits name the
+/// release without giving away the token.
 pub const WAKE_PREFIX: &[u8] = b"redlock-mux:wake:";
 
 fn write_arg(out: &mut Vec<u8>, arg: Arg<'_>) {
@@ -137,9 +141,11 @@ pub fn int_verdict(reply: &Reply<'_>) -> Verdict {
 }
 
 /// Compare-and-delete: frees the key only if it still holds our token, and then announces the
-/// release on the wake channel (ARGV[2]) in the same atomic step.
+/// release on the wake channel (ARGV[2], see [`WAKE_PREFIX`]) in the same atomic step. The announcement is best
+/// effort (`pcall`): an ACL user without channel permissions (Redis 7's default for new users)
+/// must still be able to release, and the key is already deleted by then.
 pub static RELEASE: Script = Script::new(
-    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.call('publish', ARGV[2], '1'); return 1 else return 0 end",
+    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)); return 1 else return 0 end",
 );
 
 /// Compare-and-PEXPIRE: extends the key only if it still holds our token.

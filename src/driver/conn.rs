@@ -131,6 +131,18 @@ impl Conn {
         self.owed.len()
     }
 
+    /// Whether a reply for `slot` is still owed.
+    pub fn owes(&self, slot: Slot) -> bool {
+        self.owed.contains(&slot)
+    }
+
+    /// Whether a vote in round `id` is still owed, in either form.
+    pub fn owes_round(&self, id: u64) -> bool {
+        self.owed
+            .iter()
+            .any(|s| matches!(s, Slot::Vote { round, .. } if *round == id))
+    }
+
     /// Makes sure a socket exists, starting a connect (with its setup queued) if the node is
     /// down and its backoff has passed. Checks that a pending connect is not overdue and that the
     /// connection is not wedged.

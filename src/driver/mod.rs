@@ -17,11 +17,16 @@ use crate::client::Config;
 use crate::core::ops::{Op, ScriptForm, Verdict};
 use crate::core::{Round, Vote};
 use crate::error::NodeErrorKind;
+use crate::resp::ServerErrorKind;
 use crate::rng::Jitter;
 
 use crate::core::ops::WAKE_PREFIX;
 use crate::resp::{self, Reply};
 use conn::{Conn, Role, Slot};
+
+/// Most script commands kept for a late `NOSCRIPT` (see [`Driver::late`]); past this the
+/// oldest is dropped, and that node keeps the key until its TTL ends.
+const MAX_LATE: usize = 64;
 
 /// The round in progress, as the reply handler needs it.
 struct Current<'a> {
@@ -42,10 +47,20 @@ pub(crate) struct Driver {
     confirmed: usize,
     /// A message arrived on a wake channel since the last subscribe or retry.
     woken: bool,
+    /// The last release announced: each node announces it, and it counts once.
+    last_wake: Vec<u8>,
     config: Arc<Config>,
     round_id: u64,
     /// A finished round's storage, reused so a round costs no allocation.
     spare: Option<Round>,
+    /// `(node, round, command as EVAL)` for nodes that still owed an `EVALSHA` reply when their
+    /// round was decided: if that reply is `NOSCRIPT`, the command must still run there (a
+    /// release outside the quorum), and the op that could re-encode it is gone by then.
+    late: Vec<(usize, u64, Vec<u8>)>,
+    /// Emptied buffers of `late`, reused.
+    late_spare: Vec<Vec<u8>>,
+    /// Set when a node answered the current round with NOSCRIPT.
+    noscript: bool,
     /// Retry jitter for the thread using this driver.
     pub jitter: Jitter,
 }
@@ -61,11 +76,43 @@ impl Driver {
             subs: Vec::new(),
             confirmed: 0,
             woken: false,
+            last_wake: Vec::with_capacity(16),
             config,
             round_id: 0,
             spare: None,
+            late: Vec::new(),
+            late_spare: Vec::new(),
+            noscript: false,
             jitter: Jitter::from_os(),
         })
+    }
+
+    /// Opens every connection that is due and waits, until `deadline` at the most, for each to
+    /// be set up (or to fail), so the first rounds do not spend their per-node timeout on TCP
+    /// and setup. Nodes that are down only count against the quorum later.
+    pub fn warm_up(&mut self, deadline: Instant) {
+        let now = Instant::now();
+        for i in 0..self.conns.len() {
+            if !self.conns[i].can_send(now) {
+                continue;
+            }
+            if let Err(why) = self.conns[i].prepare(
+                self.poll.registry(),
+                &self.config.nodes[i],
+                now,
+                self.config.connect_timeout,
+            ) {
+                self.conns[i].fail(self.poll.registry(), why, now);
+            }
+        }
+        let settled = |c: &Conn| !c.can_send(Instant::now()) || (c.is_up() && c.owed() == 0);
+        while !self.conns.iter().all(settled) {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            self.wait(deadline - now, &mut None);
+        }
     }
 
     /// A round over this driver's nodes, started at `start` (see [`Round::new`]). Give it back
@@ -99,6 +146,7 @@ impl Driver {
     pub fn run(&mut self, op: &dyn Op, round: &mut Round) {
         self.round_id += 1;
         let id = self.round_id;
+        let stragglers_until = round.start() + self.config.node_timeout;
         let now = Instant::now();
         for i in 0..self.conns.len() {
             if !self.conns[i].can_send(now) {
@@ -113,6 +161,7 @@ impl Driver {
                 self.config.connect_timeout,
             ) {
                 self.conns[i].fail(self.poll.registry(), why.clone(), now);
+                self.late.retain(|l| l.0 != i);
                 round.handle_vote(i, Vote::Failed(why), now);
                 continue;
             }
@@ -139,6 +188,40 @@ impl Driver {
                 continue;
             }
             self.wait(deadline - now, &mut current);
+        }
+        self.keep_late(op, id);
+        if std::mem::take(&mut self.noscript) {
+            // The script cache was flushed: the nodes outside the quorum will most likely
+            // answer NOSCRIPT too. Wait for them (within the node timeout) so their EVAL goes
+            // out now, not on this connection's next use, which may come after the TTL.
+            while self.conns.iter().any(|c| c.owes_round(id)) {
+                let now = Instant::now();
+                if now >= stragglers_until {
+                    break;
+                }
+                self.wait(stragglers_until - now, &mut None);
+            }
+        }
+    }
+
+    /// Keeps the `EVAL` form of `op` for every node that still owes its `EVALSHA` reply in
+    /// round `id`, so a late `NOSCRIPT` can be answered (see [`service`](Self::service)).
+    fn keep_late(&mut self, op: &dyn Op, id: u64) {
+        let sha = Slot::Vote {
+            round: id,
+            form: ScriptForm::Sha,
+        };
+        for i in 0..self.conns.len() {
+            if self.conns[i].owes(sha) {
+                if self.late.len() >= MAX_LATE {
+                    let (_, _, old) = self.late.remove(0);
+                    self.late_spare.push(old);
+                }
+                let mut body = self.late_spare.pop().unwrap_or_default();
+                body.clear();
+                op.encode(&mut body, ScriptForm::Body);
+                self.late.push((i, id, body));
+            }
         }
     }
 
@@ -222,6 +305,17 @@ impl Driver {
         self.woken = false;
     }
 
+    /// Services I/O (draining late replies, finishing writes) until `until`.
+    pub fn sleep_until(&mut self, until: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            self.wait(until - now, &mut None);
+        }
+    }
+
     /// Services I/O (draining late replies, finishing writes) until `until`, or until a release
     /// is announced on a subscribed wake channel. Returns whether a release was announced.
     pub fn wait_wake(&mut self, until: Instant) -> bool {
@@ -280,19 +374,36 @@ impl Driver {
         let limits = self.config.limits;
         let registry = self.poll.registry();
         let conn = &mut self.conns[i];
+        let (late, late_spare) = (&mut self.late, &mut self.late_spare);
+        let noscript = &mut self.noscript;
         let mut result = conn.drive(registry, &limits, true);
-        if result.is_ok() {
+        // A NOSCRIPT queues a resend; the `drive` that sends it may also read more replies,
+        // which must be decoded now: with edge-triggered readiness no event will come for
+        // bytes already read. Each pass needs an `EVALSHA` slot answered NOSCRIPT, so this ends.
+        while result.is_ok() {
             let mut resent = false;
             result = conn.take_replies(&limits, |slot, reply, out, owed| {
                 let Slot::Vote { round: id, form } = slot else {
                     return;
                 };
                 let Some(c) = current.as_mut().filter(|c| c.id == id) else {
+                    // A decided round's straggler: only NOSCRIPT needs action, the EVAL kept
+                    // for it, whose reply nobody waits for.
+                    if let Some(k) = late.iter().position(|l| l.0 == i && l.1 == id) {
+                        let (_, _, body) = late.swap_remove(k);
+                        if reply.error_kind() == Some(ServerErrorKind::NoScript) {
+                            out.extend_from_slice(&body);
+                            owed.push_back(Slot::Discard);
+                            resent = true;
+                        }
+                        late_spare.push(body);
+                    }
                     return;
                 };
                 match c.op.classify(reply) {
                     Verdict::Vote(v) => c.round.handle_vote(i, v, now),
                     Verdict::NoScript if form == ScriptForm::Sha => {
+                        *noscript = true;
                         c.op.encode(out, ScriptForm::Body);
                         owed.push_back(Slot::Vote {
                             round: id,
@@ -306,9 +417,10 @@ impl Driver {
                     }
                 }
             });
-            if result.is_ok() && resent {
-                result = conn.drive(registry, &limits, false);
+            if result.is_err() || !resent {
+                break;
             }
+            result = conn.drive(registry, &limits, true);
         }
         if let Err(why) = result {
             self.fail(i, why, now, current);
@@ -321,12 +433,22 @@ impl Driver {
         let Some(sub) = self.subs.get_mut(i) else {
             return;
         };
-        let (woken, confirmed) = (&mut self.woken, &mut self.confirmed);
+        let (woken, confirmed, last) = (&mut self.woken, &mut self.confirmed, &mut self.last_wake);
         let result = sub.drive(registry, &limits, true).and_then(|()| {
             sub.take_replies(&limits, |_, reply, _, _| {
                 if let Reply::Array(Some(items)) = reply {
                     match items.first() {
-                        Some(Reply::Bulk(Some(b"message"))) => *woken = true,
+                        Some(Reply::Bulk(Some(b"message"))) => {
+                            let id = match items.get(2) {
+                                Some(Reply::Bulk(Some(id))) => *id,
+                                _ => &[],
+                            };
+                            if id.is_empty() || id != last.as_slice() {
+                                last.clear();
+                                last.extend_from_slice(id);
+                                *woken = true;
+                            }
+                        }
                         Some(Reply::Bulk(Some(b"subscribe"))) => *confirmed += 1,
                         _ => {}
                     }
@@ -348,6 +470,7 @@ impl Driver {
         current: &mut Option<Current<'_>>,
     ) {
         let owed = self.conns[i].fail(self.poll.registry(), why.clone(), now);
+        self.late.retain(|l| l.0 != i);
         if let Some(c) = current.as_mut() {
             if owed
                 .iter()

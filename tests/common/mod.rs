@@ -57,6 +57,33 @@ pub fn try_cmd(addr: SocketAddr, args: &[&[u8]], timeout: Duration) -> io::Resul
     Conn::connect(addr, timeout)?.call(args)
 }
 
+/// Sends several commands, in order, on one fresh connection (e.g. `AUTH`,
+/// `SELECT`, then a query) and returns every reply. Panics on I/O errors.
+pub fn cmds(addr: SocketAddr, commands: &[&[&[u8]]]) -> Vec<Value> {
+    let run = || -> io::Result<Vec<Value>> {
+        let mut conn = Conn::connect(addr, CLIENT_TIMEOUT)?;
+        commands.iter().map(|args| conn.call(args)).collect()
+    };
+    run().unwrap_or_else(|e| panic!("command sequence on {addr}: {e}"))
+}
+
+/// Polls `check` every 5 ms until it returns true or `timeout` passes;
+/// returns its last answer. For effects that the library sends but does
+/// not wait for (the nodes outside the quorum, the cleanup after a lost
+/// attempt), which a fresh connection may overtake.
+pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// All keys (`KEYS *`), sorted.
 pub fn keys(addr: SocketAddr) -> Vec<Vec<u8>> {
     match cmd(addr, &[b"KEYS", b"*"]) {
@@ -208,6 +235,8 @@ pub enum FakeReply {
     Bytes(Vec<u8>),
     /// Close the connection without answering.
     Close,
+    /// Write these bytes (typically the start of a reply), then close.
+    BytesThenClose(Vec<u8>),
     /// Answer nothing and keep the connection open (a hung server).
     Silent,
 }
@@ -380,6 +409,11 @@ fn serve(
                     }
                 }
                 FakeReply::Close => {
+                    let _ = stream.shutdown(Shutdown::Both);
+                    return;
+                }
+                FakeReply::BytesThenClose(bytes) => {
+                    let _ = write_bounded(&mut stream, &bytes, stop);
                     let _ = stream.shutdown(Shutdown::Both);
                     return;
                 }
