@@ -806,3 +806,47 @@ pub unsafe extern "C" fn redlock_mux_lock_free(lock: *mut redlock_mux_lock) {
     // SAFETY: forwarded caller promise.
     boundary_void(|| unsafe { free_handle(lock) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The last error message on this thread, through the C entry points.
+    fn last_error() -> String {
+        let mut buf = vec![0 as c_char; redlock_mux_last_error_length() + 1];
+        let mut n = 0usize;
+        // SAFETY: `buf` has `buf.len()` writable bytes; `n` is writable.
+        let r = unsafe { redlock_mux_last_error_message(buf.as_mut_ptr(), buf.len(), &mut n) };
+        assert_eq!(r, REDLOCK_MUX_OK);
+        let bytes: Vec<u8> = buf[..n].iter().map(|&c| c as u8).collect();
+        String::from_utf8(bytes).expect("messages are UTF-8")
+    }
+
+    #[test]
+    fn a_panic_inside_the_boundary_becomes_a_result_code() {
+        let r = boundary(|| panic!("deliberate panic for the test"));
+        assert_eq!(r, REDLOCK_MUX_PANIC);
+        assert!(last_error().contains("deliberate panic for the test"));
+        boundary_void(|| panic!("also in a _free"));
+        assert!(last_error().contains("also in a _free"));
+    }
+
+    #[test]
+    fn every_result_code_has_its_own_text() {
+        let texts: Vec<&CStr> = (0..=REDLOCK_MUX_PANIC as u32)
+            // SAFETY: `redlock_mux_result_text` returns a static NUL-terminated string.
+            .map(|code| unsafe { CStr::from_ptr(redlock_mux_result_text(code)) })
+            .collect();
+        for (i, text) in texts.iter().enumerate() {
+            assert_ne!(*text, c"unknown result code", "code {i}");
+            assert!(!texts[..i].contains(text), "code {i} repeats {text:?}");
+        }
+    }
+
+    #[test]
+    fn the_version_is_the_crate_version() {
+        // SAFETY: `redlock_mux_version` returns a static NUL-terminated string.
+        let v = unsafe { CStr::from_ptr(redlock_mux_version()) };
+        assert_eq!(v.to_str(), Ok(env!("CARGO_PKG_VERSION")));
+    }
+}
