@@ -155,7 +155,8 @@ pub enum InvalidArgument {
         /// The cap.
         max: usize,
     },
-    /// The same node (address and database) was given twice.
+    /// The same server was given twice, possibly with different databases: the two would fail
+    /// together, so they cannot count as two nodes of a quorum.
     DuplicateNode {
         /// The second URL naming it.
         url: String,

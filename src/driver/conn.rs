@@ -81,6 +81,8 @@ pub(crate) struct Conn {
     backoff: Duration,
     registered: Option<Interest>,
     last_error: Option<NodeErrorKind>,
+    /// The poller reported a hang-up or error: read until the socket says so.
+    hangup: bool,
 }
 
 impl Conn {
@@ -101,6 +103,7 @@ impl Conn {
             backoff: BACKOFF_MIN,
             registered: None,
             last_error: None,
+            hangup: false,
         }
     }
 
@@ -305,7 +308,7 @@ impl Conn {
                 // A short read emptied the socket's receive queue: anything arriving later is a
                 // new edge for the poller, so the usual read that only returns WouldBlock would
                 // be a wasted system call.
-                Ok(n) if n < space => {
+                Ok(n) if n < space && !self.hangup => {
                     self.inp_end += n;
                     return Ok(());
                 }
@@ -354,6 +357,12 @@ impl Conn {
         Ok(())
     }
 
+    /// Notes that the poller saw the peer hang up (or an error): the next read goes on until
+    /// the socket reports it.
+    pub fn hung_up(&mut self) {
+        self.hangup = true;
+    }
+
     /// Drops the connection after `why`; returns the slots that were still owed so the caller
     /// can fail the votes among them. A new connect may start after the backoff.
     pub fn fail(
@@ -366,6 +375,7 @@ impl Conn {
             let _ = registry.deregister(&mut s);
         }
         self.registered = None;
+        self.hangup = false;
         self.out.clear();
         self.out_pos = 0;
         self.inp_pos = 0;

@@ -352,7 +352,22 @@ impl Driver {
             }
         }
         self.ready.clear();
-        self.ready.extend(self.events.iter().map(|e| e.token().0));
+        let n = self.conns.len();
+        for e in self.events.iter() {
+            let token = e.token().0;
+            if e.is_read_closed() || e.is_error() {
+                // The peer's FIN may have come with the data: read to the end, not just until
+                // a short read, or the hang-up is never seen.
+                let conn = match token.checked_sub(n) {
+                    None => self.conns.get_mut(token),
+                    Some(i) => self.subs.get_mut(i),
+                };
+                if let Some(conn) = conn {
+                    conn.hung_up();
+                }
+            }
+            self.ready.push(token);
+        }
         let now = Instant::now();
         for k in 0..self.ready.len() {
             self.service(self.ready[k], now, current);

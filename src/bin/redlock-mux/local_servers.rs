@@ -463,6 +463,11 @@ fn probe(addr: SocketAddr, pid: u32, password: Option<&str>) -> io::Result<bool>
         if reader.line(&mut stream)? != b"+OK" {
             return Ok(false);
         }
+        // Authenticated: the server now answers -LOADING until its data is back in memory.
+        stream.write_all(b"*1\r\n$4\r\nPING\r\n")?;
+        if reader.line(&mut stream)? != b"+PONG" {
+            return Ok(false);
+        }
     } else if reply != b"+PONG" {
         // e.g. -LOADING while the AOF is read back
         return Ok(false);
