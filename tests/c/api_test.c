@@ -259,14 +259,14 @@ static void test_fair_client(int count, char **urls) {
 }
 
 static void test_quorum_unreachable(void) {
-    /* Port 1 on loopback: nothing listens there, so every connect is refused. */
-    char *dead[] = {"127.0.0.1:1", "redis://127.0.0.1:1/1", "redis://127.0.0.1:1/2"};
+    /* Ports 1 to 3 on loopback: nothing listens there, so every connect is refused. */
+    char *dead[] = {"127.0.0.1:1", "redis://127.0.0.1:2", "redis://127.0.0.1:3/1"};
     redlock_mux_client *client = make_client(3, dead, 1000);
     redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 3);
     CHECK_RESULT(redlock_mux_client_try_lock(client, KEY, sizeof KEY, 1000, &l),
                  REDLOCK_MUX_QUORUM_UNREACHABLE);
     CHECK(l == SENTINEL(redlock_mux_lock, 3));
-    CHECK(strstr(last_error(), "127.0.0.1:1") != NULL);
+    CHECK(strstr(last_error(), "127.0.0.1:2") != NULL);
     redlock_mux_client_free(client);
 }
 
