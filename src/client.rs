@@ -11,6 +11,7 @@ use crate::driver::Driver;
 use crate::error::{Error, InvalidArgument, NodeFailure};
 use crate::resp::Limits;
 use crate::rng::Token;
+use crate::rwlock::RwPolicy;
 use crate::url::NodeAddr;
 
 /// The longest key accepted, in bytes.
@@ -42,6 +43,7 @@ pub(crate) struct Config {
     pub fair: bool,
     pub fair_after: Duration,
     pub limits: Limits,
+    pub rw_policy: RwPolicy,
 }
 
 /// A Redlock client over N independent Redis masters.
@@ -100,6 +102,7 @@ pub struct ClientBuilder {
     drift_factor: f64,
     fair: bool,
     fair_after: Duration,
+    rw_policy: RwPolicy,
 }
 
 impl Default for ClientBuilder {
@@ -114,6 +117,7 @@ impl Default for ClientBuilder {
             drift_factor: 0.01,
             fair: false,
             fair_after: Duration::ZERO,
+            rw_policy: RwPolicy::ReadPreferring,
         }
     }
 }
@@ -189,6 +193,13 @@ impl ClientBuilder {
         self
     }
 
+    /// Whom read-write locks favour when readers and a writer wait; see [`RwPolicy`]. Default
+    /// [`RwPolicy::ReadPreferring`].
+    pub fn rw_policy(mut self, policy: RwPolicy) -> Self {
+        self.rw_policy = policy;
+        self
+    }
+
     /// Checks every setting, resolves every node, and connects to every node (AUTH, SELECT),
     /// waiting at most the connect timeout. A node that is down does not make this fail: it
     /// only counts against the quorum until it comes back, and is reconnected with backoff.
@@ -245,6 +256,7 @@ impl ClientBuilder {
             fair: self.fair,
             fair_after: self.fair_after,
             limits: Limits::default(),
+            rw_policy: self.rw_policy,
         });
         let client = Client {
             inner: Arc::new(Inner {
@@ -352,6 +364,11 @@ impl Client {
         let c = &self.inner.config;
         let ttl = (c.retry_delay * 3 + c.node_timeout).max(Duration::from_millis(100));
         ttl.as_millis().min(MAX_TTL.as_millis()) as u64
+    }
+
+    /// This client's settings.
+    pub(crate) fn config(&self) -> &Config {
+        &self.inner.config
     }
 
     /// The TTL in whole milliseconds (what the server is told) and the timing built on it.

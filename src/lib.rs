@@ -29,11 +29,13 @@ mod error;
 mod ffi;
 pub mod resp;
 mod rng;
+mod rwlock;
 mod sha1;
 mod url;
 
 pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
+pub use rwlock::{ReadLock, RwPolicy, WriteLock};
 
 /// The README's examples, run as doctests.
 #[cfg(doctest)]

@@ -15,6 +15,7 @@
 
 pub(crate) mod fair;
 pub(crate) mod ops;
+pub(crate) mod rw;
 
 use std::time::{Duration, Instant};
 

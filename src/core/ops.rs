@@ -5,7 +5,7 @@
 //! gets the same call again as `EVAL` with the script's body.
 #![forbid(unsafe_code)]
 
-use crate::core::Vote;
+use crate::core::{rw, Vote};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Reply, ServerErrorKind};
 use crate::sha1::sha1_hex;
@@ -98,10 +98,24 @@ pub enum Verdict {
     NoScript,
 }
 
+/// What a node's server offers beyond Redis 7.0, learnt as its connection is set up. Until
+/// the answer arrives, and for servers without it, everything is `false`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// `DELEX key IFEQ value` (Redis 8.4): compare-and-delete without a script.
+    pub delex: bool,
+}
+
 /// A command fanned out to every node.
 pub trait Op {
     /// Writes the command for one node into `out`. `form` matters only to scripts.
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm);
+    /// Writes the command for a node whose server offers `caps`; ops that can use a newer
+    /// command there override this. A `NOSCRIPT` resend always uses [`encode`](Op::encode).
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) {
+        let _ = caps;
+        self.encode(out, form);
+    }
     /// Reads one node's reply.
     fn classify(&self, reply: &Reply<'_>) -> Verdict;
     /// Called before each retry of an acquisition with how long the caller has waited so far
@@ -159,6 +173,11 @@ pub static SCRIPTS: &[&Script] = &[
     &EXTEND,
     &crate::core::fair::FAIR_ACQUIRE,
     &crate::core::fair::LEAVE,
+    &rw::WRITE_ACQUIRE,
+    &rw::WRITE_CLEANUP,
+    &rw::READ_ACQUIRE,
+    &rw::SET_RELEASE,
+    &rw::READ_EXTEND,
 ];
 
 /// Mutex acquire: `SET key token NX PX ttl`.

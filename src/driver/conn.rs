@@ -15,7 +15,7 @@ use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 
-use crate::core::ops::{ScriptForm, SCRIPTS};
+use crate::core::ops::{Caps, ScriptForm, SCRIPTS};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Reply, Status};
 use crate::url::NodeAddr;
@@ -39,6 +39,8 @@ pub(crate) enum Slot {
     Discard,
     /// A message on a subscriber connection (confirmations and published messages alike).
     Push,
+    /// The answer to `COMMAND INFO DELEX`, which sets [`Conn::caps`].
+    Caps,
 }
 
 /// What a connection is for.
@@ -83,6 +85,8 @@ pub(crate) struct Conn {
     last_error: Option<NodeErrorKind>,
     /// The poller reported a hang-up or error: read until the socket says so.
     hangup: bool,
+    /// What this connection's server offers; all `false` until its setup says otherwise.
+    pub caps: Caps,
 }
 
 impl Conn {
@@ -104,6 +108,7 @@ impl Conn {
             registered: None,
             last_error: None,
             hangup: false,
+            caps: Caps::default(),
         }
     }
 
@@ -179,6 +184,7 @@ impl Conn {
         self.stream = Some(stream);
         self.state = State::Connecting { since: now };
         self.registered = None;
+        self.caps = Caps::default();
         self.queue_setup(node);
         self.update_interest(registry)
             .map_err(|e| NodeErrorKind::Connect(e.kind()))
@@ -208,6 +214,9 @@ impl Conn {
             // A server that refuses SCRIPT LOAD (ACLs) still works: EVALSHA falls back to EVAL.
             self.owed.push_back(Slot::Setup { required: false });
         }
+        // Redis 8.4 has DELEX; older servers answer with a nil entry, and ACLs with an error.
+        resp::encode_command(&mut self.out, &[b"COMMAND", b"INFO", b"DELEX"]);
+        self.owed.push_back(Slot::Caps);
     }
 
     /// Queues bytes whose replies nobody matches: commands on a subscriber connection, where
@@ -342,6 +351,9 @@ impl Conn {
                     };
                     if let (Slot::Setup { required: true }, Reply::Error(m)) = (slot, &reply) {
                         return Err(crate::core::ops::server_error(m));
+                    }
+                    if slot == Slot::Caps {
+                        self.caps.delex = crate::core::rw::delex_supported(&reply);
                     }
                     handle(slot, &reply, &mut self.out, &mut self.owed);
                     self.inp_pos += used;

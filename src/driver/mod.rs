@@ -165,12 +165,13 @@ impl Driver {
                 round.handle_vote(i, Vote::Failed(why), now);
                 continue;
             }
+            let caps = self.conns[i].caps;
             self.conns[i].queue(
                 Slot::Vote {
                     round: id,
                     form: ScriptForm::Sha,
                 },
-                |out| op.encode(out, ScriptForm::Sha),
+                |out| op.encode_for(out, ScriptForm::Sha, caps),
             );
             // Write now, read later: every node gets its command before any reply is read.
             if let Err(why) = self.conns[i].drive(self.poll.registry(), &self.config.limits, false)
@@ -235,7 +236,10 @@ impl Driver {
                 // Down, or never got the round's command: nothing of ours can be there.
                 continue;
             }
-            self.conns[i].queue(Slot::Discard, |out| op.encode(out, ScriptForm::Body));
+            let caps = self.conns[i].caps;
+            self.conns[i].queue(Slot::Discard, |out| {
+                op.encode_for(out, ScriptForm::Body, caps)
+            });
             self.service(i, now, &mut None);
         }
     }

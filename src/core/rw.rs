@@ -1,0 +1,529 @@
+//! Read-write locks over the Redlock quorum: the keys, the scripts, and what each reply means.
+//!
+//! Seed 000 extends Redlock to many readers or one writer. Per resource `K` there are three keys
+//! (see [`RwKeys`]): the writer key holds the writer's token with a `PX` expiry; the reader set
+//! is a sorted set of reader tokens, each scored by the instant it expires; the intent set is a
+//! sorted set of waiting writers' tokens, scored the same way, used by the write-preferring
+//! policy only.
+//!
+//! # Whose clock scores a reader
+//!
+//! The seed scores readers by the client's wall clock. Then a client whose clock runs ahead
+//! writes expiries far in the future, and a client whose clock runs behind prunes live readers
+//! as expired when it tries to write: one skewed client extends or shortens every other
+//! reader's hold, and a writer may enter while readers still work. Every script here reads the
+//! node's own clock (`TIME`) instead, and the client sends only durations. A score is then
+//! compared only with the clock of the node that wrote it, exactly as a `PX` expiry is, and no
+//! client clock is trusted at all. (Scripts that read `TIME` and then write are fine since Redis
+//! 5: effects, not scripts, are replicated, and 7.0 has no other mode.)
+//!
+//! # Writer starvation
+//!
+//! With [`intent_ms`](WriteAcquire::intent_ms) at zero the lock is read-preferring, as in the
+//! seed: a writer waits until no reader holds the lock on a quorum, which a steady stream of
+//! overlapping readers can postpone forever. With it above zero, a writer that fails on a node
+//! leaves its token in the intent set there, with an expiry `intent_ms` ahead; new readers are
+//! refused on that node while a live intent is there, so the readers in place drain and the
+//! writer gets in. The writer refreshes its intent on every attempt and withdraws it when it
+//! succeeds or gives up; if it dies, the intent expires on its own.
+#![forbid(unsafe_code)]
+
+use crate::core::ops::{
+    int_verdict, write_eval, Arg, Caps, Op, Script, ScriptForm, Verdict, RELEASE,
+};
+use crate::core::Vote;
+use crate::resp::{self, Reply};
+
+/// Sets `now` (declared `local` by the script) to the node's clock in milliseconds.
+macro_rules! node_now {
+    () => {
+        "local t = redis.call('time'); now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000); "
+    };
+}
+
+/// Write acquire. KEYS: writer, readers, intents. ARGV: token, ttl ms, intent ms.
+///
+/// Prunes expired readers; takes the writer key if no reader is left and no writer holds it,
+/// and withdraws this writer's own intent. Otherwise, when intent ms is above zero, leaves (or
+/// refreshes) this writer's intent, pruning expired ones and keeping the set's TTL at least as
+/// long as its longest-lived member.
+pub static WRITE_ACQUIRE: Script = Script::new(concat!(
+    "local now; local free = redis.call('exists', KEYS[1], KEYS[2]) == 0; ",
+    // Readers but no writer: the readers may all have expired.
+    "if not free and redis.call('exists', KEYS[1]) == 0 then ",
+    node_now!(),
+    "redis.call('zremrangebyscore', KEYS[2], '-inf', now); free = redis.call('exists', KEYS[2]) == 0 end; ",
+    "local intent = tonumber(ARGV[3]); ",
+    "if free then redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]); ",
+    "if intent > 0 then redis.call('zrem', KEYS[3], ARGV[1]) end; return 1 end; ",
+    "if intent > 0 then if not now then ",
+    node_now!(),
+    "end; redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
+    "redis.call('zadd', KEYS[3], now + intent, ARGV[1]); ",
+    "if redis.call('pttl', KEYS[3]) < intent then redis.call('pexpire', KEYS[3], intent) end end; ",
+    "return 0",
+));
+
+/// Cleanup after a lost write attempt. KEYS: writer, intents. ARGV: token, wake channel, intent ms.
+///
+/// Compare-and-delete of the writer key, announced on the wake channel when it deleted. When
+/// intent ms is above zero the writer is still waiting: its intent is left (or refreshed) here,
+/// so that a node where the write went through but the quorum did not still holds readers back.
+pub static WRITE_CLEANUP: Script = Script::new(concat!(
+    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.call('publish', ARGV[2], '1') end; ",
+    "local intent = tonumber(ARGV[3]); ",
+    "if intent > 0 then local now; ",
+    node_now!(),
+    "redis.call('zadd', KEYS[2], now + intent, ARGV[1]); ",
+    "if redis.call('pttl', KEYS[2]) < intent then redis.call('pexpire', KEYS[2], intent) end end; ",
+    "return 1",
+));
+
+/// Read acquire. KEYS: writer, readers, intents. ARGV: token, ttl ms.
+///
+/// Refused while a writer holds the lock or a live writer intent is there. Otherwise prunes
+/// expired readers, adds the token scored by its expiry on the node's clock, and keeps the set's
+/// TTL at least as long as its longest-lived reader, so an abandoned set disappears.
+pub static READ_ACQUIRE: Script = Script::new(concat!(
+    "local now; ",
+    "if redis.call('exists', KEYS[1], KEYS[3]) > 0 then ",
+    "if redis.call('exists', KEYS[1]) == 1 then return 0 end; ",
+    node_now!(),
+    "redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
+    "if redis.call('exists', KEYS[3]) == 1 then return 0 end ",
+    "else ",
+    node_now!(),
+    "end; ",
+    "local ttl = tonumber(ARGV[2]); ",
+    "redis.call('zremrangebyscore', KEYS[2], '-inf', now); ",
+    "redis.call('zadd', KEYS[2], now + ttl, ARGV[1]); ",
+    "if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end; ",
+    "return 1",
+));
+
+/// Removes a token from a sorted set (a reader from the reader set, a writer's intent from the
+/// intent set), announcing it on the wake channel when it was there. KEYS: set. ARGV: token,
+/// wake channel.
+pub static SET_RELEASE: Script = Script::new(
+    "if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then redis.call('publish', ARGV[2], '1'); return 1 else return 0 end",
+);
+
+/// Reader extend: `ZADD XX` with a new expiry on the node's clock, only if the reader is still
+/// there and not yet expired (an expired reader is never brought back). KEYS: readers. ARGV:
+/// token, ttl ms.
+pub static READ_EXTEND: Script = Script::new(concat!(
+    "local now; ",
+    node_now!(),
+    "local s = redis.call('zscore', KEYS[1], ARGV[1]); ",
+    "if not s or tonumber(s) <= now then return 0 end; ",
+    "local ttl = tonumber(ARGV[2]); ",
+    "redis.call('zadd', KEYS[1], 'XX', now + ttl, ARGV[1]); ",
+    "if redis.call('pttl', KEYS[1]) < ttl then redis.call('pexpire', KEYS[1], ttl) end; ",
+    "return 1",
+));
+
+/// The keys of one read-write lock, derived from its resource key `K`.
+///
+/// | `K` | writer | readers | intents |
+/// |---|---|---|---|
+/// | has a hash tag, e.g. `user:{42}` | `K:rw:w` | `K:rw:r` | `K:rw:wi` |
+/// | has none, e.g. `invoice:42` | `{rw:K}:w` | `{rw:K}:r` | `{rw:K}:wi` |
+///
+/// Redis Cluster hashes only a key's hash tag: the bytes between its first `{` and the first
+/// `}` after it, when there are any. The three keys of one lock always hash alike, because
+/// their hash tag lies in the part they share: `K`'s own tag if it has one (so the lock sits in
+/// the slot of the data it guards), or one that starts with `rw:` (so it is never empty, even
+/// when `K` starts with `}`). The two forms end differently (`w:w`, `w:r`, `w:wi` against
+/// `}:w`, `}:r`, `}:wi`), so two different resource keys never share a key. A mutex on `K`
+/// itself uses `K` and does not exclude the read-write lock on `K`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RwKeys {
+    buf: Vec<u8>,
+    w_end: usize,
+    r_end: usize,
+}
+
+/// Whether `key` has a non-empty Redis Cluster hash tag.
+pub fn has_hash_tag(key: &[u8]) -> bool {
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return false;
+    };
+    key[open + 1..]
+        .iter()
+        .position(|&b| b == b'}')
+        .is_some_and(|len| len > 0)
+}
+
+impl RwKeys {
+    /// The keys for resource `key`, in one allocation.
+    pub fn new(key: &[u8]) -> RwKeys {
+        let (head, tail): (&[u8], &[u8]) = if has_hash_tag(key) {
+            (b"", b":rw:")
+        } else {
+            (b"{rw:", b"}:")
+        };
+        let mut buf = Vec::with_capacity(3 * (head.len() + key.len() + tail.len()) + 4);
+        let mut push = |suffix: &[u8]| {
+            buf.extend_from_slice(head);
+            buf.extend_from_slice(key);
+            buf.extend_from_slice(tail);
+            buf.extend_from_slice(suffix);
+            buf.len()
+        };
+        let w_end = push(b"w");
+        let r_end = push(b"r");
+        push(b"wi");
+        RwKeys { buf, w_end, r_end }
+    }
+
+    /// The writer key: the writer's token, with a `PX` expiry.
+    pub fn writer(&self) -> &[u8] {
+        &self.buf[..self.w_end]
+    }
+
+    /// The reader set: reader tokens scored by their expiry, in ms on the node's clock.
+    pub fn readers(&self) -> &[u8] {
+        &self.buf[self.w_end..self.r_end]
+    }
+
+    /// The intent set: waiting writers' tokens scored by their expiry, in ms on the node's clock.
+    pub fn intents(&self) -> &[u8] {
+        &self.buf[self.r_end..]
+    }
+}
+
+/// Write acquire; see [`WRITE_ACQUIRE`].
+#[derive(Debug, Clone, Copy)]
+pub struct WriteAcquire<'a> {
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// This attempt's token.
+    pub token: &'a [u8],
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// How long a failed attempt's intent lives, in ms; zero for the read-preferring policy.
+    pub intent_ms: u64,
+}
+
+impl Op for WriteAcquire<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        let k = self.keys;
+        write_eval(
+            out,
+            &WRITE_ACQUIRE,
+            form,
+            &[k.writer(), k.readers(), k.intents()],
+            &[
+                Arg::Bytes(self.token),
+                Arg::Num(self.ttl_ms),
+                Arg::Num(self.intent_ms),
+            ],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        int_verdict(reply)
+    }
+}
+
+/// Cleanup after a lost write attempt; see [`WRITE_CLEANUP`].
+#[derive(Debug, Clone, Copy)]
+pub struct WriteCleanup<'a> {
+    /// The resource key, whose wake channel announces the release.
+    pub resource: &'a [u8],
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// The attempt's token.
+    pub token: &'a [u8],
+    /// As in [`WriteAcquire::intent_ms`].
+    pub intent_ms: u64,
+}
+
+impl Op for WriteCleanup<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &WRITE_CLEANUP,
+            form,
+            &[self.keys.writer(), self.keys.intents()],
+            &[
+                Arg::Bytes(self.token),
+                Arg::Wake(self.resource),
+                Arg::Num(self.intent_ms),
+            ],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        int_verdict(reply)
+    }
+}
+
+/// Writer release: compare-and-delete of the writer key. `DELEX key IFEQ token` on a node that
+/// has it (Redis 8.4), the mutex's `RELEASE` script elsewhere. Every integer is an
+/// acknowledgement.
+///
+/// `DELEX` cannot announce the release on the wake channel; waiters on such nodes retry after
+/// their delay, or when a node running the script announces it.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteRelease<'a> {
+    /// The resource key, whose wake channel announces the release.
+    pub resource: &'a [u8],
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// The writer's token.
+    pub token: &'a [u8],
+}
+
+impl Op for WriteRelease<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &RELEASE,
+            form,
+            &[self.keys.writer()],
+            &[Arg::Bytes(self.token), Arg::Wake(self.resource)],
+        );
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) {
+        if caps.delex {
+            resp::encode_command(out, &[b"DELEX", self.keys.writer(), b"IFEQ", self.token]);
+        } else {
+            self.encode(out, form);
+        }
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        ack_verdict(reply)
+    }
+}
+
+/// Every integer acknowledges a release: 0 only means there was nothing of ours on that node.
+fn ack_verdict(reply: &Reply<'_>) -> Verdict {
+    match reply {
+        Reply::Integer(0 | 1) => Verdict::Vote(Vote::Yes),
+        other => int_verdict(other),
+    }
+}
+
+/// Read acquire; see [`READ_ACQUIRE`].
+#[derive(Debug, Clone, Copy)]
+pub struct ReadAcquire<'a> {
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// This attempt's token.
+    pub token: &'a [u8],
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+}
+
+impl Op for ReadAcquire<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        let k = self.keys;
+        write_eval(
+            out,
+            &READ_ACQUIRE,
+            form,
+            &[k.writer(), k.readers(), k.intents()],
+            &[Arg::Bytes(self.token), Arg::Num(self.ttl_ms)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        int_verdict(reply)
+    }
+}
+
+/// Removes a token from one of the lock's sorted sets; see [`SET_RELEASE`]. Reader release
+/// (from the reader set) and intent withdrawal (from the intent set).
+#[derive(Debug, Clone, Copy)]
+pub struct SetRelease<'a> {
+    /// The resource key, whose wake channel announces the release.
+    pub resource: &'a [u8],
+    /// The sorted set: [`RwKeys::readers`] or [`RwKeys::intents`].
+    pub set: &'a [u8],
+    /// The token to remove.
+    pub token: &'a [u8],
+}
+
+impl Op for SetRelease<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &SET_RELEASE,
+            form,
+            &[self.set],
+            &[Arg::Bytes(self.token), Arg::Wake(self.resource)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        ack_verdict(reply)
+    }
+}
+
+/// Reader extend; see [`READ_EXTEND`]. (The writer extends with the mutex's `Extend` on
+/// [`RwKeys::writer`].)
+#[derive(Debug, Clone, Copy)]
+pub struct ReadExtend<'a> {
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// The reader's token.
+    pub token: &'a [u8],
+    /// The new TTL in milliseconds.
+    pub ttl_ms: u64,
+}
+
+impl Op for ReadExtend<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &READ_EXTEND,
+            form,
+            &[self.keys.readers()],
+            &[Arg::Bytes(self.token), Arg::Num(self.ttl_ms)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        int_verdict(reply)
+    }
+}
+
+/// Whether a `COMMAND INFO DELEX` reply says the server has `DELEX`: Redis answers with one
+/// entry per name asked, a nil one for an unknown command.
+pub fn delex_supported(reply: &Reply<'_>) -> bool {
+    matches!(reply, Reply::Array(Some(items)) if matches!(items.first(), Some(Reply::Array(Some(_)))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::NodeErrorKind;
+
+    fn unexpected() -> Verdict {
+        Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply))
+    }
+
+    /// Redis Cluster's hash slot: CRC16 (XMODEM) of the hash tag, or of the whole key.
+    fn slot(key: &[u8]) -> u16 {
+        let mut hashed = key;
+        if let Some(open) = key.iter().position(|&b| b == b'{') {
+            if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+                if len > 0 {
+                    hashed = &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        let mut crc: u16 = 0;
+        for &b in hashed {
+            crc ^= (b as u16) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    (crc << 1) ^ 0x1021
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        crc % 16384
+    }
+
+    const AWKWARD: &[&[u8]] = &[
+        b"invoice:42",
+        b"user:{42}:profile",
+        b"{}x",
+        b"}x",
+        b"}",
+        b"{",
+        b"a{}b{c}",
+        b"a}b",
+        b"{rw:x}",
+        b"x",
+        b"{x}",
+        b"{rw:{x}",
+        b"w",
+        b"a:rw:w",
+    ];
+
+    #[test]
+    fn crc16_matches_the_cluster_spec_example() {
+        // The Redis Cluster specification gives CRC16("123456789") = 0x31C3.
+        assert_eq!(slot(b"123456789"), 0x31C3);
+    }
+
+    #[test]
+    fn the_three_keys_share_a_slot_whatever_the_braces() {
+        for key in AWKWARD {
+            let k = RwKeys::new(key);
+            let s = slot(k.writer());
+            assert_eq!(s, slot(k.readers()), "{:?}", String::from_utf8_lossy(key));
+            assert_eq!(s, slot(k.intents()), "{:?}", String::from_utf8_lossy(key));
+        }
+    }
+
+    #[test]
+    fn a_key_with_a_hash_tag_keeps_its_slot() {
+        let k = RwKeys::new(b"user:{42}:profile");
+        assert_eq!(k.writer(), b"user:{42}:profile:rw:w");
+        assert_eq!(k.readers(), b"user:{42}:profile:rw:r");
+        assert_eq!(k.intents(), b"user:{42}:profile:rw:wi");
+        assert_eq!(slot(k.writer()), slot(b"user:{42}:profile"));
+        let k = RwKeys::new(b"invoice:42");
+        assert_eq!(k.writer(), b"{rw:invoice:42}:w");
+        assert_eq!(k.readers(), b"{rw:invoice:42}:r");
+        assert_eq!(k.intents(), b"{rw:invoice:42}:wi");
+    }
+
+    #[test]
+    fn different_resources_never_share_a_key() {
+        let mut all: Vec<Vec<u8>> = Vec::new();
+        for key in AWKWARD {
+            let k = RwKeys::new(key);
+            all.extend([
+                k.writer().to_vec(),
+                k.readers().to_vec(),
+                k.intents().to_vec(),
+            ]);
+        }
+        let before = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), before);
+    }
+
+    #[test]
+    fn the_writer_release_uses_delex_only_where_the_node_has_it() {
+        let keys = RwKeys::new(b"k");
+        let op = WriteRelease {
+            resource: b"k",
+            keys: &keys,
+            token: b"t",
+        };
+        let mut out = Vec::new();
+        op.encode_for(&mut out, ScriptForm::Sha, Caps { delex: true });
+        assert_eq!(
+            out,
+            b"*4\r\n$5\r\nDELEX\r\n$8\r\n{rw:k}:w\r\n$4\r\nIFEQ\r\n$1\r\nt\r\n"
+        );
+        out.clear();
+        op.encode_for(&mut out, ScriptForm::Sha, Caps::default());
+        assert!(out.starts_with(b"*6\r\n$7\r\nEVALSHA\r\n"));
+        assert_eq!(op.classify(&Reply::Integer(0)), Verdict::Vote(Vote::Yes));
+        assert_eq!(op.classify(&Reply::Integer(1)), Verdict::Vote(Vote::Yes));
+        assert_eq!(op.classify(&Reply::Simple(b"OK")), unexpected());
+    }
+
+    #[test]
+    fn command_info_tells_whether_delex_exists() {
+        // Redis 7.0 answers `*1\r\n$-1\r\n`.
+        assert!(!delex_supported(&Reply::Array(Some(vec![Reply::Bulk(
+            None
+        )]))));
+        assert!(delex_supported(&Reply::Array(Some(vec![Reply::Array(
+            Some(vec![Reply::Bulk(Some(b"delex"))])
+        )]))));
+        assert!(!delex_supported(&Reply::Error(b"ERR unknown command")));
+    }
+}

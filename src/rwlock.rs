@@ -1,0 +1,316 @@
+//! Read-write locks: many readers or one writer, over the same Redlock quorum as the mutex.
+//!
+//! The keys and scripts are in `core::rw`; this module is the API: [`RwPolicy`], the
+//! [`ReadLock`] and [`WriteLock`] guards, and the `Client` methods that make them.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use crate::client::{check_key, Client};
+use crate::core::ops::{Extend, Op};
+use crate::core::rw::{
+    ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
+};
+use crate::error::Error;
+use crate::rng::Token;
+
+/// Whom a read-write lock favours when readers hold it and a writer waits. Chosen per client
+/// with [`ClientBuilder::rw_policy`](crate::ClientBuilder::rw_policy).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RwPolicy {
+    /// New readers get in whenever no writer holds the lock, as in seed 000. Readers wait the
+    /// least, but a stream of overlapping readers can keep a writer out for ever.
+    #[default]
+    ReadPreferring,
+    /// A writer that has to wait registers an intent on every node it reaches. New readers are
+    /// refused while the intent lives, so the readers in place drain and the writer gets in
+    /// within one reader hold (at most the readers' TTL) plus one retry delay. The intent is
+    /// refreshed on every attempt, withdrawn when the writer gets the lock or gives up, and
+    /// expires on its own (after twice the retry delay plus twice the node timeout) if the
+    /// writer dies.
+    WritePreferring,
+}
+
+/// Which side of the lock a guard holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Read,
+    Write,
+}
+
+/// What both guards hold.
+#[derive(Debug)]
+struct Held {
+    client: Client,
+    side: Side,
+    key: Vec<u8>,
+    keys: RwKeys,
+    token: Token,
+    valid_until: Instant,
+    released: bool,
+}
+
+impl Held {
+    fn validity(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        let (ttl_ms, timing) = self.client.timing(ttl)?;
+        let token = self.token.as_bytes();
+        let read = ReadExtend {
+            keys: &self.keys,
+            token,
+            ttl_ms,
+        };
+        let write = Extend {
+            key: self.keys.writer(),
+            token,
+            ttl_ms,
+        };
+        let op: &dyn Op = match self.side {
+            Side::Read => &read,
+            Side::Write => &write,
+        };
+        self.valid_until = self.client.extend_round(op, timing, self.valid_until)?;
+        Ok(())
+    }
+
+    fn release_now(&mut self) -> Result<(), Error> {
+        self.released = true;
+        let token = self.token.as_bytes();
+        match self.side {
+            Side::Read => self.client.ack_round(&SetRelease {
+                resource: &self.key,
+                set: self.keys.readers(),
+                token,
+            }),
+            Side::Write => self.client.ack_round(&WriteRelease {
+                resource: &self.key,
+                keys: &self.keys,
+                token,
+            }),
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.release_now();
+        }
+    }
+}
+
+macro_rules! guard_methods {
+    ($guard:ident, $what:literal) => {
+        impl $guard {
+            /// The resource key this lock is on.
+            pub fn key(&self) -> &[u8] {
+                &self.0.key
+            }
+
+            #[doc = concat!("This holder's token: 160 bits from the OS random source, as 40 hex characters. It is the ", $what, " on every node that granted the lock.")]
+            pub fn token(&self) -> &[u8] {
+                self.0.token.as_bytes()
+            }
+
+            /// The time left before the lock may be granted against this hold. Zero once it
+            /// has run out.
+            pub fn validity(&self) -> Duration {
+                self.0.validity()
+            }
+
+            /// Resets this hold's TTL to `ttl` on every node that still has it.
+            ///
+            /// Succeeds only if a quorum agrees before the current validity ends; the validity
+            /// is then `ttl` minus the time the round took minus the drift allowance. On failure
+            /// the hold is left as it was.
+            pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+                self.0.extend(ttl)
+            }
+
+            /// Releases this hold on every node, whether or not that node granted it, and
+            /// announces it to waiters. Returns once a quorum of nodes has answered.
+            pub fn release(mut self) -> Result<(), Error> {
+                self.0.release_now()
+            }
+        }
+    };
+}
+
+/// A held read lock: other readers may hold the same resource, writers may not. Dropping it
+/// releases it, best effort; call [`release`](ReadLock::release) to see whether that worked.
+///
+/// Writers are only guaranteed out until [`validity`](ReadLock::validity) runs out. Work that
+/// may take longer must [`extend`](ReadLock::extend) it first.
+#[derive(Debug)]
+pub struct ReadLock(Held);
+
+/// A held write lock: no reader and no other writer holds the resource. Dropping it releases
+/// it, best effort; call [`release`](WriteLock::release) to see whether that worked.
+///
+/// The lock is only guaranteed exclusive until [`validity`](WriteLock::validity) runs out.
+/// Work that may take longer must [`extend`](WriteLock::extend) it first.
+#[derive(Debug)]
+pub struct WriteLock(Held);
+
+guard_methods!(ReadLock, "member of the resource's reader set");
+guard_methods!(WriteLock, "value of the resource's writer key");
+
+/// Read-write locks. The keys each lock uses on the nodes are derived from the resource key
+/// so that they share a Redis Cluster hash slot: `{rw:K}:w`, `{rw:K}:r` and `{rw:K}:wi` for a
+/// key `K` without a hash tag, and `K:rw:w`, `K:rw:r` and `K:rw:wi` for one with a hash tag.
+impl Client {
+    /// One attempt to take a read lock on `key` for `ttl`, without retrying.
+    ///
+    /// Fails with [`Error::Contended`] while a writer holds the lock (or, with
+    /// [`RwPolicy::WritePreferring`], waits for it).
+    pub fn try_read_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<ReadLock, Error> {
+        self.read_lock_with(key.as_ref(), ttl, false)
+    }
+
+    /// Takes a read lock on `key` for `ttl`, retrying like [`Client::lock`]. Any number of
+    /// readers may hold it at once.
+    pub fn read_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<ReadLock, Error> {
+        self.read_lock_with(key.as_ref(), ttl, true)
+    }
+
+    /// One attempt to take the write lock on `key` for `ttl`, without retrying.
+    ///
+    /// Fails with [`Error::Contended`] while readers or a writer hold the lock.
+    pub fn try_write_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<WriteLock, Error> {
+        self.write_lock_with(key.as_ref(), ttl, false)
+    }
+
+    /// Takes the write lock on `key` for `ttl`, retrying like [`Client::lock`]. It excludes
+    /// every reader and every other writer.
+    pub fn write_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<WriteLock, Error> {
+        self.write_lock_with(key.as_ref(), ttl, true)
+    }
+
+    /// Runs `f` under a read lock on `key` taken for `ttl` (waiting as [`read_lock`] does),
+    /// and releases it afterwards, also when `f` panics. The release is best effort, as on
+    /// drop; `f` may check [`ReadLock::validity`] and [`extend`](ReadLock::extend) the lock.
+    ///
+    /// [`read_lock`]: Client::read_lock
+    pub fn read<R>(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        f: impl FnOnce(&mut ReadLock) -> R,
+    ) -> Result<R, Error> {
+        let mut guard = self.read_lock(key, ttl)?;
+        Ok(f(&mut guard))
+    }
+
+    /// Runs `f` under the write lock on `key` taken for `ttl` (waiting as [`write_lock`]
+    /// does), and releases it afterwards, also when `f` panics. The release is best effort, as
+    /// on drop; `f` may check [`WriteLock::validity`] and [`extend`](WriteLock::extend) the
+    /// lock.
+    ///
+    /// [`write_lock`]: Client::write_lock
+    pub fn write<R>(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        f: impl FnOnce(&mut WriteLock) -> R,
+    ) -> Result<R, Error> {
+        let mut guard = self.write_lock(key, ttl)?;
+        Ok(f(&mut guard))
+    }
+
+    fn read_lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<ReadLock, Error> {
+        check_key(key)?;
+        let (ttl_ms, timing) = self.timing(ttl)?;
+        let keys = RwKeys::new(key);
+        let token = Token::generate();
+        let acquire = ReadAcquire {
+            keys: &keys,
+            token: token.as_bytes(),
+            ttl_ms,
+        };
+        let cleanup = SetRelease {
+            resource: key,
+            set: keys.readers(),
+            token: token.as_bytes(),
+        };
+        let valid_until = self.acquire(key, &acquire, &cleanup, timing, wait)?;
+        Ok(ReadLock(self.held(
+            Side::Read,
+            key,
+            keys,
+            token,
+            valid_until,
+        )))
+    }
+
+    fn write_lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<WriteLock, Error> {
+        check_key(key)?;
+        let (ttl_ms, timing) = self.timing(ttl)?;
+        let config = self.config();
+        let intent_ms = match config.rw_policy {
+            RwPolicy::ReadPreferring => 0,
+            RwPolicy::WritePreferring => {
+                (2 * (config.retry_delay + config.node_timeout)).as_millis() as u64
+            }
+        };
+        let keys = RwKeys::new(key);
+        let token = Token::generate();
+        let acquire = WriteAcquire {
+            keys: &keys,
+            token: token.as_bytes(),
+            ttl_ms,
+            intent_ms,
+        };
+        let cleanup = WriteCleanup {
+            resource: key,
+            keys: &keys,
+            token: token.as_bytes(),
+            intent_ms,
+        };
+        let result = self.acquire(key, &acquire, &cleanup, timing, wait);
+        if intent_ms > 0 {
+            // Won: nodes that refused still hold the intent. Lost: every node may. Either way
+            // it must not keep readers out any longer; nobody waits for the answer.
+            let withdraw = SetRelease {
+                resource: key,
+                set: keys.intents(),
+                token: token.as_bytes(),
+            };
+            let flush_by = Instant::now() + config.node_timeout;
+            let _ = self.with_driver(|driver| {
+                driver.broadcast(&withdraw);
+                driver.flush_until(flush_by);
+            });
+        }
+        let valid_until = result?;
+        Ok(WriteLock(self.held(
+            Side::Write,
+            key,
+            keys,
+            token,
+            valid_until,
+        )))
+    }
+
+    fn held(
+        &self,
+        side: Side,
+        key: &[u8],
+        keys: RwKeys,
+        token: Token,
+        valid_until: Instant,
+    ) -> Held {
+        Held {
+            client: self.clone(),
+            side,
+            key: key.to_vec(),
+            keys,
+            token,
+            valid_until,
+            released: false,
+        }
+    }
+}
