@@ -47,6 +47,18 @@
 #define REDLOCK_MUX_MAX_KEY_LEN (64 * 1024)
 
 /**
+ * `redlock_mux_client_builder_set_rw_policy`: new readers get in whenever no writer holds the
+ * lock (the default). A stream of overlapping readers can keep a writer out.
+ */
+#define REDLOCK_MUX_RW_READ_PREFERRING 0
+
+/**
+ * `redlock_mux_client_builder_set_rw_policy`: a waiting writer keeps new readers out, so the
+ * readers in place drain and the writer gets in within one reader hold.
+ */
+#define REDLOCK_MUX_RW_WRITE_PREFERRING 1
+
+/**
  * Every result a function of this API returns. The numbers never change; new results get new
  * numbers.
  */
@@ -123,6 +135,20 @@ typedef struct redlock_mux_client_builder redlock_mux_client_builder;
  * freed by `redlock_mux_lock_free` (which releases it first if it is still held).
  */
 typedef struct redlock_mux_lock redlock_mux_lock;
+
+/**
+ * A held read lock (shared with other readers). Made by `redlock_mux_client_read_lock` or
+ * `redlock_mux_client_try_read_lock`, freed by `redlock_mux_read_lock_free` (which releases it
+ * first if it is still held).
+ */
+typedef struct redlock_mux_read_lock redlock_mux_read_lock;
+
+/**
+ * A held write lock (exclusive of readers and other writers). Made by
+ * `redlock_mux_client_write_lock` or `redlock_mux_client_try_write_lock`, freed by
+ * `redlock_mux_write_lock_free` (which releases it first if it is still held).
+ */
+typedef struct redlock_mux_write_lock redlock_mux_write_lock;
 
 #ifdef __cplusplus
 extern "C" {
@@ -259,6 +285,16 @@ redlock_mux_result redlock_mux_client_builder_set_fair(redlock_mux_client_builde
 redlock_mux_result redlock_mux_client_builder_set_fair_after_ms(redlock_mux_client_builder *builder, uint64_t ms);
 
 /**
+ * Whom read-write locks favour when readers hold a lock and a writer waits:
+ * `REDLOCK_MUX_RW_READ_PREFERRING` (the default) or `REDLOCK_MUX_RW_WRITE_PREFERRING`. Any
+ * other value gives `REDLOCK_MUX_INVALID_ARGUMENT` and leaves the builder as it was.
+ *
+ * # Safety
+ * `builder` is NULL or a live builder used by no other thread.
+ */
+redlock_mux_result redlock_mux_client_builder_set_rw_policy(redlock_mux_client_builder *builder, uint32_t policy);
+
+/**
  * Checks every setting, resolves every node, and writes a new client to `*out`. Nothing is
  * sent yet: connections open on first use. The builder is left as it was and must still be
  * freed. Free the client with `redlock_mux_client_free`.
@@ -349,6 +385,140 @@ redlock_mux_result redlock_mux_lock_release(redlock_mux_lock *lock);
  * `lock` is NULL or a lock not yet freed, which no other thread is using.
  */
 void redlock_mux_lock_free(redlock_mux_lock *lock);
+
+/**
+ * One attempt to take the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
+ * without retrying. The lock is shared: many readers may hold it at once, but no writer. On success writes a new handle to `*out`;
+ * `REDLOCK_MUX_CONTENDED` means the other side holds it.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_try_read_lock(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_read_lock **out);
+
+/**
+ * Takes the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
+ * client's retry count and wait timeout allow. The lock is shared: many readers may hold it at once, but no writer. On success writes a new
+ * handle to `*out`.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_read_lock(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_read_lock **out);
+
+/**
+ * Like `redlock_mux_lock_extend`, for a read lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live read lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_read_lock_extend(redlock_mux_read_lock *lock, uint64_t ttl_ms);
+
+/**
+ * Like `redlock_mux_lock_validity_ms`, for a read lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live read lock not being changed by another thread; `out_ms` is NULL or
+ * writable.
+ */
+redlock_mux_result redlock_mux_read_lock_validity_ms(const redlock_mux_read_lock *lock, uint64_t *out_ms);
+
+/**
+ * Like `redlock_mux_lock_token`, for a read lock: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
+ * bytes of ASCII hex.
+ *
+ * # Safety
+ * `lock` is NULL or a live read lock not being changed by another thread; `buf` is NULL or
+ * points to `buf_len` writable bytes; `out_n` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_read_lock_token(const redlock_mux_read_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Like `redlock_mux_lock_release`, for a read lock: afterwards the handle is released whatever
+ * the result, and must still be freed.
+ *
+ * # Safety
+ * `lock` is NULL or a live read lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_read_lock_release(redlock_mux_read_lock *lock);
+
+/**
+ * Frees a read lock handle, releasing it first, best effort, if it is still held. NULL is a
+ * no-op.
+ *
+ * # Safety
+ * `lock` is NULL or a read lock not yet freed, which no other thread is using.
+ */
+void redlock_mux_read_lock_free(redlock_mux_read_lock *lock);
+
+/**
+ * One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
+ * without retrying. The lock is exclusive: no reader and no other writer may hold it. On success writes a new handle to `*out`;
+ * `REDLOCK_MUX_CONTENDED` means the other side holds it.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_try_write_lock(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_write_lock **out);
+
+/**
+ * Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
+ * client's retry count and wait timeout allow. The lock is exclusive: no reader and no other writer may hold it. On success writes a new
+ * handle to `*out`.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_write_lock(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_write_lock **out);
+
+/**
+ * Like `redlock_mux_lock_extend`, for a write lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_write_lock_extend(redlock_mux_write_lock *lock, uint64_t ttl_ms);
+
+/**
+ * Like `redlock_mux_lock_validity_ms`, for a write lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock not being changed by another thread; `out_ms` is NULL or
+ * writable.
+ */
+redlock_mux_result redlock_mux_write_lock_validity_ms(const redlock_mux_write_lock *lock, uint64_t *out_ms);
+
+/**
+ * Like `redlock_mux_lock_token`, for a write lock: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
+ * bytes of ASCII hex.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock not being changed by another thread; `buf` is NULL or
+ * points to `buf_len` writable bytes; `out_n` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_write_lock_token(const redlock_mux_write_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Like `redlock_mux_lock_release`, for a write lock: afterwards the handle is released whatever
+ * the result, and must still be freed.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_write_lock_release(redlock_mux_write_lock *lock);
+
+/**
+ * Frees a write lock handle, releasing it first, best effort, if it is still held. NULL is a
+ * no-op.
+ *
+ * # Safety
+ * `lock` is NULL or a write lock not yet freed, which no other thread is using.
+ */
+void redlock_mux_write_lock_free(redlock_mux_write_lock *lock);
 
 #ifdef __cplusplus
 }  // extern "C"

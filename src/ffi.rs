@@ -40,7 +40,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::time::Duration;
 
-use crate::{Client, ClientBuilder, Error, InvalidArgument, Lock, MAX_KEY_LEN};
+use crate::{
+    Client, ClientBuilder, Error, InvalidArgument, Lock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN,
+};
 
 /// Every result a function of this API returns. The numbers never change; new results get new
 /// numbers.
@@ -98,6 +100,27 @@ pub struct redlock_mux_client {
 pub struct redlock_mux_lock {
     held: Option<Lock>,
 }
+
+/// A held read lock (shared with other readers). Made by `redlock_mux_client_read_lock` or
+/// `redlock_mux_client_try_read_lock`, freed by `redlock_mux_read_lock_free` (which releases it
+/// first if it is still held).
+pub struct redlock_mux_read_lock {
+    held: Option<ReadLock>,
+}
+
+/// A held write lock (exclusive of readers and other writers). Made by
+/// `redlock_mux_client_write_lock` or `redlock_mux_client_try_write_lock`, freed by
+/// `redlock_mux_write_lock_free` (which releases it first if it is still held).
+pub struct redlock_mux_write_lock {
+    held: Option<WriteLock>,
+}
+
+/// `redlock_mux_client_builder_set_rw_policy`: new readers get in whenever no writer holds the
+/// lock (the default). A stream of overlapping readers can keep a writer out.
+pub const REDLOCK_MUX_RW_READ_PREFERRING: u32 = 0;
+/// `redlock_mux_client_builder_set_rw_policy`: a waiting writer keeps new readers out, so the
+/// readers in place drain and the writer gets in within one reader hold.
+pub const REDLOCK_MUX_RW_WRITE_PREFERRING: u32 = 1;
 
 /// A failed call: its code, and the message `redlock_mux_last_error_message` gives.
 struct Failure {
@@ -543,6 +566,34 @@ pub unsafe extern "C" fn redlock_mux_client_builder_set_fair_after_ms(
     unsafe { update(builder, |b| Ok(b.fair_after(millis(ms)))) }
 }
 
+/// Whom read-write locks favour when readers hold a lock and a writer waits:
+/// `REDLOCK_MUX_RW_READ_PREFERRING` (the default) or `REDLOCK_MUX_RW_WRITE_PREFERRING`. Any
+/// other value gives `REDLOCK_MUX_INVALID_ARGUMENT` and leaves the builder as it was.
+///
+/// # Safety
+/// `builder` is NULL or a live builder used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_builder_set_rw_policy(
+    builder: *mut redlock_mux_client_builder,
+    policy: u32,
+) -> redlock_mux_result {
+    let policy = match policy {
+        REDLOCK_MUX_RW_READ_PREFERRING => Some(RwPolicy::ReadPreferring),
+        REDLOCK_MUX_RW_WRITE_PREFERRING => Some(RwPolicy::WritePreferring),
+        _ => None,
+    };
+    // SAFETY: forwarded caller promise.
+    unsafe {
+        update(builder, |b| match policy {
+            Some(p) => Ok(b.rw_policy(p)),
+            None => Err(Failure::new(
+                REDLOCK_MUX_INVALID_ARGUMENT,
+                "invalid argument: unknown read-write policy",
+            )),
+        })
+    }
+}
+
 /// Checks every setting, resolves every node, and writes a new client to `*out`. Nothing is
 /// sent yet: connections open on first use. The builder is left as it was and must still be
 /// freed. Free the client with `redlock_mux_client_free`.
@@ -574,6 +625,32 @@ pub unsafe extern "C" fn redlock_mux_client_free(client: *mut redlock_mux_client
     boundary_void(|| unsafe { free_handle(client) })
 }
 
+/// The shared body of every acquisition: checks the arguments, runs `take`, hands back the
+/// new handle.
+///
+/// # Safety
+/// As for `redlock_mux_client_lock`.
+unsafe fn acquire<T>(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    out: *mut *mut T,
+    take: impl FnOnce(&Client, &[u8]) -> Result<T, Error>,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, key, out) = unsafe {
+            (
+                arg_ref(client, "client")?,
+                arg_key(key, key_len)?,
+                Out::new(out, "out")?,
+            )
+        };
+        out.write(into_handle(take(&handle.client, key)?));
+        Ok(())
+    })
+}
+
 /// The shared body of the two mutex acquisitions.
 ///
 /// # Safety
@@ -586,23 +663,17 @@ unsafe fn lock_with(
     out: *mut *mut redlock_mux_lock,
     wait: bool,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        let (handle, key, out) = unsafe {
-            (
-                arg_ref(client, "client")?,
-                arg_key(key, key_len)?,
-                Out::new(out, "out")?,
-            )
-        };
-        let lock = if wait {
-            handle.client.lock(key, millis(ttl_ms))
-        } else {
-            handle.client.try_lock(key, millis(ttl_ms))
-        }?;
-        out.write(into_handle(redlock_mux_lock { held: Some(lock) }));
-        Ok(())
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, out, |c, key| {
+            let lock = if wait {
+                c.lock(key, millis(ttl_ms))
+            } else {
+                c.try_lock(key, millis(ttl_ms))
+            }?;
+            Ok(redlock_mux_lock { held: Some(lock) })
+        })
+    }
 }
 
 /// One attempt to take the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
@@ -666,6 +737,26 @@ impl Held for Lock {
         Lock::release(self)
     }
 }
+
+macro_rules! held_by_inherent_methods {
+    ($($t:ty),*) => {$(
+        impl Held for $t {
+            fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+                <$t>::extend(self, ttl)
+            }
+            fn validity(&self) -> Duration {
+                <$t>::validity(self)
+            }
+            fn token(&self) -> &[u8] {
+                <$t>::token(self)
+            }
+            fn release(self) -> Result<(), Error> {
+                <$t>::release(self)
+            }
+        }
+    )*};
+}
+held_by_inherent_methods!(ReadLock, WriteLock);
 
 fn released() -> Failure {
     Failure::new(
@@ -803,6 +894,262 @@ pub unsafe extern "C" fn redlock_mux_lock_release(
 /// `lock` is NULL or a lock not yet freed, which no other thread is using.
 #[no_mangle]
 pub unsafe extern "C" fn redlock_mux_lock_free(lock: *mut redlock_mux_lock) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(lock) })
+}
+
+// The read and write lock functions below are written out rather than generated by a macro:
+// cbindgen reads the source without expanding macros, so generated functions would be missing
+// from the header. Each body is one call to a generic helper above.
+
+/// One attempt to take the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
+/// without retrying. The lock is shared: many readers may hold it at once, but no writer. On success writes a new handle to `*out`;
+/// `REDLOCK_MUX_CONTENDED` means the other side holds it.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_try_read_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_read_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, out, |c, key| {
+            Ok(redlock_mux_read_lock {
+                held: Some(c.try_read_lock(key, millis(ttl_ms))?),
+            })
+        })
+    }
+}
+
+/// Takes the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
+/// client's retry count and wait timeout allow. The lock is shared: many readers may hold it at once, but no writer. On success writes a new
+/// handle to `*out`.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_read_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_read_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, out, |c, key| {
+            Ok(redlock_mux_read_lock {
+                held: Some(c.read_lock(key, millis(ttl_ms))?),
+            })
+        })
+    }
+}
+
+/// Like `redlock_mux_lock_extend`, for a read lock.
+///
+/// # Safety
+/// `lock` is NULL or a live read lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_extend(
+    lock: *mut redlock_mux_read_lock,
+    ttl_ms: u64,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
+    })
+}
+
+/// Like `redlock_mux_lock_validity_ms`, for a read lock.
+///
+/// # Safety
+/// `lock` is NULL or a live read lock not being changed by another thread; `out_ms` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_validity_ms(
+    lock: *const redlock_mux_read_lock,
+    out_ms: *mut u64,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
+    })
+}
+
+/// Like `redlock_mux_lock_token`, for a read lock: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
+/// bytes of ASCII hex.
+///
+/// # Safety
+/// `lock` is NULL or a live read lock not being changed by another thread; `buf` is NULL or
+/// points to `buf_len` writable bytes; `out_n` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_token(
+    lock: *const redlock_mux_read_lock,
+    buf: *mut u8,
+    buf_len: usize,
+    out_n: *mut usize,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
+    })
+}
+
+/// Like `redlock_mux_lock_release`, for a read lock: afterwards the handle is released whatever
+/// the result, and must still be freed.
+///
+/// # Safety
+/// `lock` is NULL or a live read lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_release(
+    lock: *mut redlock_mux_read_lock,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
+    })
+}
+
+/// Frees a read lock handle, releasing it first, best effort, if it is still held. NULL is a
+/// no-op.
+///
+/// # Safety
+/// `lock` is NULL or a read lock not yet freed, which no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_free(lock: *mut redlock_mux_read_lock) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(lock) })
+}
+
+/// One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
+/// without retrying. The lock is exclusive: no reader and no other writer may hold it. On success writes a new handle to `*out`;
+/// `REDLOCK_MUX_CONTENDED` means the other side holds it.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_try_write_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, out, |c, key| {
+            Ok(redlock_mux_write_lock {
+                held: Some(c.try_write_lock(key, millis(ttl_ms))?),
+            })
+        })
+    }
+}
+
+/// Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
+/// client's retry count and wait timeout allow. The lock is exclusive: no reader and no other writer may hold it. On success writes a new
+/// handle to `*out`.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_write_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, out, |c, key| {
+            Ok(redlock_mux_write_lock {
+                held: Some(c.write_lock(key, millis(ttl_ms))?),
+            })
+        })
+    }
+}
+
+/// Like `redlock_mux_lock_extend`, for a write lock.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_extend(
+    lock: *mut redlock_mux_write_lock,
+    ttl_ms: u64,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
+    })
+}
+
+/// Like `redlock_mux_lock_validity_ms`, for a write lock.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock not being changed by another thread; `out_ms` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_validity_ms(
+    lock: *const redlock_mux_write_lock,
+    out_ms: *mut u64,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
+    })
+}
+
+/// Like `redlock_mux_lock_token`, for a write lock: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
+/// bytes of ASCII hex.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock not being changed by another thread; `buf` is NULL or
+/// points to `buf_len` writable bytes; `out_n` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_token(
+    lock: *const redlock_mux_write_lock,
+    buf: *mut u8,
+    buf_len: usize,
+    out_n: *mut usize,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
+    })
+}
+
+/// Like `redlock_mux_lock_release`, for a write lock: afterwards the handle is released whatever
+/// the result, and must still be freed.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_release(
+    lock: *mut redlock_mux_write_lock,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
+    })
+}
+
+/// Frees a write lock handle, releasing it first, best effort, if it is still held. NULL is a
+/// no-op.
+///
+/// # Safety
+/// `lock` is NULL or a write lock not yet freed, which no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_free(lock: *mut redlock_mux_write_lock) {
     // SAFETY: forwarded caller promise.
     boundary_void(|| unsafe { free_handle(lock) })
 }

@@ -258,6 +258,60 @@ static void test_fair_client(int count, char **urls) {
     redlock_mux_client_free(client);
 }
 
+static void test_read_write_locks(redlock_mux_client *client) {
+    static const uint8_t key[] = "c-api-rw";
+    redlock_mux_read_lock *r1 = NULL, *r2 = NULL, *r3 = SENTINEL(redlock_mux_read_lock, 0);
+    redlock_mux_write_lock *w = SENTINEL(redlock_mux_write_lock, 1);
+    redlock_mux_client_builder *b = NULL;
+    uint8_t t1[REDLOCK_MUX_TOKEN_LEN], t2[REDLOCK_MUX_TOKEN_LEN];
+    size_t n = 0;
+    uint64_t ms = 0;
+
+    CHECK_RESULT(redlock_mux_client_try_read_lock(NULL, key, 8, 1000, &r1), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_write_lock(client, NULL, 8, 1000, &w), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_read_lock(client, key, 8, 1000, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_write_lock(client, key, 0, 1000, &w),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_read_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_write_lock_extend(NULL, 5), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_client_builder_new(&b));
+    CHECK_RESULT(redlock_mux_client_builder_set_rw_policy(b, 7), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_OK(redlock_mux_client_builder_set_rw_policy(b, REDLOCK_MUX_RW_WRITE_PREFERRING));
+    redlock_mux_client_builder_free(b);
+
+    /* Readers share. */
+    CHECK_OK(redlock_mux_client_try_read_lock(client, key, 8, 10000, &r1));
+    CHECK_OK(redlock_mux_client_read_lock(client, key, 8, 10000, &r2));
+    CHECK_OK(redlock_mux_read_lock_token(r1, t1, sizeof t1, &n));
+    CHECK_OK(redlock_mux_read_lock_token(r2, t2, sizeof t2, &n));
+    CHECK(n == REDLOCK_MUX_TOKEN_LEN && memcmp(t1, t2, n) != 0);
+    CHECK_OK(redlock_mux_read_lock_extend(r1, 20000));
+    CHECK_OK(redlock_mux_read_lock_validity_ms(r1, &ms));
+    CHECK(ms > 10000 && ms <= 20000);
+    /* A writer is kept out while readers hold it. */
+    CHECK_RESULT(redlock_mux_client_try_write_lock(client, key, 8, 10000, &w), REDLOCK_MUX_CONTENDED);
+    CHECK(w == SENTINEL(redlock_mux_write_lock, 1));
+    CHECK_OK(redlock_mux_read_lock_release(r1));
+    CHECK_RESULT(redlock_mux_read_lock_release(r1), REDLOCK_MUX_RELEASED);
+    redlock_mux_read_lock_free(r1);
+    redlock_mux_read_lock_free(r2); /* releases the last reader */
+
+    /* The writer gets in, and keeps readers out. */
+    w = NULL;
+    CHECK_OK(redlock_mux_client_try_write_lock(client, key, 8, 10000, &w));
+    CHECK_OK(redlock_mux_write_lock_validity_ms(w, &ms));
+    CHECK(ms > 9000 && ms <= 10000);
+    CHECK_OK(redlock_mux_write_lock_token(w, t1, sizeof t1, &n));
+    CHECK_RESULT(redlock_mux_client_try_read_lock(client, key, 8, 10000, &r3), REDLOCK_MUX_CONTENDED);
+    CHECK(r3 == SENTINEL(redlock_mux_read_lock, 0));
+    CHECK_OK(redlock_mux_write_lock_extend(w, 10000));
+    CHECK_OK(redlock_mux_write_lock_release(w));
+    CHECK_RESULT(redlock_mux_write_lock_extend(w, 10000), REDLOCK_MUX_RELEASED);
+    redlock_mux_write_lock_free(w);
+    redlock_mux_read_lock_free(NULL);
+    redlock_mux_write_lock_free(NULL);
+}
+
 static void test_quorum_unreachable(void) {
     /* Ports 1 to 3 on loopback: nothing listens there, so every connect is refused. */
     char *dead[] = {"127.0.0.1:1", "redis://127.0.0.1:2", "redis://127.0.0.1:3/1"};
@@ -327,6 +381,7 @@ int main(int argc, char **argv) {
     test_lock_and_unlock(client);
     test_client_freed_before_lock(argc - 1, argv + 1);
     test_fair_client(argc - 1, argv + 1);
+    test_read_write_locks(client);
     test_quorum_unreachable();
     test_threads_share_a_client(client);
 
