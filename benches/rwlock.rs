@@ -33,7 +33,12 @@ fn main() {
     let secs: u64 = std::env::var("RWLOCK_BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(30);
+        // `cargo test --all-targets` runs this without `--bench`: a one-second smoke run then.
+        .unwrap_or(if std::env::args().any(|a| a == "--bench") {
+            30
+        } else {
+            1
+        });
     let cluster = RedisCluster::start(NODES).expect("start redis-server");
     let client = Client::builder()
         .nodes(cluster.urls())

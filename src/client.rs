@@ -9,6 +9,7 @@ use crate::core::ops::{Acquire, Extend, Op, Release};
 use crate::core::{quorum, Decision, Round, Timing};
 use crate::driver::Driver;
 use crate::error::{Error, InvalidArgument, NodeFailure};
+use crate::keepalive::KeeperSlot;
 use crate::resp::Limits;
 use crate::rng::Token;
 use crate::rwlock::RwPolicy;
@@ -71,6 +72,7 @@ pub struct Client {
 struct Inner {
     config: Arc<Config>,
     pool: Mutex<Vec<Driver>>,
+    keeper: KeeperSlot,
 }
 
 impl std::fmt::Debug for Client {
@@ -262,6 +264,7 @@ impl ClientBuilder {
             inner: Arc::new(Inner {
                 config,
                 pool: Mutex::new(Vec::new()),
+                keeper: KeeperSlot::new(),
             }),
         };
         let first = client.new_driver()?;
@@ -289,6 +292,11 @@ impl Client {
     /// A builder with default settings.
     pub fn builder() -> ClientBuilder {
         ClientBuilder::default()
+    }
+
+    /// The slot of this client's keeper thread (see [`crate::keepalive`]).
+    pub(crate) fn keeper(&self) -> &KeeperSlot {
+        &self.inner.keeper
     }
 
     /// How many nodes this client uses.
@@ -369,6 +377,11 @@ impl Client {
     /// This client's settings.
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The longest a waiting acquisition may take in all ([`ClientBuilder::wait_timeout`]).
+    pub(crate) fn wait_timeout(&self) -> Duration {
+        self.inner.config.wait_timeout
     }
 
     /// The TTL in whole milliseconds (what the server is told) and the timing built on it.
@@ -610,6 +623,27 @@ pub struct Lock {
 }
 
 impl Lock {
+    /// A guard for a lock just won: `token` is at `key` on a quorum until `valid_until`.
+    pub(crate) fn from_parts(
+        client: Client,
+        key: Vec<u8>,
+        token: Token,
+        valid_until: Instant,
+    ) -> Lock {
+        Lock {
+            client,
+            key,
+            token,
+            valid_until,
+            released: false,
+        }
+    }
+
+    /// The client this lock was taken with.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// The key this lock is on.
     pub fn key(&self) -> &[u8] {
         &self.key

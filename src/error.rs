@@ -168,6 +168,21 @@ pub enum InvalidArgument {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// An all-or-none lock was asked for no keys.
+    NoKeys,
+    /// An all-or-none lock was given the same key twice.
+    DuplicateKey {
+        /// The key given more than once.
+        key: Vec<u8>,
+    },
+    /// An all-or-none lock was given more keys than
+    /// [`MAX_LOCK_ALL_KEYS`](crate::MAX_LOCK_ALL_KEYS).
+    TooManyKeys {
+        /// How many were given.
+        count: usize,
+        /// The cap.
+        max: usize,
+    },
     /// A builder option is out of range.
     BadOption {
         /// The option's name.
@@ -200,6 +215,15 @@ impl fmt::Display for InvalidArgument {
                 write!(f, "node {url} is given more than once")
             }
             InvalidArgument::BadUrl { url, reason } => write!(f, "bad node URL {url:?}: {reason}"),
+            InvalidArgument::NoKeys => f.write_str("no keys were given"),
+            InvalidArgument::DuplicateKey { key } => write!(
+                f,
+                "key {:?} is given more than once",
+                String::from_utf8_lossy(key)
+            ),
+            InvalidArgument::TooManyKeys { count, max } => {
+                write!(f, "{count} keys given, more than the cap of {max}")
+            }
             InvalidArgument::BadOption { name, reason } => write!(f, "option {name}: {reason}"),
         }
     }

@@ -26,7 +26,10 @@ mod client;
 pub mod core;
 mod driver;
 mod error;
+mod fencing;
 mod ffi;
+mod keepalive;
+mod multi;
 pub mod resp;
 mod rng;
 mod rwlock;
@@ -35,6 +38,9 @@ mod url;
 
 pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
+pub use fencing::FencedLock;
+pub use keepalive::{KeepAlive, KeptLock, Lost};
+pub use multi::{MultiLock, MAX_LOCK_ALL_KEYS};
 pub use rwlock::{ReadLock, RwPolicy, WriteLock};
 
 /// The README's examples, run as doctests.

@@ -14,6 +14,8 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod fair;
+pub(crate) mod fencing;
+pub(crate) mod multi;
 pub(crate) mod ops;
 pub(crate) mod rw;
 

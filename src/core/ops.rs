@@ -178,6 +178,11 @@ pub static SCRIPTS: &[&Script] = &[
     &rw::READ_ACQUIRE,
     &rw::SET_RELEASE,
     &rw::READ_EXTEND,
+    &crate::core::multi::ACQUIRE_ALL,
+    &crate::core::multi::RELEASE_ALL,
+    &crate::core::multi::EXTEND_ALL,
+    &crate::core::fencing::FENCED_ACQUIRE,
+    &crate::core::fencing::FENCE_WRITE,
 ];
 
 /// Mutex acquire: `SET key token NX PX ttl`.

@@ -1,0 +1,294 @@
+//! Fencing tokens over a quorum: a number that strictly increases with each grant of a lock.
+//!
+//! A lock alone cannot protect a resource from a holder that paused (a GC, a page fault, a
+//! stopped VM) past its validity and then carries on as if it still held the lock. A fencing
+//! token can: each grant carries a number larger than every earlier grant's, the holder sends
+//! it with every write, and the resource refuses a write whose token is smaller than the
+//! largest it has already seen.
+//!
+//! # The counters
+//!
+//! Every node keeps a counter per lock key at [`fence_key`], with no expiry. It is only ever
+//! raised. The counters of different nodes diverge: a grant reaches a quorum, not every node,
+//! so the largest value read in one attempt may sit on nodes that the next grant's quorum
+//! never asks. Reading alone is therefore not enough; as in quorum registers (ABD), the value
+//! used must be on a quorum before it is returned:
+//!
+//! 1. **Read**, in the acquire round itself (no extra round trip): on each node one script
+//!    sets the lock key with `NX` and, if it did, raises that node's counter by one and
+//!    returns it, in the same atomic step.
+//! 2. Once a quorum granted the lock, the token is `f = max(counters returned)`.
+//! 3. If a quorum of the granting nodes returned `f` itself, a quorum already holds it and the
+//!    token is returned at once: the common case, when no node missed earlier grants.
+//! 4. Otherwise, **write back** (one extra round trip): on each node, if the lock key still
+//!    holds our token, raise the counter to `f` (compare-and-set-if-greater) and acknowledge.
+//!    The token is returned only when a quorum acknowledged before the lock's validity ended;
+//!    otherwise the attempt fails and the lock is released on every node.
+//!
+//! Why this gives tokens that strictly increase in the order grants hold the lock, and what
+//! breaks that, is argued on [`FencedLock`](crate::FencedLock).
+//!
+//! # Using it for another kind of lock
+//!
+//! Any lock whose key holds the holder's token as a string (the mutex, a writer key) can be
+//! fenced: its acquire script raises and returns [`fence_key`]'s counter as in
+//! [`FENCED_ACQUIRE`] on success and returns `-1` on refusal, its op classifies replies with
+//! [`classify_fenced`], and after a won round the client runs [`FenceWrite`] for
+//! [`FenceRead::token`] before the validity ends, unless [`FenceRead::holders`] is already a
+//! quorum.
+#![forbid(unsafe_code)]
+
+use std::cell::Cell;
+
+use crate::core::ops::{
+    error_verdict, int_verdict, write_eval, Arg, Op, Script, ScriptForm, Verdict,
+};
+use crate::core::Vote;
+use crate::error::NodeErrorKind;
+use crate::resp::Reply;
+
+/// Fence counters of lock key `K` are kept at `FENCE_PREFIX ++ ...` (see [`fence_key`]).
+pub const FENCE_PREFIX: &[u8] = b"redlock-mux:fence:";
+
+/// The largest counter: Lua (which reads and compares the counters) represents integers
+/// exactly only up to 2^53. A node whose counter reached it refuses to raise it further.
+pub const MAX_FENCE: u64 = (1 << 53) - 1;
+
+/// The key of the fence counter of `lock_key`, in the same Redis Cluster hash slot as
+/// `lock_key` wherever that can be arranged:
+///
+/// - a key with a hash tag (`user:{42}`) gets `FENCE_PREFIX ++ key`, which keeps the tag;
+/// - a key without one and without `}` gets `FENCE_PREFIX ++ "{" ++ key ++ "}"`, whose tag is
+///   the whole key, so it hashes as the key does;
+/// - a key without a hash tag that contains `}` cannot be made a tag; it gets
+///   `FENCE_PREFIX ++ key`, in another slot. That only matters to proxies that insist on
+///   single-slot scripts; independent masters do not.
+pub fn fence_key(lock_key: &[u8]) -> Vec<u8> {
+    let wrap = !has_hash_tag(lock_key) && !lock_key.contains(&b'}');
+    let mut out = Vec::with_capacity(FENCE_PREFIX.len() + lock_key.len() + 2);
+    out.extend_from_slice(FENCE_PREFIX);
+    if wrap {
+        out.push(b'{');
+    }
+    out.extend_from_slice(lock_key);
+    if wrap {
+        out.push(b'}');
+    }
+    out
+}
+
+/// Whether Redis Cluster hashes `key` by a hash tag: the bytes between the first `{` and the
+/// first `}` after it, when there is at least one.
+fn has_hash_tag(key: &[u8]) -> bool {
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return false;
+    };
+    key[open + 1..]
+        .iter()
+        .position(|&b| b == b'}')
+        .is_some_and(|close| close > 0)
+}
+
+/// Takes lock key KEYS[1] with token ARGV[1] and expiry ARGV[2] ms (`SET NX PX`); when it did,
+/// raises the fence counter at KEYS[2] (0 if unset) by one and returns it, and returns -1 when
+/// the key was held. A counter that is not a whole number, or that reached [`MAX_FENCE`], is an
+/// error, checked before anything is set.
+pub static FENCED_ACQUIRE: Script = Script::new(
+    "local f = redis.call('get', KEYS[2]) local n = 0 \
+     if f then n = tonumber(f) if not n or n < 0 or n ~= math.floor(n) then \
+     return redis.error_reply('ERR fence counter is not a whole number') end end \
+     if n >= 9007199254740991 then return redis.error_reply('ERR fence counter exhausted') end \
+     if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return -1 end \
+     n = n + 1 redis.call('set', KEYS[2], string.format('%d', n)) return n",
+);
+
+/// If lock key KEYS[1] still holds token ARGV[1], raises the fence counter at KEYS[2] to
+/// ARGV[2] (if it is lower) and returns 1; otherwise changes nothing and returns 0.
+pub static FENCE_WRITE: Script = Script::new(
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
+     local f = redis.call('get', KEYS[2]) local n = 0 \
+     if f then n = tonumber(f) if not n then \
+     return redis.error_reply('ERR fence counter is not a whole number') end end \
+     if tonumber(ARGV[2]) > n then redis.call('set', KEYS[2], ARGV[2]) end return 1",
+);
+
+/// The read phase's result: the largest counter that granting nodes returned, and how many
+/// returned it.
+///
+/// Votes are classified through `&self`, so this collects them in [`Cell`]s. Use a new one for
+/// each token. Replies from earlier, lost rounds with the same token may be counted too: each
+/// still comes from a node that held our token with that counter at an instant before the
+/// validity ends, which is all the argument on [`FencedLock`](crate::FencedLock) needs.
+#[derive(Debug, Default)]
+pub struct FenceRead {
+    max: Cell<Option<u64>>,
+    at_max: Cell<usize>,
+}
+
+impl FenceRead {
+    /// Nothing read yet.
+    pub fn new() -> FenceRead {
+        FenceRead::default()
+    }
+
+    /// Records a counter that a granting node returned.
+    pub fn observe(&self, counter: u64) {
+        match self.max.get() {
+            Some(m) if m > counter => {}
+            Some(m) if m == counter => self.at_max.set(self.at_max.get() + 1),
+            _ => {
+                self.max.set(Some(counter));
+                self.at_max.set(1);
+            }
+        }
+    }
+
+    /// How many granting nodes returned the largest counter: when that is a quorum, the
+    /// token is already on a quorum and needs no write-back.
+    pub fn holders(&self) -> usize {
+        self.at_max.get()
+    }
+
+    /// The largest counter recorded, if any.
+    pub fn max(&self) -> Option<u64> {
+        self.max.get()
+    }
+
+    /// The token: the largest counter returned (each already raised by one on its node).
+    /// `None` when no counter was recorded, or one is past [`MAX_FENCE`] (no node of ours
+    /// returns one).
+    pub fn token(&self) -> Option<u64> {
+        self.max().filter(|&t| t > 0 && t <= MAX_FENCE)
+    }
+}
+
+/// Reads the reply of a fenced acquire script: a counter (`≥ 1`) is a grant, recorded in
+/// `read`; `-1` is a refusal.
+pub fn classify_fenced(reply: &Reply<'_>, read: &FenceRead) -> Verdict {
+    match reply {
+        Reply::Integer(n) if *n >= 1 && *n as u64 <= MAX_FENCE => {
+            read.observe(*n as u64);
+            Verdict::Vote(Vote::Yes)
+        }
+        Reply::Integer(-1) => Verdict::Vote(Vote::No),
+        Reply::Error(m) => error_verdict(m),
+        _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+    }
+}
+
+/// Mutex acquire that also raises and reads the fence counter: [`FENCED_ACQUIRE`].
+#[derive(Debug, Clone, Copy)]
+pub struct FencedAcquire<'a> {
+    /// The lock's key.
+    pub key: &'a [u8],
+    /// Its fence counter's key, [`fence_key`]`(key)`.
+    pub fence: &'a [u8],
+    /// This attempt's token.
+    pub token: &'a [u8],
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// Where the counters read are collected.
+    pub read: &'a FenceRead,
+}
+
+impl Op for FencedAcquire<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &FENCED_ACQUIRE,
+            form,
+            &[self.key, self.fence],
+            &[Arg::Bytes(self.token), Arg::Num(self.ttl_ms)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        classify_fenced(reply, self.read)
+    }
+}
+
+/// The write-back phase: [`FENCE_WRITE`]. A yes means the node still held our lock and its
+/// counter is now at least `value`.
+#[derive(Debug, Clone, Copy)]
+pub struct FenceWrite<'a> {
+    /// The lock's key.
+    pub key: &'a [u8],
+    /// Its fence counter's key.
+    pub fence: &'a [u8],
+    /// The holder's token (the random one stored at the lock key).
+    pub token: &'a [u8],
+    /// The fencing token to write back.
+    pub value: u64,
+}
+
+impl Op for FenceWrite<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &FENCE_WRITE,
+            form,
+            &[self.key, self.fence],
+            &[Arg::Bytes(self.token), Arg::Num(self.value)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        int_verdict(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fence_key_shares_the_hash_tag_of_its_lock_key() {
+        assert_eq!(fence_key(b"invoice:42"), b"redlock-mux:fence:{invoice:42}");
+        assert_eq!(fence_key(b"user:{42}:x"), b"redlock-mux:fence:user:{42}:x");
+        // No tag possible: `}` without a `{` before it, or an empty tag.
+        assert_eq!(fence_key(b"a}b"), b"redlock-mux:fence:a}b");
+        assert_eq!(fence_key(b"{}x"), b"redlock-mux:fence:{}x");
+        // An unclosed `{` is no tag, and the whole key can be one.
+        assert_eq!(fence_key(b"a{b"), b"redlock-mux:fence:{a{b}");
+    }
+
+    #[test]
+    fn token_is_the_largest_counter_granted_and_counts_its_holders() {
+        let read = FenceRead::new();
+        assert_eq!(read.token(), None);
+        let op = FencedAcquire {
+            key: b"k",
+            fence: b"f",
+            token: b"t",
+            ttl_ms: 10,
+            read: &read,
+        };
+        assert_eq!(op.classify(&Reply::Integer(7)), Verdict::Vote(Vote::Yes));
+        assert_eq!(op.classify(&Reply::Integer(-1)), Verdict::Vote(Vote::No));
+        assert_eq!(op.classify(&Reply::Integer(3)), Verdict::Vote(Vote::Yes));
+        assert_eq!((read.token(), read.holders()), (Some(7), 1));
+        assert_eq!(op.classify(&Reply::Integer(7)), Verdict::Vote(Vote::Yes));
+        assert_eq!((read.token(), read.holders()), (Some(7), 2));
+        assert_eq!(op.classify(&Reply::Integer(9)), Verdict::Vote(Vote::Yes));
+        assert_eq!((read.token(), read.holders()), (Some(9), 1));
+        for bad in [-2, 0] {
+            assert!(matches!(
+                op.classify(&Reply::Integer(bad)),
+                Verdict::Vote(Vote::Failed(_))
+            ));
+        }
+        assert!(matches!(
+            op.classify(&Reply::Error(b"NOSCRIPT No matching script")),
+            Verdict::NoScript
+        ));
+    }
+
+    #[test]
+    fn no_token_past_what_lua_counts_exactly() {
+        let read = FenceRead::new();
+        read.observe(MAX_FENCE);
+        assert_eq!(read.token(), Some(MAX_FENCE));
+        read.observe(MAX_FENCE + 1);
+        assert_eq!(read.token(), None);
+    }
+}

@@ -1,0 +1,233 @@
+//! All-or-none locks over a set of keys: [`Client::lock_all`], [`Client::try_lock_all`] and
+//! the [`MultiLock`] guard.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use crate::client::{check_key, Client};
+use crate::core::multi::{AcquireAll, ExtendAll, ReleaseAll};
+use crate::error::{Error, InvalidArgument};
+use crate::rng::Token;
+
+/// The most keys one all-or-none lock may cover. Each node runs one script over the whole set,
+/// which blocks that node for its duration, so the set is kept small.
+pub const MAX_LOCK_ALL_KEYS: usize = 256;
+
+impl Client {
+    /// One attempt to lock every key of `keys` for `ttl`, or none of them, without retrying.
+    ///
+    /// See [`lock_all`](Client::lock_all) for what is checked. Fails with
+    /// [`Error::Contended`] when a quorum could not be had because some key is held elsewhere.
+    pub fn try_lock_all<I>(&self, keys: I, ttl: Duration) -> Result<MultiLock, Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<[u8]>,
+    {
+        self.lock_all_with(checked_keys(keys)?, ttl, false)
+    }
+
+    /// Locks every key of `keys` for `ttl`, or none of them, retrying as [`lock`](Client::lock)
+    /// does.
+    ///
+    /// Each node runs one atomic script that takes every key of the set, or none when any of
+    /// them is held there; the set is held when a quorum of nodes took all of it, within the
+    /// validity, as for the mutex. A lost attempt is released on every node. Each key holds the
+    /// guard's token as a mutex key does, so a set and a [`Lock`](crate::Lock) on one of its
+    /// keys exclude each other.
+    ///
+    /// The keys are sorted; the guard lists them in that order. Rejected before anything is
+    /// sent: no keys, more than [`MAX_LOCK_ALL_KEYS`], an empty or overlong key, and the same
+    /// key twice ([`InvalidArgument::DuplicateKey`]), which almost always means the caller
+    /// computed its set wrongly. Deduplicate first if repeats are expected.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_mux::Client;
+    ///
+    /// let client = Client::new(["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"])?;
+    /// let set = client.lock_all(["account:1", "account:2"], Duration::from_secs(5))?;
+    /// // ... move money between the two accounts within set.validity() ...
+    /// set.release()?;
+    /// # Ok::<(), redlock_mux::Error>(())
+    /// ```
+    pub fn lock_all<I>(&self, keys: I, ttl: Duration) -> Result<MultiLock, Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<[u8]>,
+    {
+        self.lock_all_with(checked_keys(keys)?, ttl, true)
+    }
+
+    fn lock_all_with(
+        &self,
+        keys: Vec<Vec<u8>>,
+        ttl: Duration,
+        wait: bool,
+    ) -> Result<MultiLock, Error> {
+        let (ttl_ms, timing) = self.timing(ttl)?;
+        let token = Token::generate();
+        let valid_until = {
+            let refs = key_refs(&keys);
+            let acquire = AcquireAll {
+                keys: &refs,
+                token: token.as_bytes(),
+                ttl_ms,
+            };
+            let release = ReleaseAll::new(&refs, token.as_bytes());
+            // Any key's release can make the set free; the first one stands for them all.
+            self.acquire(&keys[0], &acquire, &release, timing, wait)?
+        };
+        Ok(MultiLock {
+            client: self.clone(),
+            keys,
+            token,
+            valid_until,
+            released: false,
+        })
+    }
+}
+
+/// The keys as given, checked one by one and as a set, sorted.
+fn checked_keys<I>(keys: I) -> Result<Vec<Vec<u8>>, InvalidArgument>
+where
+    I: IntoIterator,
+    I::Item: AsRef<[u8]>,
+{
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    let mut count = 0usize;
+    for key in keys {
+        count += 1;
+        if count <= MAX_LOCK_ALL_KEYS {
+            check_key(key.as_ref())?;
+            out.push(key.as_ref().to_vec());
+        }
+    }
+    if count == 0 {
+        return Err(InvalidArgument::NoKeys);
+    }
+    if count > MAX_LOCK_ALL_KEYS {
+        return Err(InvalidArgument::TooManyKeys {
+            count,
+            max: MAX_LOCK_ALL_KEYS,
+        });
+    }
+    out.sort_unstable();
+    if let Some(pair) = out.windows(2).find(|w| w[0] == w[1]) {
+        return Err(InvalidArgument::DuplicateKey {
+            key: pair[0].clone(),
+        });
+    }
+    Ok(out)
+}
+
+fn key_refs(keys: &[Vec<u8>]) -> Vec<&[u8]> {
+    keys.iter().map(Vec::as_slice).collect()
+}
+
+/// A held all-or-none lock over a set of keys. Dropping it releases it, best effort; call
+/// [`release`](MultiLock::release) to see whether that worked.
+///
+/// Every key of the set is exclusive until [`validity`](MultiLock::validity) runs out; work
+/// that may take longer must [`extend`](MultiLock::extend) the set first.
+#[derive(Debug)]
+pub struct MultiLock {
+    client: Client,
+    keys: Vec<Vec<u8>>,
+    token: Token,
+    valid_until: Instant,
+    released: bool,
+}
+
+impl MultiLock {
+    /// The keys of the set, sorted.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &[u8]> {
+        self.keys.iter().map(Vec::as_slice)
+    }
+
+    /// This holder's token, stored at every key of the set on every node that granted it.
+    pub fn token(&self) -> &[u8] {
+        self.token.as_bytes()
+    }
+
+    /// The time left before any key of the set may be granted to someone else. Zero once it
+    /// has run out.
+    pub fn validity(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Resets the TTL of every key to `ttl`, on every node that still holds the whole set with
+    /// our token; a node that lost any key extends none.
+    ///
+    /// Succeeds only if a quorum agrees before the current validity ends, as
+    /// [`Lock::extend`](crate::Lock::extend) does. On failure the set is left as it was.
+    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        let (ttl_ms, timing) = self.client.timing(ttl)?;
+        let refs = key_refs(&self.keys);
+        let op = ExtendAll {
+            keys: &refs,
+            token: self.token.as_bytes(),
+            ttl_ms,
+        };
+        self.valid_until = self.client.extend_round(&op, timing, self.valid_until)?;
+        Ok(())
+    }
+
+    /// Releases every key of the set on every node; keys that expired or hold someone else's
+    /// token are left alone. Each key released is announced on its wake channel.
+    ///
+    /// Returns once a quorum of nodes has answered; the other nodes still get the release.
+    pub fn release(mut self) -> Result<(), Error> {
+        self.released = true;
+        self.release_now()
+    }
+
+    fn release_now(&self) -> Result<(), Error> {
+        let refs = key_refs(&self.keys);
+        self.client
+            .ack_round(&ReleaseAll::new(&refs, self.token.as_bytes()))
+    }
+}
+
+impl Drop for MultiLock {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.release_now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_sorted_and_bad_sets_are_refused() {
+        assert_eq!(
+            checked_keys(["b", "c", "a"]).unwrap(),
+            vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
+        );
+        assert_eq!(
+            checked_keys(Vec::<&str>::new()),
+            Err(InvalidArgument::NoKeys)
+        );
+        assert_eq!(
+            checked_keys(["x", "y", "x"]),
+            Err(InvalidArgument::DuplicateKey { key: b"x".to_vec() })
+        );
+        assert_eq!(checked_keys(["x", ""]), Err(InvalidArgument::EmptyKey));
+        let many = (0..MAX_LOCK_ALL_KEYS + 3).map(|i| i.to_string());
+        assert_eq!(
+            checked_keys(many),
+            Err(InvalidArgument::TooManyKeys {
+                count: MAX_LOCK_ALL_KEYS + 3,
+                max: MAX_LOCK_ALL_KEYS
+            })
+        );
+        assert_eq!(
+            checked_keys((0..MAX_LOCK_ALL_KEYS).map(|i| i.to_string()))
+                .unwrap()
+                .len(),
+            MAX_LOCK_ALL_KEYS
+        );
+    }
+}

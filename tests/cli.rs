@@ -1,0 +1,278 @@
+//! The `redlock-mux` binary against real redis-server processes: `run` excludes, times out,
+//! stops its command when the lock is lost, keeps short locks alive, passes signals on and
+//! survives a killed holder; `inspect` shows the holder; every command has `--help`.
+
+mod common;
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use redlock_mux::Client;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redlock-mux");
+const KEY: &str = "cli:job";
+
+fn nodes(cluster: &RedisCluster) -> String {
+    cluster.urls().join(",")
+}
+
+fn redlock_mux(cluster: &RedisCluster, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args).env("REDLOCK_NODES", nodes(cluster));
+    c
+}
+
+fn output(cluster: &RedisCluster, args: &[&str]) -> Output {
+    redlock_mux(cluster, args)
+        .output()
+        .expect("run redlock-mux")
+}
+
+/// Waits for `child` at most `limit`; kills it and fails the test if it is still running.
+fn wait_at_most(child: &mut Child, limit: Duration) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    panic!("redlock-mux still running after {limit:?}");
+}
+
+/// The token on a quorum of the nodes, if one token is on a quorum.
+fn holder(cluster: &RedisCluster) -> Option<Vec<u8>> {
+    let values: Vec<Option<Vec<u8>>> = cluster
+        .servers
+        .iter()
+        .map(|s| get(s.addr(), KEY.as_bytes()))
+        .collect();
+    values.iter().flatten().find_map(|v| {
+        let on = values.iter().filter(|o| o.as_ref() == Some(v)).count();
+        (on > cluster.len() / 2).then(|| v.clone())
+    })
+}
+
+/// Waits up to 5 s for someone to hold the lock; returns the token.
+fn wait_for_holder(cluster: &RedisCluster) -> Vec<u8> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Some(token) = holder(cluster) {
+            return token;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nobody took the lock");
+}
+
+/// A library client with a node timeout that tolerates a loaded test machine.
+fn client(cluster: &RedisCluster) -> Client {
+    Client::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .expect("client")
+}
+
+fn temp_file(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("redlock-mux-cli-{}-{name}", std::process::id()));
+    let _ = fs::remove_file(&path);
+    path
+}
+
+#[test]
+fn concurrent_runs_on_one_key_never_overlap() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let log = temp_file("overlap.log");
+    let script = format!(
+        "echo start $1 >> '{0}'; sleep 0.05; echo end $1 >> '{0}'",
+        log.display()
+    );
+    let mut children: Vec<Child> = (0..8)
+        .map(|i| {
+            redlock_mux(
+                &cluster,
+                &["run", "--ttl", "5s", "--wait", "30s", KEY, "--"],
+            )
+            .args(["sh", "-c", &script, "sh", &i.to_string()])
+            .spawn()
+            .expect("spawn")
+        })
+        .collect();
+    for child in &mut children {
+        assert!(wait_at_most(child, Duration::from_secs(40)).success());
+    }
+    let text = fs::read_to_string(&log).expect("log");
+    let _ = fs::remove_file(&log);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 16, "{text}");
+    // Appends land in time order: each start must be followed by its own end.
+    for pair in lines.chunks(2) {
+        let start = pair[0].strip_prefix("start ").expect(&text);
+        let end = pair[1].strip_prefix("end ").expect(&text);
+        assert_eq!(start, end, "two commands overlapped:\n{text}");
+    }
+}
+
+#[test]
+fn a_held_lock_makes_run_exit_75_after_the_wait() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let client = client(&cluster);
+    let lock = client.lock(KEY, Duration::from_secs(10)).expect("lock");
+    let out = output(&cluster, &["run", "--wait", "300ms", KEY, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not acquired"), "{stderr}");
+    lock.release().expect("release");
+}
+
+#[test]
+fn a_lost_lock_stops_the_command_and_exits_76() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let mut child = redlock_mux(
+        &cluster,
+        &[
+            "run", "--ttl", "1s", "--grace", "1s", KEY, "--", "sleep", "30",
+        ],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    wait_for_holder(&cluster);
+    for server in &cluster.servers {
+        set(server.addr(), KEY.as_bytes(), b"someone-else");
+    }
+    let status = wait_at_most(&mut child, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(76));
+    // The other holder's key is left alone.
+    assert_eq!(holder(&cluster).as_deref(), Some(&b"someone-else"[..]));
+}
+
+#[test]
+fn auto_extension_keeps_a_1s_lock_through_a_5s_command() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let mut child = redlock_mux(&cluster, &["run", "--ttl", "1s", KEY, "--", "sleep", "5"])
+        .spawn()
+        .expect("spawn");
+    let token = wait_for_holder(&cluster);
+    for _ in 0..4 {
+        thread::sleep(Duration::from_secs(1));
+        assert_eq!(holder(&cluster), Some(token.clone()), "the lock lapsed");
+    }
+    assert!(wait_at_most(&mut child, Duration::from_secs(10)).success());
+    assert_eq!(holder(&cluster), None, "not released");
+}
+
+#[test]
+fn a_killed_holder_lets_another_run_in_after_the_ttl() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let mut holder_run = redlock_mux(&cluster, &["run", "--ttl", "1s", KEY, "--", "sleep", "30"])
+        .spawn()
+        .expect("spawn");
+    wait_for_holder(&cluster);
+    let killed = Command::new("kill")
+        .args(["-KILL", &holder_run.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let _ = holder_run.wait();
+    let out = output(
+        &cluster,
+        &["run", "--wait", "5s", KEY, "--", "echo", "second"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "second\n");
+}
+
+#[test]
+fn term_is_passed_to_the_command_and_the_lock_released() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let mut child = redlock_mux(&cluster, &["run", KEY, "--", "sleep", "30"])
+        .spawn()
+        .expect("spawn");
+    wait_for_holder(&cluster);
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let status = wait_at_most(&mut child, Duration::from_secs(10));
+    // The shell's convention for a command ended by SIGTERM.
+    assert_eq!(status.code(), Some(128 + 15));
+    assert_eq!(holder(&cluster), None, "not released");
+}
+
+#[test]
+fn run_exits_with_the_command_status() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let out = output(&cluster, &["run", KEY, "--", "sh", "-c", "echo hi; exit 3"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    assert_eq!(holder(&cluster), None);
+}
+
+#[test]
+fn inspect_shows_the_holder() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let client = client(&cluster);
+    let lock = client.lock(KEY, Duration::from_secs(30)).expect("lock");
+    let out = output(&cluster, &["inspect", KEY]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let prefix = String::from_utf8_lossy(&lock.token()[..12]).into_owned();
+    assert_eq!(text.matches(&prefix).count(), 4, "{text}");
+    assert!(text.contains("HELD"), "{text}");
+    lock.release().expect("release");
+    let text = String::from_utf8_lossy(&output(&cluster, &["inspect", KEY]).stdout).into_owned();
+    assert!(text.contains("FREE"), "{text}");
+}
+
+#[test]
+fn every_command_has_help_and_bad_usage_exits_64() {
+    let cluster = RedisCluster::start(1).expect("start redis-server");
+    for command in ["run", "bench", "inspect"] {
+        let out = output(&cluster, &[command, "--help"]);
+        assert!(out.status.success());
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("Usage: redlock-mux"));
+    }
+    assert!(output(&cluster, &["--help"]).status.success());
+    for bad in [
+        &["run", "--ttl", "10", KEY, "--", "true"][..],
+        &["run", "--read", KEY, "--", "true"],
+        &["run", KEY],
+        &["frobnicate"],
+    ] {
+        assert_eq!(output(&cluster, bad).status.code(), Some(64), "{bad:?}");
+    }
+}
+
+#[test]
+fn bench_reports_json_against_given_nodes() {
+    let cluster = RedisCluster::start(1).expect("start redis-server");
+    let urls = nodes(&cluster);
+    let out = output(
+        &cluster,
+        &["bench", "--nodes", &urls, "--iters", "200", "--json"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("{\"nodes\":") && text.trim_end().ends_with('}'),
+        "{text}"
+    );
+    assert!(text.contains("\"ratio_p50\""), "{text}");
+    assert!(text.contains("\"errors\":0"), "{text}");
+}
