@@ -27,6 +27,7 @@ pub mod core;
 mod driver;
 mod error;
 mod fencing;
+mod ffi;
 mod keepalive;
 mod multi;
 pub mod resp;

@@ -1,0 +1,263 @@
+//! The C API as C programs use it: the programs in `tests/c/` are compiled with `cc` (or `$CC`)
+//! against the static library and `include/redlock_mux.h`, and run against real redis-server
+//! processes started here. One run is under valgrind's memcheck.
+//!
+//! The static library is the `libredlock_mux.a` that cargo builds next to this test's
+//! executable (the library's crate types include `staticlib`); `REDLOCK_MUX_STATICLIB` may
+//! name another one.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// What `rustc --print native-static-libs` lists for this library on glibc.
+const NATIVE_LIBS: &[&str] = &["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl"];
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn staticlib() -> PathBuf {
+    if let Some(path) = std::env::var_os("REDLOCK_MUX_STATICLIB") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("path of the test executable");
+    let lib = exe
+        .parent()
+        .expect("the test executable is in a directory")
+        .join("libredlock_mux.a");
+    assert!(
+        lib.exists(),
+        "{} is missing: build the library (cargo build --lib) or set REDLOCK_MUX_STATICLIB",
+        lib.display()
+    );
+    lib
+}
+
+/// Compiles `tests/c/<name>.c` into a fresh executable (named after `tag`, so that tests
+/// running in parallel do not share one) and returns its path.
+fn compile(name: &str, tag: &str) -> PathBuf {
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c-api");
+    std::fs::create_dir_all(&out_dir).expect("create the output directory");
+    let exe = out_dir.join(format!("{name}-{tag}"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let output = Command::new(&cc)
+        .args([
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-g",
+            "-O1",
+        ])
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg("-I")
+        .arg(root().join("tests/c"))
+        .arg(root().join("tests/c").join(format!("{name}.c")))
+        .arg(staticlib())
+        .args(NATIVE_LIBS)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cc}: {e} (install a C compiler: bash .ci/install)"));
+    assert!(
+        output.status.success(),
+        "{cc} failed on {name}.c:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    exe
+}
+
+fn show(output: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Runs to completion, killing the program after `limit`.
+fn run_bounded(mut command: Command, limit: Duration) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the C program");
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("poll the C program").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("reap the C program");
+            panic!(
+                "the C program ran for more than {limit:?}:\n{}",
+                show(&output)
+            );
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    child
+        .wait_with_output()
+        .expect("collect the C program's output")
+}
+
+#[test]
+fn c_api_tests_pass() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let exe = compile("api_test", "plain");
+    let mut command = Command::new(exe);
+    command.args(cluster.urls());
+    let output = run_bounded(command, Duration::from_secs(60));
+    assert!(output.status.success(), "{}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains(" passed, 0 failed"), "{}", show(&output));
+    // Everything the C tests locked, they released (or freed, which releases).
+    for addr in cluster.addrs() {
+        assert_eq!(keys(addr), Vec::<Vec<u8>>::new(), "keys left on {addr}");
+    }
+}
+
+#[test]
+fn c_api_tests_pass_under_valgrind() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let exe = compile("api_test", "valgrind");
+    let mut command = Command::new("valgrind");
+    command
+        .args([
+            "--tool=memcheck",
+            "--error-exitcode=1",
+            "--leak-check=full",
+            "--show-leak-kinds=definite,indirect,possible",
+            "--errors-for-leak-kinds=definite,indirect,possible",
+        ])
+        .arg(exe)
+        .args(cluster.urls());
+    let output = run_bounded(command, Duration::from_secs(120));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "valgrind found errors or leaks (install it with bash .ci/install):\n{}",
+        show(&output)
+    );
+    assert!(
+        stderr.contains("ERROR SUMMARY: 0 errors"),
+        "{}",
+        show(&output)
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains(" passed, 0 failed"),
+        "{}",
+        show(&output)
+    );
+}
+
+#[test]
+fn c_example_locks_extends_and_releases() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let exe = compile("example", "example");
+    let mut command = Command::new(exe);
+    command.args(cluster.urls());
+    let output = run_bounded(command, Duration::from_secs(30));
+    assert!(output.status.success(), "{}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", show(&output));
+    assert!(
+        lines[0].starts_with("locked invoice:42 with token "),
+        "{stdout}"
+    );
+    assert!(lines[1].starts_with("extended, valid for "), "{stdout}");
+    assert_eq!(lines[2], "released");
+    for addr in cluster.addrs() {
+        assert_eq!(get(addr, b"invoice:42"), None, "lock left on {addr}");
+    }
+}
+
+#[test]
+fn two_c_processes_contend_for_one_lock() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let exe = compile("contend", "contend");
+    let key = "c-contended";
+    let command = |mode: &str| {
+        let mut c = Command::new(&exe);
+        c.arg(mode).arg(key).args(cluster.urls());
+        c
+    };
+
+    // Process A takes the lock and holds it until told to release.
+    let mut holder = command("hold")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the holder");
+    let mut holder_out = BufReader::new(holder.stdout.take().expect("holder stdout"));
+    let mut line = String::new();
+    holder_out.read_line(&mut line).expect("read the holder");
+    let token = line
+        .strip_prefix("locked ")
+        .unwrap_or_else(|| panic!("the holder said {line:?}"))
+        .trim()
+        .to_owned();
+    for addr in cluster.addrs() {
+        assert_eq!(get(addr, key.as_bytes()), Some(token.clone().into_bytes()));
+    }
+
+    // Process B's single attempt is refused with REDLOCK_MUX_CONTENDED (3).
+    let refused = run_bounded(command("try"), Duration::from_secs(30));
+    assert_eq!(refused.status.code(), Some(3), "{}", show(&refused));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("held elsewhere"),
+        "{}",
+        show(&refused)
+    );
+
+    // Process C waits; A's release lets it in.
+    let mut waiter = command("wait")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the waiter");
+    thread::sleep(Duration::from_millis(200));
+    assert!(
+        waiter.try_wait().expect("poll the waiter").is_none(),
+        "the waiter finished while the lock was held"
+    );
+    let mut stdin = holder.stdin.take().expect("holder stdin");
+    stdin.write_all(b"release\n").expect("tell the holder");
+    drop(stdin);
+    line.clear();
+    holder_out.read_line(&mut line).expect("read the holder");
+    assert_eq!(line, "released\n");
+    assert!(holder.wait().expect("reap the holder").success());
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while waiter.try_wait().expect("poll the waiter").is_none() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+    if waiter.try_wait().expect("poll the waiter").is_none() {
+        let _ = waiter.kill();
+    }
+    let waited = waiter.wait_with_output().expect("reap the waiter");
+    assert!(waited.status.success(), "{}", show(&waited));
+    let stdout = String::from_utf8_lossy(&waited.stdout);
+    let got = stdout
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("locked "))
+        .unwrap_or_else(|| panic!("{}", show(&waited)));
+    assert_ne!(got, token, "the waiter must hold its own token");
+    for addr in cluster.addrs() {
+        assert_eq!(get(addr, key.as_bytes()), None, "lock left on {addr}");
+    }
+}
