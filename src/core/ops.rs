@@ -129,7 +129,7 @@ pub fn int_verdict(reply: &Reply<'_>) -> Verdict {
 }
 
 /// Compare-and-delete: frees the key only if it still holds our token, and then announces the
-/// release on the wake channel (ARGV[2]) in the same atomic step.
+/// release on the wake channel (`ARGV[2]`) in the same atomic step.
 pub static RELEASE: Script = Script::new(
     "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.call('publish', ARGV[2], '1'); return 1 else return 0 end",
 );
