@@ -13,7 +13,7 @@
 //! [`ops`]; the arithmetic of validity is in [`Timing`].
 #![forbid(unsafe_code)]
 
-pub(crate) mod ops;
+pub mod ops;
 
 use std::time::{Duration, Instant};
 
