@@ -61,8 +61,8 @@ const FULL: Plan = Plan {
     handoff_fast: 100,
     handoff_slow: 8,
     handoff_time: Duration::from_millis(2500),
-    tput_rounds: 3,
-    tput_time: Duration::from_millis(400),
+    tput_rounds: 5,
+    tput_time: Duration::from_millis(300),
 };
 
 const QUICK: Plan = Plan {
@@ -73,8 +73,8 @@ const QUICK: Plan = Plan {
     handoff_fast: 50,
     handoff_slow: 4,
     handoff_time: Duration::from_millis(1200),
-    tput_rounds: 1,
-    tput_time: Duration::from_millis(250),
+    tput_rounds: 3,
+    tput_time: Duration::from_millis(150),
 };
 
 /// The hold time of the hand-off workload.
