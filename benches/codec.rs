@@ -70,7 +70,7 @@ fn main() {
             );
             m
         }),
-        ("bulk string, 16 KiB (borrowed, not copied)", {
+        ("16 KiB bulk (borrowed, no copy)", {
             let mut m = Vec::new();
             resp::write_bulk(&mut m, &payload);
             m

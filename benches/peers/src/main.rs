@@ -580,13 +580,15 @@ fn main() {
         Kind::ALL.map(Kind::name).join(" / ")
     );
     for row in &rows {
+        if row.cells.iter().any(|c| matches!(c, Some(Cell::Rate(_)))) {
+            continue;
+        }
         let counts: Vec<String> = row
             .cells
             .iter()
             .map(|c| match c {
                 Some(Cell::Latency(s)) => s.len().to_string(),
-                Some(Cell::Rate(_)) => "rate".into(),
-                None => "0".into(),
+                _ => "0".into(),
             })
             .collect();
         println!("- {}: {}", row.name, counts.join(" / "));
