@@ -1,0 +1,600 @@
+//! Lock latency of redlock-mux next to a raw baseline and the published Redlock crates, in one
+//! run, against local `redis-server` processes this program starts.
+//!
+//! ```text
+//! cargo run --release --manifest-path benches/peers/Cargo.toml -- [--quick]
+//! ```
+//!
+//! Workloads (all with a 10 s TTL, keys distinct per implementation):
+//! - uncontended acquire, release and acquire+release, at N = 1, 3 and 5;
+//! - hand-off at N = 5: two clients take turns on one key, each holding it 1 ms; the figure is
+//!   the gap from the start of one client's release to the other's acquire returning;
+//! - T threads on distinct keys (T = 1, 2, 8) at N = 5: acquire+release latency per operation
+//!   and aggregate operations per second.
+//!
+//! Implementations run in alternating blocks (the order rotating each round), so drift in the
+//! machine's load spreads over all of them. Each client is warmed up before it is measured.
+
+#[path = "../../../src/bin/redlock-mux/local_servers.rs"]
+mod local_servers;
+mod lockers;
+mod raw;
+mod stats;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use local_servers::RedisCluster;
+use lockers::{Kind, Locker};
+use stats::{fmt_duration, ratio, Samples};
+
+/// How much to measure.
+struct Plan {
+    /// Rounds of uncontended blocks; each round runs one block per implementation.
+    rounds: usize,
+    /// Most iterations in one uncontended block.
+    block_iters: usize,
+    /// Longest time of one uncontended block.
+    block_time: Duration,
+    /// Rounds of hand-off blocks.
+    handoff_rounds: usize,
+    /// Hand-offs per block for ours and the baseline.
+    handoff_fast: usize,
+    /// Hand-offs per block for the peers, which sleep between retries.
+    handoff_slow: usize,
+    /// Longest time of one hand-off block.
+    handoff_time: Duration,
+    /// Rounds of throughput blocks.
+    tput_rounds: usize,
+    /// Length of one throughput block.
+    tput_time: Duration,
+}
+
+const FULL: Plan = Plan {
+    rounds: 12,
+    block_iters: 250,
+    block_time: Duration::from_millis(80),
+    handoff_rounds: 5,
+    handoff_fast: 100,
+    handoff_slow: 8,
+    handoff_time: Duration::from_millis(2500),
+    tput_rounds: 5,
+    tput_time: Duration::from_millis(300),
+};
+
+const QUICK: Plan = Plan {
+    rounds: 4,
+    block_iters: 150,
+    block_time: Duration::from_millis(40),
+    handoff_rounds: 2,
+    handoff_fast: 50,
+    handoff_slow: 4,
+    handoff_time: Duration::from_millis(1200),
+    tput_rounds: 3,
+    tput_time: Duration::from_millis(150),
+};
+
+/// The hold time of the hand-off workload.
+const HOLD: Duration = Duration::from_millis(1);
+/// Thread counts of the throughput workload.
+const THREADS: [usize; 3] = [1, 2, 8];
+/// Node counts of the uncontended workloads.
+const NODES: [usize; 3] = [1, 3, 5];
+
+/// One table cell's data.
+enum Cell {
+    Latency(Samples),
+    /// Aggregate operations per second.
+    Rate(f64),
+}
+
+struct Row {
+    name: String,
+    cells: Vec<Option<Cell>>,
+    failures: Vec<usize>,
+}
+
+impl Row {
+    fn new(name: String) -> Row {
+        Row {
+            name,
+            cells: Kind::ALL.iter().map(|_| None).collect(),
+            failures: vec![0; Kind::ALL.len()],
+        }
+    }
+
+    fn samples(&mut self, kind: Kind) -> &mut Samples {
+        let cell = self.cells[index(kind)].get_or_insert_with(|| Cell::Latency(Samples::default()));
+        match cell {
+            Cell::Latency(s) => s,
+            Cell::Rate(_) => unreachable!("a latency row"),
+        }
+    }
+}
+
+fn index(kind: Kind) -> usize {
+    Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
+}
+
+/// `Kind::ALL`, rotated by `round` so no implementation always goes first.
+fn order(round: usize) -> impl Iterator<Item = Kind> {
+    let n = Kind::ALL.len();
+    (0..n).map(move |i| Kind::ALL[(i + round) % n])
+}
+
+fn key(kind: Kind, what: &str) -> String {
+    format!("bench:{}:{what}", kind.name())
+}
+
+/// Acquire+release `count` times, unmeasured.
+fn warm_up(locker: &mut Locker, key: &str, count: usize) {
+    for _ in 0..count {
+        if let Some(g) = locker.try_acquire(key) {
+            let _ = locker.release(key, g);
+        }
+    }
+}
+
+/// One uncontended block: acquire, release, and both, timed separately in one loop.
+fn uncontended_block(locker: &mut Locker, key: &str, plan: &Plan, rows: &mut [Row], kind: Kind) {
+    let end = Instant::now() + plan.block_time;
+    for _ in 0..plan.block_iters {
+        if Instant::now() >= end {
+            break;
+        }
+        let t0 = Instant::now();
+        let Some(g) = locker.try_acquire(key) else {
+            rows[0].failures[index(kind)] += 1;
+            continue;
+        };
+        let t1 = Instant::now();
+        let released = locker.release(key, g);
+        let t2 = Instant::now();
+        if !released {
+            rows[1].failures[index(kind)] += 1;
+            continue;
+        }
+        rows[0].samples(kind).push(t1 - t0);
+        rows[1].samples(kind).push(t2 - t1);
+        rows[2].samples(kind).push(t2 - t0);
+    }
+}
+
+fn uncontended(addrs: &[SocketAddr], plan: &Plan, rows: &mut Vec<Row>) {
+    for n in NODES {
+        eprintln!("uncontended, N={n}");
+        let first = rows.len();
+        for what in ["acquire", "release", "acquire+release"] {
+            rows.push(Row::new(format!("{what}, N={n}")));
+        }
+        let mut lockers: Vec<Locker> = Kind::ALL
+            .iter()
+            .map(|&kind| {
+                let mut l = Locker::new(kind, &addrs[..n]);
+                warm_up(&mut l, &key(kind, "uncontended"), 20);
+                l
+            })
+            .collect();
+        for round in 0..plan.rounds {
+            for kind in order(round) {
+                uncontended_block(
+                    &mut lockers[index(kind)],
+                    &key(kind, "uncontended"),
+                    plan,
+                    &mut rows[first..first + 3],
+                    kind,
+                );
+            }
+        }
+    }
+}
+
+/// One hand-off block: two clients of `kind` take turns on one key. Returns the gaps and how
+/// many waits timed out.
+fn handoff_block(kind: Kind, addrs: &[SocketAddr], plan: &Plan) -> (Vec<Duration>, usize) {
+    let target = if kind.sleeps_between_retries() {
+        plan.handoff_slow
+    } else {
+        plan.handoff_fast
+    };
+    let key = key(kind, "handoff");
+    let base = Instant::now();
+    // When the last release started, in ns after `base` (0: none yet).
+    let released_at = AtomicU64::new(0);
+    let acquisitions = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let failures = AtomicUsize::new(0);
+    let gaps = Mutex::new(Vec::with_capacity(target + 2));
+    let ready = Barrier::new(2);
+    let deadline = Mutex::new(None::<Instant>);
+    thread::scope(|s| {
+        for me in 0..2 {
+            let (key, released_at, acquisitions, stop, failures, gaps, ready, deadline) = (
+                &key,
+                &released_at,
+                &acquisitions,
+                &stop,
+                &failures,
+                &gaps,
+                &ready,
+                &deadline,
+            );
+            s.spawn(move || {
+                let mut locker = Locker::new(kind, addrs);
+                warm_up(&mut locker, key, 3);
+                if ready.wait().is_leader() {
+                    *deadline.lock().unwrap() = Some(Instant::now() + plan.handoff_time);
+                }
+                ready.wait();
+                let deadline = deadline.lock().unwrap().expect("set by the leader");
+                let give_up = deadline + Duration::from_secs(2);
+                if me == 1 {
+                    // Client 0 takes the lock first; client 1 then queues behind it.
+                    while acquisitions.load(Ordering::SeqCst) == 0 && Instant::now() < give_up {
+                        thread::sleep(Duration::from_micros(20));
+                    }
+                }
+                while !stop.load(Ordering::SeqCst) {
+                    let Some(guard) = locker.wait_acquire(key, give_up) else {
+                        failures.fetch_add(1, Ordering::SeqCst);
+                        stop.store(true, Ordering::SeqCst);
+                        break;
+                    };
+                    let acquired = Instant::now();
+                    let k = acquisitions.fetch_add(1, Ordering::SeqCst) + 1;
+                    let r = released_at.load(Ordering::SeqCst);
+                    if r != 0 {
+                        let released = base + Duration::from_nanos(r);
+                        gaps.lock()
+                            .unwrap()
+                            .push(acquired.saturating_duration_since(released));
+                    }
+                    if k > target || Instant::now() >= deadline {
+                        stop.store(true, Ordering::SeqCst);
+                    }
+                    thread::sleep(HOLD);
+                    released_at.store(base.elapsed().as_nanos() as u64, Ordering::SeqCst);
+                    if !locker.release(key, guard) {
+                        failures.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // Let the other client take it before queueing again.
+                    while acquisitions.load(Ordering::SeqCst) == k
+                        && !stop.load(Ordering::SeqCst)
+                        && Instant::now() < give_up
+                    {
+                        thread::sleep(Duration::from_micros(20));
+                    }
+                }
+            });
+        }
+    });
+    (gaps.into_inner().unwrap(), failures.into_inner())
+}
+
+fn handoff(addrs: &[SocketAddr], plan: &Plan, rows: &mut Vec<Row>) {
+    eprintln!("hand-off, N={}", addrs.len());
+    let mut row = Row::new(format!(
+        "hand-off (hold {} ms), N={}",
+        HOLD.as_millis(),
+        addrs.len()
+    ));
+    for round in 0..plan.handoff_rounds {
+        for kind in order(round) {
+            let (gaps, failed) = handoff_block(kind, addrs, plan);
+            row.failures[index(kind)] += failed;
+            let s = row.samples(kind);
+            gaps.into_iter().for_each(|g| s.push(g));
+        }
+    }
+    rows.push(row);
+}
+
+/// One throughput block: `threads` clients of `kind`, each on its own key, acquire+release in a
+/// loop for `plan.tput_time`. Returns per-operation latencies, aggregate ops/s and how many
+/// operations failed.
+fn tput_block(
+    kind: Kind,
+    addrs: &[SocketAddr],
+    threads: usize,
+    plan: &Plan,
+) -> (Vec<Duration>, f64, usize) {
+    let ready = Barrier::new(threads);
+    let results = Mutex::new((Vec::new(), 0usize, None::<Instant>, None::<Instant>, 0usize));
+    thread::scope(|s| {
+        for t in 0..threads {
+            let (ready, results) = (&ready, &results);
+            s.spawn(move || {
+                let key = key(kind, &format!("tput:{t}"));
+                let mut locker = Locker::new(kind, addrs);
+                warm_up(&mut locker, &key, 10);
+                let mut lat = Vec::with_capacity(100_000);
+                ready.wait();
+                let start = Instant::now();
+                let end = start + plan.tput_time;
+                let (mut ops, mut failed) = (0, 0);
+                while Instant::now() < end && lat.len() < 1_000_000 {
+                    let t0 = Instant::now();
+                    let done = match locker.try_acquire(&key) {
+                        Some(g) => locker.release(&key, g),
+                        None => false,
+                    };
+                    if done {
+                        lat.push(t0.elapsed());
+                        ops += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+                let stopped = Instant::now();
+                let mut r = results.lock().unwrap();
+                r.0.extend(lat);
+                r.1 += ops;
+                r.2 = Some(r.2.map_or(start, |s: Instant| s.min(start)));
+                r.3 = Some(r.3.map_or(stopped, |e: Instant| e.max(stopped)));
+                r.4 += failed;
+            });
+        }
+    });
+    let (lat, ops, start, end, failed) = results.into_inner().unwrap();
+    let wall = match (start, end) {
+        (Some(s), Some(e)) => e - s,
+        _ => Duration::ZERO,
+    };
+    let rate = if wall.is_zero() {
+        0.0
+    } else {
+        ops as f64 / wall.as_secs_f64()
+    };
+    (lat, rate, failed)
+}
+
+fn throughput(addrs: &[SocketAddr], plan: &Plan, rows: &mut Vec<Row>) {
+    let n = addrs.len();
+    for threads in THREADS {
+        eprintln!("throughput, T={threads}, N={n}");
+        let mut lat_row = Row::new(format!("T={threads}: acquire+release, N={n}"));
+        let mut rate_row = Row::new(format!("T={threads}: total ops/s, N={n}"));
+        let mut rates = vec![Vec::new(); Kind::ALL.len()];
+        for round in 0..plan.tput_rounds {
+            for kind in order(round) {
+                let (lat, rate, failed) = tput_block(kind, addrs, threads, plan);
+                lat_row.failures[index(kind)] += failed;
+                let s = lat_row.samples(kind);
+                lat.into_iter().for_each(|d| s.push(d));
+                rates[index(kind)].push(rate);
+            }
+        }
+        for (i, r) in rates.iter_mut().enumerate() {
+            // The median block, so one disturbed block does not decide the figure.
+            r.sort_by(f64::total_cmp);
+            rate_row.cells[i] = r.get(r.len() / 2).map(|&x| Cell::Rate(x));
+        }
+        rows.push(lat_row);
+        rows.push(rate_row);
+    }
+}
+
+/// The figures of one cell: p50 and p99 as durations, or time per operation for a rate.
+fn figures(cell: &mut Option<Cell>) -> Option<(Duration, Duration)> {
+    match cell.as_mut()? {
+        Cell::Latency(s) => Some((s.quantile(0.5)?, s.quantile(0.99)?)),
+        Cell::Rate(r) if *r > 0.0 => {
+            let per_op = Duration::from_secs_f64(1.0 / *r);
+            Some((per_op, per_op))
+        }
+        Cell::Rate(_) => None,
+    }
+}
+
+fn fmt_rate(r: f64) -> String {
+    if r >= 1000.0 {
+        format!("{:.1}k/s", r / 1000.0)
+    } else {
+        format!("{r:.0}/s")
+    }
+}
+
+fn fmt_ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => format!("{a:.2}× / {b:.2}×"),
+        _ => "–".into(),
+    }
+}
+
+/// What the table says for the targets of the issue, at N = 5.
+struct Targets {
+    lines: Vec<String>,
+}
+
+impl Targets {
+    fn check(&mut self, what: &str, value: Option<f64>, limit: f64, unit: &str) {
+        let line = match value {
+            Some(v) => format!(
+                "- {what}: {v:.3}{unit} (target ≤ {limit:.3}{unit}) {}",
+                if v <= limit { "met" } else { "NOT met" }
+            ),
+            None => format!("- {what}: no figure"),
+        };
+        self.lines.push(line);
+    }
+}
+
+fn render(rows: &mut [Row]) -> (String, Targets) {
+    let mut out = String::new();
+    out.push_str("| workload |");
+    for k in Kind::ALL {
+        out.push_str(&format!(" {} |", k.name()));
+    }
+    out.push_str(" ours ÷ raw | ours ÷ best peer |\n|---|");
+    for _ in Kind::ALL {
+        out.push_str("---:|");
+    }
+    out.push_str("---:|---:|\n");
+    let mut targets = Targets { lines: Vec::new() };
+    for row in rows.iter_mut() {
+        let figs: Vec<Option<(Duration, Duration)>> = row.cells.iter_mut().map(figures).collect();
+        out.push_str(&format!("| {} |", row.name));
+        for (i, cell) in row.cells.iter().enumerate() {
+            let text = match (cell, figs[i]) {
+                (Some(Cell::Rate(r)), _) => fmt_rate(*r),
+                (_, Some((p50, p99))) => format!("{} / {}", fmt_duration(p50), fmt_duration(p99)),
+                _ => "–".into(),
+            };
+            let failed = row.failures[i];
+            if failed > 0 {
+                out.push_str(&format!(" {text} ({failed} failed) |"));
+            } else {
+                out.push_str(&format!(" {text} |"));
+            }
+        }
+        let ours = figs[index(Kind::Ours)];
+        let raw = figs[index(Kind::Raw)];
+        let r = |f: fn(&(Duration, Duration)) -> Duration, other: Option<(Duration, Duration)>| {
+            ours.zip(other).and_then(|(o, t)| ratio(f(&o), f(&t)))
+        };
+        let p50 = |x: &(Duration, Duration)| x.0;
+        let p99 = |x: &(Duration, Duration)| x.1;
+        out.push_str(&format!(" {} |", fmt_ratio(r(p50, raw), r(p99, raw))));
+        // The best peer for each figure separately.
+        let peers: Vec<(Kind, (Duration, Duration))> = Kind::ALL
+            .iter()
+            .filter(|k| k.is_peer())
+            .filter_map(|&k| figs[index(k)].map(|f| (k, f)))
+            .collect();
+        let best50 = peers.iter().min_by_key(|(_, f)| f.0);
+        let best99 = peers.iter().min_by_key(|(_, f)| f.1);
+        match (best50, best99) {
+            (Some(b50), Some(b99)) => {
+                let names = if b50.0 == b99.0 {
+                    b50.0.name().to_string()
+                } else {
+                    format!("{}, {}", b50.0.name(), b99.0.name())
+                };
+                out.push_str(&format!(
+                    " {} ({names}) |\n",
+                    fmt_ratio(r(p50, Some(b50.1)), r(p99, Some(b99.1)))
+                ));
+            }
+            _ => out.push_str(" – |\n"),
+        }
+        let rslock = figs[index(Kind::Rslock)];
+        match row.name.as_str() {
+            "acquire, N=5" => {
+                targets.check("acquire p50, ours ÷ raw", r(p50, raw), 1.0, "×");
+                targets.check("acquire p50, ours ÷ rslock", r(p50, rslock), 1.0 / 1.3, "×");
+                targets.check("acquire p99, ours ÷ rslock", r(p99, rslock), 1.0 / 1.3, "×");
+            }
+            "acquire+release, N=5" => {
+                targets.check("acquire+release p50, ours ÷ raw", r(p50, raw), 1.05, "×");
+                targets.check(
+                    "acquire+release p50, ours ÷ rslock",
+                    r(p50, rslock),
+                    1.0 / 1.3,
+                    "×",
+                );
+                targets.check(
+                    "acquire+release p99, ours ÷ rslock",
+                    r(p99, rslock),
+                    1.0 / 1.3,
+                    "×",
+                );
+            }
+            name if name.starts_with("hand-off") => {
+                let ms = ours.map(|o| o.0.as_secs_f64() * 1e3);
+                targets.check("hand-off p50", ms, 1.0, " ms");
+            }
+            _ => {}
+        }
+    }
+    (out, targets)
+}
+
+/// Where this ran, for the README.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let redis = std::process::Command::new(
+        std::env::var("REDLOCK_MUX_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()),
+    )
+    .arg("--version")
+    .output()
+    .ok()
+    .and_then(|o| String::from_utf8(o.stdout).ok())
+    .and_then(|s| {
+        s.split_whitespace()
+            .nth(2)
+            .map(|v| v.trim_start_matches("v=").to_string())
+    })
+    .unwrap_or_default();
+    format!("{cpu}, {cores} cores, Linux {kernel}, redis-server {redis}, all on 127.0.0.1")
+}
+
+fn main() {
+    let mut quick = false;
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "-h" | "--help" => {
+                println!("usage: redlock-mux-peers [--quick]\n\nMeasures lock latency of redlock-mux, a raw baseline, rslock, redlock and redsync\nagainst local redis-server processes it starts; prints a Markdown table.");
+                return;
+            }
+            other => {
+                eprintln!("unknown argument {other:?}; try --help");
+                std::process::exit(2);
+            }
+        }
+    }
+    let plan = if quick { &QUICK } else { &FULL };
+    let started = Instant::now();
+    let cluster = RedisCluster::start(5).expect("start redis-server (run `bash .ci/install`)");
+    let addrs = cluster.addrs();
+    let mut rows = Vec::new();
+    uncontended(&addrs, plan, &mut rows);
+    handoff(&addrs, plan, &mut rows);
+    throughput(&addrs, plan, &mut rows);
+    let (table, targets) = render(&mut rows);
+    let elapsed = started.elapsed();
+    println!("Machine: {}", machine());
+    println!(
+        "Mode: {}; took {:.0} s. Cells are p50 / p99 (or operations per second); ratios are\nours ÷ theirs in time per operation, so below 1 means redlock-mux is faster.\n",
+        if quick { "--quick" } else { "full" },
+        elapsed.as_secs_f64()
+    );
+    println!("{table}");
+    println!(
+        "Samples per cell ({}):",
+        Kind::ALL.map(Kind::name).join(" / ")
+    );
+    for row in &rows {
+        if row.cells.iter().any(|c| matches!(c, Some(Cell::Rate(_)))) {
+            continue;
+        }
+        let counts: Vec<String> = row
+            .cells
+            .iter()
+            .map(|c| match c {
+                Some(Cell::Latency(s)) => s.len().to_string(),
+                _ => "0".into(),
+            })
+            .collect();
+        println!("- {}: {}", row.name, counts.join(" / "));
+    }
+    println!("\nTargets (N = 5):");
+    for line in &targets.lines {
+        println!("{line}");
+    }
+}
