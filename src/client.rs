@@ -351,7 +351,7 @@ impl Client {
         };
         Ok(Lock {
             client: self.clone(),
-            key: key.to_vec(),
+            key: KeyBuf::new(key),
             token,
             valid_until,
             released: false,
@@ -597,6 +597,44 @@ impl Client {
     }
 }
 
+/// Keys up to this length live inside the guard, so taking a lock allocates nothing.
+const INLINE_KEY: usize = 64;
+
+/// A lock's key: inline when short, on the heap otherwise.
+#[derive(Clone)]
+pub(crate) enum KeyBuf {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl KeyBuf {
+    pub(crate) fn new(key: &[u8]) -> KeyBuf {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key);
+            KeyBuf::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            KeyBuf::Heap(key.into())
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            KeyBuf::Inline { len, bytes } => &bytes[..*len as usize],
+            KeyBuf::Heap(b) => b,
+        }
+    }
+}
+
+impl std::fmt::Debug for KeyBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_slice()))
+    }
+}
+
 /// Rejects keys that are empty or longer than [`MAX_KEY_LEN`].
 pub(crate) fn check_key(key: &[u8]) -> Result<(), InvalidArgument> {
     if key.is_empty() {
@@ -619,7 +657,7 @@ pub(crate) fn check_key(key: &[u8]) -> Result<(), InvalidArgument> {
 #[derive(Debug)]
 pub struct Lock {
     client: Client,
-    key: Vec<u8>,
+    key: KeyBuf,
     token: Token,
     valid_until: Instant,
     released: bool,
@@ -629,7 +667,7 @@ impl Lock {
     /// A guard for a lock just won: `token` is at `key` on a quorum until `valid_until`.
     pub(crate) fn from_parts(
         client: Client,
-        key: Vec<u8>,
+        key: KeyBuf,
         token: Token,
         valid_until: Instant,
     ) -> Lock {
@@ -649,7 +687,7 @@ impl Lock {
 
     /// The key this lock is on.
     pub fn key(&self) -> &[u8] {
-        &self.key
+        self.key.as_slice()
     }
 
     /// This holder's token: 160 bits from the OS random source, as 40 hex characters. It is
@@ -671,7 +709,7 @@ impl Lock {
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let (ttl_ms, timing) = self.client.timing(ttl)?;
         let op = Extend {
-            key: &self.key,
+            key: self.key.as_slice(),
             token: self.token.as_bytes(),
             ttl_ms,
         };
@@ -690,7 +728,7 @@ impl Lock {
 
     fn release_now(&self) -> Result<(), Error> {
         self.client.ack_round(&Release {
-            key: &self.key,
+            key: self.key.as_slice(),
             token: self.token.as_bytes(),
         })
     }

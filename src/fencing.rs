@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::client::{check_key, Client, Lock};
+use crate::client::{check_key, Client, KeyBuf, Lock};
 use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
 use crate::core::ops::Release;
 use crate::core::Timing;
@@ -98,7 +98,7 @@ impl Client {
             .acquire(&[key], &acquire, &release, timing, wait)
             .map_err(Attempt::Acquire)?;
         // From here a failure drops `lock`, which releases it on every node.
-        let lock = Lock::from_parts(self.clone(), key.to_vec(), token, valid_until);
+        let lock = Lock::from_parts(self.clone(), KeyBuf::new(key), token, valid_until);
         let Some(fencing_token) = read.token() else {
             // Not reached: a won round had a quorum of granting nodes, each with a counter.
             return Err(Attempt::WriteBack(Error::QuorumUnreachable {

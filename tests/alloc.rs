@@ -69,12 +69,13 @@ fn allocations(f: impl FnOnce()) -> u64 {
 
 const CYCLES: u64 = 1000;
 
-/// Allocations per acquire+release in the steady state, at most. Measured: 1, the copy of the
-/// key that `Lock` keeps. Lower it when the library allocates less; the goal is 0.
-const MAX_PER_CYCLE: u64 = 1;
+/// Allocations in all `CYCLES` steady-state acquire+release cycles, at most. Measured: 0 to 2,
+/// none of them per cycle: a buffer or queue that grows once to a new high-water mark (a reply
+/// owed by a slow node, a longer pipeline). A cost per cycle would show as 1000 or more.
+const MAX_TOTAL: u64 = 10;
 
 #[test]
-fn steady_state_acquire_and_release_allocate_at_most_the_measured_figure() {
+fn steady_state_acquire_and_release_do_not_allocate() {
     let cluster = RedisCluster::start(5).unwrap();
     // A generous node timeout: on a loaded machine a timed-out node would take the error path,
     // which allocates (it names the failed nodes), and this test is about the normal path.
@@ -100,8 +101,8 @@ fn steady_state_acquire_and_release_allocate_at_most_the_measured_figure() {
     let per_cycle = total as f64 / CYCLES as f64;
     println!("steady state: {total} allocations in {CYCLES} acquire+release cycles at N=5 ({per_cycle:.2} per cycle)");
     assert!(
-        total <= MAX_PER_CYCLE * CYCLES,
-        "{per_cycle:.2} allocations per acquire+release, more than {MAX_PER_CYCLE}"
+        total <= MAX_TOTAL,
+        "{total} allocations in {CYCLES} acquire+release cycles ({per_cycle:.2} per cycle)"
     );
     for addr in cluster.addrs() {
         assert_eq!(dbsize(addr), 0, "the lock was left on {addr}");

@@ -139,11 +139,6 @@ impl Conn {
         self.owed.len()
     }
 
-    /// Whether a reply for `slot` is still owed.
-    pub fn owes(&self, slot: Slot) -> bool {
-        self.owed.contains(&slot)
-    }
-
     /// Whether a vote in round `id` is still owed, in either form.
     pub fn owes_round(&self, id: u64) -> bool {
         self.owed

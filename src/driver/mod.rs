@@ -17,16 +17,11 @@ use crate::client::Config;
 use crate::core::ops::{Op, ScriptForm, Verdict};
 use crate::core::{Round, Vote};
 use crate::error::NodeErrorKind;
-use crate::resp::ServerErrorKind;
 use crate::rng::Jitter;
 
 use crate::core::ops::WAKE_PREFIX;
 use crate::resp::{self, Reply};
 use conn::{Conn, Role, Slot};
-
-/// Most script commands kept for a late `NOSCRIPT` (see [`Driver::late`]); past this the
-/// oldest is dropped, and that node keeps the key until its TTL ends.
-const MAX_LATE: usize = 64;
 
 /// The round in progress, as the reply handler needs it.
 struct Current<'a> {
@@ -53,12 +48,6 @@ pub(crate) struct Driver {
     round_id: u64,
     /// A finished round's storage, reused so a round costs no allocation.
     spare: Option<Round>,
-    /// `(node, round, command as EVAL)` for nodes that still owed an `EVALSHA` reply when their
-    /// round was decided: if that reply is `NOSCRIPT`, the command must still run there (a
-    /// release outside the quorum), and the op that could re-encode it is gone by then.
-    late: Vec<(usize, u64, Vec<u8>)>,
-    /// Emptied buffers of `late`, reused.
-    late_spare: Vec<Vec<u8>>,
     /// Set when a node answered the current round with NOSCRIPT.
     noscript: bool,
     /// Retry jitter for the thread using this driver.
@@ -80,8 +69,6 @@ impl Driver {
             config,
             round_id: 0,
             spare: None,
-            late: Vec::new(),
-            late_spare: Vec::new(),
             noscript: false,
             jitter: Jitter::from_os(),
         })
@@ -161,7 +148,6 @@ impl Driver {
                 self.config.connect_timeout,
             ) {
                 self.conns[i].fail(self.poll.registry(), why.clone(), now);
-                self.late.retain(|l| l.0 != i);
                 round.handle_vote(i, Vote::Failed(why), now);
                 continue;
             }
@@ -190,38 +176,17 @@ impl Driver {
             }
             self.wait(deadline - now, &mut current);
         }
-        self.keep_late(op, id);
         if std::mem::take(&mut self.noscript) {
             // The script cache was flushed: the nodes outside the quorum will most likely
-            // answer NOSCRIPT too. Wait for them (within the node timeout) so their EVAL goes
-            // out now, not on this connection's next use, which may come after the TTL.
+            // answer NOSCRIPT too. Keep serving this round (within the node timeout) so their
+            // EVAL goes out now, not on this connection's next use, which may come after the
+            // TTL. Their votes no longer change the decision.
             while self.conns.iter().any(|c| c.owes_round(id)) {
                 let now = Instant::now();
                 if now >= stragglers_until {
                     break;
                 }
-                self.wait(stragglers_until - now, &mut None);
-            }
-        }
-    }
-
-    /// Keeps the `EVAL` form of `op` for every node that still owes its `EVALSHA` reply in
-    /// round `id`, so a late `NOSCRIPT` can be answered (see [`service`](Self::service)).
-    fn keep_late(&mut self, op: &dyn Op, id: u64) {
-        let sha = Slot::Vote {
-            round: id,
-            form: ScriptForm::Sha,
-        };
-        for i in 0..self.conns.len() {
-            if self.conns[i].owes(sha) {
-                if self.late.len() >= MAX_LATE {
-                    let (_, _, old) = self.late.remove(0);
-                    self.late_spare.push(old);
-                }
-                let mut body = self.late_spare.pop().unwrap_or_default();
-                body.clear();
-                op.encode(&mut body, ScriptForm::Body);
-                self.late.push((i, id, body));
+                self.wait(stragglers_until - now, &mut current);
             }
         }
     }
@@ -386,7 +351,6 @@ impl Driver {
         let limits = self.config.limits;
         let registry = self.poll.registry();
         let conn = &mut self.conns[i];
-        let (late, late_spare) = (&mut self.late, &mut self.late_spare);
         let noscript = &mut self.noscript;
         let mut result = conn.drive(registry, &limits, true);
         // A NOSCRIPT queues a resend; the `drive` that sends it may also read more replies,
@@ -399,17 +363,7 @@ impl Driver {
                     return;
                 };
                 let Some(c) = current.as_mut().filter(|c| c.id == id) else {
-                    // A decided round's straggler: only NOSCRIPT needs action, the EVAL kept
-                    // for it, whose reply nobody waits for.
-                    if let Some(k) = late.iter().position(|l| l.0 == i && l.1 == id) {
-                        let (_, _, body) = late.swap_remove(k);
-                        if reply.error_kind() == Some(ServerErrorKind::NoScript) {
-                            out.extend_from_slice(&body);
-                            owed.push_back(Slot::Discard);
-                            resent = true;
-                        }
-                        late_spare.push(body);
-                    }
+                    // A straggler of an earlier round: nobody waits for it any more.
                     return;
                 };
                 match c.op.classify(reply) {
@@ -482,7 +436,6 @@ impl Driver {
         current: &mut Option<Current<'_>>,
     ) {
         let owed = self.conns[i].fail(self.poll.registry(), why.clone(), now);
-        self.late.retain(|l| l.0 != i);
         if let Some(c) = current.as_mut() {
             if owed
                 .iter()
