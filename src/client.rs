@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::core::fair::FairAcquire;
+use crate::core::fair::{FairAcquire, FairState};
 use crate::core::ops::{Acquire, Extend, Op, Release};
 use crate::core::{quorum, Decision, Retry, Round, Timing};
 use crate::driver::Driver;
@@ -332,14 +332,7 @@ impl Client {
             token: token.as_bytes(),
         };
         let valid_until = if self.inner.config.fair {
-            let fair = FairAcquire::new(
-                key,
-                token.as_bytes(),
-                ttl_ms,
-                self.fair_ticket(),
-                self.fair_entry_ttl_ms(),
-                self.inner.config.fair_after,
-            );
+            let fair = FairAcquire::new(key, token.as_bytes(), ttl_ms, self.fair_state());
             self.acquire(&[key], &fair, &release, timing, wait)?
         } else {
             let acquire = Acquire {
@@ -358,20 +351,20 @@ impl Client {
         })
     }
 
-    /// A fair waiter's place in the queue: this machine's wall clock in microseconds, taken
-    /// once when the waiter arrives.
-    pub(crate) fn fair_ticket(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64)
-    }
-
-    /// How long a fair queue entry lives without a retry refreshing it: three retry delays (the
-    /// longest backstop wait is 1.5 of them) plus a node timeout, and at least 100 ms.
-    pub(crate) fn fair_entry_ttl_ms(&self) -> u64 {
+    /// A fair waiter arriving now. Its place in the queue is this machine's wall clock in
+    /// microseconds. Its entries live three retry delays (the longest backstop wait is 1.5 of
+    /// them) plus a node timeout, and at least 100 ms, without a retry refreshing them.
+    pub(crate) fn fair_state(&self) -> FairState {
         let c = &self.inner.config;
-        let ttl = (c.retry_delay * 3 + c.node_timeout).max(Duration::from_millis(100));
-        ttl.as_millis().min(MAX_TTL.as_millis()) as u64
+        let ticket = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let entry_ttl = (c.retry_delay * 3 + c.node_timeout).max(Duration::from_millis(100));
+        FairState::new(
+            ticket,
+            entry_ttl.as_millis().min(MAX_TTL.as_millis()) as u64,
+            c.fair_after,
+        )
     }
 
     /// This client's settings.

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use crate::client::{check_key, Client};
 use crate::core::ops::{Extend, Op};
 use crate::core::rw::{
-    ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
+    FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
+    WriteRelease,
 };
 use crate::error::Error;
 use crate::rng::Token;
@@ -226,17 +227,23 @@ impl Client {
         let (ttl_ms, timing) = self.timing(ttl)?;
         let keys = RwKeys::new(key);
         let token = Token::generate();
-        let acquire = ReadAcquire {
-            keys: &keys,
-            token: token.as_bytes(),
-            ttl_ms,
-        };
         let cleanup = SetRelease {
             resource: key,
             set: keys.readers(),
             token: token.as_bytes(),
         };
-        let valid_until = self.acquire(&[key], &acquire, &cleanup, timing, wait)?;
+        let valid_until = if self.config().fair {
+            let fair = self.fair_state();
+            let acquire = FairRwAcquire::read(key, &keys, token.as_bytes(), ttl_ms, fair);
+            self.acquire(&[key], &acquire, &cleanup, timing, wait)?
+        } else {
+            let acquire = ReadAcquire {
+                keys: &keys,
+                token: token.as_bytes(),
+                ttl_ms,
+            };
+            self.acquire(&[key], &acquire, &cleanup, timing, wait)?
+        };
         Ok(ReadLock(self.held(
             Side::Read,
             key,
@@ -258,19 +265,26 @@ impl Client {
         };
         let keys = RwKeys::new(key);
         let token = Token::generate();
-        let acquire = WriteAcquire {
-            keys: &keys,
-            token: token.as_bytes(),
-            ttl_ms,
-            intent_ms,
-        };
         let cleanup = WriteCleanup {
             resource: key,
             keys: &keys,
             token: token.as_bytes(),
             intent_ms,
         };
-        let result = self.acquire(&[key], &acquire, &cleanup, timing, wait);
+        let result = if config.fair {
+            let fair = self.fair_state();
+            let acquire =
+                FairRwAcquire::write(key, &keys, token.as_bytes(), ttl_ms, intent_ms, fair);
+            self.acquire(&[key], &acquire, &cleanup, timing, wait)
+        } else {
+            let acquire = WriteAcquire {
+                keys: &keys,
+                token: token.as_bytes(),
+                ttl_ms,
+                intent_ms,
+            };
+            self.acquire(&[key], &acquire, &cleanup, timing, wait)
+        };
         if intent_ms > 0 {
             // Won: nodes that refused still hold the intent. Lost: every node may. Either way
             // it must not keep readers out any longer; nobody waits for the answer.

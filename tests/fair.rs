@@ -152,3 +152,119 @@ fn a_free_fair_lock_needs_no_queue() {
         assert_eq!(dbsize(addr), 0);
     }
 }
+
+fn rw_queue_len(addr: std::net::SocketAddr, key: &str) -> i64 {
+    match cmd(addr, &[b"ZCARD", format!("{{rw:{key}}}:q").as_bytes()]) {
+        Value::Integer(n) => n,
+        other => panic!("ZCARD: {other:?}"),
+    }
+}
+
+/// Readers at the head of the queue share the lock; a writer behind them waits for both, and a
+/// reader behind the writer waits for the writer.
+#[test]
+fn consecutive_readers_at_the_head_share_and_later_arrivals_wait_their_turn() {
+    use std::sync::{Arc, Mutex};
+    let cluster = RedisCluster::start(3).unwrap();
+    let urls = cluster.urls();
+    let holder = fair_client(&urls, Duration::from_millis(100));
+    let first = holder.write_lock("doc", TTL).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for (i, write) in [false, false, true, false].into_iter().enumerate() {
+        let client = fair_client(&urls, Duration::from_millis(100));
+        let log = log.clone();
+        threads.push(thread::spawn(move || {
+            let hold = Duration::from_millis(150);
+            let (start, end) = if write {
+                let g = client.write_lock("doc", TTL).unwrap();
+                let start = Instant::now();
+                thread::sleep(hold);
+                let end = Instant::now();
+                g.release().unwrap();
+                (start, end)
+            } else {
+                let g = client.read_lock("doc", TTL).unwrap();
+                let start = Instant::now();
+                thread::sleep(hold);
+                let end = Instant::now();
+                g.release().unwrap();
+                (start, end)
+            };
+            log.lock().unwrap().push((i, start, end));
+        }));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cluster
+            .addrs()
+            .iter()
+            .any(|a| rw_queue_len(*a, "doc") < i as i64 + 1)
+        {
+            assert!(Instant::now() < deadline, "waiter {i} did not queue");
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+    first.release().unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut log = log.lock().unwrap().clone();
+    log.sort_by_key(|e| e.0);
+    let [(_, r1s, r1e), (_, r2s, r2e), (_, ws, we), (_, r3s, _)] = log[..] else {
+        panic!("{log:?}")
+    };
+    assert!(
+        r1s < r2e && r2s < r1e,
+        "the two readers at the head held the lock together"
+    );
+    assert!(ws >= r1e && ws >= r2e, "the writer waited for both readers");
+    assert!(
+        r3s >= we,
+        "the last reader waited for the writer ahead of it"
+    );
+    for addr in cluster.addrs() {
+        assert_eq!(rw_queue_len(addr, "doc"), 0);
+    }
+}
+
+/// A continuous stream of overlapping readers cannot keep a fair writer out: once it has
+/// queued, new readers queue behind it.
+#[test]
+fn a_stream_of_readers_does_not_starve_a_fair_writer() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let cluster = RedisCluster::start(3).unwrap();
+    let urls = cluster.urls();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let client = fair_client(&urls, Duration::from_millis(20));
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut n = 0;
+                let end = Instant::now() + Duration::from_secs(15);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                    let g = client.read_lock("feed", TTL).unwrap();
+                    thread::sleep(Duration::from_millis(40));
+                    g.release().unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    // Let the readers overlap so that the lock is never free of readers.
+    thread::sleep(Duration::from_millis(300));
+    let writer = fair_client(&urls, Duration::from_millis(20));
+    let asked = Instant::now();
+    let g = writer.write_lock("feed", TTL).unwrap();
+    let waited = asked.elapsed();
+    g.release().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let reads: usize = readers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(reads > 8, "the readers kept reading ({reads})");
+    // Bound: the readers ahead of it finish their 40 ms holds, plus wake-ups and rounds.
+    assert!(
+        waited < Duration::from_secs(3),
+        "the writer waited {waited:?}"
+    );
+}

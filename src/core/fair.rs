@@ -19,87 +19,138 @@
 //! clients whose clocks disagree by `d` may be served out of order by up to `d`: that affects
 //! only the order, never mutual exclusion.
 //!
-//! Key names: `Q` and `QX` are derived from `K` so they share its Redis Cluster hash slot; see
-//! [`write_derived_key`].
+//! Key names: for a mutex, `Q` and `QX` are derived from `K` so they share its Redis Cluster
+//! hash slot (see [`write_queue_key`]); a read-write lock keeps its queue beside its other keys
+//! (`RwKeys`), and its entries say whether they are readers or writers, so that readers at the
+//! head of the queue can share the lock.
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
 use std::time::Duration;
 
-use crate::core::ops::{int_verdict, Op, Script, ScriptForm, Verdict, WAKE_PREFIX};
+use crate::core::ops::{has_hash_tag, int_verdict, Op, Script, ScriptForm, Verdict, WAKE_PREFIX};
+use crate::core::Vote;
 use crate::resp::{self, Reply};
 
-/// Suffix of the queue of waiters' tickets.
-pub const QUEUE_SUFFIX: &[u8] = b":q";
-/// Suffix of the queue entries' expiry times.
-pub const QUEUE_EXPIRY_SUFFIX: &[u8] = b":qx";
-
-/// Writes, as one bulk string, the name derived from `key` by appending `suffix`, in the same
-/// Redis Cluster hash slot as `key`.
-///
-/// If `key` has a hash tag (a `{...}` with something inside: the first `{` and the first `}`
-/// after it), appending keeps that tag. Otherwise the key is wrapped as `{key}suffix`, whose tag
-/// is the whole key, which hashes exactly as the bare key does.
-pub fn write_derived_key(out: &mut Vec<u8>, key: &[u8], suffix: &[u8]) {
-    if has_hash_tag(key) {
-        resp::write_bulk_parts(out, &[key, suffix]);
-    } else {
-        resp::write_bulk_parts(out, &[b"{", key, b"}", suffix]);
-    }
-}
-
-/// Whether Redis Cluster would hash `key` by a tag rather than whole.
-pub fn has_hash_tag(key: &[u8]) -> bool {
-    match key.iter().position(|&b| b == b'{') {
-        Some(open) => key[open + 1..]
-            .iter()
-            .position(|&b| b == b'}')
-            .is_some_and(|len| len > 0),
-        None => false,
-    }
+/// Lua: the queue gate every fair acquire script starts with. The queue and its expiries are
+/// the last two KEYS; ticket, entry TTL and join flag the last three ARGV; the entry is `kind`
+/// followed by the token (ARGV[1]). It prunes dead entries, joins (or refreshes) this waiter
+/// when the queue is not empty or `join` is set, and refuses with 2 unless everyone ahead may
+/// go first: nobody, for a writer or a mutex; only readers, for a reader (`readers_share`).
+/// It defines `won()`, which takes this waiter out of the queue, and `refused()`, which
+/// answers 2 when this waiter is queued and 0 when it is not.
+macro_rules! fair_gate {
+    ($kind:literal, $readers_share:literal) => {
+        concat!(
+            "local m = '", $kind, "' .. ARGV[1]; ",
+            "local qk, xk = KEYS[#KEYS - 1], KEYS[#KEYS]; ",
+            "local ettl = tonumber(ARGV[#ARGV - 1]); local queued = false; ",
+            "local function won() redis.call('zrem', qk, m); redis.call('zrem', xk, m); return 1 end; ",
+            "local function refused() if queued then return 2 end return 0 end; ",
+            "local tq = redis.call('time'); ",
+            "local qnow = tonumber(tq[1]) * 1000 + math.floor(tonumber(tq[2]) / 1000); ",
+            "local dead = redis.call('zrangebyscore', xk, '-inf', qnow); ",
+            "for i = 1, #dead do redis.call('zrem', qk, dead[i]); redis.call('zrem', xk, dead[i]) end; ",
+            "if ARGV[#ARGV] == '1' or redis.call('zcard', qk) > 0 then ",
+            "queued = true; ",
+            "redis.call('zadd', qk, ARGV[#ARGV - 2], m); redis.call('zadd', xk, qnow + ettl, m); ",
+            "if redis.call('pttl', qk) < ettl then redis.call('pexpire', qk, ettl) end; ",
+            "if redis.call('pttl', xk) < ettl then redis.call('pexpire', xk, ettl) end; ",
+            "local rank = redis.call('zrank', qk, m); ",
+            "if rank > 0 then ",
+            "if not ", $readers_share, " then return 2 end; ",
+            "for _, e in ipairs(redis.call('zrange', qk, 0, rank - 1)) do ",
+            "if string.sub(e, 1, 1) == 'w' then return 2 end end ",
+            "end end; "
+        )
+    };
 }
 
 /// Fair mutex acquire. KEYS: lock, queue, expiries. ARGV: token, ttl ms, ticket, entry TTL ms,
 /// join ('1' to join even an empty queue). Returns 1 when the lock was taken, 0 when it was
 /// refused without queueing, 2 when it was refused and the waiter is (still) queued.
-pub static FAIR_ACQUIRE: Script = Script::new(
-    r#"local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for i = 1, #dead do
-  redis.call('ZREM', KEYS[2], dead[i])
-  redis.call('ZREM', KEYS[3], dead[i])
-end
-if redis.call('ZCARD', KEYS[2]) > 0 or ARGV[5] == '1' then
-  local ttl = tonumber(ARGV[4])
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-  redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
-  for k = 2, 3 do
-    if redis.call('PTTL', KEYS[k]) < ttl then redis.call('PEXPIRE', KEYS[k], ttl) end
-  end
-  if redis.call('ZRANGE', KEYS[2], 0, 0)[1] ~= ARGV[1] then return 2 end
-  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    redis.call('ZREM', KEYS[2], ARGV[1])
-    redis.call('ZREM', KEYS[3], ARGV[1])
-    return 1
-  end
-  return 2
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return 0"#,
-);
+pub static FAIR_ACQUIRE: Script = Script::new(concat!(
+    fair_gate!("", "false"),
+    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return won() end; ",
+    "return refused()",
+));
 
-/// A waiter leaves the queue. KEYS: lock, queue, expiries. ARGV: token, wake channel. If the
-/// lock is free, the next waiter is told at once rather than at its next retry.
-pub static LEAVE: Script = Script::new(
-    r#"local gone = redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-if gone == 1 and redis.call('EXISTS', KEYS[1]) == 0 then redis.pcall('PUBLISH', ARGV[2], string.sub(ARGV[1], 1, 16)) end
-return gone"#,
-);
+/// A waiter leaves the queue. KEYS: lock, queue, expiries. ARGV: queue entry, wake channel. If
+/// the lock is free, the next waiter is told at once rather than at its next retry.
+pub static LEAVE: Script = Script::new(concat!(
+    "local gone = redis.call('zrem', KEYS[2], ARGV[1]); redis.call('zrem', KEYS[3], ARGV[1]); ",
+    "if gone == 1 and redis.call('exists', KEYS[1]) == 0 then ",
+    "redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)) end; ",
+    "return gone",
+));
 
-fn write_queue_eval(out: &mut Vec<u8>, script: &Script, form: ScriptForm, key: &[u8], args: usize) {
-    resp::write_array_len(out, 6 + args);
+/// Queue and expiry names of a mutex on a key without a hash tag: `{K}:q`, `{K}:qx`.
+const WRAPPED: [&[u8]; 2] = [b":q", b":qx"];
+/// The same for a key with a hash tag: `K:fq`, `K:fqx`. A different suffix from the wrapped
+/// form, so that `abc` and `{abc}` never share a queue.
+const TAGGED: [&[u8]; 2] = [b":fq", b":fqx"];
+
+/// Writes, as one bulk string, the name of the mutex queue (`which` 0) or its expiry set
+/// (`which` 1) of `key`, in the same Redis Cluster hash slot as `key`.
+///
+/// If `key` has a hash tag, appending keeps that tag. Otherwise the key is wrapped as
+/// `{key}...`, whose tag is the whole key, which hashes exactly as the bare key does.
+pub fn write_queue_key(out: &mut Vec<u8>, key: &[u8], which: usize) {
+    if has_hash_tag(key) {
+        resp::write_bulk_parts(out, &[key, TAGGED[which]]);
+    } else {
+        resp::write_bulk_parts(out, &[b"{", key, b"}", WRAPPED[which]]);
+    }
+}
+
+/// A fair queue's keys as a script sees them: KEYS[1] the lock (whose existence says whether a
+/// release is worth announcing), KEYS[2] the queue, KEYS[3] the entries' expiries.
+#[derive(Debug, Clone, Copy)]
+pub enum QueueKeys<'a> {
+    /// The mutex on this key; queue names derived with [`write_queue_key`].
+    Mutex(&'a [u8]),
+    /// Keys named elsewhere (a read-write lock's writer key and queue).
+    Named {
+        /// The lock key.
+        lock: &'a [u8],
+        /// The queue.
+        queue: &'a [u8],
+        /// The expiries.
+        expiries: &'a [u8],
+    },
+}
+
+impl QueueKeys<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        match *self {
+            QueueKeys::Mutex(key) => {
+                resp::write_bulk(out, key);
+                write_queue_key(out, key, 0);
+                write_queue_key(out, key, 1);
+            }
+            QueueKeys::Named {
+                lock,
+                queue,
+                expiries,
+            } => {
+                resp::write_bulk(out, lock);
+                resp::write_bulk(out, queue);
+                resp::write_bulk(out, expiries);
+            }
+        }
+    }
+}
+
+/// Writes `EVALSHA`/`EVAL` of `script` with `numkeys` keys and `args` arguments to follow: the
+/// caller writes them.
+pub(crate) fn write_eval_head(
+    out: &mut Vec<u8>,
+    script: &Script,
+    form: ScriptForm,
+    numkeys: usize,
+    args: usize,
+) {
+    resp::write_array_len(out, 3 + numkeys + args);
     match form {
         ScriptForm::Sha => {
             resp::write_bulk(out, b"EVALSHA");
@@ -110,10 +161,67 @@ fn write_queue_eval(out: &mut Vec<u8>, script: &Script, form: ScriptForm, key: &
             resp::write_bulk(out, script.body.as_bytes());
         }
     }
-    resp::write_bulk(out, b"3");
-    resp::write_bulk(out, key);
-    write_derived_key(out, key, QUEUE_SUFFIX);
-    write_derived_key(out, key, QUEUE_EXPIRY_SUFFIX);
+    resp::write_bulk_u64(out, numkeys as u64);
+}
+
+/// What every fair acquisition keeps across its attempts: its place, whether it has to join
+/// even an empty queue yet, and whether some node queued it.
+#[derive(Debug)]
+pub struct FairState {
+    /// The waiter's place: chosen once, the same on every node.
+    pub ticket: u64,
+    /// How long a queue entry lives without being refreshed by a retry.
+    pub entry_ttl_ms: u64,
+    /// Join even an empty queue once the caller has waited this long.
+    pub join_after: Duration,
+    join: Cell<bool>,
+    queued: Cell<bool>,
+}
+
+impl FairState {
+    /// A waiter with `ticket`, whose entries live `entry_ttl_ms`, joining an empty queue after
+    /// `join_after`.
+    pub fn new(ticket: u64, entry_ttl_ms: u64, join_after: Duration) -> FairState {
+        FairState {
+            ticket,
+            entry_ttl_ms,
+            join_after,
+            join: Cell::new(false),
+            queued: Cell::new(false),
+        }
+    }
+
+    /// Writes the three queue arguments the fair scripts take last: ticket, entry TTL, join.
+    pub fn write_args(&self, out: &mut Vec<u8>) {
+        resp::write_bulk_u64(out, self.ticket);
+        resp::write_bulk_u64(out, self.entry_ttl_ms);
+        resp::write_bulk(out, if self.join.get() { b"1" } else { b"0" });
+    }
+
+    /// Reads a fair script's reply: 2 is a refusal that left this waiter queued.
+    pub fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        match reply {
+            Reply::Integer(2) => {
+                self.queued.set(true);
+                Verdict::Vote(Vote::No)
+            }
+            other => int_verdict(other),
+        }
+    }
+
+    /// See [`Op::on_retry`].
+    pub fn on_retry(&self, waited: Duration) {
+        if waited >= self.join_after {
+            self.join.set(true);
+        }
+    }
+
+    /// Whether some node queued this waiter, which must then leave every queue when done:
+    /// entries left on nodes that refused (even if the quorum was won elsewhere) would keep it
+    /// the head there until they expire.
+    pub fn queued(&self) -> bool {
+        self.queued.get()
+    }
 }
 
 /// A fair mutex acquisition: the same vote as `SET NX PX`, but only the queue's head may win.
@@ -125,94 +233,75 @@ pub struct FairAcquire<'a> {
     pub token: &'a [u8],
     /// TTL in milliseconds.
     pub ttl_ms: u64,
-    /// The waiter's place: chosen once, the same on every node.
-    pub ticket: u64,
-    /// How long a queue entry lives without being refreshed by a retry.
-    pub entry_ttl_ms: u64,
-    /// Join even an empty queue once the caller has waited this long.
-    pub join_after: Duration,
-    join: Cell<bool>,
-    /// Some node has queued this waiter, so it must leave the queue when done.
-    queued: Cell<bool>,
+    /// Place in the queue and what goes with it.
+    pub fair: FairState,
     leave: Leave<'a>,
 }
 
 impl<'a> FairAcquire<'a> {
     /// A fair acquisition of `key` with `token`.
-    pub fn new(
-        key: &'a [u8],
-        token: &'a [u8],
-        ttl_ms: u64,
-        ticket: u64,
-        entry_ttl_ms: u64,
-        join_after: Duration,
-    ) -> Self {
+    pub fn new(key: &'a [u8], token: &'a [u8], ttl_ms: u64, fair: FairState) -> Self {
         FairAcquire {
             key,
             token,
             ttl_ms,
-            ticket,
-            entry_ttl_ms,
-            join_after,
-            join: Cell::new(false),
-            queued: Cell::new(false),
-            leave: Leave { key, token },
+            fair,
+            leave: Leave {
+                resource: key,
+                keys: QueueKeys::Mutex(key),
+                kind: b"",
+                token,
+            },
         }
     }
 }
 
 impl Op for FairAcquire<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
-        write_queue_eval(out, &FAIR_ACQUIRE, form, self.key, 5);
+        write_eval_head(out, &FAIR_ACQUIRE, form, 3, 5);
+        QueueKeys::Mutex(self.key).write(out);
         resp::write_bulk(out, self.token);
         resp::write_bulk_u64(out, self.ttl_ms);
-        resp::write_bulk_u64(out, self.ticket);
-        resp::write_bulk_u64(out, self.entry_ttl_ms);
-        resp::write_bulk(out, if self.join.get() { b"1" } else { b"0" });
+        self.fair.write_args(out);
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
-        match reply {
-            Reply::Integer(2) => {
-                self.queued.set(true);
-                Verdict::Vote(crate::core::Vote::No)
-            }
-            other => int_verdict(other),
-        }
+        self.fair.classify(reply)
     }
 
     fn on_retry(&self, waited: Duration) {
-        if waited >= self.join_after {
-            self.join.set(true);
-        }
+        self.fair.on_retry(waited);
     }
 
     fn on_finish(&self) -> Option<&dyn Op> {
-        // Entries left on nodes that refused (even if the quorum was won elsewhere) would make
-        // this waiter the head there until they expire; take them out now.
-        self.queued.get().then_some(&self.leave as &dyn Op)
+        self.fair.queued().then_some(&self.leave as &dyn Op)
     }
 }
 
-/// Leaves the fair queue of `key`.
+/// Leaves a fair queue.
 #[derive(Debug, Clone, Copy)]
 pub struct Leave<'a> {
-    /// The lock's key.
-    pub key: &'a [u8],
+    /// The resource, whose wake channel is told when the lock is free.
+    pub resource: &'a [u8],
+    /// The queue's keys.
+    pub keys: QueueKeys<'a>,
+    /// What kind of waiter this is, the start of its queue entry (empty for a mutex).
+    pub kind: &'a [u8],
     /// The waiter's token.
     pub token: &'a [u8],
 }
 
 impl Op for Leave<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
-        write_queue_eval(out, &LEAVE, form, self.key, 2);
-        resp::write_bulk(out, self.token);
-        resp::write_bulk_parts(out, &[WAKE_PREFIX, self.key]);
+        write_eval_head(out, &LEAVE, form, 3, 2);
+        self.keys.write(out);
+        resp::write_bulk_parts(out, &[self.kind, self.token]);
+        resp::write_bulk_parts(out, &[WAKE_PREFIX, self.resource]);
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         match reply {
-            Reply::Integer(_) => Verdict::Vote(crate::core::Vote::Yes),
+            Reply::Integer(_) => Verdict::Vote(Vote::Yes),
             other => int_verdict(other),
         }
     }
@@ -222,25 +311,32 @@ impl Op for Leave<'_> {
 mod tests {
     use super::*;
 
-    fn derived(key: &[u8]) -> Vec<u8> {
+    fn derived(key: &[u8], which: usize) -> Vec<u8> {
         let mut out = Vec::new();
-        write_derived_key(&mut out, key, QUEUE_SUFFIX);
+        write_queue_key(&mut out, key, which);
         out
     }
 
     #[test]
-    fn derived_keys_share_the_hash_slot() {
-        assert_eq!(derived(b"job"), b"$7\r\n{job}:q\r\n");
-        assert_eq!(derived(b"{user1}.job"), b"$13\r\n{user1}.job:q\r\n");
+    fn queue_keys_share_the_hash_slot_and_never_collide() {
+        assert_eq!(derived(b"job", 0), b"$7\r\n{job}:q\r\n");
+        assert_eq!(derived(b"job", 1), b"$8\r\n{job}:qx\r\n");
+        assert_eq!(derived(b"{user1}.job", 0), b"$14\r\n{user1}.job:fq\r\n");
         // An empty tag is no tag: Redis hashes the whole key, so we wrap it.
-        assert_eq!(derived(b"a{}b"), b"$8\r\n{a{}b}:q\r\n");
-        assert!(!has_hash_tag(b"a}b{"));
-        assert!(has_hash_tag(b"x{y}"));
+        assert_eq!(derived(b"a{}b", 0), b"$8\r\n{a{}b}:q\r\n");
+        // `abc` and `{abc}` are different locks, with different queues.
+        assert_ne!(derived(b"abc", 0), derived(b"{abc}", 0));
+        assert_ne!(derived(b"abc", 1), derived(b"{abc}", 1));
     }
 
     #[test]
     fn joins_only_after_the_interval() {
-        let op = FairAcquire::new(b"k", b"t", 1000, 7, 500, Duration::from_millis(100));
+        let op = FairAcquire::new(
+            b"k",
+            b"t",
+            1000,
+            FairState::new(7, 500, Duration::from_millis(100)),
+        );
         let body = |op: &FairAcquire<'_>| {
             let mut out = Vec::new();
             op.encode(&mut out, ScriptForm::Sha);
@@ -255,7 +351,7 @@ mod tests {
 
     #[test]
     fn leaves_only_if_some_node_queued_it() {
-        let op = FairAcquire::new(b"k", b"t", 1000, 7, 500, Duration::ZERO);
+        let op = FairAcquire::new(b"k", b"t", 1000, FairState::new(7, 500, Duration::ZERO));
         assert_eq!(
             op.classify(&Reply::Integer(0)),
             Verdict::Vote(crate::core::Vote::No)

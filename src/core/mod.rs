@@ -13,6 +13,7 @@
 //! the crate-private `ops` module; the arithmetic of validity is in [`Timing`].
 #![forbid(unsafe_code)]
 
+#[macro_use]
 pub(crate) mod fair;
 pub(crate) mod fencing;
 pub(crate) mod multi;

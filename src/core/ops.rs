@@ -128,6 +128,18 @@ pub trait Op {
     }
 }
 
+/// Whether Redis Cluster would hash `key` by a hash tag (the bytes between its first `{` and the
+/// first `}` after it, when there are any) rather than whole.
+pub fn has_hash_tag(key: &[u8]) -> bool {
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return false;
+    };
+    key[open + 1..]
+        .iter()
+        .position(|&b| b == b'}')
+        .is_some_and(|len| len > 0)
+}
+
 /// A node failure for an error reply.
 pub fn server_error(message: &[u8]) -> NodeErrorKind {
     NodeErrorKind::Server {
@@ -174,6 +186,8 @@ pub static SCRIPTS: &[&Script] = &[
     &crate::core::fair::FAIR_ACQUIRE,
     &crate::core::fair::LEAVE,
     &rw::WRITE_ACQUIRE,
+    &rw::FAIR_WRITE_ACQUIRE,
+    &rw::FAIR_READ_ACQUIRE,
     &rw::WRITE_CLEANUP,
     &rw::READ_ACQUIRE,
     &rw::SET_RELEASE,

@@ -28,8 +28,9 @@
 //! succeeds or gives up; if it dies, the intent expires on its own.
 #![forbid(unsafe_code)]
 
+use crate::core::fair::{FairState, Leave, QueueKeys};
 use crate::core::ops::{
-    int_verdict, write_eval, Arg, Caps, Op, Script, ScriptForm, Verdict, RELEASE,
+    has_hash_tag, int_verdict, write_eval, Arg, Caps, Op, Script, ScriptForm, Verdict, RELEASE,
 };
 use crate::core::Vote;
 use crate::resp::{self, Reply};
@@ -41,6 +42,50 @@ macro_rules! node_now {
     };
 }
 
+/// Lua: the body of a write acquire, after `won()` and `refused()` are defined.
+macro_rules! write_acquire_body {
+    () => {
+        concat!(
+            "local now; local free = redis.call('exists', KEYS[1], KEYS[2]) == 0; ",
+            // Readers but no writer: the readers may all have expired.
+            "if not free and redis.call('exists', KEYS[1]) == 0 then ",
+            node_now!(),
+            "redis.call('zremrangebyscore', KEYS[2], '-inf', now); free = redis.call('exists', KEYS[2]) == 0 end; ",
+            "local intent = tonumber(ARGV[3]); ",
+            "if free then redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]); ",
+            "if intent > 0 then redis.call('zrem', KEYS[3], ARGV[1]) end; return won() end; ",
+            "if intent > 0 then if not now then ",
+            node_now!(),
+            "end; redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
+            "redis.call('zadd', KEYS[3], now + intent, ARGV[1]); ",
+            "if redis.call('pttl', KEYS[3]) < intent then redis.call('pexpire', KEYS[3], intent) end end; ",
+            "return refused()",
+        )
+    };
+}
+
+/// Lua: the body of a read acquire, after `won()` and `refused()` are defined.
+macro_rules! read_acquire_body {
+    () => {
+        concat!(
+            "local now; ",
+            "if redis.call('exists', KEYS[1], KEYS[3]) > 0 then ",
+            "if redis.call('exists', KEYS[1]) == 1 then return refused() end; ",
+            node_now!(),
+            "redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
+            "if redis.call('exists', KEYS[3]) == 1 then return refused() end ",
+            "else ",
+            node_now!(),
+            "end; ",
+            "local ttl = tonumber(ARGV[2]); ",
+            "redis.call('zremrangebyscore', KEYS[2], '-inf', now); ",
+            "redis.call('zadd', KEYS[2], now + ttl, ARGV[1]); ",
+            "if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end; ",
+            "return won()",
+        )
+    };
+}
+
 /// Write acquire. KEYS: writer, readers, intents. ARGV: token, ttl ms, intent ms.
 ///
 /// Prunes expired readers; takes the writer key if no reader is left and no writer holds it,
@@ -48,21 +93,15 @@ macro_rules! node_now {
 /// refreshes) this writer's intent, pruning expired ones and keeping the set's TTL at least as
 /// long as its longest-lived member.
 pub static WRITE_ACQUIRE: Script = Script::new(concat!(
-    "local now; local free = redis.call('exists', KEYS[1], KEYS[2]) == 0; ",
-    // Readers but no writer: the readers may all have expired.
-    "if not free and redis.call('exists', KEYS[1]) == 0 then ",
-    node_now!(),
-    "redis.call('zremrangebyscore', KEYS[2], '-inf', now); free = redis.call('exists', KEYS[2]) == 0 end; ",
-    "local intent = tonumber(ARGV[3]); ",
-    "if free then redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]); ",
-    "if intent > 0 then redis.call('zrem', KEYS[3], ARGV[1]) end; return 1 end; ",
-    "if intent > 0 then if not now then ",
-    node_now!(),
-    "end; redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
-    "redis.call('zadd', KEYS[3], now + intent, ARGV[1]); ",
-    "if redis.call('pttl', KEYS[3]) < intent then redis.call('pexpire', KEYS[3], intent) end end; ",
-    "return 0",
+    "local function won() return 1 end; local function refused() return 0 end; ",
+    write_acquire_body!(),
 ));
+
+/// [`WRITE_ACQUIRE`] behind the fair queue's gate (see `fair_gate`). KEYS: writer, readers,
+/// intents, queue, queue expiries. ARGV: token, ttl ms, intent ms, ticket, entry TTL ms, join.
+/// Returns 2 for a refusal that left the writer queued.
+pub static FAIR_WRITE_ACQUIRE: Script =
+    Script::new(concat!(fair_gate!("w", "false"), write_acquire_body!(),));
 
 /// Cleanup after a lost write attempt. KEYS: writer, intents. ARGV: token, wake channel, intent ms.
 ///
@@ -85,21 +124,15 @@ pub static WRITE_CLEANUP: Script = Script::new(concat!(
 /// expired readers, adds the token scored by its expiry on the node's clock, and keeps the set's
 /// TTL at least as long as its longest-lived reader, so an abandoned set disappears.
 pub static READ_ACQUIRE: Script = Script::new(concat!(
-    "local now; ",
-    "if redis.call('exists', KEYS[1], KEYS[3]) > 0 then ",
-    "if redis.call('exists', KEYS[1]) == 1 then return 0 end; ",
-    node_now!(),
-    "redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
-    "if redis.call('exists', KEYS[3]) == 1 then return 0 end ",
-    "else ",
-    node_now!(),
-    "end; ",
-    "local ttl = tonumber(ARGV[2]); ",
-    "redis.call('zremrangebyscore', KEYS[2], '-inf', now); ",
-    "redis.call('zadd', KEYS[2], now + ttl, ARGV[1]); ",
-    "if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end; ",
-    "return 1",
+    "local function won() return 1 end; local function refused() return 0 end; ",
+    read_acquire_body!(),
 ));
+
+/// [`READ_ACQUIRE`] behind the fair queue's gate, where readers at the head share. KEYS:
+/// writer, readers, intents, queue, queue expiries. ARGV: token, ttl ms, unused, ticket, entry
+/// TTL ms, join. Returns 2 for a refusal that left the reader queued.
+pub static FAIR_READ_ACQUIRE: Script =
+    Script::new(concat!(fair_gate!("r", "true"), read_acquire_body!(),));
 
 /// Removes a token from a sorted set (a reader from the reader set, a writer's intent from the
 /// intent set), announcing it on the wake channel when it was there. KEYS: set. ARGV: token,
@@ -139,19 +172,8 @@ pub static READ_EXTEND: Script = Script::new(concat!(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RwKeys {
     buf: Vec<u8>,
-    w_end: usize,
-    r_end: usize,
-}
-
-/// Whether `key` has a non-empty Redis Cluster hash tag.
-pub fn has_hash_tag(key: &[u8]) -> bool {
-    let Some(open) = key.iter().position(|&b| b == b'{') else {
-        return false;
-    };
-    key[open + 1..]
-        .iter()
-        .position(|&b| b == b'}')
-        .is_some_and(|len| len > 0)
+    /// Where each name ends in `buf`: writer, readers, intents, queue, queue expiries.
+    ends: [usize; 5],
 }
 
 impl RwKeys {
@@ -162,33 +184,55 @@ impl RwKeys {
         } else {
             (b"{rw:", b"}:")
         };
-        let mut buf = Vec::with_capacity(3 * (head.len() + key.len() + tail.len()) + 4);
-        let mut push = |suffix: &[u8]| {
+        let mut buf = Vec::with_capacity(5 * (head.len() + key.len() + tail.len()) + 8);
+        let mut ends = [0; 5];
+        for (end, suffix) in ends.iter_mut().zip([&b"w"[..], b"r", b"wi", b"q", b"qx"]) {
             buf.extend_from_slice(head);
             buf.extend_from_slice(key);
             buf.extend_from_slice(tail);
             buf.extend_from_slice(suffix);
-            buf.len()
-        };
-        let w_end = push(b"w");
-        let r_end = push(b"r");
-        push(b"wi");
-        RwKeys { buf, w_end, r_end }
+            *end = buf.len();
+        }
+        RwKeys { buf, ends }
+    }
+
+    fn name(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.buf[start..self.ends[i]]
     }
 
     /// The writer key: the writer's token, with a `PX` expiry.
     pub fn writer(&self) -> &[u8] {
-        &self.buf[..self.w_end]
+        self.name(0)
     }
 
     /// The reader set: reader tokens scored by their expiry, in ms on the node's clock.
     pub fn readers(&self) -> &[u8] {
-        &self.buf[self.w_end..self.r_end]
+        self.name(1)
     }
 
     /// The intent set: waiting writers' tokens scored by their expiry, in ms on the node's clock.
     pub fn intents(&self) -> &[u8] {
-        &self.buf[self.r_end..]
+        self.name(2)
+    }
+
+    /// The fair queue: waiters (`r` or `w` followed by the token) scored by ticket.
+    pub fn queue(&self) -> &[u8] {
+        self.name(3)
+    }
+
+    /// The fair queue's entries scored by their expiry, in ms on the node's clock.
+    pub fn queue_expiries(&self) -> &[u8] {
+        self.name(4)
+    }
+
+    /// The fair queue's keys as the queue scripts take them.
+    pub fn queue_keys(&self) -> QueueKeys<'_> {
+        QueueKeys::Named {
+            lock: self.writer(),
+            queue: self.queue(),
+            expiries: self.queue_expiries(),
+        }
     }
 }
 
@@ -388,6 +432,111 @@ impl Op for ReadExtend<'_> {
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         int_verdict(reply)
+    }
+}
+
+/// A fair read or write acquisition: the plain one's vote, behind the fair queue.
+#[derive(Debug)]
+pub struct FairRwAcquire<'a> {
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// This attempt's token.
+    pub token: &'a [u8],
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// For a writer, as in [`WriteAcquire::intent_ms`]; unused for a reader.
+    pub intent_ms: u64,
+    /// Place in the queue and what goes with it.
+    pub fair: FairState,
+    /// The queue entry's kind: `r` or `w`.
+    kind: &'static [u8],
+    leave: Leave<'a>,
+}
+
+impl<'a> FairRwAcquire<'a> {
+    /// A fair write acquisition of the lock with `keys` on `resource`.
+    pub fn write(
+        resource: &'a [u8],
+        keys: &'a RwKeys,
+        token: &'a [u8],
+        ttl_ms: u64,
+        intent_ms: u64,
+        fair: FairState,
+    ) -> Self {
+        Self::new(b"w", resource, keys, token, ttl_ms, intent_ms, fair)
+    }
+
+    /// A fair read acquisition of the lock with `keys` on `resource`.
+    pub fn read(
+        resource: &'a [u8],
+        keys: &'a RwKeys,
+        token: &'a [u8],
+        ttl_ms: u64,
+        fair: FairState,
+    ) -> Self {
+        Self::new(b"r", resource, keys, token, ttl_ms, 0, fair)
+    }
+
+    fn new(
+        kind: &'static [u8],
+        resource: &'a [u8],
+        keys: &'a RwKeys,
+        token: &'a [u8],
+        ttl_ms: u64,
+        intent_ms: u64,
+        fair: FairState,
+    ) -> Self {
+        FairRwAcquire {
+            keys,
+            token,
+            ttl_ms,
+            intent_ms,
+            fair,
+            kind,
+            leave: Leave {
+                resource,
+                keys: keys.queue_keys(),
+                kind,
+                token,
+            },
+        }
+    }
+}
+
+impl Op for FairRwAcquire<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        let k = self.keys;
+        let script = if self.kind == b"w" {
+            &FAIR_WRITE_ACQUIRE
+        } else {
+            &FAIR_READ_ACQUIRE
+        };
+        crate::core::fair::write_eval_head(out, script, form, 5, 6);
+        for name in [
+            k.writer(),
+            k.readers(),
+            k.intents(),
+            k.queue(),
+            k.queue_expiries(),
+        ] {
+            resp::write_bulk(out, name);
+        }
+        resp::write_bulk(out, self.token);
+        resp::write_bulk_u64(out, self.ttl_ms);
+        resp::write_bulk_u64(out, self.intent_ms);
+        self.fair.write_args(out);
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        self.fair.classify(reply)
+    }
+
+    fn on_retry(&self, waited: std::time::Duration) {
+        self.fair.on_retry(waited);
+    }
+
+    fn on_finish(&self) -> Option<&dyn Op> {
+        self.fair.queued().then_some(&self.leave as &dyn Op)
     }
 }
 
