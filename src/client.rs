@@ -495,18 +495,16 @@ impl Client {
                     continue;
                 }
                 if split {
-                    // Some nodes granted, too few: another waiter (or a release still on its
-                    // way to some nodes) split the vote. Its announcement may already have
-                    // been counted, so do not wait for one: retry after a random pause over a
-                    // window that doubles with each split, so colliding waiters drift apart.
+                    // Some nodes granted, too few: waiters collided. Spread the next retries
+                    // over a window that doubles with each split, so they drift apart.
                     spread = (spread * 2).clamp(SPREAD_MIN, SPREAD_MAX.min(config.retry_delay));
-                    let pause = driver.jitter.below(spread);
-                    driver.sleep_until((now + pause).min(backstop));
-                    continue;
                 }
                 // Wait for a release to be announced; the jittered delay is only the backstop
                 // for announcements that are lost.
-                driver.wait_wake(backstop);
+                if driver.wait_wake(backstop) && !spread.is_zero() {
+                    let pause = driver.jitter.below(spread);
+                    driver.sleep_until((Instant::now() + pause).min(backstop));
+                }
             };
             if let Some(finish) = acquire.on_finish() {
                 driver.broadcast(finish);

@@ -536,7 +536,8 @@ impl Op for FairRwAcquire<'_> {
     }
 
     fn on_finish(&self) -> Option<&dyn Op> {
-        self.fair.queued().then_some(&self.leave as &dyn Op)
+        // As for the fair mutex: nodes may hold this waiter's entry unseen.
+        Some(&self.leave)
     }
 }
 
