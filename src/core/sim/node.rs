@@ -399,6 +399,11 @@ impl Node {
         out
     }
 
+    /// A restart that reloads the data from disk: only the script cache is lost.
+    pub fn forget_scripts(&mut self) {
+        self.scripts.clear();
+    }
+
     /// The keys that hold something now (expired ones are not counted).
     pub fn live_keys(&mut self) -> usize {
         let now = self.now;
