@@ -3,12 +3,18 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::local_servers::RedisServer;
 use super::node::Node;
 use super::Rng;
+use crate::core::fair::{FairAcquire, Leave};
+use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
+use crate::core::multi::{AcquireAll, ExtendAll, ReleaseAll};
 use crate::core::ops::{Acquire, Extend, Op, Release, ScriptForm};
+use crate::core::rw::{
+    ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
+};
 use crate::resp::{self, Limits, Status, Value};
 
 /// One blocking connection to the real server.
@@ -67,16 +73,26 @@ fn command(args: &[&[u8]]) -> Vec<u8> {
 struct Pair {
     real: Real,
     sim: Node,
-    start: Instant,
     compared: usize,
 }
 
 impl Pair {
-    /// Sends `cmd` to both and returns both replies. The simulated node's clock is this
-    /// process's elapsed time, so expiry is compared in real time too.
+    fn new(server: &RedisServer) -> Pair {
+        Pair {
+            real: Real::connect(server.addr()),
+            sim: Node::default(),
+            compared: 0,
+        }
+    }
+
+    /// Sends `cmd` to both and returns both replies. The simulated node's clock is the wall
+    /// clock, which `redis-server` reads too: expiry and the scripts' `TIME` agree to a few ms.
     fn both(&mut self, cmd: &[u8]) -> (Value, Value) {
         let real = self.real.call(cmd);
-        let now = self.start.elapsed().as_millis() as i64 + 1_000_000;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis() as i64;
         let sim = value(&self.sim.execute(now, cmd));
         self.compared += 1;
         (real, sim)
@@ -88,6 +104,40 @@ impl Pair {
             real, sim,
             "{what}: redis-server and the simulated node differ"
         );
+    }
+
+    /// Both error replies of the same kind (Redis appends where in the script it failed), or
+    /// the same reply.
+    fn same_kind(&mut self, cmd: &[u8], what: &str) {
+        match self.both(cmd) {
+            (Value::Error(a), Value::Error(b)) => assert_eq!(
+                a.split(|&c| c == b' ').next(),
+                b.split(|&c| c == b' ').next(),
+                "{what}: {} against {}",
+                String::from_utf8_lossy(&a),
+                String::from_utf8_lossy(&b)
+            ),
+            (real, sim) => assert_eq!(real, sim, "{what}"),
+        }
+    }
+
+    /// `ZSCORE`: both missing, or scores within a second (they come from each side's `TIME`).
+    fn close_score(&mut self, key: &[u8], member: &[u8]) {
+        let score = |v: &Value| match v {
+            Value::Bulk(Some(b)) => Some(
+                std::str::from_utf8(b)
+                    .ok()
+                    .and_then(|s| s.parse::<f64>().ok())
+                    .expect("a score"),
+            ),
+            Value::Bulk(None) => None,
+            other => panic!("ZSCORE reply {other:?}"),
+        };
+        let (real, sim) = self.both(&command(&[b"ZSCORE", key, member]));
+        match (score(&real), score(&sim)) {
+            (Some(a), Some(b)) => assert!((a - b).abs() < 1000.0, "ZSCORE {a} against {b}"),
+            (a, b) => assert_eq!(a, b, "ZSCORE"),
+        }
     }
 
     /// `PTTL`: both missing, both without expiry, or both within a second of each other.
@@ -103,12 +153,7 @@ impl Pair {
 #[test]
 fn simulated_node_answers_like_redis_server() {
     let server = RedisServer::start().expect("start redis-server");
-    let mut pair = Pair {
-        real: Real::connect(server.addr()),
-        sim: Node::default(),
-        start: Instant::now(),
-        compared: 0,
-    };
+    let mut pair = Pair::new(&server);
     let mut rng = Rng::new(0x5eed);
     let keys: [&[u8]; 4] = [b"lock:a", b"lock:b", b"lock:c", b"lock:d"];
     let tokens: [&[u8]; 3] = [
@@ -182,4 +227,310 @@ fn simulated_node_answers_like_redis_server() {
     }
     assert!(pair.compared > 400, "{} commands compared", pair.compared);
     println!("differential: {} commands compared", pair.compared);
+}
+
+/// The scripts of read-write locks, the fair queue, all-or-none sets and fencing, through their
+/// real ops, random sequences with long TTLs first (every reply must match), then expiry.
+#[test]
+fn every_lock_script_answers_like_redis_server() {
+    let server = RedisServer::start().expect("start redis-server");
+    let mut pair = Pair::new(&server);
+    let mut rng = Rng::new(0x5c41);
+    let tokens: [&[u8]; 3] = [
+        b"0000000000000000000000000000000000000001",
+        b"0000000000000000000000000000000000000002",
+        b"ffffffffffffffffffffffffffffffffffffffff",
+    ];
+    let rw = [RwKeys::new(b"doc:a"), RwKeys::new(b"{doc}:b")];
+    let fair_keys: [&[u8]; 2] = [b"job:a", b"{job}:b"];
+    let multi_keys: [&[u8]; 3] = [b"m:a", b"m:b", b"m:c"];
+    let fence_lock: [&[u8]; 2] = [b"f:a", b"f:b"];
+    let fences = [fence_key(fence_lock[0]), fence_key(fence_lock[1])];
+    let mut kinds = [0usize; 20];
+    for i in 0..800 {
+        let t = rng.below(3) as usize;
+        let token = tokens[t];
+        let ttl_ms = rng.range(100_000, 200_000);
+        let long = rng.range(100_000, 200_000);
+        let form = if rng.chance(0.5) {
+            ScriptForm::Sha
+        } else {
+            ScriptForm::Body
+        };
+        let k = &rw[rng.below(2) as usize];
+        let fair_key = fair_keys[rng.below(2) as usize];
+        let f = rng.below(2) as usize;
+        let mask = rng.range(1, 7) as usize;
+        let set: Vec<&[u8]> = (0..3)
+            .filter(|b| mask & (1 << b) != 0)
+            .map(|b| multi_keys[b])
+            .collect();
+        let intent_ms = if rng.chance(0.5) { 0 } else { long };
+        let kind = rng.below(20) as usize;
+        kinds[kind] += 1;
+        let cmd = match kind {
+            0 | 1 => encode(
+                &WriteAcquire {
+                    keys: k,
+                    token,
+                    ttl_ms,
+                    intent_ms,
+                },
+                form,
+            ),
+            2 => encode(
+                &WriteCleanup {
+                    resource: b"doc",
+                    keys: k,
+                    token,
+                    intent_ms,
+                },
+                form,
+            ),
+            3 => encode(
+                &WriteRelease {
+                    resource: b"doc",
+                    keys: k,
+                    token,
+                },
+                form,
+            ),
+            4 | 5 => encode(
+                &ReadAcquire {
+                    keys: k,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            6 => {
+                let set = if rng.chance(0.5) {
+                    k.readers()
+                } else {
+                    k.intents()
+                };
+                encode(
+                    &SetRelease {
+                        resource: b"doc",
+                        set,
+                        token,
+                    },
+                    form,
+                )
+            }
+            7 => encode(
+                &ReadExtend {
+                    keys: k,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            8 => encode(
+                &Extend {
+                    key: k.writer(),
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            9 | 10 => {
+                // Equal tickets are ordered by token, as Redis orders equal scores by member.
+                let ticket = [7, 7, 3][t] + rng.below(2);
+                let op = FairAcquire::new(fair_key, token, ttl_ms, ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    op.on_retry(Duration::ZERO);
+                }
+                encode(&op, form)
+            }
+            11 => encode(
+                &Leave {
+                    key: fair_key,
+                    token,
+                },
+                form,
+            ),
+            12 => encode(
+                &Release {
+                    key: fair_key,
+                    token,
+                },
+                form,
+            ),
+            13 => encode(
+                &AcquireAll {
+                    keys: &set,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            14 => encode(&ReleaseAll::new(&set, token), form),
+            15 => encode(
+                &ExtendAll {
+                    keys: &set,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            16 => encode(
+                &FencedAcquire {
+                    key: fence_lock[f],
+                    fence: &fences[f],
+                    token,
+                    ttl_ms,
+                    read: &FenceRead::new(),
+                },
+                form,
+            ),
+            17 => encode(
+                &FenceWrite {
+                    key: fence_lock[f],
+                    fence: &fences[f],
+                    token,
+                    value: rng.range(0, 40),
+                },
+                form,
+            ),
+            18 => encode(
+                &Release {
+                    key: fence_lock[f],
+                    token,
+                },
+                form,
+            ),
+            _ => {
+                // Look at the state: the queue in order, set sizes, counters, expiries, scores.
+                for cmd in [
+                    command(&[b"ZRANGE", &queue_key(fair_key), b"0", b"-1"]),
+                    command(&[b"ZCARD", k.readers()]),
+                    command(&[b"ZCARD", k.intents()]),
+                    command(&[b"GET", k.writer()]),
+                    command(&[b"GET", &fences[f]]),
+                    command(&[b"EXISTS", multi_keys[0], multi_keys[1], multi_keys[2]]),
+                ] {
+                    pair.same(&cmd, &format!("op {i}: {}", String::from_utf8_lossy(&cmd)));
+                }
+                pair.close_score(k.readers(), token);
+                pair.close_score(k.intents(), token);
+                pair.close_ttl(k.readers());
+                pair.close_ttl(&queue_key(fair_key));
+                continue;
+            }
+        };
+        pair.same(&cmd, &format!("op {i}: {}", String::from_utf8_lossy(&cmd)));
+    }
+    assert!(kinds.iter().all(|&n| n > 0), "every kind ran: {kinds:?}");
+
+    // Fence counters that are not whole numbers, or exhausted, or written oddly.
+    let read = FenceRead::new();
+    let acquire = |token| FencedAcquire {
+        key: b"fc",
+        fence: b"fc:n",
+        token,
+        ttl_ms: 100_000,
+        read: &read,
+    };
+    for counter in [
+        &b"abc"[..],
+        b"1.5",
+        b"-3",
+        b"9007199254740991",
+        b"0x10",
+        b" 7 ",
+        b"12",
+    ] {
+        pair.same(&command(&[b"DEL", b"fc"]), "DEL");
+        pair.same(&command(&[b"SET", b"fc:n", counter]), "SET");
+        let what = format!("fenced acquire over {}", String::from_utf8_lossy(counter));
+        pair.same_kind(&encode(&acquire(tokens[0]), ScriptForm::Body), &what);
+        let write = FenceWrite {
+            key: b"fc",
+            fence: b"fc:n",
+            token: tokens[0],
+            value: 10,
+        };
+        pair.same_kind(&encode(&write, ScriptForm::Sha), "fence write");
+        pair.same(&command(&[b"GET", b"fc:n"]), "counter after");
+    }
+    // Type errors inside scripts.
+    pair.same(&command(&[b"ZADD", b"fc", b"1", b"x"]), "ZADD");
+    pair.same_kind(
+        &encode(&acquire(tokens[0]), ScriptForm::Sha),
+        "lock key is a set",
+    );
+    pair.same(&command(&[b"SET", b"{rw:t}:r", b"str"]), "SET");
+    let t = RwKeys::new(b"t");
+    let read = ReadAcquire {
+        keys: &t,
+        token: tokens[1],
+        ttl_ms: 1000,
+    };
+    pair.same_kind(&encode(&read, ScriptForm::Sha), "reader set is a string");
+
+    // Expiry: readers, intents and queue entries of 30 ms are gone after 300 ms.
+    pair.same(&command(&[b"FLUSHALL"]), "FLUSHALL");
+    let k = &rw[0];
+    let short = |token| ReadAcquire {
+        keys: k,
+        token,
+        ttl_ms: 30,
+    };
+    pair.same(&encode(&short(tokens[0]), ScriptForm::Sha), "short reader");
+    let waiting_writer = WriteAcquire {
+        keys: k,
+        token: tokens[1],
+        ttl_ms: 60_000,
+        intent_ms: 30,
+    };
+    pair.same(
+        &encode(&waiting_writer, ScriptForm::Sha),
+        "writer leaves an intent",
+    );
+    let queued = |token, ticket| {
+        let op = FairAcquire::new(fair_keys[0], token, 60_000, ticket, 30, Duration::ZERO);
+        op.on_retry(Duration::ZERO);
+        op
+    };
+    pair.same(&command(&[b"SET", fair_keys[0], b"held"]), "SET");
+    pair.same(&encode(&queued(tokens[0], 1), ScriptForm::Sha), "queued");
+    std::thread::sleep(Duration::from_millis(300));
+    let reader_extend = ReadExtend {
+        keys: k,
+        token: tokens[0],
+        ttl_ms: 60_000,
+    };
+    pair.same(
+        &encode(&reader_extend, ScriptForm::Sha),
+        "extend of an expired reader",
+    );
+    pair.same(
+        &encode(&short(tokens[2]), ScriptForm::Sha),
+        "reader after the intent expired",
+    );
+    pair.same(&command(&[b"ZCARD", k.readers()]), "expired reader pruned");
+    pair.same(&command(&[b"DEL", fair_keys[0]]), "DEL");
+    pair.same(
+        &encode(&queued(tokens[1], 2), ScriptForm::Sha),
+        "dead entry pruned",
+    );
+    pair.same(
+        &command(&[b"ZRANGE", &queue_key(fair_keys[0]), b"0", b"-1"]),
+        "queue after",
+    );
+    assert!(pair.compared > 800, "{} commands compared", pair.compared);
+    println!(
+        "differential (lock scripts): {} commands compared, by kind {kinds:?}",
+        pair.compared
+    );
+}
+
+/// The fair queue's key of `key`, as the ops derive it.
+fn queue_key(key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    crate::core::fair::write_derived_key(&mut out, key, crate::core::fair::QUEUE_SUFFIX);
+    // `write_derived_key` writes a bulk string: keep what is between the header and the CRLF.
+    let start = out.iter().position(|&b| b == b'\n').expect("header") + 1;
+    out[start..out.len() - 2].to_vec()
 }

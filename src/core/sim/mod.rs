@@ -12,6 +12,12 @@
 //! its grants in a [`History`]; the shared checker (`tests/common/history.rs`) then looks for
 //! overlapping windows and lost updates.
 //!
+//! Clients take the mutex, read-write locks (readers share, writers exclude everyone; each
+//! client read- or write-preferring), or the fenced mutex, whose tokens the checker requires to
+//! strictly increase in grant order. Fencing runs within the model on nodes that persist every
+//! write (a restart keeps the counters); restarting without persistence, even after the TTL,
+//! must show tokens going backwards.
+//!
 //! Within the model's assumptions (node clocks drift less than the drift factor allows and
 //! jump forward at most 1 ms; a crashed node stays down longer than the longest TTL; a client
 //! checks its validity before it writes) there must be no violation. Each assumption, broken
@@ -37,7 +43,11 @@ use std::time::{Duration, Instant};
 
 use rand_core::{Rng as _, SeedableRng};
 
+use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
 use crate::core::ops::{Acquire, Extend, Op, Release, ScriptForm, Verdict};
+use crate::core::rw::{
+    ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
+};
 use crate::core::{Decision, Retry, Round, Timing, Vote};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Status};
@@ -91,11 +101,27 @@ pub(crate) enum Scenario {
     ClockJump,
     /// Clients pause past their validity and then write without checking it.
     UncheckedPause,
+    /// Crashed nodes restart after the longest TTL, as in the model, but without persistence.
+    /// Lock keys have expired by then anyway; fence counters, which never expire, are lost.
+    ForgetfulRestart,
+}
+
+/// Which lock the simulated clients take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Locks {
+    /// The Redlock mutex.
+    Mutex,
+    /// Read-write locks: each cycle reads (shared) or writes (exclusive); each client is
+    /// read-preferring or write-preferring, as `RwPolicy` sets the intent TTL.
+    ReadWrite,
+    /// The mutex with fencing tokens, written back to a quorum when the grant's nodes disagree.
+    Fenced,
 }
 
 /// The settings of one run, drawn from its seed.
 #[derive(Debug, Clone)]
 struct Params {
+    locks: Locks,
     nodes: usize,
     clients: usize,
     keys: usize,
@@ -120,9 +146,10 @@ struct Params {
 }
 
 impl Params {
-    fn draw(rng: &mut Rng, scenario: Scenario) -> Params {
+    fn draw(rng: &mut Rng, scenario: Scenario, locks: Locks) -> Params {
         let ttl_ms = rng.range(50, 150);
         let mut p = Params {
+            locks,
             nodes: if rng.chance(0.7) { 3 } else { 5 },
             clients: rng.range(2, 4) as usize,
             keys: rng.range(1, 2) as usize,
@@ -148,6 +175,7 @@ impl Params {
                 p.request_loss = 0.05;
                 p.pause = 0.0;
             }
+            Scenario::ForgetfulRestart => p.fault_gap = ttl_ms * MS,
             Scenario::UncheckedPause => {
                 p.clients = rng.range(3, 4) as usize;
                 p.keys = 1;
@@ -171,6 +199,12 @@ pub(crate) struct Stats {
     pub lost_requests: u64,
     pub lost_replies: u64,
     pub long_delays: u64,
+    /// Read grants whose window overlapped another reader's: readers really shared.
+    pub shared_reads: u64,
+    /// Rounds lost by write-preferring writers, each of which leaves (or refreshes) an intent.
+    pub intents: u64,
+    /// Fenced grants that needed the write-back round.
+    pub write_backs: u64,
 }
 
 impl Stats {
@@ -185,6 +219,9 @@ impl Stats {
         self.lost_requests += o.lost_requests;
         self.lost_replies += o.lost_replies;
         self.long_delays += o.long_delays;
+        self.shared_reads += o.shared_reads;
+        self.intents += o.intents;
+        self.write_backs += o.write_backs;
     }
 
     fn faults(&self) -> u64 {
@@ -202,7 +239,7 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} seeds, {} events, {} rounds; {} faults: {} crashes, {} partitions, {} clock jumps, {} client pauses, {} requests lost, {} replies lost after the command ran, {} long delays",
+            "{} seeds, {} events, {} rounds; {} faults: {} crashes, {} partitions, {} clock jumps, {} client pauses, {} requests lost, {} replies lost after the command ran, {} long delays; {} shared reads, {} writer intents, {} fence write-backs",
             self.seeds,
             self.events,
             self.rounds,
@@ -213,7 +250,10 @@ impl fmt::Display for Stats {
             self.pauses,
             self.lost_requests,
             self.lost_replies,
-            self.long_delays
+            self.long_delays,
+            self.shared_reads,
+            self.intents,
+            self.write_backs
         )
     }
 }
@@ -242,6 +282,21 @@ enum Cmd {
     Acquire,
     Extend,
     Release,
+    /// After a lost round, to every node; replies unread.
+    Cleanup,
+    /// A write-preferring writer withdraws its intent; replies unread.
+    Withdraw,
+    /// A fenced grant writes its token back to a quorum.
+    FenceWrite,
+}
+
+/// What a client's current cycle holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Mutex,
+    Fenced,
+    Read,
+    Write,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,6 +314,11 @@ enum Phase {
 }
 
 struct SimClient {
+    side: Side,
+    /// The write-preferring intent TTL of this client's writes; 0 when read-preferring.
+    intent_ms: u64,
+    /// The counters the fenced acquisition read, for this cycle's token.
+    fence: FenceRead,
     key: usize,
     token: Vec<u8>,
     timing: Timing,
@@ -361,8 +421,13 @@ pub(crate) struct Outcome {
 
 /// Runs one seed of `scenario`.
 pub(crate) fn run(seed: u64, scenario: Scenario, trace: bool) -> Outcome {
+    run_locks(seed, scenario, Locks::Mutex, trace)
+}
+
+/// Runs one seed of `scenario` with clients that take `locks`.
+pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool) -> Outcome {
     let mut rng = Rng::new(seed);
-    let p = Params::draw(&mut rng, scenario);
+    let p = Params::draw(&mut rng, scenario, locks);
     let base = Instant::now();
     let timing = Timing {
         ttl: Duration::from_millis(p.ttl_ms),
@@ -383,8 +448,17 @@ pub(crate) fn run(seed: u64, scenario: Scenario, trace: bool) -> Outcome {
             last_forward_jump: None,
         })
         .collect();
+    // As `RwPolicy::WritePreferring` sets it: two retry delays and node timeouts.
+    let write_preferring = 2 * (p.retry_delay + p.node_timeout).as_millis() as u64;
     let clients = (0..p.clients)
         .map(|_| SimClient {
+            side: Side::Mutex,
+            intent_ms: if locks == Locks::ReadWrite && rng.chance(0.5) {
+                write_preferring
+            } else {
+                0
+            },
+            fence: FenceRead::new(),
             key: 0,
             token: Vec::new(),
             timing,
@@ -445,6 +519,7 @@ pub(crate) fn run(seed: u64, scenario: Scenario, trace: bool) -> Outcome {
     for (k, v) in w.counters.iter().enumerate() {
         w.history.counters.insert(key_name(k), (0, *v));
     }
+    w.stats.shared_reads = shared_reads(&w.history);
     let report = w.history.check();
     if trace {
         for (i, op) in w.history.ops.iter().enumerate() {
@@ -457,6 +532,26 @@ pub(crate) fn run(seed: u64, scenario: Scenario, trace: bool) -> Outcome {
         report,
         stats: w.stats,
     }
+}
+
+/// Read windows that overlap another read window of the same key.
+fn shared_reads(h: &History) -> u64 {
+    let reads: Vec<(&[u8], (Duration, Duration))> = h
+        .ops
+        .iter()
+        .filter(|o| o.kind == Kind::Read)
+        .filter_map(|o| Some((&o.key[..], o.window()?)))
+        .collect();
+    reads
+        .iter()
+        .enumerate()
+        .filter(|&(i, (k, (a0, a1)))| {
+            reads
+                .iter()
+                .enumerate()
+                .any(|(j, (l, (b0, b1)))| i != j && k == l && a0 < b1 && b0 < a1)
+        })
+        .count() as u64
 }
 
 fn key_name(k: usize) -> Vec<u8> {
@@ -599,7 +694,7 @@ impl World {
         let node = self.rng.below(self.p.nodes as u64) as usize;
         let kind = match self.scenario {
             Scenario::Model => self.rng.below(3),
-            Scenario::InstantRestart => 0,
+            Scenario::InstantRestart | Scenario::ForgetfulRestart => 0,
             Scenario::ClockJump => 2,
             Scenario::UncheckedPause => return,
         };
@@ -609,8 +704,15 @@ impl World {
                     return;
                 }
                 self.stats.crashes += 1;
+                // Within the model, fencing runs on nodes that persist every acknowledged write
+                // (AOF, `appendfsync always`): a restart keeps the data, not the script cache.
+                let persistent = self.p.locks == Locks::Fenced && self.scenario == Scenario::Model;
                 let n = &mut self.nodes[node];
-                n.mem = Node::default();
+                if persistent {
+                    n.mem.forget_scripts();
+                } else {
+                    n.mem = Node::default();
+                }
                 n.crashed_at = self.now;
                 if self.scenario == Scenario::InstantRestart {
                     self.log(format_args!("node {node} crashes and restarts at once"));
@@ -674,21 +776,94 @@ impl World {
     /// Runs `f` with the op client `c` is sending now.
     fn with_op<R>(cl: &SimClient, f: impl FnOnce(&dyn Op) -> R) -> R {
         let key = key_name(cl.key);
-        match cl.cmd {
-            Cmd::Acquire => f(&Acquire {
+        let (token, ttl_ms) = (&cl.token[..], cl.ttl_ms);
+        match (cl.side, cl.cmd) {
+            (Side::Mutex, Cmd::Acquire) => f(&Acquire {
                 key: &key,
-                token: &cl.token,
-                ttl_ms: cl.ttl_ms,
+                token,
+                ttl_ms,
             }),
-            Cmd::Extend => f(&Extend {
+            (Side::Fenced, Cmd::Acquire) => f(&FencedAcquire {
                 key: &key,
-                token: &cl.token,
-                ttl_ms: cl.ttl_ms,
+                fence: &fence_key(&key),
+                token,
+                ttl_ms,
+                read: &cl.fence,
             }),
-            Cmd::Release => f(&Release {
+            (Side::Fenced, Cmd::FenceWrite) => f(&FenceWrite {
                 key: &key,
-                token: &cl.token,
+                fence: &fence_key(&key),
+                token,
+                value: cl.fence.token().unwrap_or(0),
             }),
+            (Side::Mutex | Side::Fenced, Cmd::Extend) => f(&Extend {
+                key: &key,
+                token,
+                ttl_ms,
+            }),
+            (Side::Mutex | Side::Fenced, _) => f(&Release { key: &key, token }),
+            (Side::Read, cmd) => {
+                let keys = RwKeys::new(&key);
+                match cmd {
+                    Cmd::Acquire => f(&ReadAcquire {
+                        keys: &keys,
+                        token,
+                        ttl_ms,
+                    }),
+                    Cmd::Extend => f(&ReadExtend {
+                        keys: &keys,
+                        token,
+                        ttl_ms,
+                    }),
+                    _ => f(&SetRelease {
+                        resource: &key,
+                        set: keys.readers(),
+                        token,
+                    }),
+                }
+            }
+            (Side::Write, cmd) => {
+                let keys = RwKeys::new(&key);
+                let intent_ms = cl.intent_ms;
+                match cmd {
+                    Cmd::Acquire => f(&WriteAcquire {
+                        keys: &keys,
+                        token,
+                        ttl_ms,
+                        intent_ms,
+                    }),
+                    Cmd::Extend => f(&Extend {
+                        key: keys.writer(),
+                        token,
+                        ttl_ms,
+                    }),
+                    Cmd::Cleanup => f(&WriteCleanup {
+                        resource: &key,
+                        keys: &keys,
+                        token,
+                        intent_ms,
+                    }),
+                    Cmd::Withdraw => f(&SetRelease {
+                        resource: &key,
+                        set: keys.intents(),
+                        token,
+                    }),
+                    _ => f(&WriteRelease {
+                        resource: &key,
+                        keys: &keys,
+                        token,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Sends `cmd` to every node, replies unread (a cleanup, an intent withdrawal).
+    fn broadcast(&mut self, c: usize, cmd: Cmd) {
+        self.clients[c].cmd = cmd;
+        let bytes = self.encode(c, ScriptForm::Body);
+        for n in 0..self.p.nodes {
+            self.send(c, n, 0, bytes.clone());
         }
     }
 
@@ -760,7 +935,8 @@ impl World {
                 match self.clients[c].cmd {
                     Cmd::Acquire => self.acquired(c, d),
                     Cmd::Extend => self.extended(c, d),
-                    Cmd::Release => self.finish_cycle(c),
+                    Cmd::FenceWrite => self.written_back(c, d),
+                    Cmd::Release | Cmd::Cleanup | Cmd::Withdraw => self.finish_cycle(c),
                 }
             }
         }
@@ -774,9 +950,15 @@ impl World {
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let token = (0..40).map(|_| HEX[self.rng.below(16) as usize]).collect();
         let key = self.rng.below(self.p.keys as u64) as usize;
+        let (side, kind) = match self.p.locks {
+            Locks::Mutex => (Side::Mutex, Kind::Mutex),
+            Locks::Fenced => (Side::Fenced, Kind::Mutex),
+            Locks::ReadWrite if self.rng.chance(0.6) => (Side::Read, Kind::Read),
+            Locks::ReadWrite => (Side::Write, Kind::Write),
+        };
         let op = self.history.push(history::Op {
             client: c as u64,
-            kind: Kind::Mutex,
+            kind,
             key: key_name(key),
             invoke: Duration::from_nanos(self.now),
             ok: None,
@@ -787,6 +969,8 @@ impl World {
         let now = self.instant(self.now);
         let cl = &mut self.clients[c];
         cl.token = token;
+        cl.side = side;
+        cl.fence = FenceRead::new();
         cl.key = key;
         cl.op = op;
         cl.extended = false;
@@ -806,26 +990,32 @@ impl World {
     }
 
     fn acquired(&mut self, c: usize, d: Decision) {
+        let writer_intent = self.clients[c].side == Side::Write && self.clients[c].intent_ms > 0;
         if let Decision::Won {
             valid_until: Some(until),
             ..
         } = d
         {
+            if writer_intent {
+                // Nodes that refused may still hold this writer's intent.
+                self.broadcast(c, Cmd::Withdraw);
+            }
             self.clients[c].valid_until = until;
-            let op = self.clients[c].op;
-            self.history.ops[op].ok = Some(Duration::from_nanos(self.now));
-            self.history.ops[op].valid_until = Some(until - self.base);
-            self.log(format_args!("client {c} holds op {op} until {until:?}"));
-            self.hold(c);
-            return;
+            let cl = &self.clients[c];
+            if cl.side == Side::Fenced && cl.fence.holders() < crate::core::quorum(self.p.nodes) {
+                // The token is not on a quorum yet: write it back before the validity ends.
+                self.stats.write_backs += 1;
+                let timing = cl.timing;
+                return self.start_round(c, Cmd::FenceWrite, Some(timing), Some(until));
+            }
+            return self.granted(c);
         }
         self.log(format_args!("client {c} lost a round: {d:?}"));
-        // Seed 004 step 5: unlock every node, even those that said no or did not answer.
-        self.clients[c].cmd = Cmd::Release;
-        let cleanup = self.encode(c, ScriptForm::Body);
-        for n in 0..self.p.nodes {
-            self.send(c, n, 0, cleanup.clone());
+        if writer_intent {
+            self.stats.intents += 1;
         }
+        // Seed 004 step 5: unlock every node, even those that said no or did not answer.
+        self.broadcast(c, Cmd::Cleanup);
         let delay = self.rng.0.around(self.p.retry_delay);
         let now = self.instant(self.now);
         let next = self.clients[c]
@@ -838,8 +1028,37 @@ impl World {
                 let delay = self.nanos(at) - self.now;
                 self.set_timer(c, delay);
             }
-            None => self.finish_cycle(c),
+            None => {
+                if writer_intent {
+                    self.broadcast(c, Cmd::Withdraw);
+                }
+                self.finish_cycle(c)
+            }
         }
+    }
+
+    /// The lock is the caller's (with its fencing token, if fenced) until `valid_until`.
+    fn granted(&mut self, c: usize) {
+        let cl = &self.clients[c];
+        let (op, until) = (cl.op, cl.valid_until);
+        if cl.side == Side::Fenced {
+            self.history.ops[op].fence = cl.fence.token();
+        }
+        self.history.ops[op].ok = Some(Duration::from_nanos(self.now));
+        self.history.ops[op].valid_until = Some(until - self.base);
+        self.log(format_args!("client {c} holds op {op} until {until:?}"));
+        self.hold(c);
+    }
+
+    /// The fenced grant's write-back round is over.
+    fn written_back(&mut self, c: usize, d: Decision) {
+        if matches!(d, Decision::Won { .. }) {
+            return self.granted(c);
+        }
+        self.log(format_args!(
+            "client {c} could not write its token back: {d:?}"
+        ));
+        self.start_release(c);
     }
 
     /// The holder's work: read the counter after a while, then write it.
@@ -883,6 +1102,10 @@ impl World {
             return self.start_release(c);
         }
         let cl = &self.clients[c];
+        if cl.side == Side::Read {
+            // Readers share the key: they only read.
+            return self.start_release(c);
+        }
         self.counters[cl.key] = cl.read + 1;
         self.history.increments.push(Increment {
             client: c as u64,
@@ -944,6 +1167,15 @@ pub(crate) fn run_many(
     seeds: std::ops::Range<u64>,
     scenario: Scenario,
 ) -> (Report, Stats, Vec<u64>) {
+    run_many_locks(seeds, scenario, Locks::Mutex)
+}
+
+/// [`run_many`] with clients that take `locks`.
+pub(crate) fn run_many_locks(
+    seeds: std::ops::Range<u64>,
+    scenario: Scenario,
+    locks: Locks,
+) -> (Report, Stats, Vec<u64>) {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
     let results: Vec<(Report, Stats, Vec<u64>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -954,7 +1186,7 @@ pub(crate) fn run_many(
                     let mut stats = Stats::default();
                     let mut failing = Vec::new();
                     for seed in seeds.filter(|s| s % threads == t) {
-                        let out = run(seed, scenario, false);
+                        let out = run_locks(seed, scenario, locks, false);
                         if out.report.violations() > 0 {
                             failing.push(seed);
                         }
@@ -987,9 +1219,11 @@ mod tests {
     use super::*;
 
     /// Seeds CI runs within the model; `REDLOCK_SIM_SEEDS` overrides.
-    const CI_SEEDS: u64 = 3000;
+    const CI_SEEDS: u64 = 2000;
+    /// Seeds CI runs within the model for each other kind of lock.
+    const LOCK_SEEDS: u64 = 600;
     /// Seeds each broken scenario runs.
-    const BROKEN_SEEDS: u64 = 300;
+    const BROKEN_SEEDS: u64 = 200;
 
     fn replay_hint(seed: u64, scenario: Scenario) -> String {
         let test = match scenario {
@@ -1066,6 +1300,92 @@ mod tests {
                 );
             } else {
                 assert!(!report.overlaps.is_empty(), "{report}");
+            }
+        }
+    }
+
+    /// Read-write and fenced clients under every fault within the model: readers may share,
+    /// writers exclude everyone, and fencing tokens strictly increase in grant order.
+    #[test]
+    fn read_write_and_fenced_clients_within_the_model() {
+        for locks in [Locks::ReadWrite, Locks::Fenced] {
+            if let Some(seed) = replay_seed() {
+                let out = run_locks(seed, Scenario::Model, locks, true);
+                assert_eq!(out.report.violations(), 0, "{}", out.report);
+                continue;
+            }
+            let (report, stats, failing) =
+                run_many_locks(0..seed_count(LOCK_SEEDS), Scenario::Model, locks);
+            println!("{locks:?} within the model: {stats}\nchecker: {report}");
+            for &seed in &failing {
+                println!(
+                    "{locks:?} seed {seed}; replay: REDLOCK_SIM_SEED={seed} cargo test --lib core::sim::tests::read_write_and_fenced -- --nocapture"
+                );
+            }
+            assert!(failing.is_empty(), "violations in {} seeds", failing.len());
+            assert_eq!(report.violations(), 0, "{report}");
+            assert!(report.windows > stats.seeds as usize, "{report}");
+            assert!(stats.crashes > 0 && stats.partitions > 0 && stats.lost_replies > 0);
+            // What the runs held: both sides and shared reads, or tokens on every grant.
+            let ops: Vec<history::Op> = (0..20)
+                .flat_map(|seed| run_locks(seed, Scenario::Model, locks, false).history.ops)
+                .filter(|op| op.window().is_some())
+                .collect();
+            match locks {
+                Locks::ReadWrite => {
+                    for kind in [Kind::Read, Kind::Write] {
+                        assert!(ops.iter().any(|op| op.kind == kind), "no {kind:?} grants");
+                    }
+                    assert!(stats.shared_reads > 0 && stats.intents > 0, "{stats}");
+                }
+                _ => {
+                    assert!(
+                        ops.iter().all(|op| op.fence.is_some()),
+                        "a grant without a token"
+                    );
+                    assert!(stats.write_backs > 0, "{stats}");
+                }
+            }
+        }
+    }
+
+    /// Nodes that restart without their state forget the fence counters: tokens go backwards,
+    /// even when the restart waits out the TTL and the lock itself holds. Restarting at once
+    /// breaks read-write locks too. The checker must see both.
+    #[test]
+    fn restarts_without_persistence_break_fencing() {
+        let runs = [
+            (Scenario::InstantRestart, Locks::Fenced),
+            (Scenario::ForgetfulRestart, Locks::Fenced),
+            (Scenario::InstantRestart, Locks::ReadWrite),
+        ];
+        if let Some(seed) = replay_seed() {
+            for (scenario, locks) in runs {
+                run_locks(seed, scenario, locks, true);
+            }
+            return;
+        }
+        for (scenario, locks) in runs {
+            let (report, stats, failing) = run_many_locks(0..BROKEN_SEEDS, scenario, locks);
+            println!("{locks:?}, {scenario:?}: {stats}\nchecker: {report}");
+            if let Some(&seed) = failing.first() {
+                println!(
+                    "e.g. seed {seed}; replay: REDLOCK_SIM_SEED={seed} cargo test --lib core::sim::tests::restarts_without -- --nocapture"
+                );
+            }
+            match (scenario, locks) {
+                (Scenario::InstantRestart, Locks::ReadWrite) => {
+                    assert!(!report.overlaps.is_empty(), "{report}")
+                }
+                (Scenario::InstantRestart, _) => {
+                    assert!(report.fencing_violations > 0, "{report}")
+                }
+                _ => {
+                    // The lock keys expired before the node came back: the lock held, the
+                    // counters did not.
+                    assert!(report.fencing_violations > 0, "{report}");
+                    assert!(report.overlaps.is_empty(), "{report}");
+                }
             }
         }
     }

@@ -11,43 +11,328 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::core::ops::{Script, EXTEND, RELEASE};
+use crate::core::{fair, fencing, multi, rw};
 use crate::resp::{self, Limits, Reply, Status, Value};
 use crate::sha1::sha1_hex;
 
-/// A script's semantics: `(node, KEYS, ARGV) -> reply`. Errors are error replies, as a Lua
-/// error raised by `redis.call` would be.
-pub(crate) type ScriptFn = fn(&mut Node, &[&[u8]], &[&[u8]]) -> Value;
+/// A script's semantics: `(node, KEYS, ARGV) -> reply`. `Err` is an error reply, as a Lua
+/// error raised by `redis.call` (or returned by `redis.error_reply`) would be; effects made
+/// before it stay, as in Redis, which does not roll a script back.
+pub(crate) type ScriptFn = fn(&mut Node, &[&[u8]], &[&[u8]]) -> Result<Value, Value>;
 
 /// Every script the simulation knows, by digest.
-pub(crate) static SCRIPT_MODELS: &[(&Script, ScriptFn)] =
-    &[(&RELEASE, release_script), (&EXTEND, extend_script)];
+pub(crate) static SCRIPT_MODELS: &[(&Script, ScriptFn)] = &[
+    (&RELEASE, release_script),
+    (&EXTEND, extend_script),
+    (&fair::FAIR_ACQUIRE, fair_acquire_script),
+    (&fair::LEAVE, leave_script),
+    (&rw::WRITE_ACQUIRE, write_acquire_script),
+    (&rw::WRITE_CLEANUP, write_cleanup_script),
+    (&rw::READ_ACQUIRE, read_acquire_script),
+    (&rw::SET_RELEASE, set_release_script),
+    (&rw::READ_EXTEND, read_extend_script),
+    (&multi::ACQUIRE_ALL, acquire_all_script),
+    (&multi::RELEASE_ALL, release_all_script),
+    (&multi::EXTEND_ALL, extend_all_script),
+    (&fencing::FENCED_ACQUIRE, fenced_acquire_script),
+    (&fencing::FENCE_WRITE, fence_write_script),
+];
 
-/// `if get(K) == token then del(K); publish(channel, '1'); return 1 else return 0 end`
-fn release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Value {
-    let (Some(key), Some(token), Some(channel)) = (keys.first(), args.first(), args.get(1)) else {
-        return script_error("release: KEYS[1], ARGV[1] and ARGV[2] are required");
-    };
-    match node.get(key) {
-        Err(e) => e,
-        Ok(Some(v)) if v == *token => {
-            node.del(key);
-            node.publish(channel);
-            Value::Integer(1)
-        }
-        Ok(_) => Value::Integer(0),
+/// A script's `KEYS` and `ARGV`.
+type KeysArgs<'a, 'b> = (&'b [&'a [u8]], &'b [&'a [u8]]);
+
+/// `KEYS[1..=n]` and `ARGV[1..=m]`, or the error Redis raises when a script passes `nil` to
+/// `redis.call`.
+fn need<'a, 'b>(
+    what: &str,
+    keys: &'b [&'a [u8]],
+    n: usize,
+    args: &'b [&'a [u8]],
+    m: usize,
+) -> Result<KeysArgs<'a, 'b>, Value> {
+    if keys.len() < n || args.len() < m {
+        return Err(script_error(&format!(
+            "{what}: {n} KEYS and {m} ARGV are required"
+        )));
+    }
+    Ok((&keys[..n], &args[..m]))
+}
+
+/// Lua's `tonumber` of a script argument, where the script goes on to compare it.
+fn lua_number(what: &str, b: &[u8]) -> Result<f64, Value> {
+    lua_tonumber(b).ok_or_else(|| script_error(&format!("{what}: not a number")))
+}
+
+/// `if get(K) == token then del(K); publish(channel, token[..16]); return 1 else return 0 end`
+fn release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("release", keys, 1, args, 2)?;
+    if node.get(k[0])? == Some(a[0]) {
+        node.del(k[0]);
+        node.publish(a[1]);
+        Ok(Value::Integer(1))
+    } else {
+        Ok(Value::Integer(0))
     }
 }
 
 /// `if get(K) == token then return pexpire(K, ttl) else return 0 end`
-fn extend_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Value {
-    let (Some(key), Some(token), Some(ttl)) = (keys.first(), args.first(), args.get(1)) else {
-        return script_error("extend: KEYS[1], ARGV[1] and ARGV[2] are required");
-    };
-    match node.get(key) {
-        Err(e) => e,
-        Ok(Some(v)) if v == *token => node.pexpire(key, ttl),
-        Ok(_) => Value::Integer(0),
+fn extend_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("extend", keys, 1, args, 2)?;
+    if node.get(k[0])? == Some(a[0]) {
+        node.pexpire(k[0], a[1])
+    } else {
+        Ok(Value::Integer(0))
     }
+}
+
+/// `SET key value NX PX ttl` as a script calls it: whether it was set.
+fn set_nx_px(node: &mut Node, key: &[u8], value: &[u8], ttl: &[u8]) -> Result<bool, Value> {
+    match node.set_command(&[key, value, b"NX", b"PX", ttl]) {
+        Value::Error(e) => Err(Value::Error(e)),
+        reply => Ok(reply != Value::Bulk(None)),
+    }
+}
+
+/// `if PTTL(key) < ttl then PEXPIRE(key, ttl) end`
+fn keep_ttl_at_least(node: &mut Node, key: &[u8], ttl: f64) -> Result<(), Value> {
+    if (node.pttl(key) as f64) < ttl {
+        node.pexpire_ms(key, ttl as i64);
+    }
+    Ok(())
+}
+
+/// [`fair::FAIR_ACQUIRE`]: KEYS lock, queue, expiries; ARGV token, ttl, ticket, entry TTL, join.
+fn fair_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("fair acquire", keys, 3, args, 5)?;
+    let now = node.now;
+    for dead in node.zrange_by_score(k[2], f64::NEG_INFINITY, now as f64)? {
+        node.zrem(k[1], &[&dead])?;
+        node.zrem(k[2], &[&dead])?;
+    }
+    if node.zcard(k[1])? > 0 || a[4] == b"1" {
+        let ttl = lua_number("fair acquire", a[3])?;
+        node.zadd(&[k[1], a[2], a[0]])?;
+        node.zadd_score(k[2], now as f64 + ttl, a[0], false)?;
+        for key in [k[1], k[2]] {
+            keep_ttl_at_least(node, key, ttl)?;
+        }
+        if node.zfirst(k[1])?.as_deref() != Some(a[0]) {
+            return Ok(Value::Integer(2));
+        }
+        if set_nx_px(node, k[0], a[0], a[1])? {
+            node.zrem(k[1], &[a[0]])?;
+            node.zrem(k[2], &[a[0]])?;
+            return Ok(Value::Integer(1));
+        }
+        return Ok(Value::Integer(2));
+    }
+    Ok(Value::Integer(i64::from(set_nx_px(
+        node, k[0], a[0], a[1],
+    )?)))
+}
+
+/// [`fair::LEAVE`]: KEYS lock, queue, expiries; ARGV token, wake channel.
+fn leave_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("leave", keys, 3, args, 2)?;
+    let gone = node.zrem(k[1], &[a[0]])?;
+    node.zrem(k[2], &[a[0]])?;
+    if gone == 1 && !node.exists(k[0]) {
+        node.publish(a[1]);
+    }
+    Ok(Value::Integer(gone))
+}
+
+/// [`rw::WRITE_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl, intent ms.
+fn write_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("write acquire", keys, 3, args, 3)?;
+    let now = node.now as f64;
+    let mut free = !node.exists(k[0]) && !node.exists(k[1]);
+    if !free && !node.exists(k[0]) {
+        node.zrem_range_by_score(k[1], f64::NEG_INFINITY, now)?;
+        free = !node.exists(k[1]);
+    }
+    let intent = lua_number("write acquire", a[2])?;
+    if free {
+        if let Value::Error(e) = node.set_command(&[k[0], a[0], b"px", a[1]]) {
+            return Err(Value::Error(e));
+        }
+        if intent > 0.0 {
+            node.zrem(k[2], &[a[0]])?;
+        }
+        return Ok(Value::Integer(1));
+    }
+    if intent > 0.0 {
+        node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
+        node.zadd_score(k[2], now + intent, a[0], false)?;
+        keep_ttl_at_least(node, k[2], intent)?;
+    }
+    Ok(Value::Integer(0))
+}
+
+/// [`rw::WRITE_CLEANUP`]: KEYS writer, intents; ARGV token, wake channel, intent ms.
+fn write_cleanup_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("write cleanup", keys, 2, args, 3)?;
+    if node.get(k[0])? == Some(a[0]) {
+        node.del(k[0]);
+        node.publish(a[1]);
+    }
+    let intent = lua_number("write cleanup", a[2])?;
+    if intent > 0.0 {
+        node.zadd_score(k[1], node.now as f64 + intent, a[0], false)?;
+        keep_ttl_at_least(node, k[1], intent)?;
+    }
+    Ok(Value::Integer(1))
+}
+
+/// [`rw::READ_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl.
+fn read_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("read acquire", keys, 3, args, 2)?;
+    let now = node.now as f64;
+    if node.exists(k[0]) {
+        return Ok(Value::Integer(0));
+    }
+    if node.exists(k[2]) {
+        node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
+        if node.exists(k[2]) {
+            return Ok(Value::Integer(0));
+        }
+    }
+    let ttl = lua_number("read acquire", a[1])?;
+    node.zrem_range_by_score(k[1], f64::NEG_INFINITY, now)?;
+    node.zadd_score(k[1], now + ttl, a[0], false)?;
+    keep_ttl_at_least(node, k[1], ttl)?;
+    Ok(Value::Integer(1))
+}
+
+/// [`rw::SET_RELEASE`]: KEYS set; ARGV token, wake channel.
+fn set_release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("set release", keys, 1, args, 2)?;
+    if node.zrem(k[0], &[a[0]])? == 1 {
+        node.publish(a[1]);
+        Ok(Value::Integer(1))
+    } else {
+        Ok(Value::Integer(0))
+    }
+}
+
+/// [`rw::READ_EXTEND`]: KEYS readers; ARGV token, ttl.
+fn read_extend_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("read extend", keys, 1, args, 2)?;
+    let now = node.now as f64;
+    match node.zscore(k[0], a[0])? {
+        Some(s) if s > now => {}
+        _ => return Ok(Value::Integer(0)),
+    }
+    let ttl = lua_number("read extend", a[1])?;
+    node.zadd_score(k[0], now + ttl, a[0], true)?;
+    keep_ttl_at_least(node, k[0], ttl)?;
+    Ok(Value::Integer(1))
+}
+
+/// [`multi::ACQUIRE_ALL`]: KEYS the set; ARGV token, ttl.
+fn acquire_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (_, a) = need("acquire all", keys, 0, args, 2)?;
+    if keys.iter().any(|k| node.exists(k)) {
+        return Ok(Value::Integer(0));
+    }
+    for k in keys {
+        if let Value::Error(e) = node.set_command(&[k, a[0], b"PX", a[1]]) {
+            return Err(Value::Error(e));
+        }
+    }
+    Ok(Value::Integer(1))
+}
+
+/// [`multi::RELEASE_ALL`]: KEYS the set; ARGV token, then each key's wake channel.
+fn release_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (_, a) = need("release all", keys, 0, args, 1)?;
+    let mut n = 0;
+    for (i, k) in keys.iter().enumerate() {
+        if node.get(k)? == Some(a[0]) {
+            node.del(k);
+            let Some(channel) = args.get(i + 1) else {
+                return Err(script_error(
+                    "release all: a wake channel per key is required",
+                ));
+            };
+            node.publish(channel);
+            n += 1;
+        }
+    }
+    Ok(Value::Integer(n))
+}
+
+/// [`multi::EXTEND_ALL`]: KEYS the set; ARGV token, ttl.
+fn extend_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (_, a) = need("extend all", keys, 0, args, 2)?;
+    for k in keys {
+        if node.get(k)? != Some(a[0]) {
+            return Ok(Value::Integer(0));
+        }
+    }
+    for k in keys {
+        node.pexpire(k, a[1])?;
+    }
+    Ok(Value::Integer(1))
+}
+
+/// [`fencing::FENCED_ACQUIRE`]: KEYS lock, fence counter; ARGV token, ttl.
+fn fenced_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("fenced acquire", keys, 2, args, 2)?;
+    let n = match node.get(k[1])? {
+        None => 0.0,
+        Some(f) => match lua_tonumber(f) {
+            Some(n) if n >= 0.0 && n == n.floor() => n,
+            _ => return Err(err("ERR fence counter is not a whole number")),
+        },
+    };
+    if n >= 9_007_199_254_740_991.0 {
+        return Err(err("ERR fence counter exhausted"));
+    }
+    if !set_nx_px(node, k[0], a[0], a[1])? {
+        return Ok(Value::Integer(-1));
+    }
+    let n = n as i64 + 1;
+    node.set_command(&[k[1], n.to_string().as_bytes()]);
+    Ok(Value::Integer(n))
+}
+
+/// [`fencing::FENCE_WRITE`]: KEYS lock, fence counter; ARGV token, value.
+fn fence_write_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("fence write", keys, 2, args, 2)?;
+    if node.get(k[0])? != Some(a[0]) {
+        return Ok(Value::Integer(0));
+    }
+    let n = match node.get(k[1])? {
+        None => 0.0,
+        Some(f) => lua_tonumber(f).ok_or_else(|| err("ERR fence counter is not a whole number"))?,
+    };
+    if lua_number("fence write", a[1])? > n {
+        node.set_command(&[k[1], a[1]]);
+    }
+    Ok(Value::Integer(1))
+}
+
+/// Lua 5.1's `tonumber` of a string (`strtod`, or hex after `0x`, surrounding spaces allowed).
+fn lua_tonumber(b: &[u8]) -> Option<f64> {
+    let s = std::str::from_utf8(b)
+        .ok()?
+        .trim_matches(|c: char| c.is_ascii_whitespace());
+    let (neg, digits) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    if let Some(hex) = digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
+        let v = u64::from_str_radix(hex, 16).ok()? as f64;
+        return Some(if neg { -v } else { v });
+    }
+    if digits.is_empty() || digits.starts_with(['+', '-']) {
+        return None;
+    }
+    s.parse::<f64>().ok()
 }
 
 fn script_error(what: &str) -> Value {
@@ -114,6 +399,11 @@ impl Node {
         out
     }
 
+    /// A restart that reloads the data from disk: only the script cache is lost.
+    pub fn forget_scripts(&mut self) {
+        self.scripts.clear();
+    }
+
     /// The keys that hold something now (expired ones are not counted).
     pub fn live_keys(&mut self) -> usize {
         let now = self.now;
@@ -140,27 +430,44 @@ impl Node {
         };
         let r = match name.as_slice() {
             b"SET" if rest.len() >= 2 => Ok(self.set_command(rest)),
-            b"GET" => arity(1).map(|()| match self.get(rest[0]) {
-                Ok(v) => Value::Bulk(v.map(<[u8]>::to_vec)),
-                Err(e) => e,
-            }),
+            b"GET" => arity(1)
+                .and_then(|()| self.get(rest[0]))
+                .map(|v| Value::Bulk(v.map(<[u8]>::to_vec))),
             b"DEL" if !rest.is_empty() => Ok(Value::Integer(
                 rest.iter().filter(|k| self.del(k)).count() as i64,
             )),
             b"EXISTS" if !rest.is_empty() => Ok(Value::Integer(
-                rest.iter().filter(|k| self.entry(k).is_some()).count() as i64,
+                rest.iter().filter(|k| self.exists(k)).count() as i64,
             )),
-            b"PEXPIRE" => arity(2).map(|()| self.pexpire(rest[0], rest[1])),
-            b"PTTL" => arity(1).map(|()| self.pttl(rest[0])),
+            b"PEXPIRE" => arity(2).and_then(|()| self.pexpire(rest[0], rest[1])),
+            b"PTTL" => arity(1).map(|()| Value::Integer(self.pttl(rest[0]))),
             b"PUBLISH" => arity(2).map(|()| {
                 self.publish(rest[0]);
                 Value::Integer(0)
             }),
-            b"ZADD" if rest.len() >= 3 && rest.len() % 2 == 1 => Ok(self.zadd(rest)),
-            b"ZREM" if rest.len() >= 2 => Ok(self.zrem(rest[0], &rest[1..])),
-            b"ZCARD" => arity(1).map(|()| match self.zset(rest[0]) {
-                Ok(z) => Value::Integer(z.map_or(0, |z| z.len() as i64)),
-                Err(e) => e,
+            b"ZADD" if rest.len() >= 3 && rest.len() % 2 == 1 => {
+                self.zadd(rest).map(Value::Integer)
+            }
+            b"ZREM" if rest.len() >= 2 => self.zrem(rest[0], &rest[1..]).map(Value::Integer),
+            b"ZCARD" => arity(1).and_then(|()| self.zcard(rest[0]).map(Value::Integer)),
+            b"ZSCORE" => arity(2).and_then(|()| {
+                self.zscore(rest[0], rest[1])
+                    .map(|s| Value::Bulk(s.map(format_score)))
+            }),
+            b"ZRANGE" => arity(3).and_then(|()| {
+                let (Some(start), Some(stop)) = (parse_i64(rest[1]), parse_i64(rest[2])) else {
+                    return Err(err(NOT_INTEGER));
+                };
+                self.zrange(rest[0], start, stop).map(bulk_array)
+            }),
+            b"ZRANGEBYSCORE" => arity(3).and_then(|()| {
+                let (min, max) = score_range(rest[1], rest[2])?;
+                self.zrange_by_score(rest[0], min, max).map(bulk_array)
+            }),
+            b"ZREMRANGEBYSCORE" => arity(3).and_then(|()| {
+                let (min, max) = score_range(rest[1], rest[2])?;
+                self.zrem_range_by_score(rest[0], min, max)
+                    .map(Value::Integer)
             }),
             b"EVAL" | b"EVALSHA" if rest.len() >= 2 => Ok(self.eval(name == b"EVAL", rest)),
             b"SCRIPT" if rest.len() == 2 && rest[0].eq_ignore_ascii_case(b"LOAD") => {
@@ -259,7 +566,7 @@ impl Node {
         let Some((_, model)) = SCRIPT_MODELS.iter().find(|(s, _)| s.sha == sha) else {
             return script_error("no model for this script");
         };
-        model(self, &rest[..numkeys], &rest[numkeys..])
+        model(self, &rest[..numkeys], &rest[numkeys..]).unwrap_or_else(|e| e)
     }
 
     /// The live entry at `key`, dropping it first if it has expired.
@@ -291,29 +598,37 @@ impl Node {
         self.entry(key).is_some() && self.data.remove(key).is_some()
     }
 
+    /// `EXISTS` of one key.
+    pub fn exists(&mut self, key: &[u8]) -> bool {
+        self.entry(key).is_some()
+    }
+
     /// `PEXPIRE key ms`: 1 if the key exists (a non-positive TTL deletes it), else 0.
-    pub fn pexpire(&mut self, key: &[u8], ms: &[u8]) -> Value {
-        let Some(ms) = parse_i64(ms) else {
-            return err(NOT_INTEGER);
-        };
+    pub fn pexpire(&mut self, key: &[u8], ms: &[u8]) -> Result<Value, Value> {
+        let ms = parse_i64(ms).ok_or_else(|| err(NOT_INTEGER))?;
+        Ok(Value::Integer(self.pexpire_ms(key, ms)))
+    }
+
+    /// `PEXPIRE` with a number of milliseconds.
+    pub fn pexpire_ms(&mut self, key: &[u8], ms: i64) -> i64 {
         let now = self.now;
         match self.entry(key) {
-            None => Value::Integer(0),
+            None => 0,
             Some(_) if ms <= 0 => {
                 self.data.remove(key);
-                Value::Integer(1)
+                1
             }
             Some(e) => {
                 e.expire_at = Some(now.saturating_add(ms));
-                Value::Integer(1)
+                1
             }
         }
     }
 
     /// `PTTL key`: -2 if missing, -1 without expiry, else the ms left.
-    pub fn pttl(&mut self, key: &[u8]) -> Value {
+    pub fn pttl(&mut self, key: &[u8]) -> i64 {
         let now = self.now;
-        Value::Integer(match self.entry(key) {
+        match self.entry(key) {
             None => -2,
             Some(Entry {
                 expire_at: None, ..
@@ -322,7 +637,7 @@ impl Node {
                 expire_at: Some(at),
                 ..
             }) => (*at - now).max(0),
-        })
+        }
     }
 
     /// `PUBLISH`: counted only; the simulation has no subscribers.
@@ -342,9 +657,25 @@ impl Node {
         }
     }
 
+    /// The members of the sorted set at `key` in Redis order: by score, then by member.
+    fn ordered(&mut self, key: &[u8]) -> Result<Vec<(Vec<u8>, f64)>, Value> {
+        let mut all: Vec<(Vec<u8>, f64)> = match self.zset(key)? {
+            None => Vec::new(),
+            Some(z) => z.iter().map(|(m, s)| (m.clone(), *s)).collect(),
+        };
+        all.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(all)
+    }
+
+    /// Deletes the sorted set at `key` if it is empty, as Redis does.
+    fn drop_if_empty(&mut self, key: &[u8]) {
+        if matches!(self.zset(key), Ok(Some(z)) if z.is_empty()) {
+            self.data.remove(key);
+        }
+    }
+
     /// `ZADD key score member [score member ...]`: members newly added.
-    pub fn zadd(&mut self, args: &[&[u8]]) -> Value {
-        let key = args[0];
+    pub fn zadd(&mut self, args: &[&[u8]]) -> Result<i64, Value> {
         let mut pairs = Vec::new();
         for p in args[1..].chunks(2) {
             match std::str::from_utf8(p[0])
@@ -352,37 +683,161 @@ impl Node {
                 .and_then(|s| s.parse::<f64>().ok())
             {
                 Some(score) if !score.is_nan() => pairs.push((score, p[1])),
-                _ => return err("ERR value is not a valid float"),
+                _ => return Err(err("ERR value is not a valid float")),
             }
         }
-        if let Err(e) = self.zset(key) {
-            return e;
+        let mut added = 0;
+        for (score, member) in pairs {
+            added += self.zadd_score(args[0], score, member, false)?;
         }
-        let entry = self.data.entry(key.to_vec()).or_insert(Entry {
-            data: Data::ZSet(BTreeMap::new()),
-            expire_at: None,
-        });
-        let Data::ZSet(z) = &mut entry.data else {
-            return err(WRONGTYPE);
+        Ok(added)
+    }
+
+    /// `ZADD key [XX] score member`: 1 if the member is new (never with `xx`), else 0.
+    pub fn zadd_score(
+        &mut self,
+        key: &[u8],
+        score: f64,
+        member: &[u8],
+        xx: bool,
+    ) -> Result<i64, Value> {
+        if self.zset(key)?.is_none() {
+            if xx {
+                return Ok(0);
+            }
+            self.data.insert(
+                key.to_vec(),
+                Entry {
+                    data: Data::ZSet(BTreeMap::new()),
+                    expire_at: None,
+                },
+            );
+        }
+        let Some(z) = self.zset(key)? else {
+            return Err(err(WRONGTYPE));
         };
-        let added = pairs
-            .into_iter()
-            .filter(|(score, member)| z.insert(member.to_vec(), *score).is_none())
-            .count();
-        Value::Integer(added as i64)
+        if xx {
+            if let Some(s) = z.get_mut(member) {
+                *s = score;
+            }
+            return Ok(0);
+        }
+        Ok(i64::from(z.insert(member.to_vec(), score).is_none()))
     }
 
     /// `ZREM key member...`: members removed; an emptied set is deleted, as in Redis.
-    pub fn zrem(&mut self, key: &[u8], members: &[&[u8]]) -> Value {
-        let removed = match self.zset(key) {
-            Err(e) => return e,
-            Ok(None) => 0,
-            Ok(Some(z)) => members.iter().filter(|m| z.remove(**m).is_some()).count(),
+    pub fn zrem(&mut self, key: &[u8], members: &[&[u8]]) -> Result<i64, Value> {
+        let removed = match self.zset(key)? {
+            None => 0,
+            Some(z) => members.iter().filter(|m| z.remove(**m).is_some()).count(),
         };
-        if matches!(self.zset(key), Ok(Some(z)) if z.is_empty()) {
-            self.data.remove(key);
+        self.drop_if_empty(key);
+        Ok(removed as i64)
+    }
+
+    /// `ZCARD key`
+    pub fn zcard(&mut self, key: &[u8]) -> Result<i64, Value> {
+        Ok(self.zset(key)?.map_or(0, |z| z.len() as i64))
+    }
+
+    /// `ZSCORE key member`
+    pub fn zscore(&mut self, key: &[u8], member: &[u8]) -> Result<Option<f64>, Value> {
+        Ok(self.zset(key)?.and_then(|z| z.get(member).copied()))
+    }
+
+    /// `ZRANGE key start stop` (ranks from 0, negative from the end).
+    pub fn zrange(&mut self, key: &[u8], start: i64, stop: i64) -> Result<Vec<Vec<u8>>, Value> {
+        let all = self.ordered(key)?;
+        let len = all.len() as i64;
+        let start = if start < 0 {
+            (len + start).max(0)
+        } else {
+            start
+        };
+        let stop = if stop < 0 {
+            len + stop
+        } else {
+            stop.min(len - 1)
+        };
+        if start > stop || start >= len {
+            return Ok(Vec::new());
         }
-        Value::Integer(removed as i64)
+        Ok(all[start as usize..=stop as usize]
+            .iter()
+            .map(|(m, _)| m.clone())
+            .collect())
+    }
+
+    /// `ZRANGE key 0 0`: the first member.
+    pub fn zfirst(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Value> {
+        Ok(self.zrange(key, 0, 0)?.pop())
+    }
+
+    /// `ZRANGEBYSCORE key min max` (both inclusive).
+    pub fn zrange_by_score(
+        &mut self,
+        key: &[u8],
+        min: f64,
+        max: f64,
+    ) -> Result<Vec<Vec<u8>>, Value> {
+        Ok(self
+            .ordered(key)?
+            .into_iter()
+            .filter(|(_, s)| *s >= min && *s <= max)
+            .map(|(m, _)| m)
+            .collect())
+    }
+
+    /// `ZREMRANGEBYSCORE key min max` (both inclusive): members removed.
+    pub fn zrem_range_by_score(&mut self, key: &[u8], min: f64, max: f64) -> Result<i64, Value> {
+        let removed = match self.zset(key)? {
+            None => 0,
+            Some(z) => {
+                let before = z.len();
+                z.retain(|_, s| !(*s >= min && *s <= max));
+                before - z.len()
+            }
+        };
+        self.drop_if_empty(key);
+        Ok(removed as i64)
+    }
+}
+
+/// A score as Redis 7.0 writes it (`%.17g`; whole numbers without a fraction).
+fn format_score(s: f64) -> Vec<u8> {
+    if s.is_infinite() {
+        return if s > 0.0 {
+            b"inf".to_vec()
+        } else {
+            b"-inf".to_vec()
+        };
+    }
+    if s == s.trunc() && s.abs() < 1e17 {
+        format!("{}", s as i64).into_bytes()
+    } else {
+        format!("{s}").into_bytes()
+    }
+}
+
+fn bulk_array(items: Vec<Vec<u8>>) -> Value {
+    Value::Array(Some(
+        items.into_iter().map(|m| Value::Bulk(Some(m))).collect(),
+    ))
+}
+
+/// The bounds of `ZRANGEBYSCORE`: numbers, `-inf` or `+inf` (exclusive bounds are not modelled).
+fn score_range(min: &[u8], max: &[u8]) -> Result<(f64, f64), Value> {
+    let bound = |b: &[u8]| match b {
+        b"-inf" => Some(f64::NEG_INFINITY),
+        b"+inf" | b"inf" => Some(f64::INFINITY),
+        _ => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| !s.is_nan()),
+    };
+    match (bound(min), bound(max)) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(err("ERR min or max is not a float")),
     }
 }
 
@@ -458,7 +913,7 @@ mod tests {
             ttl_ms: 500,
         };
         assert_eq!(run(&mut n, 1102, &ext, ScriptForm::Body), Value::Integer(1));
-        assert_eq!(n.pttl(b"k"), Value::Integer(500));
+        assert_eq!(n.pttl(b"k"), 500);
         // EVAL cached EXTEND only: RELEASE by digest is still unknown.
         assert!(matches!(
             run(&mut n, 1103, &rel, ScriptForm::Sha),
