@@ -164,8 +164,8 @@ pub(crate) fn write_eval_head(
     resp::write_bulk_u64(out, numkeys as u64);
 }
 
-/// What every fair acquisition keeps across its attempts: its place, whether it has to join
-/// even an empty queue yet, and whether some node queued it.
+/// What every fair acquisition keeps across its attempts: its place, and whether it has to
+/// join even an empty queue yet.
 #[derive(Debug)]
 pub struct FairState {
     /// The waiter's place: chosen once, the same on every node.
@@ -175,7 +175,6 @@ pub struct FairState {
     /// Join even an empty queue once the caller has waited this long.
     pub join_after: Duration,
     join: Cell<bool>,
-    queued: Cell<bool>,
 }
 
 impl FairState {
@@ -187,7 +186,6 @@ impl FairState {
             entry_ttl_ms,
             join_after,
             join: Cell::new(false),
-            queued: Cell::new(false),
         }
     }
 
@@ -198,13 +196,12 @@ impl FairState {
         resp::write_bulk(out, if self.join.get() { b"1" } else { b"0" });
     }
 
-    /// Reads a fair script's reply: 2 is a refusal that left this waiter queued.
+    /// Reads a fair script's reply: 2 is a refusal that left this waiter queued. Whether it
+    /// is queued is not tracked: a node that answers after the round was decided may have
+    /// queued it unseen, so every fair acquisition leaves every queue when it is done.
     pub fn classify(&self, reply: &Reply<'_>) -> Verdict {
         match reply {
-            Reply::Integer(2) => {
-                self.queued.set(true);
-                Verdict::Vote(Vote::No)
-            }
+            Reply::Integer(2) => Verdict::Vote(Vote::No),
             other => int_verdict(other),
         }
     }
@@ -214,13 +211,6 @@ impl FairState {
         if waited >= self.join_after {
             self.join.set(true);
         }
-    }
-
-    /// Whether a node answered that it queued this waiter. Not the whole story: a node that
-    /// answers after the round was decided may have queued it too, unseen, which is why every
-    /// fair acquisition leaves every queue when it is done.
-    pub fn queued(&self) -> bool {
-        self.queued.get()
     }
 }
 
@@ -356,9 +346,7 @@ mod tests {
         let op = FairAcquire::new(b"k", b"t", 1000, FairState::new(7, 500, Duration::ZERO));
         assert!(op.on_finish().is_some());
         assert_eq!(op.classify(&Reply::Integer(0)), Verdict::Vote(Vote::No));
-        assert!(!op.fair.queued());
         assert_eq!(op.classify(&Reply::Integer(1)), Verdict::Vote(Vote::Yes));
         assert_eq!(op.classify(&Reply::Integer(2)), Verdict::Vote(Vote::No));
-        assert!(op.fair.queued());
     }
 }

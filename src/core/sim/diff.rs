@@ -8,12 +8,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::local_servers::RedisServer;
 use super::node::Node;
 use super::Rng;
-use crate::core::fair::{FairAcquire, Leave};
+use crate::core::fair::{FairAcquire, FairState, Leave, QueueKeys};
 use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
 use crate::core::multi::{AcquireAll, ExtendAll, ReleaseAll};
 use crate::core::ops::{Acquire, Extend, Op, Release, ScriptForm};
 use crate::core::rw::{
-    ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
+    FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
+    WriteRelease,
 };
 use crate::resp::{self, Limits, Status, Value};
 
@@ -246,7 +247,7 @@ fn every_lock_script_answers_like_redis_server() {
     let multi_keys: [&[u8]; 3] = [b"m:a", b"m:b", b"m:c"];
     let fence_lock: [&[u8]; 2] = [b"f:a", b"f:b"];
     let fences = [fence_key(fence_lock[0]), fence_key(fence_lock[1])];
-    let mut kinds = [0usize; 20];
+    let mut kinds = [0usize; 22];
     for i in 0..800 {
         let t = rng.below(3) as usize;
         let token = tokens[t];
@@ -266,7 +267,7 @@ fn every_lock_script_answers_like_redis_server() {
             .map(|b| multi_keys[b])
             .collect();
         let intent_ms = if rng.chance(0.5) { 0 } else { long };
-        let kind = rng.below(20) as usize;
+        let kind = rng.below(22) as usize;
         kinds[kind] += 1;
         let cmd = match kind {
             0 | 1 => encode(
@@ -337,7 +338,12 @@ fn every_lock_script_answers_like_redis_server() {
             9 | 10 => {
                 // Equal tickets are ordered by token, as Redis orders equal scores by member.
                 let ticket = [7, 7, 3][t] + rng.below(2);
-                let op = FairAcquire::new(fair_key, token, ttl_ms, ticket, long, Duration::ZERO);
+                let op = FairAcquire::new(
+                    fair_key,
+                    token,
+                    ttl_ms,
+                    FairState::new(ticket, long, Duration::ZERO),
+                );
                 if rng.chance(0.5) {
                     op.on_retry(Duration::ZERO);
                 }
@@ -345,7 +351,9 @@ fn every_lock_script_answers_like_redis_server() {
             }
             11 => encode(
                 &Leave {
-                    key: fair_key,
+                    resource: fair_key,
+                    keys: QueueKeys::Mutex(fair_key),
+                    kind: b"",
                     token,
                 },
                 form,
@@ -400,11 +408,25 @@ fn every_lock_script_answers_like_redis_server() {
                 },
                 form,
             ),
+            19 | 20 => {
+                let ticket = [7, 7, 3][t] + rng.below(2);
+                let fair = FairState::new(ticket, long, Duration::ZERO);
+                let op = if kind == 19 {
+                    FairRwAcquire::write(b"doc", k, token, ttl_ms, intent_ms, fair)
+                } else {
+                    FairRwAcquire::read(b"doc", k, token, ttl_ms, fair)
+                };
+                if rng.chance(0.5) {
+                    op.on_retry(Duration::ZERO);
+                }
+                encode(&op, form)
+            }
             _ => {
                 // Look at the state: the queue in order, set sizes, counters, expiries, scores.
                 for cmd in [
                     command(&[b"ZRANGE", &queue_key(fair_key), b"0", b"-1"]),
                     command(&[b"ZCARD", k.readers()]),
+                    command(&[b"ZRANGE", k.queue(), b"0", b"-1"]),
                     command(&[b"ZCARD", k.intents()]),
                     command(&[b"GET", k.writer()]),
                     command(&[b"GET", &fences[f]]),
@@ -489,7 +511,12 @@ fn every_lock_script_answers_like_redis_server() {
         "writer leaves an intent",
     );
     let queued = |token, ticket| {
-        let op = FairAcquire::new(fair_keys[0], token, 60_000, ticket, 30, Duration::ZERO);
+        let op = FairAcquire::new(
+            fair_keys[0],
+            token,
+            60_000,
+            FairState::new(ticket, 30, Duration::ZERO),
+        );
         op.on_retry(Duration::ZERO);
         op
     };
@@ -529,8 +556,8 @@ fn every_lock_script_answers_like_redis_server() {
 /// The fair queue's key of `key`, as the ops derive it.
 fn queue_key(key: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    crate::core::fair::write_derived_key(&mut out, key, crate::core::fair::QUEUE_SUFFIX);
-    // `write_derived_key` writes a bulk string: keep what is between the header and the CRLF.
+    crate::core::fair::write_queue_key(&mut out, key, 0);
+    // `write_queue_key` writes a bulk string: keep what is between the header and the CRLF.
     let start = out.iter().position(|&b| b == b'\n').expect("header") + 1;
     out[start..out.len() - 2].to_vec()
 }

@@ -27,6 +27,8 @@ pub(crate) static SCRIPT_MODELS: &[(&Script, ScriptFn)] = &[
     (&fair::FAIR_ACQUIRE, fair_acquire_script),
     (&fair::LEAVE, leave_script),
     (&rw::WRITE_ACQUIRE, write_acquire_script),
+    (&rw::FAIR_WRITE_ACQUIRE, fair_write_acquire_script),
+    (&rw::FAIR_READ_ACQUIRE, fair_read_acquire_script),
     (&rw::WRITE_CLEANUP, write_cleanup_script),
     (&rw::READ_ACQUIRE, read_acquire_script),
     (&rw::SET_RELEASE, set_release_script),
@@ -101,34 +103,102 @@ fn keep_ttl_at_least(node: &mut Node, key: &[u8], ttl: f64) -> Result<(), Value>
     Ok(())
 }
 
+/// The queue gate every fair acquire script starts with (`fair_gate!` in `core::fair`): the
+/// queue and its expiries are the last two KEYS, ticket, entry TTL and join the last three ARGV,
+/// the entry is `kind` followed by ARGV[1]. `Err(2)`-like refusals come back as `Ok(None)`;
+/// `Ok(Some((entry, queued)))` lets the body run.
+fn fair_gate(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+    kind: &[u8],
+    readers_share: bool,
+) -> Result<Option<(Vec<u8>, bool)>, Value> {
+    let (qk, xk) = (keys[keys.len() - 2], keys[keys.len() - 1]);
+    let n = args.len();
+    let (ticket, ettl, join) = (args[n - 3], args[n - 2], args[n - 1]);
+    let entry = [kind, args[0]].concat();
+    let now = node.now;
+    for dead in node.zrange_by_score(xk, f64::NEG_INFINITY, now as f64)? {
+        node.zrem(qk, &[&dead])?;
+        node.zrem(xk, &[&dead])?;
+    }
+    if join != b"1" && node.zcard(qk)? == 0 {
+        return Ok(Some((entry, false)));
+    }
+    let ettl = lua_number("fair gate", ettl)?;
+    node.zadd(&[qk, ticket, &entry])?;
+    node.zadd_score(xk, now as f64 + ettl, &entry, false)?;
+    keep_ttl_at_least(node, qk, ettl)?;
+    keep_ttl_at_least(node, xk, ettl)?;
+    let ahead: Vec<Vec<u8>> = node
+        .zrange(qk, 0, -1)?
+        .into_iter()
+        .take_while(|e| *e != entry)
+        .collect();
+    let blocked = if readers_share {
+        ahead.iter().any(|e| e.first() == Some(&b'w'))
+    } else {
+        !ahead.is_empty()
+    };
+    Ok((!blocked).then_some((entry, true)))
+}
+
+/// What a fair script answers once the gate let its body run: `won()` takes the entry out of
+/// the queue; `refused()` is 2 when the waiter is queued, else 0.
+fn fair_outcome(
+    node: &mut Node,
+    keys: &[&[u8]],
+    (entry, queued): (Vec<u8>, bool),
+    won: bool,
+) -> Result<Value, Value> {
+    if won {
+        node.zrem(keys[keys.len() - 2], &[&entry])?;
+        node.zrem(keys[keys.len() - 1], &[&entry])?;
+        return Ok(Value::Integer(1));
+    }
+    Ok(Value::Integer(if queued { 2 } else { 0 }))
+}
+
 /// [`fair::FAIR_ACQUIRE`]: KEYS lock, queue, expiries; ARGV token, ttl, ticket, entry TTL, join.
 fn fair_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
     let (k, a) = need("fair acquire", keys, 3, args, 5)?;
-    let now = node.now;
-    for dead in node.zrange_by_score(k[2], f64::NEG_INFINITY, now as f64)? {
-        node.zrem(k[1], &[&dead])?;
-        node.zrem(k[2], &[&dead])?;
-    }
-    if node.zcard(k[1])? > 0 || a[4] == b"1" {
-        let ttl = lua_number("fair acquire", a[3])?;
-        node.zadd(&[k[1], a[2], a[0]])?;
-        node.zadd_score(k[2], now as f64 + ttl, a[0], false)?;
-        for key in [k[1], k[2]] {
-            keep_ttl_at_least(node, key, ttl)?;
-        }
-        if node.zfirst(k[1])?.as_deref() != Some(a[0]) {
-            return Ok(Value::Integer(2));
-        }
-        if set_nx_px(node, k[0], a[0], a[1])? {
-            node.zrem(k[1], &[a[0]])?;
-            node.zrem(k[2], &[a[0]])?;
-            return Ok(Value::Integer(1));
-        }
+    let Some(gate) = fair_gate(node, k, a, b"", false)? else {
         return Ok(Value::Integer(2));
-    }
-    Ok(Value::Integer(i64::from(set_nx_px(
-        node, k[0], a[0], a[1],
-    )?)))
+    };
+    let won = set_nx_px(node, k[0], a[0], a[1])?;
+    fair_outcome(node, k, gate, won)
+}
+
+/// [`rw::FAIR_WRITE_ACQUIRE`]: [`rw::WRITE_ACQUIRE`] behind the gate. KEYS writer, readers,
+/// intents, queue, expiries; ARGV token, ttl, intent ms, ticket, entry TTL, join.
+fn fair_write_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fair write acquire", keys, 5, args, 6)?;
+    let Some(gate) = fair_gate(node, k, a, b"w", false)? else {
+        return Ok(Value::Integer(2));
+    };
+    let won = write_acquire_body(node, k, a)?;
+    fair_outcome(node, k, gate, won)
+}
+
+/// [`rw::FAIR_READ_ACQUIRE`]: [`rw::READ_ACQUIRE`] behind the gate, readers at the head
+/// sharing. KEYS writer, readers, intents, queue, expiries; ARGV token, ttl, unused, ticket,
+/// entry TTL, join.
+fn fair_read_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fair read acquire", keys, 5, args, 6)?;
+    let Some(gate) = fair_gate(node, k, a, b"r", true)? else {
+        return Ok(Value::Integer(2));
+    };
+    let won = read_acquire_body(node, k, a)?;
+    fair_outcome(node, k, gate, won)
 }
 
 /// [`fair::LEAVE`]: KEYS lock, queue, expiries; ARGV token, wake channel.
@@ -145,6 +215,11 @@ fn leave_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value
 /// [`rw::WRITE_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl, intent ms.
 fn write_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
     let (k, a) = need("write acquire", keys, 3, args, 3)?;
+    Ok(Value::Integer(i64::from(write_acquire_body(node, k, a)?)))
+}
+
+/// The body of a write acquire: whether it took the writer key.
+fn write_acquire_body(node: &mut Node, k: &[&[u8]], a: &[&[u8]]) -> Result<bool, Value> {
     let now = node.now as f64;
     let mut free = !node.exists(k[0]) && !node.exists(k[1]);
     if !free && !node.exists(k[0]) {
@@ -159,14 +234,14 @@ fn write_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Resu
         if intent > 0.0 {
             node.zrem(k[2], &[a[0]])?;
         }
-        return Ok(Value::Integer(1));
+        return Ok(true);
     }
     if intent > 0.0 {
         node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
         node.zadd_score(k[2], now + intent, a[0], false)?;
         keep_ttl_at_least(node, k[2], intent)?;
     }
-    Ok(Value::Integer(0))
+    Ok(false)
 }
 
 /// [`rw::WRITE_CLEANUP`]: KEYS writer, intents; ARGV token, wake channel, intent ms.
@@ -187,21 +262,26 @@ fn write_cleanup_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Resu
 /// [`rw::READ_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl.
 fn read_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
     let (k, a) = need("read acquire", keys, 3, args, 2)?;
+    Ok(Value::Integer(i64::from(read_acquire_body(node, k, a)?)))
+}
+
+/// The body of a read acquire: whether the reader went in.
+fn read_acquire_body(node: &mut Node, k: &[&[u8]], a: &[&[u8]]) -> Result<bool, Value> {
     let now = node.now as f64;
     if node.exists(k[0]) {
-        return Ok(Value::Integer(0));
+        return Ok(false);
     }
     if node.exists(k[2]) {
         node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
         if node.exists(k[2]) {
-            return Ok(Value::Integer(0));
+            return Ok(false);
         }
     }
     let ttl = lua_number("read acquire", a[1])?;
     node.zrem_range_by_score(k[1], f64::NEG_INFINITY, now)?;
     node.zadd_score(k[1], now + ttl, a[0], false)?;
     keep_ttl_at_least(node, k[1], ttl)?;
-    Ok(Value::Integer(1))
+    Ok(true)
 }
 
 /// [`rw::SET_RELEASE`]: KEYS set; ARGV token, wake channel.
@@ -766,11 +846,6 @@ impl Node {
             .iter()
             .map(|(m, _)| m.clone())
             .collect())
-    }
-
-    /// `ZRANGE key 0 0`: the first member.
-    pub fn zfirst(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Value> {
-        Ok(self.zrange(key, 0, 0)?.pop())
     }
 
     /// `ZRANGEBYSCORE key min max` (both inclusive).
