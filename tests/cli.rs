@@ -278,6 +278,23 @@ fn bench_reports_json_against_given_nodes() {
     );
     assert!(text.contains("\"ratio_p50\""), "{text}");
     assert!(text.contains("\"errors\":0"), "{text}");
+
+    let out = output(
+        &cluster,
+        &[
+            "bench", "--nodes", &urls, "--iters", "200", "--mode", "read", "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\"rw\":[{\"n\":1,\"read\":"), "{text}");
+    assert!(text.contains("\"ratio_to_mutex_p50\""), "{text}");
+    // The mutex and the read lock, both without an error.
+    assert_eq!(text.matches("\"errors\":0").count(), 2, "{text}");
 }
 
 /// Runs `redlock-mux run ARGS KEY -- sh -c SCRIPT sh ID`.
