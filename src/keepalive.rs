@@ -1,8 +1,8 @@
 //! Auto-extension: one background thread per [`Client`] keeps its guards alive.
 //!
-//! [`Lock::keep_alive`] hands a guard to the client's keeper and returns a [`KeptLock`]. The
-//! keeper extends the lock to its TTL every interval (a third of the TTL unless set), for
-//! every kept guard of the client, on one thread started on first use. When an extension is
+//! [`Lock::keep_alive`] (and [`ReadLock::keep_alive`], [`WriteLock::keep_alive`]) hands a
+//! guard to the client's keeper and returns a [`KeptLock`]. The keeper extends the lock to its
+//! TTL every interval (a third of the TTL unless set), for every kept guard of the client, on one thread started on first use. When an extension is
 //! refused by the quorum, or the validity runs out before one succeeds, the guard is marked
 //! lost: [`KeptLock::is_lost`] turns true and the holder is told at once by a channel or a
 //! callback given in [`KeepAlive`]. A failure that may pass (a node unreachable) is retried
@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::{Client, Lock};
 use crate::error::Error;
+use crate::rwlock::{ReadLock, WriteLock};
 
 /// Delay before retrying an extension that failed for a reason that may pass.
 const DEFAULT_RETRY: Duration = Duration::from_millis(100);
@@ -104,16 +105,88 @@ pub struct Lost {
     pub error: Error,
 }
 
+/// The guards the keeper can extend: a mutex, or either side of a read-write lock.
+#[derive(Debug)]
+enum Guard {
+    Mutex(Lock),
+    Read(ReadLock),
+    Write(WriteLock),
+}
+
+impl Guard {
+    fn key(&self) -> &[u8] {
+        match self {
+            Guard::Mutex(l) => l.key(),
+            Guard::Read(l) => l.key(),
+            Guard::Write(l) => l.key(),
+        }
+    }
+
+    fn token(&self) -> &[u8] {
+        match self {
+            Guard::Mutex(l) => l.token(),
+            Guard::Read(l) => l.token(),
+            Guard::Write(l) => l.token(),
+        }
+    }
+
+    fn validity(&self) -> Duration {
+        match self {
+            Guard::Mutex(l) => l.validity(),
+            Guard::Read(l) => l.validity(),
+            Guard::Write(l) => l.validity(),
+        }
+    }
+
+    fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        match self {
+            Guard::Mutex(l) => l.extend(ttl),
+            Guard::Read(l) => l.extend(ttl),
+            Guard::Write(l) => l.extend(ttl),
+        }
+    }
+
+    fn release(self) -> Result<(), Error> {
+        match self {
+            Guard::Mutex(l) => l.release(),
+            Guard::Read(l) => l.release(),
+            Guard::Write(l) => l.release(),
+        }
+    }
+
+    /// Hands the guard to `client`'s keeper thread; see [`Lock::keep_alive`].
+    fn keep_alive(self, client: &Client, settings: KeepAlive) -> KeptLock {
+        let keeper = client.keeper().get_or_init(Keeper::start).clone();
+        let key = self.key().to_vec();
+        let token = self.token().to_vec();
+        let interval = settings.period();
+        let shared = Arc::new(Shared {
+            lock: Mutex::new(Some(self)),
+            lost: AtomicBool::new(false),
+            settings: Mutex::new(settings),
+        });
+        let entry = Entry {
+            due: Instant::now() + interval,
+            shared: Arc::downgrade(&shared),
+        };
+        if keeper.send(entry).is_err() {
+            // The thread can only be gone if it panicked; without it nobody extends the lock.
+            shared.lost.store(true, Ordering::Release);
+        }
+        KeptLock { shared, key, token }
+    }
+}
+
 /// State shared by a [`KeptLock`] and the keeper thread.
 struct Shared {
     /// The guard; `None` once released by its holder.
-    lock: Mutex<Option<Lock>>,
+    lock: Mutex<Option<Guard>>,
     lost: AtomicBool,
     settings: Mutex<KeepAlive>,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Option<Lock>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Guard>> {
         self.lock.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -166,11 +239,12 @@ impl KeptLock {
         self.shared
             .lock()
             .as_ref()
-            .map_or(Duration::ZERO, Lock::validity)
+            .map_or(Duration::ZERO, Guard::validity)
     }
 
-    /// Stops the extensions and releases the lock on every node (see [`Lock::release`]). A lost
-    /// lock is released too, in case some node still holds our token.
+    /// Stops the extensions and releases the lock on every node (see [`Lock::release`],
+    /// [`ReadLock::release`], [`WriteLock::release`]). A lost lock is released too, in case some
+    /// node still holds our token.
     pub fn release(self) -> Result<(), Error> {
         let lock = self.shared.lock().take();
         match lock {
@@ -211,24 +285,26 @@ impl Lock {
     /// # Ok::<(), redlock_mux::Error>(())
     /// ```
     pub fn keep_alive(self, settings: KeepAlive) -> KeptLock {
-        let keeper = self.client().keeper().get_or_init(Keeper::start).clone();
-        let key = self.key().to_vec();
-        let token = self.token().to_vec();
-        let interval = settings.period();
-        let shared = Arc::new(Shared {
-            lock: Mutex::new(Some(self)),
-            lost: AtomicBool::new(false),
-            settings: Mutex::new(settings),
-        });
-        let entry = Entry {
-            due: Instant::now() + interval,
-            shared: Arc::downgrade(&shared),
-        };
-        if keeper.send(entry).is_err() {
-            // The thread can only be gone if it panicked; without it nobody extends the lock.
-            shared.lost.store(true, Ordering::Release);
-        }
-        KeptLock { shared, key, token }
+        let client = self.client().clone();
+        Guard::Mutex(self).keep_alive(&client, settings)
+    }
+}
+
+impl ReadLock {
+    /// Hands this read lock to the client's keeper thread, which extends this reader's hold in
+    /// the background, as [`Lock::keep_alive`] does for the mutex.
+    pub fn keep_alive(self, settings: KeepAlive) -> KeptLock {
+        let client = self.client().clone();
+        Guard::Read(self).keep_alive(&client, settings)
+    }
+}
+
+impl WriteLock {
+    /// Hands this write lock to the client's keeper thread, which extends it in the
+    /// background, as [`Lock::keep_alive`] does for the mutex.
+    pub fn keep_alive(self, settings: KeepAlive) -> KeptLock {
+        let client = self.client().clone();
+        Guard::Write(self).keep_alive(&client, settings)
     }
 }
 

@@ -137,6 +137,11 @@ macro_rules! guard_methods {
             pub fn release(mut self) -> Result<(), Error> {
                 self.0.release_now()
             }
+
+            /// The client this lock was taken with.
+            pub(crate) fn client(&self) -> &Client {
+                &self.0.client
+            }
         }
     };
 }

@@ -177,3 +177,50 @@ fn many_guards_of_one_client_are_all_kept() {
     }
     assert_eq!(dbsize(cluster.servers[0].addr()), 0);
 }
+
+#[test]
+fn kept_read_and_write_locks_outlive_their_ttl() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let c = client(&cluster);
+    let other = client(&cluster);
+    let ttl = Duration::from_millis(600);
+    let rw_key = "keepalive:rw";
+    let reader = c
+        .try_read_lock(rw_key, ttl)
+        .expect("read lock")
+        .keep_alive(KeepAlive::new(ttl));
+    // Three TTLs: an unextended reader would have expired and let the writer in.
+    for _ in 0..6 {
+        thread::sleep(Duration::from_millis(300));
+        assert!(!reader.is_lost());
+        assert!(
+            matches!(
+                other.try_write_lock(rw_key, ttl),
+                Err(Error::Contended { .. })
+            ),
+            "a writer got in past a kept reader"
+        );
+    }
+    reader.release().expect("release reader");
+    let writer = c
+        .try_write_lock(rw_key, ttl)
+        .expect("write lock")
+        .keep_alive(KeepAlive::new(ttl));
+    for _ in 0..6 {
+        thread::sleep(Duration::from_millis(300));
+        assert!(!writer.is_lost());
+        assert!(
+            matches!(
+                other.try_read_lock(rw_key, ttl),
+                Err(Error::Contended { .. })
+            ),
+            "a reader got in past a kept writer"
+        );
+    }
+    writer.release().expect("release writer");
+    other
+        .try_read_lock(rw_key, ttl)
+        .expect("free after release")
+        .release()
+        .expect("release");
+}

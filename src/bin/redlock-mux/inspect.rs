@@ -1,6 +1,13 @@
 //! `redlock-mux inspect`: what each node holds for a key, and what that means for the quorum.
+//!
+//! For a key `K` it reads, on every node, the three things the library may keep for it: the
+//! mutex (`K` itself), the read-write lock (writer key, reader set and writer intents, named
+//! as [`redlock_mux::Client::read_lock`] documents) and the fair queue of the mutex. Reader
+//! and intent expiries are scores on the node's own clock, so they are compared with that
+//! node's `TIME`.
 #![forbid(unsafe_code)]
 
+use std::io;
 use std::time::Duration;
 
 use redlock_mux::resp::Value;
@@ -12,10 +19,10 @@ use crate::Fail;
 const HELP: &str = "\
 Usage: redlock-mux inspect KEY [--nodes URLS] [--timeout 1s]
 
-Shows, for each node, whether it is reachable, the prefix of the holder's token
-and its PTTL, and ends with a summary over the quorum. Read-write and fair
-locks (readers, queue length) are not supported yet: such keys are shown by
-type only.
+Shows, for each node, whether it is reachable, the prefix of the mutex
+holder's token and of the read-write lock's writer's token with their PTTL,
+the readers and waiting writers (write intents) with their remaining ms, and
+the length of the mutex's fair queue. It ends with a summary over the quorum.
 
 Options:
   --nodes URLS   comma-separated redis:// URLs (default: $REDLOCK_NODES)
@@ -25,20 +32,46 @@ Options:
 
 /// Characters of a token shown: enough to tell holders apart, not enough to forge a release.
 const TOKEN_PREFIX: usize = 12;
+/// Readers or intents listed per node; the rest are counted.
+const LISTED: usize = 8;
 
-/// What one node holds for the key.
-enum State {
-    Unreachable(String),
+/// A string key holding a token, or its absence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Slot {
     Free,
     Held {
         token: Vec<u8>,
         pttl_ms: i64,
     },
-    /// A key of another type, e.g. a read-write or fair lock's structure.
+    /// A key of another type than a lock's string.
     Other {
         kind: String,
-        pttl_ms: i64,
     },
+}
+
+/// A member of a sorted set scored by its expiry on the node's clock.
+#[derive(Debug, Clone)]
+struct Member {
+    token: Vec<u8>,
+    /// Milliseconds left on the node's clock; zero or less once expired (not yet pruned).
+    left_ms: i64,
+}
+
+/// What one reachable node holds for the key.
+#[derive(Debug)]
+struct Node {
+    mutex: Slot,
+    writer: Slot,
+    readers: Vec<Member>,
+    intents: Vec<Member>,
+    /// Live entries of the fair queue (those whose expiry is still ahead).
+    queue: usize,
+}
+
+impl Node {
+    fn live(set: &[Member]) -> impl Iterator<Item = &Member> {
+        set.iter().filter(|m| m.left_ms > 0)
+    }
 }
 
 /// Entry point of `redlock-mux inspect`.
@@ -54,89 +87,264 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
     let key = parsed.key()?;
     let nodes = args::nodes(&parsed)?;
     let timeout = parsed.duration("timeout", Duration::from_secs(1))?;
+    let names = Names::new(key.as_bytes());
 
-    let states: Vec<State> = nodes.iter().map(|url| probe(url, &key, timeout)).collect();
+    let states: Vec<Result<Node, String>> = nodes
+        .iter()
+        .map(|url| probe(url, &names, timeout).map_err(|e| e.to_string()))
+        .collect();
     let quorum = nodes.len() / 2 + 1;
     println!("key {key:?} on {} nodes (quorum {quorum})", nodes.len());
-    println!(
-        "{:>4}  {:<28} {:<12} {:<16} {:>10}",
-        "node", "address", "state", "holder", "pttl"
-    );
     for (i, (url, state)) in nodes.iter().zip(&states).enumerate() {
-        let (label, holder, pttl) = match state {
-            State::Unreachable(why) => ("unreachable", why.clone(), String::new()),
-            State::Free => ("free", "-".into(), "-".into()),
-            State::Held { token, pttl_ms } => ("held", prefix(token), pttl(*pttl_ms)),
-            State::Other { kind, pttl_ms } => ("other", format!("type {kind}"), pttl(*pttl_ms)),
+        let node = match state {
+            Ok(node) => node,
+            Err(why) => {
+                println!("node {i}  {url}  unreachable: {why}");
+                continue;
+            }
         };
-        println!("{i:>4}  {url:<28} {label:<12} {holder:<16} {pttl:>10}");
+        println!("node {i}  {url}  reachable");
+        println!("  mutex    {}", slot(&node.mutex));
+        println!("  writer   {}", slot(&node.writer));
+        println!("  readers  {}", members(&node.readers));
+        println!("  intents  {}", members(&node.intents));
+        println!("  queue    {} waiting", node.queue);
     }
 
-    let reachable = states
-        .iter()
-        .filter(|s| !matches!(s, State::Unreachable(_)))
-        .count();
-    // The holder on the most nodes, and on how many.
-    let mut best: Option<(&[u8], usize, i64)> = None;
-    for s in &states {
-        if let State::Held { token, .. } = s {
-            let on: Vec<i64> = states
-                .iter()
-                .filter_map(|o| match o {
-                    State::Held { token: t, pttl_ms } if t == token => Some(*pttl_ms),
-                    _ => None,
-                })
-                .collect();
-            let min_pttl = on.iter().copied().min().unwrap_or(0);
-            if best.is_none_or(|(_, n, _)| on.len() > n) {
-                best = Some((token, on.len(), min_pttl));
-            }
-        }
+    let up: Vec<&Node> = states.iter().filter_map(|s| s.as_ref().ok()).collect();
+    println!(
+        "summary: {}/{} nodes reachable (quorum {quorum})",
+        up.len(),
+        nodes.len()
+    );
+    if up.len() < quorum {
+        println!("  unknown: fewer than a quorum of nodes answered");
+        return Ok(0);
     }
-    print!("summary: {reachable}/{} nodes reachable; ", nodes.len());
-    match best {
-        Some((token, on, min_pttl)) if on >= quorum => println!(
-            "HELD by {} on {on}/{} nodes (quorum {quorum}), expires in {} at the earliest",
-            prefix(token),
-            nodes.len(),
-            pttl(min_pttl)
+    println!(
+        "  mutex:   {}",
+        slot_summary(&up, |n| &n.mutex, nodes.len(), quorum)
+    );
+    println!(
+        "  writer:  {}",
+        slot_summary(&up, |n| &n.writer, nodes.len(), quorum)
+    );
+    let readers = on_quorum(&up, |n| &n.readers, quorum);
+    match readers.len() {
+        0 => println!("  readers: none on a quorum"),
+        k => println!(
+            "  readers: {k} on a quorum ({}), the read lock is held",
+            readers.join(", ")
         ),
-        Some((token, on, _)) => println!(
-            "not held on a quorum: {} holds {on}/{} nodes (quorum {quorum})",
-            prefix(token),
-            nodes.len()
-        ),
-        None if reachable >= quorum => println!("FREE on a quorum"),
-        None => println!("unknown: fewer than a quorum of nodes answered"),
     }
+    let intents = on_quorum(&up, |n| &n.intents, quorum);
+    println!("  intents: {} writer(s) waiting on a quorum", intents.len());
+    // The length a quorum agrees on at least: the quorum-th longest queue.
+    let mut lengths: Vec<usize> = up.iter().map(|n| n.queue).collect();
+    lengths.sort_unstable_by(|a, b| b.cmp(a));
+    println!(
+        "  queue:   {} waiting on a quorum (longest {})",
+        lengths[quorum - 1],
+        lengths[0]
+    );
     Ok(0)
 }
 
-fn probe(url: &str, key: &str, timeout: Duration) -> State {
-    let mut conn = match NodeConn::connect(url, timeout) {
-        Ok(c) => c,
-        Err(e) => return State::Unreachable(e.kind().to_string()),
+/// The names of every key the library keeps for a resource key.
+struct Names {
+    mutex: Vec<u8>,
+    writer: Vec<u8>,
+    readers: Vec<u8>,
+    intents: Vec<u8>,
+    queue_expiry: Vec<u8>,
+}
+
+impl Names {
+    /// The names as the library derives them (`RwKeys` and `write_derived_key` in its core,
+    /// documented on [`redlock_mux::Client::read_lock`]'s impl block): a key with a hash tag
+    /// keeps it and gets a suffix; one without is wrapped so that its whole self is the tag.
+    fn new(key: &[u8]) -> Names {
+        let tagged = has_hash_tag(key);
+        let rw = |suffix: &str| {
+            let (head, tail): (&[u8], &[u8]) = if tagged {
+                (b"", b":rw:")
+            } else {
+                (b"{rw:", b"}:")
+            };
+            [head, key, tail, suffix.as_bytes()].concat()
+        };
+        let queue_expiry = if tagged {
+            [key, b":qx"].concat()
+        } else {
+            [b"{", key, b"}:qx"].concat()
+        };
+        Names {
+            mutex: key.to_vec(),
+            writer: rw("w"),
+            readers: rw("r"),
+            intents: rw("wi"),
+            queue_expiry,
+        }
+    }
+}
+
+/// Whether Redis Cluster would hash `key` by a non-empty `{tag}` rather than whole.
+fn has_hash_tag(key: &[u8]) -> bool {
+    key.iter().position(|&b| b == b'{').is_some_and(|open| {
+        key[open + 1..]
+            .iter()
+            .position(|&b| b == b'}')
+            .is_some_and(|len| len > 0)
+    })
+}
+
+fn probe(url: &str, names: &Names, timeout: Duration) -> io::Result<Node> {
+    let mut conn = NodeConn::connect(url, timeout)?;
+    let now_ms = match conn.call_ok(&[b"TIME"])? {
+        Value::Array(Some(parts)) => match parts.as_slice() {
+            [Value::Bulk(Some(s)), Value::Bulk(Some(us))] => {
+                number(s).saturating_mul(1000) + number(us) / 1000
+            }
+            _ => return Err(io::Error::other("TIME answered oddly")),
+        },
+        _ => return Err(io::Error::other("TIME answered oddly")),
     };
-    let key = key.as_bytes();
-    let kind = match conn.call_ok(&[b"TYPE", key]) {
-        Ok(Value::Simple(t)) => String::from_utf8_lossy(&t).into_owned(),
-        Ok(_) => "unknown".into(),
-        Err(e) => return State::Unreachable(e.to_string()),
+    let now = now_ms.to_string();
+    // The queue entries' expiries are node-clock ms too; count those still ahead.
+    let queue = match conn.call_ok(&[b"ZCOUNT", &names.queue_expiry, now.as_bytes(), b"+inf"]) {
+        Ok(Value::Integer(n)) => n.max(0) as usize,
+        _ => 0,
     };
-    let pttl_ms = match conn.call_ok(&[b"PTTL", key]) {
-        Ok(Value::Integer(n)) => n,
-        Ok(_) => -1,
-        Err(e) => return State::Unreachable(e.to_string()),
+    Ok(Node {
+        mutex: string_slot(&mut conn, &names.mutex)?,
+        writer: string_slot(&mut conn, &names.writer)?,
+        readers: scored(&mut conn, &names.readers, now_ms)?,
+        intents: scored(&mut conn, &names.intents, now_ms)?,
+        queue,
+    })
+}
+
+fn number(bytes: &[u8]) -> i64 {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .map_or(0, |f| f as i64)
+}
+
+fn string_slot(conn: &mut NodeConn, key: &[u8]) -> io::Result<Slot> {
+    let kind = match conn.call_ok(&[b"TYPE", key])? {
+        Value::Simple(t) => String::from_utf8_lossy(&t).into_owned(),
+        _ => "unknown".into(),
     };
     match kind.as_str() {
-        "none" => State::Free,
-        "string" => match conn.call_ok(&[b"GET", key]) {
-            Ok(Value::Bulk(Some(token))) => State::Held { token, pttl_ms },
-            Ok(_) => State::Free,
-            Err(e) => State::Unreachable(e.to_string()),
-        },
-        _ => State::Other { kind, pttl_ms },
+        "none" => Ok(Slot::Free),
+        "string" => {
+            let token = match conn.call_ok(&[b"GET", key])? {
+                Value::Bulk(Some(token)) => token,
+                _ => return Ok(Slot::Free),
+            };
+            let pttl_ms = match conn.call_ok(&[b"PTTL", key])? {
+                Value::Integer(n) => n,
+                _ => -1,
+            };
+            Ok(Slot::Held { token, pttl_ms })
+        }
+        _ => Ok(Slot::Other { kind }),
     }
+}
+
+/// The members of a sorted set scored by node-clock expiry, soonest to expire first.
+fn scored(conn: &mut NodeConn, key: &[u8], now_ms: i64) -> io::Result<Vec<Member>> {
+    let flat = match conn.call(&[b"ZRANGE", key, b"0", b"-1", b"WITHSCORES"])? {
+        Value::Array(Some(flat)) => flat,
+        // WRONGTYPE and the like: not a set the library made.
+        _ => return Ok(Vec::new()),
+    };
+    Ok(flat
+        .chunks(2)
+        .filter_map(|pair| match pair {
+            [Value::Bulk(Some(token)), Value::Bulk(Some(score))] => Some(Member {
+                token: token.clone(),
+                left_ms: number(score) - now_ms,
+            }),
+            _ => None,
+        })
+        .collect())
+}
+
+fn slot(s: &Slot) -> String {
+    match s {
+        Slot::Free => "-".into(),
+        Slot::Held { token, pttl_ms } => format!("{} pttl {}", prefix(token), pttl(*pttl_ms)),
+        Slot::Other { kind } => format!("(a key of type {kind}, not a lock)"),
+    }
+}
+
+fn members(set: &[Member]) -> String {
+    let live: Vec<&Member> = Node::live(set).collect();
+    let expired = set.len() - live.len();
+    let mut out = live.len().to_string();
+    for (i, m) in live.iter().enumerate() {
+        if i == LISTED {
+            out.push_str(&format!(", and {} more", live.len() - LISTED));
+            break;
+        }
+        out.push_str(if i == 0 { ": " } else { ", " });
+        out.push_str(&format!("{} {}ms", prefix(&m.token), m.left_ms));
+    }
+    if expired > 0 {
+        out.push_str(&format!(" (+{expired} expired, not yet pruned)"));
+    }
+    out
+}
+
+/// The token on the most nodes, on how many, and its shortest PTTL there.
+fn slot_summary(up: &[&Node], get: fn(&Node) -> &Slot, nodes: usize, quorum: usize) -> String {
+    let mut best: Option<(&[u8], usize, i64)> = None;
+    for n in up {
+        if let Slot::Held { token, .. } = get(n) {
+            let pttls: Vec<i64> = up
+                .iter()
+                .filter_map(|o| match get(o) {
+                    Slot::Held { token: t, pttl_ms } if t == token => Some(*pttl_ms),
+                    _ => None,
+                })
+                .collect();
+            let min_pttl = pttls.iter().copied().min().unwrap_or(0);
+            if best.is_none_or(|(_, on, _)| pttls.len() > on) {
+                best = Some((token, pttls.len(), min_pttl));
+            }
+        }
+    }
+    match best {
+        Some((token, on, min_pttl)) if on >= quorum => format!(
+            "HELD by {} on {on}/{nodes} nodes, expires in {} at the earliest",
+            prefix(token),
+            pttl(min_pttl)
+        ),
+        Some((token, on, _)) => format!(
+            "not held on a quorum: {} holds {on}/{nodes} nodes",
+            prefix(token)
+        ),
+        None => "FREE on a quorum".into(),
+    }
+}
+
+/// The live members found on at least `quorum` nodes, as token prefixes.
+fn on_quorum(up: &[&Node], set: fn(&Node) -> &[Member], quorum: usize) -> Vec<String> {
+    let mut seen: Vec<(&[u8], usize)> = Vec::new();
+    for n in up {
+        for m in Node::live(set(n)) {
+            match seen.iter_mut().find(|(t, _)| *t == m.token.as_slice()) {
+                Some((_, count)) => *count += 1,
+                None => seen.push((&m.token, 1)),
+            }
+        }
+    }
+    seen.into_iter()
+        .filter(|&(_, count)| count >= quorum)
+        .map(|(t, _)| prefix(t))
+        .collect()
 }
 
 fn prefix(token: &[u8]) -> String {
@@ -153,5 +361,26 @@ fn pttl(ms: i64) -> String {
         -1 => "no expiry".into(),
         -2 => "-".into(),
         ms => format!("{ms}ms"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_library_documentation() {
+        let plain = Names::new(b"invoice:42");
+        assert_eq!(plain.writer, b"{rw:invoice:42}:w");
+        assert_eq!(plain.readers, b"{rw:invoice:42}:r");
+        assert_eq!(plain.intents, b"{rw:invoice:42}:wi");
+        assert_eq!(plain.queue_expiry, b"{invoice:42}:qx");
+        let tagged = Names::new(b"user:{42}");
+        assert_eq!(tagged.writer, b"user:{42}:rw:w");
+        assert_eq!(tagged.readers, b"user:{42}:rw:r");
+        assert_eq!(tagged.intents, b"user:{42}:rw:wi");
+        assert_eq!(tagged.queue_expiry, b"user:{42}:qx");
+        // An empty tag is no tag.
+        assert_eq!(Names::new(b"a{}b").queue_expiry, b"{a{}b}:qx");
     }
 }

@@ -68,8 +68,8 @@ impl fmt::Display for Fail {
     }
 }
 
-/// The one place that refuses features the library does not offer yet (read-write and fair
-/// locks); wire them up here and in the callers' `match` once the API exists.
+/// The one place that refuses features the library does not offer yet (fair queues for
+/// read-write locks); wire them up in the callers once the API exists.
 pub fn not_supported_yet(what: &str) -> Fail {
     Fail {
         code: EXIT_USAGE,

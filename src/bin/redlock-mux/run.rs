@@ -62,9 +62,12 @@ Options:
   --wait D       how long to wait for the lock (default 10s)
   --grace D      time between SIGTERM and SIGKILL when the lock is lost
                  (default 10s)
-  --read         take a shared read lock      (not supported yet)
-  --write        take an exclusive write lock (not supported yet)
-  --fair         queue fairly for the lock    (not supported yet)
+  --read         take a shared read lock: other `--read` runs on KEY may
+                 hold it at the same time, `--write` runs and mutex runs not
+  --write        take the exclusive write lock of KEY's read-write lock
+                 (it excludes `--read` and other `--write` runs, not mutex runs)
+  --fair         wait in a first-come, first-served queue for the mutex
+                 (not with --read or --write)
   -h, --help     this text
 Durations are written like 250ms, 10s or 2m.
 ";
@@ -90,11 +93,14 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
     if parsed.switch("read") && parsed.switch("write") {
         return Err(usage!("give --read or --write, not both").into());
     }
-    if parsed.switch("read") || parsed.switch("write") {
-        return Err(crate::not_supported_yet("read-write locks"));
-    }
-    if parsed.switch("fair") {
-        return Err(crate::not_supported_yet("fair locks"));
+    let kind = match (parsed.switch("read"), parsed.switch("write")) {
+        (true, _) => Kind::Read,
+        (_, true) => Kind::Write,
+        _ => Kind::Mutex,
+    };
+    let fair = parsed.switch("fair");
+    if fair && kind != Kind::Mutex {
+        return Err(crate::not_supported_yet("fair queues for read-write locks"));
     }
 
     let signal_file = match std::env::var_os(SIGNAL_FILE_ENV) {
@@ -107,13 +113,21 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
         .nodes(&nodes)
         .wait_timeout(wait)
         .retry_count(u32::MAX)
+        .fair(fair)
         .build()
         .map_err(|e| Fail {
             code: args::EXIT_USAGE,
             message: e.to_string(),
         })?;
-    let lock = match client.lock(&key, ttl) {
-        Ok(lock) => lock,
+    let (lost_tx, lost_rx) = mpsc::channel();
+    let keep = KeepAlive::new(ttl).notify(lost_tx);
+    let acquired = match kind {
+        Kind::Mutex => client.lock(&key, ttl).map(|l| l.keep_alive(keep)),
+        Kind::Read => client.read_lock(&key, ttl).map(|l| l.keep_alive(keep)),
+        Kind::Write => client.write_lock(&key, ttl).map(|l| l.keep_alive(keep)),
+    };
+    let kept = match acquired {
+        Ok(kept) => kept,
         Err(e @ Error::InvalidArgument(_)) => {
             return Err(Fail {
                 code: args::EXIT_USAGE,
@@ -127,8 +141,6 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
             })
         }
     };
-    let (lost_tx, lost_rx) = mpsc::channel();
-    let kept = lock.keep_alive(KeepAlive::new(ttl).notify(lost_tx));
 
     let mut child = match spawn(&parsed.command) {
         Ok(child) => child,
@@ -171,6 +183,14 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
             Err(Fail::other(format!("waiting for the command failed: {e}")))
         }
     }
+}
+
+/// Which lock `run` holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Mutex,
+    Read,
+    Write,
 }
 
 /// Replaces this process with `sh` running a copy of it, so that the process the caller
