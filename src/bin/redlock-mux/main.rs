@@ -68,15 +68,6 @@ impl fmt::Display for Fail {
     }
 }
 
-/// The one place that refuses features the library does not offer yet (fair queues for
-/// read-write locks); wire them up in the callers once the API exists.
-pub fn not_supported_yet(what: &str) -> Fail {
-    Fail {
-        code: EXIT_USAGE,
-        message: format!("{what} are not supported yet by this version of redlock-mux"),
-    }
-}
-
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let rest = argv.get(1..).unwrap_or(&[]);

@@ -66,7 +66,7 @@ Options:
                  hold it at the same time, `--write` runs and mutex runs not
   --write        take the exclusive write lock of KEY's read-write lock
                  (it excludes `--read` and other `--write` runs, not mutex runs)
-  --fair         wait in a first-come, first-served queue for the mutex
+  --fair         wait in a first-come, first-served queue (readers at its head share)
                  (not with --read or --write)
   -h, --help     this text
 Durations are written like 250ms, 10s or 2m.
@@ -99,9 +99,6 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
         _ => Kind::Mutex,
     };
     let fair = parsed.switch("fair");
-    if fair && kind != Kind::Mutex {
-        return Err(crate::not_supported_yet("fair queues for read-write locks"));
-    }
 
     let signal_file = match std::env::var_os(SIGNAL_FILE_ENV) {
         Some(path) => Some(PathBuf::from(path)),
