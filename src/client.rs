@@ -495,12 +495,18 @@ impl Client {
                     continue;
                 }
                 if split {
-                    // Some nodes granted, too few: waiters collided. Spread the next retries
-                    // over a window that doubles with each split, so they drift apart.
+                    // Some nodes granted, too few. Without a fair queue, waiters collided:
+                    // spread the next retries over a window that doubles with each split, so
+                    // they drift apart. With one, only the head can win anywhere, so the vote
+                    // split because a release had not reached every node yet, and its
+                    // announcement may already be spent: retry soon without waiting for one.
                     spread = (spread * 2).clamp(SPREAD_MIN, SPREAD_MAX.min(config.retry_delay));
+                    if config.fair {
+                        let pause = driver.jitter.below(spread);
+                        driver.sleep_until((now + pause).min(backstop));
+                        continue;
+                    }
                 }
-                // Wait for a release to be announced; the jittered delay is only the backstop
-                // for announcements that are lost.
                 if driver.wait_wake(backstop) && !spread.is_zero() {
                     let pause = driver.jitter.below(spread);
                     driver.sleep_until((Instant::now() + pause).min(backstop));

@@ -52,9 +52,9 @@ pub enum Arg<'a> {
 /// Releases of resource `K` are announced on channel `WAKE_PREFIX ++ K`, so that waiters can
 /// retry at once instead of sleeping out their retry delay.
 ///
-/// The message is the first 16 characters of the released token: every node announces the same
-/// release, and waiters count each release once, not once per node. Those 64 bits name the
-/// release without giving away the token.
+/// The message is the first 16 characters of the released token: 64 bits that name the release
+/// (every node announces it) without giving away the token. A waiter retries when a node that
+/// refused its last attempt announces a release after refusing.
 pub const WAKE_PREFIX: &[u8] = b"redlock-mux:wake:";
 
 fn write_arg(out: &mut Vec<u8>, arg: Arg<'_>) {

@@ -23,6 +23,10 @@ use crate::core::ops::WAKE_PREFIX;
 use crate::resp::{self, Reply};
 use conn::{Conn, Role, Slot};
 
+/// How close together the nodes' announcements of one release arrive, at the most, for
+/// them to count as one.
+const WAKE_EVENT: Duration = Duration::from_millis(1);
+
 /// The round in progress, as the reply handler needs it.
 struct Current<'a> {
     id: u64,
@@ -42,8 +46,9 @@ pub(crate) struct Driver {
     confirmed: usize,
     /// A message arrived on a wake channel since the last subscribe or retry.
     woken: bool,
-    /// The last release announced: each node announces it, and it counts once.
+    /// The last release announced, and when: each node announces it, and it counts once.
     last_wake: Vec<u8>,
+    last_wake_at: Option<Instant>,
     config: Arc<Config>,
     round_id: u64,
     /// A finished round's storage, reused so a round costs no allocation.
@@ -66,6 +71,7 @@ impl Driver {
             confirmed: 0,
             woken: false,
             last_wake: Vec::with_capacity(16),
+            last_wake_at: None,
             config,
             round_id: 0,
             spare: None,
@@ -217,6 +223,7 @@ impl Driver {
             self.subs = (0..n).map(|i| Conn::new(n + i, Role::Subscriber)).collect();
         }
         self.woken = false;
+        self.last_wake.clear();
         self.confirmed = 0;
         let now = Instant::now();
         let mut expected = 0;
@@ -399,7 +406,8 @@ impl Driver {
         let Some(sub) = self.subs.get_mut(i) else {
             return;
         };
-        let (woken, confirmed, last) = (&mut self.woken, &mut self.confirmed, &mut self.last_wake);
+        let (woken, confirmed) = (&mut self.woken, &mut self.confirmed);
+        let (last, last_at) = (&mut self.last_wake, &mut self.last_wake_at);
         let result = sub.drive(registry, &limits, true).and_then(|()| {
             sub.take_replies(&limits, |_, reply, _, _| {
                 if let Reply::Array(Some(items)) = reply {
@@ -409,9 +417,16 @@ impl Driver {
                                 Some(Reply::Bulk(Some(id))) => *id,
                                 _ => &[],
                             };
-                            if id.is_empty() || id != last.as_slice() {
+                            // The nodes announce one release within moments of each other. The
+                            // same name later is another event: a token is announced by the
+                            // cleanup of a lost attempt, and again by its release.
+                            let same_event = id == last.as_slice()
+                                && last_at
+                                    .is_some_and(|t| now.saturating_duration_since(t) < WAKE_EVENT);
+                            if id.is_empty() || !same_event {
                                 last.clear();
                                 last.extend_from_slice(id);
+                                *last_at = Some(now);
                                 *woken = true;
                             }
                         }
