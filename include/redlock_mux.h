@@ -751,6 +751,9 @@ void redlock_mux_fenced_lock_free(redlock_mux_fenced_lock *lock);
  * ran out) is reported by `redlock_mux_kept_lock_is_lost`; poll it before each step that
  * needs the lock.
  *
+ * The keeper thread starts with the client's first kept lock, and ends on its own, within one
+ * extension interval, once the client and every lock taken through it have been freed.
+ *
  * # Safety
  * `lock` is NULL or a live lock used by no other thread; `out` is NULL or writable.
  */
