@@ -148,6 +148,10 @@ fn c_api_tests_pass_under_valgrind() {
             "--show-leak-kinds=definite,indirect,possible",
             "--errors-for-leak-kinds=definite,indirect,possible",
         ])
+        .arg(format!(
+            "--suppressions={}",
+            root().join("tests/c/valgrind.supp").display()
+        ))
         .arg(exe)
         .args(cluster.urls());
     let output = run_bounded(command, Duration::from_secs(120));

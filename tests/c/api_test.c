@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L /* nanosleep, inet_pton */
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -848,15 +849,34 @@ static void test_keep_alive_reports_a_lost_lock(redlock_mux_client *client, int 
     free(notice);
 }
 
+/* The number of threads of this process, or -1 if Linux's /proc cannot tell. */
+static int thread_count(void) {
+    DIR *dir = opendir("/proc/self/task");
+    struct dirent *entry;
+    int n = 0;
+    if (dir == NULL) {
+        return -1;
+    }
+    while ((entry = readdir(dir)) != NULL) {
+        n += entry->d_name[0] != '.';
+    }
+    closedir(dir);
+    return n;
+}
+
 static void test_keep_alive(int count, char **urls) {
+    int before = thread_count(), i;
     redlock_mux_client *client = make_client(count, urls, 1000);
     test_keep_alive_holds_past_the_ttl(client);
     test_keep_alive_reports_a_lost_lock(client, count, urls);
     redlock_mux_client_free(client);
     /* The client's keeper thread ends on its own within one extension interval (333 ms here)
-     * once the client and its locks are freed. Let it, so that it is gone before the program
-     * exits: valgrind would count a thread still running then as possibly leaking. */
-    sleep_ms(1000);
+     * once the client and its locks are freed. Wait for it (at most 10 s), so that it is gone
+     * before the program exits: valgrind counts a thread still running then as leaking. */
+    for (i = 0; i < 1000 && before > 0 && thread_count() > before; i++) {
+        sleep_ms(10);
+    }
+    CHECK(thread_count() == before);
 }
 
 int main(int argc, char **argv) {
