@@ -21,7 +21,8 @@
  * Thread safety: a redlock_mux_client may be used from any number of threads at once, and
  * threads that lock at the same time do not wait on each other. A lock handle or a builder
  * may move between threads but must not be used by two threads at once. A lock keeps what it
- * needs of its client alive: the client may be freed before the locks taken through it.
+ * needs of its client alive: the client may be freed before the locks taken through it. A
+ * kept lock is extended by its client's keeper thread, which also runs lost-lock callbacks.
  *
  * Linking: with glibc, libredlock_mux.a needs -lgcc_s -lutil -lrt -lpthread -lm -ldl after it
  * (what `rustc --print native-static-libs` lists); on musl it needs nothing more.
@@ -45,6 +46,11 @@
  * The longest key accepted, in bytes.
  */
 #define REDLOCK_MUX_MAX_KEY_LEN (64 * 1024)
+
+/**
+ * The most keys one `redlock_mux_client_lock_all` may cover.
+ */
+#define REDLOCK_MUX_MAX_LOCK_ALL_KEYS 256
 
 /**
  * `redlock_mux_client_builder_set_rw_policy`: new readers get in whenever no writer holds the
@@ -102,7 +108,8 @@ enum redlock_mux_result
    */
   REDLOCK_MUX_BUFFER_TOO_SMALL = 7,
   /**
-   * The lock handle was already released; only `redlock_mux_lock_free` may follow.
+   * The lock handle was already released (or, for a `redlock_mux_lock`, handed to
+   * `redlock_mux_lock_keep_alive`); only its `_free` may follow.
    */
   REDLOCK_MUX_RELEASED = 8,
   /**
@@ -131,10 +138,32 @@ typedef struct redlock_mux_client redlock_mux_client;
 typedef struct redlock_mux_client_builder redlock_mux_client_builder;
 
 /**
+ * A held mutex with a fencing token. Made by `redlock_mux_client_lock_fenced` or
+ * `redlock_mux_client_try_lock_fenced`, freed by `redlock_mux_fenced_lock_free` (which
+ * releases it first if it is still held).
+ */
+typedef struct redlock_mux_fenced_lock redlock_mux_fenced_lock;
+
+/**
+ * A mutex extended in the background by its client's keeper thread. Made from a
+ * `redlock_mux_lock` by `redlock_mux_lock_keep_alive` or
+ * `redlock_mux_lock_keep_alive_with_callback`, freed by `redlock_mux_kept_lock_free` (which
+ * stops the extensions and releases it first if it is still held).
+ */
+typedef struct redlock_mux_kept_lock redlock_mux_kept_lock;
+
+/**
  * A held Redlock mutex. Made by `redlock_mux_client_lock` or `redlock_mux_client_try_lock`,
  * freed by `redlock_mux_lock_free` (which releases it first if it is still held).
  */
 typedef struct redlock_mux_lock redlock_mux_lock;
+
+/**
+ * A held all-or-none lock over a set of keys. Made by `redlock_mux_client_lock_all` or
+ * `redlock_mux_client_try_lock_all`, freed by `redlock_mux_multi_lock_free` (which releases it
+ * first if it is still held).
+ */
+typedef struct redlock_mux_multi_lock redlock_mux_multi_lock;
 
 /**
  * A held read lock (shared with other readers). Made by `redlock_mux_client_read_lock` or
@@ -149,6 +178,14 @@ typedef struct redlock_mux_read_lock redlock_mux_read_lock;
  * `redlock_mux_write_lock_free` (which releases it first if it is still held).
  */
 typedef struct redlock_mux_write_lock redlock_mux_write_lock;
+
+/**
+ * Called when a kept lock is lost, with the `user_data` given to
+ * `redlock_mux_lock_keep_alive_with_callback` and why: `REDLOCK_MUX_CONTENDED` when the
+ * quorum refused an extension (the key expired, or holds someone else's token),
+ * `REDLOCK_MUX_VALIDITY_EXPIRED` when no extension won before the validity ran out.
+ */
+typedef void (*redlock_mux_lost_callback)(void *user_data, redlock_mux_result reason);
 
 #ifdef __cplusplus
 extern "C" {
@@ -519,6 +556,275 @@ redlock_mux_result redlock_mux_write_lock_release(redlock_mux_write_lock *lock);
  * `lock` is NULL or a write lock not yet freed, which no other thread is using.
  */
 void redlock_mux_write_lock_free(redlock_mux_write_lock *lock);
+
+/**
+ * One attempt to lock every one of `count` keys for `ttl_ms` milliseconds, or none of them,
+ * without retrying. Key `i` is the `key_lens[i]` bytes at `keys[i]`. On success writes a new
+ * handle to `*out`; `REDLOCK_MUX_CONTENDED` means some key of the set is held elsewhere, and
+ * then none was taken.
+ *
+ * `REDLOCK_MUX_INVALID_ARGUMENT`, before anything is sent: no keys, more than
+ * `REDLOCK_MUX_MAX_LOCK_ALL_KEYS`, an empty or too long key, the same key twice.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `keys` and `key_lens` are NULL or point to `count`
+ * readable elements; each `keys[i]` is NULL or points to `key_lens[i]` readable bytes; `out`
+ * is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_try_lock_all(const redlock_mux_client *client, const uint8_t *const *keys, const size_t *key_lens, size_t count, uint64_t ttl_ms, redlock_mux_multi_lock **out);
+
+/**
+ * Locks every one of `count` keys for `ttl_ms` milliseconds, or none of them, waiting as the
+ * client's retry count and wait timeout allow (the release of any key of the set wakes the
+ * waiter). Each node takes the whole set in one atomic step or none of it; the set is held
+ * when a quorum took all of it. A set and a mutex on one of its keys exclude each other. On
+ * success writes a new handle to `*out`. Arguments as for `redlock_mux_client_try_lock_all`.
+ *
+ * # Safety
+ * As for `redlock_mux_client_try_lock_all`.
+ */
+redlock_mux_result redlock_mux_client_lock_all(const redlock_mux_client *client, const uint8_t *const *keys, const size_t *key_lens, size_t count, uint64_t ttl_ms, redlock_mux_multi_lock **out);
+
+/**
+ * Like `redlock_mux_lock_extend`, for a set: resets the TTL of every key on every node that
+ * still holds the whole set with this token.
+ *
+ * # Safety
+ * `lock` is NULL or a live multi-key lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_multi_lock_extend(redlock_mux_multi_lock *lock, uint64_t ttl_ms);
+
+/**
+ * Like `redlock_mux_lock_validity_ms`, for a set: the time left before any of its keys may be
+ * granted to someone else.
+ *
+ * # Safety
+ * `lock` is NULL or a live multi-key lock not being changed by another thread; `out_ms` is
+ * NULL or writable.
+ */
+redlock_mux_result redlock_mux_multi_lock_validity_ms(const redlock_mux_multi_lock *lock, uint64_t *out_ms);
+
+/**
+ * Like `redlock_mux_lock_token`, for a set: the token stored at every key of the set,
+ * `REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex.
+ *
+ * # Safety
+ * `lock` is NULL or a live multi-key lock not being changed by another thread; `buf` is NULL
+ * or points to `buf_len` writable bytes; `out_n` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_multi_lock_token(const redlock_mux_multi_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Writes to `*out_count` the number of keys in the set.
+ *
+ * # Safety
+ * `lock` is NULL or a live multi-key lock not being changed by another thread; `out_count` is
+ * NULL or writable.
+ */
+redlock_mux_result redlock_mux_multi_lock_key_count(const redlock_mux_multi_lock *lock, size_t *out_count);
+
+/**
+ * Writes to `*out_key` and `*out_len` the key at `index` of the set, in sorted order (bytewise,
+ * shorter first on a common prefix), so that index 0 is the smallest. The bytes belong to the
+ * handle: they stay valid, unchanged, until the lock is released or freed, and must not be
+ * freed or written by the caller. An `index` not below the key count gives
+ * `REDLOCK_MUX_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `lock` is NULL or a live multi-key lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_multi_lock_key(const redlock_mux_multi_lock *lock, size_t index, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_release`, for a set: releases every key still holding this token, on
+ * every node. Afterwards the handle is released whatever the result, and must still be freed.
+ *
+ * # Safety
+ * `lock` is NULL or a live multi-key lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_multi_lock_release(redlock_mux_multi_lock *lock);
+
+/**
+ * Frees a multi-key lock handle, releasing the set first, best effort, if it is still held.
+ * NULL is a no-op.
+ *
+ * # Safety
+ * `lock` is NULL or a multi-key lock not yet freed, which no other thread is using.
+ */
+void redlock_mux_multi_lock_free(redlock_mux_multi_lock *lock);
+
+/**
+ * One attempt to take the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds
+ * with a fencing token, without retrying. On success writes a new handle to `*out`;
+ * `REDLOCK_MUX_CONTENDED` means someone else holds it. A fenced lock and a plain one on the
+ * same key exclude each other.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_try_lock_fenced(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_fenced_lock **out);
+
+/**
+ * Takes the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds with a fencing
+ * token, waiting as the client's retry count and wait timeout allow. Costs one more round
+ * trip than `redlock_mux_client_lock` when the nodes' counters disagree. On success writes a
+ * new handle to `*out`.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_lock_fenced(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_fenced_lock **out);
+
+/**
+ * Writes the lock's fencing token to `*out_token`: larger than that of every fenced grant of
+ * the same key that held it before, smaller than that of every one after (across all
+ * clients; not consecutive). Send it with every write to the protected store, which keeps the
+ * largest it has seen and refuses smaller ones. Extending keeps it. Tokens hold only while
+ * every node keeps its counter through a crash (AOF with `appendfsync always`).
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock not being changed by another thread; `out_token` is
+ * NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_lock_fencing_token(const redlock_mux_fenced_lock *lock, uint64_t *out_token);
+
+/**
+ * Like `redlock_mux_lock_extend`, for a fenced lock. The fencing token stays the same.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_fenced_lock_extend(redlock_mux_fenced_lock *lock, uint64_t ttl_ms);
+
+/**
+ * Like `redlock_mux_lock_validity_ms`, for a fenced lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock not being changed by another thread; `out_ms` is NULL
+ * or writable.
+ */
+redlock_mux_result redlock_mux_fenced_lock_validity_ms(const redlock_mux_fenced_lock *lock, uint64_t *out_ms);
+
+/**
+ * Like `redlock_mux_lock_token`, for a fenced lock: the random token stored at the key
+ * (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex), not the fencing token.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock not being changed by another thread; `buf` is NULL or
+ * points to `buf_len` writable bytes; `out_n` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_lock_token(const redlock_mux_fenced_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Like `redlock_mux_lock_release`, for a fenced lock (the nodes' counters stay): afterwards
+ * the handle is released whatever the result, and must still be freed.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_fenced_lock_release(redlock_mux_fenced_lock *lock);
+
+/**
+ * Frees a fenced lock handle, releasing it first, best effort, if it is still held. NULL is a
+ * no-op.
+ *
+ * # Safety
+ * `lock` is NULL or a fenced lock not yet freed, which no other thread is using.
+ */
+void redlock_mux_fenced_lock_free(redlock_mux_fenced_lock *lock);
+
+/**
+ * Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
+ * milliseconds every `ttl_ms / 3` until the kept lock is released or freed, or the lock is
+ * lost. On success writes a new kept lock to `*out`.
+ *
+ * Ownership: on success the lock moves from `lock` into the kept lock. `lock` is left empty:
+ * every call on it gives `REDLOCK_MUX_RELEASED`, and it must still be freed with
+ * `redlock_mux_lock_free`, which then releases nothing. The kept lock is freed with
+ * `redlock_mux_kept_lock_free`, which releases the lock. On failure nothing moves: `lock`
+ * holds the lock as before.
+ *
+ * A lost lock (an extension refused by the quorum, or no extension won before the validity
+ * ran out) is reported by `redlock_mux_kept_lock_is_lost`; poll it before each step that
+ * needs the lock.
+ *
+ * The keeper thread starts with the client's first kept lock, and ends on its own, within one
+ * extension interval, once the client and every lock taken through it have been freed.
+ *
+ * # Safety
+ * `lock` is NULL or a live lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_lock_keep_alive(redlock_mux_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (same ownership rules), and `on_lost(user_data, reason)`
+ * is called once if the lock is lost. `user_data` is passed through untouched and may be NULL.
+ *
+ * The callback runs on the client's keeper thread (one thread extends every kept lock of the
+ * client), never on the caller's, and not at all once the kept lock has been released or
+ * freed: `redlock_mux_kept_lock_release` and `redlock_mux_kept_lock_free` wait for a call in
+ * progress to return, so `user_data` may be freed as soon as either returns. So the callback
+ * must be quick, must be safe to run on another thread (use atomics or a mutex to hand
+ * anything over), must not release or free the kept lock it reports (that would wait for
+ * itself), and must not wait for a thread that may be releasing or freeing it.
+ *
+ * # Safety
+ * As for `redlock_mux_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_lock_keep_alive_with_callback(redlock_mux_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
+ * Writes to `*out_lost` 1 if the kept lock was lost (an extension was refused by the quorum,
+ * or no extension won before the validity ran out), 0 while it is held. Once lost, always
+ * lost: stop work that needs the lock.
+ *
+ * # Safety
+ * `kept` is NULL or a live kept lock not being changed by another thread; `out_lost` is NULL
+ * or writable.
+ */
+redlock_mux_result redlock_mux_kept_lock_is_lost(const redlock_mux_kept_lock *kept, uint8_t *out_lost);
+
+/**
+ * Like `redlock_mux_lock_validity_ms`, for a kept lock: the time left as of the last extension
+ * that won; 0 once lost. May wait while an extension is in flight, at most the node timeout.
+ *
+ * # Safety
+ * `kept` is NULL or a live kept lock not being changed by another thread; `out_ms` is NULL or
+ * writable.
+ */
+redlock_mux_result redlock_mux_kept_lock_validity_ms(const redlock_mux_kept_lock *kept, uint64_t *out_ms);
+
+/**
+ * Like `redlock_mux_lock_token`, for a kept lock: the token it had as a `redlock_mux_lock`.
+ *
+ * # Safety
+ * `kept` is NULL or a live kept lock not being changed by another thread; `buf` is NULL or
+ * points to `buf_len` writable bytes; `out_n` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_kept_lock_token(const redlock_mux_kept_lock *kept, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Stops the extensions and releases the lock on every node (a lost lock too, in case some
+ * node still holds its token). No lost-lock callback runs after this returns. Afterwards the
+ * handle is released whatever the result, and must still be freed.
+ *
+ * # Safety
+ * `kept` is NULL or a live kept lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_kept_lock_release(redlock_mux_kept_lock *kept);
+
+/**
+ * Frees a kept lock handle: stops the extensions and, if the lock is still held, releases it,
+ * best effort. No lost-lock callback runs after this returns. NULL is a no-op.
+ *
+ * # Safety
+ * `kept` is NULL or a kept lock not yet freed, which no other thread is using.
+ */
+void redlock_mux_kept_lock_free(redlock_mux_kept_lock *kept);
 
 #ifdef __cplusplus
 }  // extern "C"

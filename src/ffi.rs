@@ -2,8 +2,9 @@
 //!
 //! Conventions, the same for every function:
 //!
-//! - **Handles are opaque.** `redlock_mux_client_builder`, `redlock_mux_client` and
-//!   `redlock_mux_lock` are only ever seen through pointers. Each one made by a `_new`, `_build`
+//! - **Handles are opaque.** `redlock_mux_client_builder`, `redlock_mux_client` and the lock
+//!   handles (`redlock_mux_lock`, `_read_lock`, `_write_lock`, `_multi_lock`, `_fenced_lock`,
+//!   `_kept_lock`) are only ever seen through pointers. Each one made by a `_new`, `_build`
 //!   or lock function is owned by the caller and freed with the matching `_free`, which accepts
 //!   NULL. Freeing twice, or using a handle after freeing it, is undefined behaviour.
 //! - **Results are numbered.** Every fallible function returns a `redlock_mux_result`, whose
@@ -24,7 +25,8 @@
 //! threads that lock at the same time do not wait on each other. A `redlock_mux_lock` or a
 //! `redlock_mux_client_builder` may move between threads but must not be used by two threads at
 //! once. A lock keeps what it needs of its client alive: the client may be freed before the
-//! locks taken through it.
+//! locks taken through it. A kept lock is extended by the client's keeper thread, one per
+//! client, which also runs the lost-lock callbacks.
 
 // This is the one module of the crate that may use `unsafe`: C hands us raw pointers, and
 // turning them into references cannot be done safely. Every such step goes through one of the
@@ -35,13 +37,15 @@
 #![allow(non_camel_case_types)]
 
 use std::cell::RefCell;
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::{
-    Client, ClientBuilder, Error, InvalidArgument, Lock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN,
+    Client, ClientBuilder, Error, FencedLock, InvalidArgument, KeepAlive, KeptLock, Lock,
+    MultiLock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS,
 };
 
 /// Every result a function of this API returns. The numbers never change; new results get new
@@ -67,7 +71,8 @@ pub enum redlock_mux_result {
     REDLOCK_MUX_IO = 6,
     /// The output buffer is too small. Nothing was written.
     REDLOCK_MUX_BUFFER_TOO_SMALL = 7,
-    /// The lock handle was already released; only `redlock_mux_lock_free` may follow.
+    /// The lock handle was already released (or, for a `redlock_mux_lock`, handed to
+    /// `redlock_mux_lock_keep_alive`); only its `_free` may follow.
     REDLOCK_MUX_RELEASED = 8,
     /// The library panicked: a bug. The handles involved must only be freed.
     REDLOCK_MUX_PANIC = 9,
@@ -82,6 +87,10 @@ const _: () = assert!(REDLOCK_MUX_TOKEN_LEN == crate::rng::TOKEN_LEN);
 /// The longest key accepted, in bytes.
 pub const REDLOCK_MUX_MAX_KEY_LEN: usize = 64 * 1024;
 const _: () = assert!(REDLOCK_MUX_MAX_KEY_LEN == MAX_KEY_LEN);
+
+/// The most keys one `redlock_mux_client_lock_all` may cover.
+pub const REDLOCK_MUX_MAX_LOCK_ALL_KEYS: usize = 256;
+const _: () = assert!(REDLOCK_MUX_MAX_LOCK_ALL_KEYS == MAX_LOCK_ALL_KEYS);
 
 /// Builds a `redlock_mux_client`: node URLs and options. Made by
 /// `redlock_mux_client_builder_new`, freed by `redlock_mux_client_builder_free`.
@@ -115,6 +124,45 @@ pub struct redlock_mux_write_lock {
     held: Option<WriteLock>,
 }
 
+/// A held all-or-none lock over a set of keys. Made by `redlock_mux_client_lock_all` or
+/// `redlock_mux_client_try_lock_all`, freed by `redlock_mux_multi_lock_free` (which releases it
+/// first if it is still held).
+pub struct redlock_mux_multi_lock {
+    held: Option<MultiLock>,
+}
+
+/// A held mutex with a fencing token. Made by `redlock_mux_client_lock_fenced` or
+/// `redlock_mux_client_try_lock_fenced`, freed by `redlock_mux_fenced_lock_free` (which
+/// releases it first if it is still held).
+pub struct redlock_mux_fenced_lock {
+    held: Option<FencedLock>,
+}
+
+/// A mutex extended in the background by its client's keeper thread. Made from a
+/// `redlock_mux_lock` by `redlock_mux_lock_keep_alive` or
+/// `redlock_mux_lock_keep_alive_with_callback`, freed by `redlock_mux_kept_lock_free` (which
+/// stops the extensions and releases it first if it is still held).
+pub struct redlock_mux_kept_lock {
+    held: Option<KeptLock>,
+    /// The lost-lock callback, if one was given.
+    on_lost: Option<CallbackSlot>,
+}
+
+impl redlock_mux_kept_lock {
+    /// Makes sure no lost-lock callback starts from now on, after waiting for one in progress.
+    fn disarm(&self) {
+        if let Some(slot) = &self.on_lost {
+            *lock_slot(slot) = None;
+        }
+    }
+}
+
+impl Drop for redlock_mux_kept_lock {
+    fn drop(&mut self) {
+        self.disarm();
+    }
+}
+
 /// `redlock_mux_client_builder_set_rw_policy`: new readers get in whenever no writer holds the
 /// lock (the default). A stream of overlapping readers can keep a writer out.
 pub const REDLOCK_MUX_RW_READ_PREFERRING: u32 = 0;
@@ -137,17 +185,21 @@ impl Failure {
     }
 }
 
+/// The result code of an error.
+fn failure_code(e: &Error) -> redlock_mux_result {
+    // Exhaustive on purpose: a new kind of error must be given its own number here.
+    match e {
+        Error::InvalidArgument(_) => REDLOCK_MUX_INVALID_ARGUMENT,
+        Error::Contended { .. } => REDLOCK_MUX_CONTENDED,
+        Error::QuorumUnreachable { .. } => REDLOCK_MUX_QUORUM_UNREACHABLE,
+        Error::ValidityExpired { .. } => REDLOCK_MUX_VALIDITY_EXPIRED,
+        Error::Io(_) => REDLOCK_MUX_IO,
+    }
+}
+
 impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
-        // Exhaustive on purpose: a new kind of error must be given its own number here.
-        let code = match &e {
-            Error::InvalidArgument(_) => REDLOCK_MUX_INVALID_ARGUMENT,
-            Error::Contended { .. } => REDLOCK_MUX_CONTENDED,
-            Error::QuorumUnreachable { .. } => REDLOCK_MUX_QUORUM_UNREACHABLE,
-            Error::ValidityExpired { .. } => REDLOCK_MUX_VALIDITY_EXPIRED,
-            Error::Io(_) => REDLOCK_MUX_IO,
-        };
-        Failure::new(code, e.to_string())
+        Failure::new(failure_code(&e), e.to_string())
     }
 }
 
@@ -244,7 +296,7 @@ unsafe fn arg_bytes<'a>(p: *const u8, len: usize, name: &str) -> Result<&'a [u8]
 ///
 /// # Safety
 /// As for `arg_bytes`.
-unsafe fn arg_key<'a>(p: *const u8, len: usize) -> Result<&'a [u8], Failure> {
+unsafe fn arg_key<'a>(p: *const u8, len: usize, name: &str) -> Result<&'a [u8], Failure> {
     if !p.is_null() && len > MAX_KEY_LEN {
         return Err(InvalidArgument::KeyTooLong {
             len,
@@ -253,7 +305,7 @@ unsafe fn arg_key<'a>(p: *const u8, len: usize) -> Result<&'a [u8], Failure> {
         .into());
     }
     // SAFETY: forwarded caller promise.
-    unsafe { arg_bytes(p, len, "key") }
+    unsafe { arg_bytes(p, len, name) }
 }
 
 /// An output slot, checked for NULL before any work is done, so that a call never does
@@ -642,7 +694,7 @@ unsafe fn acquire<T>(
         let (handle, key, out) = unsafe {
             (
                 arg_ref(client, "client")?,
-                arg_key(key, key_len)?,
+                arg_key(key, key_len, "key")?,
                 Out::new(out, "out")?,
             )
         };
@@ -715,35 +767,21 @@ pub unsafe extern "C" fn redlock_mux_client_lock(
     unsafe { lock_with(client, key, key_len, ttl_ms, out, true) }
 }
 
-/// What the C API does with every kind of held lock.
+/// What the C API reads from, and does with, every kind of held lock.
 trait Held: Sized {
-    fn extend(&mut self, ttl: Duration) -> Result<(), Error>;
     fn validity(&self) -> Duration;
     fn token(&self) -> &[u8];
     fn release(self) -> Result<(), Error>;
 }
 
-impl Held for Lock {
-    fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        Lock::extend(self, ttl)
-    }
-    fn validity(&self) -> Duration {
-        Lock::validity(self)
-    }
-    fn token(&self) -> &[u8] {
-        Lock::token(self)
-    }
-    fn release(self) -> Result<(), Error> {
-        Lock::release(self)
-    }
+/// The held locks whose holder extends them (all but kept locks, which the keeper extends).
+trait Extend: Held {
+    fn extend(&mut self, ttl: Duration) -> Result<(), Error>;
 }
 
 macro_rules! held_by_inherent_methods {
     ($($t:ty),*) => {$(
         impl Held for $t {
-            fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-                <$t>::extend(self, ttl)
-            }
             fn validity(&self) -> Duration {
                 <$t>::validity(self)
             }
@@ -756,12 +794,23 @@ macro_rules! held_by_inherent_methods {
         }
     )*};
 }
-held_by_inherent_methods!(ReadLock, WriteLock);
+held_by_inherent_methods!(Lock, ReadLock, WriteLock, MultiLock, FencedLock, KeptLock);
+
+macro_rules! extend_by_inherent_method {
+    ($($t:ty),*) => {$(
+        impl Extend for $t {
+            fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+                <$t>::extend(self, ttl)
+            }
+        }
+    )*};
+}
+extend_by_inherent_method!(Lock, ReadLock, WriteLock, MultiLock, FencedLock);
 
 fn released() -> Failure {
     Failure::new(
         REDLOCK_MUX_RELEASED,
-        "the lock was already released; only free it",
+        "the lock was already released, or handed to keep-alive; only free its handle",
     )
 }
 
@@ -806,7 +855,7 @@ unsafe fn held_token<T: Held>(
     Ok(())
 }
 
-fn held_extend<T: Held>(slot: &mut Option<T>, ttl_ms: u64) -> Result<(), Failure> {
+fn held_extend<T: Extend>(slot: &mut Option<T>, ttl_ms: u64) -> Result<(), Failure> {
     slot.as_mut().ok_or_else(released)?.extend(millis(ttl_ms))?;
     Ok(())
 }
@@ -1152,6 +1201,626 @@ pub unsafe extern "C" fn redlock_mux_write_lock_release(
 pub unsafe extern "C" fn redlock_mux_write_lock_free(lock: *mut redlock_mux_write_lock) {
     // SAFETY: forwarded caller promise.
     boundary_void(|| unsafe { free_handle(lock) })
+}
+
+// All-or-none locks over a set of keys.
+
+/// The `count` keys at `keys`, with their lengths at `key_lens`: checked for NULL (the arrays
+/// even when `count` is 0, and every key), and for a count over the cap before either array is
+/// read.
+///
+/// # Safety
+/// `keys` and `key_lens` are NULL or point to `count` readable elements; each `keys[i]` is NULL
+/// or points to `key_lens[i]` readable bytes; all unchanged for `'a`.
+unsafe fn arg_keys<'a>(
+    keys: *const *const u8,
+    key_lens: *const usize,
+    count: usize,
+) -> Result<Vec<&'a [u8]>, Failure> {
+    if keys.is_null() {
+        return Err(null("keys"));
+    }
+    if key_lens.is_null() {
+        return Err(null("key_lens"));
+    }
+    if count > MAX_LOCK_ALL_KEYS {
+        return Err(InvalidArgument::TooManyKeys {
+            count,
+            max: MAX_LOCK_ALL_KEYS,
+        }
+        .into());
+    }
+    // SAFETY: both non-NULL with `count <= MAX_LOCK_ALL_KEYS` readable elements (caller's
+    // promise), so neither slice can be too long.
+    let (ptrs, lens) = unsafe {
+        (
+            std::slice::from_raw_parts(keys, count),
+            std::slice::from_raw_parts(key_lens, count),
+        )
+    };
+    ptrs.iter()
+        .zip(lens)
+        .enumerate()
+        // SAFETY: forwarded caller promise, key by key.
+        .map(|(i, (&p, &len))| unsafe { arg_key(p, len, &format!("keys[{i}]")) })
+        .collect()
+}
+
+/// The shared body of the two all-or-none acquisitions.
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_all`.
+unsafe fn lock_all_with(
+    client: *const redlock_mux_client,
+    keys: *const *const u8,
+    key_lens: *const usize,
+    count: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_multi_lock,
+    wait: bool,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, keys, out) = unsafe {
+            (
+                arg_ref(client, "client")?,
+                arg_keys(keys, key_lens, count)?,
+                Out::new(out, "out")?,
+            )
+        };
+        let lock = if wait {
+            handle.client.lock_all(keys, millis(ttl_ms))
+        } else {
+            handle.client.try_lock_all(keys, millis(ttl_ms))
+        }?;
+        out.write(into_handle(redlock_mux_multi_lock { held: Some(lock) }));
+        Ok(())
+    })
+}
+
+/// One attempt to lock every one of `count` keys for `ttl_ms` milliseconds, or none of them,
+/// without retrying. Key `i` is the `key_lens[i]` bytes at `keys[i]`. On success writes a new
+/// handle to `*out`; `REDLOCK_MUX_CONTENDED` means some key of the set is held elsewhere, and
+/// then none was taken.
+///
+/// `REDLOCK_MUX_INVALID_ARGUMENT`, before anything is sent: no keys, more than
+/// `REDLOCK_MUX_MAX_LOCK_ALL_KEYS`, an empty or too long key, the same key twice.
+///
+/// # Safety
+/// `client` is NULL or a live client; `keys` and `key_lens` are NULL or point to `count`
+/// readable elements; each `keys[i]` is NULL or points to `key_lens[i]` readable bytes; `out`
+/// is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_try_lock_all(
+    client: *const redlock_mux_client,
+    keys: *const *const u8,
+    key_lens: *const usize,
+    count: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_multi_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { lock_all_with(client, keys, key_lens, count, ttl_ms, out, false) }
+}
+
+/// Locks every one of `count` keys for `ttl_ms` milliseconds, or none of them, waiting as the
+/// client's retry count and wait timeout allow (the release of any key of the set wakes the
+/// waiter). Each node takes the whole set in one atomic step or none of it; the set is held
+/// when a quorum took all of it. A set and a mutex on one of its keys exclude each other. On
+/// success writes a new handle to `*out`. Arguments as for `redlock_mux_client_try_lock_all`.
+///
+/// # Safety
+/// As for `redlock_mux_client_try_lock_all`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_lock_all(
+    client: *const redlock_mux_client,
+    keys: *const *const u8,
+    key_lens: *const usize,
+    count: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_multi_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { lock_all_with(client, keys, key_lens, count, ttl_ms, out, true) }
+}
+
+/// Like `redlock_mux_lock_extend`, for a set: resets the TTL of every key on every node that
+/// still holds the whole set with this token.
+///
+/// # Safety
+/// `lock` is NULL or a live multi-key lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_extend(
+    lock: *mut redlock_mux_multi_lock,
+    ttl_ms: u64,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
+    })
+}
+
+/// Like `redlock_mux_lock_validity_ms`, for a set: the time left before any of its keys may be
+/// granted to someone else.
+///
+/// # Safety
+/// `lock` is NULL or a live multi-key lock not being changed by another thread; `out_ms` is
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_validity_ms(
+    lock: *const redlock_mux_multi_lock,
+    out_ms: *mut u64,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
+    })
+}
+
+/// Like `redlock_mux_lock_token`, for a set: the token stored at every key of the set,
+/// `REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex.
+///
+/// # Safety
+/// `lock` is NULL or a live multi-key lock not being changed by another thread; `buf` is NULL
+/// or points to `buf_len` writable bytes; `out_n` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_token(
+    lock: *const redlock_mux_multi_lock,
+    buf: *mut u8,
+    buf_len: usize,
+    out_n: *mut usize,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
+    })
+}
+
+/// Writes to `*out_count` the number of keys in the set.
+///
+/// # Safety
+/// `lock` is NULL or a live multi-key lock not being changed by another thread; `out_count` is
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_key_count(
+    lock: *const redlock_mux_multi_lock,
+    out_count: *mut usize,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(lock, "lock")?, Out::new(out_count, "out_count")?) };
+        out.write(held(&handle.held)?.keys().len());
+        Ok(())
+    })
+}
+
+/// Writes to `*out_key` and `*out_len` the key at `index` of the set, in sorted order (bytewise,
+/// shorter first on a common prefix), so that index 0 is the smallest. The bytes belong to the
+/// handle: they stay valid, unchanged, until the lock is released or freed, and must not be
+/// freed or written by the caller. An `index` not below the key count gives
+/// `REDLOCK_MUX_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `lock` is NULL or a live multi-key lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_key(
+    lock: *const redlock_mux_multi_lock,
+    index: usize,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out_key, out_len) = unsafe {
+            (
+                arg_ref(lock, "lock")?,
+                Out::new(out_key, "out_key")?,
+                Out::new(out_len, "out_len")?,
+            )
+        };
+        let mut keys = held(&handle.held)?.keys();
+        let count = keys.len();
+        let key = keys.nth(index).ok_or_else(|| {
+            Failure::new(
+                REDLOCK_MUX_INVALID_ARGUMENT,
+                format!("invalid argument: key index {index}, but the set has {count} keys"),
+            )
+        })?;
+        out_key.write(key.as_ptr());
+        out_len.write(key.len());
+        Ok(())
+    })
+}
+
+/// Like `redlock_mux_lock_release`, for a set: releases every key still holding this token, on
+/// every node. Afterwards the handle is released whatever the result, and must still be freed.
+///
+/// # Safety
+/// `lock` is NULL or a live multi-key lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_release(
+    lock: *mut redlock_mux_multi_lock,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
+    })
+}
+
+/// Frees a multi-key lock handle, releasing the set first, best effort, if it is still held.
+/// NULL is a no-op.
+///
+/// # Safety
+/// `lock` is NULL or a multi-key lock not yet freed, which no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_free(lock: *mut redlock_mux_multi_lock) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(lock) })
+}
+
+// Fenced mutexes.
+
+/// One attempt to take the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds
+/// with a fencing token, without retrying. On success writes a new handle to `*out`;
+/// `REDLOCK_MUX_CONTENDED` means someone else holds it. A fenced lock and a plain one on the
+/// same key exclude each other.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_try_lock_fenced(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_fenced_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, out, |c, key| {
+            Ok(redlock_mux_fenced_lock {
+                held: Some(c.try_lock_fenced(key, millis(ttl_ms))?),
+            })
+        })
+    }
+}
+
+/// Takes the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds with a fencing
+/// token, waiting as the client's retry count and wait timeout allow. Costs one more round
+/// trip than `redlock_mux_client_lock` when the nodes' counters disagree. On success writes a
+/// new handle to `*out`.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_lock_fenced(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_fenced_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, out, |c, key| {
+            Ok(redlock_mux_fenced_lock {
+                held: Some(c.lock_fenced(key, millis(ttl_ms))?),
+            })
+        })
+    }
+}
+
+/// Writes the lock's fencing token to `*out_token`: larger than that of every fenced grant of
+/// the same key that held it before, smaller than that of every one after (across all
+/// clients; not consecutive). Send it with every write to the protected store, which keeps the
+/// largest it has seen and refuses smaller ones. Extending keeps it. Tokens hold only while
+/// every node keeps its counter through a crash (AOF with `appendfsync always`).
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock not being changed by another thread; `out_token` is
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_fencing_token(
+    lock: *const redlock_mux_fenced_lock,
+    out_token: *mut u64,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(lock, "lock")?, Out::new(out_token, "out_token")?) };
+        out.write(held(&handle.held)?.fencing_token());
+        Ok(())
+    })
+}
+
+/// Like `redlock_mux_lock_extend`, for a fenced lock. The fencing token stays the same.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_extend(
+    lock: *mut redlock_mux_fenced_lock,
+    ttl_ms: u64,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
+    })
+}
+
+/// Like `redlock_mux_lock_validity_ms`, for a fenced lock.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock not being changed by another thread; `out_ms` is NULL
+/// or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_validity_ms(
+    lock: *const redlock_mux_fenced_lock,
+    out_ms: *mut u64,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
+    })
+}
+
+/// Like `redlock_mux_lock_token`, for a fenced lock: the random token stored at the key
+/// (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex), not the fencing token.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock not being changed by another thread; `buf` is NULL or
+/// points to `buf_len` writable bytes; `out_n` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_token(
+    lock: *const redlock_mux_fenced_lock,
+    buf: *mut u8,
+    buf_len: usize,
+    out_n: *mut usize,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
+    })
+}
+
+/// Like `redlock_mux_lock_release`, for a fenced lock (the nodes' counters stay): afterwards
+/// the handle is released whatever the result, and must still be freed.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_release(
+    lock: *mut redlock_mux_fenced_lock,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
+    })
+}
+
+/// Frees a fenced lock handle, releasing it first, best effort, if it is still held. NULL is a
+/// no-op.
+///
+/// # Safety
+/// `lock` is NULL or a fenced lock not yet freed, which no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_free(lock: *mut redlock_mux_fenced_lock) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(lock) })
+}
+
+// Mutexes kept alive by the client's keeper thread.
+
+/// A C callback and its user data, called at most once, from the keeper thread.
+struct LostCallback {
+    f: unsafe extern "C" fn(*mut c_void, redlock_mux_result),
+    user_data: *mut c_void,
+}
+
+// SAFETY: `user_data` is only handed back to `f`, on the keeper thread; the caller of
+// `redlock_mux_lock_keep_alive_with_callback` promises that this is allowed.
+unsafe impl Send for LostCallback {}
+
+/// Where a kept lock's callback waits to be called; emptied when the handle is released or
+/// freed, so that no call starts after that and none is still running when it returns.
+type CallbackSlot = Arc<Mutex<Option<LostCallback>>>;
+
+fn lock_slot(slot: &CallbackSlot) -> MutexGuard<'_, Option<LostCallback>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The shared body of the two keep-alive functions.
+///
+/// # Safety
+/// As for `redlock_mux_lock_keep_alive`.
+unsafe fn keep_alive_with(
+    lock: *mut redlock_mux_lock,
+    ttl_ms: u64,
+    on_lost: Option<LostCallback>,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_mut(lock, "lock")?, Out::new(out, "out")?) };
+        let ttl = millis(ttl_ms);
+        // Checked here rather than by the first extension, which would turn it into a loss.
+        held(&handle.held)?.client().timing(ttl)?;
+        let mut settings = KeepAlive::new(ttl);
+        let slot = on_lost.map(|callback| Arc::new(Mutex::new(Some(callback))));
+        if let Some(slot) = &slot {
+            let slot = Arc::clone(slot);
+            settings = settings.on_lost(move |lost| {
+                let callback = lock_slot(&slot);
+                if let Some(c) = callback.as_ref() {
+                    // SAFETY: the caller of `redlock_mux_lock_keep_alive_with_callback`
+                    // promises that `f` may be called with `user_data` from this thread.
+                    unsafe { (c.f)(c.user_data, failure_code(&lost.error)) }
+                }
+            });
+        }
+        let kept = handle
+            .held
+            .take()
+            .ok_or_else(released)?
+            .keep_alive(settings);
+        out.write(into_handle(redlock_mux_kept_lock {
+            held: Some(kept),
+            on_lost: slot,
+        }));
+        Ok(())
+    })
+}
+
+/// Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
+/// milliseconds every `ttl_ms / 3` until the kept lock is released or freed, or the lock is
+/// lost. On success writes a new kept lock to `*out`.
+///
+/// Ownership: on success the lock moves from `lock` into the kept lock. `lock` is left empty:
+/// every call on it gives `REDLOCK_MUX_RELEASED`, and it must still be freed with
+/// `redlock_mux_lock_free`, which then releases nothing. The kept lock is freed with
+/// `redlock_mux_kept_lock_free`, which releases the lock. On failure nothing moves: `lock`
+/// holds the lock as before.
+///
+/// A lost lock (an extension refused by the quorum, or no extension won before the validity
+/// ran out) is reported by `redlock_mux_kept_lock_is_lost`; poll it before each step that
+/// needs the lock.
+///
+/// The keeper thread starts with the client's first kept lock, and ends on its own, within one
+/// extension interval, once the client and every lock taken through it have been freed.
+///
+/// # Safety
+/// `lock` is NULL or a live lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_lock_keep_alive(
+    lock: *mut redlock_mux_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_with(lock, ttl_ms, None, out) }
+}
+
+/// Called when a kept lock is lost, with the `user_data` given to
+/// `redlock_mux_lock_keep_alive_with_callback` and why: `REDLOCK_MUX_CONTENDED` when the
+/// quorum refused an extension (the key expired, or holds someone else's token),
+/// `REDLOCK_MUX_VALIDITY_EXPIRED` when no extension won before the validity ran out.
+pub type redlock_mux_lost_callback =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, reason: redlock_mux_result)>;
+
+/// Like `redlock_mux_lock_keep_alive` (same ownership rules), and `on_lost(user_data, reason)`
+/// is called once if the lock is lost. `user_data` is passed through untouched and may be NULL.
+///
+/// The callback runs on the client's keeper thread (one thread extends every kept lock of the
+/// client), never on the caller's, and not at all once the kept lock has been released or
+/// freed: `redlock_mux_kept_lock_release` and `redlock_mux_kept_lock_free` wait for a call in
+/// progress to return, so `user_data` may be freed as soon as either returns. So the callback
+/// must be quick, must be safe to run on another thread (use atomics or a mutex to hand
+/// anything over), must not release or free the kept lock it reports (that would wait for
+/// itself), and must not wait for a thread that may be releasing or freeing it.
+///
+/// # Safety
+/// As for `redlock_mux_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    let Some(f) = on_lost else {
+        return boundary(|| Err(null("on_lost")));
+    };
+    let callback = LostCallback { f, user_data };
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_with(lock, ttl_ms, Some(callback), out) }
+}
+
+/// Writes to `*out_lost` 1 if the kept lock was lost (an extension was refused by the quorum,
+/// or no extension won before the validity ran out), 0 while it is held. Once lost, always
+/// lost: stop work that needs the lock.
+///
+/// # Safety
+/// `kept` is NULL or a live kept lock not being changed by another thread; `out_lost` is NULL
+/// or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_is_lost(
+    kept: *const redlock_mux_kept_lock,
+    out_lost: *mut u8,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(kept, "kept")?, Out::new(out_lost, "out_lost")?) };
+        out.write(u8::from(held(&handle.held)?.is_lost()));
+        Ok(())
+    })
+}
+
+/// Like `redlock_mux_lock_validity_ms`, for a kept lock: the time left as of the last extension
+/// that won; 0 once lost. May wait while an extension is in flight, at most the node timeout.
+///
+/// # Safety
+/// `kept` is NULL or a live kept lock not being changed by another thread; `out_ms` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_validity_ms(
+    kept: *const redlock_mux_kept_lock,
+    out_ms: *mut u64,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        unsafe { held_validity(&arg_ref(kept, "kept")?.held, out_ms) }
+    })
+}
+
+/// Like `redlock_mux_lock_token`, for a kept lock: the token it had as a `redlock_mux_lock`.
+///
+/// # Safety
+/// `kept` is NULL or a live kept lock not being changed by another thread; `buf` is NULL or
+/// points to `buf_len` writable bytes; `out_n` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_token(
+    kept: *const redlock_mux_kept_lock,
+    buf: *mut u8,
+    buf_len: usize,
+    out_n: *mut usize,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        unsafe { held_token(&arg_ref(kept, "kept")?.held, buf, buf_len, out_n) }
+    })
+}
+
+/// Stops the extensions and releases the lock on every node (a lost lock too, in case some
+/// node still holds its token). No lost-lock callback runs after this returns. Afterwards the
+/// handle is released whatever the result, and must still be freed.
+///
+/// # Safety
+/// `kept` is NULL or a live kept lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_release(
+    kept: *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        let handle = unsafe { arg_mut(kept, "kept") }?;
+        handle.disarm();
+        held_release(&mut handle.held)
+    })
+}
+
+/// Frees a kept lock handle: stops the extensions and, if the lock is still held, releases it,
+/// best effort. No lost-lock callback runs after this returns. NULL is a no-op.
+///
+/// # Safety
+/// `kept` is NULL or a kept lock not yet freed, which no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_free(kept: *mut redlock_mux_kept_lock) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(kept) })
 }
 
 #[cfg(test)]

@@ -2,8 +2,17 @@
  * Tests of the C API against real redis-server processes, whose URLs are the arguments.
  * Prints "N passed, 0 failed" and exits 0, or names the failing check and exits non-zero.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, inet_pton */
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -367,6 +376,509 @@ static void test_threads_share_a_client(redlock_mux_client *client) {
     }
 }
 
+/* ---- Multi-key, fenced and kept-alive locks. ---- */
+
+static void sleep_ms(long ms) {
+    struct timespec t;
+    t.tv_sec = ms / 1000;
+    t.tv_nsec = (ms % 1000) * 1000000L;
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+}
+
+/* Deletes `key` on the node at `url` ("redis://127.0.0.1:PORT" or "127.0.0.1:PORT") with a
+ * hand-written DEL, behind the library's back, as an operator or an expiry would. */
+static void redis_del(const char *url, const uint8_t *key, size_t key_len) {
+    struct sockaddr_in addr;
+    char host[64], head[64], reply[64];
+    const char *start = strstr(url, "//") ? strstr(url, "//") + 2 : url;
+    const char *colon = strrchr(start, ':');
+    size_t host_len;
+    int fd, n;
+    CHECK(colon != NULL && (size_t)(colon - start) < sizeof host);
+    host_len = (size_t)(colon - start);
+    memcpy(host, start, host_len);
+    host[host_len] = 0;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)atoi(colon + 1));
+    CHECK(inet_pton(AF_INET, host, &addr.sin_addr) == 1);
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    CHECK(connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0);
+    n = snprintf(head, sizeof head, "*2\r\n$3\r\nDEL\r\n$%zu\r\n", key_len);
+    CHECK(write(fd, head, (size_t)n) == n);
+    CHECK(write(fd, key, key_len) == (ssize_t)key_len);
+    CHECK(write(fd, "\r\n", 2) == 2);
+    n = (int)read(fd, reply, sizeof reply - 1); /* ":1\r\n", in one segment on loopback */
+    CHECK(n > 0 && reply[0] == ':');
+    close(fd);
+}
+
+static void test_new_handles_null_parameters(redlock_mux_client *client) {
+    redlock_mux_multi_lock *m = SENTINEL(redlock_mux_multi_lock, 0);
+    redlock_mux_fenced_lock *f = SENTINEL(redlock_mux_fenced_lock, 1);
+    redlock_mux_kept_lock *k = SENTINEL(redlock_mux_kept_lock, 2);
+    redlock_mux_lock *l = NULL;
+    const uint8_t *keys[2] = {(const uint8_t *)"c-null-a", (const uint8_t *)"c-null-b"};
+    const uint8_t *with_null[2] = {(const uint8_t *)"c-null-a", NULL};
+    const uint8_t *key = (const uint8_t *)"c-sentinel";
+    size_t lens[2] = {8, 8};
+    size_t n = 777;
+    uint64_t ms = 777, fence = 777;
+    uint8_t buf[64], lost = 77;
+
+    /* Acquisitions: every pointer, the key arrays even when empty, every key of the set. */
+    CHECK_RESULT(redlock_mux_client_try_lock_all(NULL, keys, lens, 2, 1000, &m),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, NULL, lens, 2, 1000, &m),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(strstr(last_error(), "`keys`") != NULL);
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, NULL, lens, 0, 1000, &m),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, NULL, 2, 1000, &m),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(strstr(last_error(), "key_lens") != NULL);
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, with_null, lens, 2, 1000, &m),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(strstr(last_error(), "keys[1]") != NULL);
+    CHECK_RESULT(redlock_mux_client_lock_all(NULL, keys, lens, 2, 1000, &m),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_lock_all(client, keys, NULL, 2, 1000, &m),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(m == SENTINEL(redlock_mux_multi_lock, 0));
+    CHECK_RESULT(redlock_mux_client_try_lock_fenced(NULL, key, 10, 1000, &f),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_lock_fenced(client, NULL, 10, 1000, &f),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_lock_fenced(NULL, key, 10, 1000, &f),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_lock_fenced(client, NULL, 10, 1000, &f),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(f == SENTINEL(redlock_mux_fenced_lock, 1));
+    /* A NULL out is refused before anything is taken: the keys stay free (checked below). */
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, lens, 2, 1000, NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_lock_all(client, keys, lens, 2, 1000, NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_lock_fenced(client, keys[0], 8, 1000, NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_lock_fenced(client, keys[0], 8, 1000, NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_keep_alive(NULL, 1000, &k), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_keep_alive_with_callback(NULL, 1000, NULL, NULL, &k),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(k == SENTINEL(redlock_mux_kept_lock, 2));
+
+    /* Handle functions. */
+    m = NULL;
+    f = NULL;
+    CHECK_OK(redlock_mux_client_try_lock_all(client, keys, lens, 2, 5000, &m));
+    CHECK_RESULT(redlock_mux_multi_lock_extend(NULL, 1000), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_validity_ms(m, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_token(NULL, buf, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_token(m, NULL, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_token(m, buf, sizeof buf, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_key_count(NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_key_count(m, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_key(NULL, 0, &key, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_key(m, 0, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_key(m, 0, &key, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(ms == 777 && n == 777 && strcmp((const char *)key, "c-sentinel") == 0);
+    CHECK_OK(redlock_mux_multi_lock_release(m));
+    redlock_mux_multi_lock_free(m);
+
+    CHECK_OK(redlock_mux_client_try_lock_fenced(client, keys[0], 8, 5000, &f));
+    CHECK_RESULT(redlock_mux_fenced_lock_fencing_token(NULL, &fence), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_fencing_token(f, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_extend(NULL, 1000), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_validity_ms(f, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_token(NULL, buf, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_token(f, NULL, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_token(f, buf, sizeof buf, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(fence == 777 && ms == 777 && n == 777);
+    CHECK_OK(redlock_mux_fenced_lock_release(f));
+    redlock_mux_fenced_lock_free(f);
+
+    CHECK_OK(redlock_mux_client_try_lock(client, keys[0], 8, 5000, &l));
+    CHECK_RESULT(redlock_mux_lock_keep_alive(l, 1000, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_keep_alive_with_callback(l, 1000, NULL, NULL, &k),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(strstr(last_error(), "on_lost") != NULL);
+    CHECK(k == SENTINEL(redlock_mux_kept_lock, 2));
+    CHECK_OK(redlock_mux_lock_validity_ms(l, &ms)); /* nothing moved: still held here */
+    k = NULL;
+    CHECK_OK(redlock_mux_lock_keep_alive(l, 5000, &k));
+    CHECK_RESULT(redlock_mux_kept_lock_is_lost(NULL, &lost), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_is_lost(k, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_validity_ms(k, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_token(NULL, buf, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_token(k, NULL, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_token(k, buf, sizeof buf, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(lost == 77 && n == 777);
+    CHECK_OK(redlock_mux_kept_lock_release(k));
+    redlock_mux_kept_lock_free(k);
+    redlock_mux_lock_free(l);
+
+    /* Every _free accepts NULL. */
+    redlock_mux_multi_lock_free(NULL);
+    redlock_mux_fenced_lock_free(NULL);
+    redlock_mux_kept_lock_free(NULL);
+}
+
+#define SET_SIZE 3
+
+struct delayed_release {
+    redlock_mux_lock *lock;
+    long after_ms;
+    redlock_mux_result result;
+};
+
+static void *release_later(void *arg) {
+    struct delayed_release *d = arg;
+    sleep_ms(d->after_ms);
+    d->result = redlock_mux_lock_release(d->lock);
+    return NULL;
+}
+
+static void test_multi_locks(redlock_mux_client *client) {
+    /* Given unsorted; one key is binary with a NUL inside. */
+    static const uint8_t b[] = {'c', '-', 'm', 'u', 'l', 't', 'i', '-', 'b', 0, '!'};
+    const uint8_t *keys[SET_SIZE] = {(const uint8_t *)"c-multi-c", b, (const uint8_t *)"c-multi-a"};
+    size_t lens[SET_SIZE] = {9, sizeof b, 9};
+    const uint8_t *dup[2] = {(const uint8_t *)"c-multi-a", (const uint8_t *)"c-multi-a"};
+    size_t dup_lens[2] = {9, 9};
+    const uint8_t *many[REDLOCK_MUX_MAX_LOCK_ALL_KEYS + 1];
+    size_t many_lens[REDLOCK_MUX_MAX_LOCK_ALL_KEYS + 1];
+    size_t empty_lens[SET_SIZE] = {9, 0, 9};
+    size_t huge_lens[SET_SIZE] = {9, REDLOCK_MUX_MAX_KEY_LEN + 1, 9};
+    redlock_mux_multi_lock *m = NULL, *w = SENTINEL(redlock_mux_multi_lock, 0);
+    redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 1), *c = NULL;
+    const uint8_t *key = (const uint8_t *)"c-sentinel";
+    uint8_t token[REDLOCK_MUX_TOKEN_LEN];
+    size_t n = 777, count = 777, i;
+    uint64_t ms = 0;
+    struct delayed_release d;
+    pthread_t releaser;
+
+    /* Bad sets are refused before anything is sent. */
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, lens, 0, 1000, &w),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(strstr(last_error(), "no keys") != NULL);
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, dup, dup_lens, 2, 1000, &w),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(strstr(last_error(), "more than once") != NULL);
+    CHECK_RESULT(redlock_mux_client_lock_all(client, keys, empty_lens, SET_SIZE, 1000, &w),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(strstr(last_error(), "empty") != NULL);
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, huge_lens, SET_SIZE, 1000, &w),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(strstr(last_error(), "long") != NULL);
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, lens, SET_SIZE, 0, &w),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    for (i = 0; i < REDLOCK_MUX_MAX_LOCK_ALL_KEYS + 1; i++) {
+        many[i] = NULL; /* not read: the count is refused first */
+        many_lens[i] = 1;
+    }
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, many, many_lens,
+                                                 REDLOCK_MUX_MAX_LOCK_ALL_KEYS + 1, 1000, &w),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(strstr(last_error(), "257 keys") != NULL);
+    CHECK(w == SENTINEL(redlock_mux_multi_lock, 0));
+
+    /* The whole set, held: each of its keys is refused to a mutex. */
+    CHECK_OK(redlock_mux_client_try_lock_all(client, keys, lens, SET_SIZE, 10000, &m));
+    CHECK_OK(redlock_mux_multi_lock_validity_ms(m, &ms));
+    CHECK(ms > 9000 && ms <= 10000);
+    CHECK_OK(redlock_mux_multi_lock_token(m, token, sizeof token, &n));
+    CHECK(n == REDLOCK_MUX_TOKEN_LEN);
+    for (i = 0; i < SET_SIZE; i++) {
+        CHECK_RESULT(redlock_mux_client_try_lock(client, keys[i], lens[i], 1000, &l),
+                     REDLOCK_MUX_CONTENDED);
+    }
+    CHECK(l == SENTINEL(redlock_mux_lock, 1));
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, lens, SET_SIZE, 1000, &w),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(w == SENTINEL(redlock_mux_multi_lock, 0));
+
+    /* The keys read back, sorted, and owned by the handle. */
+    CHECK_OK(redlock_mux_multi_lock_key_count(m, &count));
+    CHECK(count == SET_SIZE);
+    CHECK_OK(redlock_mux_multi_lock_key(m, 0, &key, &n));
+    CHECK(n == 9 && memcmp(key, "c-multi-a", 9) == 0);
+    CHECK_OK(redlock_mux_multi_lock_key(m, 1, &key, &n));
+    CHECK(n == sizeof b && memcmp(key, b, sizeof b) == 0 && key != b);
+    CHECK_OK(redlock_mux_multi_lock_key(m, 2, &key, &n));
+    CHECK(n == 9 && memcmp(key, "c-multi-c", 9) == 0);
+    n = 777;
+    CHECK_RESULT(redlock_mux_multi_lock_key(m, SET_SIZE, &key, &n), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(n == 777 && strstr(last_error(), "index 3") != NULL);
+
+    CHECK_OK(redlock_mux_multi_lock_extend(m, 20000));
+    CHECK_OK(redlock_mux_multi_lock_validity_ms(m, &ms));
+    CHECK(ms > 10000 && ms <= 20000);
+    CHECK_RESULT(redlock_mux_multi_lock_extend(m, 0), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_OK(redlock_mux_multi_lock_release(m));
+    CHECK_RESULT(redlock_mux_multi_lock_release(m), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_multi_lock_extend(m, 1000), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_multi_lock_validity_ms(m, &ms), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_multi_lock_token(m, token, sizeof token, &n), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_multi_lock_key_count(m, &count), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_multi_lock_key(m, 0, &key, &n), REDLOCK_MUX_RELEASED);
+    redlock_mux_multi_lock_free(m);
+
+    /* One key of the set held elsewhere: the set is refused, and none of it was taken. */
+    CHECK_OK(redlock_mux_client_try_lock(client, keys[1], lens[1], 10000, &c));
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, lens, SET_SIZE, 10000, &w),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(w == SENTINEL(redlock_mux_multi_lock, 0));
+    l = NULL;
+    CHECK_OK(redlock_mux_client_try_lock(client, keys[0], lens[0], 1000, &l));
+    CHECK_OK(redlock_mux_lock_release(l));
+    redlock_mux_lock_free(l);
+
+    /* The waiting form gets the set once that key is released. */
+    d.lock = c;
+    d.after_ms = 300;
+    d.result = REDLOCK_MUX_PANIC;
+    CHECK(pthread_create(&releaser, NULL, release_later, &d) == 0);
+    m = NULL;
+    CHECK_OK(redlock_mux_client_lock_all(client, keys, lens, SET_SIZE, 10000, &m));
+    CHECK(pthread_join(releaser, NULL) == 0);
+    CHECK_OK(d.result);
+    redlock_mux_lock_free(c);
+    /* Freeing a held set releases every key. */
+    redlock_mux_multi_lock_free(m);
+    m = NULL;
+    CHECK_OK(redlock_mux_client_try_lock_all(client, keys, lens, SET_SIZE, 10000, &m));
+    CHECK_OK(redlock_mux_multi_lock_release(m));
+    redlock_mux_multi_lock_free(m);
+}
+
+#define FENCED_GRANTS 6
+
+static void test_fenced_locks(redlock_mux_client *client) {
+    static const uint8_t key[] = {'c', '-', 'f', 'e', 'n', 'c', 'e', 'd', 0, '1'};
+    redlock_mux_fenced_lock *f = NULL, *g = SENTINEL(redlock_mux_fenced_lock, 0);
+    redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 1);
+    uint8_t token[REDLOCK_MUX_TOKEN_LEN];
+    uint64_t fence = 0, previous = 0, again = 0, ms = 0;
+    size_t n = 0;
+    int i;
+
+    CHECK_RESULT(redlock_mux_client_try_lock_fenced(client, key, 0, 1000, &g),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_client_lock_fenced(client, key, sizeof key, 0, &g),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(g == SENTINEL(redlock_mux_fenced_lock, 0));
+
+    /* Every grant's fencing token is larger than the one before, whichever form took it. */
+    for (i = 0; i < FENCED_GRANTS; i++) {
+        f = NULL;
+        if (i % 2 == 0) {
+            CHECK_OK(redlock_mux_client_try_lock_fenced(client, key, sizeof key, 10000, &f));
+        } else {
+            CHECK_OK(redlock_mux_client_lock_fenced(client, key, sizeof key, 10000, &f));
+        }
+        CHECK_OK(redlock_mux_fenced_lock_fencing_token(f, &fence));
+        CHECK(fence > previous);
+        previous = fence;
+        if (i == 0) {
+            /* Held: refused to fenced and plain locks alike. */
+            CHECK_RESULT(redlock_mux_client_try_lock_fenced(client, key, sizeof key, 1000, &g),
+                         REDLOCK_MUX_CONTENDED);
+            CHECK_RESULT(redlock_mux_client_try_lock(client, key, sizeof key, 1000, &l),
+                         REDLOCK_MUX_CONTENDED);
+            CHECK(g == SENTINEL(redlock_mux_fenced_lock, 0) && l == SENTINEL(redlock_mux_lock, 1));
+            CHECK_OK(redlock_mux_fenced_lock_validity_ms(f, &ms));
+            CHECK(ms > 9000 && ms <= 10000);
+            CHECK_OK(redlock_mux_fenced_lock_token(f, token, sizeof token, &n));
+            CHECK(n == REDLOCK_MUX_TOKEN_LEN);
+            /* Extending keeps the fencing token. */
+            CHECK_OK(redlock_mux_fenced_lock_extend(f, 20000));
+            CHECK_OK(redlock_mux_fenced_lock_validity_ms(f, &ms));
+            CHECK(ms > 10000 && ms <= 20000);
+            CHECK_OK(redlock_mux_fenced_lock_fencing_token(f, &again));
+            CHECK(again == fence);
+        }
+        if (i == FENCED_GRANTS - 1) {
+            redlock_mux_fenced_lock_free(f); /* freeing a held lock releases it */
+        } else {
+            CHECK_OK(redlock_mux_fenced_lock_release(f));
+            CHECK_RESULT(redlock_mux_fenced_lock_release(f), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_lock_fencing_token(f, &again), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_lock_extend(f, 1000), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_lock_validity_ms(f, &ms), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_lock_token(f, token, sizeof token, &n),
+                         REDLOCK_MUX_RELEASED);
+            redlock_mux_fenced_lock_free(f);
+        }
+    }
+    /* A plain mutex on the key is free again once the fenced one is freed. */
+    l = NULL;
+    CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key, 1000, &l));
+    CHECK_OK(redlock_mux_lock_release(l));
+    redlock_mux_lock_free(l);
+}
+
+static void test_keep_alive_holds_past_the_ttl(redlock_mux_client *client) {
+    static const uint8_t key[] = "c-kept";
+    redlock_mux_lock *l = NULL, *other = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_kept_lock *k = SENTINEL(redlock_mux_kept_lock, 1);
+    uint8_t token[REDLOCK_MUX_TOKEN_LEN], kept_token[REDLOCK_MUX_TOKEN_LEN];
+    uint8_t lost = 77;
+    uint64_t ms = 0;
+    size_t n = 0;
+    int step;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key - 1, 1000, &l));
+    CHECK_OK(redlock_mux_lock_token(l, token, sizeof token, &n));
+    /* A bad TTL is refused, and the lock stays with its handle. */
+    CHECK_RESULT(redlock_mux_lock_keep_alive(l, 0, &k), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(k == SENTINEL(redlock_mux_kept_lock, 1));
+    CHECK_OK(redlock_mux_lock_validity_ms(l, &ms));
+
+    k = NULL;
+    CHECK_OK(redlock_mux_lock_keep_alive(l, 1000, &k));
+    /* The lock moved: its old handle is empty, and must only be freed. */
+    CHECK_RESULT(redlock_mux_lock_extend(l, 1000), REDLOCK_MUX_RELEASED);
+    CHECK(strstr(last_error(), "keep-alive") != NULL);
+    CHECK_RESULT(redlock_mux_lock_keep_alive(l, 1000, &k), REDLOCK_MUX_RELEASED);
+    redlock_mux_lock_free(l); /* releases nothing */
+    CHECK_OK(redlock_mux_kept_lock_token(k, kept_token, sizeof kept_token, &n));
+    CHECK(n == REDLOCK_MUX_TOKEN_LEN && memcmp(token, kept_token, sizeof token) == 0);
+
+    /* Held for 2.5 s on a 1 s TTL, extended in the background. */
+    for (step = 0; step < 25; step++) {
+        sleep_ms(100);
+        CHECK_OK(redlock_mux_kept_lock_is_lost(k, &lost));
+        CHECK(lost == 0);
+    }
+    CHECK_RESULT(redlock_mux_client_try_lock(client, key, sizeof key - 1, 1000, &other),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(other == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_kept_lock_validity_ms(k, &ms));
+    CHECK(ms > 0 && ms <= 1000);
+
+    CHECK_OK(redlock_mux_kept_lock_release(k));
+    CHECK_RESULT(redlock_mux_kept_lock_release(k), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_kept_lock_is_lost(k, &lost), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_kept_lock_validity_ms(k, &ms), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_kept_lock_token(k, token, sizeof token, &n), REDLOCK_MUX_RELEASED);
+    redlock_mux_kept_lock_free(k);
+    other = NULL;
+    CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key - 1, 1000, &other));
+    redlock_mux_lock_free(other);
+}
+
+struct lost_notice {
+    pthread_mutex_t mutex;
+    int calls;
+    redlock_mux_result reason;
+    pthread_t thread;
+};
+
+/* Runs on the keeper thread. */
+static void on_lost(void *user_data, redlock_mux_result reason) {
+    struct lost_notice *notice = user_data;
+    pthread_mutex_lock(&notice->mutex);
+    notice->calls++;
+    notice->reason = reason;
+    notice->thread = pthread_self();
+    pthread_mutex_unlock(&notice->mutex);
+}
+
+static void test_keep_alive_reports_a_lost_lock(redlock_mux_client *client, int count,
+                                                char **urls) {
+    static const uint8_t key[] = "c-kept-lost";
+    redlock_mux_lock *l = NULL;
+    redlock_mux_kept_lock *k = NULL, *quiet = NULL;
+    struct lost_notice *notice = calloc(1, sizeof *notice);
+    uint8_t lost = 0;
+    uint64_t ms = 777;
+    int i, calls = 0;
+
+    CHECK(notice != NULL && pthread_mutex_init(&notice->mutex, NULL) == 0);
+    CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key - 1, 1000, &l));
+    CHECK_OK(redlock_mux_lock_keep_alive_with_callback(l, 1000, on_lost, notice, &k));
+    redlock_mux_lock_free(l);
+
+    /* The key disappears from every node: the next extension is refused. */
+    for (i = 0; i < count; i++) {
+        redis_del(urls[i], key, sizeof key - 1);
+    }
+    for (i = 0; i < 300 && !lost; i++) { /* at most 3 s; an extension is due every 333 ms */
+        sleep_ms(10);
+        CHECK_OK(redlock_mux_kept_lock_is_lost(k, &lost));
+    }
+    CHECK(lost == 1);
+    for (i = 0; i < 100 && calls == 0; i++) { /* is_lost turns true just before the call */
+        pthread_mutex_lock(&notice->mutex);
+        calls = notice->calls;
+        pthread_mutex_unlock(&notice->mutex);
+        if (calls == 0) {
+            sleep_ms(10);
+        }
+    }
+    pthread_mutex_lock(&notice->mutex);
+    CHECK(notice->calls == 1);
+    CHECK(notice->reason == REDLOCK_MUX_CONTENDED);
+    CHECK(!pthread_equal(notice->thread, pthread_self()));
+    pthread_mutex_unlock(&notice->mutex);
+    CHECK_OK(redlock_mux_kept_lock_validity_ms(k, &ms));
+    CHECK(ms == 0);
+    CHECK_OK(redlock_mux_kept_lock_release(k));
+    redlock_mux_kept_lock_free(k);
+
+    /* Released before any loss: the callback never runs, so its data may go at once. */
+    l = NULL;
+    CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key - 1, 1000, &l));
+    CHECK_OK(redlock_mux_lock_keep_alive_with_callback(l, 1000, on_lost, notice, &quiet));
+    redlock_mux_lock_free(l);
+    redlock_mux_kept_lock_free(quiet);
+    pthread_mutex_lock(&notice->mutex);
+    CHECK(notice->calls == 1);
+    pthread_mutex_unlock(&notice->mutex);
+    pthread_mutex_destroy(&notice->mutex);
+    free(notice);
+}
+
+/* The number of threads of this process, or -1 if Linux's /proc cannot tell. */
+static int thread_count(void) {
+    DIR *dir = opendir("/proc/self/task");
+    struct dirent *entry;
+    int n = 0;
+    if (dir == NULL) {
+        return -1;
+    }
+    while ((entry = readdir(dir)) != NULL) {
+        n += entry->d_name[0] != '.';
+    }
+    closedir(dir);
+    return n;
+}
+
+static void test_keep_alive(int count, char **urls) {
+    int before = thread_count(), i;
+    redlock_mux_client *client = make_client(count, urls, 1000);
+    test_keep_alive_holds_past_the_ttl(client);
+    test_keep_alive_reports_a_lost_lock(client, count, urls);
+    redlock_mux_client_free(client);
+    /* The client's keeper thread ends on its own within one extension interval (333 ms here)
+     * once the client and its locks are freed. Wait for it (at most 10 s), so that it is gone
+     * before the program exits: valgrind counts a thread still running then as leaking. */
+    for (i = 0; i < 1000 && before > 0 && thread_count() > before; i++) {
+        sleep_ms(10);
+    }
+    CHECK(thread_count() == before);
+}
+
 int main(int argc, char **argv) {
     redlock_mux_client *client;
     if (argc < 2) {
@@ -384,6 +896,10 @@ int main(int argc, char **argv) {
     test_read_write_locks(client);
     test_quorum_unreachable();
     test_threads_share_a_client(client);
+    test_new_handles_null_parameters(client);
+    test_multi_locks(client);
+    test_fenced_locks(client);
+    test_keep_alive(argc - 1, argv + 1);
 
     redlock_mux_client_free(client);
     printf("%d passed, 0 failed\n", checks_run);
