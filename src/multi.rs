@@ -40,11 +40,13 @@ impl Client {
     /// key twice ([`InvalidArgument::DuplicateKey`]), which almost always means the caller
     /// computed its set wrongly. Deduplicate first if repeats are expected.
     ///
-    /// ```no_run
+    /// ```
     /// use std::time::Duration;
     /// use redlock_mux::Client;
     ///
-    /// let client = Client::new(["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"])?;
+    /// // For example ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"].
+    /// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+    /// let client = Client::new(nodes.split(','))?;
     /// let set = client.lock_all(["account:1", "account:2"], Duration::from_secs(5))?;
     /// // ... move money between the two accounts within set.validity() ...
     /// set.release()?;
