@@ -380,6 +380,8 @@ fn run(rx: mpsc::Receiver<Entry>) {
     let mut entries: Vec<Entry> = Vec::new();
     let mut open = true;
     loop {
+        // Guards released or dropped since: forget them now, so the thread can end at once.
+        entries.retain(|e| e.shared.strong_count() > 0);
         let next = entries.iter().map(|e| e.due).min();
         let now = Instant::now();
         if open {
