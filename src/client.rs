@@ -451,7 +451,8 @@ impl Client {
             let mut retry = Retry::new(first, config.wait_timeout, config.retry_count, wait);
             let mut subscribed = false;
             // The retry window after split votes, doubled at each.
-            let mut spread = Duration::ZERO;
+            let mut spread = driver.spread;
+            let mut split_seen = false;
             let result = loop {
                 if retry.lost() > 0 {
                     acquire.on_retry(first.elapsed());
@@ -495,6 +496,7 @@ impl Client {
                     continue;
                 }
                 if split {
+                    split_seen = true;
                     // Some nodes granted, too few. Without a fair queue, waiters collided:
                     // spread the next retries over a window that doubles with each split, so
                     // they drift apart. With one, only the head can win anywhere, so the vote
@@ -512,6 +514,12 @@ impl Client {
                     driver.sleep_until((Instant::now() + pause).min(backstop));
                 }
             };
+            // Keep what was learnt of the contention for the next acquisition; halve it when
+            // this one saw no collision, so it fades once the contention does.
+            driver.spread = if split_seen { spread } else { spread / 2 };
+            if driver.spread < SPREAD_MIN {
+                driver.spread = Duration::ZERO;
+            }
             if let Some(finish) = acquire.on_finish() {
                 driver.broadcast(finish);
             }

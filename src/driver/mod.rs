@@ -57,6 +57,9 @@ pub(crate) struct Driver {
     noscript: bool,
     /// Retry jitter for the thread using this driver.
     pub jitter: Jitter,
+    /// The spread of retries after split votes that the last contended acquisition ended with:
+    /// contention lasts longer than one acquisition, so the next one starts from it.
+    pub spread: Duration,
 }
 
 impl Driver {
@@ -77,6 +80,7 @@ impl Driver {
             spare: None,
             noscript: false,
             jitter: Jitter::from_os(),
+            spread: Duration::ZERO,
         })
     }
 
