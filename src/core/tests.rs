@@ -281,3 +281,22 @@ fn reset_reuses_a_round() {
     assert!(round.votes().iter().all(Option::is_none));
     assert_eq!(round.start(), t1);
 }
+
+#[test]
+fn key_names_are_documented_and_share_the_slot() {
+    let plain = KeyNames::new(b"invoice:42");
+    assert_eq!(plain.mutex, b"invoice:42");
+    assert_eq!(plain.mutex_queue, b"{invoice:42}:q");
+    assert_eq!(plain.mutex_queue_expiries, b"{invoice:42}:qx");
+    assert_eq!(plain.writer, b"{rw:invoice:42}:w");
+    assert_eq!(plain.readers, b"{rw:invoice:42}:r");
+    assert_eq!(plain.intents, b"{rw:invoice:42}:wi");
+    assert_eq!(plain.rw_queue, b"{rw:invoice:42}:q");
+    assert_eq!(plain.rw_queue_expiries, b"{rw:invoice:42}:qx");
+    let tagged = KeyNames::new(b"user:{42}");
+    assert_eq!(tagged.mutex_queue, b"user:{42}:fq");
+    assert_eq!(tagged.writer, b"user:{42}:rw:w");
+    assert_eq!(tagged.rw_queue_expiries, b"user:{42}:rw:qx");
+    // An empty tag is no tag.
+    assert_eq!(KeyNames::new(b"a{}b").mutex_queue, b"{a{}b}:q");
+}

@@ -10,6 +10,7 @@
 use std::io;
 use std::time::Duration;
 
+use redlock_mux::core::KeyNames as Names;
 use redlock_mux::resp::Value;
 
 use crate::args::{self, Spec};
@@ -150,54 +151,7 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
     Ok(0)
 }
 
-/// The names of every key the library keeps for a resource key.
-struct Names {
-    mutex: Vec<u8>,
-    writer: Vec<u8>,
-    readers: Vec<u8>,
-    intents: Vec<u8>,
-    queue_expiry: Vec<u8>,
-}
-
-impl Names {
-    /// The names as the library derives them (`RwKeys` and `write_derived_key` in its core,
-    /// documented on [`redlock_mux::Client::read_lock`]'s impl block): a key with a hash tag
-    /// keeps it and gets a suffix; one without is wrapped so that its whole self is the tag.
-    fn new(key: &[u8]) -> Names {
-        let tagged = has_hash_tag(key);
-        let rw = |suffix: &str| {
-            let (head, tail): (&[u8], &[u8]) = if tagged {
-                (b"", b":rw:")
-            } else {
-                (b"{rw:", b"}:")
-            };
-            [head, key, tail, suffix.as_bytes()].concat()
-        };
-        let queue_expiry = if tagged {
-            [key, b":qx"].concat()
-        } else {
-            [b"{", key, b"}:qx"].concat()
-        };
-        Names {
-            mutex: key.to_vec(),
-            writer: rw("w"),
-            readers: rw("r"),
-            intents: rw("wi"),
-            queue_expiry,
-        }
-    }
-}
-
-/// Whether Redis Cluster would hash `key` by a non-empty `{tag}` rather than whole.
-fn has_hash_tag(key: &[u8]) -> bool {
-    key.iter().position(|&b| b == b'{').is_some_and(|open| {
-        key[open + 1..]
-            .iter()
-            .position(|&b| b == b'}')
-            .is_some_and(|len| len > 0)
-    })
-}
-
+/// Reads what one node holds for a resource.
 fn probe(url: &str, names: &Names, timeout: Duration) -> io::Result<Node> {
     let mut conn = NodeConn::connect(url, timeout)?;
     let now_ms = match conn.call_ok(&[b"TIME"])? {
@@ -210,11 +164,15 @@ fn probe(url: &str, names: &Names, timeout: Duration) -> io::Result<Node> {
         _ => return Err(io::Error::other("TIME answered oddly")),
     };
     let now = now_ms.to_string();
-    // The queue entries' expiries are node-clock ms too; count those still ahead.
-    let queue = match conn.call_ok(&[b"ZCOUNT", &names.queue_expiry, now.as_bytes(), b"+inf"]) {
-        Ok(Value::Integer(n)) => n.max(0) as usize,
-        _ => 0,
-    };
+    // The queue entries' expiries are node-clock ms too; count those still ahead, in the
+    // mutex's queue and the read-write lock's.
+    let mut queue = 0;
+    for expiries in [&names.mutex_queue_expiries, &names.rw_queue_expiries] {
+        if let Ok(Value::Integer(n)) = conn.call_ok(&[b"ZCOUNT", expiries, now.as_bytes(), b"+inf"])
+        {
+            queue += n.max(0) as usize;
+        }
+    }
     Ok(Node {
         mutex: string_slot(&mut conn, &names.mutex)?,
         writer: string_slot(&mut conn, &names.writer)?,
@@ -361,26 +319,5 @@ fn pttl(ms: i64) -> String {
         -1 => "no expiry".into(),
         -2 => "-".into(),
         ms => format!("{ms}ms"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_follow_the_library_documentation() {
-        let plain = Names::new(b"invoice:42");
-        assert_eq!(plain.writer, b"{rw:invoice:42}:w");
-        assert_eq!(plain.readers, b"{rw:invoice:42}:r");
-        assert_eq!(plain.intents, b"{rw:invoice:42}:wi");
-        assert_eq!(plain.queue_expiry, b"{invoice:42}:qx");
-        let tagged = Names::new(b"user:{42}");
-        assert_eq!(tagged.writer, b"user:{42}:rw:w");
-        assert_eq!(tagged.readers, b"user:{42}:rw:r");
-        assert_eq!(tagged.intents, b"user:{42}:rw:wi");
-        assert_eq!(tagged.queue_expiry, b"user:{42}:qx");
-        // An empty tag is no tag.
-        assert_eq!(Names::new(b"a{}b").queue_expiry, b"{a{}b}:qx");
     }
 }
