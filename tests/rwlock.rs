@@ -459,6 +459,7 @@ fn writer_release_uses_delex_where_the_node_has_it() {
             b"SCRIPT" => FakeReply::bulk(Some(b"0000000000000000000000000000000000000000")),
             b"EVALSHA" | b"EVAL" => FakeReply::integer(1),
             b"DELEX" => FakeReply::integer(1),
+            b"PUBLISH" => FakeReply::integer(0),
             _ => FakeReply::error("ERR unexpected"),
         }
     })
@@ -468,18 +469,33 @@ fn writer_release_uses_delex_where_the_node_has_it() {
     let w = client.try_write_lock("k", TTL).expect("writer");
     let token = w.token().to_vec();
     w.release().expect("release");
+    // The round ends on DELEX's answer; the PUBLISH behind it reaches the fake just after.
+    eventually("the announcement behind DELEX arrives", || {
+        fake.commands().last().is_some_and(|c| c[0] == b"PUBLISH")
+    });
     let commands = fake.commands();
     assert!(commands
         .iter()
         .any(|c| c == &[b"COMMAND".to_vec(), b"INFO".to_vec(), b"DELEX".to_vec()]));
-    let last = commands.last().expect("commands");
+    // The release, then its announcement on the wake channel (DELEX is no script).
+    let [.., delex, publish] = commands.as_slice() else {
+        panic!("{commands:?}")
+    };
     assert_eq!(
-        last,
+        delex,
         &[
             b"DELEX".to_vec(),
             writer_key("k"),
             b"IFEQ".to_vec(),
             token.clone()
+        ]
+    );
+    assert_eq!(
+        publish,
+        &[
+            b"PUBLISH".to_vec(),
+            b"redlock-mux:wake:k".to_vec(),
+            token[..16].to_vec()
         ]
     );
 }

@@ -111,10 +111,13 @@ pub trait Op {
     /// Writes the command for one node into `out`. `form` matters only to scripts.
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm);
     /// Writes the command for a node whose server offers `caps`; ops that can use a newer
-    /// command there override this. A `NOSCRIPT` resend always uses [`encode`](Op::encode).
-    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) {
+    /// command there override this. Returns how many commands it wrote after the one whose
+    /// reply is the vote (their replies are read and dropped). A `NOSCRIPT` resend always uses
+    /// [`encode`](Op::encode).
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         let _ = caps;
         self.encode(out, form);
+        0
     }
     /// Reads one node's reply.
     fn classify(&self, reply: &Reply<'_>) -> Verdict;

@@ -31,6 +31,7 @@
 use crate::core::fair::{FairState, Leave, QueueKeys};
 use crate::core::ops::{
     has_hash_tag, int_verdict, write_eval, Arg, Caps, Op, Script, ScriptForm, Verdict, RELEASE,
+    WAKE_PREFIX,
 };
 use crate::core::Vote;
 use crate::resp::{self, Reply};
@@ -307,8 +308,8 @@ impl Op for WriteCleanup<'_> {
 /// has it (Redis 8.4), the mutex's `RELEASE` script elsewhere. Every integer is an
 /// acknowledgement.
 ///
-/// `DELEX` cannot announce the release on the wake channel; waiters on such nodes retry after
-/// their delay, or when a node running the script announces it.
+/// `DELEX` cannot announce the release itself, so a `PUBLISH` on the wake channel is pipelined
+/// right behind it.
 #[derive(Debug, Clone, Copy)]
 pub struct WriteRelease<'a> {
     /// The resource key, whose wake channel announces the release.
@@ -330,12 +331,19 @@ impl Op for WriteRelease<'_> {
         );
     }
 
-    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) {
-        if caps.delex {
-            resp::encode_command(out, &[b"DELEX", self.keys.writer(), b"IFEQ", self.token]);
-        } else {
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        if !caps.delex {
             self.encode(out, form);
+            return 0;
         }
+        resp::encode_command(out, &[b"DELEX", self.keys.writer(), b"IFEQ", self.token]);
+        // `DELEX` is no script, so the announcement follows it in the same write. It is made
+        // even when nothing was deleted; a waiter woken for nothing only retries once.
+        resp::write_array_len(out, 3);
+        resp::write_bulk(out, b"PUBLISH");
+        resp::write_bulk_parts(out, &[WAKE_PREFIX, self.resource]);
+        resp::write_bulk(out, &self.token[..self.token.len().min(16)]);
+        1
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
@@ -652,13 +660,18 @@ mod tests {
             token: b"t",
         };
         let mut out = Vec::new();
-        op.encode_for(&mut out, ScriptForm::Sha, Caps { delex: true });
+        // DELEX, then the announcement it cannot make itself: one more reply to drop.
+        assert_eq!(
+            op.encode_for(&mut out, ScriptForm::Sha, Caps { delex: true }),
+            1
+        );
         assert_eq!(
             out,
-            b"*4\r\n$5\r\nDELEX\r\n$8\r\n{rw:k}:w\r\n$4\r\nIFEQ\r\n$1\r\nt\r\n"
+            &b"*4\r\n$5\r\nDELEX\r\n$8\r\n{rw:k}:w\r\n$4\r\nIFEQ\r\n$1\r\nt\r\n\
+               *3\r\n$7\r\nPUBLISH\r\n$18\r\nredlock-mux:wake:k\r\n$1\r\nt\r\n"[..]
         );
         out.clear();
-        op.encode_for(&mut out, ScriptForm::Sha, Caps::default());
+        assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, Caps::default()), 0);
         assert!(out.starts_with(b"*6\r\n$7\r\nEVALSHA\r\n"));
         assert_eq!(op.classify(&Reply::Integer(0)), Verdict::Vote(Vote::Yes));
         assert_eq!(op.classify(&Reply::Integer(1)), Verdict::Vote(Vote::Yes));

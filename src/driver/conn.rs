@@ -220,10 +220,14 @@ impl Conn {
         encode(&mut self.out);
     }
 
-    /// Queues one command, written by `encode`, whose reply is for `slot`.
-    pub fn queue(&mut self, slot: Slot, encode: impl FnOnce(&mut Vec<u8>)) {
-        encode(&mut self.out);
+    /// Queues commands written by `encode`: the first one's reply is for `slot`; `encode`
+    /// returns how many more it wrote, whose replies are owed too, and dropped.
+    pub fn queue(&mut self, slot: Slot, encode: impl FnOnce(&mut Vec<u8>) -> usize) {
+        let extra = encode(&mut self.out);
         self.owed.push_back(slot);
+        for _ in 0..extra {
+            self.owed.push_back(Slot::Discard);
+        }
     }
 
     /// Writes what is pending and, if `read`, reads what has arrived. Call after readiness and
