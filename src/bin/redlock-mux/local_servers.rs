@@ -18,7 +18,7 @@
 //!   the server. Only the temporary directory is then left behind.
 //!
 //! Signals are sent with the `kill` program (`/usr/bin/kill`) because the
-//! crate forbids `unsafe` code.
+//! crate makes no raw libc calls.
 //!
 //! The `redis-server` binary is looked up in `PATH`, or taken from the
 //! `REDLOCK_MUX_REDIS_SERVER` environment variable when that is set.

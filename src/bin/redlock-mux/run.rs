@@ -4,7 +4,7 @@
 //! when it exits, and the command's exit status becomes ours. A lost lock stops the command
 //! (SIGTERM, then SIGKILL after a grace period) and exits 76.
 //!
-//! Signals: the crate forbids `unsafe` code and depends on no signal-handling crate, so this
+//! Signals: the crate makes no raw libc calls and depends on no signal-handling crate, so this
 //! process cannot install a signal handler. Instead `run` first re-executes itself under
 //! `sh`, which can: the shell (keeping our PID) traps INT and TERM and writes the signal's
 //! name to a private file; the real `run` starts with INT and TERM ignored (a disposition
@@ -344,7 +344,7 @@ fn stop(child: &mut Child, grace: Duration) -> io::Result<ExitStatus> {
     child.wait()
 }
 
-/// Sends signal `name` to `pid` with the `kill` program (no `unsafe` here).
+/// Sends signal `name` to `pid` with the `kill` program (no raw libc call here).
 ///
 /// A command started through `env --default-signal` ignores INT and TERM until `env` has
 /// reset them; a signal sent in that window would be lost. On Linux the signal waits (at
