@@ -315,6 +315,7 @@ fn no_overlap_or_lost_update_under_node_faults() {
         let counter = Counter::new(&dir);
         let clock = Clock::start();
         let overstay = matches!(fault, ServerFault::HoldPastValidity);
+        let children = spawn_processes(&cluster.urls(), clock, &counter, &dir);
         let workers = contenders(
             &cluster.urls(),
             Locks::Mutex,
@@ -337,11 +338,12 @@ fn no_overlap_or_lost_update_under_node_faults() {
             }
             ServerFault::HoldPastValidity => thread::sleep(Duration::from_millis(50)),
         });
+        let extra = join_processes(children);
         let servers: Vec<&RedisServer> = cluster.servers.iter().collect();
         check(
             &format!("{fault:?}"),
             workers,
-            Vec::new(),
+            extra,
             &counter,
             faults,
             &servers,
@@ -392,9 +394,15 @@ impl Proxied {
     fn contend(&self, what: &str, locks: Locks, fault: ProxyFault, dir: &Path) -> history::Report {
         let counter = Counter::new(dir);
         let clock = Clock::start();
+        // The contender processes take the mutex; read-write runs are threads only.
+        let children = match locks {
+            Locks::Mutex => spawn_processes(&self.urls(), clock, &counter, dir),
+            _ => Vec::new(),
+        };
         let workers = contenders(&self.urls(), locks, clock, &counter, RUN_FOR, false, 0);
         let faults = self.rotate(clock, fault);
-        check(what, workers, Vec::new(), &counter, faults, &self.servers())
+        let extra = join_processes(children);
+        check(what, workers, extra, &counter, faults, &self.servers())
     }
 }
 
@@ -446,6 +454,7 @@ fn immediate_restart_of_a_server_that_fsyncs_every_write() {
     let dir = temp_dir("aof");
     let counter = Counter::new(&dir);
     let clock = Clock::start();
+    let children = spawn_processes(&urls, clock, &counter, &dir);
     let workers = contenders(&urls, Locks::Mutex, clock, &counter, RUN_FOR, false, 0);
     let faults = inject_until(clock, RUN_FOR, |i| {
         let s = &mut servers[i as usize % 3];
@@ -453,10 +462,11 @@ fn immediate_restart_of_a_server_that_fsyncs_every_write() {
         s.restart().expect("restart");
     });
     let refs: Vec<&RedisServer> = servers.iter().collect();
+    let extra = join_processes(children);
     check(
         "ImmediateRestartWithAof",
         workers,
-        Vec::new(),
+        extra,
         &counter,
         faults,
         &refs,
@@ -479,10 +489,52 @@ fn processes_contend_under_faults() {
     let counter = Counter::new(&dir);
     let clock = Clock::start();
     let urls = proxied.urls();
-    const PROCESSES: u64 = 2;
-    let mut children: Vec<(Child, PathBuf)> = (1..=PROCESSES)
+    let children = spawn_processes(&urls, clock, &counter, &dir);
+    let workers = contenders(&urls, Locks::Mutex, clock, &counter, RUN_FOR, false, 0);
+    let faults = inject_until(clock, RUN_FOR, |i| {
+        if i % 2 == 0 {
+            let p = &proxied.proxies[(i as usize / 2) % 3];
+            p.set(ProxyFault::Reset);
+            thread::sleep(Duration::from_millis(50));
+            p.set(ProxyFault::None);
+        } else {
+            let s = &proxied.cluster.servers[(i as usize / 2) % 3];
+            s.pause().expect("SIGSTOP");
+            thread::sleep(Duration::from_millis(100));
+            s.resume().expect("SIGCONT");
+        }
+    });
+    let extra = join_processes(children);
+    let processes_ops: usize = extra.iter().map(|h| h.ops.len()).sum();
+    let report = check(
+        "ProcessesAndThreads",
+        workers,
+        extra,
+        &counter,
+        faults,
+        &proxied.servers(),
+    );
+    assert!(
+        processes_ops > 0,
+        "the contender processes got nothing: {report}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Contender processes per scenario, besides the threads of this one.
+const PROCESSES: u64 = 2;
+
+/// Starts [`PROCESSES`] contender processes (this test binary again, in child mode) taking the
+/// mutex through `urls` for [`RUN_FOR`], on the shared `clock` and `counter`.
+fn spawn_processes(
+    urls: &[String],
+    clock: Clock,
+    counter: &Counter,
+    dir: &Path,
+) -> Vec<(Child, PathBuf)> {
+    (1..=PROCESSES)
         .map(|p| {
-            let out = dir.join(format!("history-{p}"));
+            let out = dir.join(format!("history-{p}-{}", clock.origin_us));
             let spec = format!(
                 "{}|{}|{}|{}|{}",
                 p * 100,
@@ -498,23 +550,13 @@ fn processes_contend_under_faults() {
                 .expect("spawn a contender process");
             (child, out)
         })
-        .collect();
-    let workers = contenders(&urls, Locks::Mutex, clock, &counter, RUN_FOR, false, 0);
-    let faults = inject_until(clock, RUN_FOR, |i| {
-        if i % 2 == 0 {
-            let p = &proxied.proxies[(i as usize / 2) % 3];
-            p.set(ProxyFault::Reset);
-            thread::sleep(Duration::from_millis(50));
-            p.set(ProxyFault::None);
-        } else {
-            let s = &proxied.cluster.servers[(i as usize / 2) % 3];
-            s.pause().expect("SIGSTOP");
-            thread::sleep(Duration::from_millis(100));
-            s.resume().expect("SIGCONT");
-        }
-    });
-    let mut extra = Vec::new();
-    for (mut child, out) in children.drain(..) {
+        .collect()
+}
+
+/// Waits (bounded) for the contender processes and reads back their histories.
+fn join_processes(children: Vec<(Child, PathBuf)>) -> Vec<History> {
+    let mut histories = Vec::new();
+    for (mut child, out) in children {
         let deadline = Instant::now() + Duration::from_secs(20);
         let status = loop {
             if let Some(status) = child.try_wait().expect("wait") {
@@ -529,22 +571,9 @@ fn processes_contend_under_faults() {
         };
         assert!(status.success(), "a contender process failed: {status}");
         let text = std::fs::read_to_string(&out).expect("a contender's history");
-        extra.push(parse_history(&text));
+        histories.push(parse_history(&text));
     }
-    let processes_ops: usize = extra.iter().map(|h| h.ops.len()).sum();
-    let report = check(
-        "ProcessesAndThreads",
-        workers,
-        extra,
-        &counter,
-        faults,
-        &proxied.servers(),
-    );
-    assert!(
-        processes_ops > 0,
-        "the contender processes got nothing: {report}"
-    );
-    let _ = std::fs::remove_dir_all(dir);
+    histories
 }
 
 /// A contender process: `first id|origin µs|counter file|history file|urls`.
