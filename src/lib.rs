@@ -4,21 +4,28 @@
 //!
 //! Each operation writes its command to all N nodes at once over non-blocking sockets, and
 //! returns as soon as a quorum (`N / 2 + 1`) has answered: one round trip to the fastest
-//! majority, not N sequential ones. There is no async runtime and no background thread.
+//! majority, not N sequential ones. There is no async runtime; the only background thread is
+//! the one that keeps locks alive, started when a lock is first kept alive.
 //!
 //! What is in scope:
-//! - the Redlock mutex of antirez's specification: acquire with `SET NX PX`, validity of
-//!   `ttl − elapsed − drift`, cleanup on every node after a failed attempt, jittered retries,
-//!   extension within the validity, release by compare-and-delete;
-//! - the building blocks it stands on, usable on their own: a sans-IO RESP2 codec
-//!   ([`resp`]) and a sans-IO quorum core driven with caller-supplied time ([`core`]).
+//! - the Redlock mutex of antirez's specification ([`Client::lock`], [`Lock`]): acquire with
+//!   `SET NX PX`, validity of `ttl − elapsed − drift`, cleanup on every node after a failed
+//!   attempt, jittered retries, extension within the validity, release by compare-and-delete;
+//! - read-write locks ([`Client::read_lock`], [`Client::write_lock`], [`RwPolicy`]),
+//!   all-or-none locks on several keys ([`Client::lock_all`]) and fencing tokens
+//!   ([`Client::lock_fenced`]);
+//! - waiting without polling (releases are announced over pub/sub), a FIFO-fair policy
+//!   ([`ClientBuilder::fair`]) and auto-extension ([`Lock::keep_alive`], [`Client::with_lock`]);
+//! - a C API (`include/redlock_mux.h`);
+//! - the building blocks, usable on their own: a sans-IO RESP2 codec ([`resp`]) and a sans-IO
+//!   quorum core driven with caller-supplied time ([`core`]).
 //!
 //! What is not: Redis Cluster routing, Sentinel failover, RESP3, TLS, and any safety beyond
 //! what Redlock's timing assumptions give (see the README's "Guarantees and their limits").
 //!
 //! Layers, from the bottom: [`resp`] (codec) and [`core`] (fan-out, quorum, validity, lock
 //! algorithms) never touch a socket or a clock; a thin mio driver runs them over TCP; the
-//! [`Client`] and its guards are the API.
+//! [`Client`] and its guards are the API; the C API sits at the edge.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
