@@ -1,6 +1,8 @@
 //! All-or-none locks over sets of keys, against real redis-server processes.
 
 mod common;
+#[path = "common/history.rs"]
+mod history;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -339,10 +341,12 @@ fn overlapping_sets_taken_from_threads_never_overlap() {
                 let mut windows = Vec::new();
                 for _ in 0..60 {
                     let set = rng.subset(UNIVERSE);
+                    let invoke = origin.elapsed();
                     let lock = c
                         .lock_all(set.iter().map(|&k| key_name(k)), TTL)
                         .expect("lock_all");
                     let from = origin.elapsed();
+                    let valid_until = from + lock.validity();
                     for &k in &set {
                         let prev = owners[k].swap(id, Ordering::SeqCst);
                         assert_eq!(prev, 0, "key {k} taken by {id} while {prev} held it");
@@ -353,7 +357,7 @@ fn overlapping_sets_taken_from_threads_never_overlap() {
                     }
                     let to = origin.elapsed();
                     lock.release().expect("release");
-                    windows.push((set, from, to));
+                    windows.push((set, invoke, from, valid_until, to));
                 }
                 windows
             })
@@ -364,9 +368,27 @@ fn overlapping_sets_taken_from_threads_never_overlap() {
         .flat_map(|w| w.join().expect("worker"))
         .collect();
     assert_eq!(windows.len(), 240);
+    // The shared history checker: a set's grant is an exclusive window on each of its keys.
+    let mut h = history::History::default();
+    for (n, (set, invoke, from, valid_until, to)) in windows.iter().enumerate() {
+        for &k in set {
+            h.push(history::Op {
+                client: n as u64,
+                kind: history::Kind::Mutex,
+                key: key_name(k).into_bytes(),
+                invoke: *invoke,
+                ok: Some(*from),
+                fence: None,
+                valid_until: Some(*valid_until),
+                release: Some(*to),
+            });
+        }
+    }
+    let report = h.check();
+    assert_eq!(report.violations(), 0, "{report}");
     let mut overlapping_pairs = 0;
-    for (i, (s1, f1, t1)) in windows.iter().enumerate() {
-        for (s2, f2, t2) in &windows[i + 1..] {
+    for (i, (s1, _, f1, _, t1)) in windows.iter().enumerate() {
+        for (s2, _, f2, _, t2) in &windows[i + 1..] {
             if s1.iter().any(|k| s2.contains(k)) {
                 overlapping_pairs += 1;
                 assert!(
