@@ -218,7 +218,10 @@ impl Conn {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, "reply too long"));
             }
             let mut chunk = [0u8; 16 * 1024];
-            let n = self.stream.read(&mut chunk)?;
+            let n = match self.stream.read(&mut chunk) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => other?,
+            };
             if n == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }

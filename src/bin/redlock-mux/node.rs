@@ -77,7 +77,10 @@ impl NodeConn {
             if filled == self.buf.len() {
                 self.buf.resize(self.buf.len() * 2, 0);
             }
-            let read = self.stream.read(&mut self.buf[filled..])?;
+            let read = match self.stream.read(&mut self.buf[filled..]) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => other?,
+            };
             if read == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
