@@ -28,6 +28,10 @@ pub const MAX_TTL: Duration = Duration::from_millis(1 << 44);
 const SPREAD_MIN: Duration = Duration::from_micros(200);
 const SPREAD_MAX: Duration = Duration::from_millis(4);
 
+/// The longest timeout or delay a builder accepts: longer ones are surely mistakes, and would
+/// overflow the clock arithmetic if near `Duration::MAX`.
+const MAX_OPTION_DURATION: Duration = Duration::from_secs(24 * 3600);
+
 /// Most idle drivers kept for reuse; more threads than this still work, they just connect anew.
 const MAX_IDLE_DRIVERS: usize = 64;
 
@@ -140,13 +144,13 @@ impl ClientBuilder {
     }
 
     /// How long to wait for one node's reply before counting it as failed. Keep it small next
-    /// to the TTL (seed 004 suggests 5–50 ms for a 10 s TTL). Default 50 ms.
+    /// to the TTL (seed 004 suggests 5–50 ms for a 10 s TTL). Default 50 ms; at most a day.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
     }
 
-    /// How long a TCP connect may take before it is abandoned. Default 1 s.
+    /// How long a TCP connect may take before it is abandoned. Default 1 s; at most a day.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -158,13 +162,15 @@ impl ClientBuilder {
         self
     }
 
-    /// The base delay between attempts; each delay is drawn from `[d/2, 3d/2)`. Default 50 ms.
+    /// The base delay between attempts; each delay is drawn from `[d/2, 3d/2)`. Default 50 ms;
+    /// at most a day.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
         self
     }
 
-    /// The longest [`Client::lock`] waits in all, whatever the retry count. Default 10 s.
+    /// The longest [`Client::lock`] waits in all, whatever the retry count. Default 10 s; at
+    /// most a day.
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = timeout;
         self
@@ -223,19 +229,31 @@ impl ClientBuilder {
             }
             .into());
         }
-        if self.node_timeout.is_zero() {
-            return Err(InvalidArgument::BadOption {
-                name: "node_timeout",
-                reason: "must be more than zero",
+        for (name, value) in [
+            ("node_timeout", self.node_timeout),
+            ("connect_timeout", self.connect_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(InvalidArgument::BadOption {
+                    name,
+                    reason: "must be more than zero",
+                }
+                .into());
             }
-            .into());
         }
-        if self.connect_timeout.is_zero() {
-            return Err(InvalidArgument::BadOption {
-                name: "connect_timeout",
-                reason: "must be more than zero",
+        for (name, value) in [
+            ("node_timeout", self.node_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("retry_delay", self.retry_delay),
+            ("wait_timeout", self.wait_timeout),
+        ] {
+            if value > MAX_OPTION_DURATION {
+                return Err(InvalidArgument::BadOption {
+                    name,
+                    reason: "must be at most a day",
+                }
+                .into());
             }
-            .into());
         }
         let mut nodes: Vec<NodeAddr> = Vec::with_capacity(self.nodes.len());
         for url in &self.nodes {

@@ -89,8 +89,12 @@ impl KeepAlive {
     }
 
     fn period(&self) -> Duration {
+        // Never longer than the TTL (the lock would lapse first) nor than any TTL the client
+        // accepts, so the keeper's clock arithmetic cannot overflow.
         self.interval
             .unwrap_or(self.ttl / 3)
+            .min(self.ttl)
+            .min(crate::MAX_TTL)
             .max(Duration::from_millis(1))
     }
 }
@@ -436,7 +440,7 @@ fn serve(shared: &Shared) -> Option<Instant> {
     let left = lock.validity();
     let lost = match error {
         Error::QuorumUnreachable { .. } | Error::Io(_) if !left.is_zero() => {
-            return Some(Instant::now() + retry.min(left));
+            return Some(Instant::now() + retry.min(left).min(crate::MAX_TTL));
         }
         Error::QuorumUnreachable { .. } | Error::Io(_) => Error::ValidityExpired {
             elapsed: Duration::ZERO,

@@ -222,6 +222,19 @@ fn bad_node_lists_are_refused_before_connecting() {
             "connect_timeout",
             Client::builder().connect_timeout(Duration::ZERO),
         ),
+        (
+            "node_timeout",
+            Client::builder().node_timeout(Duration::MAX),
+        ),
+        (
+            "connect_timeout",
+            Client::builder().connect_timeout(Duration::MAX),
+        ),
+        ("retry_delay", Client::builder().retry_delay(Duration::MAX)),
+        (
+            "wait_timeout",
+            Client::builder().wait_timeout(Duration::MAX),
+        ),
     ];
     for (option, builder) in bad_options {
         match invalid(builder.nodes([fake.url()]).build()) {

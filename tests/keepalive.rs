@@ -224,3 +224,24 @@ fn kept_read_and_write_locks_outlive_their_ttl() {
         .release()
         .expect("release");
 }
+
+/// A TTL no node can take is a lost lock, reported as such, never a panic in the keeper.
+#[test]
+fn an_impossible_keep_alive_ttl_is_reported_lost() {
+    let cluster = RedisCluster::start(1).expect("start redis-server");
+    let c = client(&cluster);
+    let (tx, rx) = mpsc::channel();
+    let kept = c
+        .lock(KEY, Duration::from_secs(2))
+        .expect("lock")
+        .keep_alive(
+            KeepAlive::new(Duration::MAX)
+                .interval(Duration::from_millis(10))
+                .notify(tx),
+        );
+    let lost = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the loss is reported");
+    assert!(kept.is_lost(), "{lost:?}");
+    let _ = kept.release();
+}
