@@ -176,8 +176,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             ))
         }
     };
-    d.ok_or_else(|| format!("{text:?} is too long"))
+    // Nothing this command waits for takes longer than a year; a cap keeps every deadline it
+    // computes from overflowing the clock.
+    d.filter(|d| *d <= MAX_DURATION)
+        .ok_or_else(|| format!("{text:?} is too long (at most 8760h)"))
 }
+
+/// The longest duration any option takes: a year.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The node URLs from `--nodes`, else from `REDLOCK_NODES`, as comma-separated URLs.
 pub fn nodes(parsed: &Parsed) -> Result<Vec<String>, UsageError> {
@@ -216,6 +222,8 @@ mod tests {
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("1.5s").is_err());
         assert!(parse_duration("3d").is_err());
+        assert!(parse_duration("8761h").is_err());
+        assert!(parse_duration("18446744073709551615s").is_err());
     }
 
     #[test]
