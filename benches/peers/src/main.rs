@@ -19,6 +19,7 @@
 mod local_servers;
 mod lockers;
 mod raw;
+#[path = "../../../src/bin/redlock-mux/stats.rs"]
 mod stats;
 
 use std::net::SocketAddr;
@@ -380,7 +381,8 @@ fn throughput(addrs: &[SocketAddr], plan: &Plan, rows: &mut Vec<Row>) {
 /// The figures of one cell: p50 and p99 as durations, or time per operation for a rate.
 fn figures(cell: &mut Option<Cell>) -> Option<(Duration, Duration)> {
     match cell.as_mut()? {
-        Cell::Latency(s) => Some((s.quantile(0.5)?, s.quantile(0.99)?)),
+        Cell::Latency(s) if !s.is_empty() => Some((s.quantile(0.5), s.quantile(0.99))),
+        Cell::Latency(_) => None,
         Cell::Rate(r) if *r > 0.0 => {
             let per_op = Duration::from_secs_f64(1.0 / *r);
             Some((per_op, per_op))
@@ -453,7 +455,9 @@ fn render(rows: &mut [Row]) -> (String, Targets) {
         let ours = figs[index(Kind::Ours)];
         let raw = figs[index(Kind::Raw)];
         let r = |f: fn(&(Duration, Duration)) -> Duration, other: Option<(Duration, Duration)>| {
-            ours.zip(other).and_then(|(o, t)| ratio(f(&o), f(&t)))
+            ours.zip(other)
+                .filter(|(_, t)| !f(t).is_zero())
+                .map(|(o, t)| ratio(f(&o), f(&t)))
         };
         let p50 = |x: &(Duration, Duration)| x.0;
         let p99 = |x: &(Duration, Duration)| x.1;

@@ -260,9 +260,13 @@ mod tests {
     #[test]
     fn quantiles_by_nearest_rank() {
         let mut s = Samples::with_capacity(100);
+        assert_eq!(s.quantile(0.5), Duration::ZERO, "no samples, no latency");
         for i in 1..=100 {
             s.push(Duration::from_micros(i));
         }
+        assert_eq!(s.quantile(0.5), Duration::from_micros(50));
+        assert_eq!(s.quantile(0.99), Duration::from_micros(99));
+        assert_eq!(s.quantile(1.0), Duration::from_micros(100));
         let sum = s.summary();
         assert_eq!(sum.p50, Duration::from_micros(50));
         assert_eq!(sum.p99, Duration::from_micros(99));
