@@ -270,31 +270,42 @@ fn lock_reaches(client: &Client, addrs: &[SocketAddr], nodes: &[usize], key: &st
     unreachable!()
 }
 
-fn killed_nodes(n: usize) {
+/// How a node is taken out in [`nodes_out`].
+#[derive(Clone, Copy, PartialEq)]
+enum Out {
+    /// kill -9: connections break, then connects are refused.
+    Killed,
+    /// SIGSTOP: connections stay open and nothing answers, so the per-node timeout applies.
+    Paused,
+}
+
+/// Takes out all the nodes a quorum can spare: acquisition still succeeds. Takes out one
+/// more: it fails fast, naming every node taken out with a fitting error. Brings them back:
+/// the client finds them again by itself, and nothing is left behind.
+fn nodes_out(n: usize, out: Out) {
     let mut cluster = RedisCluster::start(n).expect("start redis-server");
     let addrs = cluster.addrs();
     let client = fast_client(&cluster.urls());
     let spare = n - (n / 2 + 1);
-    // Open every connection first, so the kills below break live connections.
+    // Open every connection first, so the faults below hit live connections.
     client
         .try_lock("warm", Duration::from_secs(5))
         .expect("all alive")
         .release()
         .expect("release");
-
     for server in &mut cluster.servers[..spare] {
-        server.kill().expect("kill");
+        take_out(server, out);
     }
     let lock = client
         .try_lock("alive-quorum", Duration::from_secs(5))
         .expect("a quorum is alive");
     lock.release().expect("release with a quorum alive");
 
-    cluster.servers[spare].kill().expect("kill");
-    let dead: Vec<usize> = (0..=spare).collect();
+    take_out(&mut cluster.servers[spare], out);
+    let gone: Vec<usize> = (0..=spare).collect();
     for attempt in 0..2 {
-        // The first attempt meets broken connections, the second refused connects (or backoff
-        // after them): both must name the dead nodes.
+        // Killed: the first attempt meets broken connections, the second refused connects (or
+        // backoff after them). Paused: both time out. Either way the nodes are named.
         let started = Instant::now();
         let e = client
             .try_lock("too-few", Duration::from_secs(5))
@@ -304,91 +315,61 @@ fn killed_nodes(n: usize) {
             "attempt {attempt} took {:?}",
             started.elapsed()
         );
-        assert_unreachable(&e, n, &dead, |_, k| is_broken(k));
+        match out {
+            Out::Killed => assert_unreachable(&e, n, &gone, |_, k| is_broken(k)),
+            Out::Paused => assert_unreachable(&e, n, &gone, |_, k| *k == NodeErrorKind::Timeout),
+        }
     }
-    for &addr in &addrs[spare + 1..] {
+
+    for server in &mut cluster.servers[..=spare] {
+        match out {
+            Out::Killed => server.restart().expect("restart"),
+            Out::Paused => server.resume().expect("resume"),
+        }
+    }
+    // Killed nodes lost everything; paused ones process what was queued to them, cleanup
+    // included. Either way nothing of these attempts is left.
+    let checked = match out {
+        Out::Killed => &addrs[spare + 1..],
+        Out::Paused => &addrs[..],
+    };
+    for &addr in checked {
         settles_to(addr, "too-few", None);
         settles_to(addr, "alive-quorum", None);
     }
-
-    // Restarted nodes are reconnected to without help, and vote again.
-    for server in &mut cluster.servers[..=spare] {
-        server.restart().expect("restart");
-    }
+    // The client reconnects without help, and the nodes vote again.
     let all: Vec<usize> = (0..n).collect();
     assert!(
-        lock_reaches(&client, &addrs, &all, "after-restart"),
-        "restarted nodes never got the lock"
+        lock_reaches(&client, &addrs, &all, "after-return"),
+        "returning nodes never got the lock"
     );
+}
+
+fn take_out(server: &mut RedisServer, out: Out) {
+    match out {
+        Out::Killed => server.kill().expect("kill"),
+        Out::Paused => server.pause().expect("pause"),
+    }
 }
 
 #[test]
 fn killed_nodes_3() {
-    killed_nodes(3);
+    nodes_out(3, Out::Killed);
 }
 
 #[test]
 fn killed_nodes_5() {
-    killed_nodes(5);
-}
-
-fn paused_nodes(n: usize) {
-    let cluster = RedisCluster::start(n).expect("start redis-server");
-    let addrs = cluster.addrs();
-    let client = fast_client(&cluster.urls());
-    let spare = n - (n / 2 + 1);
-    client
-        .try_lock("warm", Duration::from_secs(5))
-        .expect("all alive")
-        .release()
-        .expect("release");
-
-    for server in &cluster.servers[..spare] {
-        server.pause().expect("pause");
-    }
-    let lock = client
-        .try_lock("alive-quorum", Duration::from_secs(5))
-        .expect("a quorum answers");
-    lock.release().expect("release with a quorum answering");
-
-    cluster.servers[spare].pause().expect("pause");
-    let frozen: Vec<usize> = (0..=spare).collect();
-    for _ in 0..2 {
-        let started = Instant::now();
-        let e = client
-            .try_lock("too-few", Duration::from_secs(5))
-            .expect_err("too few answer");
-        assert!(
-            started.elapsed() < FAIL_FAST,
-            "took {:?}",
-            started.elapsed()
-        );
-        assert_unreachable(&e, n, &frozen, |_, k| *k == NodeErrorKind::Timeout);
-    }
-
-    for server in &cluster.servers[..=spare] {
-        server.resume().expect("resume");
-    }
-    // Once resumed, the frozen nodes process what was queued to them, cleanup included.
-    for &addr in &addrs {
-        settles_to(addr, "too-few", None);
-        settles_to(addr, "alive-quorum", None);
-    }
-    let all: Vec<usize> = (0..n).collect();
-    assert!(
-        lock_reaches(&client, &addrs, &all, "after-resume"),
-        "resumed nodes never got the lock"
-    );
+    nodes_out(5, Out::Killed);
 }
 
 #[test]
 fn paused_nodes_3() {
-    paused_nodes(3);
+    nodes_out(3, Out::Paused);
 }
 
 #[test]
 fn paused_nodes_5() {
-    paused_nodes(5);
+    nodes_out(5, Out::Paused);
 }
 
 #[test]
