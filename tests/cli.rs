@@ -300,6 +300,13 @@ fn bench_reports_json_against_given_nodes() {
     assert_eq!(text.matches("\"errors\":0").count(), 2, "{text}");
 }
 
+/// Three [`spawn_run`]s with ids `PREFIX0` to `PREFIX2`.
+fn spawn_runs(cluster: &RedisCluster, args: &[&str], script: &str, prefix: &str) -> Vec<Child> {
+    (0..3)
+        .map(|i| spawn_run(cluster, args, script, &format!("{prefix}{i}")))
+        .collect()
+}
+
 /// Runs `redlock-mux run ARGS KEY -- sh -c SCRIPT sh ID`.
 fn spawn_run(cluster: &RedisCluster, args: &[&str], script: &str, id: &str) -> Child {
     redlock_mux(cluster, &["run"])
@@ -326,16 +333,7 @@ fn read_runs_overlap_and_write_runs_exclude_them() {
         log.display()
     );
     let args = ["--ttl", "2s", "--wait", "30s"];
-    let mut readers: Vec<Child> = (0..3)
-        .map(|i| {
-            spawn_run(
-                &cluster,
-                &[&args[..], &["--read"]].concat(),
-                &reader,
-                &format!("r{i}"),
-            )
-        })
-        .collect();
+    let mut readers = spawn_runs(&cluster, &[&args[..], &["--read"]].concat(), &reader, "r");
     for child in &mut readers {
         assert!(wait_at_most(child, Duration::from_secs(20)).success());
     }
@@ -349,28 +347,14 @@ fn read_runs_overlap_and_write_runs_exclude_them() {
 
     // Writers and readers mixed: no line may come between a writer's start and its end.
     fs::remove_file(&log).expect("clear log");
-    let mut children: Vec<Child> = (0..3)
-        .map(|i| {
-            spawn_run(
-                &cluster,
-                &[&args[..], &["--write"]].concat(),
-                &writer,
-                &format!("w{i}"),
-            )
-        })
-        .chain((0..3).map(|i| {
-            let short = format!(
-                "echo start $1 >> '{0}'; sleep 0.1; echo end $1 >> '{0}'",
-                log.display()
-            );
-            spawn_run(
-                &cluster,
-                &[&args[..], &["--read"]].concat(),
-                &short,
-                &format!("r{i}"),
-            )
-        }))
-        .collect();
+    // Short readers: the same script as the writers, under the read lock.
+    let mut children = spawn_runs(&cluster, &[&args[..], &["--write"]].concat(), &writer, "w");
+    children.extend(spawn_runs(
+        &cluster,
+        &[&args[..], &["--read"]].concat(),
+        &writer,
+        "r",
+    ));
     for child in &mut children {
         assert!(wait_at_most(child, Duration::from_secs(40)).success());
     }
