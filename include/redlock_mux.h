@@ -134,6 +134,12 @@ typedef struct redlock_mux_client redlock_mux_client;
 /**
  * Builds a `redlock_mux_client`: node URLs and options. Made by
  * `redlock_mux_client_builder_new`, freed by `redlock_mux_client_builder_free`.
+ *
+ * A setter that fails (a NULL argument, a URL that is not UTF-8, an unknown policy) leaves the
+ * builder exactly as it was: the nodes and settings given before are kept. The values of
+ * options (a zero timeout, a drift factor out of range, a malformed URL) are checked by
+ * `redlock_mux_client_builder_build`, which also leaves the builder as it was: set a good
+ * value in place of the bad one and build again.
  */
 typedef struct redlock_mux_client_builder redlock_mux_client_builder;
 

@@ -94,6 +94,12 @@ const _: () = assert!(REDLOCK_MUX_MAX_LOCK_ALL_KEYS == MAX_LOCK_ALL_KEYS);
 
 /// Builds a `redlock_mux_client`: node URLs and options. Made by
 /// `redlock_mux_client_builder_new`, freed by `redlock_mux_client_builder_free`.
+///
+/// A setter that fails (a NULL argument, a URL that is not UTF-8, an unknown policy) leaves the
+/// builder exactly as it was: the nodes and settings given before are kept. The values of
+/// options (a zero timeout, a drift factor out of range, a malformed URL) are checked by
+/// `redlock_mux_client_builder_build`, which also leaves the builder as it was: set a good
+/// value in place of the bad one and build again.
 pub struct redlock_mux_client_builder {
     builder: ClientBuilder,
 }
@@ -462,7 +468,9 @@ pub unsafe extern "C" fn redlock_mux_client_builder_free(builder: *mut redlock_m
     boundary_void(|| unsafe { free_handle(builder) })
 }
 
-/// Changes a builder in place through the Rust builder's by-value setters.
+/// Changes a builder through the Rust builder's by-value setters, all or nothing: `f` works on
+/// a copy, which replaces the builder only once `f` has succeeded. A setter that fails (or
+/// panics) thus leaves the builder exactly as it was, as the header promises.
 ///
 /// # Safety
 /// `builder` is NULL or a live builder used by no other thread.
@@ -473,7 +481,7 @@ unsafe fn update(
     boundary(|| {
         // SAFETY: forwarded caller promise.
         let handle = unsafe { arg_mut(builder, "builder") }?;
-        handle.builder = f(std::mem::take(&mut handle.builder))?;
+        handle.builder = f(handle.builder.clone())?;
         Ok(())
     })
 }
@@ -1856,6 +1864,35 @@ mod tests {
         for (i, text) in texts.iter().enumerate() {
             assert_ne!(*text, c"unknown result code", "code {i}");
             assert!(!texts[..i].contains(text), "code {i} repeats {text:?}");
+        }
+    }
+
+    #[test]
+    fn a_setter_that_fails_or_panics_leaves_the_builder_as_it_was() {
+        let b = into_handle(redlock_mux_client_builder {
+            builder: Client::builder().nodes(["127.0.0.1:7"]).retry_count(5),
+        });
+        // SAFETY: `b` is a live builder, used by this thread only, until it is freed below.
+        unsafe {
+            let before = format!("{:?}", (*b).builder);
+            let failed = update(b, |builder| {
+                let _ = builder.retry_count(9);
+                Err(Failure::new(REDLOCK_MUX_INVALID_ARGUMENT, "refused"))
+            });
+            assert_eq!(failed, REDLOCK_MUX_INVALID_ARGUMENT);
+            assert_eq!(format!("{:?}", (*b).builder), before);
+            let panicked = update(b, |builder| {
+                let _ = builder.retry_count(9);
+                panic!("deliberate panic in a setter")
+            });
+            assert_eq!(panicked, REDLOCK_MUX_PANIC);
+            assert_eq!(format!("{:?}", (*b).builder), before);
+            assert_eq!(
+                redlock_mux_client_builder_set_rw_policy(b, 7),
+                REDLOCK_MUX_INVALID_ARGUMENT
+            );
+            assert_eq!(format!("{:?}", (*b).builder), before);
+            redlock_mux_client_builder_free(b);
         }
     }
 

@@ -158,7 +158,8 @@ impl MultiLock {
     }
 
     /// Resets the TTL of every key to `ttl`, on every node that still holds the whole set with
-    /// our token; a node that lost any key extends none.
+    /// our token; a node that lost any key (expired, taken by another token, or overwritten
+    /// with a value of another type) extends none and counts as refusing.
     ///
     /// Succeeds only if a quorum agrees before the current validity ends, as
     /// [`Lock::extend`](crate::Lock::extend) does. On failure the set is left as it was.
@@ -174,10 +175,14 @@ impl MultiLock {
         Ok(())
     }
 
-    /// Releases every key of the set on every node; keys that expired or hold someone else's
-    /// token are left alone. Each key released is announced on its wake channel.
+    /// Releases every key of the set on every node; keys that expired, hold someone else's
+    /// token, or hold a value of another type that someone else wrote there are left alone,
+    /// and do not stop the release of the other keys. Each key released is announced on its
+    /// wake channel.
     ///
-    /// Returns once a quorum of nodes has answered; the other nodes still get the release.
+    /// Returns once a quorum of nodes has answered; the other nodes still get the release. A
+    /// node acknowledges whatever it found at the keys, so such foreign keys do not make the
+    /// release fail.
     pub fn release(mut self) -> Result<(), Error> {
         self.released = true;
         self.release_now()

@@ -191,6 +191,92 @@ fn extend_is_all_or_none_and_validity_follows_it() {
     }
 }
 
+/// Someone else turns key `k` into a hash on every node (`DEL`, then `HSET`).
+fn make_hash_everywhere(addrs: &[SocketAddr], k: &[u8]) {
+    for addr in addrs {
+        cmd(*addr, &[b"DEL", k]);
+        assert_eq!(
+            cmd(*addr, &[b"HSET", k, b"field", b"value"]),
+            Value::Integer(1)
+        );
+    }
+}
+
+#[test]
+fn releasing_a_set_frees_every_key_of_ours_even_past_a_key_of_another_type() {
+    let cluster = RedisCluster::start(3).expect("redis-server");
+    let addrs = cluster.addrs();
+    let c = client(&cluster);
+    let set_lock = c.try_lock_all(["a", "b", "c"], TTL).expect("set");
+    for addr in &addrs {
+        eventually("whole set on every node", || dbsize(*addr) == 3);
+    }
+    make_hash_everywhere(&addrs, b"b");
+    // Every node still releases what holds our token ("a" and "c"), and acknowledges: the hash
+    // is not ours, as a key that expired or holds another token is not.
+    let released = set_lock.release();
+    for (i, addr) in addrs.iter().enumerate() {
+        let released_here = || get(*addr, b"a").is_none() && get(*addr, b"c").is_none();
+        if !common::eventually(Duration::from_secs(2), released_here) {
+            let left: Vec<String> = keys_of(*addr)
+                .iter()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .collect();
+            panic!("node {i}: keys left after the release: {left:?}");
+        }
+        assert_eq!(keys_of(*addr), vec![b"b".to_vec()], "node {i}");
+        assert_eq!(
+            cmd(*addr, &[b"HGET", b"b", b"field"]),
+            Value::Bulk(Some(b"value".to_vec())),
+            "node {i}: the other party's hash is left alone"
+        );
+    }
+    released.expect("release acknowledged");
+    // Both keys are free at once.
+    drop(c.try_lock_all(["a", "c"], TTL).expect("a and c are free"));
+}
+
+#[test]
+fn dropping_a_set_frees_every_key_of_ours_past_a_key_of_another_type() {
+    let cluster = RedisCluster::start(3).expect("redis-server");
+    let addrs = cluster.addrs();
+    let c = client(&cluster);
+    // Dropping the guard releases it with the same script, best effort.
+    let set_lock = c.try_lock_all(["a", "b", "c"], TTL).expect("set");
+    make_hash_everywhere(&addrs, b"b");
+    drop(set_lock);
+    for addr in &addrs {
+        eventually("a and c released", || keys_of(*addr) == vec![b"b".to_vec()]);
+    }
+}
+
+#[test]
+fn extending_a_set_with_a_key_of_another_type_is_refused_and_changes_nothing() {
+    let cluster = RedisCluster::start(3).expect("redis-server");
+    let addrs = cluster.addrs();
+    let c = client(&cluster);
+    let mut set_lock = c.try_lock_all(["a", "b", "c"], TTL).expect("set");
+    for addr in &addrs {
+        eventually("whole set on every node", || dbsize(*addr) == 3);
+    }
+    make_hash_everywhere(&addrs, b"b");
+    // The set is no longer ours on any node: the extend is refused (the set is held
+    // elsewhere), not a node failure, and no key's TTL changes.
+    let err = set_lock.extend(Duration::from_secs(90)).unwrap_err();
+    assert!(err.is_contended(), "{err}");
+    for (i, addr) in addrs.iter().enumerate() {
+        for k in [&b"a"[..], b"c"] {
+            let ttl = pttl(*addr, k);
+            assert!(ttl > 0 && ttl <= 10_000, "node {i} key {k:?} pttl {ttl}");
+        }
+        assert_eq!(pttl(*addr, b"b"), -1, "node {i}: the hash keeps no expiry");
+    }
+    set_lock.release().expect("release");
+    for addr in &addrs {
+        eventually("a and c released", || keys_of(*addr) == vec![b"b".to_vec()]);
+    }
+}
+
 /// Subscribes to every wake channel on `addr`; returns the connection once confirmed.
 fn subscribe_wakes(addr: SocketAddr) -> TcpStream {
     let mut stream = TcpStream::connect(addr).expect("connect");

@@ -387,8 +387,9 @@ static void sleep_ms(long ms) {
 }
 
 /* Deletes `key` on the node at `url` ("redis://127.0.0.1:PORT" or "127.0.0.1:PORT") with a
- * hand-written DEL, behind the library's back, as an operator or an expiry would. */
-static void redis_del(const char *url, const uint8_t *key, size_t key_len) {
+ * hand-written DEL, behind the library's back, as an operator or an expiry would. Returns
+ * whether the key was there. */
+static int redis_del(const char *url, const uint8_t *key, size_t key_len) {
     struct sockaddr_in addr;
     char host[64], head[64], reply[64];
     const char *start = strstr(url, "//") ? strstr(url, "//") + 2 : url;
@@ -411,8 +412,9 @@ static void redis_del(const char *url, const uint8_t *key, size_t key_len) {
     CHECK(write(fd, key, key_len) == (ssize_t)key_len);
     CHECK(write(fd, "\r\n", 2) == 2);
     n = (int)read(fd, reply, sizeof reply - 1); /* ":1\r\n", in one segment on loopback */
-    CHECK(n > 0 && reply[0] == ':');
+    CHECK(n > 1 && reply[0] == ':');
     close(fd);
+    return reply[1] == '1';
 }
 
 static void test_new_handles_null_parameters(redlock_mux_client *client) {
@@ -879,6 +881,150 @@ static void test_keep_alive(int count, char **urls) {
     CHECK(thread_count() == before);
 }
 
+/* ---- A failed setter leaves the builder as it was. ---- */
+
+static const uint8_t SETTER_KEY[] = "c-api-setters";
+
+/* A builder with every node, a node timeout generous enough for valgrind, and a drift factor of
+ * 0.25, which a client shows: a 10 s lock is valid for at most 10000 - 2500 - 2 ms. */
+static redlock_mux_client_builder *configured_builder(int count, char **urls) {
+    redlock_mux_client_builder *b = NULL;
+    int i;
+    CHECK_OK(redlock_mux_client_builder_new(&b));
+    for (i = 0; i < count; i++) {
+        CHECK_OK(redlock_mux_client_builder_add_node(b, urls[i], strlen(urls[i])));
+    }
+    CHECK_OK(redlock_mux_client_builder_set_node_timeout_ms(b, 1000));
+    CHECK_OK(redlock_mux_client_builder_set_drift_factor(b, 0.25));
+    return b;
+}
+
+/* Builds `b` and frees it; checks that the client has every node and the drift factor that
+ * `configured_builder` set. `after` names what was done to the builder, for the failure. */
+static void check_builds_as_configured(redlock_mux_client_builder *b, int count, char **urls,
+                                       const char *after) {
+    redlock_mux_client *c = NULL;
+    redlock_mux_lock *l = NULL;
+    redlock_mux_result r;
+    uint64_t ms = 0;
+    int i, tries;
+    r = redlock_mux_client_builder_build(b, &c);
+    if (r != REDLOCK_MUX_OK) {
+        fprintf(stderr, "the builder does not build after %s\n", after);
+    }
+    CHECK_OK(r);
+    redlock_mux_client_builder_free(b);
+    CHECK_OK(redlock_mux_client_try_lock(c, SETTER_KEY, sizeof SETTER_KEY - 1, 10000, &l));
+    CHECK_OK(redlock_mux_lock_validity_ms(l, &ms));
+    if (!(ms > 0 && ms <= 7498)) {
+        fprintf(stderr, "the drift factor was lost after %s\n", after);
+    }
+    CHECK(ms > 0 && ms <= 7498);
+    /* Every node was sent the lock (the last one may apply it just after the quorum answered):
+     * it is found there, and deleted behind the client's back. */
+    for (i = 0; i < count; i++) {
+        for (tries = 0; tries < 300 && !redis_del(urls[i], SETTER_KEY, sizeof SETTER_KEY - 1);
+             tries++) {
+            sleep_ms(10);
+        }
+        if (tries == 300) {
+            fprintf(stderr, "node %d was lost after %s\n", i, after);
+        }
+        CHECK(tries < 300);
+    }
+    CHECK_OK(redlock_mux_lock_release(l)); /* keys already gone still count as released */
+    redlock_mux_lock_free(l);
+    redlock_mux_client_free(c);
+}
+
+/* Builds `b`, which must fail with INVALID_ARGUMENT naming `option`, and leave `out` alone. */
+static void check_build_refuses(const redlock_mux_client_builder *b, const char *option) {
+    redlock_mux_client *c = SENTINEL(redlock_mux_client, 0);
+    CHECK_RESULT(redlock_mux_client_builder_build(b, &c), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(c == SENTINEL(redlock_mux_client, 0));
+    CHECK(strstr(last_error(), option) != NULL);
+}
+
+#define SETTER_STEPS 10
+
+/* Every setter that can fail on a live builder fails once, then the builder still builds with
+ * its nodes and earlier settings. The setters of numbers take any value and leave its check
+ * to the build (so a program that ignores a setter's result still hears of a bad value): for
+ * them a value that build refuses is set, the build fails, and a good value then builds as
+ * before. retry_count, fair and fair_after have no value to refuse; like every setter they fail
+ * only on a NULL builder, which test_null_parameters covers. */
+static void test_failed_setters_keep_the_builder(int count, char **urls) {
+    static const char *const steps[SETTER_STEPS] = {
+        "set_rw_policy(7)",
+        "add_node(NULL)",
+        "add_node(not UTF-8)",
+        "add_node(SIZE_MAX bytes)",
+        "node_timeout 0, a failed build, node_timeout 1000",
+        "connect_timeout 0, a failed build, connect_timeout 1000",
+        "retry_delay of two days, a failed build, retry_delay 50",
+        "wait_timeout of two days, a failed build, wait_timeout 10000",
+        "drift_factor 0.7, a failed build, drift_factor 0.25",
+        "retry_count, fair and fair_after",
+    };
+    static const char url[] = "127.0.0.1:1";
+    const uint64_t two_days_ms = 2ULL * 24 * 3600 * 1000;
+    int step;
+    for (step = 0; step < SETTER_STEPS; step++) {
+        redlock_mux_client_builder *b = configured_builder(count, urls);
+        switch (step) {
+        case 0:
+            CHECK_RESULT(redlock_mux_client_builder_set_rw_policy(b, 7),
+                         REDLOCK_MUX_INVALID_ARGUMENT);
+            CHECK(strstr(last_error(), "policy") != NULL);
+            break;
+        case 1:
+            CHECK_RESULT(redlock_mux_client_builder_add_node(b, NULL, 5),
+                         REDLOCK_MUX_NULL_PARAMETER);
+            break;
+        case 2:
+            CHECK_RESULT(redlock_mux_client_builder_add_node(b, "\xff\xfe:1", 4),
+                         REDLOCK_MUX_INVALID_ARGUMENT);
+            CHECK(strstr(last_error(), "UTF-8") != NULL);
+            break;
+        case 3:
+            CHECK_RESULT(redlock_mux_client_builder_add_node(b, url, SIZE_MAX),
+                         REDLOCK_MUX_INVALID_ARGUMENT);
+            break;
+        case 4:
+            CHECK_OK(redlock_mux_client_builder_set_node_timeout_ms(b, 0));
+            check_build_refuses(b, "node_timeout");
+            CHECK_OK(redlock_mux_client_builder_set_node_timeout_ms(b, 1000));
+            break;
+        case 5:
+            CHECK_OK(redlock_mux_client_builder_set_connect_timeout_ms(b, 0));
+            check_build_refuses(b, "connect_timeout");
+            CHECK_OK(redlock_mux_client_builder_set_connect_timeout_ms(b, 1000));
+            break;
+        case 6:
+            CHECK_OK(redlock_mux_client_builder_set_retry_delay_ms(b, two_days_ms));
+            check_build_refuses(b, "retry_delay");
+            CHECK_OK(redlock_mux_client_builder_set_retry_delay_ms(b, 50));
+            break;
+        case 7:
+            CHECK_OK(redlock_mux_client_builder_set_wait_timeout_ms(b, two_days_ms));
+            check_build_refuses(b, "wait_timeout");
+            CHECK_OK(redlock_mux_client_builder_set_wait_timeout_ms(b, 10000));
+            break;
+        case 8:
+            CHECK_OK(redlock_mux_client_builder_set_drift_factor(b, 0.7));
+            check_build_refuses(b, "drift_factor");
+            CHECK_OK(redlock_mux_client_builder_set_drift_factor(b, 0.25));
+            break;
+        default:
+            CHECK_OK(redlock_mux_client_builder_set_retry_count(b, 3));
+            CHECK_OK(redlock_mux_client_builder_set_fair(b, 0));
+            CHECK_OK(redlock_mux_client_builder_set_fair_after_ms(b, 100));
+            break;
+        }
+        check_builds_as_configured(b, count, urls, steps[step]);
+    }
+}
+
 int main(int argc, char **argv) {
     redlock_mux_client *client;
     if (argc < 2) {
@@ -890,6 +1036,7 @@ int main(int argc, char **argv) {
     test_static_text();
     test_null_parameters(client);
     test_bad_arguments(client);
+    test_failed_setters_keep_the_builder(argc - 1, argv + 1);
     test_lock_and_unlock(client);
     test_client_freed_before_lock(argc - 1, argv + 1);
     test_fair_client(argc - 1, argv + 1);

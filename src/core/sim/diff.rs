@@ -490,6 +490,29 @@ fn every_lock_script_answers_like_redis_server() {
         ttl_ms: 1000,
     };
     pair.same_kind(&encode(&read, ScriptForm::Sha), "reader set is a string");
+    // A key of a set that someone else turned into another type: extending the set is refused,
+    // and releasing it still frees the keys after that one.
+    let set = [multi_keys[0], multi_keys[1], multi_keys[2]];
+    pair.same(&command(&[b"DEL", set[0], set[1], set[2]]), "DEL");
+    let take = AcquireAll {
+        keys: &set,
+        token: tokens[0],
+        ttl_ms: 100_000,
+    };
+    pair.same(&encode(&take, ScriptForm::Sha), "set taken");
+    pair.same(&command(&[b"DEL", set[1]]), "DEL");
+    pair.same(&command(&[b"ZADD", set[1], b"1", b"x"]), "ZADD");
+    let extend = ExtendAll {
+        keys: &set,
+        token: tokens[0],
+        ttl_ms: 200_000,
+    };
+    pair.same(&encode(&extend, ScriptForm::Body), "extend past a set");
+    pair.close_ttl(set[2]);
+    let release = ReleaseAll::new(&set, tokens[0]);
+    pair.same(&encode(&release, ScriptForm::Sha), "release past a set");
+    pair.same(&command(&[b"EXISTS", set[0], set[1], set[2]]), "EXISTS");
+    pair.same(&encode(&take, ScriptForm::Body), "acquire over a set");
 
     // Expiry: readers, intents and queue entries of 30 ms are gone after 300 ms.
     pair.same(&command(&[b"FLUSHALL"]), "FLUSHALL");

@@ -328,7 +328,8 @@ fn release_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result
     let (_, a) = need("release all", keys, 0, args, 1)?;
     let mut n = 0;
     for (i, k) in keys.iter().enumerate() {
-        if node.get(k)? == Some(a[0]) {
+        // `pcall('get')`: a key of another type is not ours, and does not stop the script.
+        if node.get(k) == Ok(Some(a[0])) {
             node.del(k);
             let Some(channel) = args.get(i + 1) else {
                 return Err(script_error(
@@ -346,7 +347,8 @@ fn release_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result
 fn extend_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
     let (_, a) = need("extend all", keys, 0, args, 2)?;
     for k in keys {
-        if node.get(k)? != Some(a[0]) {
+        // `pcall('get')`: a key of another type is not ours.
+        if node.get(k) != Ok(Some(a[0])) {
             return Ok(Value::Integer(0));
         }
     }
