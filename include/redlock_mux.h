@@ -375,8 +375,11 @@ redlock_mux_result redlock_mux_client_lock(const redlock_mux_client *client, con
 
 /**
  * Resets the lock's TTL to `ttl_ms` milliseconds on every node that still holds its token.
- * Succeeds only if a quorum agrees before the current validity ends; on failure the lock is
- * left as it was (held until its current validity ends, if it was held).
+ * Succeeds only if a quorum agrees before the current validity ends. A failed extend never
+ * lengthens the validity but may shorten it: nodes may have taken the new TTL (or take it
+ * later), so the validity becomes the earlier of its current end and `ttl_ms` less the drift
+ * allowance from the start of the attempt. A failed extend to a TTL longer than the validity
+ * left leaves the lock as it was (held until its current validity ends, if it was held).
  *
  * # Safety
  * `lock` is NULL or a live lock used by no other thread.
