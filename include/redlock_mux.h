@@ -741,8 +741,11 @@ void redlock_mux_fenced_lock_free(redlock_mux_fenced_lock *lock);
 
 /**
  * Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
- * milliseconds every `ttl_ms / 3` until the kept lock is released or freed, or the lock is
- * lost. On success writes a new kept lock to `*out`.
+ * milliseconds every `ttl_ms / 3`, and sooner when the validity left runs low, until the kept
+ * lock is released or freed, or the lock is lost. On success writes a new kept lock to `*out`.
+ * A `ttl_ms` that cannot keep the lock (one the client refuses, or one too close to the drift
+ * allowance for `ttl_ms / 3` to be less than the validity it gives) is refused with
+ * `REDLOCK_MUX_INVALID_ARGUMENT`.
  *
  * Ownership: on success the lock moves from `lock` into the kept lock. `lock` is left empty:
  * every call on it gives `REDLOCK_MUX_RELEASED`, and it must still be freed with

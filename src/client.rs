@@ -740,6 +740,11 @@ impl Lock {
         self.valid_until.saturating_duration_since(Instant::now())
     }
 
+    /// The instant the lock may be granted to someone else.
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
     /// Resets the lock's TTL to `ttl` on every node that still holds our token.
     ///
     /// Succeeds only if a quorum agrees before the current validity ends; the validity is then

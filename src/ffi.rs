@@ -1648,8 +1648,7 @@ unsafe fn keep_alive_with(
         // SAFETY: forwarded caller promises.
         let (handle, out) = unsafe { (arg_mut(lock, "lock")?, Out::new(out, "out")?) };
         let ttl = millis(ttl_ms);
-        // Checked here rather than by the first extension, which would turn it into a loss.
-        held(&handle.held)?.client().timing(ttl)?;
+        held(&handle.held)?;
         let mut settings = KeepAlive::new(ttl);
         let slot = on_lost.map(|callback| Arc::new(Mutex::new(Some(callback))));
         if let Some(slot) = &slot {
@@ -1663,11 +1662,15 @@ unsafe fn keep_alive_with(
                 }
             });
         }
-        let kept = handle
-            .held
-            .take()
-            .ok_or_else(released)?
-            .keep_alive(settings);
+        let lock = handle.held.take().ok_or_else(released)?;
+        // Settings that cannot keep the lock are refused, and the lock stays where it was.
+        let kept = match lock.keep_alive(settings) {
+            Ok(kept) => kept,
+            Err(refused) => {
+                handle.held = Some(refused.guard);
+                return Err(refused.error.into());
+            }
+        };
         out.write(into_handle(redlock_mux_kept_lock {
             held: Some(kept),
             on_lost: slot,
@@ -1677,8 +1680,11 @@ unsafe fn keep_alive_with(
 }
 
 /// Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
-/// milliseconds every `ttl_ms / 3` until the kept lock is released or freed, or the lock is
-/// lost. On success writes a new kept lock to `*out`.
+/// milliseconds every `ttl_ms / 3`, and sooner when the validity left runs low, until the kept
+/// lock is released or freed, or the lock is lost. On success writes a new kept lock to `*out`.
+/// A `ttl_ms` that cannot keep the lock (one the client refuses, or one too close to the drift
+/// allowance for `ttl_ms / 3` to be less than the validity it gives) is refused with
+/// `REDLOCK_MUX_INVALID_ARGUMENT`.
 ///
 /// Ownership: on success the lock moves from `lock` into the kept lock. `lock` is left empty:
 /// every call on it gives `REDLOCK_MUX_RELEASED`, and it must still be freed with

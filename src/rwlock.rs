@@ -143,6 +143,11 @@ macro_rules! guard_methods {
             pub(crate) fn client(&self) -> &Client {
                 &self.0.client
             }
+
+            /// The instant the lock may be granted against this hold.
+            pub(crate) fn valid_until(&self) -> Instant {
+                self.0.valid_until
+            }
         }
     };
 }

@@ -191,11 +191,13 @@ fn failed_shorter_extend_caps_a_kept_lock() {
     let node0 = cluster.servers[0].addr();
     let kept = with_two_frozen(&cluster, || {
         // Retries come too late to matter: only the first extension counts here.
-        let kept = lock.keep_alive(
-            KeepAlive::new(SHORT)
-                .interval(Duration::from_millis(50))
-                .retry(Duration::from_secs(5)),
-        );
+        let kept = lock
+            .keep_alive(
+                KeepAlive::new(SHORT)
+                    .interval(Duration::from_millis(50))
+                    .retry(Duration::from_secs(5)),
+            )
+            .expect("keep alive");
         // The node that answers ran the extension; the round then waits for the frozen ones.
         assert!(
             eventually(Duration::from_secs(3), || pttl(node0, key.as_bytes())
