@@ -12,6 +12,7 @@
 //! validity runs out before one succeeds, the lock is lost: [`KeptLock::is_lost`] turns true
 //! and the holder is told by a channel or a callback given in [`KeepAlive`]. A failure that may
 //! pass (a node unreachable) is retried every [`KeepAlive::retry`] while the validity lasts.
+//! A callback that panics is contained and reported through the panic hook; the keeper goes on.
 //!
 //! [`KeptLock::is_lost`] and [`KeptLock::validity`] read the lock's end of validity, which the
 //! keeper updates around every extension round, without waiting for the keeper: they are true
@@ -22,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
@@ -113,6 +115,11 @@ impl KeepAlive {
 
     /// Calls `callback` on the keeper thread when the lock is lost (once). Keep it short: the
     /// keeper serves every guard of the client on that thread.
+    ///
+    /// A panic in `callback` is contained: it is reported through the panic hook like any
+    /// other (by default, a message on stderr naming the `redlock-mux-keeper` thread), and the
+    /// keeper goes on serving the client's other kept locks. (In a program built with
+    /// `panic = "abort"`, a panic ends the process, as it does anywhere.)
     pub fn on_lost(mut self, callback: impl FnOnce(Lost) + Send + 'static) -> KeepAlive {
         self.notify = Some(Notify::Callback(Box::new(callback)));
         self
@@ -695,7 +702,11 @@ fn serve(shared: &Shared) -> Option<Instant> {
         Some(Notify::Channel(tx)) => {
             let _ = tx.send(notice);
         }
-        Some(Notify::Callback(f)) => f(notice),
+        Some(Notify::Callback(f)) => {
+            // Every other kept lock of the client depends on this thread: a panicking callback
+            // must not end it. The panic hook has reported the panic by the time this returns.
+            let _ = panic::catch_unwind(AssertUnwindSafe(move || f(notice)));
+        }
         None => {}
     }
     None

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::panic;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -425,4 +427,75 @@ fn a_busy_keeper_does_not_hide_a_lost_lock() {
         "validity over, yet is_lost() = {lost}, validity() = {left:?}"
     );
     drop((slow, short));
+}
+
+/// A panicking `on_lost` callback must not take the keeper thread down: the other kept lock of
+/// the same client is still extended, and its loss still reported.
+#[test]
+fn a_panicking_callback_does_not_stop_the_keeper() {
+    // The panic is reported through the panic hook: record that it was, and chain to the
+    // hook in place (the test harness's), which prints it.
+    static REPORTED: AtomicBool = AtomicBool::new(false);
+    let previous = panic::take_hook();
+    panic::set_hook(Box::new(move |info| {
+        let on_keeper = thread::current().name() == Some("redlock-mux-keeper");
+        if on_keeper && info.to_string().contains("panics on purpose") {
+            REPORTED.store(true, Ordering::SeqCst);
+        }
+        previous(info);
+    }));
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let c = client(&cluster);
+    let (a_key, b_key) = ("keepalive:panics", "keepalive:survives");
+    let a = c
+        .try_lock(a_key, Duration::from_secs(3))
+        .expect("lock")
+        .keep_alive(
+            KeepAlive::new(Duration::from_secs(3))
+                .interval(Duration::from_millis(50))
+                .on_lost(|_| panic!("on_lost callback panics on purpose")),
+        )
+        .expect("keep alive");
+    let ttl = Duration::from_millis(600);
+    let (tx, b_lost) = mpsc::channel();
+    let b = c
+        .try_lock(b_key, ttl)
+        .expect("lock")
+        .keep_alive(KeepAlive::new(ttl).notify(tx))
+        .expect("keep alive");
+    // A's key is taken over on every node: its next extension is refused, its callback panics.
+    for server in &cluster.servers {
+        set(server.addr(), a_key.as_bytes(), b"intruder");
+    }
+    assert!(
+        eventually(Duration::from_secs(3), || REPORTED.load(Ordering::SeqCst)),
+        "a's callback never ran, or its panic was not reported"
+    );
+    assert!(a.is_lost());
+    // Well past B's TTL: only the keeper can have kept it.
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_millis(1500) {
+        thread::sleep(Duration::from_millis(100));
+        assert!(
+            !b.is_lost(),
+            "b was lost {:?} after a's callback panicked",
+            since.elapsed()
+        );
+    }
+    for server in &cluster.servers {
+        assert_eq!(
+            get(server.addr(), b_key.as_bytes()).as_deref(),
+            Some(b.token())
+        );
+    }
+    // B's own loss is still noticed, and told.
+    for server in &cluster.servers {
+        set(server.addr(), b_key.as_bytes(), b"intruder");
+    }
+    let notice = b_lost
+        .recv_timeout(Duration::from_secs(3))
+        .expect("b's loss is reported");
+    assert_eq!(notice.key, b_key.as_bytes());
+    assert!(b.is_lost());
+    drop((a, b));
 }
