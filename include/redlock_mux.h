@@ -381,8 +381,11 @@ redlock_mux_result redlock_mux_client_lock(const redlock_mux_client *client, con
 
 /**
  * Resets the lock's TTL to `ttl_ms` milliseconds on every node that still holds its token.
- * Succeeds only if a quorum agrees before the current validity ends; on failure the lock is
- * left as it was (held until its current validity ends, if it was held).
+ * Succeeds only if a quorum agrees before the current validity ends. A failed extend never
+ * lengthens the validity but may shorten it: nodes may have taken the new TTL (or take it
+ * later), so the validity becomes the earlier of its current end and `ttl_ms` less the drift
+ * allowance from the start of the attempt. A failed extend to a TTL longer than the validity
+ * left leaves the lock as it was (held until its current validity ends, if it was held).
  *
  * # Safety
  * `lock` is NULL or a live lock used by no other thread.
@@ -744,8 +747,11 @@ void redlock_mux_fenced_lock_free(redlock_mux_fenced_lock *lock);
 
 /**
  * Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
- * milliseconds every `ttl_ms / 3` until the kept lock is released or freed, or the lock is
- * lost. On success writes a new kept lock to `*out`.
+ * milliseconds every `ttl_ms / 3`, and sooner when the validity left runs low, until the kept
+ * lock is released or freed, or the lock is lost. On success writes a new kept lock to `*out`.
+ * A `ttl_ms` that cannot keep the lock (one the client refuses, or one too close to the drift
+ * allowance for `ttl_ms / 3` to be less than the validity it gives) is refused with
+ * `REDLOCK_MUX_INVALID_ARGUMENT`.
  *
  * Ownership: on success the lock moves from `lock` into the kept lock. `lock` is left empty:
  * every call on it gives `REDLOCK_MUX_RELEASED`, and it must still be freed with

@@ -562,14 +562,22 @@ impl Client {
         })?
     }
 
-    /// Runs an extend round: `op` must win a quorum before `hold_until`; returns the new end of
-    /// validity.
+    /// Runs an extend round for a lock valid until `*valid_until`: `op` must win a quorum before
+    /// then.
+    ///
+    /// Won: `*valid_until` becomes the new end of validity, `start + ttl − drift`. Not won: the
+    /// nodes that said yes applied `op`, and those that did not answer may still apply it (when
+    /// its bytes reach them), so the lock may now lapse on every node at `start + ttl`, however
+    /// long it was before: `*valid_until` becomes the earlier of its old value and
+    /// `start + ttl − drift`. `start` is taken before the first byte is sent. When nothing was
+    /// sent (the validity had already ended, or no connection could be made), it is unchanged.
     pub(crate) fn extend_round(
         &self,
         op: &dyn Op,
         timing: Timing,
-        hold_until: Instant,
-    ) -> Result<Instant, Error> {
+        valid_until: &mut Instant,
+    ) -> Result<(), Error> {
+        let hold_until = *valid_until;
         self.with_driver(|driver| {
             let start = Instant::now();
             if start >= hold_until {
@@ -583,8 +591,16 @@ impl Client {
                 Some(Decision::Won {
                     valid_until: Some(until),
                     ..
-                }) => Ok(until),
-                _ => Err(self.loss(&round)),
+                }) => {
+                    *valid_until = until;
+                    Ok(())
+                }
+                _ => {
+                    // A TTL within the drift allowance gives no validity at all.
+                    let cap = timing.valid_until(start).unwrap_or(start);
+                    *valid_until = hold_until.min(cap);
+                    Err(self.loss(&round))
+                }
             };
             driver.put_round(round);
             r
@@ -724,11 +740,23 @@ impl Lock {
         self.valid_until.saturating_duration_since(Instant::now())
     }
 
+    /// The instant the lock may be granted to someone else.
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
     /// Resets the lock's TTL to `ttl` on every node that still holds our token.
     ///
     /// Succeeds only if a quorum agrees before the current validity ends; the validity is then
-    /// `ttl` minus the time the round took minus the drift allowance. On failure the lock is
-    /// left as it was (still held until its current validity ends, if it was held).
+    /// `ttl` minus the time the round took minus the drift allowance.
+    ///
+    /// A failed extend never lengthens the validity, but it may shorten it. The nodes that
+    /// accepted it, and those that did not answer in time (they may run it later), now expire
+    /// the key `ttl` after the round began; so the validity becomes the earlier of its current
+    /// end and `ttl` minus the drift allowance from the start of the round. A failed extend to
+    /// a `ttl` longer than the validity left thus leaves the lock as it was (held until its
+    /// current validity ends, if it was held); a failed extend to a shorter one leaves at most
+    /// that shorter validity. An invalid `ttl` is refused before anything is sent.
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let (ttl_ms, timing) = self.client.timing(ttl)?;
         let op = Extend {
@@ -736,8 +764,7 @@ impl Lock {
             token: self.token.as_bytes(),
             ttl_ms,
         };
-        self.valid_until = self.client.extend_round(&op, timing, self.valid_until)?;
-        Ok(())
+        self.client.extend_round(&op, timing, &mut self.valid_until)
     }
 
     /// Releases the lock on every node, whether or not that node granted it. Keys that have

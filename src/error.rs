@@ -190,6 +190,15 @@ pub enum InvalidArgument {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A keep-alive interval that cannot keep the lock: zero, or not shorter than the validity
+    /// each extension gives (its TTL less the drift allowance), so the lock would lapse
+    /// between two extensions.
+    KeepAliveInterval {
+        /// The interval asked for (a third of the TTL unless set).
+        interval: Duration,
+        /// The validity each extension gives.
+        validity: Duration,
+    },
 }
 
 impl fmt::Display for InvalidArgument {
@@ -225,6 +234,11 @@ impl fmt::Display for InvalidArgument {
                 write!(f, "{count} keys given, more than the cap of {max}")
             }
             InvalidArgument::BadOption { name, reason } => write!(f, "option {name}: {reason}"),
+            InvalidArgument::KeepAliveInterval { interval, validity } => write!(
+                f,
+                "the keep-alive interval {interval:?} must be more than zero and less than the \
+                 validity each extension gives, {validity:?}"
+            ),
         }
     }
 }

@@ -124,8 +124,10 @@ impl Client {
             token: token.as_bytes(),
             value: fencing_token,
         };
-        // Must be won before the lock's validity ends; its own new validity is not used.
-        self.extend_round(&write, timing, valid_until)
+        // Must be won before the lock's validity ends. It sets no TTL, so the end of validity
+        // it computes is not used.
+        let mut write_by = valid_until;
+        self.extend_round(&write, timing, &mut write_by)
             .map_err(Attempt::WriteBack)?;
         Ok(FencedLock {
             lock,
@@ -248,7 +250,8 @@ impl FencedLock {
         self.lock.validity()
     }
 
-    /// Resets the lock's TTL, as [`Lock::extend`] does. The fencing token stays the same.
+    /// Resets the lock's TTL, as [`Lock::extend`] does (a failed extend may shorten the
+    /// validity, never lengthen it). The fencing token stays the same.
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         self.lock.extend(ttl)
     }

@@ -874,8 +874,11 @@ fn held_release<T: Held>(slot: &mut Option<T>) -> Result<(), Failure> {
 }
 
 /// Resets the lock's TTL to `ttl_ms` milliseconds on every node that still holds its token.
-/// Succeeds only if a quorum agrees before the current validity ends; on failure the lock is
-/// left as it was (held until its current validity ends, if it was held).
+/// Succeeds only if a quorum agrees before the current validity ends. A failed extend never
+/// lengthens the validity but may shorten it: nodes may have taken the new TTL (or take it
+/// later), so the validity becomes the earlier of its current end and `ttl_ms` less the drift
+/// allowance from the start of the attempt. A failed extend to a TTL longer than the validity
+/// left leaves the lock as it was (held until its current validity ends, if it was held).
 ///
 /// # Safety
 /// `lock` is NULL or a live lock used by no other thread.
@@ -1653,8 +1656,7 @@ unsafe fn keep_alive_with(
         // SAFETY: forwarded caller promises.
         let (handle, out) = unsafe { (arg_mut(lock, "lock")?, Out::new(out, "out")?) };
         let ttl = millis(ttl_ms);
-        // Checked here rather than by the first extension, which would turn it into a loss.
-        held(&handle.held)?.client().timing(ttl)?;
+        held(&handle.held)?;
         let mut settings = KeepAlive::new(ttl);
         let slot = on_lost.map(|callback| Arc::new(Mutex::new(Some(callback))));
         if let Some(slot) = &slot {
@@ -1668,11 +1670,15 @@ unsafe fn keep_alive_with(
                 }
             });
         }
-        let kept = handle
-            .held
-            .take()
-            .ok_or_else(released)?
-            .keep_alive(settings);
+        let lock = handle.held.take().ok_or_else(released)?;
+        // Settings that cannot keep the lock are refused, and the lock stays where it was.
+        let kept = match lock.keep_alive(settings) {
+            Ok(kept) => kept,
+            Err(refused) => {
+                handle.held = Some(refused.guard);
+                return Err(refused.error.into());
+            }
+        };
         out.write(into_handle(redlock_mux_kept_lock {
             held: Some(kept),
             on_lost: slot,
@@ -1682,8 +1688,11 @@ unsafe fn keep_alive_with(
 }
 
 /// Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
-/// milliseconds every `ttl_ms / 3` until the kept lock is released or freed, or the lock is
-/// lost. On success writes a new kept lock to `*out`.
+/// milliseconds every `ttl_ms / 3`, and sooner when the validity left runs low, until the kept
+/// lock is released or freed, or the lock is lost. On success writes a new kept lock to `*out`.
+/// A `ttl_ms` that cannot keep the lock (one the client refuses, or one too close to the drift
+/// allowance for `ttl_ms / 3` to be less than the validity it gives) is refused with
+/// `REDLOCK_MUX_INVALID_ARGUMENT`.
 ///
 /// Ownership: on success the lock moves from `lock` into the kept lock. `lock` is left empty:
 /// every call on it gives `REDLOCK_MUX_RELEASED`, and it must still be freed with

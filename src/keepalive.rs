@@ -1,32 +1,61 @@
 //! Auto-extension: one background thread per [`Client`] keeps its guards alive.
 //!
-//! [`Lock::keep_alive`] (and [`ReadLock::keep_alive`], [`WriteLock::keep_alive`]) hands a
-//! guard to the client's keeper and returns a [`KeptLock`]. The keeper extends the lock to its
-//! TTL every interval (a third of the TTL unless set), for every kept guard of the client, on one thread started on first use. When an extension is
-//! refused by the quorum, or the validity runs out before one succeeds, the guard is marked
-//! lost: [`KeptLock::is_lost`] turns true and the holder is told at once by a channel or a
-//! callback given in [`KeepAlive`]. A failure that may pass (a node unreachable) is retried
-//! every [`KeepAlive::retry`] while the validity lasts.
+//! [`Lock::keep_alive`] (and [`ReadLock::keep_alive`], [`WriteLock::keep_alive`]) checks the
+//! [`KeepAlive`] settings against the client, hands the guard to the client's keeper and
+//! returns a [`KeptLock`]. Settings that cannot keep the lock are refused, and the guard is
+//! given back untouched in the [`KeepAliveError`].
+//!
+//! The keeper extends each kept lock to its TTL every interval (a third of the TTL unless
+//! set), and sooner whenever the validity left would otherwise fall below a safety margin, so
+//! a lock with little validity left is extended at once. One thread, started on first use,
+//! serves every kept guard of the client. When an extension is refused by the quorum, or the
+//! validity runs out before one succeeds, the lock is lost: [`KeptLock::is_lost`] turns true
+//! and the holder is told by a channel or a callback given in [`KeepAlive`]. A failure that may
+//! pass (a node unreachable) is retried every [`KeepAlive::retry`] while the validity lasts.
+//! A callback that panics is contained and reported through the panic hook; the keeper goes on.
+//!
+//! [`KeptLock::is_lost`] and [`KeptLock::validity`] read the lock's end of validity, which the
+//! keeper updates around every extension round, without waiting for the keeper: they are true
+//! at every instant, also while the keeper is busy with other guards' rounds.
 //!
 //! The keeper thread holds no [`Client`] of its own, only weak references to the guards it
 //! serves, so dropping every client and guard ends it.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::{Client, Lock};
-use crate::error::Error;
+use crate::core::Timing;
+use crate::error::{Error, InvalidArgument};
 use crate::rwlock::{ReadLock, WriteLock};
 
 /// Delay before retrying an extension that failed for a reason that may pass.
 const DEFAULT_RETRY: Duration = Duration::from_millis(100);
+/// The shortest retry delay: a node that fails at once must not make the keeper spin.
+const MIN_RETRY: Duration = Duration::from_millis(1);
 
 /// Settings of one kept-alive guard: the TTL each extension sets, how often, and whom to tell
 /// when the lock is lost.
+///
+/// # When extensions happen
+///
+/// Each extension resets the lock to the TTL, which gives it a validity of the TTL less the
+/// client's drift allowance. The next extension is due one interval later, or earlier if the
+/// validity left would by then fall below a safety margin: twice the client's node timeout
+/// plus one retry delay (time for a round that times out and a retry), but at least a third
+/// and at most two thirds of the validity an extension gives. So a lock taken with a shorter
+/// TTL than the one it is kept with is extended at once, and a failed extension still leaves
+/// time for retries.
+///
+/// [`Lock::keep_alive`] refuses, with [`InvalidArgument`] in a [`KeepAliveError`], a TTL the
+/// client would refuse (zero, too long, not above the drift allowance) and an interval that is
+/// zero or not shorter than the validity an extension gives.
 pub struct KeepAlive {
     ttl: Duration,
     interval: Option<Duration>,
@@ -39,8 +68,8 @@ enum Notify {
     Callback(Box<dyn FnOnce(Lost) + Send>),
 }
 
-impl std::fmt::Debug for KeepAlive {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for KeepAlive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeepAlive")
             .field("ttl", &self.ttl)
             .field("interval", &self.period())
@@ -50,8 +79,9 @@ impl std::fmt::Debug for KeepAlive {
 }
 
 impl KeepAlive {
-    /// Extend the lock to `ttl` every `ttl / 3`, retry failed extensions every 100 ms, and tell
-    /// no one but [`KeptLock::is_lost`] when the lock is lost.
+    /// Extend the lock to `ttl` every `ttl / 3` (sooner if the validity left runs low), retry
+    /// failed extensions every 100 ms, and tell no one but [`KeptLock::is_lost`] when the lock
+    /// is lost.
     pub fn new(ttl: Duration) -> KeepAlive {
         KeepAlive {
             ttl,
@@ -61,15 +91,17 @@ impl KeepAlive {
         }
     }
 
-    /// Extends every `interval` instead of every `ttl / 3`. It should be well under the TTL:
-    /// an extension must win before the validity runs out.
+    /// Extends every `interval` instead of every `ttl / 3`, and sooner if the validity left
+    /// runs low (see [When extensions happen](KeepAlive#when-extensions-happen)). It must be
+    /// more than zero and less than the validity an extension gives (`ttl` less the drift
+    /// allowance), or `keep_alive` refuses it.
     pub fn interval(mut self, interval: Duration) -> KeepAlive {
         self.interval = Some(interval);
         self
     }
 
     /// How soon an extension that failed for a reason that may pass (nodes unreachable) is
-    /// tried again, while the validity lasts. Default 100 ms.
+    /// tried again, while the validity lasts. Default 100 ms; at least 1 ms.
     pub fn retry(mut self, retry: Duration) -> KeepAlive {
         self.retry = retry;
         self
@@ -83,20 +115,59 @@ impl KeepAlive {
 
     /// Calls `callback` on the keeper thread when the lock is lost (once). Keep it short: the
     /// keeper serves every guard of the client on that thread.
+    ///
+    /// A panic in `callback` is contained: it is reported through the panic hook like any
+    /// other (by default, a message on stderr naming the `redlock-mux-keeper` thread), and the
+    /// keeper goes on serving the client's other kept locks. (In a program built with
+    /// `panic = "abort"`, a panic ends the process, as it does anywhere.)
     pub fn on_lost(mut self, callback: impl FnOnce(Lost) + Send + 'static) -> KeepAlive {
         self.notify = Some(Notify::Callback(Box::new(callback)));
         self
     }
 
     fn period(&self) -> Duration {
-        // Never longer than the TTL (the lock would lapse first) nor than any TTL the client
-        // accepts, so the keeper's clock arithmetic cannot overflow.
-        self.interval
-            .unwrap_or(self.ttl / 3)
-            .min(self.ttl)
-            .min(crate::MAX_TTL)
-            .max(Duration::from_millis(1))
+        self.interval.unwrap_or(self.ttl / 3)
     }
+
+    /// These settings checked against `client`: what the keeper works with.
+    fn plan(&self, client: &Client) -> Result<Plan, InvalidArgument> {
+        let (_, timing) = client.timing(self.ttl)?;
+        let validity = timing
+            .validity(Duration::ZERO)
+            .ok_or(InvalidArgument::TtlBelowDrift {
+                ttl: self.ttl,
+                drift: timing.drift(),
+            })?;
+        let interval = self.period();
+        if interval.is_zero() || interval >= validity {
+            return Err(InvalidArgument::KeepAliveInterval { interval, validity });
+        }
+        let retry = self.retry.clamp(MIN_RETRY, crate::MAX_TTL);
+        let margin = client
+            .config()
+            .node_timeout
+            .saturating_mul(2)
+            .saturating_add(retry)
+            .clamp(validity / 3, validity / 3 * 2);
+        Ok(Plan {
+            timing,
+            interval,
+            retry,
+            margin,
+        })
+    }
+}
+
+/// Settings checked against the client (see [`KeepAlive::plan`]).
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// The TTL each extension sets, in whole milliseconds, and the drift allowance.
+    timing: Timing,
+    /// Less than the validity an extension gives, and more than zero.
+    interval: Duration,
+    retry: Duration,
+    /// The validity left below which an extension is due.
+    margin: Duration,
 }
 
 /// The notice that a kept-alive lock was lost.
@@ -109,6 +180,62 @@ pub struct Lost {
     pub error: Error,
 }
 
+/// Why `keep_alive` refused its settings ([`Lock::keep_alive`], [`ReadLock::keep_alive`],
+/// [`WriteLock::keep_alive`]), with the guard given back as it was: still held, and not kept
+/// alive. The error is always [`Error::InvalidArgument`].
+///
+/// It converts into [`Error`], so `?` works in functions that return `Result<_, Error>`; the
+/// guard is then dropped, which releases it. To keep the guard, take it back with
+/// [`into_inner`](KeepAliveError::into_inner) or the [`guard`](KeepAliveError::guard) field.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_mux::{Client, KeepAlive};
+///
+/// // For example ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"].
+/// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+/// let client = Client::new(nodes.split(','))?;
+/// let ttl = Duration::from_secs(3);
+/// let lock = client.lock("report", ttl)?;
+/// // An interval longer than the TTL cannot keep the lock: refused, and the lock comes back.
+/// let lock = match lock.keep_alive(KeepAlive::new(ttl).interval(ttl * 2)) {
+///     Ok(kept) => return Ok(kept.release()?),
+///     Err(refused) => refused.into_inner(),
+/// };
+/// let kept = lock.keep_alive(KeepAlive::new(ttl))?;
+/// kept.release()?;
+/// # Ok::<(), redlock_mux::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct KeepAliveError<G> {
+    /// The guard, held as before the call.
+    pub guard: G,
+    /// Why the settings were refused.
+    pub error: Error,
+}
+
+impl<G> KeepAliveError<G> {
+    /// The guard, held as before the call.
+    pub fn into_inner(self) -> G {
+        self.guard
+    }
+}
+
+impl<G> fmt::Display for KeepAliveError<G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "keep-alive refused: {}", self.error)
+    }
+}
+
+impl<G: fmt::Debug> std::error::Error for KeepAliveError<G> {}
+
+impl<G> From<KeepAliveError<G>> for Error {
+    /// The error; the guard is dropped, which releases it.
+    fn from(refused: KeepAliveError<G>) -> Error {
+        refused.error
+    }
+}
+
 /// The guards the keeper can extend: a mutex, or either side of a read-write lock.
 #[derive(Debug)]
 enum Guard {
@@ -118,6 +245,14 @@ enum Guard {
 }
 
 impl Guard {
+    fn client(&self) -> &Client {
+        match self {
+            Guard::Mutex(l) => l.client(),
+            Guard::Read(l) => l.client(),
+            Guard::Write(l) => l.client(),
+        }
+    }
+
     fn key(&self) -> &[u8] {
         match self {
             Guard::Mutex(l) => l.key(),
@@ -134,11 +269,11 @@ impl Guard {
         }
     }
 
-    fn validity(&self) -> Duration {
+    fn valid_until(&self) -> Instant {
         match self {
-            Guard::Mutex(l) => l.validity(),
-            Guard::Read(l) => l.validity(),
-            Guard::Write(l) => l.validity(),
+            Guard::Mutex(l) => l.valid_until(),
+            Guard::Read(l) => l.valid_until(),
+            Guard::Write(l) => l.valid_until(),
         }
     }
 
@@ -158,19 +293,23 @@ impl Guard {
         }
     }
 
-    /// Hands the guard to `client`'s keeper thread; see [`Lock::keep_alive`].
-    fn keep_alive(self, client: &Client, settings: KeepAlive) -> KeptLock {
-        let keeper = client.keeper().get_or_init(Keeper::start).clone();
+    /// Hands the guard to its client's keeper thread, with settings already checked.
+    fn keep_alive(self, plan: Plan, settings: KeepAlive) -> KeptLock {
+        let keeper = self.client().keeper().get_or_init(Keeper::start).clone();
         let key = self.key().to_vec();
         let token = self.token().to_vec();
-        let interval = settings.period();
+        let base = Instant::now();
+        let until = nanos(self.valid_until().saturating_duration_since(base));
         let shared = Arc::new(Shared {
             lock: Mutex::new(Some(self)),
             lost: AtomicBool::new(false),
-            settings: Mutex::new(settings),
+            base,
+            until: AtomicU64::new(until),
+            plan,
+            notify: Mutex::new(settings.notify),
         });
         let entry = Entry {
-            due: Instant::now() + interval,
+            due: shared.next_due(base),
             shared: Arc::downgrade(&shared),
         };
         if keeper.send(entry).is_err() {
@@ -181,27 +320,132 @@ impl Guard {
     }
 }
 
+/// Checks `settings` for `guard` and hands it to the keeper, or gives it back.
+fn keep<G>(
+    guard: G,
+    plan: Result<Plan, InvalidArgument>,
+    settings: KeepAlive,
+    wrap: fn(G) -> Guard,
+) -> Result<KeptLock, KeepAliveError<G>> {
+    match plan {
+        Ok(plan) => Ok(wrap(guard).keep_alive(plan, settings)),
+        Err(e) => Err(KeepAliveError {
+            guard,
+            error: e.into(),
+        }),
+    }
+}
+
+/// A duration in whole nanoseconds, saturated (`u64` nanoseconds last 584 years, longer than
+/// any TTL).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// State shared by a [`KeptLock`] and the keeper thread.
 struct Shared {
     /// The guard; `None` once released by its holder.
     lock: Mutex<Option<Guard>>,
+    /// Set once the lock is lost; never cleared.
     lost: AtomicBool,
-    settings: Mutex<KeepAlive>,
+    /// The origin of `until`.
+    base: Instant,
+    /// The lock's end of validity, in nanoseconds after `base`. Readable without waiting for
+    /// an extension round in flight; the keeper lowers it before each round to what that round
+    /// may leave on the nodes, and sets it to the guard's own end of validity after.
+    until: AtomicU64,
+    plan: Plan,
+    /// Whom to tell of a loss; taken when telling.
+    notify: Mutex<Option<Notify>>,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Option<Guard>> {
         self.lock.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The validity left at `now`, or `None` once the lock is lost. The end of validity having
+    /// passed is recorded as a loss, so that a lost lock stays lost even if an extension that
+    /// won just in time is recorded afterwards.
+    fn left(&self, now: Instant) -> Option<Duration> {
+        if self.lost.load(Ordering::Acquire) {
+            return None;
+        }
+        let until = Duration::from_nanos(self.until.load(Ordering::Acquire));
+        let elapsed = now.saturating_duration_since(self.base);
+        match until.checked_sub(elapsed).filter(|left| !left.is_zero()) {
+            Some(left) => Some(left),
+            None => {
+                self.lost.store(true, Ordering::Release);
+                None
+            }
+        }
+    }
+
+    fn set_until(&self, at: Instant) {
+        let n = nanos(at.saturating_duration_since(self.base));
+        self.until.store(n, Ordering::Release);
+    }
+
+    fn lower_until(&self, at: Instant) {
+        let n = nanos(at.saturating_duration_since(self.base));
+        self.until.fetch_min(n, Ordering::AcqRel);
+    }
+
+    /// When the next extension is due, for a lock as it is at `now`: one interval on, or
+    /// earlier, when the validity left falls to the margin.
+    fn next_due(&self, now: Instant) -> Instant {
+        let left = self.left(now).unwrap_or(Duration::ZERO);
+        let wait = self
+            .plan
+            .interval
+            .min(left.saturating_sub(self.plan.margin));
+        now.checked_add(wait).unwrap_or(now)
+    }
+
+    /// Extends `guard` once; returns when to come back, or why the lock is lost.
+    fn extend(&self, guard: &mut Guard) -> Result<Instant, Error> {
+        let expired = || Error::ValidityExpired {
+            elapsed: Duration::ZERO,
+        };
+        let now = Instant::now();
+        if self.left(now).is_none() {
+            return Err(expired());
+        }
+        // The nodes may take the new TTL from the moment the round is sent, whatever comes of
+        // it: from then on the lock may lapse at `now + ttl - drift`, or earlier if it would
+        // anyway (a round starts at or after `now`, so this bound is on the safe side).
+        if let Some(cap) = self.plan.timing.valid_until(now) {
+            self.lower_until(cap);
+        }
+        let result = guard.extend(self.plan.timing.ttl);
+        let until = guard.valid_until();
+        if result.is_ok() {
+            self.set_until(until);
+        } else {
+            self.lower_until(until);
+        }
+        let now = Instant::now();
+        let left = self.left(now);
+        match (result, left) {
+            (Ok(()), Some(_)) => Ok(self.next_due(now)),
+            (Ok(()), None) => Err(expired()),
+            (Err(Error::QuorumUnreachable { .. } | Error::Io(_)), Some(left)) => {
+                Ok(now.checked_add(self.plan.retry.min(left)).unwrap_or(now))
+            }
+            (Err(Error::QuorumUnreachable { .. } | Error::Io(_)), None) => Err(expired()),
+            (Err(other), _) => Err(other),
+        }
+    }
 }
 
 /// A lock kept alive by its client's keeper thread. Dropping it stops the extensions and
 /// releases the lock, best effort; [`release`](KeptLock::release) reports the outcome.
 ///
-/// `KeptLock` is `Send` and `Sync`: the holder may check [`is_lost`](KeptLock::is_lost) from
-/// any thread while the keeper extends the lock. Calls that read the guard
-/// ([`validity`](KeptLock::validity), [`release`](KeptLock::release)) wait while an extension
-/// round is in flight, at most the client's node timeout.
+/// `KeptLock` is `Send` and `Sync`: the holder may check [`is_lost`](KeptLock::is_lost) and
+/// [`validity`](KeptLock::validity) from any thread while the keeper extends the lock; neither
+/// waits for the keeper. [`release`](KeptLock::release) waits while an extension round is in
+/// flight, at most the client's node timeout.
 #[derive(Debug)]
 pub struct KeptLock {
     shared: Arc<Shared>,
@@ -209,8 +453,8 @@ pub struct KeptLock {
     token: Vec<u8>,
 }
 
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
             .field("lost", &self.lost.load(Ordering::Relaxed))
             .finish_non_exhaustive()
@@ -229,21 +473,17 @@ impl KeptLock {
     }
 
     /// Whether the lock was lost: an extension was refused by the quorum, or the validity ran
-    /// out before one won. Once lost, always lost; stop work that needs the lock.
+    /// out before one won. True from the instant the validity ends, whether or not the keeper
+    /// thread has run since. Once lost, always lost; stop work that needs the lock.
     pub fn is_lost(&self) -> bool {
-        self.shared.lost.load(Ordering::Acquire)
+        self.shared.left(Instant::now()).is_none()
     }
 
-    /// The time left before the lock may be granted to someone else, as of the last extension
-    /// that won; zero once lost or run out.
+    /// The time left before the lock may be granted to someone else, as of now: until the end
+    /// of validity the last extension round left (or, while a round is in flight, the earlier
+    /// end it may leave). Zero once lost or run out.
     pub fn validity(&self) -> Duration {
-        if self.is_lost() {
-            return Duration::ZERO;
-        }
-        self.shared
-            .lock()
-            .as_ref()
-            .map_or(Duration::ZERO, Guard::validity)
+        self.shared.left(Instant::now()).unwrap_or(Duration::ZERO)
     }
 
     /// Stops the extensions and releases the lock on every node (see [`Lock::release`],
@@ -268,7 +508,12 @@ impl Drop for KeptLock {
 
 impl Lock {
     /// Hands this guard to the client's keeper thread, which extends it in the background
-    /// until the returned [`KeptLock`] is released or dropped, or the lock is lost.
+    /// until the returned [`KeptLock`] is released or dropped, or the lock is lost; see
+    /// [`KeepAlive`] for when extensions happen.
+    ///
+    /// Settings that cannot keep the lock (see [`KeepAlive`]) are refused with a
+    /// [`KeepAliveError`] that gives this guard back, still held; `?` turns it into an
+    /// [`Error`] and releases the guard.
     ///
     /// ```
     /// use std::sync::mpsc;
@@ -280,7 +525,7 @@ impl Lock {
     /// let client = Client::new(nodes.split(','))?;
     /// let ttl = Duration::from_secs(3);
     /// let (tx, lost) = mpsc::channel();
-    /// let kept = client.lock("report", ttl)?.keep_alive(KeepAlive::new(ttl).notify(tx));
+    /// let kept = client.lock("report", ttl)?.keep_alive(KeepAlive::new(ttl).notify(tx))?;
     /// for _chunk in 0..100 {
     ///     if kept.is_lost() || lost.try_recv().is_ok() {
     ///         break; // someone else may hold it now
@@ -290,33 +535,41 @@ impl Lock {
     /// kept.release()?;
     /// # Ok::<(), redlock_mux::Error>(())
     /// ```
-    pub fn keep_alive(self, settings: KeepAlive) -> KeptLock {
-        let client = self.client().clone();
-        Guard::Mutex(self).keep_alive(&client, settings)
+    // The guard comes back by value in the error, as `Arc::try_unwrap` gives back the Arc;
+    // boxing it would only make the rare refusal awkward to use.
+    #[allow(clippy::result_large_err)]
+    pub fn keep_alive(self, settings: KeepAlive) -> Result<KeptLock, KeepAliveError<Lock>> {
+        let plan = settings.plan(self.client());
+        keep(self, plan, settings, Guard::Mutex)
     }
 }
 
 impl ReadLock {
     /// Hands this read lock to the client's keeper thread, which extends this reader's hold in
-    /// the background, as [`Lock::keep_alive`] does for the mutex.
-    pub fn keep_alive(self, settings: KeepAlive) -> KeptLock {
-        let client = self.client().clone();
-        Guard::Read(self).keep_alive(&client, settings)
+    /// the background, as [`Lock::keep_alive`] does for the mutex (and refuses the same
+    /// settings, giving the guard back).
+    #[allow(clippy::result_large_err)]
+    pub fn keep_alive(self, settings: KeepAlive) -> Result<KeptLock, KeepAliveError<ReadLock>> {
+        let plan = settings.plan(self.client());
+        keep(self, plan, settings, Guard::Read)
     }
 }
 
 impl WriteLock {
     /// Hands this write lock to the client's keeper thread, which extends it in the
-    /// background, as [`Lock::keep_alive`] does for the mutex.
-    pub fn keep_alive(self, settings: KeepAlive) -> KeptLock {
-        let client = self.client().clone();
-        Guard::Write(self).keep_alive(&client, settings)
+    /// background, as [`Lock::keep_alive`] does for the mutex (and refuses the same settings,
+    /// giving the guard back).
+    #[allow(clippy::result_large_err)]
+    pub fn keep_alive(self, settings: KeepAlive) -> Result<KeptLock, KeepAliveError<WriteLock>> {
+        let plan = settings.plan(self.client());
+        keep(self, plan, settings, Guard::Write)
     }
 }
 
 impl Client {
     /// Takes the lock on `key` for `ttl` (waiting like [`Client::lock`]), runs `work` while
-    /// the lock is extended in the background every `ttl / 3`, then releases it.
+    /// the lock is extended in the background every `ttl / 3` (see [`KeepAlive::new`]), then
+    /// releases it. A `ttl` that cannot be kept alive is refused before the lock is taken.
     ///
     /// `work` should check [`KeptLock::is_lost`] before any step that needs the lock. A
     /// failed release is not reported: the work is done, and the lock expires by itself.
@@ -340,7 +593,10 @@ impl Client {
         ttl: Duration,
         work: impl FnOnce(&KeptLock) -> R,
     ) -> Result<R, Error> {
-        let kept = self.lock(key, ttl)?.keep_alive(KeepAlive::new(ttl));
+        let settings = KeepAlive::new(ttl);
+        // Refused before the lock is taken, not after.
+        settings.plan(self)?;
+        let kept = self.lock(key, ttl)?.keep_alive(settings)?;
         let r = work(&kept);
         let _ = kept.release();
         Ok(r)
@@ -409,6 +665,8 @@ fn run(rx: mpsc::Receiver<Entry>) {
                 Some(_) => {}
             }
         }
+        // The most urgent first: a slow round delays every guard served after it.
+        entries.sort_by_key(|e| e.due);
         let now = Instant::now();
         entries.retain_mut(|e| {
             if e.due > now {
@@ -426,42 +684,29 @@ fn run(rx: mpsc::Receiver<Entry>) {
 /// Extends one guard; returns when to come back, or `None` to forget it.
 fn serve(shared: &Shared) -> Option<Instant> {
     let mut slot = shared.lock();
-    let lock = slot.as_mut()?;
-    let settings = shared
-        .settings
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    let (ttl, interval, retry) = (settings.ttl, settings.period(), settings.retry);
-    drop(settings);
-    let error = match lock.extend(ttl) {
-        Ok(()) => return Some(Instant::now() + interval),
+    let guard = slot.as_mut()?;
+    let error = match shared.extend(guard) {
+        Ok(due) => return Some(due),
         Err(e) => e,
     };
-    let left = lock.validity();
-    let lost = match error {
-        Error::QuorumUnreachable { .. } | Error::Io(_) if !left.is_zero() => {
-            return Some(Instant::now() + retry.min(left).min(crate::MAX_TTL));
-        }
-        Error::QuorumUnreachable { .. } | Error::Io(_) => Error::ValidityExpired {
-            elapsed: Duration::ZERO,
-        },
-        other => other,
-    };
-    let key = lock.key().to_vec();
+    let key = guard.key().to_vec();
     drop(slot);
     shared.lost.store(true, Ordering::Release);
     let notify = shared
-        .settings
+        .notify
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .notify
         .take();
-    let notice = Lost { key, error: lost };
+    let notice = Lost { key, error };
     match notify {
         Some(Notify::Channel(tx)) => {
             let _ = tx.send(notice);
         }
-        Some(Notify::Callback(f)) => f(notice),
+        Some(Notify::Callback(f)) => {
+            // Every other kept lock of the client depends on this thread: a panicking callback
+            // must not end it. The panic hook has reported the panic by the time this returns.
+            let _ = panic::catch_unwind(AssertUnwindSafe(move || f(notice)));
+        }
         None => {}
     }
     None

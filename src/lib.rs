@@ -46,7 +46,7 @@ mod url;
 pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
 pub use fencing::FencedLock;
-pub use keepalive::{KeepAlive, KeptLock, Lost};
+pub use keepalive::{KeepAlive, KeepAliveError, KeptLock, Lost};
 pub use multi::{MultiLock, MAX_LOCK_ALL_KEYS};
 pub use rwlock::{ReadLock, RwPolicy, WriteLock};
 

@@ -162,7 +162,9 @@ impl MultiLock {
     /// with a value of another type) extends none and counts as refusing.
     ///
     /// Succeeds only if a quorum agrees before the current validity ends, as
-    /// [`Lock::extend`](crate::Lock::extend) does. On failure the set is left as it was.
+    /// [`Lock::extend`](crate::Lock::extend) does. A failed extend never lengthens the
+    /// validity but may shorten it, to at most `ttl` minus the drift allowance from the start
+    /// of the round, as for [`Lock::extend`](crate::Lock::extend).
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let (ttl_ms, timing) = self.client.timing(ttl)?;
         let refs = key_refs(&self.keys);
@@ -171,8 +173,7 @@ impl MultiLock {
             token: self.token.as_bytes(),
             ttl_ms,
         };
-        self.valid_until = self.client.extend_round(&op, timing, self.valid_until)?;
-        Ok(())
+        self.client.extend_round(&op, timing, &mut self.valid_until)
     }
 
     /// Releases every key of the set on every node; keys that expired, hold someone else's

@@ -74,8 +74,7 @@ impl Held {
             Side::Read => &read,
             Side::Write => &write,
         };
-        self.valid_until = self.client.extend_round(op, timing, self.valid_until)?;
-        Ok(())
+        self.client.extend_round(op, timing, &mut self.valid_until)
     }
 
     fn release_now(&mut self) -> Result<(), Error> {
@@ -126,8 +125,10 @@ macro_rules! guard_methods {
             /// Resets this hold's TTL to `ttl` on every node that still has it.
             ///
             /// Succeeds only if a quorum agrees before the current validity ends; the validity
-            /// is then `ttl` minus the time the round took minus the drift allowance. On failure
-            /// the hold is left as it was.
+            /// is then `ttl` minus the time the round took minus the drift allowance. A failed
+            /// extend never lengthens the validity but may shorten it, to at most `ttl` minus
+            /// the drift allowance from the start of the round, since nodes may have applied it
+            /// (or apply it later); see [`Lock::extend`](crate::Lock::extend).
             pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
                 self.0.extend(ttl)
             }
@@ -141,6 +142,11 @@ macro_rules! guard_methods {
             /// The client this lock was taken with.
             pub(crate) fn client(&self) -> &Client {
                 &self.0.client
+            }
+
+            /// The instant the lock may be granted against this hold.
+            pub(crate) fn valid_until(&self) -> Instant {
+                self.0.valid_until
             }
         }
     };

@@ -3,12 +3,14 @@
 
 mod common;
 
+use std::panic;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redlock_mux::{Client, Error, KeepAlive};
+use redlock_mux::{Client, Error, InvalidArgument, KeepAlive, KeptLock, Lock};
 
 const KEY: &str = "keepalive:job";
 
@@ -37,7 +39,8 @@ fn kept_lock_outlives_its_ttl_and_release_frees_it() {
     let kept = c
         .try_lock(KEY, ttl)
         .expect("lock")
-        .keep_alive(KeepAlive::new(ttl));
+        .keep_alive(KeepAlive::new(ttl))
+        .expect("keep alive");
     // Five TTLs: without extensions the key would have expired four times over.
     for _ in 0..10 {
         thread::sleep(Duration::from_millis(300));
@@ -64,11 +67,15 @@ fn a_refused_extension_marks_the_lock_lost_and_notifies() {
     let c = client(&cluster);
     let ttl = Duration::from_secs(3);
     let (tx, lost) = mpsc::channel();
-    let kept = c.try_lock(KEY, ttl).expect("lock").keep_alive(
-        KeepAlive::new(ttl)
-            .interval(Duration::from_millis(100))
-            .notify(tx),
-    );
+    let kept = c
+        .try_lock(KEY, ttl)
+        .expect("lock")
+        .keep_alive(
+            KeepAlive::new(ttl)
+                .interval(Duration::from_millis(100))
+                .notify(tx),
+        )
+        .expect("keep alive");
     // Someone (an operator, a bug) overwrites the key on every node.
     for server in &cluster.servers {
         set(server.addr(), KEY.as_bytes(), b"intruder");
@@ -104,13 +111,17 @@ fn validity_running_out_marks_the_lock_lost_and_calls_back() {
         .expect("client");
     let ttl = Duration::from_millis(800);
     let (tx, lost) = mpsc::channel();
-    let kept = c.try_lock(KEY, ttl).expect("lock").keep_alive(
-        KeepAlive::new(ttl)
-            .retry(Duration::from_millis(50))
-            .on_lost(move |notice| {
-                let _ = tx.send((Instant::now(), notice));
-            }),
-    );
+    let kept = c
+        .try_lock(KEY, ttl)
+        .expect("lock")
+        .keep_alive(
+            KeepAlive::new(ttl)
+                .retry(Duration::from_millis(50))
+                .on_lost(move |notice| {
+                    let _ = tx.send((Instant::now(), notice));
+                }),
+        )
+        .expect("keep alive");
     // Every node stops answering: extensions cannot win, and the validity runs out.
     for server in &cluster.servers {
         server.pause().expect("pause");
@@ -162,6 +173,7 @@ fn many_guards_of_one_client_are_all_kept() {
             c.try_lock(format!("keepalive:many:{i}"), ttl)
                 .expect("lock")
                 .keep_alive(KeepAlive::new(ttl))
+                .expect("keep alive")
         })
         .collect();
     thread::sleep(Duration::from_millis(1500));
@@ -188,7 +200,8 @@ fn kept_read_and_write_locks_outlive_their_ttl() {
     let reader = c
         .try_read_lock(rw_key, ttl)
         .expect("read lock")
-        .keep_alive(KeepAlive::new(ttl));
+        .keep_alive(KeepAlive::new(ttl))
+        .expect("keep alive");
     // Three TTLs: an unextended reader would have expired and let the writer in.
     for _ in 0..6 {
         thread::sleep(Duration::from_millis(300));
@@ -205,7 +218,8 @@ fn kept_read_and_write_locks_outlive_their_ttl() {
     let writer = c
         .try_write_lock(rw_key, ttl)
         .expect("write lock")
-        .keep_alive(KeepAlive::new(ttl));
+        .keep_alive(KeepAlive::new(ttl))
+        .expect("keep alive");
     for _ in 0..6 {
         thread::sleep(Duration::from_millis(300));
         assert!(!writer.is_lost());
@@ -225,23 +239,263 @@ fn kept_read_and_write_locks_outlive_their_ttl() {
         .expect("release");
 }
 
-/// A TTL no node can take is a lost lock, reported as such, never a panic in the keeper.
+/// Settings that cannot keep the lock are refused at once, with the guard given back still
+/// held; `?` turns the refusal into an `Error` and releases the guard.
 #[test]
-fn an_impossible_keep_alive_ttl_is_reported_lost() {
-    let cluster = RedisCluster::start(1).expect("start redis-server");
+fn keep_alive_refuses_settings_that_cannot_keep_the_lock() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
     let c = client(&cluster);
-    let (tx, rx) = mpsc::channel();
+    let ttl = Duration::from_secs(2);
+    let mut lock = c.try_lock(KEY, ttl).expect("lock");
+    let refusals = [
+        // Not shorter than the validity an extension gives.
+        KeepAlive::new(ttl).interval(ttl),
+        KeepAlive::new(ttl).interval(Duration::ZERO),
+        // A third of 3 ms is not shorter than the ~1 ms of validity it gives.
+        KeepAlive::new(Duration::from_millis(3)),
+        // Not above the drift allowance; too long for any node.
+        KeepAlive::new(Duration::from_millis(2)),
+        KeepAlive::new(Duration::MAX).interval(Duration::from_millis(10)),
+    ];
+    for settings in refusals {
+        let what = format!("{settings:?}");
+        let refused = lock.keep_alive(settings).expect_err(&what);
+        assert!(
+            matches!(refused.error, Error::InvalidArgument(_)),
+            "{what}: {refused}"
+        );
+        lock = refused.into_inner();
+        assert!(held(&cluster), "{what}: the refused guard was released");
+    }
+    let refused = lock
+        .keep_alive(KeepAlive::new(ttl).interval(ttl * 2))
+        .expect_err("refused");
+    assert!(
+        matches!(
+            refused.error,
+            Error::InvalidArgument(InvalidArgument::KeepAliveInterval { .. })
+        ),
+        "{refused}"
+    );
+    // With `?`, the guard is dropped with the refusal, and so released.
+    let keep = |lock: Lock| -> Result<KeptLock, Error> {
+        Ok(lock.keep_alive(KeepAlive::new(ttl).interval(ttl * 2))?)
+    };
+    let error = keep(refused.into_inner()).expect_err("refused");
+    assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
+    assert!(!held(&cluster), "the guard was not released");
+
+    // The read-write guards come back the same way.
+    let reader = c.try_read_lock("keepalive:rw", ttl).expect("read lock");
+    let reader = reader
+        .keep_alive(KeepAlive::new(ttl).interval(ttl))
+        .expect_err("refused")
+        .into_inner();
+    reader
+        .keep_alive(KeepAlive::new(ttl))
+        .expect("keep alive")
+        .release()
+        .expect("release");
+    let writer = c.try_write_lock("keepalive:rw", ttl).expect("write lock");
+    let writer = writer
+        .keep_alive(KeepAlive::new(ttl).interval(Duration::ZERO))
+        .expect_err("refused")
+        .into_inner();
+    writer.release().expect("release");
+
+    // `with_lock` refuses a TTL it cannot keep before taking the lock.
+    let out = c.with_lock("keepalive:never", Duration::from_millis(3), |_| ());
+    assert!(
+        matches!(
+            out,
+            Err(Error::InvalidArgument(
+                InvalidArgument::KeepAliveInterval { .. }
+            ))
+        ),
+        "{out:?}"
+    );
+    for server in &cluster.servers {
+        assert_eq!(get(server.addr(), b"keepalive:never"), None);
+    }
+}
+
+/// Freezes every node of `cluster` until dropped (SIGSTOP, then SIGCONT), also when a test
+/// fails.
+struct Frozen<'a>(&'a RedisCluster);
+
+impl<'a> Frozen<'a> {
+    fn new(cluster: &'a RedisCluster) -> Frozen<'a> {
+        for s in &cluster.servers {
+            s.pause().expect("SIGSTOP");
+        }
+        Frozen(cluster)
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        for s in &self.0.servers {
+            let _ = s.resume();
+        }
+    }
+}
+
+/// A 600 ms lock kept alive with a 6 s TTL: the default interval (2 s) is far longer than the
+/// validity left, so the first extension must come by the validity, not by the interval.
+#[test]
+fn a_short_lock_kept_with_a_longer_ttl_is_extended_in_time() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let c = client(&cluster);
+    let taken = Instant::now();
     let kept = c
-        .lock(KEY, Duration::from_secs(2))
+        .try_lock(KEY, Duration::from_millis(600))
+        .expect("lock")
+        .keep_alive(KeepAlive::new(Duration::from_secs(6)))
+        .expect("keep alive");
+    for _ in 0..12 {
+        thread::sleep(Duration::from_millis(100));
+        if !held(&cluster) {
+            panic!(
+                "another client took the kept lock {:?} after it was taken; is_lost() = {}",
+                taken.elapsed(),
+                kept.is_lost()
+            );
+        }
+        assert!(!kept.is_lost());
+    }
+    assert!(
+        kept.validity() > Duration::from_secs(3),
+        "{:?}",
+        kept.validity()
+    );
+    kept.release().expect("release");
+}
+
+/// No extension can win (every node frozen): `is_lost` and `validity` tell the truth the
+/// moment the validity ends, whether or not the keeper has run since.
+#[test]
+fn is_lost_turns_true_as_soon_as_the_validity_ends() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let c = client(&cluster);
+    let lock = c.try_lock(KEY, Duration::from_millis(600)).expect("lock");
+    let deadline = Instant::now() + lock.validity();
+    let frozen = Frozen::new(&cluster);
+    let kept = lock
+        .keep_alive(KeepAlive::new(Duration::from_secs(6)))
+        .expect("keep alive");
+    assert!(!kept.is_lost());
+    thread::sleep(deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(5));
+    let (lost, left) = (kept.is_lost(), kept.validity());
+    drop(frozen);
+    assert!(
+        lost && left.is_zero(),
+        "validity over, yet is_lost() = {lost}, validity() = {left:?}"
+    );
+    assert!(kept.is_lost(), "once lost, always lost");
+}
+
+/// One keeper thread serves every kept lock of a client. While it waits on one lock's slow
+/// round (every node frozen, a 2 s node timeout), another lock's validity runs out: its
+/// `is_lost` must say so at once, not when the keeper comes back to it.
+#[test]
+fn a_busy_keeper_does_not_hide_a_lost_lock() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let c = Client::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_secs(2))
+        .retry_count(0)
+        .build()
+        .expect("client");
+    let slow = c
+        .try_lock("keepalive:slow", Duration::from_secs(10))
+        .expect("lock");
+    let short = c.try_lock(KEY, Duration::from_millis(400)).expect("lock");
+    let deadline = Instant::now() + short.validity();
+    let frozen = Frozen::new(&cluster);
+    // Due first: its round then holds the keeper for the 2 s node timeout.
+    let slow = slow
+        .keep_alive(KeepAlive::new(Duration::from_secs(10)).interval(Duration::from_millis(20)))
+        .expect("keep alive");
+    let short = short
+        .keep_alive(KeepAlive::new(Duration::from_millis(400)))
+        .expect("keep alive");
+    thread::sleep(deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(5));
+    let (lost, left) = (short.is_lost(), short.validity());
+    drop(frozen);
+    assert!(
+        lost && left.is_zero(),
+        "validity over, yet is_lost() = {lost}, validity() = {left:?}"
+    );
+    drop((slow, short));
+}
+
+/// A panicking `on_lost` callback must not take the keeper thread down: the other kept lock of
+/// the same client is still extended, and its loss still reported.
+#[test]
+fn a_panicking_callback_does_not_stop_the_keeper() {
+    // The panic is reported through the panic hook: record that it was, and chain to the
+    // hook in place (the test harness's), which prints it.
+    static REPORTED: AtomicBool = AtomicBool::new(false);
+    let previous = panic::take_hook();
+    panic::set_hook(Box::new(move |info| {
+        let on_keeper = thread::current().name() == Some("redlock-mux-keeper");
+        if on_keeper && info.to_string().contains("panics on purpose") {
+            REPORTED.store(true, Ordering::SeqCst);
+        }
+        previous(info);
+    }));
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let c = client(&cluster);
+    let (a_key, b_key) = ("keepalive:panics", "keepalive:survives");
+    let a = c
+        .try_lock(a_key, Duration::from_secs(3))
         .expect("lock")
         .keep_alive(
-            KeepAlive::new(Duration::MAX)
-                .interval(Duration::from_millis(10))
-                .notify(tx),
+            KeepAlive::new(Duration::from_secs(3))
+                .interval(Duration::from_millis(50))
+                .on_lost(|_| panic!("on_lost callback panics on purpose")),
+        )
+        .expect("keep alive");
+    let ttl = Duration::from_millis(600);
+    let (tx, b_lost) = mpsc::channel();
+    let b = c
+        .try_lock(b_key, ttl)
+        .expect("lock")
+        .keep_alive(KeepAlive::new(ttl).notify(tx))
+        .expect("keep alive");
+    // A's key is taken over on every node: its next extension is refused, its callback panics.
+    for server in &cluster.servers {
+        set(server.addr(), a_key.as_bytes(), b"intruder");
+    }
+    assert!(
+        eventually(Duration::from_secs(3), || REPORTED.load(Ordering::SeqCst)),
+        "a's callback never ran, or its panic was not reported"
+    );
+    assert!(a.is_lost());
+    // Well past B's TTL: only the keeper can have kept it.
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_millis(1500) {
+        thread::sleep(Duration::from_millis(100));
+        assert!(
+            !b.is_lost(),
+            "b was lost {:?} after a's callback panicked",
+            since.elapsed()
         );
-    let lost = rx
-        .recv_timeout(Duration::from_secs(5))
-        .expect("the loss is reported");
-    assert!(kept.is_lost(), "{lost:?}");
-    let _ = kept.release();
+    }
+    for server in &cluster.servers {
+        assert_eq!(
+            get(server.addr(), b_key.as_bytes()).as_deref(),
+            Some(b.token())
+        );
+    }
+    // B's own loss is still noticed, and told.
+    for server in &cluster.servers {
+        set(server.addr(), b_key.as_bytes(), b"intruder");
+    }
+    let notice = b_lost
+        .recv_timeout(Duration::from_secs(3))
+        .expect("b's loss is reported");
+    assert_eq!(notice.key, b_key.as_bytes());
+    assert!(b.is_lost());
+    drop((a, b));
 }

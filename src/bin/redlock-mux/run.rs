@@ -119,9 +119,13 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
     let (lost_tx, lost_rx) = mpsc::channel();
     let keep = KeepAlive::new(ttl).notify(lost_tx);
     let acquired = match kind {
-        Kind::Mutex => client.lock(&key, ttl).map(|l| l.keep_alive(keep)),
-        Kind::Read => client.read_lock(&key, ttl).map(|l| l.keep_alive(keep)),
-        Kind::Write => client.write_lock(&key, ttl).map(|l| l.keep_alive(keep)),
+        Kind::Mutex => client.lock(&key, ttl).and_then(|l| Ok(l.keep_alive(keep)?)),
+        Kind::Read => client
+            .read_lock(&key, ttl)
+            .and_then(|l| Ok(l.keep_alive(keep)?)),
+        Kind::Write => client
+            .write_lock(&key, ttl)
+            .and_then(|l| Ok(l.keep_alive(keep)?)),
     };
     let kept = match acquired {
         Ok(kept) => kept,
