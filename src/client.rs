@@ -8,7 +8,7 @@ use crate::core::fair::{FairAcquire, FairState};
 use crate::core::ops::{Acquire, Extend, Op, Release};
 use crate::core::{quorum, Decision, Retry, Round, Timing};
 use crate::driver::Driver;
-use crate::error::{Error, InvalidArgument, NodeFailure};
+use crate::error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
 use crate::keepalive::KeeperSlot;
 use crate::resp::Limits;
 use crate::rng::Token;
@@ -211,6 +211,10 @@ impl ClientBuilder {
     /// Checks every setting, resolves every node, and connects to every node (AUTH, SELECT),
     /// waiting at most the connect timeout. A node that is down does not make this fail: it
     /// only counts against the quorum until it comes back, and is reconnected with backoff.
+    ///
+    /// A node that refuses the setup (a wrong password or user, a database it does not have,
+    /// missing permissions) or that is not a Redis server makes this fail at once with
+    /// [`Error::Config`], listing every such node: its URL or its configuration needs fixing.
     pub fn build(self) -> Result<Client, Error> {
         if self.nodes.is_empty() {
             return Err(InvalidArgument::NoNodes.into());
@@ -286,6 +290,15 @@ impl ClientBuilder {
             }),
         };
         let first = client.new_driver()?;
+        let refused = first.setup_failures();
+        if !refused.is_empty() {
+            return Err(Error::Config {
+                failures: refused
+                    .into_iter()
+                    .map(|(node, kind)| client.failure(node, kind))
+                    .collect(),
+            });
+        }
         client
             .inner
             .pool
@@ -496,6 +509,11 @@ impl Client {
                 // Seed 004 step 5: unlock every node, even those that said no or did not answer.
                 driver.broadcast(cleanup);
                 let now = Instant::now();
+                if error.is_config() {
+                    // Misconfigured nodes stay so: waiting cannot make a quorum.
+                    driver.flush_until(now + config.node_timeout);
+                    break Err(error);
+                }
                 // The backstop: the latest the next attempt starts if no release is announced.
                 // It is kept short of the wait timeout, so a waiter still gets a last try.
                 let delay = driver
@@ -591,21 +609,40 @@ impl Client {
         })?
     }
 
-    /// The error for a round that was not won.
+    /// A failure of node `node`.
+    fn failure(&self, node: usize, kind: NodeErrorKind) -> NodeFailure {
+        NodeFailure {
+            node,
+            addr: self.inner.config.nodes[node].display.clone(),
+            kind,
+        }
+    }
+
+    /// The error for a round that was not won. When too few nodes are left for a quorum once
+    /// those whose setup was refused are counted out, that is [`Error::Config`]: waiting
+    /// cannot help.
     fn loss(&self, round: &Round) -> Error {
-        let config = &self.inner.config;
         let failures = || -> Vec<NodeFailure> {
             round
                 .failures()
-                .map(|(node, kind)| NodeFailure {
-                    node,
-                    addr: config.nodes[node].display.clone(),
-                    kind: kind.clone(),
-                })
+                .map(|(node, kind)| self.failure(node, kind.clone()))
                 .collect()
         };
+        let misconfigured = round
+            .failures()
+            .filter(|(_, kind)| matches!(kind, NodeErrorKind::Setup { .. }))
+            .count();
         match round.decision() {
             Some(Decision::Expired { elapsed }) => Error::ValidityExpired { elapsed },
+            _ if misconfigured > 0 && round.nodes() - misconfigured < round.quorum() => {
+                Error::Config {
+                    failures: round
+                        .failures()
+                        .filter(|(_, kind)| matches!(kind, NodeErrorKind::Setup { .. }))
+                        .map(|(node, kind)| self.failure(node, kind.clone()))
+                        .collect(),
+                }
+            }
             Some(Decision::Contended) => Error::Contended {
                 refused: round.refused(),
                 nodes: round.nodes(),

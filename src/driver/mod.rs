@@ -86,7 +86,8 @@ impl Driver {
 
     /// Opens every connection that is due and waits, until `deadline` at the most, for each to
     /// be set up (or to fail), so the first rounds do not spend their per-node timeout on TCP
-    /// and setup. Nodes that are down only count against the quorum later.
+    /// and setup. Nodes that are down only count against the quorum later; nodes whose setup
+    /// was refused are listed by [`setup_failures`](Self::setup_failures).
     pub fn warm_up(&mut self, deadline: Instant) {
         let now = Instant::now();
         for i in 0..self.conns.len() {
@@ -102,7 +103,8 @@ impl Driver {
                 self.conns[i].fail(self.poll.registry(), why, now);
             }
         }
-        let settled = |c: &Conn| !c.can_send(Instant::now()) || (c.is_up() && c.owed() == 0);
+        // Nothing reconnects here: a connection that went down has had its one try.
+        let settled = |c: &Conn| c.is_down() || (c.is_ready() && c.owed() == 0);
         while !self.conns.iter().all(settled) {
             let now = Instant::now();
             if now >= deadline {
@@ -110,6 +112,16 @@ impl Driver {
             }
             self.wait(deadline - now, &mut None);
         }
+    }
+
+    /// The nodes whose last connection was closed because its setup was refused (see
+    /// [`NodeErrorKind::Setup`]), with the reason.
+    pub fn setup_failures(&self) -> Vec<(usize, NodeErrorKind)> {
+        self.conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, c.setup_error()?.clone())))
+            .collect()
     }
 
     /// A round over this driver's nodes, started at `start` (see [`Round::new`]). Give it back
@@ -197,6 +209,13 @@ impl Driver {
                     break;
                 }
                 self.wait(stragglers_until - now, &mut current);
+            }
+        }
+        // A command still held behind a connection's setup was never sent: it must not go out
+        // late, when nobody counts its vote any more (an acquisition would leave a lock behind).
+        for c in &mut self.conns {
+            if !c.is_ready() && c.owes_round(id) {
+                c.drop_held();
             }
         }
     }
@@ -399,6 +418,10 @@ impl Driver {
             }
             result = conn.drive(registry, &limits, true);
         }
+        if result.is_ok() && conn.has_pending_output() {
+            // The setup was answered: send what was held behind it.
+            result = conn.drive(registry, &limits, false);
+        }
         if let Err(why) = result {
             self.fail(i, why, now, current);
         }
@@ -412,7 +435,7 @@ impl Driver {
         };
         let (woken, confirmed) = (&mut self.woken, &mut self.confirmed);
         let (last, last_at) = (&mut self.last_wake, &mut self.last_wake_at);
-        let result = sub.drive(registry, &limits, true).and_then(|()| {
+        let mut result = sub.drive(registry, &limits, true).and_then(|()| {
             sub.take_replies(&limits, |_, reply, _, _| {
                 if let Reply::Array(Some(items)) = reply {
                     match items.first() {
@@ -440,6 +463,10 @@ impl Driver {
                 }
             })
         });
+        if result.is_ok() && sub.has_pending_output() {
+            // The setup was answered: send the subscriptions held behind it.
+            result = sub.drive(registry, &limits, false);
+        }
         if let Err(why) = result {
             // A lost subscriber only costs wake-ups: the retry delay is the backstop.
             sub.fail(registry, why, now);
