@@ -243,6 +243,15 @@ impl Conn {
         self.owed.len()
     }
 
+    /// The oldest round with a vote still owed here: replies come in order, so that is the
+    /// first vote in the queue.
+    pub fn oldest_vote(&self) -> Option<u64> {
+        self.owed.iter().find_map(|s| match s {
+            Slot::Vote { round, .. } => Some(*round),
+            _ => None,
+        })
+    }
+
     /// Whether a vote in round `id` is still owed, in either form.
     pub fn owes_round(&self, id: u64) -> bool {
         self.owed

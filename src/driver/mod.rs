@@ -3,11 +3,19 @@
 //!
 //! A driver is used by one thread at a time; the client keeps a pool of them so that threads
 //! run their rounds in parallel, each over its own connections.
+//!
+//! A round is decided at the quorum, while the votes of the other nodes may still be on their
+//! way: they are read (and dropped) later, by whichever thread uses the driver next. Redis
+//! orders commands only within one connection, so a guard remembers the round that won it as
+//! a [`Pending`]; its release and extensions go out on that very driver's connections, behind
+//! the round's stragglers, until every vote of the round has been read (see
+//! `Client::take_driver`).
 #![forbid(unsafe_code)]
 
 mod conn;
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +34,45 @@ use conn::{Conn, Role, Slot};
 /// How close together the nodes' announcements of one release arrive, at the most, for
 /// them to count as one.
 const WAKE_EVENT: Duration = Duration::from_millis(1);
+
+/// What a driver tells the guards of the rounds it ran: the oldest round whose votes it still
+/// owes, `u64::MAX` when it owes none. Updated as replies are read, connections fail and held
+/// commands are dropped.
+#[derive(Debug)]
+struct Progress {
+    owed_from: AtomicU64,
+}
+
+/// The round that won a guard's lock, while some of its votes may still be in flight: the
+/// guard's release or extension must not overtake them. Empty once they have all been read.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pending(Option<PendingRound>);
+
+#[derive(Debug, Clone)]
+struct PendingRound {
+    /// The driver that ran the round.
+    progress: Arc<Progress>,
+    round: u64,
+    start: Instant,
+}
+
+impl Pending {
+    /// Nothing in flight: any driver will do.
+    pub const NONE: Pending = Pending(None);
+
+    /// True when every vote of the round has been read, or lost with its connection (or the
+    /// driver is gone): commands sent now, on any connection, come after them.
+    pub fn settled(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|p| p.progress.owed_from.load(Ordering::Acquire) > p.round)
+    }
+
+    /// When the round started, unless it is settled.
+    pub fn unsettled_since(&self) -> Option<Instant> {
+        self.0.as_ref().filter(|_| !self.settled()).map(|p| p.start)
+    }
+}
 
 /// The round in progress, as the reply handler needs it.
 struct Current<'a> {
@@ -51,6 +98,10 @@ pub(crate) struct Driver {
     last_wake_at: Option<Instant>,
     config: Arc<Config>,
     round_id: u64,
+    /// When the last round started.
+    round_start: Instant,
+    /// Shared with the guards of the rounds this driver won.
+    progress: Arc<Progress>,
     /// A finished round's storage, reused so a round costs no allocation.
     spare: Option<Round>,
     /// Set when a node answered the current round with NOSCRIPT.
@@ -77,6 +128,10 @@ impl Driver {
             last_wake_at: None,
             config,
             round_id: 0,
+            round_start: Instant::now(),
+            progress: Arc::new(Progress {
+                owed_from: AtomicU64::new(u64::MAX),
+            }),
             spare: None,
             noscript: false,
             jitter: Jitter::from_os(),
@@ -124,6 +179,39 @@ impl Driver {
             .collect()
     }
 
+    /// The last round run, for the guard it won: empty when all its votes have been read.
+    pub fn pending(&self) -> Pending {
+        if self.progress.owed_from.load(Ordering::Relaxed) > self.round_id {
+            return Pending::NONE;
+        }
+        Pending(Some(PendingRound {
+            progress: self.progress.clone(),
+            round: self.round_id,
+            start: self.round_start,
+        }))
+    }
+
+    /// Whether `pending` is a round of this driver.
+    pub fn ran(&self, pending: &Pending) -> bool {
+        pending
+            .0
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(&p.progress, &self.progress))
+    }
+
+    /// Whether votes of some round are still owed on this driver's connections.
+    pub fn owes_votes(&self) -> bool {
+        self.progress.owed_from.load(Ordering::Relaxed) != u64::MAX
+    }
+
+    /// Publishes the oldest round still owed a vote.
+    fn publish(&self) {
+        let oldest = self.conns.iter().filter_map(Conn::oldest_vote).min();
+        self.progress
+            .owed_from
+            .store(oldest.unwrap_or(u64::MAX), Ordering::Release);
+    }
+
     /// A round over this driver's nodes, started at `start` (see [`Round::new`]). Give it back
     /// with [`put_round`](Self::put_round) so the next one reuses its storage.
     pub fn take_round(
@@ -154,6 +242,7 @@ impl Driver {
     /// dropped first, in order, as they arrive.
     pub fn run(&mut self, op: &dyn Op, round: &mut Round) {
         self.round_id += 1;
+        self.round_start = round.start();
         let id = self.round_id;
         let stragglers_until = round.start() + self.config.node_timeout;
         let now = Instant::now();
@@ -218,6 +307,7 @@ impl Driver {
                 c.drop_held();
             }
         }
+        self.publish();
     }
 
     /// Queues `op` on every node that can take it, replies discarded: the cleanup after a lost
@@ -425,6 +515,7 @@ impl Driver {
         if let Err(why) = result {
             self.fail(i, why, now, current);
         }
+        self.publish();
     }
 
     fn service_subscriber(&mut self, i: usize, now: Instant) {
@@ -482,6 +573,7 @@ impl Driver {
         current: &mut Option<Current<'_>>,
     ) {
         let owed = self.conns[i].fail(self.poll.registry(), why.clone(), now);
+        self.publish();
         if let Some(c) = current.as_mut() {
             if owed
                 .iter()
@@ -490,6 +582,13 @@ impl Driver {
                 c.round.handle_vote(i, Vote::Failed(why), now);
             }
         }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // Nothing more will be read here: nobody should wait for it.
+        self.progress.owed_from.store(u64::MAX, Ordering::Release);
     }
 }
 
