@@ -116,6 +116,14 @@ enum redlock_mux_result
    * The library panicked: a bug. The handles involved must only be freed.
    */
   REDLOCK_MUX_PANIC = 9,
+  /**
+   * A node refused the setup of a connection (`AUTH`, `SELECT`), or answered it as no Redis
+   * server does: a node URL (user, password, database) or a server's configuration is
+   * wrong. Returned at once, never retried: `redlock_mux_client_builder_build` gives it when
+   * any node's setup fails, a lock call when too few nodes are left for a quorum without
+   * the misconfigured ones. Nothing is written on a node whose setup failed.
+   */
+  REDLOCK_MUX_CONFIG = 10,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -338,8 +346,10 @@ redlock_mux_result redlock_mux_client_builder_set_fair_after_ms(redlock_mux_clie
 redlock_mux_result redlock_mux_client_builder_set_rw_policy(redlock_mux_client_builder *builder, uint32_t policy);
 
 /**
- * Checks every setting, resolves every node, and writes a new client to `*out`. Nothing is
- * sent yet: connections open on first use. The builder is left as it was and must still be
+ * Checks every setting, resolves every node, connects to every node (waiting at most the
+ * connect timeout), and writes a new client to `*out`. A node that is down does not make this
+ * fail; a node that refuses the connection setup (a wrong password, a database it does not
+ * have) gives `REDLOCK_MUX_CONFIG` at once. The builder is left as it was and must still be
  * freed. Free the client with `redlock_mux_client_free`.
  *
  * # Safety

@@ -1,14 +1,15 @@
 //! The lock API: [`Client`], its [`ClientBuilder`], and the [`Lock`] guard.
 #![forbid(unsafe_code)]
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::core::fair::{FairAcquire, FairState};
 use crate::core::ops::{Acquire, Extend, Op, Release};
 use crate::core::{quorum, Decision, Retry, Round, Timing};
-use crate::driver::Driver;
-use crate::error::{Error, InvalidArgument, NodeFailure};
+use crate::driver::{Driver, Pending};
+use crate::error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
 use crate::keepalive::KeeperSlot;
 use crate::resp::Limits;
 use crate::rng::Token;
@@ -34,6 +35,10 @@ const MAX_OPTION_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// Most idle drivers kept for reuse; more threads than this still work, they just connect anew.
 const MAX_IDLE_DRIVERS: usize = 64;
+
+/// How often a release waiting for its acquisition's driver checks whether that round has
+/// been settled by the thread using it.
+const SETTLE_POLL: Duration = Duration::from_micros(200);
 
 /// Settings shared by every thread using a client.
 #[derive(Debug)]
@@ -76,7 +81,18 @@ pub struct Client {
 struct Inner {
     config: Arc<Config>,
     pool: Mutex<Vec<Driver>>,
+    /// Signalled when a driver goes back to the pool while a release waits for it.
+    returned: Condvar,
+    /// How many threads wait on `returned`.
+    waiting: AtomicUsize,
     keeper: KeeperSlot,
+}
+
+/// A won acquisition: the end of its validity, and its round while votes of it may still be
+/// in flight (the guard's release and extensions must come after them).
+pub(crate) struct Won {
+    pub valid_until: Instant,
+    pub pending: Pending,
 }
 
 impl std::fmt::Debug for Client {
@@ -211,6 +227,10 @@ impl ClientBuilder {
     /// Checks every setting, resolves every node, and connects to every node (AUTH, SELECT),
     /// waiting at most the connect timeout. A node that is down does not make this fail: it
     /// only counts against the quorum until it comes back, and is reconnected with backoff.
+    ///
+    /// A node that refuses the setup (a wrong password or user, a database it does not have,
+    /// missing permissions) or that is not a Redis server makes this fail at once with
+    /// [`Error::Config`], listing every such node: its URL or its configuration needs fixing.
     pub fn build(self) -> Result<Client, Error> {
         if self.nodes.is_empty() {
             return Err(InvalidArgument::NoNodes.into());
@@ -282,10 +302,21 @@ impl ClientBuilder {
             inner: Arc::new(Inner {
                 config,
                 pool: Mutex::new(Vec::new()),
+                returned: Condvar::new(),
+                waiting: AtomicUsize::new(0),
                 keeper: KeeperSlot::new(),
             }),
         };
         let first = client.new_driver()?;
+        let refused = first.setup_failures();
+        if !refused.is_empty() {
+            return Err(Error::Config {
+                failures: refused
+                    .into_iter()
+                    .map(|(node, kind)| client.failure(node, kind))
+                    .collect(),
+            });
+        }
         client
             .inner
             .pool
@@ -349,7 +380,7 @@ impl Client {
             key,
             token: token.as_bytes(),
         };
-        let valid_until = if self.inner.config.fair {
+        let won = if self.inner.config.fair {
             let fair = FairAcquire::new(key, token.as_bytes(), ttl_ms, self.fair_state());
             self.acquire(&[key], &fair, &release, timing, wait)?
         } else {
@@ -360,13 +391,7 @@ impl Client {
             };
             self.acquire(&[key], &acquire, &release, timing, wait)?
         };
-        Ok(Lock {
-            client: self.clone(),
-            key: KeyBuf::new(key),
-            token,
-            valid_until,
-            released: false,
-        })
+        Ok(Lock::from_parts(self.clone(), KeyBuf::new(key), token, won))
     }
 
     /// A fair waiter arriving now. Its place in the queue is this machine's wall clock in
@@ -419,13 +444,17 @@ impl Client {
 
     /// Runs `f` with a driver of this client's pool, made on demand.
     pub(crate) fn with_driver<R>(&self, f: impl FnOnce(&mut Driver) -> R) -> Result<R, Error> {
-        let pooled = self
-            .inner
-            .pool
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        let mut driver = match pooled {
+        self.with_driver_after(&Pending::NONE, f)
+    }
+
+    /// Runs `f` with a driver whose commands cannot overtake the votes of `after` still in
+    /// flight (see [`take_driver`](Self::take_driver)).
+    pub(crate) fn with_driver_after<R>(
+        &self,
+        after: &Pending,
+        f: impl FnOnce(&mut Driver) -> R,
+    ) -> Result<R, Error> {
+        let mut driver = match self.take_driver(after) {
             Some(d) => d,
             None => self.new_driver()?,
         };
@@ -435,10 +464,65 @@ impl Client {
             .pool
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if pool.len() < MAX_IDLE_DRIVERS {
+        // A driver that still owes votes is kept: a guard may need its connections.
+        if pool.len() < MAX_IDLE_DRIVERS || driver.owes_votes() {
             pool.push(driver);
         }
+        drop(pool);
+        if self.inner.waiting.load(Ordering::SeqCst) > 0 {
+            self.inner.returned.notify_all();
+        }
         Ok(r)
+    }
+
+    /// A driver from the pool for commands that must come after the votes of round `after`
+    /// (a guard's release or extension after its acquisition), or `None` if the pool is empty.
+    ///
+    /// Redis orders commands only within a connection. While some vote of `after` is still
+    /// owed, the commands go on the driver that sent it, queued behind it on the same
+    /// connections: that driver is taken from the pool if it is idle there. If another thread
+    /// is using it (and reading the stragglers as it polls), this waits until the round is
+    /// settled or the driver comes back, but no longer than the node timeout from the round's
+    /// start: a vote that late was counted as failed, and its node as one outside the quorum.
+    ///
+    /// What is guaranteed: a release or extension never overtakes a vote of its acquisition
+    /// that is still owed on a live connection, unless that vote is older than the node
+    /// timeout and its driver busy elsewhere. A vote lost with its connection (a reset, an I/O
+    /// error) counts as settled: if its command still reaches the server, it can land after
+    /// the release on that one node, outside the quorum, and lapse with its TTL.
+    fn take_driver(&self, after: &Pending) -> Option<Driver> {
+        let mut pool = self
+            .inner
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(start) = after.unsettled_since() {
+            let deadline = start + self.inner.config.node_timeout;
+            while !after.settled() {
+                if let Some(i) = pool.iter().position(|d| d.ran(after)) {
+                    return Some(pool.remove(i));
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                self.inner.waiting.fetch_add(1, Ordering::SeqCst);
+                pool = self
+                    .inner
+                    .returned
+                    .wait_timeout(pool, (deadline - now).min(SETTLE_POLL))
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+                self.inner.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        // The most recently used driver that owes nothing; one that owes is best left for the
+        // guards of its rounds, and taken only when every driver owes.
+        let i = pool
+            .iter()
+            .rposition(|d| !d.owes_votes())
+            .or(pool.len().checked_sub(1))?;
+        Some(pool.remove(i))
     }
 
     /// A driver with its connections opened and set up (bounded by the connect timeout).
@@ -462,7 +546,7 @@ impl Client {
         cleanup: &dyn Op,
         timing: Timing,
         wait: bool,
-    ) -> Result<Instant, Error> {
+    ) -> Result<Won, Error> {
         let config = &self.inner.config;
         self.with_driver(|driver| {
             let first = Instant::now();
@@ -496,6 +580,11 @@ impl Client {
                 // Seed 004 step 5: unlock every node, even those that said no or did not answer.
                 driver.broadcast(cleanup);
                 let now = Instant::now();
+                if error.is_config() {
+                    // Misconfigured nodes stay so: waiting cannot make a quorum.
+                    driver.flush_until(now + config.node_timeout);
+                    break Err(error);
+                }
                 // The backstop: the latest the next attempt starts if no release is announced.
                 // It is kept short of the wait timeout, so a waiter still gets a last try.
                 let delay = driver
@@ -544,13 +633,17 @@ impl Client {
             if subscribed {
                 driver.unsubscribe(resources);
             }
-            result
+            result.map(|valid_until| Won {
+                valid_until,
+                pending: driver.pending(),
+            })
         })?
     }
 
-    /// Sends `op` to every node and waits for a quorum of acknowledgements (or failures).
-    pub(crate) fn ack_round(&self, op: &dyn Op) -> Result<(), Error> {
-        self.with_driver(|driver| {
+    /// Sends `op` to every node and waits for a quorum of acknowledgements (or failures). It
+    /// goes out after the votes of round `after` still in flight.
+    pub(crate) fn ack_round(&self, op: &dyn Op, after: &Pending) -> Result<(), Error> {
+        self.with_driver_after(after, |driver| {
             let mut round = driver.take_round(Instant::now(), None, None);
             driver.run(op, &mut round);
             let r = match round.decision() {
@@ -563,7 +656,7 @@ impl Client {
     }
 
     /// Runs an extend round for a lock valid until `*valid_until`: `op` must win a quorum before
-    /// then.
+    /// then. It goes out after the votes of round `after` still in flight.
     ///
     /// Won: `*valid_until` becomes the new end of validity, `start + ttl − drift`. Not won: the
     /// nodes that said yes applied `op`, and those that did not answer may still apply it (when
@@ -576,9 +669,10 @@ impl Client {
         op: &dyn Op,
         timing: Timing,
         valid_until: &mut Instant,
+        after: &Pending,
     ) -> Result<(), Error> {
         let hold_until = *valid_until;
-        self.with_driver(|driver| {
+        self.with_driver_after(after, |driver| {
             let start = Instant::now();
             if start >= hold_until {
                 return Err(Error::ValidityExpired {
@@ -607,21 +701,40 @@ impl Client {
         })?
     }
 
-    /// The error for a round that was not won.
+    /// A failure of node `node`.
+    fn failure(&self, node: usize, kind: NodeErrorKind) -> NodeFailure {
+        NodeFailure {
+            node,
+            addr: self.inner.config.nodes[node].display.clone(),
+            kind,
+        }
+    }
+
+    /// The error for a round that was not won. When too few nodes are left for a quorum once
+    /// those whose setup was refused are counted out, that is [`Error::Config`]: waiting
+    /// cannot help.
     fn loss(&self, round: &Round) -> Error {
-        let config = &self.inner.config;
         let failures = || -> Vec<NodeFailure> {
             round
                 .failures()
-                .map(|(node, kind)| NodeFailure {
-                    node,
-                    addr: config.nodes[node].display.clone(),
-                    kind: kind.clone(),
-                })
+                .map(|(node, kind)| self.failure(node, kind.clone()))
                 .collect()
         };
+        let misconfigured = round
+            .failures()
+            .filter(|(_, kind)| matches!(kind, NodeErrorKind::Setup { .. }))
+            .count();
         match round.decision() {
             Some(Decision::Expired { elapsed }) => Error::ValidityExpired { elapsed },
+            _ if misconfigured > 0 && round.nodes() - misconfigured < round.quorum() => {
+                Error::Config {
+                    failures: round
+                        .failures()
+                        .filter(|(_, kind)| matches!(kind, NodeErrorKind::Setup { .. }))
+                        .map(|(node, kind)| self.failure(node, kind.clone()))
+                        .collect(),
+                }
+            }
             Some(Decision::Contended) => Error::Contended {
                 refused: round.refused(),
                 nodes: round.nodes(),
@@ -699,22 +812,20 @@ pub struct Lock {
     key: KeyBuf,
     token: Token,
     valid_until: Instant,
+    /// The acquisition's round, while votes of it may be in flight.
+    pending: Pending,
     released: bool,
 }
 
 impl Lock {
-    /// A guard for a lock just won: `token` is at `key` on a quorum until `valid_until`.
-    pub(crate) fn from_parts(
-        client: Client,
-        key: KeyBuf,
-        token: Token,
-        valid_until: Instant,
-    ) -> Lock {
+    /// A guard for a lock just won: `token` is at `key` on a quorum until `won.valid_until`.
+    pub(crate) fn from_parts(client: Client, key: KeyBuf, token: Token, won: Won) -> Lock {
         Lock {
             client,
             key,
             token,
-            valid_until,
+            valid_until: won.valid_until,
+            pending: won.pending,
             released: false,
         }
     }
@@ -764,7 +875,8 @@ impl Lock {
             token: self.token.as_bytes(),
             ttl_ms,
         };
-        self.client.extend_round(&op, timing, &mut self.valid_until)
+        self.client
+            .extend_round(&op, timing, &mut self.valid_until, &self.pending)
     }
 
     /// Releases the lock on every node, whether or not that node granted it. Keys that have
@@ -777,10 +889,13 @@ impl Lock {
     }
 
     fn release_now(&self) -> Result<(), Error> {
-        self.client.ack_round(&Release {
-            key: self.key.as_slice(),
-            token: self.token.as_bytes(),
-        })
+        self.client.ack_round(
+            &Release {
+                key: self.key.as_slice(),
+                token: self.token.as_bytes(),
+            },
+            &self.pending,
+        )
     }
 }
 

@@ -44,6 +44,22 @@ pub enum Error {
     /// The local system refused a resource the client needs (a poller or a socket), for
     /// example because the process is out of file descriptors.
     Io(io::ErrorKind),
+    /// A node refused the setup of a connection, or answered it as no Redis server does: a
+    /// node URL (user, password, database) or a server's configuration is wrong, or the
+    /// address is not a Redis server's. Waiting does not fix that, so this is returned at once
+    /// and never retried.
+    ///
+    /// [`ClientBuilder::build`](crate::ClientBuilder::build) returns it when any node's setup
+    /// fails. A lock call returns it when its round was not won and too few nodes are left
+    /// for a quorum once the misconfigured ones are counted out; while a quorum is still
+    /// possible without them, their failures are only listed with the round's other ones.
+    ///
+    /// Nothing but the setup commands is ever sent on a connection before its setup replies
+    /// are read and checked, so a failed setup writes nothing.
+    Config {
+        /// The nodes whose setup failed, each with a [`NodeErrorKind::Setup`].
+        failures: Vec<NodeFailure>,
+    },
 }
 
 impl Error {
@@ -52,12 +68,18 @@ impl Error {
         matches!(self, Error::Contended { .. })
     }
 
+    /// True for [`Error::Config`]: a node URL or a server's configuration is wrong, and
+    /// retrying cannot help.
+    pub fn is_config(&self) -> bool {
+        matches!(self, Error::Config { .. })
+    }
+
     /// The node failures this error carries, if any.
     pub fn failures(&self) -> &[NodeFailure] {
         match self {
-            Error::Contended { failures, .. } | Error::QuorumUnreachable { failures, .. } => {
-                failures
-            }
+            Error::Contended { failures, .. }
+            | Error::QuorumUnreachable { failures, .. }
+            | Error::Config { failures } => failures,
             _ => &[],
         }
     }
@@ -96,6 +118,14 @@ impl fmt::Display for Error {
                 elapsed.as_millis()
             ),
             Error::Io(kind) => write!(f, "local I/O resource unavailable: {kind}"),
+            Error::Config { failures } => {
+                write!(
+                    f,
+                    "node configuration error: the setup of {} of the connections failed, check the node URLs and the servers",
+                    failures.len()
+                )?;
+                write_failures(f, failures)
+            }
         }
     }
 }
@@ -285,6 +315,19 @@ pub enum NodeErrorKind {
     },
     /// The node answered with a well-formed reply that this command never returns.
     UnexpectedReply,
+    /// The node refused the setup of the connection (`AUTH`, `SELECT`), or answered it as no
+    /// Redis server does: wrong credentials, a database index the server does not have,
+    /// missing permissions, or a server that is not Redis. Nothing else was sent on that
+    /// connection. Transient refusals (`LOADING`, `BUSY`, too many clients) are not this
+    /// kind; they are [`Server`](NodeErrorKind::Server) failures, retried as usual.
+    Setup {
+        /// The setup command that failed: `AUTH`, `SELECT`, `SCRIPT LOAD` or `COMMAND INFO`.
+        command: &'static str,
+        /// How it failed: a [`Server`](NodeErrorKind::Server) error, a
+        /// [`Protocol`](NodeErrorKind::Protocol) error or an
+        /// [`UnexpectedReply`](NodeErrorKind::UnexpectedReply).
+        cause: Box<NodeErrorKind>,
+    },
 }
 
 impl fmt::Display for NodeErrorKind {
@@ -297,6 +340,9 @@ impl fmt::Display for NodeErrorKind {
             NodeErrorKind::Protocol(e) => write!(f, "protocol error: {e}"),
             NodeErrorKind::Server { message, .. } => write!(f, "server error: {message}"),
             NodeErrorKind::UnexpectedReply => f.write_str("unexpected reply"),
+            NodeErrorKind::Setup { command, cause } => {
+                write!(f, "connection setup failed at {command}: {cause}")
+            }
         }
     }
 }

@@ -96,11 +96,12 @@ impl Client {
             key,
             token: token.as_bytes(),
         };
-        let valid_until = self
+        let won = self
             .acquire(&[key], &acquire, &release, timing, wait)
             .map_err(Attempt::Acquire)?;
+        let (valid_until, pending) = (won.valid_until, won.pending.clone());
         // From here a failure drops `lock`, which releases it on every node.
-        let lock = Lock::from_parts(self.clone(), KeyBuf::new(key), token, valid_until);
+        let lock = Lock::from_parts(self.clone(), KeyBuf::new(key), token, won);
         let Some(fencing_token) = read.token() else {
             // Not reached: a won round had a quorum of granting nodes, each with a counter.
             return Err(Attempt::WriteBack(Error::QuorumUnreachable {
@@ -127,7 +128,7 @@ impl Client {
         // Must be won before the lock's validity ends. It sets no TTL, so the end of validity
         // it computes is not used.
         let mut write_by = valid_until;
-        self.extend_round(&write, timing, &mut write_by)
+        self.extend_round(&write, timing, &mut write_by, &pending)
             .map_err(Attempt::WriteBack)?;
         Ok(FencedLock {
             lock,

@@ -76,6 +76,12 @@ pub enum redlock_mux_result {
     REDLOCK_MUX_RELEASED = 8,
     /// The library panicked: a bug. The handles involved must only be freed.
     REDLOCK_MUX_PANIC = 9,
+    /// A node refused the setup of a connection (`AUTH`, `SELECT`), or answered it as no Redis
+    /// server does: a node URL (user, password, database) or a server's configuration is
+    /// wrong. Returned at once, never retried: `redlock_mux_client_builder_build` gives it when
+    /// any node's setup fails, a lock call when too few nodes are left for a quorum without
+    /// the misconfigured ones. Nothing is written on a node whose setup failed.
+    REDLOCK_MUX_CONFIG = 10,
 }
 
 use redlock_mux_result::*;
@@ -200,6 +206,7 @@ fn failure_code(e: &Error) -> redlock_mux_result {
         Error::QuorumUnreachable { .. } => REDLOCK_MUX_QUORUM_UNREACHABLE,
         Error::ValidityExpired { .. } => REDLOCK_MUX_VALIDITY_EXPIRED,
         Error::Io(_) => REDLOCK_MUX_IO,
+        Error::Config { .. } => REDLOCK_MUX_CONFIG,
     }
 }
 
@@ -370,6 +377,7 @@ pub extern "C" fn redlock_mux_result_text(result: u32) -> *const c_char {
         7 => c"output buffer too small",
         8 => c"lock already released",
         9 => c"panic in redlock-mux",
+        10 => c"node configuration error",
         _ => c"unknown result code",
     };
     text.as_ptr()
@@ -654,8 +662,10 @@ pub unsafe extern "C" fn redlock_mux_client_builder_set_rw_policy(
     }
 }
 
-/// Checks every setting, resolves every node, and writes a new client to `*out`. Nothing is
-/// sent yet: connections open on first use. The builder is left as it was and must still be
+/// Checks every setting, resolves every node, connects to every node (waiting at most the
+/// connect timeout), and writes a new client to `*out`. A node that is down does not make this
+/// fail; a node that refuses the connection setup (a wrong password, a database it does not
+/// have) gives `REDLOCK_MUX_CONFIG` at once. The builder is left as it was and must still be
 /// freed. Free the client with `redlock_mux_client_free`.
 ///
 /// # Safety
@@ -1866,7 +1876,7 @@ mod tests {
 
     #[test]
     fn every_result_code_has_its_own_text() {
-        let texts: Vec<&CStr> = (0..=REDLOCK_MUX_PANIC as u32)
+        let texts: Vec<&CStr> = (0..=REDLOCK_MUX_CONFIG as u32)
             // SAFETY: `redlock_mux_result_text` returns a static NUL-terminated string.
             .map(|code| unsafe { CStr::from_ptr(redlock_mux_result_text(code)) })
             .collect();

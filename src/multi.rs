@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::{check_key, Client};
 use crate::core::multi::{AcquireAll, ExtendAll, ReleaseAll};
+use crate::driver::Pending;
 use crate::error::{Error, InvalidArgument};
 use crate::rng::Token;
 
@@ -68,7 +69,7 @@ impl Client {
     ) -> Result<MultiLock, Error> {
         let (ttl_ms, timing) = self.timing(ttl)?;
         let token = Token::generate();
-        let valid_until = {
+        let won = {
             let refs = key_refs(&keys);
             let acquire = AcquireAll {
                 keys: &refs,
@@ -83,7 +84,8 @@ impl Client {
             client: self.clone(),
             keys,
             token,
-            valid_until,
+            valid_until: won.valid_until,
+            pending: won.pending,
             released: false,
         })
     }
@@ -137,6 +139,8 @@ pub struct MultiLock {
     keys: Vec<Vec<u8>>,
     token: Token,
     valid_until: Instant,
+    /// The acquisition's round, while votes of it may be in flight.
+    pending: Pending,
     released: bool,
 }
 
@@ -173,7 +177,8 @@ impl MultiLock {
             token: self.token.as_bytes(),
             ttl_ms,
         };
-        self.client.extend_round(&op, timing, &mut self.valid_until)
+        self.client
+            .extend_round(&op, timing, &mut self.valid_until, &self.pending)
     }
 
     /// Releases every key of the set on every node; keys that expired, hold someone else's
@@ -191,8 +196,10 @@ impl MultiLock {
 
     fn release_now(&self) -> Result<(), Error> {
         let refs = key_refs(&self.keys);
-        self.client
-            .ack_round(&ReleaseAll::new(&refs, self.token.as_bytes()))
+        self.client.ack_round(
+            &ReleaseAll::new(&refs, self.token.as_bytes()),
+            &self.pending,
+        )
     }
 }
 

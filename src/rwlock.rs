@@ -6,12 +6,13 @@
 
 use std::time::{Duration, Instant};
 
-use crate::client::{check_key, Client};
+use crate::client::{check_key, Client, Won};
 use crate::core::ops::{Extend, Op};
 use crate::core::rw::{
     FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
     WriteRelease,
 };
+use crate::driver::Pending;
 use crate::error::Error;
 use crate::rng::Token;
 
@@ -49,6 +50,8 @@ struct Held {
     keys: RwKeys,
     token: Token,
     valid_until: Instant,
+    /// The acquisition's round, while votes of it may be in flight.
+    pending: Pending,
     released: bool,
 }
 
@@ -74,23 +77,30 @@ impl Held {
             Side::Read => &read,
             Side::Write => &write,
         };
-        self.client.extend_round(op, timing, &mut self.valid_until)
+        self.client
+            .extend_round(op, timing, &mut self.valid_until, &self.pending)
     }
 
     fn release_now(&mut self) -> Result<(), Error> {
         self.released = true;
         let token = self.token.as_bytes();
         match self.side {
-            Side::Read => self.client.ack_round(&SetRelease {
-                resource: &self.key,
-                set: self.keys.readers(),
-                token,
-            }),
-            Side::Write => self.client.ack_round(&WriteRelease {
-                resource: &self.key,
-                keys: &self.keys,
-                token,
-            }),
+            Side::Read => self.client.ack_round(
+                &SetRelease {
+                    resource: &self.key,
+                    set: self.keys.readers(),
+                    token,
+                },
+                &self.pending,
+            ),
+            Side::Write => self.client.ack_round(
+                &WriteRelease {
+                    resource: &self.key,
+                    keys: &self.keys,
+                    token,
+                },
+                &self.pending,
+            ),
         }
     }
 }
@@ -243,7 +253,7 @@ impl Client {
             set: keys.readers(),
             token: token.as_bytes(),
         };
-        let valid_until = if self.config().fair {
+        let won = if self.config().fair {
             let fair = self.fair_state();
             let acquire = FairRwAcquire::read(key, &keys, token.as_bytes(), ttl_ms, fair);
             self.acquire(&[key], &acquire, &cleanup, timing, wait)?
@@ -255,13 +265,7 @@ impl Client {
             };
             self.acquire(&[key], &acquire, &cleanup, timing, wait)?
         };
-        Ok(ReadLock(self.held(
-            Side::Read,
-            key,
-            keys,
-            token,
-            valid_until,
-        )))
+        Ok(ReadLock(self.held(Side::Read, key, keys, token, won)))
     }
 
     fn write_lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<WriteLock, Error> {
@@ -310,31 +314,19 @@ impl Client {
                 driver.flush_until(flush_by);
             });
         }
-        let valid_until = result?;
-        Ok(WriteLock(self.held(
-            Side::Write,
-            key,
-            keys,
-            token,
-            valid_until,
-        )))
+        let won = result?;
+        Ok(WriteLock(self.held(Side::Write, key, keys, token, won)))
     }
 
-    fn held(
-        &self,
-        side: Side,
-        key: &[u8],
-        keys: RwKeys,
-        token: Token,
-        valid_until: Instant,
-    ) -> Held {
+    fn held(&self, side: Side, key: &[u8], keys: RwKeys, token: Token, won: Won) -> Held {
         Held {
             client: self.clone(),
             side,
             key: key.to_vec(),
             keys,
             token,
-            valid_until,
+            valid_until: won.valid_until,
+            pending: won.pending,
             released: false,
         }
     }

@@ -134,6 +134,34 @@ fn a_held_lock_makes_run_exit_75_after_the_wait() {
 }
 
 #[test]
+fn a_misconfigured_node_makes_run_exit_78_at_once_and_writes_nothing() {
+    let cluster = RedisCluster::start(1).expect("start redis-server");
+    let addr = cluster.addrs()[0];
+    let marker = temp_file("misconfigured.ran");
+    let start = Instant::now();
+    // A password for a server that has none: its AUTH is refused.
+    let mut child = Command::new(BIN)
+        .args(["run", "--nodes", &format!("redis://:secret@{addr}")])
+        .args(["--wait", "20s", KEY, "--", "touch"])
+        .arg(&marker)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let status = wait_at_most(&mut child, Duration::from_secs(30));
+    let elapsed = start.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(dbsize(addr), 0, "a key was written: {stderr}");
+    assert!(!marker.exists(), "the command ran without the lock");
+    assert_eq!(status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("AUTH"), "{stderr}");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "took {elapsed:?}: a config error must not wait out --wait"
+    );
+}
+
+#[test]
 fn a_lost_lock_stops_the_command_and_exits_76() {
     let cluster = RedisCluster::start(3).expect("start redis-server");
     let mut child = redlock_mux(

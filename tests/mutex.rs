@@ -768,14 +768,11 @@ fn password_and_database_from_the_url() {
     let replies = cmds(addr, &[&[b"AUTH", b"pw"], &[b"SELECT", b"2"], &[b"DBSIZE"]]);
     assert_eq!(replies[2], Value::Integer(0));
 
-    // A wrong password is a typed failure naming the node.
-    let wrong = Client::builder()
+    // A wrong password is a typed configuration error naming the node, from `build` itself.
+    let e = Client::builder()
         .nodes([format!("redis://:nope@{addr}/2")])
         .node_timeout(ms(500))
         .build()
-        .unwrap();
-    let e = wrong
-        .try_lock("authed", Duration::from_secs(10))
         .unwrap_err();
     match e.failures() {
         [f] => {
@@ -783,10 +780,8 @@ fn password_and_database_from_the_url() {
             assert!(
                 matches!(
                     &f.kind,
-                    NodeErrorKind::Server {
-                        kind: ServerErrorKind::WrongPass | ServerErrorKind::Err,
-                        ..
-                    }
+                    NodeErrorKind::Setup { command: "AUTH", cause }
+                        if matches!(**cause, NodeErrorKind::Server { kind: ServerErrorKind::WrongPass, .. })
                 ),
                 "{:?}",
                 f.kind
@@ -794,24 +789,23 @@ fn password_and_database_from_the_url() {
         }
         other => panic!("expected one failure, got {other:?} ({e})"),
     }
-    assert!(matches!(e, Error::QuorumUnreachable { .. }), "{e}");
+    assert!(matches!(e, Error::Config { .. }), "{e}");
     assert!(e.to_string().contains(&addr.to_string()), "{e}");
-    // Missing the password entirely: NOAUTH on the command itself.
-    let none = Client::builder()
+    // Missing the password entirely: NOAUTH, shown by the setup.
+    let e = Client::builder()
         .nodes([server.url()])
         .node_timeout(ms(500))
         .build()
-        .unwrap();
-    let e = none
-        .try_lock("authed", Duration::from_secs(10))
         .unwrap_err();
     assert!(
         matches!(
             e.failures(),
-            [f] if matches!(f.kind, NodeErrorKind::Server { kind: ServerErrorKind::NoAuth, .. })
+            [f] if matches!(&f.kind, NodeErrorKind::Setup { cause, .. }
+                if matches!(**cause, NodeErrorKind::Server { kind: ServerErrorKind::NoAuth, .. }))
         ),
         "{e:?}"
     );
+    assert!(e.is_config(), "{e}");
 }
 
 #[test]

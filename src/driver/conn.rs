@@ -1,6 +1,10 @@
 //! One node's connection: the non-blocking connect, setup (AUTH, SELECT, SCRIPT LOAD), bounded
 //! buffers, and the queue of replies still owed to us, matched in order.
 //!
+//! Nothing but the setup is sent before every setup reply has been read and checked: commands
+//! queued meanwhile wait in a separate buffer, so a refused `AUTH` or `SELECT` can never let a
+//! lock command run as the wrong user or in the wrong database.
+//!
 //! Everything about the connect procedure lives here and nowhere else: a non-blocking
 //! `connect` finishes only after a WRITABLE event, a clean `take_error()` and a `peer_addr()`
 //! that answers; anything earlier is a spurious wake-up.
@@ -17,7 +21,7 @@ use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 
 use crate::core::ops::{Caps, ScriptForm, SCRIPTS};
 use crate::error::NodeErrorKind;
-use crate::resp::{self, Limits, Reply, Status};
+use crate::resp::{self, Limits, Reply, ServerErrorKind, Status};
 use crate::url::NodeAddr;
 
 /// How many replies a connection may owe before it is presumed wedged and reset.
@@ -28,19 +32,94 @@ const READ_CHUNK: usize = 16 * 1024;
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// One command of a connection's setup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Setup {
+    /// `AUTH [user] password`, as the URL asks; must succeed.
+    Auth,
+    /// `SELECT db`, as the URL asks; must succeed.
+    Select,
+    /// `SCRIPT LOAD`: a refusal (ACLs) is tolerated, EVALSHA then falls back to EVAL.
+    ScriptLoad,
+    /// `COMMAND INFO DELEX`, whose answer sets [`Conn::caps`]; a refusal is tolerated.
+    Caps,
+}
+
+impl Setup {
+    fn command(self) -> &'static str {
+        match self {
+            Setup::Auth => "AUTH",
+            Setup::Select => "SELECT",
+            Setup::ScriptLoad => "SCRIPT LOAD",
+            Setup::Caps => "COMMAND INFO",
+        }
+    }
+
+    /// The connection is of no use unless this command succeeds.
+    fn required(self) -> bool {
+        matches!(self, Setup::Auth | Setup::Select)
+    }
+
+    /// What an error reply to this command means: `None` when it is tolerated, a
+    /// [`NodeErrorKind::Setup`] when the node's URL or configuration is wrong, a plain server
+    /// error (failing the connection, to be retried later) when it is transient.
+    fn refused(self, message: &[u8]) -> Option<NodeErrorKind> {
+        let kind = ServerErrorKind::of(message);
+        let transient = matches!(
+            kind,
+            ServerErrorKind::Loading
+                | ServerErrorKind::Busy
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::Oom
+        ) || message.starts_with(b"ERR max number of clients");
+        // Wrong or missing credentials show on whichever command comes first; so does protected
+        // mode, which refuses every command from this address.
+        let config = !transient
+            && (self.required()
+                || matches!(kind, ServerErrorKind::NoAuth | ServerErrorKind::WrongPass)
+                || message.starts_with(b"DENIED"));
+        let error = crate::core::ops::server_error(message);
+        if config {
+            Some(self.failed(error))
+        } else {
+            self.required().then_some(error)
+        }
+    }
+
+    /// Checks this command's reply: an error the connection cannot live with, or a reply no
+    /// Redis server gives to `AUTH` or `SELECT`, fails it.
+    fn check(self, reply: &Reply<'_>) -> Result<(), NodeErrorKind> {
+        match reply {
+            Reply::Error(m) => self.refused(m).map_or(Ok(()), Err),
+            // AUTH and SELECT answer +OK and nothing else.
+            Reply::Simple(b"OK") => Ok(()),
+            _ if self.required() => Err(self.failed(NodeErrorKind::UnexpectedReply)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The configuration error for this command failing with `cause`.
+    fn failed(self, cause: NodeErrorKind) -> NodeErrorKind {
+        NodeErrorKind::Setup {
+            command: self.command(),
+            cause: Box::new(cause),
+        }
+    }
+}
+
 /// What a reply in the queue is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Slot {
-    /// Connection setup; an error reply fails the connection when `required`.
-    Setup { required: bool },
+    /// A command of the connection's setup.
+    Setup(Setup),
     /// A vote in round `round`, sent in `form`.
     Vote { round: u64, form: ScriptForm },
     /// A reply nobody waits for (cleanup after a lost round).
     Discard,
     /// A message on a subscriber connection (confirmations and published messages alike).
     Push,
-    /// The answer to `COMMAND INFO DELEX`, which sets [`Conn::caps`].
-    Caps,
 }
 
 /// What a connection is for.
@@ -80,6 +159,11 @@ pub(crate) struct Conn {
     inp_pos: usize,
     inp_end: usize,
     owed: VecDeque<Slot>,
+    /// How many setup replies are still owed; they come first in `owed`. While any is,
+    /// queued commands wait in `held`.
+    setup_owed: usize,
+    /// Commands queued before the setup was answered, sent once it was, all of it OK.
+    held: Vec<u8>,
     backoff: Duration,
     registered: Option<Interest>,
     last_error: Option<NodeErrorKind>,
@@ -104,6 +188,8 @@ impl Conn {
             inp_pos: 0,
             inp_end: 0,
             owed: VecDeque::with_capacity(8),
+            setup_owed: 0,
+            held: Vec::new(),
             backoff: BACKOFF_MIN,
             registered: None,
             last_error: None,
@@ -129,6 +215,24 @@ impl Conn {
         matches!(self.state, State::Up)
     }
 
+    /// Connected, and every setup reply read and found good: commands go out as queued.
+    pub fn is_ready(&self) -> bool {
+        self.is_up() && self.setup_owed == 0
+    }
+
+    /// No socket: the last connect failed or the connection was dropped.
+    pub fn is_down(&self) -> bool {
+        matches!(self.state, State::Down { .. })
+    }
+
+    /// The configuration error that closed this connection last, if that is why it is down.
+    pub fn setup_error(&self) -> Option<&NodeErrorKind> {
+        match (&self.state, &self.last_error) {
+            (State::Down { .. }, Some(e @ NodeErrorKind::Setup { .. })) => Some(e),
+            _ => None,
+        }
+    }
+
     /// Bytes queued but not yet written.
     pub fn has_pending_output(&self) -> bool {
         self.out_pos < self.out.len()
@@ -137,6 +241,15 @@ impl Conn {
     /// The replies still owed, oldest first.
     pub fn owed(&self) -> usize {
         self.owed.len()
+    }
+
+    /// The oldest round with a vote still owed here: replies come in order, so that is the
+    /// first vote in the queue.
+    pub fn oldest_vote(&self) -> Option<u64> {
+        self.owed.iter().find_map(|s| match s {
+            Slot::Vote { round, .. } => Some(*round),
+            _ => None,
+        })
     }
 
     /// Whether a vote in round `id` is still owed, in either form.
@@ -185,45 +298,55 @@ impl Conn {
             .map_err(|e| NodeErrorKind::Connect(e.kind()))
     }
 
-    /// AUTH and SELECT as the URL asks, and every script loaded so EVALSHA hits.
+    /// AUTH and SELECT as the URL asks, and every script loaded so EVALSHA hits. This is all
+    /// that is sent until every reply to it has been read.
     fn queue_setup(&mut self, node: &NodeAddr) {
+        debug_assert!(self.owed.is_empty() && self.out.is_empty() && self.held.is_empty());
         if let Some(password) = &node.password {
             match &node.user {
                 Some(user) => resp::encode_command(&mut self.out, &[b"AUTH", user, password]),
                 None => resp::encode_command(&mut self.out, &[b"AUTH", password]),
             }
-            self.owed.push_back(Slot::Setup { required: true });
+            self.owed.push_back(Slot::Setup(Setup::Auth));
         }
-        if self.role == Role::Subscriber {
-            // Channels are global to the server: no database, no scripts.
-            return;
+        if self.role == Role::Commands {
+            // Channels are global to the server: a subscriber needs no database, no scripts.
+            if node.db != 0 {
+                resp::write_array_len(&mut self.out, 2);
+                resp::write_bulk(&mut self.out, b"SELECT");
+                resp::write_bulk_u64(&mut self.out, node.db.into());
+                self.owed.push_back(Slot::Setup(Setup::Select));
+            }
+            for script in SCRIPTS {
+                resp::encode_command(&mut self.out, &[b"SCRIPT", b"LOAD", script.body.as_bytes()]);
+                self.owed.push_back(Slot::Setup(Setup::ScriptLoad));
+            }
+            // Redis 8.4 has DELEX; older servers answer with a nil entry, and ACLs with an error.
+            resp::encode_command(&mut self.out, &[b"COMMAND", b"INFO", b"DELEX"]);
+            self.owed.push_back(Slot::Setup(Setup::Caps));
         }
-        if node.db != 0 {
-            resp::write_array_len(&mut self.out, 2);
-            resp::write_bulk(&mut self.out, b"SELECT");
-            resp::write_bulk_u64(&mut self.out, node.db.into());
-            self.owed.push_back(Slot::Setup { required: true });
+        self.setup_owed = self.owed.len();
+    }
+
+    /// Where queued commands go: straight out once the setup is answered, held until then.
+    fn queue_buf(&mut self) -> &mut Vec<u8> {
+        if self.setup_owed == 0 {
+            &mut self.out
+        } else {
+            &mut self.held
         }
-        for script in SCRIPTS {
-            resp::encode_command(&mut self.out, &[b"SCRIPT", b"LOAD", script.body.as_bytes()]);
-            // A server that refuses SCRIPT LOAD (ACLs) still works: EVALSHA falls back to EVAL.
-            self.owed.push_back(Slot::Setup { required: false });
-        }
-        // Redis 8.4 has DELEX; older servers answer with a nil entry, and ACLs with an error.
-        resp::encode_command(&mut self.out, &[b"COMMAND", b"INFO", b"DELEX"]);
-        self.owed.push_back(Slot::Caps);
     }
 
     /// Queues bytes whose replies nobody matches: commands on a subscriber connection, where
     /// every reply is a push.
     pub fn queue_unmatched(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
-        encode(&mut self.out);
+        encode(self.queue_buf());
     }
 
     /// Queues commands written by `encode`: the first one's reply is for `slot`; `encode`
     /// returns how many more it wrote, whose replies are owed too, and dropped.
     pub fn queue(&mut self, slot: Slot, encode: impl FnOnce(&mut Vec<u8>) -> usize) {
-        let extra = encode(&mut self.out);
+        let extra = encode(self.queue_buf());
         self.owed.push_back(slot);
         for _ in 0..extra {
             self.owed.push_back(Slot::Discard);
@@ -328,9 +451,20 @@ impl Conn {
         }
     }
 
+    /// Forgets every command held behind an unanswered setup, and the replies they would owe:
+    /// none of it was sent, and none of it will be.
+    pub fn drop_held(&mut self) {
+        self.held.clear();
+        self.owed.truncate(self.setup_owed);
+    }
+
     /// Decodes every complete reply and hands each, with the slot it answers, to `handle`.
-    /// `handle` may queue more commands (a resend after NOSCRIPT) through the `Vec` it is given;
-    /// the caller must [`drive`](Self::drive) again afterwards to send them.
+    /// `handle` may queue more commands (a resend after NOSCRIPT) through the `Vec` it is given,
+    /// and the last setup reply releases the commands held behind it: the caller must
+    /// [`drive`](Self::drive) again afterwards when [`has_pending_output`](Self::has_pending_output).
+    ///
+    /// A setup reply that shows the node's URL or configuration to be wrong, or any reply
+    /// during the setup that is not RESP, fails with a [`NodeErrorKind::Setup`].
     pub fn take_replies(
         &mut self,
         limits: &Limits,
@@ -348,17 +482,36 @@ impl Conn {
                         (None, Role::Subscriber) => Slot::Push,
                         (None, Role::Commands) => return Err(NodeErrorKind::UnexpectedReply),
                     };
-                    if let (Slot::Setup { required: true }, Reply::Error(m)) = (slot, &reply) {
-                        return Err(crate::core::ops::server_error(m));
-                    }
-                    if slot == Slot::Caps {
-                        self.caps.delex = crate::core::rw::delex_supported(&reply);
+                    if let Slot::Setup(step) = slot {
+                        step.check(&reply)?;
+                        if step == Setup::Caps {
+                            self.caps.delex = crate::core::rw::delex_supported(&reply);
+                        }
+                        self.setup_owed = self.setup_owed.saturating_sub(1);
+                        if self.setup_owed == 0 && !self.held.is_empty() {
+                            // Everything checked: what was held behind the setup may go.
+                            if self.out_pos == self.out.len() {
+                                std::mem::swap(&mut self.out, &mut self.held);
+                                self.out_pos = 0;
+                            } else {
+                                self.out.extend_from_slice(&self.held);
+                            }
+                            self.held.clear();
+                        }
                     }
                     handle(slot, &reply, &mut self.out, &mut self.owed);
                     self.inp_pos += used;
                 }
                 Ok(Status::Partial) => break,
-                Err(e) => return Err(NodeErrorKind::Protocol(e)),
+                // Not RESP in answer to the setup: whatever listens there is not Redis.
+                Err(e) => {
+                    return Err(match self.owed.front() {
+                        Some(Slot::Setup(step)) if self.setup_owed > 0 => {
+                            step.failed(NodeErrorKind::Protocol(e))
+                        }
+                        _ => NodeErrorKind::Protocol(e),
+                    })
+                }
             }
         }
         if self.inp_pos == self.inp_end {
@@ -389,6 +542,8 @@ impl Conn {
         self.hangup = false;
         self.out.clear();
         self.out_pos = 0;
+        self.held.clear();
+        self.setup_owed = 0;
         self.inp_pos = 0;
         self.inp_end = 0;
         self.state = State::Down {

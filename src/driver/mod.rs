@@ -3,11 +3,19 @@
 //!
 //! A driver is used by one thread at a time; the client keeps a pool of them so that threads
 //! run their rounds in parallel, each over its own connections.
+//!
+//! A round is decided at the quorum, while the votes of the other nodes may still be on their
+//! way: they are read (and dropped) later, by whichever thread uses the driver next. Redis
+//! orders commands only within one connection, so a guard remembers the round that won it as
+//! a [`Pending`]; its release and extensions go out on that very driver's connections, behind
+//! the round's stragglers, until every vote of the round has been read (see
+//! `Client::take_driver`).
 #![forbid(unsafe_code)]
 
 mod conn;
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +34,45 @@ use conn::{Conn, Role, Slot};
 /// How close together the nodes' announcements of one release arrive, at the most, for
 /// them to count as one.
 const WAKE_EVENT: Duration = Duration::from_millis(1);
+
+/// What a driver tells the guards of the rounds it ran: the oldest round whose votes it still
+/// owes, `u64::MAX` when it owes none. Updated as replies are read, connections fail and held
+/// commands are dropped.
+#[derive(Debug)]
+struct Progress {
+    owed_from: AtomicU64,
+}
+
+/// The round that won a guard's lock, while some of its votes may still be in flight: the
+/// guard's release or extension must not overtake them. Empty once they have all been read.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pending(Option<PendingRound>);
+
+#[derive(Debug, Clone)]
+struct PendingRound {
+    /// The driver that ran the round.
+    progress: Arc<Progress>,
+    round: u64,
+    start: Instant,
+}
+
+impl Pending {
+    /// Nothing in flight: any driver will do.
+    pub const NONE: Pending = Pending(None);
+
+    /// True when every vote of the round has been read, or lost with its connection (or the
+    /// driver is gone): commands sent now, on any connection, come after them.
+    pub fn settled(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|p| p.progress.owed_from.load(Ordering::Acquire) > p.round)
+    }
+
+    /// When the round started, unless it is settled.
+    pub fn unsettled_since(&self) -> Option<Instant> {
+        self.0.as_ref().filter(|_| !self.settled()).map(|p| p.start)
+    }
+}
 
 /// The round in progress, as the reply handler needs it.
 struct Current<'a> {
@@ -51,6 +98,10 @@ pub(crate) struct Driver {
     last_wake_at: Option<Instant>,
     config: Arc<Config>,
     round_id: u64,
+    /// When the last round started.
+    round_start: Instant,
+    /// Shared with the guards of the rounds this driver won.
+    progress: Arc<Progress>,
     /// A finished round's storage, reused so a round costs no allocation.
     spare: Option<Round>,
     /// Set when a node answered the current round with NOSCRIPT.
@@ -77,6 +128,10 @@ impl Driver {
             last_wake_at: None,
             config,
             round_id: 0,
+            round_start: Instant::now(),
+            progress: Arc::new(Progress {
+                owed_from: AtomicU64::new(u64::MAX),
+            }),
             spare: None,
             noscript: false,
             jitter: Jitter::from_os(),
@@ -86,7 +141,8 @@ impl Driver {
 
     /// Opens every connection that is due and waits, until `deadline` at the most, for each to
     /// be set up (or to fail), so the first rounds do not spend their per-node timeout on TCP
-    /// and setup. Nodes that are down only count against the quorum later.
+    /// and setup. Nodes that are down only count against the quorum later; nodes whose setup
+    /// was refused are listed by [`setup_failures`](Self::setup_failures).
     pub fn warm_up(&mut self, deadline: Instant) {
         let now = Instant::now();
         for i in 0..self.conns.len() {
@@ -102,7 +158,8 @@ impl Driver {
                 self.conns[i].fail(self.poll.registry(), why, now);
             }
         }
-        let settled = |c: &Conn| !c.can_send(Instant::now()) || (c.is_up() && c.owed() == 0);
+        // Nothing reconnects here: a connection that went down has had its one try.
+        let settled = |c: &Conn| c.is_down() || (c.is_ready() && c.owed() == 0);
         while !self.conns.iter().all(settled) {
             let now = Instant::now();
             if now >= deadline {
@@ -110,6 +167,49 @@ impl Driver {
             }
             self.wait(deadline - now, &mut None);
         }
+    }
+
+    /// The nodes whose last connection was closed because its setup was refused (see
+    /// [`NodeErrorKind::Setup`]), with the reason.
+    pub fn setup_failures(&self) -> Vec<(usize, NodeErrorKind)> {
+        self.conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, c.setup_error()?.clone())))
+            .collect()
+    }
+
+    /// The last round run, for the guard it won: empty when all its votes have been read.
+    pub fn pending(&self) -> Pending {
+        if self.progress.owed_from.load(Ordering::Relaxed) > self.round_id {
+            return Pending::NONE;
+        }
+        Pending(Some(PendingRound {
+            progress: self.progress.clone(),
+            round: self.round_id,
+            start: self.round_start,
+        }))
+    }
+
+    /// Whether `pending` is a round of this driver.
+    pub fn ran(&self, pending: &Pending) -> bool {
+        pending
+            .0
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(&p.progress, &self.progress))
+    }
+
+    /// Whether votes of some round are still owed on this driver's connections.
+    pub fn owes_votes(&self) -> bool {
+        self.progress.owed_from.load(Ordering::Relaxed) != u64::MAX
+    }
+
+    /// Publishes the oldest round still owed a vote.
+    fn publish(&self) {
+        let oldest = self.conns.iter().filter_map(Conn::oldest_vote).min();
+        self.progress
+            .owed_from
+            .store(oldest.unwrap_or(u64::MAX), Ordering::Release);
     }
 
     /// A round over this driver's nodes, started at `start` (see [`Round::new`]). Give it back
@@ -142,6 +242,7 @@ impl Driver {
     /// dropped first, in order, as they arrive.
     pub fn run(&mut self, op: &dyn Op, round: &mut Round) {
         self.round_id += 1;
+        self.round_start = round.start();
         let id = self.round_id;
         let stragglers_until = round.start() + self.config.node_timeout;
         let now = Instant::now();
@@ -199,6 +300,14 @@ impl Driver {
                 self.wait(stragglers_until - now, &mut current);
             }
         }
+        // A command still held behind a connection's setup was never sent: it must not go out
+        // late, when nobody counts its vote any more (an acquisition would leave a lock behind).
+        for c in &mut self.conns {
+            if !c.is_ready() && c.owes_round(id) {
+                c.drop_held();
+            }
+        }
+        self.publish();
     }
 
     /// Queues `op` on every node that can take it, replies discarded: the cleanup after a lost
@@ -399,9 +508,14 @@ impl Driver {
             }
             result = conn.drive(registry, &limits, true);
         }
+        if result.is_ok() && conn.has_pending_output() {
+            // The setup was answered: send what was held behind it.
+            result = conn.drive(registry, &limits, false);
+        }
         if let Err(why) = result {
             self.fail(i, why, now, current);
         }
+        self.publish();
     }
 
     fn service_subscriber(&mut self, i: usize, now: Instant) {
@@ -412,7 +526,7 @@ impl Driver {
         };
         let (woken, confirmed) = (&mut self.woken, &mut self.confirmed);
         let (last, last_at) = (&mut self.last_wake, &mut self.last_wake_at);
-        let result = sub.drive(registry, &limits, true).and_then(|()| {
+        let mut result = sub.drive(registry, &limits, true).and_then(|()| {
             sub.take_replies(&limits, |_, reply, _, _| {
                 if let Reply::Array(Some(items)) = reply {
                     match items.first() {
@@ -440,6 +554,10 @@ impl Driver {
                 }
             })
         });
+        if result.is_ok() && sub.has_pending_output() {
+            // The setup was answered: send the subscriptions held behind it.
+            result = sub.drive(registry, &limits, false);
+        }
         if let Err(why) = result {
             // A lost subscriber only costs wake-ups: the retry delay is the backstop.
             sub.fail(registry, why, now);
@@ -455,6 +573,7 @@ impl Driver {
         current: &mut Option<Current<'_>>,
     ) {
         let owed = self.conns[i].fail(self.poll.registry(), why.clone(), now);
+        self.publish();
         if let Some(c) = current.as_mut() {
             if owed
                 .iter()
@@ -463,6 +582,13 @@ impl Driver {
                 c.round.handle_vote(i, Vote::Failed(why), now);
             }
         }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // Nothing more will be read here: nobody should wait for it.
+        self.progress.owed_from.store(u64::MAX, Ordering::Release);
     }
 }
 

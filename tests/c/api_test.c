@@ -32,7 +32,7 @@ static void test_static_text(void) {
           REDLOCK_MUX_INVALID_ARGUMENT == 2 && REDLOCK_MUX_CONTENDED == 3 &&
           REDLOCK_MUX_QUORUM_UNREACHABLE == 4 && REDLOCK_MUX_VALIDITY_EXPIRED == 5 &&
           REDLOCK_MUX_IO == 6 && REDLOCK_MUX_BUFFER_TOO_SMALL == 7 && REDLOCK_MUX_RELEASED == 8 &&
-          REDLOCK_MUX_PANIC == 9);
+          REDLOCK_MUX_PANIC == 9 && REDLOCK_MUX_CONFIG == 10);
 }
 
 static void test_null_parameters(redlock_mux_client *client) {
@@ -331,6 +331,22 @@ static void test_quorum_unreachable(void) {
     CHECK(l == SENTINEL(redlock_mux_lock, 3));
     CHECK(strstr(last_error(), "127.0.0.1:2") != NULL);
     redlock_mux_client_free(client);
+}
+
+/* A password for a server that has none: the build fails at once with a config error. */
+static void test_config_error(const char *url) {
+    const char *host = strstr(url, "//") ? strstr(url, "//") + 2 : url;
+    char bad[128];
+    redlock_mux_client_builder *b = NULL;
+    redlock_mux_client *client = SENTINEL(redlock_mux_client, 2);
+    snprintf(bad, sizeof bad, "redis://:secret@%s", host);
+    CHECK_OK(redlock_mux_client_builder_new(&b));
+    CHECK_OK(redlock_mux_client_builder_add_node(b, bad, strlen(bad)));
+    CHECK_RESULT(redlock_mux_client_builder_build(b, &client), REDLOCK_MUX_CONFIG);
+    CHECK(client == SENTINEL(redlock_mux_client, 2));
+    CHECK(strstr(last_error(), "AUTH") != NULL);
+    CHECK(strstr(redlock_mux_result_text(REDLOCK_MUX_CONFIG), "configuration") != NULL);
+    redlock_mux_client_builder_free(b);
 }
 
 #define THREADS 4
@@ -1042,6 +1058,7 @@ int main(int argc, char **argv) {
     test_fair_client(argc - 1, argv + 1);
     test_read_write_locks(client);
     test_quorum_unreachable();
+    test_config_error(argv[1]);
     test_threads_share_a_client(client);
     test_new_handles_null_parameters(client);
     test_multi_locks(client);

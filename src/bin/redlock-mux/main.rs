@@ -6,7 +6,7 @@
 //!   hand-written baseline measured in the same run;
 //! - `inspect`: what each node holds for a key.
 //!
-//! Every command has `--help`. Usage errors exit 64.
+//! Every command has `--help`. Usage errors exit 64; `run` documents its other statuses.
 #![forbid(unsafe_code)]
 
 mod args;

@@ -32,6 +32,10 @@ use crate::Fail;
 pub const EXIT_NOT_ACQUIRED: i32 = 75;
 /// Exit status when the lock was lost while the command ran.
 pub const EXIT_LOST: i32 = 76;
+/// Exit status when a node refused the connection setup: a wrong password or user, a
+/// database the server does not have, or an address that is not a Redis server's (sysexits
+/// `EX_CONFIG`). It comes at once, without waiting out `--wait`.
+pub const EXIT_CONFIG: i32 = 78;
 
 /// Set for the wrapped `run`: where the wrapping shell writes the signals it caught.
 const SIGNAL_FILE_ENV: &str = "REDLOCK_MUX_RUN_SIGNAL_FILE";
@@ -51,6 +55,9 @@ Acquires the lock on KEY, runs CMD while extending the lock in the background
   exit 75   the lock was not acquired within --wait
   exit 76   the lock was lost while CMD ran; CMD got SIGTERM, and SIGKILL after
             the grace period
+  exit 78   a node refused the connection setup (wrong password or user, a
+            database the server does not have, not a Redis server); reported
+            at once, without waiting
   exit 64   usage error;  126/127: CMD could not be started / was not found
 
 INT and TERM sent to redlock-mux are passed to CMD; the lock is released when
@@ -113,7 +120,11 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
         .fair(fair)
         .build()
         .map_err(|e| Fail {
-            code: args::EXIT_USAGE,
+            code: if e.is_config() {
+                EXIT_CONFIG
+            } else {
+                args::EXIT_USAGE
+            },
             message: e.to_string(),
         })?;
     let (lost_tx, lost_rx) = mpsc::channel();
@@ -133,6 +144,12 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
             return Err(Fail {
                 code: args::EXIT_USAGE,
                 message: e.to_string(),
+            })
+        }
+        Err(e @ Error::Config { .. }) => {
+            return Err(Fail {
+                code: EXIT_CONFIG,
+                message: format!("lock {key:?} not acquired: {e}"),
             })
         }
         Err(e) => {
