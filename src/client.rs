@@ -189,6 +189,11 @@ impl ClientBuilder {
     ///
     /// Waiters that die leave the queue when their entry expires: three retry delays plus one
     /// node timeout (at least 100 ms) after their last retry.
+    ///
+    /// For read-write locks, readers at the head of the queue share the lock, and a writer
+    /// waits for the readers ahead of it. The queue outranks
+    /// [`RwPolicy::WritePreferring`]'s writer intents: a reader the queue lets through is not
+    /// refused by the intent of a writer behind it; see [`RwPolicy`].
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self

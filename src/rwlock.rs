@@ -30,6 +30,13 @@ pub enum RwPolicy {
     /// refreshed on every attempt, withdrawn when the writer gets the lock or gives up, and
     /// expires on its own (after twice the retry delay plus twice the node timeout) if the
     /// writer dies.
+    ///
+    /// With [`fair`](crate::ClientBuilder::fair) queueing, the queue decides who goes next:
+    /// readers that arrive after a queued writer queue behind it, which already keeps the
+    /// writer from starving, and a reader the queue lets through (queued, with only readers
+    /// ahead of it) is never refused by an intent, so a writer queued behind it cannot hold it
+    /// back. Intents then only hold back readers that have not joined the queue (an empty one,
+    /// before [`fair_after`](crate::ClientBuilder::fair_after)).
     WritePreferring,
 }
 

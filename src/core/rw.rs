@@ -26,6 +26,13 @@
 //! refused on that node while a live intent is there, so the readers in place drain and the
 //! writer gets in. The writer refreshes its intent on every attempt and withdraws it when it
 //! succeeds or gives up; if it dies, the intent expires on its own.
+//!
+//! Behind a fair queue (`core::fair`), the queue outranks intents. The queue already serves
+//! readers and writers in arrival order, and a writer that waits behind a reader refreshes its
+//! intent at every lost attempt; if that intent refused the reader at the head, the reader
+//! would wait for the writer while the queue makes the writer wait for the reader. So
+//! [`FAIR_READ_ACQUIRE`] ignores intents for a reader the queue lets through, and only a reader
+//! outside the queue (one that did not join an empty queue) heeds them.
 #![forbid(unsafe_code)]
 
 use crate::core::fair::{FairState, Leave, QueueKeys};
@@ -65,16 +72,19 @@ macro_rules! write_acquire_body {
     };
 }
 
-/// Lua: the body of a read acquire, after `won()` and `refused()` are defined.
+/// Lua: the body of a read acquire, after `won()` and `refused()` are defined. Live writer
+/// intents refuse the reader when the Lua expression `heed_intents` is true.
 macro_rules! read_acquire_body {
-    () => {
+    ($heed_intents:literal) => {
         concat!(
             "local now; ",
             "if redis.call('exists', KEYS[1], KEYS[3]) > 0 then ",
             "if redis.call('exists', KEYS[1]) == 1 then return refused() end; ",
             node_now!(),
-            "redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
-            "if redis.call('exists', KEYS[3]) == 1 then return refused() end ",
+            "if ",
+            $heed_intents,
+            " then redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
+            "if redis.call('exists', KEYS[3]) == 1 then return refused() end end ",
             "else ",
             node_now!(),
             "end; ",
@@ -126,14 +136,21 @@ pub static WRITE_CLEANUP: Script = Script::new(concat!(
 /// TTL at least as long as its longest-lived reader, so an abandoned set disappears.
 pub static READ_ACQUIRE: Script = Script::new(concat!(
     "local function won() return 1 end; local function refused() return 0 end; ",
-    read_acquire_body!(),
+    read_acquire_body!("true"),
 ));
 
 /// [`READ_ACQUIRE`] behind the fair queue's gate, where readers at the head share. KEYS:
 /// writer, readers, intents, queue, queue expiries. ARGV: token, ttl ms, unused, ticket, entry
 /// TTL ms, join. Returns 2 for a refusal that left the reader queued.
-pub static FAIR_READ_ACQUIRE: Script =
-    Script::new(concat!(fair_gate!("r", "true"), read_acquire_body!(),));
+///
+/// A reader that the queue lets through (queued, with only readers ahead of it) is not refused
+/// by writer intents: the queue has already put it ahead of every queued writer, and an intent
+/// of a writer behind it would otherwise refuse it while the queue refuses that writer. Only a
+/// reader outside the queue (an empty queue it did not join) heeds intents.
+pub static FAIR_READ_ACQUIRE: Script = Script::new(concat!(
+    fair_gate!("r", "true"),
+    read_acquire_body!("not queued"),
+));
 
 /// Removes a token from a sorted set (a reader from the reader set, a writer's intent from the
 /// intent set), announcing it on the wake channel when it was there. KEYS: set. ARGV: token,

@@ -491,6 +491,43 @@ fn every_lock_script_answers_like_redis_server() {
     };
     pair.same_kind(&encode(&read, ScriptForm::Sha), "reader set is a string");
 
+    // Behind a fair queue, a writer's intent holds back only readers outside the queue.
+    pair.same(&command(&[b"FLUSHALL"]), "FLUSHALL");
+    let k = &rw[1];
+    let holder = ReadAcquire {
+        keys: k,
+        token: tokens[0],
+        ttl_ms: 60_000,
+    };
+    pair.same(&encode(&holder, ScriptForm::Sha), "a reader holds");
+    let waiting = WriteAcquire {
+        keys: k,
+        token: tokens[1],
+        ttl_ms: 60_000,
+        intent_ms: 60_000,
+    };
+    pair.same(
+        &encode(&waiting, ScriptForm::Sha),
+        "a writer leaves an intent",
+    );
+    let fair_reader = |join: bool| {
+        let op = FairRwAcquire::read(
+            b"doc",
+            k,
+            tokens[2],
+            60_000,
+            FairState::new(5, 60_000, Duration::ZERO),
+        );
+        if join {
+            op.on_retry(Duration::ZERO);
+        }
+        encode(&op, ScriptForm::Sha)
+    };
+    let (real, sim) = pair.both(&fair_reader(false));
+    assert_eq!((&real, &sim), (&Value::Integer(0), &Value::Integer(0)));
+    let (real, sim) = pair.both(&fair_reader(true));
+    assert_eq!((&real, &sim), (&Value::Integer(1), &Value::Integer(1)));
+
     // Expiry: readers, intents and queue entries of 30 ms are gone after 300 ms.
     pair.same(&command(&[b"FLUSHALL"]), "FLUSHALL");
     let k = &rw[0];

@@ -197,7 +197,8 @@ fn fair_read_acquire_script(
     let Some(gate) = fair_gate(node, k, a, b"r", true)? else {
         return Ok(Value::Integer(2));
     };
-    let won = read_acquire_body(node, k, a)?;
+    // A reader the queue let through is not held back by intents.
+    let won = read_acquire_body(node, k, a, !gate.1)?;
     fair_outcome(node, k, gate, won)
 }
 
@@ -262,16 +263,23 @@ fn write_cleanup_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Resu
 /// [`rw::READ_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl.
 fn read_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
     let (k, a) = need("read acquire", keys, 3, args, 2)?;
-    Ok(Value::Integer(i64::from(read_acquire_body(node, k, a)?)))
+    Ok(Value::Integer(i64::from(read_acquire_body(
+        node, k, a, true,
+    )?)))
 }
 
 /// The body of a read acquire: whether the reader went in.
-fn read_acquire_body(node: &mut Node, k: &[&[u8]], a: &[&[u8]]) -> Result<bool, Value> {
+fn read_acquire_body(
+    node: &mut Node,
+    k: &[&[u8]],
+    a: &[&[u8]],
+    heed_intents: bool,
+) -> Result<bool, Value> {
     let now = node.now as f64;
     if node.exists(k[0]) {
         return Ok(false);
     }
-    if node.exists(k[2]) {
+    if heed_intents && node.exists(k[2]) {
         node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
         if node.exists(k[2]) {
             return Ok(false);
