@@ -27,6 +27,9 @@ pub const MAX_TTL: Duration = Duration::from_millis(1 << 44);
 /// trip on a local network. It doubles with each split, up to `SPREAD_MAX`.
 const SPREAD_MIN: Duration = Duration::from_micros(200);
 const SPREAD_MAX: Duration = Duration::from_millis(4);
+/// With a fair queue, how many times in a row a waiter retries at once after a split vote
+/// before it waits for an announcement again: enough for a release to reach every node.
+const QUICK_SPLIT_RETRIES: u32 = 6;
 
 /// The longest timeout or delay a builder accepts: longer ones are surely mistakes, and would
 /// overflow the clock arithmetic if near `Duration::MAX`.
@@ -117,7 +120,7 @@ impl Default for ClientBuilder {
             nodes: Vec::new(),
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
-            retry_count: 32,
+            retry_count: Retry::UNLIMITED,
             retry_delay: Duration::from_millis(50),
             wait_timeout: Duration::from_secs(10),
             drift_factor: 0.01,
@@ -156,21 +159,33 @@ impl ClientBuilder {
         self
     }
 
-    /// How many times [`Client::lock`] retries after a failed attempt. Default 32.
+    /// How many times [`Client::lock`] (and every other waiting acquisition) may retry on its
+    /// own: after a [retry delay](Self::retry_delay) in which no release was announced.
+    ///
+    /// Retries that a release announcement prompts are not counted: a waiter is woken each time
+    /// the lock changes hands, and must not be sent away by the number of other waiters served
+    /// before it. The [wait timeout](Self::wait_timeout) bounds those. With 0, `lock` makes a
+    /// single attempt, as [`Client::try_lock`] does.
+    ///
+    /// Default `u32::MAX`, which means no limit: the wait timeout alone bounds a waiting `lock`.
     pub fn retry_count(mut self, count: u32) -> Self {
         self.retry_count = count;
         self
     }
 
-    /// The base delay between attempts; each delay is drawn from `[d/2, 3d/2)`. Default 50 ms;
-    /// at most a day.
+    /// The base delay between attempts when no release is announced: a waiter retries at once
+    /// when one is, and after this delay otherwise (the backstop for lost announcements). Each
+    /// delay is drawn from `[d/2, 3d/2)`. Default 50 ms; at most a day.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
         self
     }
 
-    /// The longest [`Client::lock`] waits in all, whatever the retry count. Default 10 s; at
-    /// most a day.
+    /// The longest [`Client::lock`] (and every other waiting acquisition) waits in all: no
+    /// attempt starts after it, whatever the retry count. With the default (unlimited)
+    /// [retry count](Self::retry_count), this is what bounds a waiting `lock`: it retries at
+    /// every announced release, and at least every retry delay, until it has the lock or this
+    /// timeout has passed. Default 10 s; at most a day.
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = timeout;
         self
@@ -339,9 +354,17 @@ impl Client {
         self.lock_with(key.as_ref(), ttl, false)
     }
 
-    /// Takes the lock on `key` for `ttl`, retrying after a jittered delay up to the retry count
-    /// and the wait timeout. The returned guard is valid for [`Lock::validity`], which is less
-    /// than `ttl` by the time the quorum took and the drift allowance.
+    /// Takes the lock on `key` for `ttl`, blocking until it is ours or the
+    /// [wait timeout](ClientBuilder::wait_timeout) has passed (10 s by default).
+    ///
+    /// A waiter retries as soon as a release of `key` is announced, and after a jittered
+    /// [retry delay](ClientBuilder::retry_delay) when none is; only those unprompted retries
+    /// count against the [retry count](ClientBuilder::retry_count), which is unlimited by
+    /// default. Fails with [`Error::Contended`] (or the error of the last attempt) when the
+    /// wait ends without the lock.
+    ///
+    /// The returned guard is valid for [`Lock::validity`], which is less than `ttl` by the time
+    /// the quorum took and the drift allowance.
     pub fn lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         self.lock_with(key.as_ref(), ttl, true)
     }
@@ -356,14 +379,14 @@ impl Client {
         };
         let valid_until = if self.inner.config.fair {
             let fair = FairAcquire::new(key, token.as_bytes(), ttl_ms, self.fair_state());
-            self.acquire(&[key], &fair, &release, timing, wait)?
+            self.acquire(&[key], token.as_bytes(), &fair, &release, timing, wait)?
         } else {
             let acquire = Acquire {
                 key,
                 token: token.as_bytes(),
                 ttl_ms,
             };
-            self.acquire(&[key], &acquire, &release, timing, wait)?
+            self.acquire(&[key], token.as_bytes(), &acquire, &release, timing, wait)?
         };
         Ok(Lock {
             client: self.clone(),
@@ -456,13 +479,17 @@ impl Client {
 
     /// Redlock acquisition (seed 004): `acquire` on every node at once; won on a quorum within
     /// the validity; otherwise `cleanup` on every node straight away, and again after a jittered
-    /// delay while `wait` allows. Returns when the lock stops being valid.
+    /// delay while `wait` allows. Returns when the lock stops being valid. `token` is the one
+    /// the attempts set, whose own announcements (by `cleanup`) are no reason to retry.
     ///
     /// `resources` are the keys whose wake channels ([`WAKE_PREFIX`](crate::core::ops::WAKE_PREFIX))
-    /// announce releases that make a retry worth trying.
+    /// announce releases that make a retry worth trying. Only retries that start because no
+    /// release was announced within the retry delay count against the retry count; the wait
+    /// timeout bounds the others.
     pub(crate) fn acquire(
         &self,
         resources: &[&[u8]],
+        token: &[u8],
         acquire: &dyn Op,
         cleanup: &dyn Op,
         timing: Timing,
@@ -476,6 +503,8 @@ impl Client {
             // The retry window after split votes, doubled at each.
             let mut spread = driver.spread;
             let mut split_seen = false;
+            // Quick re-tries after split votes in a row (fair queue only).
+            let mut quick = 0;
             let result = loop {
                 if retry.lost() > 0 {
                     acquire.on_retry(first.elapsed());
@@ -492,6 +521,7 @@ impl Client {
                     _ => Err(self.loss(&round)),
                 };
                 let split = round.granted() > 0;
+                driver.wake_after(round.votes(), token);
                 driver.put_round(round);
                 let error = match outcome {
                     Ok(until) => break Ok(until),
@@ -514,27 +544,38 @@ impl Client {
                 if !subscribed && error.is_contended() {
                     // From now on every release of `resource` is announced to us; try again
                     // at once, since a release may have come before the subscription did.
+                    // This retry stands for such a release: it is not counted.
                     driver.subscribe(resources);
                     subscribed = true;
                     continue;
                 }
-                if split {
+                if !split {
+                    quick = 0;
+                } else {
                     split_seen = true;
                     // Some nodes granted, too few. Without a fair queue, waiters collided:
                     // spread the next retries over a window that doubles with each split, so
                     // they drift apart. With one, only the head can win anywhere, so the vote
                     // split because a release had not reached every node yet, and its
-                    // announcement may already be spent: retry soon without waiting for one.
+                    // announcement may already be spent: retry soon without waiting for one,
+                    // a few times in a row, then wait as after any other refusal (a lock held
+                    // on a minority of nodes keeps splitting the vote).
                     spread = (spread * 2).clamp(SPREAD_MIN, SPREAD_MAX.min(config.retry_delay));
-                    if config.fair {
+                    if config.fair && quick < QUICK_SPLIT_RETRIES {
+                        quick += 1;
                         let pause = driver.jitter.below(spread);
                         driver.sleep_until((now + pause).min(backstop));
                         continue;
                     }
                 }
-                if driver.wait_wake(backstop) && !spread.is_zero() {
-                    let pause = driver.jitter.below(spread);
-                    driver.sleep_until((Instant::now() + pause).min(backstop));
+                if driver.wait_wake(backstop) {
+                    if !spread.is_zero() {
+                        let pause = driver.jitter.below(spread);
+                        driver.sleep_until((Instant::now() + pause).min(backstop));
+                    }
+                } else {
+                    // No release was announced within the retry delay.
+                    retry.count_retry();
                 }
             };
             // Keep what was learnt of the contention for the next acquisition; halve it when

@@ -97,7 +97,7 @@ impl Client {
             token: token.as_bytes(),
         };
         let valid_until = self
-            .acquire(&[key], &acquire, &release, timing, wait)
+            .acquire(&[key], token.as_bytes(), &acquire, &release, timing, wait)
             .map_err(Attempt::Acquire)?;
         // From here a failure drops `lock`, which releases it on every node.
         let lock = Lock::from_parts(self.clone(), KeyBuf::new(key), token, valid_until);

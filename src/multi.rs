@@ -77,7 +77,7 @@ impl Client {
             };
             let release = ReleaseAll::new(&refs, token.as_bytes());
             // Any key's release can make the set free: a waiter listens on every one.
-            self.acquire(&refs, &acquire, &release, timing, wait)?
+            self.acquire(&refs, token.as_bytes(), &acquire, &release, timing, wait)?
         };
         Ok(MultiLock {
             client: self.clone(),

@@ -247,14 +247,14 @@ impl Client {
         let valid_until = if self.config().fair {
             let fair = self.fair_state();
             let acquire = FairRwAcquire::read(key, &keys, token.as_bytes(), ttl_ms, fair);
-            self.acquire(&[key], &acquire, &cleanup, timing, wait)?
+            self.acquire(&[key], token.as_bytes(), &acquire, &cleanup, timing, wait)?
         } else {
             let acquire = ReadAcquire {
                 keys: &keys,
                 token: token.as_bytes(),
                 ttl_ms,
             };
-            self.acquire(&[key], &acquire, &cleanup, timing, wait)?
+            self.acquire(&[key], token.as_bytes(), &acquire, &cleanup, timing, wait)?
         };
         Ok(ReadLock(self.held(
             Side::Read,
@@ -287,7 +287,7 @@ impl Client {
             let fair = self.fair_state();
             let acquire =
                 FairRwAcquire::write(key, &keys, token.as_bytes(), ttl_ms, intent_ms, fair);
-            self.acquire(&[key], &acquire, &cleanup, timing, wait)
+            self.acquire(&[key], token.as_bytes(), &acquire, &cleanup, timing, wait)
         } else {
             let acquire = WriteAcquire {
                 keys: &keys,
@@ -295,7 +295,7 @@ impl Client {
                 ttl_ms,
                 intent_ms,
             };
-            self.acquire(&[key], &acquire, &cleanup, timing, wait)
+            self.acquire(&[key], token.as_bytes(), &acquire, &cleanup, timing, wait)
         };
         if intent_ms > 0 {
             // Won: nodes that refused still hold the intent. Lost: every node may. Either way

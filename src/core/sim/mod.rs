@@ -761,7 +761,13 @@ impl World {
     fn timer(&mut self, c: usize) {
         match self.clients[c].phase {
             Phase::Idle => self.start_acquire(c),
-            Phase::Backoff => self.begin_attempt(c),
+            Phase::Backoff => {
+                // Simulated waiters are never told of releases: every retry is a backstop's.
+                if let Some(r) = self.clients[c].retry.as_mut() {
+                    r.count_retry();
+                }
+                self.begin_attempt(c)
+            }
             Phase::InRound => {
                 let now = self.instant(self.now);
                 self.clients[c].round.handle_timeout(now);
