@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::core::fair::{FairAcquire, FairState};
+use crate::core::fair::{AttemptIds, FairAcquire, FairState};
 use crate::core::ops::{Acquire, Extend, Op, Release};
 use crate::core::{quorum, Decision, Retry, Round, Timing};
 use crate::driver::Driver;
@@ -372,22 +372,27 @@ impl Client {
     fn lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<Lock, Error> {
         check_key(key)?;
         let (ttl_ms, timing) = self.timing(ttl)?;
-        let token = Token::generate();
-        let release = Release {
-            key,
-            token: token.as_bytes(),
-        };
-        let valid_until = if self.inner.config.fair {
-            let fair = FairAcquire::new(key, token.as_bytes(), ttl_ms, self.fair_state());
-            self.acquire(&[key], token.as_bytes(), &fair, &release, timing, wait)?
-        } else {
-            let acquire = Acquire {
-                key,
-                token: token.as_bytes(),
-                ttl_ms,
-            };
-            self.acquire(&[key], token.as_bytes(), &acquire, &release, timing, wait)?
-        };
+        let first = Token::generate();
+        let fair = self.inner.config.fair.then(|| self.fair_state());
+        let (valid_until, token) = self.acquire(
+            &[key],
+            first,
+            &|token, run| {
+                let release = Release { key, token };
+                match &fair {
+                    Some(fair) => {
+                        let ids = AttemptIds {
+                            waiter: first.as_bytes(),
+                            token,
+                        };
+                        run(&FairAcquire::new(key, ids, ttl_ms, fair), &release)
+                    }
+                    None => run(&Acquire { key, token, ttl_ms }, &release),
+                }
+            },
+            timing,
+            wait,
+        )?;
         Ok(Lock {
             client: self.clone(),
             key: KeyBuf::new(key),
@@ -477,10 +482,16 @@ impl Client {
         Ok(driver)
     }
 
-    /// Redlock acquisition (seed 004): `acquire` on every node at once; won on a quorum within
-    /// the validity; otherwise `cleanup` on every node straight away, and again after a jittered
-    /// delay while `wait` allows. Returns when the lock stops being valid. `token` is the one
-    /// the attempts set, whose own announcements (by `cleanup`) are no reason to retry.
+    /// Redlock acquisition (seed 004): an attempt on every node at once; won on a quorum within
+    /// the validity; otherwise its cleanup on every node straight away, and another attempt
+    /// after a jittered delay (or a release announcement) while `wait` allows. Returns when the
+    /// lock stops being valid, and the token of the attempt that won it.
+    ///
+    /// Every attempt has its own token: `first` for the first one, a fresh one from the OS
+    /// random source for each retry. Nothing sent for a lost attempt (its cleanup above all,
+    /// which may still be on its way to a node over a connection given up since) can then touch
+    /// what a later attempt sets. `attempt` calls its second argument with the acquire op of an
+    /// attempt with the token it is given, and the cleanup that undoes that attempt.
     ///
     /// `resources` are the keys whose wake channels ([`WAKE_PREFIX`](crate::core::ops::WAKE_PREFIX))
     /// announce releases that make a retry worth trying. Only retries that start because no
@@ -489,16 +500,16 @@ impl Client {
     pub(crate) fn acquire(
         &self,
         resources: &[&[u8]],
-        token: &[u8],
-        acquire: &dyn Op,
-        cleanup: &dyn Op,
+        first: Token,
+        attempt: &Attempts<'_>,
         timing: Timing,
         wait: bool,
-    ) -> Result<Instant, Error> {
+    ) -> Result<(Instant, Token), Error> {
         let config = &self.inner.config;
         self.with_driver(|driver| {
-            let first = Instant::now();
-            let mut retry = Retry::new(first, config.wait_timeout, config.retry_count, wait);
+            let started = Instant::now();
+            let mut retry = Retry::new(started, config.wait_timeout, config.retry_count, wait);
+            let mut token = first;
             let mut subscribed = false;
             // The retry window after split votes, doubled at each.
             let mut spread = driver.spread;
@@ -507,39 +518,76 @@ impl Client {
             let mut quick = 0;
             let result = loop {
                 if retry.lost() > 0 {
-                    acquire.on_retry(first.elapsed());
+                    // One `getrandom` per retry; the first attempt uses `first`.
+                    token = Token::generate();
                 }
-                driver.clear_wake();
-                let start = Instant::now();
-                let mut round = driver.take_round(start, Some(timing), None);
-                driver.run(acquire, &mut round);
-                let outcome = match round.decision() {
-                    Some(Decision::Won {
-                        valid_until: Some(until),
-                        ..
-                    }) => Ok(until),
-                    _ => Err(self.loss(&round)),
-                };
-                let split = round.granted() > 0;
-                driver.wake_after(round.votes(), token);
-                driver.put_round(round);
-                let error = match outcome {
-                    Ok(until) => break Ok(until),
-                    Err(e) => e,
-                };
-
-                // Seed 004 step 5: unlock every node, even those that said no or did not answer.
-                driver.broadcast(cleanup);
-                let now = Instant::now();
-                // The backstop: the latest the next attempt starts if no release is announced.
-                // It is kept short of the wait timeout, so a waiter still gets a last try.
-                let delay = driver
-                    .jitter
-                    .around(config.retry_delay)
-                    .min(retry.remaining(now).saturating_sub(SPREAD_MIN));
-                let Some(backstop) = retry.next_attempt(now, delay) else {
-                    driver.flush_until(now + config.node_timeout);
-                    break Err(error);
+                // What the attempt came to. Only a broken `attempt` leaves it as it is.
+                let mut step = Step::GiveUp(Error::QuorumUnreachable {
+                    quorum: quorum(config.nodes.len()),
+                    nodes: config.nodes.len(),
+                    failures: Vec::new(),
+                });
+                attempt(token.as_bytes(), &mut |acquire, cleanup| {
+                    if retry.lost() > 0 {
+                        acquire.on_retry(started.elapsed());
+                    }
+                    driver.clear_wake();
+                    let start = Instant::now();
+                    let mut round = driver.take_round(start, Some(timing), None);
+                    driver.run(acquire, &mut round);
+                    let outcome = match round.decision() {
+                        Some(Decision::Won {
+                            valid_until: Some(until),
+                            ..
+                        }) => Ok(until),
+                        _ => Err(self.loss(&round)),
+                    };
+                    let split = round.granted() > 0;
+                    driver.wake_after(round.votes(), token.as_bytes());
+                    driver.put_round(round);
+                    step = match outcome {
+                        Ok(until) => Step::Won(until),
+                        Err(error) => {
+                            // Seed 004 step 5: unlock every node, even those that said no or
+                            // did not answer.
+                            driver.broadcast(cleanup);
+                            let now = Instant::now();
+                            // The backstop: the latest the next attempt starts if no release
+                            // is announced. It is kept short of the wait timeout, so a waiter
+                            // still gets a last try.
+                            let delay = driver
+                                .jitter
+                                .around(config.retry_delay)
+                                .min(retry.remaining(now).saturating_sub(SPREAD_MIN));
+                            match retry.next_attempt(now, delay) {
+                                Some(backstop) => Step::Retry {
+                                    error,
+                                    now,
+                                    backstop,
+                                    split,
+                                },
+                                None => Step::GiveUp(error),
+                            }
+                        }
+                    };
+                    if !matches!(step, Step::Retry { .. }) {
+                        if let Some(finish) = acquire.on_finish() {
+                            driver.broadcast(finish);
+                        }
+                    }
+                    if matches!(step, Step::GiveUp(_)) {
+                        driver.flush_until(Instant::now() + config.node_timeout);
+                    }
+                });
+                let (error, now, backstop, split) = match step {
+                    Step::Won(until) => break Ok((until, token)),
+                    Step::GiveUp(error) => break Err(error),
+                    Step::Retry {
+                        error,
+                        now,
+                        backstop,
+                        split,
+                    } => (error, now, backstop, split),
                 };
                 if !subscribed && error.is_contended() {
                     // From now on every release of `resource` is announced to us; try again
@@ -583,9 +631,6 @@ impl Client {
             driver.spread = if split_seen { spread } else { spread / 2 };
             if driver.spread < SPREAD_MIN {
                 driver.spread = Duration::ZERO;
-            }
-            if let Some(finish) = acquire.on_finish() {
-                driver.broadcast(finish);
             }
             if subscribed {
                 driver.unsubscribe(resources);
@@ -664,6 +709,26 @@ impl Client {
             },
         }
     }
+}
+
+/// The commands of an acquisition, attempt by attempt: called with an attempt's token, it calls
+/// its second argument with that attempt's acquire op and the cleanup that undoes it.
+pub(crate) type Attempts<'a> = dyn Fn(&[u8], &mut dyn FnMut(&dyn Op, &dyn Op)) + 'a;
+
+/// What one attempt of an acquisition came to.
+enum Step {
+    /// The lock, valid until then.
+    Won(Instant),
+    /// Lost, with no retry left.
+    GiveUp(Error),
+    /// Lost at `now`; the next attempt starts at `backstop` at the latest.
+    Retry {
+        error: Error,
+        now: Instant,
+        backstop: Instant,
+        /// Some nodes granted the attempt, too few.
+        split: bool,
+    },
 }
 
 /// Keys up to this length live inside the guard, so taking a lock allocates nothing.
@@ -760,7 +825,8 @@ impl Lock {
     }
 
     /// This holder's token: 160 bits from the OS random source, as 40 hex characters. It is
-    /// the value stored at the key on every node that granted the lock.
+    /// the value stored at the key on every node that granted the lock: the token of the
+    /// attempt that won it (every attempt draws its own).
     pub fn token(&self) -> &[u8] {
         self.token.as_bytes()
     }
