@@ -282,7 +282,10 @@ redlock_mux_result redlock_mux_client_builder_set_node_timeout_ms(redlock_mux_cl
 redlock_mux_result redlock_mux_client_builder_set_connect_timeout_ms(redlock_mux_client_builder *builder, uint64_t ms);
 
 /**
- * How many times `redlock_mux_client_lock` retries after a failed attempt. Default 32.
+ * How many times `redlock_mux_client_lock` (and every other waiting call) may retry on its own:
+ * after a retry delay in which no release was announced. Retries that a release announcement
+ * prompts are not counted; the wait timeout bounds them. 0 makes a single attempt. Default
+ * `UINT32_MAX`, which means no limit: the wait timeout alone bounds the wait.
  *
  * # Safety
  * `builder` is NULL or a live builder used by no other thread.
@@ -290,8 +293,9 @@ redlock_mux_result redlock_mux_client_builder_set_connect_timeout_ms(redlock_mux
 redlock_mux_result redlock_mux_client_builder_set_retry_count(redlock_mux_client_builder *builder, uint32_t count);
 
 /**
- * The base delay between attempts of `redlock_mux_client_lock`, in milliseconds; each delay
- * is drawn from [d/2, 3d/2). Default 50.
+ * The base delay between attempts of `redlock_mux_client_lock` when no release is announced,
+ * in milliseconds: a waiter retries at once when one is. Each delay is drawn from [d/2, 3d/2).
+ * Default 50.
  *
  * # Safety
  * `builder` is NULL or a live builder used by no other thread.
@@ -299,8 +303,9 @@ redlock_mux_result redlock_mux_client_builder_set_retry_count(redlock_mux_client
 redlock_mux_result redlock_mux_client_builder_set_retry_delay_ms(redlock_mux_client_builder *builder, uint64_t ms);
 
 /**
- * The longest `redlock_mux_client_lock` waits in all, in milliseconds, whatever the retry
- * count. Default 10000.
+ * The longest `redlock_mux_client_lock` (and every other waiting call) waits in all, in
+ * milliseconds, whatever the retry count; with the default retry count, this alone bounds the
+ * wait. Default 10000.
  *
  * # Safety
  * `builder` is NULL or a live builder used by no other thread.

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::core::fair::{FairAcquire, FairState};
+use crate::core::fair::{AttemptIds, FairAcquire, FairState};
 use crate::core::ops::{Acquire, Extend, Op, Release};
 use crate::core::{quorum, Decision, Retry, Round, Timing};
 use crate::driver::{Driver, Pending};
@@ -28,6 +28,9 @@ pub const MAX_TTL: Duration = Duration::from_millis(1 << 44);
 /// trip on a local network. It doubles with each split, up to `SPREAD_MAX`.
 const SPREAD_MIN: Duration = Duration::from_micros(200);
 const SPREAD_MAX: Duration = Duration::from_millis(4);
+/// With a fair queue, how many times in a row a waiter retries at once after a split vote
+/// before it waits for an announcement again: enough for a release to reach every node.
+const QUICK_SPLIT_RETRIES: u32 = 6;
 
 /// The longest timeout or delay a builder accepts: longer ones are surely mistakes, and would
 /// overflow the clock arithmetic if near `Duration::MAX`.
@@ -133,7 +136,7 @@ impl Default for ClientBuilder {
             nodes: Vec::new(),
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
-            retry_count: 32,
+            retry_count: Retry::UNLIMITED,
             retry_delay: Duration::from_millis(50),
             wait_timeout: Duration::from_secs(10),
             drift_factor: 0.01,
@@ -172,21 +175,33 @@ impl ClientBuilder {
         self
     }
 
-    /// How many times [`Client::lock`] retries after a failed attempt. Default 32.
+    /// How many times [`Client::lock`] (and every other waiting acquisition) may retry on its
+    /// own: after a [retry delay](Self::retry_delay) in which no release was announced.
+    ///
+    /// Retries that a release announcement prompts are not counted: a waiter is woken each time
+    /// the lock changes hands, and must not be sent away by the number of other waiters served
+    /// before it. The [wait timeout](Self::wait_timeout) bounds those. With 0, `lock` makes a
+    /// single attempt, as [`Client::try_lock`] does.
+    ///
+    /// Default `u32::MAX`, which means no limit: the wait timeout alone bounds a waiting `lock`.
     pub fn retry_count(mut self, count: u32) -> Self {
         self.retry_count = count;
         self
     }
 
-    /// The base delay between attempts; each delay is drawn from `[d/2, 3d/2)`. Default 50 ms;
-    /// at most a day.
+    /// The base delay between attempts when no release is announced: a waiter retries at once
+    /// when one is, and after this delay otherwise (the backstop for lost announcements). Each
+    /// delay is drawn from `[d/2, 3d/2)`. Default 50 ms; at most a day.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
         self
     }
 
-    /// The longest [`Client::lock`] waits in all, whatever the retry count. Default 10 s; at
-    /// most a day.
+    /// The longest [`Client::lock`] (and every other waiting acquisition) waits in all: no
+    /// attempt starts after it, whatever the retry count. With the default (unlimited)
+    /// [retry count](Self::retry_count), this is what bounds a waiting `lock`: it retries at
+    /// every announced release, and at least every retry delay, until it has the lock or this
+    /// timeout has passed. Default 10 s; at most a day.
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = timeout;
         self
@@ -205,6 +220,11 @@ impl ClientBuilder {
     ///
     /// Waiters that die leave the queue when their entry expires: three retry delays plus one
     /// node timeout (at least 100 ms) after their last retry.
+    ///
+    /// For read-write locks, readers at the head of the queue share the lock, and a writer
+    /// waits for the readers ahead of it. The queue outranks
+    /// [`RwPolicy::WritePreferring`]'s writer intents: a reader the queue lets through is not
+    /// refused by the intent of a writer behind it; see [`RwPolicy`].
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self
@@ -365,9 +385,17 @@ impl Client {
         self.lock_with(key.as_ref(), ttl, false)
     }
 
-    /// Takes the lock on `key` for `ttl`, retrying after a jittered delay up to the retry count
-    /// and the wait timeout. The returned guard is valid for [`Lock::validity`], which is less
-    /// than `ttl` by the time the quorum took and the drift allowance.
+    /// Takes the lock on `key` for `ttl`, blocking until it is ours or the
+    /// [wait timeout](ClientBuilder::wait_timeout) has passed (10 s by default).
+    ///
+    /// A waiter retries as soon as a release of `key` is announced, and after a jittered
+    /// [retry delay](ClientBuilder::retry_delay) when none is; only those unprompted retries
+    /// count against the [retry count](ClientBuilder::retry_count), which is unlimited by
+    /// default. Fails with [`Error::Contended`] (or the error of the last attempt) when the
+    /// wait ends without the lock.
+    ///
+    /// The returned guard is valid for [`Lock::validity`], which is less than `ttl` by the time
+    /// the quorum took and the drift allowance.
     pub fn lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         self.lock_with(key.as_ref(), ttl, true)
     }
@@ -375,22 +403,27 @@ impl Client {
     fn lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<Lock, Error> {
         check_key(key)?;
         let (ttl_ms, timing) = self.timing(ttl)?;
-        let token = Token::generate();
-        let release = Release {
-            key,
-            token: token.as_bytes(),
-        };
-        let won = if self.inner.config.fair {
-            let fair = FairAcquire::new(key, token.as_bytes(), ttl_ms, self.fair_state());
-            self.acquire(&[key], &fair, &release, timing, wait)?
-        } else {
-            let acquire = Acquire {
-                key,
-                token: token.as_bytes(),
-                ttl_ms,
-            };
-            self.acquire(&[key], &acquire, &release, timing, wait)?
-        };
+        let first = Token::generate();
+        let fair = self.inner.config.fair.then(|| self.fair_state());
+        let (won, token) = self.acquire(
+            &[key],
+            first,
+            &|token, run| {
+                let release = Release { key, token };
+                match &fair {
+                    Some(fair) => {
+                        let ids = AttemptIds {
+                            waiter: first.as_bytes(),
+                            token,
+                        };
+                        run(&FairAcquire::new(key, ids, ttl_ms, fair), &release)
+                    }
+                    None => run(&Acquire { key, token, ttl_ms }, &release),
+                }
+            },
+            timing,
+            wait,
+        )?;
         Ok(Lock::from_parts(self.clone(), KeyBuf::new(key), token, won))
     }
 
@@ -533,92 +566,150 @@ impl Client {
         Ok(driver)
     }
 
-    /// Redlock acquisition (seed 004): `acquire` on every node at once; won on a quorum within
-    /// the validity; otherwise `cleanup` on every node straight away, and again after a jittered
-    /// delay while `wait` allows. Returns when the lock stops being valid.
+    /// Redlock acquisition (seed 004): an attempt on every node at once; won on a quorum within
+    /// the validity; otherwise its cleanup on every node straight away, and another attempt
+    /// after a jittered delay (or a release announcement) while `wait` allows. Returns when the
+    /// lock stops being valid, and the token of the attempt that won it.
+    ///
+    /// Every attempt has its own token: `first` for the first one, a fresh one from the OS
+    /// random source for each retry. Nothing sent for a lost attempt (its cleanup above all,
+    /// which may still be on its way to a node over a connection given up since) can then touch
+    /// what a later attempt sets. `attempt` calls its second argument with the acquire op of an
+    /// attempt with the token it is given, and the cleanup that undoes that attempt.
     ///
     /// `resources` are the keys whose wake channels ([`WAKE_PREFIX`](crate::core::ops::WAKE_PREFIX))
-    /// announce releases that make a retry worth trying.
+    /// announce releases that make a retry worth trying. Only retries that start because no
+    /// release was announced within the retry delay count against the retry count; the wait
+    /// timeout bounds the others.
     pub(crate) fn acquire(
         &self,
         resources: &[&[u8]],
-        acquire: &dyn Op,
-        cleanup: &dyn Op,
+        first: Token,
+        attempt: &Attempts<'_>,
         timing: Timing,
         wait: bool,
-    ) -> Result<Won, Error> {
+    ) -> Result<(Won, Token), Error> {
         let config = &self.inner.config;
         self.with_driver(|driver| {
-            let first = Instant::now();
-            let mut retry = Retry::new(first, config.wait_timeout, config.retry_count, wait);
+            let started = Instant::now();
+            let mut retry = Retry::new(started, config.wait_timeout, config.retry_count, wait);
+            let mut token = first;
             let mut subscribed = false;
             // The retry window after split votes, doubled at each.
             let mut spread = driver.spread;
             let mut split_seen = false;
+            // Quick re-tries after split votes in a row (fair queue only).
+            let mut quick = 0;
             let result = loop {
                 if retry.lost() > 0 {
-                    acquire.on_retry(first.elapsed());
+                    // One `getrandom` per retry; the first attempt uses `first`.
+                    token = Token::generate();
                 }
-                driver.clear_wake();
-                let start = Instant::now();
-                let mut round = driver.take_round(start, Some(timing), None);
-                driver.run(acquire, &mut round);
-                let outcome = match round.decision() {
-                    Some(Decision::Won {
-                        valid_until: Some(until),
-                        ..
-                    }) => Ok(until),
-                    _ => Err(self.loss(&round)),
-                };
-                let split = round.granted() > 0;
-                driver.put_round(round);
-                let error = match outcome {
-                    Ok(until) => break Ok(until),
-                    Err(e) => e,
-                };
-
-                // Seed 004 step 5: unlock every node, even those that said no or did not answer.
-                driver.broadcast(cleanup);
-                let now = Instant::now();
-                if error.is_config() {
-                    // Misconfigured nodes stay so: waiting cannot make a quorum.
-                    driver.flush_until(now + config.node_timeout);
-                    break Err(error);
-                }
-                // The backstop: the latest the next attempt starts if no release is announced.
-                // It is kept short of the wait timeout, so a waiter still gets a last try.
-                let delay = driver
-                    .jitter
-                    .around(config.retry_delay)
-                    .min(retry.remaining(now).saturating_sub(SPREAD_MIN));
-                let Some(backstop) = retry.next_attempt(now, delay) else {
-                    driver.flush_until(now + config.node_timeout);
-                    break Err(error);
+                // What the attempt came to. Only a broken `attempt` leaves it as it is.
+                let mut step = Step::GiveUp(Error::QuorumUnreachable {
+                    quorum: quorum(config.nodes.len()),
+                    nodes: config.nodes.len(),
+                    failures: Vec::new(),
+                });
+                attempt(token.as_bytes(), &mut |acquire, cleanup| {
+                    if retry.lost() > 0 {
+                        acquire.on_retry(started.elapsed());
+                    }
+                    driver.clear_wake();
+                    let start = Instant::now();
+                    let mut round = driver.take_round(start, Some(timing), None);
+                    driver.run(acquire, &mut round);
+                    let outcome = match round.decision() {
+                        Some(Decision::Won {
+                            valid_until: Some(until),
+                            ..
+                        }) => Ok(until),
+                        _ => Err(self.loss(&round)),
+                    };
+                    let split = round.granted() > 0;
+                    driver.wake_after(round.votes(), token.as_bytes());
+                    driver.put_round(round);
+                    step = match outcome {
+                        Ok(until) => Step::Won(until),
+                        Err(error) => {
+                            // Seed 004 step 5: unlock every node, even those that said no or
+                            // did not answer.
+                            driver.broadcast(cleanup);
+                            let now = Instant::now();
+                            // The backstop: the latest the next attempt starts if no release
+                            // is announced. It is kept short of the wait timeout, so a waiter
+                            // still gets a last try.
+                            let delay = driver
+                                .jitter
+                                .around(config.retry_delay)
+                                .min(retry.remaining(now).saturating_sub(SPREAD_MIN));
+                            match retry.next_attempt(now, delay) {
+                                // Misconfigured nodes stay so: waiting cannot make a quorum.
+                                _ if error.is_config() => Step::GiveUp(error),
+                                Some(backstop) => Step::Retry {
+                                    error,
+                                    now,
+                                    backstop,
+                                    split,
+                                },
+                                None => Step::GiveUp(error),
+                            }
+                        }
+                    };
+                    if !matches!(step, Step::Retry { .. }) {
+                        if let Some(finish) = acquire.on_finish() {
+                            driver.broadcast(finish);
+                        }
+                    }
+                    if matches!(step, Step::GiveUp(_)) {
+                        driver.flush_until(Instant::now() + config.node_timeout);
+                    }
+                });
+                let (error, now, backstop, split) = match step {
+                    Step::Won(until) => break Ok((until, token)),
+                    Step::GiveUp(error) => break Err(error),
+                    Step::Retry {
+                        error,
+                        now,
+                        backstop,
+                        split,
+                    } => (error, now, backstop, split),
                 };
                 if !subscribed && error.is_contended() {
                     // From now on every release of `resource` is announced to us; try again
                     // at once, since a release may have come before the subscription did.
+                    // This retry stands for such a release: it is not counted.
                     driver.subscribe(resources);
                     subscribed = true;
                     continue;
                 }
-                if split {
+                if !split {
+                    quick = 0;
+                } else {
                     split_seen = true;
                     // Some nodes granted, too few. Without a fair queue, waiters collided:
                     // spread the next retries over a window that doubles with each split, so
                     // they drift apart. With one, only the head can win anywhere, so the vote
                     // split because a release had not reached every node yet, and its
-                    // announcement may already be spent: retry soon without waiting for one.
+                    // announcement may already be spent: retry soon without waiting for one,
+                    // a few times in a row, then wait as after any other refusal (a lock held
+                    // on a minority of nodes keeps splitting the vote).
                     spread = (spread * 2).clamp(SPREAD_MIN, SPREAD_MAX.min(config.retry_delay));
-                    if config.fair {
+                    if config.fair && quick < QUICK_SPLIT_RETRIES {
+                        quick += 1;
                         let pause = driver.jitter.below(spread);
                         driver.sleep_until((now + pause).min(backstop));
                         continue;
                     }
                 }
-                if driver.wait_wake(backstop) && !spread.is_zero() {
-                    let pause = driver.jitter.below(spread);
-                    driver.sleep_until((Instant::now() + pause).min(backstop));
+                if driver.wait_wake(backstop) {
+                    if !spread.is_zero() {
+                        let pause = driver.jitter.below(spread);
+                        driver.sleep_until((Instant::now() + pause).min(backstop));
+                    }
+                } else {
+                    // No release was announced within the retry delay.
+                    retry.count_retry();
                 }
             };
             // Keep what was learnt of the contention for the next acquisition; halve it when
@@ -627,15 +718,18 @@ impl Client {
             if driver.spread < SPREAD_MIN {
                 driver.spread = Duration::ZERO;
             }
-            if let Some(finish) = acquire.on_finish() {
-                driver.broadcast(finish);
-            }
             if subscribed {
                 driver.unsubscribe(resources);
             }
-            result.map(|valid_until| Won {
-                valid_until,
-                pending: driver.pending(),
+            result.map(|(valid_until, token)| {
+                let pending = driver.pending();
+                (
+                    Won {
+                        valid_until,
+                        pending,
+                    },
+                    token,
+                )
             })
         })?
     }
@@ -749,6 +843,26 @@ impl Client {
     }
 }
 
+/// The commands of an acquisition, attempt by attempt: called with an attempt's token, it calls
+/// its second argument with that attempt's acquire op and the cleanup that undoes it.
+pub(crate) type Attempts<'a> = dyn Fn(&[u8], &mut dyn FnMut(&dyn Op, &dyn Op)) + 'a;
+
+/// What one attempt of an acquisition came to.
+enum Step {
+    /// The lock, valid until then.
+    Won(Instant),
+    /// Lost, with no retry left.
+    GiveUp(Error),
+    /// Lost at `now`; the next attempt starts at `backstop` at the latest.
+    Retry {
+        error: Error,
+        now: Instant,
+        backstop: Instant,
+        /// Some nodes granted the attempt, too few.
+        split: bool,
+    },
+}
+
 /// Keys up to this length live inside the guard, so taking a lock allocates nothing.
 const INLINE_KEY: usize = 64;
 
@@ -841,7 +955,8 @@ impl Lock {
     }
 
     /// This holder's token: 160 bits from the OS random source, as 40 hex characters. It is
-    /// the value stored at the key on every node that granted the lock.
+    /// the value stored at the key on every node that granted the lock: the token of the
+    /// attempt that won it (every attempt draws its own).
     pub fn token(&self) -> &[u8] {
         self.token.as_bytes()
     }

@@ -83,21 +83,26 @@ impl Client {
         timing: Timing,
         wait: bool,
     ) -> Result<FencedLock, Attempt> {
-        let token = Token::generate();
         let read = FenceRead::new();
-        let acquire = FencedAcquire {
-            key,
-            fence,
-            token: token.as_bytes(),
-            ttl_ms,
-            read: &read,
-        };
-        let release = Release {
-            key,
-            token: token.as_bytes(),
-        };
-        let won = self
-            .acquire(&[key], &acquire, &release, timing, wait)
+        let (won, token) = self
+            .acquire(
+                &[key],
+                Token::generate(),
+                &|token, run| {
+                    // The counters read count only for the token they were read with.
+                    read.clear();
+                    let acquire = FencedAcquire {
+                        key,
+                        fence,
+                        token,
+                        ttl_ms,
+                        read: &read,
+                    };
+                    run(&acquire, &Release { key, token })
+                },
+                timing,
+                wait,
+            )
             .map_err(Attempt::Acquire)?;
         let (valid_until, pending) = (won.valid_until, won.pending.clone());
         // From here a failure drops `lock`, which releases it on every node.

@@ -68,17 +68,23 @@ impl Client {
         wait: bool,
     ) -> Result<MultiLock, Error> {
         let (ttl_ms, timing) = self.timing(ttl)?;
-        let token = Token::generate();
-        let won = {
+        let (won, token) = {
             let refs = key_refs(&keys);
-            let acquire = AcquireAll {
-                keys: &refs,
-                token: token.as_bytes(),
-                ttl_ms,
-            };
-            let release = ReleaseAll::new(&refs, token.as_bytes());
             // Any key's release can make the set free: a waiter listens on every one.
-            self.acquire(&refs, &acquire, &release, timing, wait)?
+            self.acquire(
+                &refs,
+                Token::generate(),
+                &|token, run| {
+                    let acquire = AcquireAll {
+                        keys: &refs,
+                        token,
+                        ttl_ms,
+                    };
+                    run(&acquire, &ReleaseAll::new(&refs, token))
+                },
+                timing,
+                wait,
+            )?
         };
         Ok(MultiLock {
             client: self.clone(),

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::client::{check_key, Client, Won};
+use crate::core::fair::AttemptIds;
 use crate::core::ops::{Extend, Op};
 use crate::core::rw::{
     FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
@@ -31,6 +32,13 @@ pub enum RwPolicy {
     /// refreshed on every attempt, withdrawn when the writer gets the lock or gives up, and
     /// expires on its own (after twice the retry delay plus twice the node timeout) if the
     /// writer dies.
+    ///
+    /// With [`fair`](crate::ClientBuilder::fair) queueing, the queue decides who goes next:
+    /// readers that arrive after a queued writer queue behind it, which already keeps the
+    /// writer from starving, and a reader the queue lets through (queued, with only readers
+    /// ahead of it) is never refused by an intent, so a writer queued behind it cannot hold it
+    /// back. Intents then only hold back readers that have not joined the queue (an empty one,
+    /// before [`fair_after`](crate::ClientBuilder::fair_after)).
     WritePreferring,
 }
 
@@ -247,24 +255,39 @@ impl Client {
         check_key(key)?;
         let (ttl_ms, timing) = self.timing(ttl)?;
         let keys = RwKeys::new(key);
-        let token = Token::generate();
-        let cleanup = SetRelease {
-            resource: key,
-            set: keys.readers(),
-            token: token.as_bytes(),
-        };
-        let won = if self.config().fair {
-            let fair = self.fair_state();
-            let acquire = FairRwAcquire::read(key, &keys, token.as_bytes(), ttl_ms, fair);
-            self.acquire(&[key], &acquire, &cleanup, timing, wait)?
-        } else {
-            let acquire = ReadAcquire {
-                keys: &keys,
-                token: token.as_bytes(),
-                ttl_ms,
-            };
-            self.acquire(&[key], &acquire, &cleanup, timing, wait)?
-        };
+        let first = Token::generate();
+        let fair = self.config().fair.then(|| self.fair_state());
+        let (won, token) = self.acquire(
+            &[key],
+            first,
+            &|token, run| {
+                let cleanup = SetRelease {
+                    resource: key,
+                    set: keys.readers(),
+                    token,
+                };
+                match &fair {
+                    Some(fair) => {
+                        let ids = AttemptIds {
+                            waiter: first.as_bytes(),
+                            token,
+                        };
+                        let acquire = FairRwAcquire::read(key, &keys, ids, ttl_ms, fair);
+                        run(&acquire, &cleanup)
+                    }
+                    None => run(
+                        &ReadAcquire {
+                            keys: &keys,
+                            token,
+                            ttl_ms,
+                        },
+                        &cleanup,
+                    ),
+                }
+            },
+            timing,
+            wait,
+        )?;
         Ok(ReadLock(self.held(Side::Read, key, keys, token, won)))
     }
 
@@ -279,34 +302,48 @@ impl Client {
             }
         };
         let keys = RwKeys::new(key);
-        let token = Token::generate();
-        let cleanup = WriteCleanup {
-            resource: key,
-            keys: &keys,
-            token: token.as_bytes(),
-            intent_ms,
-        };
-        let result = if config.fair {
-            let fair = self.fair_state();
-            let acquire =
-                FairRwAcquire::write(key, &keys, token.as_bytes(), ttl_ms, intent_ms, fair);
-            self.acquire(&[key], &acquire, &cleanup, timing, wait)
-        } else {
-            let acquire = WriteAcquire {
-                keys: &keys,
-                token: token.as_bytes(),
-                ttl_ms,
-                intent_ms,
-            };
-            self.acquire(&[key], &acquire, &cleanup, timing, wait)
-        };
+        // The waiter's id names its intent, the same on every attempt.
+        let first = Token::generate();
+        let waiter = first.as_bytes();
+        let fair = config.fair.then(|| self.fair_state());
+        let result = self.acquire(
+            &[key],
+            first,
+            &|token, run| {
+                let ids = AttemptIds { waiter, token };
+                let cleanup = WriteCleanup {
+                    resource: key,
+                    keys: &keys,
+                    ids,
+                    intent_ms,
+                };
+                match &fair {
+                    Some(fair) => {
+                        let acquire =
+                            FairRwAcquire::write(key, &keys, ids, ttl_ms, intent_ms, fair);
+                        run(&acquire, &cleanup)
+                    }
+                    None => run(
+                        &WriteAcquire {
+                            keys: &keys,
+                            ids,
+                            ttl_ms,
+                            intent_ms,
+                        },
+                        &cleanup,
+                    ),
+                }
+            },
+            timing,
+            wait,
+        );
         if intent_ms > 0 {
             // Won: nodes that refused still hold the intent. Lost: every node may. Either way
             // it must not keep readers out any longer; nobody waits for the answer.
             let withdraw = SetRelease {
                 resource: key,
                 set: keys.intents(),
-                token: token.as_bytes(),
+                token: waiter,
             };
             let flush_by = Instant::now() + config.node_timeout;
             let _ = self.with_driver(|driver| {
@@ -314,7 +351,7 @@ impl Client {
                 driver.flush_until(flush_by);
             });
         }
-        let won = result?;
+        let (won, token) = result?;
         Ok(WriteLock(self.held(Side::Write, key, keys, token, won)))
     }
 

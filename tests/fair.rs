@@ -268,3 +268,114 @@ fn a_stream_of_readers_does_not_starve_a_fair_writer() {
         "the writer waited {waited:?}"
     );
 }
+
+/// What one waiter of [`queued_in_order_then_released`] saw: when it got the lock, and when it
+/// let it go (or why it did not get it).
+type Held = Result<(Instant, Instant), String>;
+
+/// Under `fair(true)` with `policy`: a writer holds `key`; a reader, a writer and a reader
+/// queue behind it in that order; the holder releases. Returns the instant of the release and
+/// what each waiter saw, in queue order. Each waiter holds its lock for 100 ms.
+fn queued_in_order_then_released(
+    cluster: &RedisCluster,
+    key: &'static str,
+    policy: redlock_mux::RwPolicy,
+) -> (Instant, Vec<Held>) {
+    let fair_rw = || {
+        Client::builder()
+            .nodes(cluster.urls())
+            .fair(true)
+            .rw_policy(policy)
+            .retry_delay(Duration::from_millis(100))
+            .wait_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let holder = fair_rw().write_lock(key, TTL).unwrap();
+    let mut waiters = Vec::new();
+    for (i, write) in [false, true, false].into_iter().enumerate() {
+        let client = fair_rw();
+        waiters.push(thread::spawn(move || -> Held {
+            let hold = |start: Instant| {
+                thread::sleep(Duration::from_millis(100));
+                (start, Instant::now())
+            };
+            if write {
+                let g = client.write_lock(key, TTL).map_err(|e| e.to_string())?;
+                let held = hold(Instant::now());
+                g.release().map_err(|e| e.to_string())?;
+                Ok(held)
+            } else {
+                let g = client.read_lock(key, TTL).map_err(|e| e.to_string())?;
+                let held = hold(Instant::now());
+                g.release().map_err(|e| e.to_string())?;
+                Ok(held)
+            }
+        }));
+        // Each waiter is queued on every node before the next one arrives.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cluster
+            .addrs()
+            .iter()
+            .any(|a| rw_queue_len(*a, key) < i as i64 + 1)
+        {
+            assert!(Instant::now() < deadline, "waiter {i} did not queue");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // Let every waiter go through at least one more lost round (and its cleanup) while queued.
+    thread::sleep(Duration::from_millis(300));
+    let released = Instant::now();
+    holder.release().unwrap();
+    let held = waiters.into_iter().map(|t| t.join().unwrap()).collect();
+    (released, held)
+}
+
+/// The reader at the head of a fair queue gets a released lock at once, whatever the policy:
+/// under `WritePreferring`, the writer queued behind it must not hold it back with its intent
+/// (while the queue holds the writer back behind the reader). Then the queue order is kept.
+#[test]
+fn the_reader_at_the_head_of_a_fair_queue_gets_a_released_lock_at_once_under_either_policy() {
+    use redlock_mux::RwPolicy;
+    let cluster = RedisCluster::start(3).unwrap();
+    for (policy, key) in [
+        (RwPolicy::WritePreferring, "head-wp"),
+        (RwPolicy::ReadPreferring, "head-rp"),
+    ] {
+        let (released, held) = queued_in_order_then_released(&cluster, key, policy);
+        let at = |h: &Held| match h {
+            Ok((s, _)) => Ok(s.saturating_duration_since(released)),
+            Err(e) => Err(e.clone()),
+        };
+        let summary = format!(
+            "{policy:?}: from the release, reader 1 {:?}, writer {:?}, reader 2 {:?}",
+            at(&held[0]),
+            at(&held[1]),
+            at(&held[2])
+        );
+        // One round trip after the release announcement; generous for a loaded machine.
+        assert!(
+            matches!(at(&held[0]), Ok(d) if d < Duration::from_millis(500)),
+            "the reader at the head did not get the lock at once. {summary}"
+        );
+        let [Ok((_, r1e)), Ok((ws, we)), Ok((r2s, _))] = held[..] else {
+            panic!("a waiter did not get the lock. {summary}");
+        };
+        assert!(
+            ws >= r1e,
+            "{policy:?}: the writer waited for the reader ahead of it"
+        );
+        assert!(
+            r2s >= we,
+            "{policy:?}: the last reader waited for the writer ahead of it"
+        );
+        for addr in cluster.addrs() {
+            assert_eq!(rw_queue_len(addr, key), 0, "{policy:?}: the queue is empty");
+            assert_eq!(
+                cmd(addr, &[b"EXISTS", format!("{{rw:{key}}}:wi").as_bytes()]),
+                Value::Integer(0),
+                "{policy:?}: no intent is left"
+            );
+        }
+    }
+}

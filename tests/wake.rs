@@ -3,11 +3,12 @@
 
 mod common;
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
+use redlock_mux::resp::Value;
 use redlock_mux::Client;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -119,4 +120,127 @@ fn release_publishes_on_the_wake_channel() {
         "no message: {}",
         String::from_utf8_lossy(&got)
     );
+}
+
+/// How many waiters queue up in the crowd tests.
+const CROWD: usize = 64;
+
+/// Runs `f` on its own thread and returns what it returns; fails the test (instead of hanging
+/// it) once `limit` has passed. The caller keeps the servers, so that they stop either way.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let t = thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            // It panicked: show why.
+            std::panic::resume_unwind(t.join().unwrap_err())
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("still running after {limit:?}"),
+    }
+}
+
+/// A client with the default retry settings, as a user would have it, and a long wait timeout:
+/// a waiting `lock()` must get the lock however many others are served first.
+fn patient(urls: &[String], fair: bool) -> Client {
+    Client::builder()
+        .nodes(urls)
+        .fair(fair)
+        .wait_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// `CROWD` waiters of one client each take `key`, note their number in `order` while they
+/// hold it, hold it for 10 ms and release it. `arrived(i)` is called after waiter `i` has
+/// started. Returns what each waiter's `lock()` returned, by waiter.
+fn crowd(
+    client: &Client,
+    key: &'static str,
+    order: &Arc<Mutex<Vec<usize>>>,
+    mut arrived: impl FnMut(usize),
+) -> Vec<thread::JoinHandle<Result<(), String>>> {
+    (0..CROWD)
+        .map(|i| {
+            let (client, order) = (client.clone(), order.clone());
+            let t = thread::spawn(move || {
+                let lock = client
+                    .lock(key, TTL)
+                    .map_err(|e| format!("waiter {i}: {e}"))?;
+                order.lock().unwrap().push(i);
+                thread::sleep(Duration::from_millis(10));
+                lock.release().map_err(|e| format!("waiter {i}: {e}"))
+            });
+            arrived(i);
+            t
+        })
+        .collect()
+}
+
+/// Waiters blocked in `lock()` wait up to the wait timeout, however many releases wake them
+/// first: 64 fair waiters that arrive one after the other all get the lock, in arrival order.
+#[test]
+fn sixty_four_fair_waiters_all_get_the_lock_in_arrival_order() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let (urls, addrs) = (cluster.urls(), cluster.addrs());
+    let order = within(Duration::from_secs(30), move || {
+        let holder = patient(&urls, true).lock("crowd", TTL).unwrap();
+        let client = patient(&urls, true);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let waiters = crowd(&client, "crowd", &order, |i| {
+            // Waiter i is queued on every node before waiter i + 1 arrives.
+            let queued = eventually(Duration::from_secs(10), || {
+                addrs
+                    .iter()
+                    .all(|a| cmd(*a, &[b"ZCARD", b"{crowd}:q"]) == Value::Integer(i as i64 + 1))
+            });
+            assert!(queued, "waiter {i} did not queue");
+        });
+        holder.release().unwrap();
+        let failed: Vec<String> = waiters
+            .into_iter()
+            .filter_map(|t| t.join().unwrap().err())
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "{} of {CROWD} waiters gave up: {failed:?}",
+            failed.len()
+        );
+        let order = order.lock().unwrap().clone();
+        order
+    });
+    assert_eq!(order, (0..CROWD).collect::<Vec<_>>(), "served out of order");
+}
+
+/// The same without a fair queue: 64 waiters that arrive together all get the lock.
+#[test]
+fn sixty_four_plain_waiters_all_get_the_lock() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let (urls, addrs) = (cluster.urls(), cluster.addrs());
+    let served = within(Duration::from_secs(30), move || {
+        let holder = patient(&urls, false).lock("crowd", TTL).unwrap();
+        let client = patient(&urls, false);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let waiters = crowd(&client, "crowd", &order, |_| {});
+        // Let every waiter fail its first attempt and wait.
+        thread::sleep(Duration::from_millis(300));
+        holder.release().unwrap();
+        let failed: Vec<String> = waiters
+            .into_iter()
+            .filter_map(|t| t.join().unwrap().err())
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "{} of {CROWD} waiters gave up: {failed:?}",
+            failed.len()
+        );
+        for addr in addrs {
+            assert!(eventually(Duration::from_secs(2), || dbsize(addr) == 0));
+        }
+        let served = order.lock().unwrap().len();
+        served
+    });
+    assert_eq!(served, CROWD);
 }

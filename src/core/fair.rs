@@ -1,11 +1,13 @@
 //! The FIFO-fair policy (seed 000, "Fairness"), over a quorum.
 //!
-//! Each resource `K` has a queue of waiters on every node: a sorted set `Q` of tokens scored by
-//! a *ticket*, and a sorted set `QX` of the same tokens scored by when each entry expires on
-//! that node's own clock. A waiter chooses its ticket once, when it starts waiting (its wall
-//! clock in microseconds), and uses it on every node and every attempt, so every node orders
-//! the same waiters the same way: by ticket, then by token (Redis orders equal scores by
-//! member). Only the head of a node's queue may take the lock on that node.
+//! Each resource `K` has a queue of waiters on every node: a sorted set `Q` of waiter ids scored
+//! by a *ticket*, and a sorted set `QX` of the same ids scored by when each entry expires on
+//! that node's own clock. A waiter chooses its ticket and its id once, when it starts waiting
+//! (its wall clock in microseconds, and the token of its first attempt), and uses them on every
+//! node and every attempt, so every node orders the same waiters the same way: by ticket, then
+//! by id (Redis orders equal scores by member). Only the head of a node's queue may take the
+//! lock on that node. Each attempt sets its own token as the lock's value; the id only names the
+//! waiter in the queue, so a waiter keeps one entry, and its place, across attempts.
 //!
 //! Why no ordering across nodes can deadlock: take the live waiter `W` that is smallest by
 //! (ticket, token). Wherever `W` is queued, it is the head. Every attempt re-joins every node it
@@ -33,8 +35,8 @@ use crate::core::Vote;
 use crate::resp::{self, Reply};
 
 /// Lua: the queue gate every fair acquire script starts with. The queue and its expiries are
-/// the last two KEYS; ticket, entry TTL and join flag the last three ARGV; the entry is `kind`
-/// followed by the token (ARGV[1]). It prunes dead entries, joins (or refreshes) this waiter
+/// the last two KEYS; waiter id, ticket, entry TTL and join flag the last four ARGV; the entry
+/// is `kind` followed by the waiter id. It prunes dead entries, joins (or refreshes) this waiter
 /// when the queue is not empty or `join` is set, and refuses with 2 unless everyone ahead may
 /// go first: nobody, for a writer or a mutex; only readers, for a reader (`readers_share`).
 /// It defines `won()`, which takes this waiter out of the queue, and `refused()`, which
@@ -42,7 +44,7 @@ use crate::resp::{self, Reply};
 macro_rules! fair_gate {
     ($kind:literal, $readers_share:literal) => {
         concat!(
-            "local m = '", $kind, "' .. ARGV[1]; ",
+            "local m = '", $kind, "' .. ARGV[#ARGV - 3]; ",
             "local qk, xk = KEYS[#KEYS - 1], KEYS[#KEYS]; ",
             "local ettl = tonumber(ARGV[#ARGV - 1]); local queued = false; ",
             "local function won() redis.call('zrem', qk, m); redis.call('zrem', xk, m); return 1 end; ",
@@ -66,16 +68,18 @@ macro_rules! fair_gate {
     };
 }
 
-/// Fair mutex acquire. KEYS: lock, queue, expiries. ARGV: token, ttl ms, ticket, entry TTL ms,
-/// join ('1' to join even an empty queue). Returns 1 when the lock was taken, 0 when it was
-/// refused without queueing, 2 when it was refused and the waiter is (still) queued.
+/// Fair mutex acquire. KEYS: lock, queue, expiries. ARGV: token, ttl ms, waiter id, ticket,
+/// entry TTL ms, join ('1' to join even an empty queue). Returns 1 when the lock was taken, 0
+/// when it was refused without queueing, 2 when it was refused and the waiter is (still)
+/// queued.
 pub static FAIR_ACQUIRE: Script = Script::new(concat!(
     fair_gate!("", "false"),
     "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return won() end; ",
     "return refused()",
 ));
 
-/// A waiter leaves the queue. KEYS: lock, queue, expiries. ARGV: queue entry, wake channel. If
+/// A waiter leaves the queue. KEYS: lock, queue, expiries. ARGV: queue entry (the kind and the
+/// waiter id), wake channel. If
 /// the lock is free, the next waiter is told at once rather than at its next retry.
 pub static LEAVE: Script = Script::new(concat!(
     "local gone = redis.call('zrem', KEYS[2], ARGV[1]); redis.call('zrem', KEYS[3], ARGV[1]); ",
@@ -214,33 +218,44 @@ impl FairState {
     }
 }
 
+/// The two names of one attempt of a waiter.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptIds<'a> {
+    /// The waiter: the same on every attempt (its first attempt's token). It names the waiter's
+    /// queue entry and, for a writer, its intent.
+    pub waiter: &'a [u8],
+    /// This attempt's token: the value the lock holds if the attempt wins. A new one for every
+    /// attempt, so that nothing sent for an earlier attempt can touch what a later one holds.
+    pub token: &'a [u8],
+}
+
 /// A fair mutex acquisition: the same vote as `SET NX PX`, but only the queue's head may win.
 #[derive(Debug)]
 pub struct FairAcquire<'a> {
     /// The lock's key.
     pub key: &'a [u8],
-    /// This acquirer's token (also its queue entry).
-    pub token: &'a [u8],
+    /// This attempt's token, and the waiter's queue entry.
+    pub ids: AttemptIds<'a>,
     /// TTL in milliseconds.
     pub ttl_ms: u64,
-    /// Place in the queue and what goes with it.
-    pub fair: FairState,
+    /// Place in the queue and what goes with it, kept across attempts.
+    pub fair: &'a FairState,
     leave: Leave<'a>,
 }
 
 impl<'a> FairAcquire<'a> {
-    /// A fair acquisition of `key` with `token`.
-    pub fn new(key: &'a [u8], token: &'a [u8], ttl_ms: u64, fair: FairState) -> Self {
+    /// An attempt with `ids` at a fair acquisition of `key`.
+    pub fn new(key: &'a [u8], ids: AttemptIds<'a>, ttl_ms: u64, fair: &'a FairState) -> Self {
         FairAcquire {
             key,
-            token,
+            ids,
             ttl_ms,
             fair,
             leave: Leave {
                 resource: key,
                 keys: QueueKeys::Mutex(key),
                 kind: b"",
-                token,
+                waiter: ids.waiter,
             },
         }
     }
@@ -248,10 +263,11 @@ impl<'a> FairAcquire<'a> {
 
 impl Op for FairAcquire<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
-        write_eval_head(out, &FAIR_ACQUIRE, form, 3, 5);
+        write_eval_head(out, &FAIR_ACQUIRE, form, 3, 6);
         QueueKeys::Mutex(self.key).write(out);
-        resp::write_bulk(out, self.token);
+        resp::write_bulk(out, self.ids.token);
         resp::write_bulk_u64(out, self.ttl_ms);
+        resp::write_bulk(out, self.ids.waiter);
         self.fair.write_args(out);
     }
 
@@ -279,15 +295,15 @@ pub struct Leave<'a> {
     pub keys: QueueKeys<'a>,
     /// What kind of waiter this is, the start of its queue entry (empty for a mutex).
     pub kind: &'a [u8],
-    /// The waiter's token.
-    pub token: &'a [u8],
+    /// The waiter's id, the rest of its queue entry.
+    pub waiter: &'a [u8],
 }
 
 impl Op for Leave<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
         write_eval_head(out, &LEAVE, form, 3, 2);
         self.keys.write(out);
-        resp::write_bulk_parts(out, &[self.kind, self.token]);
+        resp::write_bulk_parts(out, &[self.kind, self.waiter]);
         resp::write_bulk_parts(out, &[WAKE_PREFIX, self.resource]);
     }
 
@@ -321,14 +337,15 @@ mod tests {
         assert_ne!(derived(b"abc", 1), derived(b"{abc}", 1));
     }
 
+    const IDS: AttemptIds<'static> = AttemptIds {
+        waiter: b"w",
+        token: b"t",
+    };
+
     #[test]
     fn joins_only_after_the_interval() {
-        let op = FairAcquire::new(
-            b"k",
-            b"t",
-            1000,
-            FairState::new(7, 500, Duration::from_millis(100)),
-        );
+        let fair = FairState::new(7, 500, Duration::from_millis(100));
+        let op = FairAcquire::new(b"k", IDS, 1000, &fair);
         let body = |op: &FairAcquire<'_>| {
             let mut out = Vec::new();
             op.encode(&mut out, ScriptForm::Sha);
@@ -343,7 +360,8 @@ mod tests {
 
     #[test]
     fn a_refusal_that_queued_is_a_no_and_the_waiter_always_leaves() {
-        let op = FairAcquire::new(b"k", b"t", 1000, FairState::new(7, 500, Duration::ZERO));
+        let fair = FairState::new(7, 500, Duration::ZERO);
+        let op = FairAcquire::new(b"k", IDS, 1000, &fair);
         assert!(op.on_finish().is_some());
         assert_eq!(op.classify(&Reply::Integer(0)), Verdict::Vote(Vote::No));
         assert_eq!(op.classify(&Reply::Integer(1)), Verdict::Vote(Vote::Yes));

@@ -115,10 +115,9 @@ pub static FENCE_WRITE: Script = Script::new(
 /// The read phase's result: the largest counter that granting nodes returned, and how many
 /// returned it.
 ///
-/// Votes are classified through `&self`, so this collects them in [`Cell`]s. Use a new one for
-/// each token. Replies from earlier, lost rounds with the same token may be counted too: each
-/// still comes from a node that held our token with that counter at an instant before the
-/// validity ends, which is all the argument on [`FencedLock`](crate::FencedLock) needs.
+/// Votes are classified through `&self`, so this collects them in [`Cell`]s. Use a new (or
+/// [cleared](Self::clear)) one for each attempt: every attempt has its own token, and a counter
+/// counts only with the token it was granted with.
 #[derive(Debug, Default)]
 pub struct FenceRead {
     max: Cell<Option<u64>>,
@@ -129,6 +128,12 @@ impl FenceRead {
     /// Nothing read yet.
     pub fn new() -> FenceRead {
         FenceRead::default()
+    }
+
+    /// Forgets everything recorded, for a new attempt.
+    pub fn clear(&self) {
+        self.max.set(None);
+        self.at_max.set(0);
     }
 
     /// Records a counter that a granting node returned.

@@ -35,7 +35,7 @@ use crate::error::NodeErrorKind;
 pub struct KeyNames {
     /// The mutex (and all-or-none) key: the resource key itself, holding the holder's token.
     pub mutex: Vec<u8>,
-    /// The mutex's fair queue: waiters' tokens scored by ticket.
+    /// The mutex's fair queue: waiters' ids (each waiter's first token) scored by ticket.
     pub mutex_queue: Vec<u8>,
     /// The mutex's fair queue entries scored by their expiry, in ms on the node's clock.
     pub mutex_queue_expiries: Vec<u8>,
@@ -43,9 +43,10 @@ pub struct KeyNames {
     pub writer: Vec<u8>,
     /// The read-write lock's readers, scored by their expiry in ms on the node's clock.
     pub readers: Vec<u8>,
-    /// Waiting writers' intents (write-preferring policy), scored like readers.
+    /// Waiting writers' intents (write-preferring policy): their ids, scored like readers.
     pub intents: Vec<u8>,
-    /// The read-write lock's fair queue: `r` or `w` followed by the token, scored by ticket.
+    /// The read-write lock's fair queue: `r` or `w` followed by the waiter's id, scored by
+    /// ticket.
     pub rw_queue: Vec<u8>,
     /// The read-write lock's fair queue entries scored by their expiry.
     pub rw_queue_expiries: Vec<u8>,

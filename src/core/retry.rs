@@ -7,35 +7,53 @@ use std::time::{Duration, Instant};
 /// The retry budget of one acquisition, from its first attempt.
 ///
 /// After each lost round the caller broadcasts the cleanup, draws a jittered delay, and asks
-/// [`next_attempt`](Self::next_attempt) when to try again; `None` means give up now.
+/// [`next_attempt`](Self::next_attempt) for the latest instant to try again (the backstop);
+/// `None` means give up now. A waiter that is told of a release may try again sooner. Only
+/// retries that start because their backstop passed count against the retry count: the caller
+/// says so with [`count_retry`](Self::count_retry). Retries that a release announcement
+/// prompts are bounded by the wait timeout alone, so a waiter is never sent away by the
+/// number of other waiters served before it.
 #[derive(Debug, Clone)]
 pub struct Retry {
     deadline: Instant,
     lost: u32,
+    counted: u32,
     retry_count: u32,
     wait: bool,
 }
 
 impl Retry {
+    /// The retry count that means no limit: only the wait timeout ends the waiting.
+    pub const UNLIMITED: u32 = u32::MAX;
+
     /// The budget of an acquisition whose first attempt starts at `first`: at most
-    /// `retry_count` retries, none starting at or after `first + wait_timeout`, and none at all
-    /// unless `wait`.
+    /// `retry_count` counted retries ([`UNLIMITED`](Self::UNLIMITED): any number), none
+    /// starting at or after `first + wait_timeout`, and none at all unless `wait`.
     pub fn new(first: Instant, wait_timeout: Duration, retry_count: u32, wait: bool) -> Retry {
         Retry {
             deadline: first.checked_add(wait_timeout).unwrap_or(first),
             lost: 0,
+            counted: 0,
             retry_count,
             wait,
         }
     }
 
-    /// Records a lost round at `now`; returns when to start the next attempt (`now + delay`),
-    /// or `None` when the budget is spent.
+    /// Records a lost round at `now`; returns the latest instant the next attempt starts at
+    /// (`now + delay`, its backstop), or `None` when the budget is spent: waiting is not
+    /// allowed, the backstop is not before the wait timeout, or the retry count is used up.
     #[must_use]
     pub fn next_attempt(&mut self, now: Instant, delay: Duration) -> Option<Instant> {
         self.lost = self.lost.saturating_add(1);
         let next = now.checked_add(delay)?;
-        (self.wait && self.lost <= self.retry_count && next < self.deadline).then_some(next)
+        let counts_left = self.retry_count == Self::UNLIMITED || self.counted < self.retry_count;
+        (self.wait && counts_left && next < self.deadline).then_some(next)
+    }
+
+    /// Counts the retry about to start against the retry count: it starts because its
+    /// backstop passed, with no release announced.
+    pub fn count_retry(&mut self) {
+        self.counted = self.counted.saturating_add(1);
     }
 
     /// Time left before the wait timeout, from `now`.
@@ -60,7 +78,9 @@ mod tests {
         let t0 = Instant::now();
         let mut r = Retry::new(t0, 1000 * MS, 2, true);
         assert_eq!(r.next_attempt(t0, 10 * MS), Some(t0 + 10 * MS));
+        r.count_retry();
         assert_eq!(r.next_attempt(t0 + 20 * MS, 10 * MS), Some(t0 + 30 * MS));
+        r.count_retry();
         assert_eq!(r.next_attempt(t0 + 40 * MS, 10 * MS), None);
         assert_eq!(r.lost(), 3);
 
@@ -70,5 +90,31 @@ mod tests {
 
         let mut r = Retry::new(t0, 100 * MS, 10, false);
         assert_eq!(r.next_attempt(t0, MS), None);
+
+        let mut r = Retry::new(t0, 100 * MS, 0, true);
+        assert_eq!(
+            r.next_attempt(t0, MS),
+            None,
+            "a count of zero never retries"
+        );
+    }
+
+    #[test]
+    fn only_counted_retries_spend_the_retry_count() {
+        let t0 = Instant::now();
+        let mut r = Retry::new(t0, 1000 * MS, 1, true);
+        // Retries prompted by releases: as many as the wait timeout allows.
+        for i in 0..100 {
+            assert_eq!(r.next_attempt(t0 + i * MS, MS), Some(t0 + (i + 1) * MS));
+        }
+        r.count_retry();
+        assert_eq!(r.next_attempt(t0 + 200 * MS, MS), None);
+
+        let mut r = Retry::new(t0, 1000 * MS, Retry::UNLIMITED, true);
+        for _ in 0..1000 {
+            assert!(r.next_attempt(t0, MS).is_some());
+            r.count_retry();
+        }
+        assert_eq!(r.next_attempt(t0 + 999 * MS, MS), None, "the wait timeout");
     }
 }

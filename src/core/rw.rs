@@ -3,7 +3,7 @@
 //! Seed 000 extends Redlock to many readers or one writer. Per resource `K` there are three keys
 //! (see [`RwKeys`]): the writer key holds the writer's token with a `PX` expiry; the reader set
 //! is a sorted set of reader tokens, each scored by the instant it expires; the intent set is a
-//! sorted set of waiting writers' tokens, scored the same way, used by the write-preferring
+//! sorted set of waiting writers' ids, scored the same way, used by the write-preferring
 //! policy only.
 //!
 //! # Whose clock scores a reader
@@ -22,13 +22,22 @@
 //! With [`intent_ms`](WriteAcquire::intent_ms) at zero the lock is read-preferring, as in the
 //! seed: a writer waits until no reader holds the lock on a quorum, which a steady stream of
 //! overlapping readers can postpone forever. With it above zero, a writer that fails on a node
-//! leaves its token in the intent set there, with an expiry `intent_ms` ahead; new readers are
+//! leaves its waiter id (the token of its first attempt, the same on every attempt, while each
+//! attempt sets a token of its own as the lock's value) in the intent set there, with an
+//! expiry `intent_ms` ahead; new readers are
 //! refused on that node while a live intent is there, so the readers in place drain and the
 //! writer gets in. The writer refreshes its intent on every attempt and withdraws it when it
 //! succeeds or gives up; if it dies, the intent expires on its own.
+//!
+//! Behind a fair queue (`core::fair`), the queue outranks intents. The queue already serves
+//! readers and writers in arrival order, and a writer that waits behind a reader refreshes its
+//! intent at every lost attempt; if that intent refused the reader at the head, the reader
+//! would wait for the writer while the queue makes the writer wait for the reader. So
+//! [`FAIR_READ_ACQUIRE`] ignores intents for a reader the queue lets through, and only a reader
+//! outside the queue (one that did not join an empty queue) heeds them.
 #![forbid(unsafe_code)]
 
-use crate::core::fair::{FairState, Leave, QueueKeys};
+use crate::core::fair::{AttemptIds, FairState, Leave, QueueKeys};
 use crate::core::ops::{
     has_hash_tag, int_verdict, write_eval, Arg, Caps, Op, Script, ScriptForm, Verdict, RELEASE,
     WAKE_PREFIX,
@@ -54,27 +63,30 @@ macro_rules! write_acquire_body {
             "redis.call('zremrangebyscore', KEYS[2], '-inf', now); free = redis.call('exists', KEYS[2]) == 0 end; ",
             "local intent = tonumber(ARGV[3]); ",
             "if free then redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]); ",
-            "if intent > 0 then redis.call('zrem', KEYS[3], ARGV[1]) end; return won() end; ",
+            "if intent > 0 then redis.call('zrem', KEYS[3], ARGV[4]) end; return won() end; ",
             "if intent > 0 then if not now then ",
             node_now!(),
             "end; redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
-            "redis.call('zadd', KEYS[3], now + intent, ARGV[1]); ",
+            "redis.call('zadd', KEYS[3], now + intent, ARGV[4]); ",
             "if redis.call('pttl', KEYS[3]) < intent then redis.call('pexpire', KEYS[3], intent) end end; ",
             "return refused()",
         )
     };
 }
 
-/// Lua: the body of a read acquire, after `won()` and `refused()` are defined.
+/// Lua: the body of a read acquire, after `won()` and `refused()` are defined. Live writer
+/// intents refuse the reader when the Lua expression `heed_intents` is true.
 macro_rules! read_acquire_body {
-    () => {
+    ($heed_intents:literal) => {
         concat!(
             "local now; ",
             "if redis.call('exists', KEYS[1], KEYS[3]) > 0 then ",
             "if redis.call('exists', KEYS[1]) == 1 then return refused() end; ",
             node_now!(),
-            "redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
-            "if redis.call('exists', KEYS[3]) == 1 then return refused() end ",
+            "if ",
+            $heed_intents,
+            " then redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
+            "if redis.call('exists', KEYS[3]) == 1 then return refused() end end ",
             "else ",
             node_now!(),
             "end; ",
@@ -87,24 +99,25 @@ macro_rules! read_acquire_body {
     };
 }
 
-/// Write acquire. KEYS: writer, readers, intents. ARGV: token, ttl ms, intent ms.
+/// Write acquire. KEYS: writer, readers, intents. ARGV: token, ttl ms, intent ms, waiter id.
 ///
 /// Prunes expired readers; takes the writer key if no reader is left and no writer holds it,
 /// and withdraws this writer's own intent. Otherwise, when intent ms is above zero, leaves (or
-/// refreshes) this writer's intent, pruning expired ones and keeping the set's TTL at least as
-/// long as its longest-lived member.
+/// refreshes) this writer's intent, named by its waiter id, pruning expired ones and keeping
+/// the set's TTL at least as long as its longest-lived member.
 pub static WRITE_ACQUIRE: Script = Script::new(concat!(
     "local function won() return 1 end; local function refused() return 0 end; ",
     write_acquire_body!(),
 ));
 
 /// [`WRITE_ACQUIRE`] behind the fair queue's gate (see `fair_gate`). KEYS: writer, readers,
-/// intents, queue, queue expiries. ARGV: token, ttl ms, intent ms, ticket, entry TTL ms, join.
-/// Returns 2 for a refusal that left the writer queued.
+/// intents, queue, queue expiries. ARGV: token, ttl ms, intent ms, waiter id, ticket, entry
+/// TTL ms, join. Returns 2 for a refusal that left the writer queued.
 pub static FAIR_WRITE_ACQUIRE: Script =
     Script::new(concat!(fair_gate!("w", "false"), write_acquire_body!(),));
 
-/// Cleanup after a lost write attempt. KEYS: writer, intents. ARGV: token, wake channel, intent ms.
+/// Cleanup after a lost write attempt. KEYS: writer, intents. ARGV: token, wake channel, intent
+/// ms, waiter id.
 ///
 /// Compare-and-delete of the writer key, announced on the wake channel when it deleted. When
 /// intent ms is above zero the writer is still waiting: its intent is left (or refreshed) here,
@@ -114,7 +127,7 @@ pub static WRITE_CLEANUP: Script = Script::new(concat!(
     "local intent = tonumber(ARGV[3]); ",
     "if intent > 0 then local now; ",
     node_now!(),
-    "redis.call('zadd', KEYS[2], now + intent, ARGV[1]); ",
+    "redis.call('zadd', KEYS[2], now + intent, ARGV[4]); ",
     "if redis.call('pttl', KEYS[2]) < intent then redis.call('pexpire', KEYS[2], intent) end end; ",
     "return 1",
 ));
@@ -126,18 +139,25 @@ pub static WRITE_CLEANUP: Script = Script::new(concat!(
 /// TTL at least as long as its longest-lived reader, so an abandoned set disappears.
 pub static READ_ACQUIRE: Script = Script::new(concat!(
     "local function won() return 1 end; local function refused() return 0 end; ",
-    read_acquire_body!(),
+    read_acquire_body!("true"),
 ));
 
 /// [`READ_ACQUIRE`] behind the fair queue's gate, where readers at the head share. KEYS:
-/// writer, readers, intents, queue, queue expiries. ARGV: token, ttl ms, unused, ticket, entry
-/// TTL ms, join. Returns 2 for a refusal that left the reader queued.
-pub static FAIR_READ_ACQUIRE: Script =
-    Script::new(concat!(fair_gate!("r", "true"), read_acquire_body!(),));
+/// writer, readers, intents, queue, queue expiries. ARGV: token, ttl ms, unused, waiter id,
+/// ticket, entry TTL ms, join. Returns 2 for a refusal that left the reader queued.
+///
+/// A reader that the queue lets through (queued, with only readers ahead of it) is not refused
+/// by writer intents: the queue has already put it ahead of every queued writer, and an intent
+/// of a writer behind it would otherwise refuse it while the queue refuses that writer. Only a
+/// reader outside the queue (an empty queue it did not join) heeds intents.
+pub static FAIR_READ_ACQUIRE: Script = Script::new(concat!(
+    fair_gate!("r", "true"),
+    read_acquire_body!("not queued"),
+));
 
-/// Removes a token from a sorted set (a reader from the reader set, a writer's intent from the
-/// intent set), announcing it on the wake channel when it was there. KEYS: set. ARGV: token,
-/// wake channel.
+/// Removes a member from a sorted set (a reader's token from the reader set, a writer's waiter
+/// id from the intent set), announcing it on the wake channel when it was there. KEYS: set.
+/// ARGV: member, wake channel.
 pub static SET_RELEASE: Script = Script::new(
     "if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)); return 1 else return 0 end",
 );
@@ -212,12 +232,12 @@ impl RwKeys {
         self.name(1)
     }
 
-    /// The intent set: waiting writers' tokens scored by their expiry, in ms on the node's clock.
+    /// The intent set: waiting writers' ids scored by their expiry, in ms on the node's clock.
     pub fn intents(&self) -> &[u8] {
         self.name(2)
     }
 
-    /// The fair queue: waiters (`r` or `w` followed by the token) scored by ticket.
+    /// The fair queue: waiters (`r` or `w` followed by the waiter id) scored by ticket.
     pub fn queue(&self) -> &[u8] {
         self.name(3)
     }
@@ -242,8 +262,8 @@ impl RwKeys {
 pub struct WriteAcquire<'a> {
     /// The lock's keys.
     pub keys: &'a RwKeys,
-    /// This attempt's token.
-    pub token: &'a [u8],
+    /// This attempt's token, and the waiter's id, which names its intent.
+    pub ids: AttemptIds<'a>,
     /// TTL in milliseconds.
     pub ttl_ms: u64,
     /// How long a failed attempt's intent lives, in ms; zero for the read-preferring policy.
@@ -259,9 +279,10 @@ impl Op for WriteAcquire<'_> {
             form,
             &[k.writer(), k.readers(), k.intents()],
             &[
-                Arg::Bytes(self.token),
+                Arg::Bytes(self.ids.token),
                 Arg::Num(self.ttl_ms),
                 Arg::Num(self.intent_ms),
+                Arg::Bytes(self.ids.waiter),
             ],
         );
     }
@@ -278,8 +299,8 @@ pub struct WriteCleanup<'a> {
     pub resource: &'a [u8],
     /// The lock's keys.
     pub keys: &'a RwKeys,
-    /// The attempt's token.
-    pub token: &'a [u8],
+    /// The attempt's token, and the waiter's id, which names its intent.
+    pub ids: AttemptIds<'a>,
     /// As in [`WriteAcquire::intent_ms`].
     pub intent_ms: u64,
 }
@@ -292,9 +313,10 @@ impl Op for WriteCleanup<'_> {
             form,
             &[self.keys.writer(), self.keys.intents()],
             &[
-                Arg::Bytes(self.token),
+                Arg::Bytes(self.ids.token),
                 Arg::Wake(self.resource),
                 Arg::Num(self.intent_ms),
+                Arg::Bytes(self.ids.waiter),
             ],
         );
     }
@@ -387,15 +409,15 @@ impl Op for ReadAcquire<'_> {
     }
 }
 
-/// Removes a token from one of the lock's sorted sets; see [`SET_RELEASE`]. Reader release
-/// (from the reader set) and intent withdrawal (from the intent set).
+/// Removes a member from one of the lock's sorted sets; see [`SET_RELEASE`]. Reader release
+/// (a token, from the reader set) and intent withdrawal (a waiter id, from the intent set).
 #[derive(Debug, Clone, Copy)]
 pub struct SetRelease<'a> {
     /// The resource key, whose wake channel announces the release.
     pub resource: &'a [u8],
     /// The sorted set: [`RwKeys::readers`] or [`RwKeys::intents`].
     pub set: &'a [u8],
-    /// The token to remove.
+    /// The member to remove: a reader's token, or a writer's waiter id.
     pub token: &'a [u8],
 }
 
@@ -448,55 +470,55 @@ impl Op for ReadExtend<'_> {
 pub struct FairRwAcquire<'a> {
     /// The lock's keys.
     pub keys: &'a RwKeys,
-    /// This attempt's token.
-    pub token: &'a [u8],
+    /// This attempt's token, and the waiter's id (its queue entry and, for a writer, intent).
+    pub ids: AttemptIds<'a>,
     /// TTL in milliseconds.
     pub ttl_ms: u64,
     /// For a writer, as in [`WriteAcquire::intent_ms`]; unused for a reader.
     pub intent_ms: u64,
-    /// Place in the queue and what goes with it.
-    pub fair: FairState,
+    /// Place in the queue and what goes with it, kept across attempts.
+    pub fair: &'a FairState,
     /// The queue entry's kind: `r` or `w`.
     kind: &'static [u8],
     leave: Leave<'a>,
 }
 
 impl<'a> FairRwAcquire<'a> {
-    /// A fair write acquisition of the lock with `keys` on `resource`.
+    /// An attempt with `ids` at a fair write acquisition of the lock with `keys` on `resource`.
     pub fn write(
         resource: &'a [u8],
         keys: &'a RwKeys,
-        token: &'a [u8],
+        ids: AttemptIds<'a>,
         ttl_ms: u64,
         intent_ms: u64,
-        fair: FairState,
+        fair: &'a FairState,
     ) -> Self {
-        Self::new(b"w", resource, keys, token, ttl_ms, intent_ms, fair)
+        Self::new(b"w", resource, keys, ids, ttl_ms, intent_ms, fair)
     }
 
-    /// A fair read acquisition of the lock with `keys` on `resource`.
+    /// An attempt with `ids` at a fair read acquisition of the lock with `keys` on `resource`.
     pub fn read(
         resource: &'a [u8],
         keys: &'a RwKeys,
-        token: &'a [u8],
+        ids: AttemptIds<'a>,
         ttl_ms: u64,
-        fair: FairState,
+        fair: &'a FairState,
     ) -> Self {
-        Self::new(b"r", resource, keys, token, ttl_ms, 0, fair)
+        Self::new(b"r", resource, keys, ids, ttl_ms, 0, fair)
     }
 
     fn new(
         kind: &'static [u8],
         resource: &'a [u8],
         keys: &'a RwKeys,
-        token: &'a [u8],
+        ids: AttemptIds<'a>,
         ttl_ms: u64,
         intent_ms: u64,
-        fair: FairState,
+        fair: &'a FairState,
     ) -> Self {
         FairRwAcquire {
             keys,
-            token,
+            ids,
             ttl_ms,
             intent_ms,
             fair,
@@ -505,7 +527,7 @@ impl<'a> FairRwAcquire<'a> {
                 resource,
                 keys: keys.queue_keys(),
                 kind,
-                token,
+                waiter: ids.waiter,
             },
         }
     }
@@ -519,7 +541,7 @@ impl Op for FairRwAcquire<'_> {
         } else {
             &FAIR_READ_ACQUIRE
         };
-        crate::core::fair::write_eval_head(out, script, form, 5, 6);
+        crate::core::fair::write_eval_head(out, script, form, 5, 7);
         for name in [
             k.writer(),
             k.readers(),
@@ -529,9 +551,10 @@ impl Op for FairRwAcquire<'_> {
         ] {
             resp::write_bulk(out, name);
         }
-        resp::write_bulk(out, self.token);
+        resp::write_bulk(out, self.ids.token);
         resp::write_bulk_u64(out, self.ttl_ms);
         resp::write_bulk_u64(out, self.intent_ms);
+        resp::write_bulk(out, self.ids.waiter);
         self.fair.write_args(out);
     }
 

@@ -73,6 +73,9 @@ impl Pending {
         self.0.as_ref().filter(|_| !self.settled()).map(|p| p.start)
     }
 }
+/// How many characters of a released token its announcement carries (see
+/// [`WAKE_PREFIX`](crate::core::ops::WAKE_PREFIX)).
+const WAKE_ID_LEN: usize = 16;
 
 /// The round in progress, as the reply handler needs it.
 struct Current<'a> {
@@ -96,6 +99,12 @@ pub(crate) struct Driver {
     /// The last release announced, and when: each node announces it, and it counts once.
     last_wake: Vec<u8>,
     last_wake_at: Option<Instant>,
+    /// The nodes (bit `i` for node `i`) whose announcements wake this waiter: those that did
+    /// not grant its last attempt. See [`wake_after`](Self::wake_after).
+    wake_nodes: u64,
+    /// What the cleanups of this waiter's last two attempts announce (the first characters of
+    /// their tokens): its own lost attempts are no reason to retry.
+    own_wakes: [[u8; WAKE_ID_LEN]; 2],
     config: Arc<Config>,
     round_id: u64,
     /// When the last round started.
@@ -126,6 +135,8 @@ impl Driver {
             woken: false,
             last_wake: Vec::with_capacity(16),
             last_wake_at: None,
+            wake_nodes: u64::MAX,
+            own_wakes: [[0; WAKE_ID_LEN]; 2],
             config,
             round_id: 0,
             round_start: Instant::now(),
@@ -387,6 +398,26 @@ impl Driver {
         self.woken = false;
     }
 
+    /// Narrows what wakes this waiter to what can help its next attempt, after an attempt with
+    /// `token` that was decided with `votes` (as [`Round::votes`]): announcements from the nodes
+    /// that refused it or failed, and not those of its own cleanup. A node that granted the
+    /// attempt, or had not answered yet, is not waited for; the other waiters' lost attempts
+    /// announce their cleanups there, and waking for those would make the losers of a split
+    /// vote wake each other for as long as the winner holds the lock.
+    pub fn wake_after(&mut self, votes: &[Option<Vote>], token: &[u8]) {
+        self.wake_nodes = votes
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| matches!(v, Some(Vote::No | Vote::Failed(_))))
+            .fold(0, |mask, (i, _)| mask | 1 << i);
+        let mut id = [0; WAKE_ID_LEN];
+        let n = token.len().min(WAKE_ID_LEN);
+        id[..n].copy_from_slice(&token[..n]);
+        if self.own_wakes[0] != id {
+            self.own_wakes = [id, self.own_wakes[0]];
+        }
+    }
+
     /// Services I/O (draining late replies, finishing writes) until `until`.
     pub fn sleep_until(&mut self, until: Instant) {
         loop {
@@ -526,6 +557,8 @@ impl Driver {
         };
         let (woken, confirmed) = (&mut self.woken, &mut self.confirmed);
         let (last, last_at) = (&mut self.last_wake, &mut self.last_wake_at);
+        let own = &self.own_wakes;
+        let from_refusing_node = i < 64 && self.wake_nodes & 1 << i != 0;
         let mut result = sub.drive(registry, &limits, true).and_then(|()| {
             sub.take_replies(&limits, |_, reply, _, _| {
                 if let Reply::Array(Some(items)) = reply {
@@ -535,6 +568,9 @@ impl Driver {
                                 Some(Reply::Bulk(Some(id))) => *id,
                                 _ => &[],
                             };
+                            if !from_refusing_node || own.iter().any(|o| o[..] == *id) {
+                                return;
+                            }
                             // The nodes announce one release within moments of each other. The
                             // same name later is another event: a token is announced by the
                             // cleanup of a lost attempt, and again by its release.

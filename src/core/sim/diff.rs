@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::local_servers::RedisServer;
 use super::node::Node;
 use super::Rng;
-use crate::core::fair::{FairAcquire, FairState, Leave, QueueKeys};
+use crate::core::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
 use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
 use crate::core::multi::{AcquireAll, ExtendAll, ReleaseAll};
 use crate::core::ops::{Acquire, Extend, Op, Release, ScriptForm};
@@ -251,6 +251,10 @@ fn every_lock_script_answers_like_redis_server() {
     for i in 0..800 {
         let t = rng.below(3) as usize;
         let token = tokens[t];
+        // A waiter's id stays while its attempts' tokens change: any of the three with any.
+        let w = rng.below(3) as usize;
+        let waiter = tokens[w];
+        let ids = AttemptIds { waiter, token };
         let ttl_ms = rng.range(100_000, 200_000);
         let long = rng.range(100_000, 200_000);
         let form = if rng.chance(0.5) {
@@ -273,7 +277,7 @@ fn every_lock_script_answers_like_redis_server() {
             0 | 1 => encode(
                 &WriteAcquire {
                     keys: k,
-                    token,
+                    ids,
                     ttl_ms,
                     intent_ms,
                 },
@@ -283,7 +287,7 @@ fn every_lock_script_answers_like_redis_server() {
                 &WriteCleanup {
                     resource: b"doc",
                     keys: k,
-                    token,
+                    ids,
                     intent_ms,
                 },
                 form,
@@ -305,10 +309,10 @@ fn every_lock_script_answers_like_redis_server() {
                 form,
             ),
             6 => {
-                let set = if rng.chance(0.5) {
-                    k.readers()
+                let (set, token) = if rng.chance(0.5) {
+                    (k.readers(), token)
                 } else {
-                    k.intents()
+                    (k.intents(), waiter)
                 };
                 encode(
                     &SetRelease {
@@ -336,14 +340,11 @@ fn every_lock_script_answers_like_redis_server() {
                 form,
             ),
             9 | 10 => {
-                // Equal tickets are ordered by token, as Redis orders equal scores by member.
-                let ticket = [7, 7, 3][t] + rng.below(2);
-                let op = FairAcquire::new(
-                    fair_key,
-                    token,
-                    ttl_ms,
-                    FairState::new(ticket, long, Duration::ZERO),
-                );
+                // Equal tickets are ordered by waiter id, as Redis orders equal scores by
+                // member.
+                let ticket = [7, 7, 3][w] + rng.below(2);
+                let fair = FairState::new(ticket, long, Duration::ZERO);
+                let op = FairAcquire::new(fair_key, ids, ttl_ms, &fair);
                 if rng.chance(0.5) {
                     op.on_retry(Duration::ZERO);
                 }
@@ -354,7 +355,7 @@ fn every_lock_script_answers_like_redis_server() {
                     resource: fair_key,
                     keys: QueueKeys::Mutex(fair_key),
                     kind: b"",
-                    token,
+                    waiter,
                 },
                 form,
             ),
@@ -409,12 +410,12 @@ fn every_lock_script_answers_like_redis_server() {
                 form,
             ),
             19 | 20 => {
-                let ticket = [7, 7, 3][t] + rng.below(2);
+                let ticket = [7, 7, 3][w] + rng.below(2);
                 let fair = FairState::new(ticket, long, Duration::ZERO);
                 let op = if kind == 19 {
-                    FairRwAcquire::write(b"doc", k, token, ttl_ms, intent_ms, fair)
+                    FairRwAcquire::write(b"doc", k, ids, ttl_ms, intent_ms, &fair)
                 } else {
-                    FairRwAcquire::read(b"doc", k, token, ttl_ms, fair)
+                    FairRwAcquire::read(b"doc", k, ids, ttl_ms, &fair)
                 };
                 if rng.chance(0.5) {
                     op.on_retry(Duration::ZERO);
@@ -435,7 +436,7 @@ fn every_lock_script_answers_like_redis_server() {
                     pair.same(&cmd, &format!("op {i}: {}", String::from_utf8_lossy(&cmd)));
                 }
                 pair.close_score(k.readers(), token);
-                pair.close_score(k.intents(), token);
+                pair.close_score(k.intents(), waiter);
                 pair.close_ttl(k.readers());
                 pair.close_ttl(&queue_key(fair_key));
                 continue;
@@ -514,6 +515,56 @@ fn every_lock_script_answers_like_redis_server() {
     pair.same(&command(&[b"EXISTS", set[0], set[1], set[2]]), "EXISTS");
     pair.same(&encode(&take, ScriptForm::Body), "acquire over a set");
 
+    // Behind a fair queue, a writer's intent holds back only readers outside the queue.
+    pair.same(&command(&[b"FLUSHALL"]), "FLUSHALL");
+    let k = &rw[1];
+    let holder = ReadAcquire {
+        keys: k,
+        token: tokens[0],
+        ttl_ms: 60_000,
+    };
+    pair.same(&encode(&holder, ScriptForm::Sha), "a reader holds");
+    let waiting = WriteAcquire {
+        keys: k,
+        ids: AttemptIds {
+            waiter: tokens[1],
+            token: tokens[0],
+        },
+        ttl_ms: 60_000,
+        intent_ms: 60_000,
+    };
+    pair.same(
+        &encode(&waiting, ScriptForm::Sha),
+        "a writer leaves an intent",
+    );
+    // Its next attempt has a token of its own, and still one intent.
+    let next = WriteAcquire {
+        ids: AttemptIds {
+            waiter: tokens[1],
+            token: tokens[2],
+        },
+        ..waiting
+    };
+    pair.same(&encode(&next, ScriptForm::Sha), "the writer's next attempt");
+    let (real, sim) = pair.both(&command(&[b"ZCARD", k.intents()]));
+    assert_eq!((&real, &sim), (&Value::Integer(1), &Value::Integer(1)));
+    let queue_place = FairState::new(5, 60_000, Duration::ZERO);
+    let fair_reader = |join: bool| {
+        let ids = AttemptIds {
+            waiter: tokens[2],
+            token: tokens[2],
+        };
+        let op = FairRwAcquire::read(b"doc", k, ids, 60_000, &queue_place);
+        if join {
+            op.on_retry(Duration::ZERO);
+        }
+        encode(&op, ScriptForm::Sha)
+    };
+    let (real, sim) = pair.both(&fair_reader(false));
+    assert_eq!((&real, &sim), (&Value::Integer(0), &Value::Integer(0)));
+    let (real, sim) = pair.both(&fair_reader(true));
+    assert_eq!((&real, &sim), (&Value::Integer(1), &Value::Integer(1)));
+
     // Expiry: readers, intents and queue entries of 30 ms are gone after 300 ms.
     pair.same(&command(&[b"FLUSHALL"]), "FLUSHALL");
     let k = &rw[0];
@@ -525,7 +576,10 @@ fn every_lock_script_answers_like_redis_server() {
     pair.same(&encode(&short(tokens[0]), ScriptForm::Sha), "short reader");
     let waiting_writer = WriteAcquire {
         keys: k,
-        token: tokens[1],
+        ids: AttemptIds {
+            waiter: tokens[1],
+            token: tokens[1],
+        },
         ttl_ms: 60_000,
         intent_ms: 30,
     };
@@ -533,18 +587,18 @@ fn every_lock_script_answers_like_redis_server() {
         &encode(&waiting_writer, ScriptForm::Sha),
         "writer leaves an intent",
     );
-    let queued = |token, ticket| {
-        let op = FairAcquire::new(
-            fair_keys[0],
+    let queued = |token: &[u8], ticket| {
+        let fair = FairState::new(ticket, 30, Duration::ZERO);
+        let ids = AttemptIds {
+            waiter: token,
             token,
-            60_000,
-            FairState::new(ticket, 30, Duration::ZERO),
-        );
+        };
+        let op = FairAcquire::new(fair_keys[0], ids, 60_000, &fair);
         op.on_retry(Duration::ZERO);
-        op
+        encode(&op, ScriptForm::Sha)
     };
     pair.same(&command(&[b"SET", fair_keys[0], b"held"]), "SET");
-    pair.same(&encode(&queued(tokens[0], 1), ScriptForm::Sha), "queued");
+    pair.same(&queued(tokens[0], 1), "queued");
     std::thread::sleep(Duration::from_millis(300));
     let reader_extend = ReadExtend {
         keys: k,
@@ -561,10 +615,7 @@ fn every_lock_script_answers_like_redis_server() {
     );
     pair.same(&command(&[b"ZCARD", k.readers()]), "expired reader pruned");
     pair.same(&command(&[b"DEL", fair_keys[0]]), "DEL");
-    pair.same(
-        &encode(&queued(tokens[1], 2), ScriptForm::Sha),
-        "dead entry pruned",
-    );
+    pair.same(&queued(tokens[1], 2), "dead entry pruned");
     pair.same(
         &command(&[b"ZRANGE", &queue_key(fair_keys[0]), b"0", b"-1"]),
         "queue after",

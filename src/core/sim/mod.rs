@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use rand_core::{Rng as _, SeedableRng};
 
+use crate::core::fair::AttemptIds;
 use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
 use crate::core::ops::{Acquire, Extend, Op, Release, ScriptForm, Verdict};
 use crate::core::rw::{
@@ -320,7 +321,10 @@ struct SimClient {
     /// The counters the fenced acquisition read, for this cycle's token.
     fence: FenceRead,
     key: usize,
+    /// This attempt's token: a new one for every attempt, as the client draws them.
     token: Vec<u8>,
+    /// The waiter's id (its first attempt's token), which names a writer's intent.
+    waiter: Vec<u8>,
     timing: Timing,
     ttl_ms: u64,
     cmd: Cmd,
@@ -461,6 +465,7 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
             fence: FenceRead::new(),
             key: 0,
             token: Vec::new(),
+            waiter: Vec::new(),
             timing,
             ttl_ms: p.ttl_ms,
             cmd: Cmd::Acquire,
@@ -761,7 +766,16 @@ impl World {
     fn timer(&mut self, c: usize) {
         match self.clients[c].phase {
             Phase::Idle => self.start_acquire(c),
-            Phase::Backoff => self.begin_attempt(c),
+            Phase::Backoff => {
+                // Simulated waiters are never told of releases: every retry is a backstop's.
+                if let Some(r) = self.clients[c].retry.as_mut() {
+                    r.count_retry();
+                }
+                // A new token for every retry, and new counters read with it.
+                self.clients[c].token = self.new_token();
+                self.clients[c].fence = FenceRead::new();
+                self.begin_attempt(c)
+            }
             Phase::InRound => {
                 let now = self.instant(self.now);
                 self.clients[c].round.handle_timeout(now);
@@ -777,6 +791,10 @@ impl World {
     fn with_op<R>(cl: &SimClient, f: impl FnOnce(&dyn Op) -> R) -> R {
         let key = key_name(cl.key);
         let (token, ttl_ms) = (&cl.token[..], cl.ttl_ms);
+        let ids = AttemptIds {
+            waiter: &cl.waiter,
+            token,
+        };
         match (cl.side, cl.cmd) {
             (Side::Mutex, Cmd::Acquire) => f(&Acquire {
                 key: &key,
@@ -828,7 +846,7 @@ impl World {
                 match cmd {
                     Cmd::Acquire => f(&WriteAcquire {
                         keys: &keys,
-                        token,
+                        ids,
                         ttl_ms,
                         intent_ms,
                     }),
@@ -840,13 +858,13 @@ impl World {
                     Cmd::Cleanup => f(&WriteCleanup {
                         resource: &key,
                         keys: &keys,
-                        token,
+                        ids,
                         intent_ms,
                     }),
                     Cmd::Withdraw => f(&SetRelease {
                         resource: &key,
                         set: keys.intents(),
-                        token,
+                        token: &cl.waiter,
                     }),
                     _ => f(&WriteRelease {
                         resource: &key,
@@ -947,8 +965,7 @@ impl World {
             self.clients[c].phase = Phase::Done;
             return;
         }
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let token = (0..40).map(|_| HEX[self.rng.below(16) as usize]).collect();
+        let token: Vec<u8> = self.new_token();
         let key = self.rng.below(self.p.keys as u64) as usize;
         let (side, kind) = match self.p.locks {
             Locks::Mutex => (Side::Mutex, Kind::Mutex),
@@ -968,6 +985,7 @@ impl World {
         });
         let now = self.instant(self.now);
         let cl = &mut self.clients[c];
+        cl.waiter = token.clone();
         cl.token = token;
         cl.side = side;
         cl.fence = FenceRead::new();
@@ -982,6 +1000,12 @@ impl World {
         ));
         self.log(format_args!("client {c} acquires lock:{key} (op {op})"));
         self.begin_attempt(c);
+    }
+
+    /// A random token, as the client draws them.
+    fn new_token(&mut self) -> Vec<u8> {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        (0..40).map(|_| HEX[self.rng.below(16) as usize]).collect()
     }
 
     fn begin_attempt(&mut self, c: usize) {

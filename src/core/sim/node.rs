@@ -104,8 +104,8 @@ fn keep_ttl_at_least(node: &mut Node, key: &[u8], ttl: f64) -> Result<(), Value>
 }
 
 /// The queue gate every fair acquire script starts with (`fair_gate!` in `core::fair`): the
-/// queue and its expiries are the last two KEYS, ticket, entry TTL and join the last three ARGV,
-/// the entry is `kind` followed by ARGV[1]. `Err(2)`-like refusals come back as `Ok(None)`;
+/// queue and its expiries are the last two KEYS, waiter id, ticket, entry TTL and join the last
+/// four ARGV, the entry is `kind` followed by the waiter id. `Err(2)`-like refusals come back as `Ok(None)`;
 /// `Ok(Some((entry, queued)))` lets the body run.
 fn fair_gate(
     node: &mut Node,
@@ -117,7 +117,7 @@ fn fair_gate(
     let (qk, xk) = (keys[keys.len() - 2], keys[keys.len() - 1]);
     let n = args.len();
     let (ticket, ettl, join) = (args[n - 3], args[n - 2], args[n - 1]);
-    let entry = [kind, args[0]].concat();
+    let entry = [kind, args[n - 4]].concat();
     let now = node.now;
     for dead in node.zrange_by_score(xk, f64::NEG_INFINITY, now as f64)? {
         node.zrem(qk, &[&dead])?;
@@ -160,9 +160,10 @@ fn fair_outcome(
     Ok(Value::Integer(if queued { 2 } else { 0 }))
 }
 
-/// [`fair::FAIR_ACQUIRE`]: KEYS lock, queue, expiries; ARGV token, ttl, ticket, entry TTL, join.
+/// [`fair::FAIR_ACQUIRE`]: KEYS lock, queue, expiries; ARGV token, ttl, waiter, ticket, entry
+/// TTL, join.
 fn fair_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("fair acquire", keys, 3, args, 5)?;
+    let (k, a) = need("fair acquire", keys, 3, args, 6)?;
     let Some(gate) = fair_gate(node, k, a, b"", false)? else {
         return Ok(Value::Integer(2));
     };
@@ -171,13 +172,13 @@ fn fair_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Resul
 }
 
 /// [`rw::FAIR_WRITE_ACQUIRE`]: [`rw::WRITE_ACQUIRE`] behind the gate. KEYS writer, readers,
-/// intents, queue, expiries; ARGV token, ttl, intent ms, ticket, entry TTL, join.
+/// intents, queue, expiries; ARGV token, ttl, intent ms, waiter, ticket, entry TTL, join.
 fn fair_write_acquire_script(
     node: &mut Node,
     keys: &[&[u8]],
     args: &[&[u8]],
 ) -> Result<Value, Value> {
-    let (k, a) = need("fair write acquire", keys, 5, args, 6)?;
+    let (k, a) = need("fair write acquire", keys, 5, args, 7)?;
     let Some(gate) = fair_gate(node, k, a, b"w", false)? else {
         return Ok(Value::Integer(2));
     };
@@ -186,18 +187,19 @@ fn fair_write_acquire_script(
 }
 
 /// [`rw::FAIR_READ_ACQUIRE`]: [`rw::READ_ACQUIRE`] behind the gate, readers at the head
-/// sharing. KEYS writer, readers, intents, queue, expiries; ARGV token, ttl, unused, ticket,
-/// entry TTL, join.
+/// sharing. KEYS writer, readers, intents, queue, expiries; ARGV token, ttl, unused, waiter,
+/// ticket, entry TTL, join.
 fn fair_read_acquire_script(
     node: &mut Node,
     keys: &[&[u8]],
     args: &[&[u8]],
 ) -> Result<Value, Value> {
-    let (k, a) = need("fair read acquire", keys, 5, args, 6)?;
+    let (k, a) = need("fair read acquire", keys, 5, args, 7)?;
     let Some(gate) = fair_gate(node, k, a, b"r", true)? else {
         return Ok(Value::Integer(2));
     };
-    let won = read_acquire_body(node, k, a)?;
+    // A reader the queue let through is not held back by intents.
+    let won = read_acquire_body(node, k, a, !gate.1)?;
     fair_outcome(node, k, gate, won)
 }
 
@@ -212,9 +214,9 @@ fn leave_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value
     Ok(Value::Integer(gone))
 }
 
-/// [`rw::WRITE_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl, intent ms.
+/// [`rw::WRITE_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl, intent ms, waiter.
 fn write_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("write acquire", keys, 3, args, 3)?;
+    let (k, a) = need("write acquire", keys, 3, args, 4)?;
     Ok(Value::Integer(i64::from(write_acquire_body(node, k, a)?)))
 }
 
@@ -232,28 +234,28 @@ fn write_acquire_body(node: &mut Node, k: &[&[u8]], a: &[&[u8]]) -> Result<bool,
             return Err(Value::Error(e));
         }
         if intent > 0.0 {
-            node.zrem(k[2], &[a[0]])?;
+            node.zrem(k[2], &[a[3]])?;
         }
         return Ok(true);
     }
     if intent > 0.0 {
         node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
-        node.zadd_score(k[2], now + intent, a[0], false)?;
+        node.zadd_score(k[2], now + intent, a[3], false)?;
         keep_ttl_at_least(node, k[2], intent)?;
     }
     Ok(false)
 }
 
-/// [`rw::WRITE_CLEANUP`]: KEYS writer, intents; ARGV token, wake channel, intent ms.
+/// [`rw::WRITE_CLEANUP`]: KEYS writer, intents; ARGV token, wake channel, intent ms, waiter.
 fn write_cleanup_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("write cleanup", keys, 2, args, 3)?;
+    let (k, a) = need("write cleanup", keys, 2, args, 4)?;
     if node.get(k[0])? == Some(a[0]) {
         node.del(k[0]);
         node.publish(a[1]);
     }
     let intent = lua_number("write cleanup", a[2])?;
     if intent > 0.0 {
-        node.zadd_score(k[1], node.now as f64 + intent, a[0], false)?;
+        node.zadd_score(k[1], node.now as f64 + intent, a[3], false)?;
         keep_ttl_at_least(node, k[1], intent)?;
     }
     Ok(Value::Integer(1))
@@ -262,16 +264,23 @@ fn write_cleanup_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Resu
 /// [`rw::READ_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl.
 fn read_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
     let (k, a) = need("read acquire", keys, 3, args, 2)?;
-    Ok(Value::Integer(i64::from(read_acquire_body(node, k, a)?)))
+    Ok(Value::Integer(i64::from(read_acquire_body(
+        node, k, a, true,
+    )?)))
 }
 
 /// The body of a read acquire: whether the reader went in.
-fn read_acquire_body(node: &mut Node, k: &[&[u8]], a: &[&[u8]]) -> Result<bool, Value> {
+fn read_acquire_body(
+    node: &mut Node,
+    k: &[&[u8]],
+    a: &[&[u8]],
+    heed_intents: bool,
+) -> Result<bool, Value> {
     let now = node.now as f64;
     if node.exists(k[0]) {
         return Ok(false);
     }
-    if node.exists(k[2]) {
+    if heed_intents && node.exists(k[2]) {
         node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
         if node.exists(k[2]) {
             return Ok(false);
