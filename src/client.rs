@@ -5,15 +5,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::core::fair::{AttemptIds, FairAcquire, FairState};
-use crate::core::ops::{Acquire, Extend, Op, Release};
-use crate::core::{quorum, Decision, Retry, Round, Timing};
+use crate::config::{Config, RwPolicy};
 use crate::driver::{Driver, Pending};
+use crate::engine::fair::{AttemptIds, FairAcquire, FairState};
+use crate::engine::ops::{Acquire, Extend, Op, Release};
+use crate::engine::{quorum, Decision, Retry, Round, Timing};
 use crate::error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
 use crate::keepalive::KeeperSlot;
 use crate::resp::Limits;
 use crate::rng::Token;
-use crate::rwlock::RwPolicy;
 use crate::url::NodeAddr;
 
 /// The longest key accepted, in bytes.
@@ -42,22 +42,6 @@ const MAX_IDLE_DRIVERS: usize = 64;
 /// How often a release waiting for its acquisition's driver checks whether that round has
 /// been settled by the thread using it.
 const SETTLE_POLL: Duration = Duration::from_micros(200);
-
-/// Settings shared by every thread using a client.
-#[derive(Debug)]
-pub(crate) struct Config {
-    pub nodes: Vec<NodeAddr>,
-    pub node_timeout: Duration,
-    pub connect_timeout: Duration,
-    pub retry_count: u32,
-    pub retry_delay: Duration,
-    pub wait_timeout: Duration,
-    pub drift_factor: f64,
-    pub fair: bool,
-    pub fair_after: Duration,
-    pub limits: Limits,
-    pub rw_policy: RwPolicy,
-}
 
 /// A Redlock client over N independent Redis masters.
 ///
@@ -577,7 +561,7 @@ impl Client {
     /// what a later attempt sets. `attempt` calls its second argument with the acquire op of an
     /// attempt with the token it is given, and the cleanup that undoes that attempt.
     ///
-    /// `resources` are the keys whose wake channels ([`WAKE_PREFIX`](crate::core::ops::WAKE_PREFIX))
+    /// `resources` are the keys whose wake channels ([`WAKE_PREFIX`](crate::engine::ops::WAKE_PREFIX))
     /// announce releases that make a retry worth trying. Only retries that start because no
     /// release was announced within the retry delay count against the retry count; the wait
     /// timeout bounds the others.

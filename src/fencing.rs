@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use crate::client::{check_key, Client, KeyBuf, Lock};
-use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
-use crate::core::ops::Release;
-use crate::core::Timing;
+use crate::engine::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
+use crate::engine::ops::Release;
+use crate::engine::Timing;
 use crate::error::Error;
 use crate::rng::Token;
 

@@ -31,7 +31,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::{Client, Lock};
-use crate::core::Timing;
+use crate::engine::Timing;
 use crate::error::{Error, InvalidArgument};
 use crate::rwlock::{ReadLock, WriteLock};
 

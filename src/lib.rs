@@ -17,21 +17,23 @@
 //! - waiting without polling (releases are announced over pub/sub), a FIFO-fair policy
 //!   ([`ClientBuilder::fair`]) and auto-extension ([`Lock::keep_alive`], [`Client::with_lock`]);
 //! - a C API (`include/redlock_mux.h`);
-//! - the building blocks, usable on their own: a sans-IO RESP2 codec ([`resp`]) and a sans-IO
-//!   quorum core driven with caller-supplied time ([`core`]).
+//! - a sans-IO RESP2 codec ([`resp`]), usable on its own, and [`KeyNames`], the Redis keys each
+//!   lock kind keeps, for tools that look at them.
 //!
 //! What is not: Redis Cluster routing, Sentinel failover, RESP3, TLS, and any safety beyond
 //! what Redlock's timing assumptions give (see the README's "Guarantees and their limits").
 //!
-//! Layers, from the bottom: [`resp`] (codec) and [`core`] (fan-out, quorum, validity, lock
-//! algorithms) never touch a socket or a clock; a thin mio driver runs them over TCP; the
-//! [`Client`] and its guards are the API; the C API sits at the edge.
+//! Layers, from the bottom: [`resp`] (codec) and the engine (fan-out, quorum, validity, lock
+//! algorithms; crate-private) never touch a socket or a clock; a thin mio driver runs them over
+//! TCP; the [`Client`] and its guards are the API; the C API sits at the edge. Every setting
+//! lives in one leaf module that the driver reads without knowing the client.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod client;
-pub mod core;
+mod config;
 mod driver;
+mod engine;
 mod error;
 mod fencing;
 mod ffi;
@@ -44,11 +46,21 @@ mod sha1;
 mod url;
 
 pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
+pub use config::RwPolicy;
+pub use engine::KeyNames;
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
 pub use fencing::FencedLock;
 pub use keepalive::{KeepAlive, KeepAliveError, KeptLock, Lost};
 pub use multi::{MultiLock, MAX_LOCK_ALL_KEYS};
-pub use rwlock::{ReadLock, RwPolicy, WriteLock};
+pub use rwlock::{ReadLock, WriteLock};
+
+/// Pieces of the sans-IO engine that the fuzz targets and benchmarks drive directly. Not part
+/// of the API: anything here may change in any release.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm, Verdict};
+    pub use crate::engine::{quorum, Decision, Round, Timing, Vote};
+}
 
 /// The README's examples, run as doctests.
 #[cfg(doctest)]

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use crate::client::{check_key, Client};
-use crate::core::multi::{AcquireAll, ExtendAll, ReleaseAll};
 use crate::driver::Pending;
+use crate::engine::multi::{AcquireAll, ExtendAll, ReleaseAll};
 use crate::error::{Error, InvalidArgument};
 use crate::rng::Token;
 

@@ -1,46 +1,22 @@
 //! Read-write locks: many readers or one writer, over the same Redlock quorum as the mutex.
 //!
-//! The keys and scripts are in `core::rw`; this module is the API: [`RwPolicy`], the
+//! The keys and scripts are in `engine::rw`; this module is the API: [`RwPolicy`], the
 //! [`ReadLock`] and [`WriteLock`] guards, and the `Client` methods that make them.
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 
 use crate::client::{check_key, Client, Won};
-use crate::core::fair::AttemptIds;
-use crate::core::ops::{Extend, Op};
-use crate::core::rw::{
+use crate::config::RwPolicy;
+use crate::driver::Pending;
+use crate::engine::fair::AttemptIds;
+use crate::engine::ops::{Extend, Op};
+use crate::engine::rw::{
     FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
     WriteRelease,
 };
-use crate::driver::Pending;
 use crate::error::Error;
 use crate::rng::Token;
-
-/// Whom a read-write lock favours when readers hold it and a writer waits. Chosen per client
-/// with [`ClientBuilder::rw_policy`](crate::ClientBuilder::rw_policy).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RwPolicy {
-    /// New readers get in whenever no writer holds the lock, as in seed 000. Readers wait the
-    /// least, but a stream of overlapping readers can keep a writer out for ever.
-    #[default]
-    ReadPreferring,
-    /// A writer that has to wait registers an intent on every node it reaches. New readers are
-    /// refused while the intent lives, so the readers in place drain and the writer gets in
-    /// within one reader hold (at most the readers' TTL) plus one retry delay. The intent is
-    /// refreshed on every attempt, withdrawn when the writer gets the lock or gives up, and
-    /// expires on its own (after twice the retry delay plus twice the node timeout) if the
-    /// writer dies.
-    ///
-    /// With [`fair`](crate::ClientBuilder::fair) queueing, the queue decides who goes next:
-    /// readers that arrive after a queued writer queue behind it, which already keeps the
-    /// writer from starving, and a reader the queue lets through (queued, with only readers
-    /// ahead of it) is never refused by an intent, so a writer queued behind it cannot hold it
-    /// back. Intents then only hold back readers that have not joined the queue (an empty one,
-    /// before [`fair_after`](crate::ClientBuilder::fair_after)).
-    WritePreferring,
-}
 
 /// Which side of the lock a guard holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

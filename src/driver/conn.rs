@@ -19,7 +19,7 @@ use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 
-use crate::core::ops::{Caps, ScriptForm, SCRIPTS};
+use crate::engine::ops::{Caps, ScriptForm, SCRIPTS};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Reply, ServerErrorKind, Status};
 use crate::url::NodeAddr;
@@ -80,7 +80,7 @@ impl Setup {
             && (self.required()
                 || matches!(kind, ServerErrorKind::NoAuth | ServerErrorKind::WrongPass)
                 || message.starts_with(b"DENIED"));
-        let error = crate::core::ops::server_error(message);
+        let error = crate::engine::ops::server_error(message);
         if config {
             Some(self.failed(error))
         } else {
@@ -485,7 +485,7 @@ impl Conn {
                     if let Slot::Setup(step) = slot {
                         step.check(&reply)?;
                         if step == Setup::Caps {
-                            self.caps.delex = crate::core::rw::delex_supported(&reply);
+                            self.caps.delex = crate::engine::rw::delex_supported(&reply);
                         }
                         self.setup_owed = self.setup_owed.saturating_sub(1);
                         if self.setup_owed == 0 && !self.held.is_empty() {

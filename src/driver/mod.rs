@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Poll};
 
-use crate::client::Config;
-use crate::core::ops::{Op, ScriptForm, Verdict};
-use crate::core::{Round, Vote};
+use crate::config::Config;
+use crate::engine::ops::{Op, ScriptForm, Verdict};
+use crate::engine::{Round, Vote};
 use crate::error::NodeErrorKind;
 use crate::rng::Jitter;
 
-use crate::core::ops::WAKE_PREFIX;
+use crate::engine::ops::WAKE_PREFIX;
 use crate::resp::{self, Reply};
 use conn::{Conn, Role, Slot};
 
@@ -74,7 +74,7 @@ impl Pending {
     }
 }
 /// How many characters of a released token its announcement carries (see
-/// [`WAKE_PREFIX`](crate::core::ops::WAKE_PREFIX)).
+/// [`WAKE_PREFIX`](crate::engine::ops::WAKE_PREFIX)).
 const WAKE_ID_LEN: usize = 16;
 
 /// The round in progress, as the reply handler needs it.
@@ -228,7 +228,7 @@ impl Driver {
     pub fn take_round(
         &mut self,
         start: Instant,
-        timing: Option<crate::core::Timing>,
+        timing: Option<crate::engine::Timing>,
         hold_until: Option<Instant>,
     ) -> Round {
         let node_timeout = self.config.node_timeout;

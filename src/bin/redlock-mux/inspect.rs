@@ -10,8 +10,8 @@
 use std::io;
 use std::time::Duration;
 
-use redlock_mux::core::KeyNames as Names;
 use redlock_mux::resp::Value;
+use redlock_mux::KeyNames as Names;
 
 use crate::args::{self, Spec};
 use crate::node::NodeConn;

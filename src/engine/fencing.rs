@@ -40,10 +40,10 @@
 
 use std::cell::Cell;
 
-use crate::core::ops::{
+use crate::engine::ops::{
     error_verdict, int_verdict, write_eval, Arg, Op, Script, ScriptForm, Verdict,
 };
-use crate::core::Vote;
+use crate::engine::Vote;
 use crate::error::NodeErrorKind;
 use crate::resp::Reply;
 

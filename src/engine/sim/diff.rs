@@ -8,11 +8,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::local_servers::RedisServer;
 use super::node::Node;
 use super::Rng;
-use crate::core::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
-use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
-use crate::core::multi::{AcquireAll, ExtendAll, ReleaseAll};
-use crate::core::ops::{Acquire, Extend, Op, Release, ScriptForm};
-use crate::core::rw::{
+use crate::engine::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
+use crate::engine::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
+use crate::engine::multi::{AcquireAll, ExtendAll, ReleaseAll};
+use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm};
+use crate::engine::rw::{
     FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
     WriteRelease,
 };
@@ -630,7 +630,7 @@ fn every_lock_script_answers_like_redis_server() {
 /// The fair queue's key of `key`, as the ops derive it.
 fn queue_key(key: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    crate::core::fair::write_queue_key(&mut out, key, 0);
+    crate::engine::fair::write_queue_key(&mut out, key, 0);
     // `write_queue_key` writes a bulk string: keep what is between the header and the CRLF.
     let start = out.iter().position(|&b| b == b'\n').expect("header") + 1;
     out[start..out.len() - 2].to_vec()

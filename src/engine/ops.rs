@@ -5,7 +5,7 @@
 //! gets the same call again as `EVAL` with the script's body.
 #![forbid(unsafe_code)]
 
-use crate::core::{rw, Vote};
+use crate::engine::{rw, Vote};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Reply, ServerErrorKind};
 use crate::sha1::sha1_hex;
@@ -186,8 +186,8 @@ pub static EXTEND: Script = Script::new(
 pub static SCRIPTS: &[&Script] = &[
     &RELEASE,
     &EXTEND,
-    &crate::core::fair::FAIR_ACQUIRE,
-    &crate::core::fair::LEAVE,
+    &crate::engine::fair::FAIR_ACQUIRE,
+    &crate::engine::fair::LEAVE,
     &rw::WRITE_ACQUIRE,
     &rw::FAIR_WRITE_ACQUIRE,
     &rw::FAIR_READ_ACQUIRE,
@@ -195,11 +195,11 @@ pub static SCRIPTS: &[&Script] = &[
     &rw::READ_ACQUIRE,
     &rw::SET_RELEASE,
     &rw::READ_EXTEND,
-    &crate::core::multi::ACQUIRE_ALL,
-    &crate::core::multi::RELEASE_ALL,
-    &crate::core::multi::EXTEND_ALL,
-    &crate::core::fencing::FENCED_ACQUIRE,
-    &crate::core::fencing::FENCE_WRITE,
+    &crate::engine::multi::ACQUIRE_ALL,
+    &crate::engine::multi::RELEASE_ALL,
+    &crate::engine::multi::EXTEND_ALL,
+    &crate::engine::fencing::FENCED_ACQUIRE,
+    &crate::engine::fencing::FENCE_WRITE,
 ];
 
 /// Mutex acquire: `SET key token NX PX ttl`.

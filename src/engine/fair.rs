@@ -30,8 +30,8 @@
 use std::cell::Cell;
 use std::time::Duration;
 
-use crate::core::ops::{has_hash_tag, int_verdict, Op, Script, ScriptForm, Verdict, WAKE_PREFIX};
-use crate::core::Vote;
+use crate::engine::ops::{has_hash_tag, int_verdict, Op, Script, ScriptForm, Verdict, WAKE_PREFIX};
+use crate::engine::Vote;
 use crate::resp::{self, Reply};
 
 /// Lua: the queue gate every fair acquire script starts with. The queue and its expiries are

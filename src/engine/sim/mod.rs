@@ -23,7 +23,7 @@
 //! checks its validity before it writes) there must be no violation. Each assumption, broken
 //! on purpose, must produce violations, which shows the checker can see them.
 //!
-//! `REDLOCK_SIM_SEEDS=100000 cargo test --release --lib core::sim` runs more seeds;
+//! `REDLOCK_SIM_SEEDS=100000 cargo test --release --lib engine::sim` runs more seeds;
 //! `REDLOCK_SIM_SEED=n` replays one seed with a trace.
 
 mod node;
@@ -43,13 +43,13 @@ use std::time::{Duration, Instant};
 
 use rand_core::{Rng as _, SeedableRng};
 
-use crate::core::fair::AttemptIds;
-use crate::core::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
-use crate::core::ops::{Acquire, Extend, Op, Release, ScriptForm, Verdict};
-use crate::core::rw::{
+use crate::engine::fair::AttemptIds;
+use crate::engine::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
+use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm, Verdict};
+use crate::engine::rw::{
     ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
 };
-use crate::core::{Decision, Retry, Round, Timing, Vote};
+use crate::engine::{Decision, Retry, Round, Timing, Vote};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Status};
 use crate::rng::Jitter;
@@ -1026,7 +1026,7 @@ impl World {
             }
             self.clients[c].valid_until = until;
             let cl = &self.clients[c];
-            if cl.side == Side::Fenced && cl.fence.holders() < crate::core::quorum(self.p.nodes) {
+            if cl.side == Side::Fenced && cl.fence.holders() < crate::engine::quorum(self.p.nodes) {
                 // The token is not on a quorum yet: write it back before the validity ends.
                 self.stats.write_backs += 1;
                 let timing = cl.timing;
@@ -1255,7 +1255,7 @@ mod tests {
             _ => "broken_assumptions_produce_violations",
         };
         format!(
-            "seed {seed} ({scenario:?}); replay: REDLOCK_SIM_SEED={seed} cargo test --lib core::sim::tests::{test} -- --nocapture"
+            "seed {seed} ({scenario:?}); replay: REDLOCK_SIM_SEED={seed} cargo test --lib engine::sim::tests::{test} -- --nocapture"
         )
     }
 
@@ -1343,7 +1343,7 @@ mod tests {
             println!("{locks:?} within the model: {stats}\nchecker: {report}");
             for &seed in &failing {
                 println!(
-                    "{locks:?} seed {seed}; replay: REDLOCK_SIM_SEED={seed} cargo test --lib core::sim::tests::read_write_and_fenced -- --nocapture"
+                    "{locks:?} seed {seed}; replay: REDLOCK_SIM_SEED={seed} cargo test --lib engine::sim::tests::read_write_and_fenced -- --nocapture"
                 );
             }
             assert!(failing.is_empty(), "violations in {} seeds", failing.len());
@@ -1394,7 +1394,7 @@ mod tests {
             println!("{locks:?}, {scenario:?}: {stats}\nchecker: {report}");
             if let Some(&seed) = failing.first() {
                 println!(
-                    "e.g. seed {seed}; replay: REDLOCK_SIM_SEED={seed} cargo test --lib core::sim::tests::restarts_without -- --nocapture"
+                    "e.g. seed {seed}; replay: REDLOCK_SIM_SEED={seed} cargo test --lib engine::sim::tests::restarts_without -- --nocapture"
                 );
             }
             match (scenario, locks) {

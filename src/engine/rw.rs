@@ -29,7 +29,7 @@
 //! writer gets in. The writer refreshes its intent on every attempt and withdraws it when it
 //! succeeds or gives up; if it dies, the intent expires on its own.
 //!
-//! Behind a fair queue (`core::fair`), the queue outranks intents. The queue already serves
+//! Behind a fair queue (`engine::fair`), the queue outranks intents. The queue already serves
 //! readers and writers in arrival order, and a writer that waits behind a reader refreshes its
 //! intent at every lost attempt; if that intent refused the reader at the head, the reader
 //! would wait for the writer while the queue makes the writer wait for the reader. So
@@ -37,12 +37,12 @@
 //! outside the queue (one that did not join an empty queue) heeds them.
 #![forbid(unsafe_code)]
 
-use crate::core::fair::{AttemptIds, FairState, Leave, QueueKeys};
-use crate::core::ops::{
+use crate::engine::fair::{AttemptIds, FairState, Leave, QueueKeys};
+use crate::engine::ops::{
     has_hash_tag, int_verdict, write_eval, Arg, Caps, Op, Script, ScriptForm, Verdict, RELEASE,
     WAKE_PREFIX,
 };
-use crate::core::Vote;
+use crate::engine::Vote;
 use crate::resp::{self, Reply};
 
 /// Sets `now` (declared `local` by the script) to the node's clock in milliseconds.
@@ -541,7 +541,7 @@ impl Op for FairRwAcquire<'_> {
         } else {
             &FAIR_READ_ACQUIRE
         };
-        crate::core::fair::write_eval_head(out, script, form, 5, 7);
+        crate::engine::fair::write_eval_head(out, script, form, 5, 7);
         for name in [
             k.writer(),
             k.readers(),

@@ -10,8 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::core::ops::{Script, EXTEND, RELEASE};
-use crate::core::{fair, fencing, multi, rw};
+use crate::engine::ops::{Script, EXTEND, RELEASE};
+use crate::engine::{fair, fencing, multi, rw};
 use crate::resp::{self, Limits, Reply, Status, Value};
 use crate::sha1::sha1_hex;
 
@@ -103,7 +103,7 @@ fn keep_ttl_at_least(node: &mut Node, key: &[u8], ttl: f64) -> Result<(), Value>
     Ok(())
 }
 
-/// The queue gate every fair acquire script starts with (`fair_gate!` in `core::fair`): the
+/// The queue gate every fair acquire script starts with (`fair_gate!` in `engine::fair`): the
 /// queue and its expiries are the last two KEYS, waiter id, ticket, entry TTL and join the last
 /// four ARGV, the entry is `kind` followed by the waiter id. `Err(2)`-like refusals come back as `Ok(None)`;
 /// `Ok(Some((entry, queued)))` lets the body run.
@@ -939,7 +939,7 @@ fn parse_i64(b: &[u8]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::ops::{self, Acquire, Extend, Op, Release, ScriptForm};
+    use crate::engine::ops::{self, Acquire, Extend, Op, Release, ScriptForm};
 
     fn run(node: &mut Node, now: i64, op: &dyn Op, form: ScriptForm) -> Value {
         let mut cmd = Vec::new();

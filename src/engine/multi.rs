@@ -16,8 +16,8 @@
 //! one order.
 #![forbid(unsafe_code)]
 
-use crate::core::ops::{int_verdict, write_eval, Arg, Op, Script, ScriptForm, Verdict};
-use crate::core::Vote;
+use crate::engine::ops::{int_verdict, write_eval, Arg, Op, Script, ScriptForm, Verdict};
+use crate::engine::Vote;
 use crate::resp::Reply;
 
 /// Takes every key (KEYS) with token ARGV[1] and expiry ARGV[2] ms, or none when any of them
@@ -144,7 +144,7 @@ impl Op for ExtendAll<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::ops::WAKE_PREFIX;
+    use crate::engine::ops::WAKE_PREFIX;
     use crate::resp::{decode, Limits, Status, Value};
 
     fn args_of(op: &dyn Op) -> Vec<Vec<u8>> {

@@ -1,0 +1,50 @@
+//! The settings a client runs with, as the builder checked them.
+//!
+//! A leaf: the driver and the engine read [`Config`] without knowing the client or the guards.
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+use crate::resp::Limits;
+use crate::url::NodeAddr;
+
+/// Settings shared by every thread using a client.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub nodes: Vec<NodeAddr>,
+    pub node_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub retry_count: u32,
+    pub retry_delay: Duration,
+    pub wait_timeout: Duration,
+    pub drift_factor: f64,
+    pub fair: bool,
+    pub fair_after: Duration,
+    pub limits: Limits,
+    pub rw_policy: RwPolicy,
+}
+
+/// Whom a read-write lock favours when readers hold it and a writer waits. Chosen per client
+/// with [`ClientBuilder::rw_policy`](crate::ClientBuilder::rw_policy).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RwPolicy {
+    /// New readers get in whenever no writer holds the lock, as in seed 000. Readers wait the
+    /// least, but a stream of overlapping readers can keep a writer out for ever.
+    #[default]
+    ReadPreferring,
+    /// A writer that has to wait registers an intent on every node it reaches. New readers are
+    /// refused while the intent lives, so the readers in place drain and the writer gets in
+    /// within one reader hold (at most the readers' TTL) plus one retry delay. The intent is
+    /// refreshed on every attempt, withdrawn when the writer gets the lock or gives up, and
+    /// expires on its own (after twice the retry delay plus twice the node timeout) if the
+    /// writer dies.
+    ///
+    /// With [`fair`](crate::ClientBuilder::fair) queueing, the queue decides who goes next:
+    /// readers that arrive after a queued writer queue behind it, which already keeps the
+    /// writer from starving, and a reader the queue lets through (queued, with only readers
+    /// ahead of it) is never refused by an intent, so a writer queued behind it cannot hold it
+    /// back. Intents then only hold back readers that have not joined the queue (an empty one,
+    /// before [`fair_after`](crate::ClientBuilder::fair_after)).
+    WritePreferring,
+}
