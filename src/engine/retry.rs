@@ -31,7 +31,7 @@ impl Retry {
     /// starting at or after `first + wait_timeout`, and none at all unless `wait`.
     pub fn new(first: Instant, wait_timeout: Duration, retry_count: u32, wait: bool) -> Retry {
         Retry {
-            deadline: first.checked_add(wait_timeout).unwrap_or(first),
+            deadline: crate::engine::timings::wait_deadline(first, wait_timeout),
             lost: 0,
             counted: 0,
             retry_count,
