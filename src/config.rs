@@ -5,8 +5,31 @@
 
 use std::time::Duration;
 
+use crate::error::{InvalidArgument, NodeErrorKind, NodeFailure};
 use crate::resp::Limits;
 use crate::url::NodeAddr;
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 64 * 1024;
+/// The most nodes one client may use.
+pub const MAX_NODES: usize = 64;
+/// The longest TTL accepted: 2^44 ms, a little over 557 years. Longer ones could overflow the
+/// server's millisecond clock arithmetic.
+pub const MAX_TTL: Duration = Duration::from_millis(1 << 44);
+
+/// Rejects keys that are empty or longer than [`MAX_KEY_LEN`].
+pub(crate) fn check_key(key: &[u8]) -> Result<(), InvalidArgument> {
+    if key.is_empty() {
+        return Err(InvalidArgument::EmptyKey);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(InvalidArgument::KeyTooLong {
+            len: key.len(),
+            max: MAX_KEY_LEN,
+        });
+    }
+    Ok(())
+}
 
 /// Settings shared by every thread using a client.
 #[derive(Debug)]
@@ -22,6 +45,21 @@ pub(crate) struct Config {
     pub fair_after: Duration,
     pub limits: Limits,
     pub rw_policy: RwPolicy,
+}
+
+impl Config {
+    /// A failure of node `node`, named by its address.
+    pub fn failure(&self, node: usize, kind: NodeErrorKind) -> NodeFailure {
+        NodeFailure {
+            node,
+            addr: self
+                .nodes
+                .get(node)
+                .map(|n| n.display.clone())
+                .unwrap_or_default(),
+            kind,
+        }
+    }
 }
 
 /// Whom a read-write lock favours when readers hold it and a writer waits. Chosen per client

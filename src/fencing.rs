@@ -2,14 +2,13 @@
 //! [`FencedLock`] guard.
 #![forbid(unsafe_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::client::{check_key, Client, KeyBuf, Lock};
-use crate::engine::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
-use crate::engine::ops::Release;
-use crate::engine::Timing;
+use crate::client::{Client, KeyBuf, Lock};
+use crate::config::check_key;
+use crate::engine::fencing::fence_key;
+use crate::engine::kind::{Keys, Spec};
 use crate::error::Error;
-use crate::rng::Token;
 
 impl Client {
     /// Like [`try_lock`](Client::try_lock), and the guard carries a fencing token: see
@@ -55,103 +54,19 @@ impl Client {
 
     fn lock_fenced_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<FencedLock, Error> {
         check_key(key)?;
-        let (ttl_ms, timing) = self.timing(ttl)?;
+        let ttl = self.timing(ttl)?;
         let fence = fence_key(key);
-        let deadline = Instant::now().checked_add(self.wait_timeout());
-        let mut attempt = 1;
-        loop {
-            match self.fenced_attempt(key, &fence, ttl_ms, timing, wait) {
-                Err(Attempt::WriteBack(_))
-                    if wait
-                        && attempt < WRITE_BACK_ATTEMPTS
-                        && deadline.is_some_and(|d| Instant::now() < d) =>
-                {
-                    attempt += 1;
-                }
-                Err(Attempt::WriteBack(e) | Attempt::Acquire(e)) => return Err(e),
-                Ok(lock) => return Ok(lock),
-            }
-        }
-    }
-
-    /// One acquisition (retrying contention while `wait` allows) and its write-back.
-    fn fenced_attempt(
-        &self,
-        key: &[u8],
-        fence: &[u8],
-        ttl_ms: u64,
-        timing: Timing,
-        wait: bool,
-    ) -> Result<FencedLock, Attempt> {
-        let read = FenceRead::new();
-        let (won, token) = self
-            .acquire(
-                &[key],
-                Token::generate(),
-                &|token, run| {
-                    // The counters read count only for the token they were read with.
-                    read.clear();
-                    let acquire = FencedAcquire {
-                        key,
-                        fence,
-                        token,
-                        ttl_ms,
-                        read: &read,
-                    };
-                    run(&acquire, &Release { key, token })
-                },
-                timing,
-                wait,
-            )
-            .map_err(Attempt::Acquire)?;
-        let (valid_until, pending) = (won.valid_until, won.pending.clone());
-        // From here a failure drops `lock`, which releases it on every node.
-        let lock = Lock::from_parts(self.clone(), KeyBuf::new(key), token, won);
-        let Some(fencing_token) = read.token() else {
-            // Not reached: a won round had a quorum of granting nodes, each with a counter.
-            return Err(Attempt::WriteBack(Error::QuorumUnreachable {
-                quorum: self.quorum(),
-                nodes: self.nodes(),
-                failures: Vec::new(),
-            }));
+        let spec = Spec {
+            keys: Keys::Mutex(key),
+            fence: Some(&fence),
         };
-        // Every reply was read before now, so if now is within the validity, each node that
-        // returned the token held our lock key and the token at some instant before its end:
-        // on a quorum of them, the token is already where a write-back would put it.
-        if read.holders() >= self.quorum() && Instant::now() < valid_until {
-            return Ok(FencedLock {
-                lock,
-                fencing_token,
-            });
-        }
-        let write = FenceWrite {
-            key,
-            fence,
-            token: token.as_bytes(),
-            value: fencing_token,
-        };
-        // Must be won before the lock's validity ends. It sets no TTL, so the end of validity
-        // it computes is not used.
-        let mut write_by = valid_until;
-        self.extend_round(&write, timing, &mut write_by, &pending)
-            .map_err(Attempt::WriteBack)?;
+        let won = self.acquire(spec, ttl, wait)?;
+        let fencing_token = won.grant.fencing_token.unwrap_or_default();
         Ok(FencedLock {
-            lock,
+            lock: Lock::from_parts(self.clone(), KeyBuf::new(key), won),
             fencing_token,
         })
     }
-}
-
-/// How many times a waiting [`Client::lock_fenced`] tries again after a lost write-back.
-const WRITE_BACK_ATTEMPTS: u32 = 3;
-
-/// Why a fenced attempt failed.
-enum Attempt {
-    /// The lock was not won (after any waiting).
-    Acquire(Error),
-    /// The lock was won but its token could not be written back to a quorum in time; it has
-    /// been released.
-    WriteBack(Error),
 }
 
 /// A held Redlock mutex with a fencing token. Dropping it releases it, best effort.

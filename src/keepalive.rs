@@ -142,7 +142,7 @@ impl KeepAlive {
         if interval.is_zero() || interval >= validity {
             return Err(InvalidArgument::KeepAliveInterval { interval, validity });
         }
-        let retry = self.retry.clamp(MIN_RETRY, crate::MAX_TTL);
+        let retry = self.retry.clamp(MIN_RETRY, crate::config::MAX_TTL);
         let margin = client
             .config()
             .node_timeout

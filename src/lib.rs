@@ -45,8 +45,8 @@ mod rwlock;
 mod sha1;
 mod url;
 
-pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
-pub use config::RwPolicy;
+pub use client::{Client, ClientBuilder, Lock};
+pub use config::{RwPolicy, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
 pub use engine::KeyNames;
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
 pub use fencing::FencedLock;

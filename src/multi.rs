@@ -4,9 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::client::{check_key, Client};
+use crate::client::Client;
+use crate::config::check_key;
 use crate::driver::Pending;
-use crate::engine::multi::{AcquireAll, ExtendAll, ReleaseAll};
+use crate::engine::hold::Hold;
+use crate::engine::kind::{Keys, Spec};
 use crate::error::{Error, InvalidArgument};
 use crate::rng::Token;
 
@@ -67,30 +69,20 @@ impl Client {
         ttl: Duration,
         wait: bool,
     ) -> Result<MultiLock, Error> {
-        let (ttl_ms, timing) = self.timing(ttl)?;
-        let (won, token) = {
+        let ttl = self.timing(ttl)?;
+        let won = {
             let refs = key_refs(&keys);
-            // Any key's release can make the set free: a waiter listens on every one.
-            self.acquire(
-                &refs,
-                Token::generate(),
-                &|token, run| {
-                    let acquire = AcquireAll {
-                        keys: &refs,
-                        token,
-                        ttl_ms,
-                    };
-                    run(&acquire, &ReleaseAll::new(&refs, token))
-                },
-                timing,
-                wait,
-            )?
+            let spec = Spec {
+                keys: Keys::All(&refs),
+                fence: None,
+            };
+            self.acquire(spec, ttl, wait)?
         };
         Ok(MultiLock {
             client: self.clone(),
             keys,
-            token,
-            valid_until: won.valid_until,
+            token: won.grant.token,
+            hold: Hold::new(won.grant.valid_until),
             pending: won.pending,
             released: false,
         })
@@ -144,7 +136,7 @@ pub struct MultiLock {
     client: Client,
     keys: Vec<Vec<u8>>,
     token: Token,
-    valid_until: Instant,
+    hold: Hold,
     /// The acquisition's round, while votes of it may be in flight.
     pending: Pending,
     released: bool,
@@ -164,7 +156,7 @@ impl MultiLock {
     /// The time left before any key of the set may be granted to someone else. Zero once it
     /// has run out.
     pub fn validity(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.hold.validity(Instant::now())
     }
 
     /// Resets the TTL of every key to `ttl`, on every node that still holds the whole set with
@@ -176,15 +168,13 @@ impl MultiLock {
     /// validity but may shorten it, to at most `ttl` minus the drift allowance from the start
     /// of the round, as for [`Lock::extend`](crate::Lock::extend).
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        let (ttl_ms, timing) = self.client.timing(ttl)?;
         let refs = key_refs(&self.keys);
-        let op = ExtendAll {
-            keys: &refs,
-            token: self.token.as_bytes(),
-            ttl_ms,
+        let spec = Spec {
+            keys: Keys::All(&refs),
+            fence: None,
         };
         self.client
-            .extend_round(&op, timing, &mut self.valid_until, &self.pending)
+            .extend_round(spec, self.token, &mut self.hold, ttl, &self.pending)
     }
 
     /// Releases every key of the set on every node; keys that expired, hold someone else's
@@ -200,12 +190,14 @@ impl MultiLock {
         self.release_now()
     }
 
-    fn release_now(&self) -> Result<(), Error> {
+    fn release_now(&mut self) -> Result<(), Error> {
         let refs = key_refs(&self.keys);
-        self.client.ack_round(
-            &ReleaseAll::new(&refs, self.token.as_bytes()),
-            &self.pending,
-        )
+        let spec = Spec {
+            keys: Keys::All(&refs),
+            fence: None,
+        };
+        self.client
+            .release_round(spec, self.token, &mut self.hold, &self.pending)
     }
 }
 

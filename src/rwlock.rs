@@ -6,15 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::client::{check_key, Client, Won};
-use crate::config::RwPolicy;
+use crate::client::Client;
+use crate::config::check_key;
 use crate::driver::Pending;
-use crate::engine::fair::AttemptIds;
-use crate::engine::ops::{Extend, Op};
-use crate::engine::rw::{
-    FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
-    WriteRelease,
-};
+use crate::engine::hold::Hold;
+use crate::engine::kind::{Keys, Spec};
+use crate::engine::rw::RwKeys;
 use crate::error::Error;
 use crate::rng::Token;
 
@@ -33,7 +30,7 @@ struct Held {
     key: Vec<u8>,
     keys: RwKeys,
     token: Token,
-    valid_until: Instant,
+    hold: Hold,
     /// The acquisition's round, while votes of it may be in flight.
     pending: Pending,
     released: bool,
@@ -41,51 +38,37 @@ struct Held {
 
 impl Held {
     fn validity(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.hold.validity(Instant::now())
     }
 
     fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        let (ttl_ms, timing) = self.client.timing(ttl)?;
-        let token = self.token.as_bytes();
-        let read = ReadExtend {
-            keys: &self.keys,
-            token,
-            ttl_ms,
-        };
-        let write = Extend {
-            key: self.keys.writer(),
-            token,
-            ttl_ms,
-        };
-        let op: &dyn Op = match self.side {
-            Side::Read => &read,
-            Side::Write => &write,
-        };
+        let spec = spec(self.side, &self.key, &self.keys);
         self.client
-            .extend_round(op, timing, &mut self.valid_until, &self.pending)
+            .extend_round(spec, self.token, &mut self.hold, ttl, &self.pending)
     }
 
     fn release_now(&mut self) -> Result<(), Error> {
         self.released = true;
-        let token = self.token.as_bytes();
-        match self.side {
-            Side::Read => self.client.ack_round(
-                &SetRelease {
-                    resource: &self.key,
-                    set: self.keys.readers(),
-                    token,
-                },
-                &self.pending,
-            ),
-            Side::Write => self.client.ack_round(
-                &WriteRelease {
-                    resource: &self.key,
-                    keys: &self.keys,
-                    token,
-                },
-                &self.pending,
-            ),
-        }
+        let spec = spec(self.side, &self.key, &self.keys);
+        self.client
+            .release_round(spec, self.token, &mut self.hold, &self.pending)
+    }
+}
+
+/// The lock of `side` on resource `key` with `keys`.
+fn spec<'a>(side: Side, key: &'a [u8], keys: &'a RwKeys) -> Spec<'a> {
+    Spec {
+        keys: match side {
+            Side::Read => Keys::Read {
+                resource: key,
+                keys,
+            },
+            Side::Write => Keys::Write {
+                resource: key,
+                keys,
+            },
+        },
+        fence: None,
     }
 }
 
@@ -140,7 +123,7 @@ macro_rules! guard_methods {
 
             /// The instant the lock may be granted against this hold.
             pub(crate) fn valid_until(&self) -> Instant {
-                self.0.valid_until
+                self.0.hold.valid_until()
             }
         }
     };
@@ -172,7 +155,7 @@ impl Client {
     /// One attempt to take a read lock on `key` for `ttl`, without retrying.
     ///
     /// Fails with [`Error::Contended`] while a writer holds the lock (or, with
-    /// [`RwPolicy::WritePreferring`], waits for it).
+    /// [`RwPolicy::WritePreferring`](crate::RwPolicy::WritePreferring), waits for it).
     pub fn try_read_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<ReadLock, Error> {
         self.read_lock_with(key.as_ref(), ttl, false)
     }
@@ -228,119 +211,34 @@ impl Client {
     }
 
     fn read_lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<ReadLock, Error> {
-        check_key(key)?;
-        let (ttl_ms, timing) = self.timing(ttl)?;
-        let keys = RwKeys::new(key);
-        let first = Token::generate();
-        let fair = self.config().fair.then(|| self.fair_state());
-        let (won, token) = self.acquire(
-            &[key],
-            first,
-            &|token, run| {
-                let cleanup = SetRelease {
-                    resource: key,
-                    set: keys.readers(),
-                    token,
-                };
-                match &fair {
-                    Some(fair) => {
-                        let ids = AttemptIds {
-                            waiter: first.as_bytes(),
-                            token,
-                        };
-                        let acquire = FairRwAcquire::read(key, &keys, ids, ttl_ms, fair);
-                        run(&acquire, &cleanup)
-                    }
-                    None => run(
-                        &ReadAcquire {
-                            keys: &keys,
-                            token,
-                            ttl_ms,
-                        },
-                        &cleanup,
-                    ),
-                }
-            },
-            timing,
-            wait,
-        )?;
-        Ok(ReadLock(self.held(Side::Read, key, keys, token, won)))
+        self.rw_lock_with(Side::Read, key, ttl, wait).map(ReadLock)
     }
 
     fn write_lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<WriteLock, Error> {
-        check_key(key)?;
-        let (ttl_ms, timing) = self.timing(ttl)?;
-        let config = self.config();
-        let intent_ms = match config.rw_policy {
-            RwPolicy::ReadPreferring => 0,
-            RwPolicy::WritePreferring => {
-                (2 * (config.retry_delay + config.node_timeout)).as_millis() as u64
-            }
-        };
-        let keys = RwKeys::new(key);
-        // The waiter's id names its intent, the same on every attempt.
-        let first = Token::generate();
-        let waiter = first.as_bytes();
-        let fair = config.fair.then(|| self.fair_state());
-        let result = self.acquire(
-            &[key],
-            first,
-            &|token, run| {
-                let ids = AttemptIds { waiter, token };
-                let cleanup = WriteCleanup {
-                    resource: key,
-                    keys: &keys,
-                    ids,
-                    intent_ms,
-                };
-                match &fair {
-                    Some(fair) => {
-                        let acquire =
-                            FairRwAcquire::write(key, &keys, ids, ttl_ms, intent_ms, fair);
-                        run(&acquire, &cleanup)
-                    }
-                    None => run(
-                        &WriteAcquire {
-                            keys: &keys,
-                            ids,
-                            ttl_ms,
-                            intent_ms,
-                        },
-                        &cleanup,
-                    ),
-                }
-            },
-            timing,
-            wait,
-        );
-        if intent_ms > 0 {
-            // Won: nodes that refused still hold the intent. Lost: every node may. Either way
-            // it must not keep readers out any longer; nobody waits for the answer.
-            let withdraw = SetRelease {
-                resource: key,
-                set: keys.intents(),
-                token: waiter,
-            };
-            let flush_by = Instant::now() + config.node_timeout;
-            let _ = self.with_driver(|driver| {
-                driver.broadcast(&withdraw);
-                driver.flush_until(flush_by);
-            });
-        }
-        let (won, token) = result?;
-        Ok(WriteLock(self.held(Side::Write, key, keys, token, won)))
+        self.rw_lock_with(Side::Write, key, ttl, wait)
+            .map(WriteLock)
     }
 
-    fn held(&self, side: Side, key: &[u8], keys: RwKeys, token: Token, won: Won) -> Held {
-        Held {
+    fn rw_lock_with(
+        &self,
+        side: Side,
+        key: &[u8],
+        ttl: Duration,
+        wait: bool,
+    ) -> Result<Held, Error> {
+        check_key(key)?;
+        let ttl = self.timing(ttl)?;
+        let keys = RwKeys::new(key);
+        let won = self.acquire(spec(side, key, &keys), ttl, wait)?;
+        Ok(Held {
             client: self.clone(),
             side,
             key: key.to_vec(),
             keys,
-            token,
-            valid_until: won.valid_until,
+            token: won.grant.token,
+            hold: Hold::new(won.grant.valid_until),
             pending: won.pending,
             released: false,
-        }
+        })
     }
 }

@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct Retry {
     deadline: Instant,
-    lost: u32,
     counted: u32,
     retry_count: u32,
     wait: bool,
@@ -32,19 +31,17 @@ impl Retry {
     pub fn new(first: Instant, wait_timeout: Duration, retry_count: u32, wait: bool) -> Retry {
         Retry {
             deadline: crate::engine::timings::wait_deadline(first, wait_timeout),
-            lost: 0,
             counted: 0,
             retry_count,
             wait,
         }
     }
 
-    /// Records a lost round at `now`; returns the latest instant the next attempt starts at
+    /// After a lost round at `now`: returns the latest instant the next attempt starts at
     /// (`now + delay`, its backstop), or `None` when the budget is spent: waiting is not
     /// allowed, the backstop is not before the wait timeout, or the retry count is used up.
     #[must_use]
     pub fn next_attempt(&mut self, now: Instant, delay: Duration) -> Option<Instant> {
-        self.lost = self.lost.saturating_add(1);
         let next = now.checked_add(delay)?;
         let counts_left = self.retry_count == Self::UNLIMITED || self.counted < self.retry_count;
         (self.wait && counts_left && next < self.deadline).then_some(next)
@@ -59,11 +56,6 @@ impl Retry {
     /// Time left before the wait timeout, from `now`.
     pub fn remaining(&self, now: Instant) -> Duration {
         self.deadline.saturating_duration_since(now)
-    }
-
-    /// How many rounds were lost so far.
-    pub fn lost(&self) -> u32 {
-        self.lost
     }
 }
 
@@ -82,7 +74,6 @@ mod tests {
         assert_eq!(r.next_attempt(t0 + 20 * MS, 10 * MS), Some(t0 + 30 * MS));
         r.count_retry();
         assert_eq!(r.next_attempt(t0 + 40 * MS, 10 * MS), None);
-        assert_eq!(r.lost(), 3);
 
         let mut r = Retry::new(t0, 100 * MS, 10, true);
         assert_eq!(r.next_attempt(t0 + 80 * MS, 19 * MS), Some(t0 + 99 * MS));

@@ -127,6 +127,11 @@ impl Round {
         self.start
     }
 
+    /// When nodes that have not answered count as failed.
+    pub fn node_deadline(&self) -> Instant {
+        self.node_deadline
+    }
+
     /// The decision, once there is one. It never changes afterwards.
     pub fn decision(&self) -> Option<Decision> {
         self.decision

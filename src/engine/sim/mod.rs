@@ -52,7 +52,7 @@ use crate::engine::rw::{
 use crate::engine::{Decision, Retry, Round, Timing, Vote};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Status};
-use crate::rng::Jitter;
+use crate::rng::{Entropy as _, Jitter};
 
 use history::{History, Increment, Kind, Report};
 use node::Node;
