@@ -1,20 +1,17 @@
-//! The lock API: [`Client`], its [`ClientBuilder`], and the [`Lock`] guard.
+//! [`Client`] and its [`ClientBuilder`]: the settings, the pool of drivers, and the keeper
+//! thread's slot. The calls that take locks are with the guard they return (`guard`).
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use crate::config::{check_key, Config, RwPolicy, MAX_NODES, MAX_TTL};
+use crate::config::{Config, RwPolicy, MAX_NODES, MAX_TTL};
 use crate::driver::{Driver, Pending};
-use crate::engine::acquire::{Acquisition, Grant, Params};
-use crate::engine::hold::Hold;
-use crate::engine::kind::{Keys, Spec};
 use crate::engine::{quorum, Retry, Timing};
 use crate::error::{Error, InvalidArgument};
-use crate::keepalive::KeeperSlot;
+use crate::keeper::KeeperSlot;
 use crate::resp::Limits;
-use crate::rng::Token;
 use crate::url::NodeAddr;
 
 /// The longest timeout or delay a builder accepts: longer ones are surely mistakes, and would
@@ -58,13 +55,6 @@ struct Inner {
     /// How many threads wait on `returned`.
     waiting: AtomicUsize,
     keeper: KeeperSlot,
-}
-
-/// A won acquisition, and its run while replies of it may still be in flight (the guard's
-/// release and extensions must come after them).
-pub(crate) struct Won {
-    pub grant: Grant,
-    pub pending: Pending,
 }
 
 impl std::fmt::Debug for Client {
@@ -347,39 +337,6 @@ impl Client {
         quorum(self.nodes())
     }
 
-    /// One attempt to take the lock on `key` for `ttl`, without retrying.
-    ///
-    /// Fails with [`Error::Contended`] when someone else holds it.
-    pub fn try_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.lock_with(key.as_ref(), ttl, false)
-    }
-
-    /// Takes the lock on `key` for `ttl`, blocking until it is ours or the
-    /// [wait timeout](ClientBuilder::wait_timeout) has passed (10 s by default).
-    ///
-    /// A waiter retries as soon as a release of `key` is announced, and after a jittered
-    /// [retry delay](ClientBuilder::retry_delay) when none is; only those unprompted retries
-    /// count against the [retry count](ClientBuilder::retry_count), which is unlimited by
-    /// default. Fails with [`Error::Contended`] (or the error of the last attempt) when the
-    /// wait ends without the lock.
-    ///
-    /// The returned guard is valid for [`Lock::validity`], which is less than `ttl` by the time
-    /// the quorum took and the drift allowance.
-    pub fn lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.lock_with(key.as_ref(), ttl, true)
-    }
-
-    fn lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<Lock, Error> {
-        check_key(key)?;
-        let ttl = self.timing(ttl)?;
-        let spec = Spec {
-            keys: Keys::Mutex(key),
-            fence: None,
-        };
-        let won = self.acquire(spec, ttl, wait)?;
-        Ok(Lock::from_parts(self.clone(), KeyBuf::new(key), won))
-    }
-
     /// This client's settings.
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
@@ -496,234 +453,5 @@ impl Client {
         let mut driver = Driver::new(config.clone()).map_err(|e| Error::Io(e.kind()))?;
         driver.warm_up(Instant::now() + config.connect_timeout);
         Ok(driver)
-    }
-
-    /// Acquires the lock `spec` for `ttl` (its TTL in ms and the timing built on it), retrying
-    /// while `wait` and the budget allow: runs an [`Acquisition`] on a driver of the pool.
-    pub(crate) fn acquire(
-        &self,
-        spec: Spec<'_>,
-        (ttl_ms, timing): (u64, Timing),
-        wait: bool,
-    ) -> Result<Won, Error> {
-        let config = &self.inner.config;
-        self.with_driver(|driver| {
-            let params = Params {
-                ttl_ms,
-                timing,
-                wait,
-                fair: config.fair,
-                // A fair waiter's place in the queue: this machine's wall clock in
-                // microseconds.
-                ticket: if config.fair { wall_micros() } else { 0 },
-                spread: driver.spread,
-            };
-            let round = driver.take_round();
-            let mut m = Acquisition::new(
-                spec,
-                config,
-                params,
-                Instant::now(),
-                round,
-                driver.entropy(),
-            );
-            let result = driver.drive(&mut m);
-            driver.spread = m.learnt_spread();
-            driver.put_round(m.into_round());
-            result.map(|grant| Won {
-                grant,
-                pending: driver.pending(),
-            })
-        })?
-    }
-
-    /// Releases the lock `spec` held with `token` on every node, after the replies of round
-    /// `after` still in flight, and waits for a quorum of acknowledgements (or failures).
-    pub(crate) fn release_round(
-        &self,
-        spec: Spec<'_>,
-        token: Token,
-        hold: &mut Hold,
-        after: &Pending,
-    ) -> Result<(), Error> {
-        let config = &self.inner.config;
-        self.with_driver_after(after, |driver| {
-            let round = driver.take_round();
-            let mut m = hold.release(spec, token, config, Instant::now(), round);
-            let result = driver.drive(&mut m);
-            driver.put_round(m.into_round());
-            result
-        })?
-    }
-
-    /// Runs an extend round to `ttl` of the lock `spec` held with `token`, after the replies of
-    /// round `after` still in flight; `hold` is updated as [`Hold::extend`] says. An invalid
-    /// `ttl` is refused before anything is sent.
-    pub(crate) fn extend_round(
-        &self,
-        spec: Spec<'_>,
-        token: Token,
-        hold: &mut Hold,
-        ttl: Duration,
-        after: &Pending,
-    ) -> Result<(), Error> {
-        let (ttl_ms, timing) = self.timing(ttl)?;
-        let config = &self.inner.config;
-        self.with_driver_after(after, |driver| {
-            let round = driver.take_round();
-            let mut m = hold.extend(spec, token, config, ttl_ms, timing, Instant::now(), round);
-            let result = driver.drive(&mut m);
-            driver.put_round(m.into_round());
-            result
-        })?
-    }
-}
-
-/// This machine's wall clock in microseconds since the Unix epoch.
-fn wall_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// Keys up to this length live inside the guard, so taking a lock allocates nothing.
-const INLINE_KEY: usize = 64;
-
-/// A lock's key: inline when short, on the heap otherwise.
-#[derive(Clone)]
-pub(crate) enum KeyBuf {
-    Inline { len: u8, bytes: [u8; INLINE_KEY] },
-    Heap(Box<[u8]>),
-}
-
-impl KeyBuf {
-    pub(crate) fn new(key: &[u8]) -> KeyBuf {
-        if key.len() <= INLINE_KEY {
-            let mut bytes = [0; INLINE_KEY];
-            bytes[..key.len()].copy_from_slice(key);
-            KeyBuf::Inline {
-                len: key.len() as u8,
-                bytes,
-            }
-        } else {
-            KeyBuf::Heap(key.into())
-        }
-    }
-
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        match self {
-            KeyBuf::Inline { len, bytes } => &bytes[..*len as usize],
-            KeyBuf::Heap(b) => b,
-        }
-    }
-}
-
-impl std::fmt::Debug for KeyBuf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(self.as_slice()))
-    }
-}
-
-/// A held Redlock mutex. Dropping it releases it, best effort; call [`release`](Lock::release)
-/// to see whether that worked.
-///
-/// The lock is only guaranteed exclusive until [`validity`](Lock::validity) runs out. Work that
-/// may take longer must [`extend`](Lock::extend) it first.
-#[derive(Debug)]
-pub struct Lock {
-    client: Client,
-    key: KeyBuf,
-    token: Token,
-    hold: Hold,
-    /// The acquisition's round, while votes of it may be in flight.
-    pending: Pending,
-    released: bool,
-}
-
-impl Lock {
-    /// A guard for a lock just won on `key`.
-    pub(crate) fn from_parts(client: Client, key: KeyBuf, won: Won) -> Lock {
-        Lock {
-            client,
-            key,
-            token: won.grant.token,
-            hold: Hold::new(won.grant.valid_until),
-            pending: won.pending,
-            released: false,
-        }
-    }
-
-    /// The client this lock was taken with.
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
-    }
-
-    /// The key this lock is on.
-    pub fn key(&self) -> &[u8] {
-        self.key.as_slice()
-    }
-
-    /// This holder's token: 160 bits from the OS random source, as 40 hex characters. It is
-    /// the value stored at the key on every node that granted the lock: the token of the
-    /// attempt that won it (every attempt draws its own).
-    pub fn token(&self) -> &[u8] {
-        self.token.as_bytes()
-    }
-
-    /// The time left before the lock may be granted to someone else. Zero once it has run out.
-    pub fn validity(&self) -> Duration {
-        self.hold.validity(Instant::now())
-    }
-
-    /// The instant the lock may be granted to someone else.
-    pub(crate) fn valid_until(&self) -> Instant {
-        self.hold.valid_until()
-    }
-
-    /// Resets the lock's TTL to `ttl` on every node that still holds our token.
-    ///
-    /// Succeeds only if a quorum agrees before the current validity ends; the validity is then
-    /// `ttl` minus the time the round took minus the drift allowance.
-    ///
-    /// A failed extend never lengthens the validity, but it may shorten it. The nodes that
-    /// accepted it, and those that did not answer in time (they may run it later), now expire
-    /// the key `ttl` after the round began; so the validity becomes the earlier of its current
-    /// end and `ttl` minus the drift allowance from the start of the round. A failed extend to
-    /// a `ttl` longer than the validity left thus leaves the lock as it was (held until its
-    /// current validity ends, if it was held); a failed extend to a shorter one leaves at most
-    /// that shorter validity. An invalid `ttl` is refused before anything is sent.
-    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        let spec = Spec {
-            keys: Keys::Mutex(self.key.as_slice()),
-            fence: None,
-        };
-        self.client
-            .extend_round(spec, self.token, &mut self.hold, ttl, &self.pending)
-    }
-
-    /// Releases the lock on every node, whether or not that node granted it. Keys that have
-    /// expired, or that hold someone else's token, are left alone.
-    ///
-    /// Returns once a quorum of nodes has answered; the other nodes still get the release.
-    pub fn release(mut self) -> Result<(), Error> {
-        self.released = true;
-        self.release_now()
-    }
-
-    fn release_now(&mut self) -> Result<(), Error> {
-        let spec = Spec {
-            keys: Keys::Mutex(self.key.as_slice()),
-            fence: None,
-        };
-        self.client
-            .release_round(spec, self.token, &mut self.hold, &self.pending)
-    }
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        if !self.released {
-            let _ = self.release_now();
-        }
     }
 }

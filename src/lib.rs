@@ -35,24 +35,21 @@ mod config;
 mod driver;
 mod engine;
 mod error;
-mod fencing;
 mod ffi;
+mod guard;
 mod keepalive;
-mod multi;
+mod keeper;
 pub mod resp;
 mod rng;
-mod rwlock;
 mod sha1;
 mod url;
 
-pub use client::{Client, ClientBuilder, Lock};
-pub use config::{RwPolicy, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
+pub use client::{Client, ClientBuilder};
+pub use config::{RwPolicy, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS, MAX_NODES, MAX_TTL};
 pub use engine::KeyNames;
 pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
-pub use fencing::FencedLock;
+pub use guard::{kind, FencedLock, Guard, Lock, MultiLock, ReadLock, WriteLock};
 pub use keepalive::{KeepAlive, KeepAliveError, KeptLock, Lost};
-pub use multi::{MultiLock, MAX_LOCK_ALL_KEYS};
-pub use rwlock::{ReadLock, WriteLock};
 
 /// Pieces of the sans-IO engine that the fuzz targets and benchmarks drive directly. Not part
 /// of the API: anything here may change in any release.
