@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::client::Client;
-use crate::engine::Timing;
+use crate::engine::keepalive::Schedule;
 use crate::error::{Error, InvalidArgument};
 use crate::guard::kind::Kind;
 use crate::guard::{Guard, Held};
@@ -37,8 +37,6 @@ use crate::keeper::{Job, Keeper};
 
 /// Delay before retrying an extension that failed for a reason that may pass.
 const DEFAULT_RETRY: Duration = Duration::from_millis(100);
-/// The shortest retry delay: a node that fails at once must not make the keeper spin.
-const MIN_RETRY: Duration = Duration::from_millis(1);
 
 /// Settings of one kept-alive guard: the TTL each extension sets, how often, and whom to tell
 /// when the lock is lost.
@@ -130,44 +128,15 @@ impl KeepAlive {
     }
 
     /// These settings checked against `client`: what the keeper works with.
-    fn plan(&self, client: &Client) -> Result<Plan, InvalidArgument> {
+    fn plan(&self, client: &Client) -> Result<Schedule, InvalidArgument> {
         let (_, timing) = client.timing(self.ttl)?;
-        let validity = timing
-            .validity(Duration::ZERO)
-            .ok_or(InvalidArgument::TtlBelowDrift {
-                ttl: self.ttl,
-                drift: timing.drift(),
-            })?;
-        let interval = self.period();
-        if interval.is_zero() || interval >= validity {
-            return Err(InvalidArgument::KeepAliveInterval { interval, validity });
-        }
-        let retry = self.retry.clamp(MIN_RETRY, crate::config::MAX_TTL);
-        let margin = client
-            .config()
-            .node_timeout
-            .saturating_mul(2)
-            .saturating_add(retry)
-            .clamp(validity / 3, validity / 3 * 2);
-        Ok(Plan {
+        Schedule::new(
             timing,
-            interval,
-            retry,
-            margin,
-        })
+            self.interval,
+            self.retry,
+            client.config().node_timeout,
+        )
     }
-}
-
-/// Settings checked against the client (see [`KeepAlive::plan`]).
-#[derive(Debug, Clone, Copy)]
-struct Plan {
-    /// The TTL each extension sets, in whole milliseconds, and the drift allowance.
-    timing: Timing,
-    /// Less than the validity an extension gives, and more than zero.
-    interval: Duration,
-    retry: Duration,
-    /// The validity left below which an extension is due.
-    margin: Duration,
 }
 
 /// The notice that a kept-alive lock was lost.
@@ -236,7 +205,7 @@ impl<G> From<KeepAliveError<G>> for Error {
 }
 
 /// Hands `held` to its client's keeper thread, with settings already checked.
-fn keep_alive(held: Held, plan: Plan, settings: KeepAlive) -> KeptLock {
+fn keep_alive(held: Held, plan: Schedule, settings: KeepAlive) -> KeptLock {
     let keeper = held.client().keeper().get_or_init(Keeper::start).clone();
     let key = held.key().to_vec();
     let token = held.token().to_vec();
@@ -282,7 +251,7 @@ struct Shared {
     /// an extension round in flight; the keeper lowers it before each round to what that round
     /// may leave on the nodes, and sets it to the guard's own end of validity after.
     until: AtomicU64,
-    plan: Plan,
+    plan: Schedule,
     /// Whom to tell of a loss; taken when telling.
     notify: Mutex<Option<Notify>>,
 }
@@ -320,33 +289,26 @@ impl Shared {
         self.until.fetch_min(n, Ordering::AcqRel);
     }
 
-    /// When the next extension is due, for a lock as it is at `now`: one interval on, or
-    /// earlier, when the validity left falls to the margin.
+    /// When the next extension is due, for the lock as it is at `now`.
     fn next_due(&self, now: Instant) -> Instant {
-        let left = self.left(now).unwrap_or(Duration::ZERO);
-        let wait = self
-            .plan
-            .interval
-            .min(left.saturating_sub(self.plan.margin));
-        now.checked_add(wait).unwrap_or(now)
+        self.plan
+            .next_due(now, self.left(now).unwrap_or(Duration::ZERO))
     }
 
     /// Extends `guard` once; returns when to come back, or why the lock is lost.
     fn extend(&self, guard: &mut Held) -> Result<Instant, Error> {
-        let expired = || Error::ValidityExpired {
-            elapsed: Duration::ZERO,
-        };
         let now = Instant::now();
         if self.left(now).is_none() {
-            return Err(expired());
+            return Err(Error::ValidityExpired {
+                elapsed: Duration::ZERO,
+            });
         }
-        // The nodes may take the new TTL from the moment the round is sent, whatever comes of
-        // it: from then on the lock may lapse at `now + ttl - drift`, or earlier if it would
-        // anyway (a round starts at or after `now`, so this bound is on the safe side).
-        if let Some(cap) = self.plan.timing.valid_until(now) {
+        // `validity()` and `is_lost()` must not wait for the round: what it may leave on the
+        // nodes is what they say while it is in flight.
+        if let Some(cap) = self.plan.cap_from(now) {
             self.lower_until(cap);
         }
-        let result = guard.extend(self.plan.timing.ttl);
+        let result = guard.extend(self.plan.ttl());
         let until = guard.valid_until();
         if result.is_ok() {
             self.set_until(until);
@@ -354,16 +316,7 @@ impl Shared {
             self.lower_until(until);
         }
         let now = Instant::now();
-        let left = self.left(now);
-        match (result, left) {
-            (Ok(()), Some(_)) => Ok(self.next_due(now)),
-            (Ok(()), None) => Err(expired()),
-            (Err(Error::QuorumUnreachable { .. } | Error::Io(_)), Some(left)) => {
-                Ok(now.checked_add(self.plan.retry.min(left)).unwrap_or(now))
-            }
-            (Err(Error::QuorumUnreachable { .. } | Error::Io(_)), None) => Err(expired()),
-            (Err(other), _) => Err(other),
-        }
+        self.plan.after_round(result, now, self.left(now))
     }
 }
 

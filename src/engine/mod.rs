@@ -6,6 +6,7 @@
 //!
 //! - `acquire`: an acquisition, attempts and retries included (where a retry happens);
 //! - `hold`: a held lock's validity, and its extend and release rounds;
+//! - `keepalive`: a kept lock's schedule of extensions, and the decision that it is lost;
 //! - `machine`: what a driver sees of those machines, and the order it calls them in;
 //! - `timings`: every deadline they keep (where a lock's deadline is computed);
 //! - `kind`: which command each kind of lock sends at each step;
@@ -28,6 +29,7 @@ pub(crate) mod fair;
 mod fanout;
 pub(crate) mod fencing;
 pub(crate) mod hold;
+pub(crate) mod keepalive;
 pub(crate) mod kind;
 pub(crate) mod machine;
 pub(crate) mod multi;

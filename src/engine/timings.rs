@@ -122,3 +122,31 @@ pub fn intent_ttl_ms(config: &Config) -> u64 {
 pub fn failed_extend_cap(start: Instant, timing: Timing) -> Instant {
     timing.valid_until(start).unwrap_or(start)
 }
+
+/// The validity left below which a kept lock's next extension is due: time for a round that
+/// times out and a retry (twice the node timeout plus the retry delay), but at least a third
+/// and at most two thirds of the `validity` an extension gives.
+pub fn keep_alive_margin(node_timeout: Duration, retry: Duration, validity: Duration) -> Duration {
+    node_timeout
+        .saturating_mul(2)
+        .saturating_add(retry)
+        .clamp(validity / 3, validity / 3 * 2)
+}
+
+/// When a kept lock with `left` of validity at `now` is next extended: one `interval` on, or
+/// earlier, when the validity left falls to the `margin`.
+pub fn keep_alive_due(
+    now: Instant,
+    interval: Duration,
+    left: Duration,
+    margin: Duration,
+) -> Instant {
+    now.checked_add(interval.min(left.saturating_sub(margin)))
+        .unwrap_or(now)
+}
+
+/// When a kept lock's extension that failed for a reason that may pass is tried again: one
+/// `retry` delay on, but before the `left` validity runs out.
+pub fn keep_alive_retry(now: Instant, retry: Duration, left: Duration) -> Instant {
+    now.checked_add(retry.min(left)).unwrap_or(now)
+}
