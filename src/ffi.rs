@@ -208,6 +208,9 @@ fn failure_code(e: &Error) -> redlock_mux_result {
         Error::ValidityExpired { .. } => REDLOCK_MUX_VALIDITY_EXPIRED,
         Error::Io(_) => REDLOCK_MUX_IO,
         Error::Config { .. } => REDLOCK_MUX_CONFIG,
+        // A wait that ended is reported as its last attempt was (most often contended); the
+        // message names the deadline.
+        Error::WaitEnded { last, .. } => failure_code(last),
     }
 }
 

@@ -354,6 +354,13 @@ impl<'a> Acquisition<'a> {
         let delay =
             timings::backstop_delay(rng, self.config.retry_delay, self.retry.remaining(now));
         let Some(backstop) = self.retry.next_attempt(now, delay) else {
+            let error = match self.retry.ended_by() {
+                Some(deadline) => Error::WaitEnded {
+                    deadline,
+                    last: Box::new(error),
+                },
+                None => error,
+            };
             return self.finish(Err(error));
         };
         if !self.subscribed && error.is_contended() {

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::error::Deadline;
+
 /// The retry budget of one acquisition, from its first attempt.
 ///
 /// After each lost round the caller broadcasts the cleanup, draws a jittered delay, and asks
@@ -53,6 +55,18 @@ impl Retry {
         self.counted = self.counted.saturating_add(1);
     }
 
+    /// Which limit ended the waiting, once [`next_attempt`](Self::next_attempt) said to give
+    /// up: `None` when waiting was not allowed at all (one attempt only).
+    pub fn ended_by(&self) -> Option<Deadline> {
+        if !self.wait {
+            None
+        } else if self.retry_count != Self::UNLIMITED && self.counted >= self.retry_count {
+            Some(Deadline::RetryCount)
+        } else {
+            Some(Deadline::WaitTimeout)
+        }
+    }
+
     /// Time left before the wait timeout, from `now`.
     pub fn remaining(&self, now: Instant) -> Duration {
         self.deadline.saturating_duration_since(now)
@@ -74,13 +88,16 @@ mod tests {
         assert_eq!(r.next_attempt(t0 + 20 * MS, 10 * MS), Some(t0 + 30 * MS));
         r.count_retry();
         assert_eq!(r.next_attempt(t0 + 40 * MS, 10 * MS), None);
+        assert_eq!(r.ended_by(), Some(Deadline::RetryCount));
 
         let mut r = Retry::new(t0, 100 * MS, 10, true);
         assert_eq!(r.next_attempt(t0 + 80 * MS, 19 * MS), Some(t0 + 99 * MS));
         assert_eq!(r.next_attempt(t0 + 80 * MS, 20 * MS), None);
+        assert_eq!(r.ended_by(), Some(Deadline::WaitTimeout));
 
         let mut r = Retry::new(t0, 100 * MS, 10, false);
         assert_eq!(r.next_attempt(t0, MS), None);
+        assert_eq!(r.ended_by(), None, "one attempt is no wait");
 
         let mut r = Retry::new(t0, 100 * MS, 0, true);
         assert_eq!(
