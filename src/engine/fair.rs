@@ -31,62 +31,9 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use crate::engine::ops::{has_hash_tag, int_verdict, Op, Script, ScriptForm, Verdict, WAKE_PREFIX};
+pub use crate::engine::scripts::{FAIR_ACQUIRE, LEAVE};
 use crate::engine::Vote;
 use crate::resp::{self, Reply};
-
-/// Lua: the queue gate every fair acquire script starts with. The queue and its expiries are
-/// the last two KEYS; waiter id, ticket, entry TTL and join flag the last four ARGV; the entry
-/// is `kind` followed by the waiter id. It prunes dead entries, joins (or refreshes) this waiter
-/// when the queue is not empty or `join` is set, and refuses with 2 unless everyone ahead may
-/// go first: nobody, for a writer or a mutex; only readers, for a reader (`readers_share`).
-/// It defines `won()`, which takes this waiter out of the queue, and `refused()`, which
-/// answers 2 when this waiter is queued and 0 when it is not.
-macro_rules! fair_gate {
-    ($kind:literal, $readers_share:literal) => {
-        concat!(
-            "local m = '", $kind, "' .. ARGV[#ARGV - 3]; ",
-            "local qk, xk = KEYS[#KEYS - 1], KEYS[#KEYS]; ",
-            "local ettl = tonumber(ARGV[#ARGV - 1]); local queued = false; ",
-            "local function won() redis.call('zrem', qk, m); redis.call('zrem', xk, m); return 1 end; ",
-            "local function refused() if queued then return 2 end return 0 end; ",
-            "local tq = redis.call('time'); ",
-            "local qnow = tonumber(tq[1]) * 1000 + math.floor(tonumber(tq[2]) / 1000); ",
-            "local dead = redis.call('zrangebyscore', xk, '-inf', qnow); ",
-            "for i = 1, #dead do redis.call('zrem', qk, dead[i]); redis.call('zrem', xk, dead[i]) end; ",
-            "if ARGV[#ARGV] == '1' or redis.call('zcard', qk) > 0 then ",
-            "queued = true; ",
-            "redis.call('zadd', qk, ARGV[#ARGV - 2], m); redis.call('zadd', xk, qnow + ettl, m); ",
-            "if redis.call('pttl', qk) < ettl then redis.call('pexpire', qk, ettl) end; ",
-            "if redis.call('pttl', xk) < ettl then redis.call('pexpire', xk, ettl) end; ",
-            "local rank = redis.call('zrank', qk, m); ",
-            "if rank > 0 then ",
-            "if not ", $readers_share, " then return 2 end; ",
-            "for _, e in ipairs(redis.call('zrange', qk, 0, rank - 1)) do ",
-            "if string.sub(e, 1, 1) == 'w' then return 2 end end ",
-            "end end; "
-        )
-    };
-}
-
-/// Fair mutex acquire. KEYS: lock, queue, expiries. ARGV: token, ttl ms, waiter id, ticket,
-/// entry TTL ms, join ('1' to join even an empty queue). Returns 1 when the lock was taken, 0
-/// when it was refused without queueing, 2 when it was refused and the waiter is (still)
-/// queued.
-pub static FAIR_ACQUIRE: Script = Script::new(concat!(
-    fair_gate!("", "false"),
-    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return won() end; ",
-    "return refused()",
-));
-
-/// A waiter leaves the queue. KEYS: lock, queue, expiries. ARGV: queue entry (the kind and the
-/// waiter id), wake channel. If
-/// the lock is free, the next waiter is told at once rather than at its next retry.
-pub static LEAVE: Script = Script::new(concat!(
-    "local gone = redis.call('zrem', KEYS[2], ARGV[1]); redis.call('zrem', KEYS[3], ARGV[1]); ",
-    "if gone == 1 and redis.call('exists', KEYS[1]) == 0 then ",
-    "redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)) end; ",
-    "return gone",
-));
 
 /// Queue and expiry names of a mutex on a key without a hash tag: `{K}:q`, `{K}:qx`.
 const WRAPPED: [&[u8]; 2] = [b":q", b":qx"];

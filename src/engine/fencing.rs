@@ -40,9 +40,8 @@
 
 use std::cell::Cell;
 
-use crate::engine::ops::{
-    error_verdict, int_verdict, write_eval, Arg, Op, Script, ScriptForm, Verdict,
-};
+use crate::engine::ops::{error_verdict, int_verdict, write_eval, Arg, Op, ScriptForm, Verdict};
+pub use crate::engine::scripts::{FENCED_ACQUIRE, FENCE_WRITE};
 use crate::engine::Vote;
 use crate::error::NodeErrorKind;
 use crate::resp::Reply;
@@ -88,29 +87,6 @@ fn has_hash_tag(key: &[u8]) -> bool {
         .position(|&b| b == b'}')
         .is_some_and(|close| close > 0)
 }
-
-/// Takes lock key KEYS[1] with token ARGV[1] and expiry ARGV[2] ms (`SET NX PX`); when it did,
-/// raises the fence counter at KEYS[2] (0 if unset) by one and returns it, and returns -1 when
-/// the key was held. A counter that is not a whole number, or that reached [`MAX_FENCE`], is an
-/// error, checked before anything is set.
-pub static FENCED_ACQUIRE: Script = Script::new(
-    "local f = redis.call('get', KEYS[2]) local n = 0 \
-     if f then n = tonumber(f) if not n or n < 0 or n ~= math.floor(n) then \
-     return redis.error_reply('ERR fence counter is not a whole number') end end \
-     if n >= 9007199254740991 then return redis.error_reply('ERR fence counter exhausted') end \
-     if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return -1 end \
-     n = n + 1 redis.call('set', KEYS[2], string.format('%d', n)) return n",
-);
-
-/// If lock key KEYS[1] still holds token ARGV[1], raises the fence counter at KEYS[2] to
-/// ARGV[2] (if it is lower) and returns 1; otherwise changes nothing and returns 0.
-pub static FENCE_WRITE: Script = Script::new(
-    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
-     local f = redis.call('get', KEYS[2]) local n = 0 \
-     if f then n = tonumber(f) if not n then \
-     return redis.error_reply('ERR fence counter is not a whole number') end end \
-     if tonumber(ARGV[2]) > n then redis.call('set', KEYS[2], ARGV[2]) end return 1",
-);
 
 /// The read phase's result: the largest counter that granting nodes returned, and how many
 /// returned it.

@@ -13,13 +13,13 @@
 //! the crate-private `ops` module; the arithmetic of validity is in [`Timing`].
 #![forbid(unsafe_code)]
 
-#[macro_use]
 pub(crate) mod fair;
 pub(crate) mod fencing;
 pub(crate) mod multi;
 pub mod ops;
 mod retry;
 pub(crate) mod rw;
+pub(crate) mod scripts;
 #[cfg(test)]
 mod sim;
 

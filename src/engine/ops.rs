@@ -5,29 +5,10 @@
 //! gets the same call again as `EVAL` with the script's body.
 #![forbid(unsafe_code)]
 
-use crate::engine::{rw, Vote};
+pub use crate::engine::scripts::{Script, EXTEND, RELEASE, SCRIPTS};
+use crate::engine::Vote;
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Reply, ServerErrorKind};
-use crate::sha1::sha1_hex;
-
-/// A Lua script and its SHA-1 digest.
-#[derive(Debug)]
-pub struct Script {
-    /// The script's source.
-    pub body: &'static str,
-    /// Lowercase hex SHA-1 of `body`, as `EVALSHA` wants it.
-    pub sha: [u8; 40],
-}
-
-impl Script {
-    /// A script whose digest is computed at compile time.
-    pub const fn new(body: &'static str) -> Script {
-        Script {
-            body,
-            sha: sha1_hex(body.as_bytes()),
-        }
-    }
-}
 
 /// How a script is sent: by digest, or (after `NOSCRIPT`) with its body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,39 +149,6 @@ pub fn int_verdict(reply: &Reply<'_>) -> Verdict {
         _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
     }
 }
-
-/// Compare-and-delete: frees the key only if it still holds our token, and then announces the
-/// release on the wake channel (`ARGV[2]`, see [`WAKE_PREFIX`]) in the same atomic step. The
-/// announcement is best effort (`pcall`): an ACL user without channel permissions (Redis 7's
-/// default for new users) must still be able to release, and the key is already deleted by then.
-pub static RELEASE: Script = Script::new(
-    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)); return 1 else return 0 end",
-);
-
-/// Compare-and-PEXPIRE: extends the key only if it still holds our token.
-pub static EXTEND: Script = Script::new(
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
-);
-
-/// Every script, loaded on each connection as it is set up so `EVALSHA` rarely misses.
-pub static SCRIPTS: &[&Script] = &[
-    &RELEASE,
-    &EXTEND,
-    &crate::engine::fair::FAIR_ACQUIRE,
-    &crate::engine::fair::LEAVE,
-    &rw::WRITE_ACQUIRE,
-    &rw::FAIR_WRITE_ACQUIRE,
-    &rw::FAIR_READ_ACQUIRE,
-    &rw::WRITE_CLEANUP,
-    &rw::READ_ACQUIRE,
-    &rw::SET_RELEASE,
-    &rw::READ_EXTEND,
-    &crate::engine::multi::ACQUIRE_ALL,
-    &crate::engine::multi::RELEASE_ALL,
-    &crate::engine::multi::EXTEND_ALL,
-    &crate::engine::fencing::FENCED_ACQUIRE,
-    &crate::engine::fencing::FENCE_WRITE,
-];
 
 /// Mutex acquire: `SET key token NX PX ttl`.
 #[derive(Debug, Clone, Copy)]

@@ -39,142 +39,14 @@
 
 use crate::engine::fair::{AttemptIds, FairState, Leave, QueueKeys};
 use crate::engine::ops::{
-    has_hash_tag, int_verdict, write_eval, Arg, Caps, Op, Script, ScriptForm, Verdict, RELEASE,
-    WAKE_PREFIX,
+    has_hash_tag, int_verdict, write_eval, Arg, Caps, Op, ScriptForm, Verdict, RELEASE, WAKE_PREFIX,
+};
+pub use crate::engine::scripts::{
+    FAIR_READ_ACQUIRE, FAIR_WRITE_ACQUIRE, READ_ACQUIRE, READ_EXTEND, SET_RELEASE, WRITE_ACQUIRE,
+    WRITE_CLEANUP,
 };
 use crate::engine::Vote;
 use crate::resp::{self, Reply};
-
-/// Sets `now` (declared `local` by the script) to the node's clock in milliseconds.
-macro_rules! node_now {
-    () => {
-        "local t = redis.call('time'); now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000); "
-    };
-}
-
-/// Lua: the body of a write acquire, after `won()` and `refused()` are defined.
-macro_rules! write_acquire_body {
-    () => {
-        concat!(
-            "local now; local free = redis.call('exists', KEYS[1], KEYS[2]) == 0; ",
-            // Readers but no writer: the readers may all have expired.
-            "if not free and redis.call('exists', KEYS[1]) == 0 then ",
-            node_now!(),
-            "redis.call('zremrangebyscore', KEYS[2], '-inf', now); free = redis.call('exists', KEYS[2]) == 0 end; ",
-            "local intent = tonumber(ARGV[3]); ",
-            "if free then redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]); ",
-            "if intent > 0 then redis.call('zrem', KEYS[3], ARGV[4]) end; return won() end; ",
-            "if intent > 0 then if not now then ",
-            node_now!(),
-            "end; redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
-            "redis.call('zadd', KEYS[3], now + intent, ARGV[4]); ",
-            "if redis.call('pttl', KEYS[3]) < intent then redis.call('pexpire', KEYS[3], intent) end end; ",
-            "return refused()",
-        )
-    };
-}
-
-/// Lua: the body of a read acquire, after `won()` and `refused()` are defined. Live writer
-/// intents refuse the reader when the Lua expression `heed_intents` is true.
-macro_rules! read_acquire_body {
-    ($heed_intents:literal) => {
-        concat!(
-            "local now; ",
-            "if redis.call('exists', KEYS[1], KEYS[3]) > 0 then ",
-            "if redis.call('exists', KEYS[1]) == 1 then return refused() end; ",
-            node_now!(),
-            "if ",
-            $heed_intents,
-            " then redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
-            "if redis.call('exists', KEYS[3]) == 1 then return refused() end end ",
-            "else ",
-            node_now!(),
-            "end; ",
-            "local ttl = tonumber(ARGV[2]); ",
-            "redis.call('zremrangebyscore', KEYS[2], '-inf', now); ",
-            "redis.call('zadd', KEYS[2], now + ttl, ARGV[1]); ",
-            "if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end; ",
-            "return won()",
-        )
-    };
-}
-
-/// Write acquire. KEYS: writer, readers, intents. ARGV: token, ttl ms, intent ms, waiter id.
-///
-/// Prunes expired readers; takes the writer key if no reader is left and no writer holds it,
-/// and withdraws this writer's own intent. Otherwise, when intent ms is above zero, leaves (or
-/// refreshes) this writer's intent, named by its waiter id, pruning expired ones and keeping
-/// the set's TTL at least as long as its longest-lived member.
-pub static WRITE_ACQUIRE: Script = Script::new(concat!(
-    "local function won() return 1 end; local function refused() return 0 end; ",
-    write_acquire_body!(),
-));
-
-/// [`WRITE_ACQUIRE`] behind the fair queue's gate (see `fair_gate`). KEYS: writer, readers,
-/// intents, queue, queue expiries. ARGV: token, ttl ms, intent ms, waiter id, ticket, entry
-/// TTL ms, join. Returns 2 for a refusal that left the writer queued.
-pub static FAIR_WRITE_ACQUIRE: Script =
-    Script::new(concat!(fair_gate!("w", "false"), write_acquire_body!(),));
-
-/// Cleanup after a lost write attempt. KEYS: writer, intents. ARGV: token, wake channel, intent
-/// ms, waiter id.
-///
-/// Compare-and-delete of the writer key, announced on the wake channel when it deleted. When
-/// intent ms is above zero the writer is still waiting: its intent is left (or refreshed) here,
-/// so that a node where the write went through but the quorum did not still holds readers back.
-pub static WRITE_CLEANUP: Script = Script::new(concat!(
-    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)) end; ",
-    "local intent = tonumber(ARGV[3]); ",
-    "if intent > 0 then local now; ",
-    node_now!(),
-    "redis.call('zadd', KEYS[2], now + intent, ARGV[4]); ",
-    "if redis.call('pttl', KEYS[2]) < intent then redis.call('pexpire', KEYS[2], intent) end end; ",
-    "return 1",
-));
-
-/// Read acquire. KEYS: writer, readers, intents. ARGV: token, ttl ms.
-///
-/// Refused while a writer holds the lock or a live writer intent is there. Otherwise prunes
-/// expired readers, adds the token scored by its expiry on the node's clock, and keeps the set's
-/// TTL at least as long as its longest-lived reader, so an abandoned set disappears.
-pub static READ_ACQUIRE: Script = Script::new(concat!(
-    "local function won() return 1 end; local function refused() return 0 end; ",
-    read_acquire_body!("true"),
-));
-
-/// [`READ_ACQUIRE`] behind the fair queue's gate, where readers at the head share. KEYS:
-/// writer, readers, intents, queue, queue expiries. ARGV: token, ttl ms, unused, waiter id,
-/// ticket, entry TTL ms, join. Returns 2 for a refusal that left the reader queued.
-///
-/// A reader that the queue lets through (queued, with only readers ahead of it) is not refused
-/// by writer intents: the queue has already put it ahead of every queued writer, and an intent
-/// of a writer behind it would otherwise refuse it while the queue refuses that writer. Only a
-/// reader outside the queue (an empty queue it did not join) heeds intents.
-pub static FAIR_READ_ACQUIRE: Script = Script::new(concat!(
-    fair_gate!("r", "true"),
-    read_acquire_body!("not queued"),
-));
-
-/// Removes a member from a sorted set (a reader's token from the reader set, a writer's waiter
-/// id from the intent set), announcing it on the wake channel when it was there. KEYS: set.
-/// ARGV: member, wake channel.
-pub static SET_RELEASE: Script = Script::new(
-    "if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)); return 1 else return 0 end",
-);
-
-/// Reader extend: `ZADD XX` with a new expiry on the node's clock, only if the reader is still
-/// there and not yet expired (an expired reader is never brought back). KEYS: readers. ARGV:
-/// token, ttl ms.
-pub static READ_EXTEND: Script = Script::new(concat!(
-    "local now; ",
-    node_now!(),
-    "local s = redis.call('zscore', KEYS[1], ARGV[1]); ",
-    "if not s or tonumber(s) <= now then return 0 end; ",
-    "local ttl = tonumber(ARGV[2]); ",
-    "redis.call('zadd', KEYS[1], 'XX', now + ttl, ARGV[1]); ",
-    "if redis.call('pttl', KEYS[1]) < ttl then redis.call('pexpire', KEYS[1], ttl) end; ",
-    "return 1",
-));
 
 /// The keys of one read-write lock, derived from its resource key `K`.
 ///
