@@ -40,53 +40,16 @@
 
 use std::cell::Cell;
 
+pub use crate::engine::keys::fence_key;
 use crate::engine::ops::{error_verdict, int_verdict, write_eval, Arg, Op, ScriptForm, Verdict};
 pub use crate::engine::scripts::{FENCED_ACQUIRE, FENCE_WRITE};
 use crate::engine::Vote;
 use crate::error::NodeErrorKind;
 use crate::resp::Reply;
 
-/// Fence counters of lock key `K` are kept at `FENCE_PREFIX ++ ...` (see [`fence_key`]).
-pub const FENCE_PREFIX: &[u8] = b"redlock-mux:fence:";
-
 /// The largest counter: Lua (which reads and compares the counters) represents integers
 /// exactly only up to 2^53. A node whose counter reached it refuses to raise it further.
 pub const MAX_FENCE: u64 = (1 << 53) - 1;
-
-/// The key of the fence counter of `lock_key`, in the same Redis Cluster hash slot as
-/// `lock_key` wherever that can be arranged:
-///
-/// - a key with a hash tag (`user:{42}`) gets `FENCE_PREFIX ++ key`, which keeps the tag;
-/// - a key without one and without `}` gets `FENCE_PREFIX ++ "{" ++ key ++ "}"`, whose tag is
-///   the whole key, so it hashes as the key does;
-/// - a key without a hash tag that contains `}` cannot be made a tag; it gets
-///   `FENCE_PREFIX ++ key`, in another slot. That only matters to proxies that insist on
-///   single-slot scripts; independent masters do not.
-pub fn fence_key(lock_key: &[u8]) -> Vec<u8> {
-    let wrap = !has_hash_tag(lock_key) && !lock_key.contains(&b'}');
-    let mut out = Vec::with_capacity(FENCE_PREFIX.len() + lock_key.len() + 2);
-    out.extend_from_slice(FENCE_PREFIX);
-    if wrap {
-        out.push(b'{');
-    }
-    out.extend_from_slice(lock_key);
-    if wrap {
-        out.push(b'}');
-    }
-    out
-}
-
-/// Whether Redis Cluster hashes `key` by a hash tag: the bytes between the first `{` and the
-/// first `}` after it, when there is at least one.
-fn has_hash_tag(key: &[u8]) -> bool {
-    let Some(open) = key.iter().position(|&b| b == b'{') else {
-        return false;
-    };
-    key[open + 1..]
-        .iter()
-        .position(|&b| b == b'}')
-        .is_some_and(|close| close > 0)
-}
 
 /// The read phase's result: the largest counter that granting nodes returned, and how many
 /// returned it.
@@ -221,17 +184,6 @@ impl Op for FenceWrite<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fence_key_shares_the_hash_tag_of_its_lock_key() {
-        assert_eq!(fence_key(b"invoice:42"), b"redlock-mux:fence:{invoice:42}");
-        assert_eq!(fence_key(b"user:{42}:x"), b"redlock-mux:fence:user:{42}:x");
-        // No tag possible: `}` without a `{` before it, or an empty tag.
-        assert_eq!(fence_key(b"a}b"), b"redlock-mux:fence:a}b");
-        assert_eq!(fence_key(b"{}x"), b"redlock-mux:fence:{}x");
-        // An unclosed `{` is no tag, and the whole key can be one.
-        assert_eq!(fence_key(b"a{b"), b"redlock-mux:fence:{a{b}");
-    }
 
     #[test]
     fn token_is_the_largest_counter_granted_and_counts_its_holders() {

@@ -112,7 +112,7 @@ impl Op for ExtendAll<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::ops::WAKE_PREFIX;
+    use crate::engine::keys::WAKE_PREFIX;
     use crate::resp::{decode, Limits, Status, Value};
 
     fn args_of(op: &dyn Op) -> Vec<Vec<u8>> {

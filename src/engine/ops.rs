@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub use crate::engine::scripts::{Script, EXTEND, RELEASE, SCRIPTS};
-use crate::engine::Vote;
+use crate::engine::{keys, Vote};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Reply, ServerErrorKind};
 
@@ -26,23 +26,16 @@ pub enum Arg<'a> {
     Bytes(&'a [u8]),
     /// A number, sent as its decimal digits.
     Num(u64),
-    /// The pub/sub channel on which releases of this resource key are announced.
+    /// The pub/sub channel on which releases of this resource key are announced
+    /// ([`keys::wake_channel`]).
     Wake(&'a [u8]),
 }
-
-/// Releases of resource `K` are announced on channel `WAKE_PREFIX ++ K`, so that waiters can
-/// retry at once instead of sleeping out their retry delay.
-///
-/// The message is the first 16 characters of the released token: 64 bits that name the release
-/// (every node announces it) without giving away the token. A waiter retries when a node that
-/// refused its last attempt announces a release after refusing.
-pub const WAKE_PREFIX: &[u8] = b"redlock-mux:wake:";
 
 fn write_arg(out: &mut Vec<u8>, arg: Arg<'_>) {
     match arg {
         Arg::Bytes(b) => resp::write_bulk(out, b),
         Arg::Num(n) => resp::write_bulk_u64(out, n),
-        Arg::Wake(key) => resp::write_bulk_parts(out, &[WAKE_PREFIX, key]),
+        Arg::Wake(key) => keys::wake_channel(key).write_bulk(out),
     }
 }
 
@@ -110,18 +103,6 @@ pub trait Op {
     fn on_finish(&self) -> Option<&dyn Op> {
         None
     }
-}
-
-/// Whether Redis Cluster would hash `key` by a hash tag (the bytes between its first `{` and the
-/// first `}` after it, when there are any) rather than whole.
-pub fn has_hash_tag(key: &[u8]) -> bool {
-    let Some(open) = key.iter().position(|&b| b == b'{') else {
-        return false;
-    };
-    key[open + 1..]
-        .iter()
-        .position(|&b| b == b'}')
-        .is_some_and(|len| len > 0)
 }
 
 /// A node failure for an error reply.

@@ -627,11 +627,7 @@ fn every_lock_script_answers_like_redis_server() {
     );
 }
 
-/// The fair queue's key of `key`, as the ops derive it.
+/// The mutex fair queue's key of `key`.
 fn queue_key(key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    crate::engine::fair::write_queue_key(&mut out, key, 0);
-    // `write_queue_key` writes a bulk string: keep what is between the header and the CRLF.
-    let start = out.iter().position(|&b| b == b'\n').expect("header") + 1;
-    out[start..out.len() - 2].to_vec()
+    crate::engine::keys::Derived::MutexQueue.of(key).to_vec()
 }
