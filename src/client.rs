@@ -561,7 +561,7 @@ impl Client {
     /// what a later attempt sets. `attempt` calls its second argument with the acquire op of an
     /// attempt with the token it is given, and the cleanup that undoes that attempt.
     ///
-    /// `resources` are the keys whose wake channels ([`WAKE_PREFIX`](crate::engine::ops::WAKE_PREFIX))
+    /// `resources` are the keys whose wake channels ([`WAKE_PREFIX`](crate::engine::keys::WAKE_PREFIX))
     /// announce releases that make a retry worth trying. Only retries that start because no
     /// release was announced within the retry delay count against the retry count; the wait
     /// timeout bounds the others.

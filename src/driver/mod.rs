@@ -27,7 +27,7 @@ use crate::engine::{Round, Vote};
 use crate::error::NodeErrorKind;
 use crate::rng::Jitter;
 
-use crate::engine::ops::WAKE_PREFIX;
+use crate::engine::keys;
 use crate::resp::{self, Reply};
 use conn::{Conn, Role, Slot};
 
@@ -74,7 +74,7 @@ impl Pending {
     }
 }
 /// How many characters of a released token its announcement carries (see
-/// [`WAKE_PREFIX`](crate::engine::ops::WAKE_PREFIX)).
+/// [`WAKE_PREFIX`](crate::engine::keys::WAKE_PREFIX)).
 const WAKE_ID_LEN: usize = 16;
 
 /// The round in progress, as the reply handler needs it.
@@ -633,6 +633,6 @@ fn write_channels(out: &mut Vec<u8>, command: &[u8], resources: &[&[u8]]) {
     resp::write_array_len(out, 1 + resources.len());
     resp::write_bulk(out, command);
     for resource in resources {
-        resp::write_bulk_parts(out, &[WAKE_PREFIX, resource]);
+        keys::wake_channel(resource).write_bulk(out);
     }
 }
