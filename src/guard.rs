@@ -16,10 +16,10 @@ use crate::client::Client;
 use crate::config::{check_key, checked_keys};
 use crate::driver::Pending;
 use crate::engine::acquire::{Acquisition, Grant, Params};
-use crate::engine::fencing::fence_key;
+use crate::engine::keys::fence_key;
 use crate::engine::hold::Hold;
 use crate::engine::kind::{Keys, Spec};
-use crate::engine::rw::RwKeys;
+use crate::engine::keys::RwKeys;
 use crate::error::Error;
 use crate::rng::Token;
 

@@ -21,97 +21,27 @@
 //! clients whose clocks disagree by `d` may be served out of order by up to `d`: that affects
 //! only the order, never mutual exclusion.
 //!
-//! Key names: for a mutex, `Q` and `QX` are derived from `K` so they share its Redis Cluster
-//! hash slot (see [`write_queue_key`]); a read-write lock keeps its queue beside its other keys
-//! (`RwKeys`), and its entries say whether they are readers or writers, so that readers at the
-//! head of the queue can share the lock.
+//! Key names (all from [`keys`]): for a mutex, `Q` and `QX` are derived from `K` so they share
+//! its Redis Cluster hash slot; a read-write lock keeps its queue beside its other keys
+//! ([`RwKeys`](keys::RwKeys)), and its entries say whether they are readers or writers, so that
+//! readers at the head of the queue can share the lock. The gate every fair script starts with
+//! is `scripts/fair_gate.lua`.
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
 use std::time::Duration;
 
-use crate::engine::ops::{has_hash_tag, int_verdict, Op, Script, ScriptForm, Verdict, WAKE_PREFIX};
+use crate::engine::keys::{self, Derived};
+use crate::engine::ops::{int_verdict, Op, Script, ScriptForm, Verdict};
+pub use crate::engine::scripts::{FAIR_ACQUIRE, LEAVE};
 use crate::engine::Vote;
 use crate::resp::{self, Reply};
 
-/// Lua: the queue gate every fair acquire script starts with. The queue and its expiries are
-/// the last two KEYS; waiter id, ticket, entry TTL and join flag the last four ARGV; the entry
-/// is `kind` followed by the waiter id. It prunes dead entries, joins (or refreshes) this waiter
-/// when the queue is not empty or `join` is set, and refuses with 2 unless everyone ahead may
-/// go first: nobody, for a writer or a mutex; only readers, for a reader (`readers_share`).
-/// It defines `won()`, which takes this waiter out of the queue, and `refused()`, which
-/// answers 2 when this waiter is queued and 0 when it is not.
-macro_rules! fair_gate {
-    ($kind:literal, $readers_share:literal) => {
-        concat!(
-            "local m = '", $kind, "' .. ARGV[#ARGV - 3]; ",
-            "local qk, xk = KEYS[#KEYS - 1], KEYS[#KEYS]; ",
-            "local ettl = tonumber(ARGV[#ARGV - 1]); local queued = false; ",
-            "local function won() redis.call('zrem', qk, m); redis.call('zrem', xk, m); return 1 end; ",
-            "local function refused() if queued then return 2 end return 0 end; ",
-            "local tq = redis.call('time'); ",
-            "local qnow = tonumber(tq[1]) * 1000 + math.floor(tonumber(tq[2]) / 1000); ",
-            "local dead = redis.call('zrangebyscore', xk, '-inf', qnow); ",
-            "for i = 1, #dead do redis.call('zrem', qk, dead[i]); redis.call('zrem', xk, dead[i]) end; ",
-            "if ARGV[#ARGV] == '1' or redis.call('zcard', qk) > 0 then ",
-            "queued = true; ",
-            "redis.call('zadd', qk, ARGV[#ARGV - 2], m); redis.call('zadd', xk, qnow + ettl, m); ",
-            "if redis.call('pttl', qk) < ettl then redis.call('pexpire', qk, ettl) end; ",
-            "if redis.call('pttl', xk) < ettl then redis.call('pexpire', xk, ettl) end; ",
-            "local rank = redis.call('zrank', qk, m); ",
-            "if rank > 0 then ",
-            "if not ", $readers_share, " then return 2 end; ",
-            "for _, e in ipairs(redis.call('zrange', qk, 0, rank - 1)) do ",
-            "if string.sub(e, 1, 1) == 'w' then return 2 end end ",
-            "end end; "
-        )
-    };
-}
-
-/// Fair mutex acquire. KEYS: lock, queue, expiries. ARGV: token, ttl ms, waiter id, ticket,
-/// entry TTL ms, join ('1' to join even an empty queue). Returns 1 when the lock was taken, 0
-/// when it was refused without queueing, 2 when it was refused and the waiter is (still)
-/// queued.
-pub static FAIR_ACQUIRE: Script = Script::new(concat!(
-    fair_gate!("", "false"),
-    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return won() end; ",
-    "return refused()",
-));
-
-/// A waiter leaves the queue. KEYS: lock, queue, expiries. ARGV: queue entry (the kind and the
-/// waiter id), wake channel. If
-/// the lock is free, the next waiter is told at once rather than at its next retry.
-pub static LEAVE: Script = Script::new(concat!(
-    "local gone = redis.call('zrem', KEYS[2], ARGV[1]); redis.call('zrem', KEYS[3], ARGV[1]); ",
-    "if gone == 1 and redis.call('exists', KEYS[1]) == 0 then ",
-    "redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)) end; ",
-    "return gone",
-));
-
-/// Queue and expiry names of a mutex on a key without a hash tag: `{K}:q`, `{K}:qx`.
-const WRAPPED: [&[u8]; 2] = [b":q", b":qx"];
-/// The same for a key with a hash tag: `K:fq`, `K:fqx`. A different suffix from the wrapped
-/// form, so that `abc` and `{abc}` never share a queue.
-const TAGGED: [&[u8]; 2] = [b":fq", b":fqx"];
-
-/// Writes, as one bulk string, the name of the mutex queue (`which` 0) or its expiry set
-/// (`which` 1) of `key`, in the same Redis Cluster hash slot as `key`.
-///
-/// If `key` has a hash tag, appending keeps that tag. Otherwise the key is wrapped as
-/// `{key}...`, whose tag is the whole key, which hashes exactly as the bare key does.
-pub fn write_queue_key(out: &mut Vec<u8>, key: &[u8], which: usize) {
-    if has_hash_tag(key) {
-        resp::write_bulk_parts(out, &[key, TAGGED[which]]);
-    } else {
-        resp::write_bulk_parts(out, &[b"{", key, b"}", WRAPPED[which]]);
-    }
-}
-
-/// A fair queue's keys as a script sees them: KEYS[1] the lock (whose existence says whether a
-/// release is worth announcing), KEYS[2] the queue, KEYS[3] the entries' expiries.
+/// A fair queue's keys as a script sees them: `KEYS[1]` the lock (whose existence says whether
+/// a release is worth announcing), `KEYS[2]` the queue, `KEYS[3]` the entries' expiries.
 #[derive(Debug, Clone, Copy)]
 pub enum QueueKeys<'a> {
-    /// The mutex on this key; queue names derived with [`write_queue_key`].
+    /// The mutex on this key; queue names from [`keys`].
     Mutex(&'a [u8]),
     /// Keys named elsewhere (a read-write lock's writer key and queue).
     Named {
@@ -129,8 +59,8 @@ impl QueueKeys<'_> {
         match *self {
             QueueKeys::Mutex(key) => {
                 resp::write_bulk(out, key);
-                write_queue_key(out, key, 0);
-                write_queue_key(out, key, 1);
+                Derived::MutexQueue.of(key).write_bulk(out);
+                Derived::MutexQueueExpiries.of(key).write_bulk(out);
             }
             QueueKeys::Named {
                 lock,
@@ -304,7 +234,7 @@ impl Op for Leave<'_> {
         write_eval_head(out, &LEAVE, form, 3, 2);
         self.keys.write(out);
         resp::write_bulk_parts(out, &[self.kind, self.waiter]);
-        resp::write_bulk_parts(out, &[WAKE_PREFIX, self.resource]);
+        keys::wake_channel(self.resource).write_bulk(out);
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
@@ -318,24 +248,6 @@ impl Op for Leave<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn derived(key: &[u8], which: usize) -> Vec<u8> {
-        let mut out = Vec::new();
-        write_queue_key(&mut out, key, which);
-        out
-    }
-
-    #[test]
-    fn queue_keys_share_the_hash_slot_and_never_collide() {
-        assert_eq!(derived(b"job", 0), b"$7\r\n{job}:q\r\n");
-        assert_eq!(derived(b"job", 1), b"$8\r\n{job}:qx\r\n");
-        assert_eq!(derived(b"{user1}.job", 0), b"$14\r\n{user1}.job:fq\r\n");
-        // An empty tag is no tag: Redis hashes the whole key, so we wrap it.
-        assert_eq!(derived(b"a{}b", 0), b"$8\r\n{a{}b}:q\r\n");
-        // `abc` and `{abc}` are different locks, with different queues.
-        assert_ne!(derived(b"abc", 0), derived(b"{abc}", 0));
-        assert_ne!(derived(b"abc", 1), derived(b"{abc}", 1));
-    }
 
     const IDS: AttemptIds<'static> = AttemptIds {
         waiter: b"w",

@@ -40,77 +40,16 @@
 
 use std::cell::Cell;
 
-use crate::engine::ops::{
-    error_verdict, int_verdict, write_eval, Arg, Op, Script, ScriptForm, Verdict,
-};
+pub use crate::engine::keys::fence_key;
+use crate::engine::ops::{error_verdict, int_verdict, write_eval, Arg, Op, ScriptForm, Verdict};
+pub use crate::engine::scripts::{FENCED_ACQUIRE, FENCE_WRITE};
 use crate::engine::Vote;
 use crate::error::NodeErrorKind;
 use crate::resp::Reply;
 
-/// Fence counters of lock key `K` are kept at `FENCE_PREFIX ++ ...` (see [`fence_key`]).
-pub const FENCE_PREFIX: &[u8] = b"redlock-mux:fence:";
-
 /// The largest counter: Lua (which reads and compares the counters) represents integers
 /// exactly only up to 2^53. A node whose counter reached it refuses to raise it further.
 pub const MAX_FENCE: u64 = (1 << 53) - 1;
-
-/// The key of the fence counter of `lock_key`, in the same Redis Cluster hash slot as
-/// `lock_key` wherever that can be arranged:
-///
-/// - a key with a hash tag (`user:{42}`) gets `FENCE_PREFIX ++ key`, which keeps the tag;
-/// - a key without one and without `}` gets `FENCE_PREFIX ++ "{" ++ key ++ "}"`, whose tag is
-///   the whole key, so it hashes as the key does;
-/// - a key without a hash tag that contains `}` cannot be made a tag; it gets
-///   `FENCE_PREFIX ++ key`, in another slot. That only matters to proxies that insist on
-///   single-slot scripts; independent masters do not.
-pub fn fence_key(lock_key: &[u8]) -> Vec<u8> {
-    let wrap = !has_hash_tag(lock_key) && !lock_key.contains(&b'}');
-    let mut out = Vec::with_capacity(FENCE_PREFIX.len() + lock_key.len() + 2);
-    out.extend_from_slice(FENCE_PREFIX);
-    if wrap {
-        out.push(b'{');
-    }
-    out.extend_from_slice(lock_key);
-    if wrap {
-        out.push(b'}');
-    }
-    out
-}
-
-/// Whether Redis Cluster hashes `key` by a hash tag: the bytes between the first `{` and the
-/// first `}` after it, when there is at least one.
-fn has_hash_tag(key: &[u8]) -> bool {
-    let Some(open) = key.iter().position(|&b| b == b'{') else {
-        return false;
-    };
-    key[open + 1..]
-        .iter()
-        .position(|&b| b == b'}')
-        .is_some_and(|close| close > 0)
-}
-
-/// Takes lock key KEYS[1] with token ARGV[1] and expiry ARGV[2] ms (`SET NX PX`); when it did,
-/// raises the fence counter at KEYS[2] (0 if unset) by one and returns it, and returns -1 when
-/// the key was held. A counter that is not a whole number, or that reached [`MAX_FENCE`], is an
-/// error, checked before anything is set.
-pub static FENCED_ACQUIRE: Script = Script::new(
-    "local f = redis.call('get', KEYS[2]) local n = 0 \
-     if f then n = tonumber(f) if not n or n < 0 or n ~= math.floor(n) then \
-     return redis.error_reply('ERR fence counter is not a whole number') end end \
-     if n >= 9007199254740991 then return redis.error_reply('ERR fence counter exhausted') end \
-     if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return -1 end \
-     n = n + 1 redis.call('set', KEYS[2], string.format('%d', n)) return n",
-);
-
-/// If lock key KEYS[1] still holds token ARGV[1], raises the fence counter at KEYS[2] to
-/// ARGV[2] (if it is lower) and returns 1; otherwise changes nothing and returns 0.
-pub static FENCE_WRITE: Script = Script::new(
-    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end \
-     local f = redis.call('get', KEYS[2]) local n = 0 \
-     if f then n = tonumber(f) if not n then \
-     return redis.error_reply('ERR fence counter is not a whole number') end end \
-     if tonumber(ARGV[2]) > n then redis.call('set', KEYS[2], ARGV[2]) end return 1",
-);
 
 /// The read phase's result: the largest counter that granting nodes returned, and how many
 /// returned it.
@@ -245,17 +184,6 @@ impl Op for FenceWrite<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fence_key_shares_the_hash_tag_of_its_lock_key() {
-        assert_eq!(fence_key(b"invoice:42"), b"redlock-mux:fence:{invoice:42}");
-        assert_eq!(fence_key(b"user:{42}:x"), b"redlock-mux:fence:user:{42}:x");
-        // No tag possible: `}` without a `{` before it, or an empty tag.
-        assert_eq!(fence_key(b"a}b"), b"redlock-mux:fence:a}b");
-        assert_eq!(fence_key(b"{}x"), b"redlock-mux:fence:{}x");
-        // An unclosed `{` is no tag, and the whole key can be one.
-        assert_eq!(fence_key(b"a{b"), b"redlock-mux:fence:{a{b}");
-    }
 
     #[test]
     fn token_is_the_largest_counter_granted_and_counts_its_holders() {

@@ -8,11 +8,11 @@
 
 use crate::engine::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
 use crate::engine::fencing::{FenceRead, FenceWrite, FencedAcquire};
+use crate::engine::keys::{self, RwKeys, WAKE_PREFIX};
 use crate::engine::multi::{AcquireAll, ExtendAll, ReleaseAll};
-use crate::engine::ops::{Acquire, Extend, Op, Release, WAKE_PREFIX};
+use crate::engine::ops::{Acquire, Extend, Op, Release};
 use crate::engine::rw::{
-    FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
-    WriteRelease,
+    FairRwAcquire, ReadAcquire, ReadExtend, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
 };
 use crate::resp;
 
@@ -142,7 +142,7 @@ impl<'a> Spec<'a> {
         resp::write_array_len(out, 1 + count);
         resp::write_bulk(out, command);
         for resource in self.resources() {
-            resp::write_bulk_parts(out, &[WAKE_PREFIX, resource]);
+            keys::wake_channel(resource).write_bulk(out);
         }
         count
     }

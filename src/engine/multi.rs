@@ -16,42 +16,10 @@
 //! one order.
 #![forbid(unsafe_code)]
 
-use crate::engine::ops::{int_verdict, write_eval, Arg, Op, Script, ScriptForm, Verdict};
+use crate::engine::ops::{int_verdict, write_eval, Arg, Op, ScriptForm, Verdict};
+pub use crate::engine::scripts::{ACQUIRE_ALL, EXTEND_ALL, RELEASE_ALL};
 use crate::engine::Vote;
 use crate::resp::Reply;
-
-/// Takes every key (KEYS) with token ARGV[1] and expiry ARGV[2] ms, or none when any of them
-/// exists.
-pub static ACQUIRE_ALL: Script = Script::new(
-    "for i = 1, #KEYS do if redis.call('exists', KEYS[i]) == 1 then return 0 end end \
-     for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end return 1",
-);
-
-/// Compare-and-delete of every key that still holds token ARGV[1]; each one deleted is
-/// announced on its wake channel ARGV[i + 1] (best effort, as for the mutex). Returns how many
-/// were deleted.
-///
-/// Each key is read with `pcall`: a key that someone else turned into another type (a hash, a
-/// list) makes `GET` fail with `WRONGTYPE`, and with `call` that error would abort the script
-/// half-way, leaving the keys after it held until their TTL. Such a key is not ours, like a
-/// key that expired or holds another token: it is left alone and the script goes on.
-pub static RELEASE_ALL: Script = Script::new(
-    "local n = 0 for i = 1, #KEYS do if redis.pcall('get', KEYS[i]) == ARGV[1] then \
-     redis.call('del', KEYS[i]) redis.pcall('publish', ARGV[i + 1], string.sub(ARGV[1], 1, 16)) \
-     n = n + 1 end end \
-     return n",
-);
-
-/// Compare-and-PEXPIRE of the whole set: every key must still hold token ARGV[1], then every
-/// key gets expiry ARGV[2] ms; otherwise nothing changes and the node refuses (0).
-///
-/// A key of another type is not ours: it is read with `pcall`, so it makes the node refuse
-/// rather than fail with `WRONGTYPE` (nothing is changed either way, since every key is read
-/// before any is extended).
-pub static EXTEND_ALL: Script = Script::new(
-    "for i = 1, #KEYS do if redis.pcall('get', KEYS[i]) ~= ARGV[1] then return 0 end end \
-     for i = 1, #KEYS do redis.call('pexpire', KEYS[i], ARGV[2]) end return 1",
-);
 
 /// All-or-none acquire of a set.
 #[derive(Debug, Clone, Copy)]
@@ -144,7 +112,7 @@ impl Op for ExtendAll<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::ops::WAKE_PREFIX;
+    use crate::engine::keys::WAKE_PREFIX;
     use crate::resp::{decode, Limits, Status, Value};
 
     fn args_of(op: &dyn Op) -> Vec<Vec<u8>> {

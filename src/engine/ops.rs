@@ -5,29 +5,10 @@
 //! gets the same call again as `EVAL` with the script's body.
 #![forbid(unsafe_code)]
 
-use crate::engine::{rw, Vote};
+pub use crate::engine::scripts::{Script, EXTEND, RELEASE, SCRIPTS};
+use crate::engine::{keys, Vote};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Reply, ServerErrorKind};
-use crate::sha1::sha1_hex;
-
-/// A Lua script and its SHA-1 digest.
-#[derive(Debug)]
-pub struct Script {
-    /// The script's source.
-    pub body: &'static str,
-    /// Lowercase hex SHA-1 of `body`, as `EVALSHA` wants it.
-    pub sha: [u8; 40],
-}
-
-impl Script {
-    /// A script whose digest is computed at compile time.
-    pub const fn new(body: &'static str) -> Script {
-        Script {
-            body,
-            sha: sha1_hex(body.as_bytes()),
-        }
-    }
-}
 
 /// How a script is sent: by digest, or (after `NOSCRIPT`) with its body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,23 +26,16 @@ pub enum Arg<'a> {
     Bytes(&'a [u8]),
     /// A number, sent as its decimal digits.
     Num(u64),
-    /// The pub/sub channel on which releases of this resource key are announced.
+    /// The pub/sub channel on which releases of this resource key are announced
+    /// ([`keys::wake_channel`]).
     Wake(&'a [u8]),
 }
-
-/// Releases of resource `K` are announced on channel `WAKE_PREFIX ++ K`, so that waiters can
-/// retry at once instead of sleeping out their retry delay.
-///
-/// The message is the first 16 characters of the released token: 64 bits that name the release
-/// (every node announces it) without giving away the token. A waiter retries when a node that
-/// refused its last attempt announces a release after refusing.
-pub const WAKE_PREFIX: &[u8] = b"redlock-mux:wake:";
 
 fn write_arg(out: &mut Vec<u8>, arg: Arg<'_>) {
     match arg {
         Arg::Bytes(b) => resp::write_bulk(out, b),
         Arg::Num(n) => resp::write_bulk_u64(out, n),
-        Arg::Wake(key) => resp::write_bulk_parts(out, &[WAKE_PREFIX, key]),
+        Arg::Wake(key) => keys::wake_channel(key).write_bulk(out),
     }
 }
 
@@ -131,18 +105,6 @@ pub trait Op {
     }
 }
 
-/// Whether Redis Cluster would hash `key` by a hash tag (the bytes between its first `{` and the
-/// first `}` after it, when there are any) rather than whole.
-pub fn has_hash_tag(key: &[u8]) -> bool {
-    let Some(open) = key.iter().position(|&b| b == b'{') else {
-        return false;
-    };
-    key[open + 1..]
-        .iter()
-        .position(|&b| b == b'}')
-        .is_some_and(|len| len > 0)
-}
-
 /// A node failure for an error reply.
 pub fn server_error(message: &[u8]) -> NodeErrorKind {
     NodeErrorKind::Server {
@@ -168,39 +130,6 @@ pub fn int_verdict(reply: &Reply<'_>) -> Verdict {
         _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
     }
 }
-
-/// Compare-and-delete: frees the key only if it still holds our token, and then announces the
-/// release on the wake channel (`ARGV[2]`, see [`WAKE_PREFIX`]) in the same atomic step. The
-/// announcement is best effort (`pcall`): an ACL user without channel permissions (Redis 7's
-/// default for new users) must still be able to release, and the key is already deleted by then.
-pub static RELEASE: Script = Script::new(
-    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)); return 1 else return 0 end",
-);
-
-/// Compare-and-PEXPIRE: extends the key only if it still holds our token.
-pub static EXTEND: Script = Script::new(
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
-);
-
-/// Every script, loaded on each connection as it is set up so `EVALSHA` rarely misses.
-pub static SCRIPTS: &[&Script] = &[
-    &RELEASE,
-    &EXTEND,
-    &crate::engine::fair::FAIR_ACQUIRE,
-    &crate::engine::fair::LEAVE,
-    &rw::WRITE_ACQUIRE,
-    &rw::FAIR_WRITE_ACQUIRE,
-    &rw::FAIR_READ_ACQUIRE,
-    &rw::WRITE_CLEANUP,
-    &rw::READ_ACQUIRE,
-    &rw::SET_RELEASE,
-    &rw::READ_EXTEND,
-    &crate::engine::multi::ACQUIRE_ALL,
-    &crate::engine::multi::RELEASE_ALL,
-    &crate::engine::multi::EXTEND_ALL,
-    &crate::engine::fencing::FENCED_ACQUIRE,
-    &crate::engine::fencing::FENCE_WRITE,
-];
 
 /// Mutex acquire: `SET key token NX PX ttl`.
 #[derive(Debug, Clone, Copy)]

@@ -1,7 +1,7 @@
 //! Read-write locks over the Redlock quorum: the keys, the scripts, and what each reply means.
 //!
 //! Seed 000 extends Redlock to many readers or one writer. Per resource `K` there are three keys
-//! (see [`RwKeys`]): the writer key holds the writer's token with a `PX` expiry; the reader set
+//! (see [`RwKeys`], named in [`keys`]): the writer key holds the writer's token with a `PX` expiry; the reader set
 //! is a sorted set of reader tokens, each scored by the instant it expires; the intent set is a
 //! sorted set of waiting writers' ids, scored the same way, used by the write-preferring
 //! policy only.
@@ -37,225 +37,16 @@
 //! outside the queue (one that did not join an empty queue) heeds them.
 #![forbid(unsafe_code)]
 
-use crate::engine::fair::{AttemptIds, FairState, Leave, QueueKeys};
-use crate::engine::ops::{
-    has_hash_tag, int_verdict, write_eval, Arg, Caps, Op, Script, ScriptForm, Verdict, RELEASE,
-    WAKE_PREFIX,
+use crate::engine::fair::{AttemptIds, FairState, Leave};
+use crate::engine::keys;
+pub use crate::engine::keys::RwKeys;
+use crate::engine::ops::{int_verdict, write_eval, Arg, Caps, Op, ScriptForm, Verdict, RELEASE};
+pub use crate::engine::scripts::{
+    FAIR_READ_ACQUIRE, FAIR_WRITE_ACQUIRE, READ_ACQUIRE, READ_EXTEND, SET_RELEASE, WRITE_ACQUIRE,
+    WRITE_CLEANUP,
 };
 use crate::engine::Vote;
 use crate::resp::{self, Reply};
-
-/// Sets `now` (declared `local` by the script) to the node's clock in milliseconds.
-macro_rules! node_now {
-    () => {
-        "local t = redis.call('time'); now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000); "
-    };
-}
-
-/// Lua: the body of a write acquire, after `won()` and `refused()` are defined.
-macro_rules! write_acquire_body {
-    () => {
-        concat!(
-            "local now; local free = redis.call('exists', KEYS[1], KEYS[2]) == 0; ",
-            // Readers but no writer: the readers may all have expired.
-            "if not free and redis.call('exists', KEYS[1]) == 0 then ",
-            node_now!(),
-            "redis.call('zremrangebyscore', KEYS[2], '-inf', now); free = redis.call('exists', KEYS[2]) == 0 end; ",
-            "local intent = tonumber(ARGV[3]); ",
-            "if free then redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]); ",
-            "if intent > 0 then redis.call('zrem', KEYS[3], ARGV[4]) end; return won() end; ",
-            "if intent > 0 then if not now then ",
-            node_now!(),
-            "end; redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
-            "redis.call('zadd', KEYS[3], now + intent, ARGV[4]); ",
-            "if redis.call('pttl', KEYS[3]) < intent then redis.call('pexpire', KEYS[3], intent) end end; ",
-            "return refused()",
-        )
-    };
-}
-
-/// Lua: the body of a read acquire, after `won()` and `refused()` are defined. Live writer
-/// intents refuse the reader when the Lua expression `heed_intents` is true.
-macro_rules! read_acquire_body {
-    ($heed_intents:literal) => {
-        concat!(
-            "local now; ",
-            "if redis.call('exists', KEYS[1], KEYS[3]) > 0 then ",
-            "if redis.call('exists', KEYS[1]) == 1 then return refused() end; ",
-            node_now!(),
-            "if ",
-            $heed_intents,
-            " then redis.call('zremrangebyscore', KEYS[3], '-inf', now); ",
-            "if redis.call('exists', KEYS[3]) == 1 then return refused() end end ",
-            "else ",
-            node_now!(),
-            "end; ",
-            "local ttl = tonumber(ARGV[2]); ",
-            "redis.call('zremrangebyscore', KEYS[2], '-inf', now); ",
-            "redis.call('zadd', KEYS[2], now + ttl, ARGV[1]); ",
-            "if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end; ",
-            "return won()",
-        )
-    };
-}
-
-/// Write acquire. KEYS: writer, readers, intents. ARGV: token, ttl ms, intent ms, waiter id.
-///
-/// Prunes expired readers; takes the writer key if no reader is left and no writer holds it,
-/// and withdraws this writer's own intent. Otherwise, when intent ms is above zero, leaves (or
-/// refreshes) this writer's intent, named by its waiter id, pruning expired ones and keeping
-/// the set's TTL at least as long as its longest-lived member.
-pub static WRITE_ACQUIRE: Script = Script::new(concat!(
-    "local function won() return 1 end; local function refused() return 0 end; ",
-    write_acquire_body!(),
-));
-
-/// [`WRITE_ACQUIRE`] behind the fair queue's gate (see `fair_gate`). KEYS: writer, readers,
-/// intents, queue, queue expiries. ARGV: token, ttl ms, intent ms, waiter id, ticket, entry
-/// TTL ms, join. Returns 2 for a refusal that left the writer queued.
-pub static FAIR_WRITE_ACQUIRE: Script =
-    Script::new(concat!(fair_gate!("w", "false"), write_acquire_body!(),));
-
-/// Cleanup after a lost write attempt. KEYS: writer, intents. ARGV: token, wake channel, intent
-/// ms, waiter id.
-///
-/// Compare-and-delete of the writer key, announced on the wake channel when it deleted. When
-/// intent ms is above zero the writer is still waiting: its intent is left (or refreshed) here,
-/// so that a node where the write went through but the quorum did not still holds readers back.
-pub static WRITE_CLEANUP: Script = Script::new(concat!(
-    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)) end; ",
-    "local intent = tonumber(ARGV[3]); ",
-    "if intent > 0 then local now; ",
-    node_now!(),
-    "redis.call('zadd', KEYS[2], now + intent, ARGV[4]); ",
-    "if redis.call('pttl', KEYS[2]) < intent then redis.call('pexpire', KEYS[2], intent) end end; ",
-    "return 1",
-));
-
-/// Read acquire. KEYS: writer, readers, intents. ARGV: token, ttl ms.
-///
-/// Refused while a writer holds the lock or a live writer intent is there. Otherwise prunes
-/// expired readers, adds the token scored by its expiry on the node's clock, and keeps the set's
-/// TTL at least as long as its longest-lived reader, so an abandoned set disappears.
-pub static READ_ACQUIRE: Script = Script::new(concat!(
-    "local function won() return 1 end; local function refused() return 0 end; ",
-    read_acquire_body!("true"),
-));
-
-/// [`READ_ACQUIRE`] behind the fair queue's gate, where readers at the head share. KEYS:
-/// writer, readers, intents, queue, queue expiries. ARGV: token, ttl ms, unused, waiter id,
-/// ticket, entry TTL ms, join. Returns 2 for a refusal that left the reader queued.
-///
-/// A reader that the queue lets through (queued, with only readers ahead of it) is not refused
-/// by writer intents: the queue has already put it ahead of every queued writer, and an intent
-/// of a writer behind it would otherwise refuse it while the queue refuses that writer. Only a
-/// reader outside the queue (an empty queue it did not join) heeds intents.
-pub static FAIR_READ_ACQUIRE: Script = Script::new(concat!(
-    fair_gate!("r", "true"),
-    read_acquire_body!("not queued"),
-));
-
-/// Removes a member from a sorted set (a reader's token from the reader set, a writer's waiter
-/// id from the intent set), announcing it on the wake channel when it was there. KEYS: set.
-/// ARGV: member, wake channel.
-pub static SET_RELEASE: Script = Script::new(
-    "if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then redis.pcall('publish', ARGV[2], string.sub(ARGV[1], 1, 16)); return 1 else return 0 end",
-);
-
-/// Reader extend: `ZADD XX` with a new expiry on the node's clock, only if the reader is still
-/// there and not yet expired (an expired reader is never brought back). KEYS: readers. ARGV:
-/// token, ttl ms.
-pub static READ_EXTEND: Script = Script::new(concat!(
-    "local now; ",
-    node_now!(),
-    "local s = redis.call('zscore', KEYS[1], ARGV[1]); ",
-    "if not s or tonumber(s) <= now then return 0 end; ",
-    "local ttl = tonumber(ARGV[2]); ",
-    "redis.call('zadd', KEYS[1], 'XX', now + ttl, ARGV[1]); ",
-    "if redis.call('pttl', KEYS[1]) < ttl then redis.call('pexpire', KEYS[1], ttl) end; ",
-    "return 1",
-));
-
-/// The keys of one read-write lock, derived from its resource key `K`.
-///
-/// | `K` | writer | readers | intents |
-/// |---|---|---|---|
-/// | has a hash tag, e.g. `user:{42}` | `K:rw:w` | `K:rw:r` | `K:rw:wi` |
-/// | has none, e.g. `invoice:42` | `{rw:K}:w` | `{rw:K}:r` | `{rw:K}:wi` |
-///
-/// Redis Cluster hashes only a key's hash tag: the bytes between its first `{` and the first
-/// `}` after it, when there are any. The three keys of one lock always hash alike, because
-/// their hash tag lies in the part they share: `K`'s own tag if it has one (so the lock sits in
-/// the slot of the data it guards), or one that starts with `rw:` (so it is never empty, even
-/// when `K` starts with `}`). The two forms end differently (`w:w`, `w:r`, `w:wi` against
-/// `}:w`, `}:r`, `}:wi`), so two different resource keys never share a key. A mutex on `K`
-/// itself uses `K` and does not exclude the read-write lock on `K`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RwKeys {
-    buf: Vec<u8>,
-    /// Where each name ends in `buf`: writer, readers, intents, queue, queue expiries.
-    ends: [usize; 5],
-}
-
-impl RwKeys {
-    /// The keys for resource `key`, in one allocation.
-    pub fn new(key: &[u8]) -> RwKeys {
-        let (head, tail): (&[u8], &[u8]) = if has_hash_tag(key) {
-            (b"", b":rw:")
-        } else {
-            (b"{rw:", b"}:")
-        };
-        let mut buf = Vec::with_capacity(5 * (head.len() + key.len() + tail.len()) + 8);
-        let mut ends = [0; 5];
-        for (end, suffix) in ends.iter_mut().zip([&b"w"[..], b"r", b"wi", b"q", b"qx"]) {
-            buf.extend_from_slice(head);
-            buf.extend_from_slice(key);
-            buf.extend_from_slice(tail);
-            buf.extend_from_slice(suffix);
-            *end = buf.len();
-        }
-        RwKeys { buf, ends }
-    }
-
-    fn name(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        &self.buf[start..self.ends[i]]
-    }
-
-    /// The writer key: the writer's token, with a `PX` expiry.
-    pub fn writer(&self) -> &[u8] {
-        self.name(0)
-    }
-
-    /// The reader set: reader tokens scored by their expiry, in ms on the node's clock.
-    pub fn readers(&self) -> &[u8] {
-        self.name(1)
-    }
-
-    /// The intent set: waiting writers' ids scored by their expiry, in ms on the node's clock.
-    pub fn intents(&self) -> &[u8] {
-        self.name(2)
-    }
-
-    /// The fair queue: waiters (`r` or `w` followed by the waiter id) scored by ticket.
-    pub fn queue(&self) -> &[u8] {
-        self.name(3)
-    }
-
-    /// The fair queue's entries scored by their expiry, in ms on the node's clock.
-    pub fn queue_expiries(&self) -> &[u8] {
-        self.name(4)
-    }
-
-    /// The fair queue's keys as the queue scripts take them.
-    pub fn queue_keys(&self) -> QueueKeys<'_> {
-        QueueKeys::Named {
-            lock: self.writer(),
-            queue: self.queue(),
-            expiries: self.queue_expiries(),
-        }
-    }
-}
 
 /// Write acquire; see [`WRITE_ACQUIRE`].
 #[derive(Debug, Clone, Copy)]
@@ -363,7 +154,7 @@ impl Op for WriteRelease<'_> {
         // even when nothing was deleted; a waiter woken for nothing only retries once.
         resp::write_array_len(out, 3);
         resp::write_bulk(out, b"PUBLISH");
-        resp::write_bulk_parts(out, &[WAKE_PREFIX, self.resource]);
+        keys::wake_channel(self.resource).write_bulk(out);
         resp::write_bulk(out, &self.token[..self.token.len().min(16)]);
         1
     }
@@ -585,93 +376,6 @@ mod tests {
 
     fn unexpected() -> Verdict {
         Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply))
-    }
-
-    /// Redis Cluster's hash slot: CRC16 (XMODEM) of the hash tag, or of the whole key.
-    fn slot(key: &[u8]) -> u16 {
-        let mut hashed = key;
-        if let Some(open) = key.iter().position(|&b| b == b'{') {
-            if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
-                if len > 0 {
-                    hashed = &key[open + 1..open + 1 + len];
-                }
-            }
-        }
-        let mut crc: u16 = 0;
-        for &b in hashed {
-            crc ^= (b as u16) << 8;
-            for _ in 0..8 {
-                crc = if crc & 0x8000 != 0 {
-                    (crc << 1) ^ 0x1021
-                } else {
-                    crc << 1
-                };
-            }
-        }
-        crc % 16384
-    }
-
-    const AWKWARD: &[&[u8]] = &[
-        b"invoice:42",
-        b"user:{42}:profile",
-        b"{}x",
-        b"}x",
-        b"}",
-        b"{",
-        b"a{}b{c}",
-        b"a}b",
-        b"{rw:x}",
-        b"x",
-        b"{x}",
-        b"{rw:{x}",
-        b"w",
-        b"a:rw:w",
-    ];
-
-    #[test]
-    fn crc16_matches_the_cluster_spec_example() {
-        // The Redis Cluster specification gives CRC16("123456789") = 0x31C3.
-        assert_eq!(slot(b"123456789"), 0x31C3);
-    }
-
-    #[test]
-    fn the_three_keys_share_a_slot_whatever_the_braces() {
-        for key in AWKWARD {
-            let k = RwKeys::new(key);
-            let s = slot(k.writer());
-            assert_eq!(s, slot(k.readers()), "{:?}", String::from_utf8_lossy(key));
-            assert_eq!(s, slot(k.intents()), "{:?}", String::from_utf8_lossy(key));
-        }
-    }
-
-    #[test]
-    fn a_key_with_a_hash_tag_keeps_its_slot() {
-        let k = RwKeys::new(b"user:{42}:profile");
-        assert_eq!(k.writer(), b"user:{42}:profile:rw:w");
-        assert_eq!(k.readers(), b"user:{42}:profile:rw:r");
-        assert_eq!(k.intents(), b"user:{42}:profile:rw:wi");
-        assert_eq!(slot(k.writer()), slot(b"user:{42}:profile"));
-        let k = RwKeys::new(b"invoice:42");
-        assert_eq!(k.writer(), b"{rw:invoice:42}:w");
-        assert_eq!(k.readers(), b"{rw:invoice:42}:r");
-        assert_eq!(k.intents(), b"{rw:invoice:42}:wi");
-    }
-
-    #[test]
-    fn different_resources_never_share_a_key() {
-        let mut all: Vec<Vec<u8>> = Vec::new();
-        for key in AWKWARD {
-            let k = RwKeys::new(key);
-            all.extend([
-                k.writer().to_vec(),
-                k.readers().to_vec(),
-                k.intents().to_vec(),
-            ]);
-        }
-        let before = all.len();
-        all.sort();
-        all.dedup();
-        assert_eq!(all.len(), before);
     }
 
     #[test]

@@ -38,6 +38,11 @@ impl Real {
 
     fn call(&mut self, command: &[u8]) -> Value {
         self.stream.write_all(command).expect("write");
+        self.next()
+    }
+
+    /// The next reply (or pushed message) from the server.
+    fn next(&mut self) -> Value {
         loop {
             if let Ok(Status::Complete((r, n))) = resp::decode(&self.buf, &Limits::default()) {
                 let v = r.to_value();
@@ -627,11 +632,220 @@ fn every_lock_script_answers_like_redis_server() {
     );
 }
 
-/// The fair queue's key of `key`, as the ops derive it.
+/// The mutex fair queue's key of `key`.
 fn queue_key(key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    crate::engine::fair::write_queue_key(&mut out, key, 0);
-    // `write_queue_key` writes a bulk string: keep what is between the header and the CRLF.
-    let start = out.iter().position(|&b| b == b'\n').expect("header") + 1;
-    out[start..out.len() - 2].to_vec()
+    crate::engine::keys::Derived::MutexQueue.of(key).to_vec()
+}
+
+/// Every key the lock scripts write, and every channel they announce on, is one that
+/// [`KeyNames`](crate::KeyNames) names for its resource; and every key KeyNames names is
+/// written by some lock. Each lock kind's real ops run against a real `redis-server`, which
+/// is asked for its keys after every command, while a pattern subscriber hears every
+/// announcement.
+#[test]
+fn key_names_are_exactly_the_keys_the_locks_write() {
+    use crate::engine::keys::KeyNames;
+    use std::collections::BTreeSet;
+
+    let server = RedisServer::start().expect("start redis-server");
+    let mut real = Real::connect(server.addr());
+    let mut listener = Real::connect(server.addr());
+    listener.call(&command(&[b"PSUBSCRIBE", b"*"]));
+    let (a, b): (&[u8], &[u8]) = (b"t1", b"t2");
+    let ttl_ms = 60_000;
+    let mut seen: BTreeSet<Vec<u8>> = BTreeSet::new();
+    let mut run = |real: &mut Real, cmd: &[u8]| {
+        real.call(cmd);
+        let Value::Array(Some(keys)) = real.call(&command(&[b"KEYS", b"*"])) else {
+            panic!("KEYS did not answer an array");
+        };
+        for key in keys {
+            let Value::Bulk(Some(key)) = key else {
+                panic!("KEYS answered a non-bulk item");
+            };
+            seen.insert(key);
+        }
+    };
+    let resources: [&[u8]; 3] = [b"doc:a", b"{doc}:b", b"a}b"];
+    for r in resources {
+        let ids = AttemptIds {
+            waiter: a,
+            token: a,
+        };
+        // Mutex: acquire, extend, release; cleanup is the same release.
+        run(
+            &mut real,
+            &encode(
+                &Acquire {
+                    key: r,
+                    token: a,
+                    ttl_ms,
+                },
+                ScriptForm::Body,
+            ),
+        );
+        run(
+            &mut real,
+            &encode(
+                &Extend {
+                    key: r,
+                    token: a,
+                    ttl_ms,
+                },
+                ScriptForm::Body,
+            ),
+        );
+        // A fair mutex waiter that joins while the lock is held stays queued.
+        let fair = FairState::new(1, 60_000, Duration::ZERO);
+        fair.on_retry(Duration::ZERO);
+        let ids_b = AttemptIds {
+            waiter: b,
+            token: b,
+        };
+        let fair_op = FairAcquire::new(r, ids_b, ttl_ms, &fair);
+        run(&mut real, &encode(&fair_op, ScriptForm::Body));
+        run(
+            &mut real,
+            &encode(&Release { key: r, token: a }, ScriptForm::Body),
+        );
+        let leave = fair_op.on_finish().expect("a fair waiter leaves");
+        run(&mut real, &encode(leave, ScriptForm::Body));
+        // Fenced mutex: the read, then the write-back.
+        let fence = fence_key(r);
+        let read = FenceRead::new();
+        let fenced = FencedAcquire {
+            key: r,
+            fence: &fence,
+            token: a,
+            ttl_ms,
+            read: &read,
+        };
+        run(&mut real, &encode(&fenced, ScriptForm::Body));
+        let write_back = FenceWrite {
+            key: r,
+            fence: &fence,
+            token: a,
+            value: 7,
+        };
+        run(&mut real, &encode(&write_back, ScriptForm::Body));
+        run(
+            &mut real,
+            &encode(&Release { key: r, token: a }, ScriptForm::Body),
+        );
+        // Read-write: a reader, a writer refused with an intent, a fair reader queued behind
+        // the intent, and everything released again.
+        let k = RwKeys::new(r);
+        let reader = ReadAcquire {
+            keys: &k,
+            token: a,
+            ttl_ms,
+        };
+        run(&mut real, &encode(&reader, ScriptForm::Body));
+        let extend = ReadExtend {
+            keys: &k,
+            token: a,
+            ttl_ms,
+        };
+        run(&mut real, &encode(&extend, ScriptForm::Body));
+        let writer = WriteAcquire {
+            keys: &k,
+            ids: ids_b,
+            ttl_ms,
+            intent_ms: 60_000,
+        };
+        run(&mut real, &encode(&writer, ScriptForm::Body));
+        let fair_reader = FairRwAcquire::read(r, &k, ids, ttl_ms, &fair);
+        run(&mut real, &encode(&fair_reader, ScriptForm::Body));
+        let fair_writer = FairRwAcquire::write(r, &k, ids_b, ttl_ms, 60_000, &fair);
+        run(&mut real, &encode(&fair_writer, ScriptForm::Body));
+        for done in [&fair_reader, &fair_writer] {
+            let leave = done.on_finish().expect("a fair waiter leaves");
+            run(&mut real, &encode(leave, ScriptForm::Body));
+        }
+        for (set, token) in [(k.readers(), a), (k.intents(), b)] {
+            let release = SetRelease {
+                resource: r,
+                set,
+                token,
+            };
+            run(&mut real, &encode(&release, ScriptForm::Body));
+        }
+        run(&mut real, &encode(&writer, ScriptForm::Body));
+        let cleanup = WriteCleanup {
+            resource: r,
+            keys: &k,
+            ids: ids_b,
+            intent_ms: 60_000,
+        };
+        run(&mut real, &encode(&cleanup, ScriptForm::Body));
+        run(&mut real, &encode(&writer, ScriptForm::Body));
+        let release = WriteRelease {
+            resource: r,
+            keys: &k,
+            token: b,
+        };
+        run(&mut real, &encode(&release, ScriptForm::Body));
+    }
+    // All-or-none over every resource at once.
+    let acquire_all = AcquireAll {
+        keys: &resources,
+        token: a,
+        ttl_ms,
+    };
+    run(&mut real, &encode(&acquire_all, ScriptForm::Body));
+    let extend_all = ExtendAll {
+        keys: &resources,
+        token: a,
+        ttl_ms,
+    };
+    run(&mut real, &encode(&extend_all, ScriptForm::Body));
+    run(
+        &mut real,
+        &encode(&ReleaseAll::new(&resources, a), ScriptForm::Body),
+    );
+
+    let names: Vec<KeyNames> = resources.iter().map(|r| KeyNames::new(r)).collect();
+    let named: BTreeSet<Vec<u8>> = names
+        .iter()
+        .flat_map(|n| n.keys().map(<[u8]>::to_vec))
+        .collect();
+    let show = |set: &BTreeSet<Vec<u8>>| -> Vec<String> {
+        set.iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect()
+    };
+    let unnamed: BTreeSet<Vec<u8>> = seen.difference(&named).cloned().collect();
+    assert!(
+        unnamed.is_empty(),
+        "keys no KeyNames names: {:?}",
+        show(&unnamed)
+    );
+    let unwritten: BTreeSet<Vec<u8>> = named.difference(&seen).cloned().collect();
+    assert!(
+        unwritten.is_empty(),
+        "named but never written: {:?}",
+        show(&unwritten)
+    );
+
+    // Every announcement went to a resource's wake channel, and every resource's was used.
+    listener
+        .stream
+        .write_all(&command(&[b"PING"]))
+        .expect("write");
+    let mut channels: BTreeSet<Vec<u8>> = BTreeSet::new();
+    // The messages already published come first; the PING's reply closes them.
+    loop {
+        let Value::Array(Some(items)) = listener.next() else {
+            panic!("a subscriber got a non-array");
+        };
+        match items.as_slice() {
+            [Value::Bulk(Some(kind)), _, Value::Bulk(Some(channel)), _] if kind == b"pmessage" => {
+                channels.insert(channel.clone());
+            }
+            [Value::Bulk(Some(kind)), ..] if kind == b"pong" => break,
+            other => panic!("a subscriber got {other:?}"),
+        }
+    }
+    let wake: BTreeSet<Vec<u8>> = names.iter().map(|n| n.wake_channel.clone()).collect();
+    assert_eq!(show(&channels), show(&wake));
 }

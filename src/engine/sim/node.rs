@@ -6,7 +6,7 @@
 //! lock algorithms send is modelled; `diff.rs` checks it against a real `redis-server`.
 //!
 //! To model a new script, write its semantics as a [`ScriptFn`] over the node's primitives and
-//! add it to [`SCRIPT_MODELS`]; a test fails while any entry of `ops::SCRIPTS` has no model.
+//! add it to [`SCRIPT_MODELS`]; a test fails while any entry of `scripts::SCRIPTS` has no model.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -103,7 +103,7 @@ fn keep_ttl_at_least(node: &mut Node, key: &[u8], ttl: f64) -> Result<(), Value>
     Ok(())
 }
 
-/// The queue gate every fair acquire script starts with (`fair_gate!` in `engine::fair`): the
+/// The queue gate every fair acquire script starts with (`scripts/fair_gate.lua`): the
 /// queue and its expiries are the last two KEYS, waiter id, ticket, entry TTL and join the last
 /// four ARGV, the entry is `kind` followed by the waiter id. `Err(2)`-like refusals come back as `Ok(None)`;
 /// `Ok(Some((entry, queued)))` lets the body run.
