@@ -180,10 +180,14 @@ impl ClientBuilder {
     /// Waiters that die leave the queue when their entry expires: three retry delays plus one
     /// node timeout (at least 100 ms) after their last retry.
     ///
-    /// For read-write locks, readers at the head of the queue share the lock, and a writer
-    /// waits for the readers ahead of it. The queue outranks
-    /// [`RwPolicy::WritePreferring`]'s writer intents: a reader the queue lets through is not
-    /// refused by the intent of a writer behind it; see [`RwPolicy`].
+    /// Every kind of lock queues. For read-write locks (fenced writers included), readers at
+    /// the head of the queue share the lock, and a writer waits for the readers ahead of it.
+    /// The queue outranks [`RwPolicy::WritePreferring`]'s writer intents: a reader the queue
+    /// lets through is not refused by the intent of a writer behind it; see [`RwPolicy`]. A
+    /// fenced mutex waits in its key's mutex queue. An all-or-none set waits in the mutex queue
+    /// of every key of it, beside the mutex waiters on those keys, and takes the set once it is
+    /// the head of each; every node orders the waiters of every queue alike, so the first live
+    /// waiter is the head wherever it stands, and no order of sets can deadlock.
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self

@@ -3,8 +3,8 @@
 //!
 //! A [`Guard`] holds a lock of some [`kind`]: it knows the lock's keys and token, runs the
 //! engine's extend and release rounds for it (behind its acquisition's late replies), and
-//! releases it when dropped. [`Lock`], [`ReadLock`], [`WriteLock`], [`MultiLock`] and
-//! [`FencedLock`] are its names for each kind; what is particular to a
+//! releases it when dropped. [`Lock`], [`ReadLock`], [`WriteLock`], [`MultiLock`],
+//! [`FencedLock`] and [`FencedWriteLock`] are its names for each kind; what is particular to a
 //! kind (a set's keys, a fencing token) is a method of that kind's guard only.
 #![forbid(unsafe_code)]
 
@@ -16,10 +16,10 @@ use crate::client::Client;
 use crate::config::{check_key, checked_keys};
 use crate::driver::Pending;
 use crate::engine::acquire::{Acquisition, Grant, Params};
-use crate::engine::keys::fence_key;
 use crate::engine::hold::Hold;
-use crate::engine::kind::{Keys, Spec};
+use crate::engine::keys::fence_key;
 use crate::engine::keys::RwKeys;
+use crate::engine::kind::{Keys, Spec};
 use crate::error::Error;
 use crate::rng::Token;
 
@@ -62,6 +62,9 @@ pub mod kind {
         All: ;
         /// The mutex with fencing tokens: [`FencedLock`](crate::FencedLock).
         FencedMutex: OneKey, Fenced;
+        /// The write side of a read-write lock with fencing tokens:
+        /// [`FencedWriteLock`](crate::FencedWriteLock).
+        FencedWrite: OneKey, Fenced;
     }
 }
 
@@ -170,6 +173,21 @@ pub type MultiLock = Guard<kind::All>;
 ///   votes with `ERR fence counter exhausted`. At a million grants a second that takes 285
 ///   years.
 pub type FencedLock = Guard<kind::FencedMutex>;
+
+/// A held write lock with a fencing token ([`Client::write_lock_fenced`]): no reader and no
+/// other writer holds the resource until [`validity`](Guard::validity) runs out, and the
+/// [`fencing_token`](Guard::fencing_token) strictly increases with each fenced write grant of
+/// the same resource, as a [`FencedLock`]'s does with each fenced mutex grant: the same read
+/// phase and write-back, and the same argument, with the read-write lock's writer key as the
+/// lock key.
+///
+/// The counter is the writer key's own (`redlock-mux:fence:{rw:K}:w` for a resource `K`
+/// without a hash tag, see [`KeyNames::writer_fence`](crate::KeyNames::writer_fence)), in the
+/// slot of the other keys of the read-write lock. A fenced mutex and a fenced write lock on one
+/// resource therefore count apart, as the two locks do not exclude each other; a plain
+/// [`WriteLock`] on the resource excludes a fenced one, and neither reads nor raises the
+/// counter.
+pub type FencedWriteLock = Guard<kind::FencedWrite>;
 
 impl<K: Kind> fmt::Debug for Guard<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -556,7 +574,7 @@ impl Client {
     /// Fails with [`Error::Contended`] while a writer holds the lock (or, with
     /// [`RwPolicy::WritePreferring`](crate::RwPolicy::WritePreferring), waits for it).
     pub fn try_read_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<ReadLock, Error> {
-        self.rw(Side::Read, key.as_ref(), ttl, false)
+        self.rw(Side::Read, key.as_ref(), ttl, false, false)
             .map(Guard::new)
     }
 
@@ -568,21 +586,22 @@ impl Client {
     /// key `K` without a hash tag, and `K:rw:w`, `K:rw:r` and `K:rw:wi` for one with a hash
     /// tag ([`KeyNames`](crate::KeyNames) lists them all).
     pub fn read_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<ReadLock, Error> {
-        self.rw(Side::Read, key.as_ref(), ttl, true).map(Guard::new)
+        self.rw(Side::Read, key.as_ref(), ttl, false, true)
+            .map(Guard::new)
     }
 
     /// One attempt to take the write lock on `key` for `ttl`, without retrying.
     ///
     /// Fails with [`Error::Contended`] while readers or a writer hold the lock.
     pub fn try_write_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<WriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, false)
+        self.rw(Side::Write, key.as_ref(), ttl, false, false)
             .map(Guard::new)
     }
 
     /// Takes the write lock on `key` for `ttl`, retrying like [`Client::lock`]. It excludes
     /// every reader and every other writer.
     pub fn write_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<WriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, true)
+        self.rw(Side::Write, key.as_ref(), ttl, false, true)
             .map(Guard::new)
     }
 
@@ -709,6 +728,47 @@ impl Client {
         self.mutex(key.as_ref(), ttl, true, true).map(Guard::new)
     }
 
+    /// Like [`try_write_lock`](Client::try_write_lock), and the guard carries a fencing token:
+    /// see [`FencedWriteLock`]. One attempt, without retrying.
+    pub fn try_write_lock_fenced(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<FencedWriteLock, Error> {
+        self.rw(Side::Write, key.as_ref(), ttl, true, false)
+            .map(Guard::new)
+    }
+
+    /// Like [`write_lock`](Client::write_lock), and the guard carries a fencing token, as
+    /// [`lock_fenced`](Client::lock_fenced) does for the mutex: see [`FencedWriteLock`]. The
+    /// token is read in the acquire round, and written back to a quorum (one more round trip)
+    /// only when the nodes' counters disagree; a write-back that misses its quorum is handled
+    /// as for [`lock_fenced`](Client::lock_fenced).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlock_mux::Client;
+    ///
+    /// // For example ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"].
+    /// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+    /// let client = Client::new(nodes.split(','))?;
+    /// let writer = client.write_lock_fenced("catalog", Duration::from_secs(10))?;
+    /// // Every write to the store carries the token; it refuses tokens smaller than the
+    /// // largest it has seen, so a writer that paused past its validity is turned away.
+    /// let token: u64 = writer.fencing_token();
+    /// # let _ = token;
+    /// writer.release()?;
+    /// # Ok::<(), redlock_mux::Error>(())
+    /// ```
+    pub fn write_lock_fenced(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<FencedWriteLock, Error> {
+        self.rw(Side::Write, key.as_ref(), ttl, true, true)
+            .map(Guard::new)
+    }
+
     /// The mutex on `key`, fenced or not.
     fn mutex(&self, key: &[u8], ttl: Duration, fenced: bool, wait: bool) -> Result<Held, Error> {
         check_key(key)?;
@@ -716,14 +776,23 @@ impl Client {
         Held::acquire(self, Owned::Mutex(KeyBuf::new(key)), fence, ttl, wait)
     }
 
-    /// One side of the read-write lock on `key`.
-    fn rw(&self, side: Side, key: &[u8], ttl: Duration, wait: bool) -> Result<Held, Error> {
+    /// One side of the read-write lock on `key`; a fenced write lock when `fenced`.
+    fn rw(
+        &self,
+        side: Side,
+        key: &[u8],
+        ttl: Duration,
+        fenced: bool,
+        wait: bool,
+    ) -> Result<Held, Error> {
         check_key(key)?;
+        let keys = RwKeys::new(key);
+        let fence = fenced.then(|| fence_key(keys.writer()));
         let owned = Owned::Rw {
             side,
             resource: key.to_vec(),
-            keys: RwKeys::new(key),
+            keys,
         };
-        Held::acquire(self, owned, None, ttl, wait)
+        Held::acquire(self, owned, fence, ttl, wait)
     }
 }

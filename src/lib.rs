@@ -48,7 +48,7 @@ pub use client::{Client, ClientBuilder};
 pub use config::{RwPolicy, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS, MAX_NODES, MAX_TTL};
 pub use engine::KeyNames;
 pub use error::{Deadline, Error, InvalidArgument, NodeErrorKind, NodeFailure};
-pub use guard::{kind, FencedLock, Guard, Lock, MultiLock, ReadLock, WriteLock};
+pub use guard::{kind, FencedLock, FencedWriteLock, Guard, Lock, MultiLock, ReadLock, WriteLock};
 pub use keepalive::{KeepAlive, KeepAliveError, KeptLock, Lost};
 
 /// Pieces of the sans-IO engine that the fuzz targets and benchmarks drive directly. Not part

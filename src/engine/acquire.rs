@@ -167,7 +167,7 @@ impl<'a> Acquisition<'a> {
         rng: &mut dyn Entropy,
     ) -> Acquisition<'a> {
         let token = rng.token();
-        let fair = (params.fair && spec.fence.is_none() && spec.queues() == 1).then(|| {
+        let fair = params.fair.then(|| {
             FairState::new(
                 params.ticket,
                 timings::queue_entry_ttl_ms(config),

@@ -7,9 +7,11 @@
 #![forbid(unsafe_code)]
 
 use crate::engine::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
-use crate::engine::fencing::{FenceRead, FenceWrite, FencedAcquire};
+use crate::engine::fencing::{
+    FairFencedAcquire, FenceRead, FenceWrite, FencedAcquire, FencedWriteAcquire,
+};
 use crate::engine::keys::{self, RwKeys, WAKE_PREFIX};
-use crate::engine::multi::{AcquireAll, ExtendAll, ReleaseAll};
+use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::{Acquire, Extend, Op, Release};
 use crate::engine::rw::{
     FairRwAcquire, ReadAcquire, ReadExtend, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
@@ -274,11 +276,19 @@ impl<'a> Spec<'a> {
     ) -> R {
         let token = ids.token;
         match (self.keys, fair, self.fence) {
-            (Keys::Mutex(key), _, Some(fence)) => f(&FencedAcquire {
+            (Keys::Mutex(key), None, Some(fence)) => f(&FencedAcquire {
                 key,
                 fence,
                 token,
                 ttl_ms,
+                read,
+            }),
+            (Keys::Mutex(key), Some(fair), Some(fence)) => f(&FairFencedAcquire {
+                key,
+                fence,
+                ids,
+                ttl_ms,
+                fair,
                 read,
             }),
             (Keys::Mutex(key), Some(fair), None) => f(&FairAcquire::new(key, ids, ttl_ms, fair)),
@@ -291,16 +301,31 @@ impl<'a> Spec<'a> {
                 token,
                 ttl_ms,
             }),
-            (Keys::Write { resource, keys }, Some(fair), _) => f(&FairRwAcquire::write(
+            (Keys::Write { keys, .. }, fair, Some(fence)) => f(&FencedWriteAcquire {
+                keys,
+                fence,
+                ids,
+                ttl_ms,
+                intent_ms,
+                fair,
+                read,
+            }),
+            (Keys::Write { resource, keys }, Some(fair), None) => f(&FairRwAcquire::write(
                 resource, keys, ids, ttl_ms, intent_ms, fair,
             )),
-            (Keys::Write { keys, .. }, None, _) => f(&WriteAcquire {
+            (Keys::Write { keys, .. }, None, None) => f(&WriteAcquire {
                 keys,
                 ids,
                 ttl_ms,
                 intent_ms,
             }),
-            (Keys::All(keys), _, _) => f(&AcquireAll {
+            (Keys::All(keys), Some(fair), _) => f(&FairAcquireAll {
+                keys,
+                ids,
+                ttl_ms,
+                fair,
+            }),
+            (Keys::All(keys), None, _) => f(&AcquireAll {
                 keys,
                 token,
                 ttl_ms,
