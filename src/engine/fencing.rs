@@ -192,10 +192,6 @@ impl Op for FairFencedAcquire<'_> {
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         classify_fenced(reply, self.read)
     }
-
-    fn on_retry(&self, waited: std::time::Duration) {
-        self.fair.on_retry(waited);
-    }
 }
 
 /// A write acquire that also raises and reads the fence counter of the writer key:
@@ -256,12 +252,6 @@ impl Op for FencedWriteAcquire<'_> {
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         classify_fenced(reply, self.read)
-    }
-
-    fn on_retry(&self, waited: std::time::Duration) {
-        if let Some(fair) = self.fair {
-            fair.on_retry(waited);
-        }
     }
 }
 

@@ -29,7 +29,6 @@
 //!   that delays them, but the lock keys differ, so it never breaks exclusion.
 #![forbid(unsafe_code)]
 
-use crate::engine::fair::QueueKeys;
 use crate::resp;
 
 /// Releases of resource `K` are announced on channel `WAKE_PREFIX ++ K`, so that waiters can
@@ -241,15 +240,6 @@ impl RwKeys {
     /// The fair queue's entries scored by their expiry, in ms on the node's clock.
     pub fn queue_expiries(&self) -> &[u8] {
         self.name(4)
-    }
-
-    /// The fair queue's keys as the queue scripts take them.
-    pub fn queue_keys(&self) -> QueueKeys<'_> {
-        QueueKeys::Named {
-            lock: self.writer(),
-            queue: self.queue(),
-            expiries: self.queue_expiries(),
-        }
     }
 }
 

@@ -14,7 +14,8 @@ use crate::engine::keys::{self, RwKeys, WAKE_PREFIX};
 use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::{Acquire, Extend, Op, Release};
 use crate::engine::rw::{
-    FairRwAcquire, ReadAcquire, ReadExtend, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
+    self, FairRwAcquire, ReadAcquire, ReadExtend, SetRelease, WriteAcquire, WriteCleanup,
+    WriteRelease,
 };
 use crate::resp;
 
@@ -187,13 +188,13 @@ impl<'a> Spec<'a> {
                     },
                     Keys::Read { resource, keys } => Leave {
                         resource,
-                        keys: keys.queue_keys(),
+                        keys: rw::queue_keys(keys),
                         kind: b"r",
                         waiter,
                     },
                     Keys::Write { resource, keys } => Leave {
                         resource,
-                        keys: keys.queue_keys(),
+                        keys: rw::queue_keys(keys),
                         kind: b"w",
                         waiter,
                     },
@@ -293,8 +294,8 @@ impl<'a> Spec<'a> {
             }),
             (Keys::Mutex(key), Some(fair), None) => f(&FairAcquire::new(key, ids, ttl_ms, fair)),
             (Keys::Mutex(key), None, None) => f(&Acquire { key, token, ttl_ms }),
-            (Keys::Read { resource, keys }, Some(fair), _) => {
-                f(&FairRwAcquire::read(resource, keys, ids, ttl_ms, fair))
+            (Keys::Read { keys, .. }, Some(fair), _) => {
+                f(&FairRwAcquire::read(keys, ids, ttl_ms, fair))
             }
             (Keys::Read { keys, .. }, None, _) => f(&ReadAcquire {
                 keys,
@@ -310,9 +311,9 @@ impl<'a> Spec<'a> {
                 fair,
                 read,
             }),
-            (Keys::Write { resource, keys }, Some(fair), None) => f(&FairRwAcquire::write(
-                resource, keys, ids, ttl_ms, intent_ms, fair,
-            )),
+            (Keys::Write { keys, .. }, Some(fair), None) => {
+                f(&FairRwAcquire::write(keys, ids, ttl_ms, intent_ms, fair))
+            }
             (Keys::Write { keys, .. }, None, None) => f(&WriteAcquire {
                 keys,
                 ids,

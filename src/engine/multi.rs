@@ -85,10 +85,6 @@ impl Op for FairAcquireAll<'_> {
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         self.fair.classify(reply)
     }
-
-    fn on_retry(&self, waited: std::time::Duration) {
-        self.fair.on_retry(waited);
-    }
 }
 
 /// Release of a set. Every integer is an acknowledgement: fewer keys than the set's only means

@@ -37,7 +37,7 @@
 //! outside the queue (one that did not join an empty queue) heeds them.
 #![forbid(unsafe_code)]
 
-use crate::engine::fair::{AttemptIds, FairState, Leave};
+use crate::engine::fair::{AttemptIds, FairState, QueueKeys};
 use crate::engine::keys;
 pub use crate::engine::keys::RwKeys;
 use crate::engine::ops::{int_verdict, write_eval, Arg, Caps, Op, ScriptForm, Verdict, RELEASE};
@@ -271,36 +271,27 @@ pub struct FairRwAcquire<'a> {
     pub fair: &'a FairState,
     /// The queue entry's kind: `r` or `w`.
     kind: &'static [u8],
-    leave: Leave<'a>,
 }
 
 impl<'a> FairRwAcquire<'a> {
-    /// An attempt with `ids` at a fair write acquisition of the lock with `keys` on `resource`.
+    /// An attempt with `ids` at a fair write acquisition of the lock with `keys`.
     pub fn write(
-        resource: &'a [u8],
         keys: &'a RwKeys,
         ids: AttemptIds<'a>,
         ttl_ms: u64,
         intent_ms: u64,
         fair: &'a FairState,
     ) -> Self {
-        Self::new(b"w", resource, keys, ids, ttl_ms, intent_ms, fair)
+        Self::new(b"w", keys, ids, ttl_ms, intent_ms, fair)
     }
 
-    /// An attempt with `ids` at a fair read acquisition of the lock with `keys` on `resource`.
-    pub fn read(
-        resource: &'a [u8],
-        keys: &'a RwKeys,
-        ids: AttemptIds<'a>,
-        ttl_ms: u64,
-        fair: &'a FairState,
-    ) -> Self {
-        Self::new(b"r", resource, keys, ids, ttl_ms, 0, fair)
+    /// An attempt with `ids` at a fair read acquisition of the lock with `keys`.
+    pub fn read(keys: &'a RwKeys, ids: AttemptIds<'a>, ttl_ms: u64, fair: &'a FairState) -> Self {
+        Self::new(b"r", keys, ids, ttl_ms, 0, fair)
     }
 
     fn new(
         kind: &'static [u8],
-        resource: &'a [u8],
         keys: &'a RwKeys,
         ids: AttemptIds<'a>,
         ttl_ms: u64,
@@ -314,12 +305,6 @@ impl<'a> FairRwAcquire<'a> {
             intent_ms,
             fair,
             kind,
-            leave: Leave {
-                resource,
-                keys: keys.queue_keys(),
-                kind,
-                waiter: ids.waiter,
-            },
         }
     }
 }
@@ -352,14 +337,15 @@ impl Op for FairRwAcquire<'_> {
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         self.fair.classify(reply)
     }
+}
 
-    fn on_retry(&self, waited: std::time::Duration) {
-        self.fair.on_retry(waited);
-    }
-
-    fn on_finish(&self) -> Option<&dyn Op> {
-        // As for the fair mutex: nodes may hold this waiter's entry unseen.
-        Some(&self.leave)
+/// The read-write lock's fair queue keys as the queue scripts take them: its writer key (whose
+/// existence says whether a release is worth announcing), its queue and the queue's expiries.
+pub fn queue_keys(keys: &RwKeys) -> QueueKeys<'_> {
+    QueueKeys::Named {
+        lock: keys.writer(),
+        queue: keys.queue(),
+        expiries: keys.queue_expiries(),
     }
 }
 

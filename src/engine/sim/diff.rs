@@ -354,11 +354,10 @@ fn every_lock_script_answers_like_redis_server() {
                 // member.
                 let ticket = [7, 7, 3][w] + rng.below(2);
                 let fair = FairState::new(ticket, long, Duration::ZERO);
-                let op = FairAcquire::new(fair_key, ids, ttl_ms, &fair);
                 if rng.chance(0.5) {
-                    op.on_retry(Duration::ZERO);
+                    fair.on_retry(Duration::ZERO);
                 }
-                encode(&op, form)
+                encode(&FairAcquire::new(fair_key, ids, ttl_ms, &fair), form)
             }
             11 => encode(
                 &Leave {
@@ -422,19 +421,22 @@ fn every_lock_script_answers_like_redis_server() {
             19 | 20 => {
                 let ticket = [7, 7, 3][w] + rng.below(2);
                 let fair = FairState::new(ticket, long, Duration::ZERO);
-                let op = if kind == 19 {
-                    FairRwAcquire::write(b"doc", k, ids, ttl_ms, intent_ms, &fair)
-                } else {
-                    FairRwAcquire::read(b"doc", k, ids, ttl_ms, &fair)
-                };
                 if rng.chance(0.5) {
-                    op.on_retry(Duration::ZERO);
+                    fair.on_retry(Duration::ZERO);
                 }
+                let op = if kind == 19 {
+                    FairRwAcquire::write(k, ids, ttl_ms, intent_ms, &fair)
+                } else {
+                    FairRwAcquire::read(k, ids, ttl_ms, &fair)
+                };
                 encode(&op, form)
             }
             21 => {
                 let ticket = [7, 7, 3][w] + rng.below(2);
                 let fair = FairState::new(ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
                 let op = FairFencedAcquire {
                     key: fence_lock[f],
                     fence: &fences[f],
@@ -443,9 +445,6 @@ fn every_lock_script_answers_like_redis_server() {
                     fair: &fair,
                     read: &FenceRead::new(),
                 };
-                if rng.chance(0.5) {
-                    op.on_retry(Duration::ZERO);
-                }
                 encode(&op, form)
             }
             22 | 23 => {
@@ -468,15 +467,15 @@ fn every_lock_script_answers_like_redis_server() {
             24 => {
                 let ticket = [7, 7, 3][w] + rng.below(2);
                 let fair = FairState::new(ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
                 let op = FairAcquireAll {
                     keys: &set,
                     ids,
                     ttl_ms,
                     fair: &fair,
                 };
-                if rng.chance(0.5) {
-                    op.on_retry(Duration::ZERO);
-                }
                 encode(&op, form)
             }
             _ => {
@@ -614,10 +613,10 @@ fn every_lock_script_answers_like_redis_server() {
             waiter: tokens[2],
             token: tokens[2],
         };
-        let op = FairRwAcquire::read(b"doc", k, ids, 60_000, &queue_place);
         if join {
-            op.on_retry(Duration::ZERO);
+            queue_place.on_retry(Duration::ZERO);
         }
+        let op = FairRwAcquire::read(k, ids, 60_000, &queue_place);
         encode(&op, ScriptForm::Sha)
     };
     let (real, sim) = pair.both(&fair_reader(false));
@@ -653,8 +652,8 @@ fn every_lock_script_answers_like_redis_server() {
             waiter: token,
             token,
         };
+        fair.on_retry(Duration::ZERO);
         let op = FairAcquire::new(fair_keys[0], ids, 60_000, &fair);
-        op.on_retry(Duration::ZERO);
         encode(&op, ScriptForm::Sha)
     };
     pair.same(&command(&[b"SET", fair_keys[0], b"held"]), "SET");
@@ -763,8 +762,13 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             &mut real,
             &encode(&Release { key: r, token: a }, ScriptForm::Body),
         );
-        let leave = fair_op.on_finish().expect("a fair waiter leaves");
-        run(&mut real, &encode(leave, ScriptForm::Body));
+        let leave = Leave {
+            resource: r,
+            keys: QueueKeys::Mutex(r),
+            kind: b"",
+            waiter: b,
+        };
+        run(&mut real, &encode(&leave, ScriptForm::Body));
         // Fenced mutex: the read, then the write-back.
         let fence = fence_key(r);
         let read = FenceRead::new();
@@ -809,13 +813,18 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             intent_ms: 60_000,
         };
         run(&mut real, &encode(&writer, ScriptForm::Body));
-        let fair_reader = FairRwAcquire::read(r, &k, ids, ttl_ms, &fair);
+        let fair_reader = FairRwAcquire::read(&k, ids, ttl_ms, &fair);
         run(&mut real, &encode(&fair_reader, ScriptForm::Body));
-        let fair_writer = FairRwAcquire::write(r, &k, ids_b, ttl_ms, 60_000, &fair);
+        let fair_writer = FairRwAcquire::write(&k, ids_b, ttl_ms, 60_000, &fair);
         run(&mut real, &encode(&fair_writer, ScriptForm::Body));
-        for done in [&fair_reader, &fair_writer] {
-            let leave = done.on_finish().expect("a fair waiter leaves");
-            run(&mut real, &encode(leave, ScriptForm::Body));
+        for (kind, waiter) in [(&b"r"[..], ids.waiter), (b"w", ids_b.waiter)] {
+            let leave = Leave {
+                resource: r,
+                keys: crate::engine::rw::queue_keys(&k),
+                kind,
+                waiter,
+            };
+            run(&mut real, &encode(&leave, ScriptForm::Body));
         }
         for (set, token) in [(k.readers(), a), (k.intents(), b)] {
             let release = SetRelease {
