@@ -16,7 +16,7 @@ use crate::client::Client;
 use crate::config::{check_key, checked_keys};
 use crate::driver::Pending;
 use crate::engine::acquire::{Acquisition, Grant, Params};
-use crate::engine::hold::Hold;
+use crate::engine::hold::{Hold, Step};
 use crate::engine::keys::fence_key;
 use crate::engine::keys::RwKeys;
 use crate::engine::kind::{Keys, Spec};
@@ -432,35 +432,17 @@ impl Held {
     /// Runs an extend round to `ttl` (see [`Guard::extend`]).
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let (ttl_ms, timing) = self.client.timing(ttl)?;
-        let Held {
-            client,
-            owned,
-            fence,
-            token,
-            hold,
-            after,
-            ..
-        } = self;
-        let config = client.config();
-        owned.with_keys(|keys| {
-            let spec = Spec {
-                keys,
-                fence: fence.as_deref(),
-            };
-            client.with_driver_after(after, |driver| {
-                let round = driver.take_round();
-                let mut m =
-                    hold.extend(spec, *token, config, ttl_ms, timing, Instant::now(), round);
-                let result = driver.drive(&mut m);
-                driver.put_round(m.into_round());
-                result
-            })?
-        })
+        self.round(Step::Extend { ttl_ms, timing })
     }
 
     /// Runs the release round (see [`Guard::release`]); nothing is done on drop afterwards.
     pub fn release(&mut self) -> Result<(), Error> {
         self.released = true;
+        self.round(Step::Release)
+    }
+
+    /// Runs a round of `step` on a driver that sends it behind the acquisition's late replies.
+    fn round(&mut self, step: Step) -> Result<(), Error> {
         let Held {
             client,
             owned,
@@ -478,7 +460,7 @@ impl Held {
             };
             client.with_driver_after(after, |driver| {
                 let round = driver.take_round();
-                let mut m = hold.release(spec, *token, config, Instant::now(), round);
+                let mut m = hold.round(spec, *token, config, step, Instant::now(), round);
                 let result = driver.drive(&mut m);
                 driver.put_round(m.into_round());
                 result

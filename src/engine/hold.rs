@@ -1,8 +1,8 @@
 //! A held lock: its validity, and the extend and release rounds that change it.
 //!
-//! A [`Hold`] is the engine's side of a guard. [`Hold::extend`] and [`Hold::release`] give a
-//! [`HoldRound`], a state machine for one round over every node, which updates the hold when it
-//! is decided.
+//! A [`Hold`] is the engine's side of a guard. [`Hold::round`] gives a [`HoldRound`] for a
+//! [`Step`] (an extend or a release), a state machine for one round over every node, which
+//! updates the hold when it is decided.
 //!
 //! A won extend gives the lock a new validity, `ttl` less the time the round took and the drift
 //! allowance. A lost one never lengthens the validity, but it may shorten it: the nodes that
@@ -35,8 +35,17 @@ pub(crate) struct Hold {
 
 /// What a [`HoldRound`] does.
 #[derive(Debug, Clone, Copy)]
-enum Step {
-    Extend { ttl_ms: u64, timing: Timing },
+pub(crate) enum Step {
+    /// Resets the lock's TTL to `ttl_ms` (`timing` built on it); the round must be won before
+    /// the current validity ends.
+    Extend {
+        /// The new TTL in milliseconds.
+        ttl_ms: u64,
+        /// See `ttl_ms`.
+        timing: Timing,
+    },
+    /// Releases the lock on every node, whether or not that node granted it; the round is won
+    /// when a quorum has acknowledged.
     Release,
 }
 
@@ -61,59 +70,47 @@ impl Hold {
         self.valid_until = self.valid_until.min(at);
     }
 
-    /// An extend round of the lock `spec` held with `token`, to `ttl_ms` (`timing` built on it),
-    /// started at `now`, on `round`'s storage. It must be won before the current validity ends.
-    #[allow(clippy::too_many_arguments)]
-    pub fn extend<'a>(
+    /// A round of `step` for the lock `spec` held with `token`, started at `now`, on `round`'s
+    /// storage. An extend asked for once the validity has ended sends nothing, and fails with
+    /// [`Error::ValidityExpired`].
+    pub fn round<'a>(
         &'a mut self,
         spec: Spec<'a>,
         token: Token,
         config: &'a Config,
-        ttl_ms: u64,
-        timing: Timing,
+        step: Step,
         now: Instant,
         round: Round,
     ) -> HoldRound<'a> {
-        let mut r = HoldRound::new(
-            self,
+        let valid_until = self.valid_until;
+        let mut r = HoldRound {
+            hold: self,
             spec,
             token,
             config,
-            Step::Extend { ttl_ms, timing },
-            round,
-        );
-        if now >= r.hold.valid_until {
-            r.outcome = Some(Err(Error::ValidityExpired {
-                elapsed: Duration::ZERO,
-            }));
-        } else {
-            let hold_until = r.hold.valid_until;
-            r.fanout
-                .start(1, now, config.node_timeout, Some(timing), Some(hold_until));
-            r.advance(now);
+            step,
+            fanout: Fanout::new(round),
+            outcome: None,
+        };
+        let node_timeout = config.node_timeout;
+        match step {
+            Step::Extend { .. } if now >= valid_until => {
+                r.outcome = Some(Err(Error::ValidityExpired {
+                    elapsed: Duration::ZERO,
+                }));
+            }
+            Step::Extend { timing, .. } => {
+                r.fanout
+                    .start(1, now, node_timeout, Some(timing), Some(valid_until))
+            }
+            Step::Release => r.fanout.start(1, now, node_timeout, None, None),
         }
-        r
-    }
-
-    /// A release round of the lock `spec` held with `token`, started at `now`, on `round`'s
-    /// storage. Every node is asked, whether or not it granted the lock; the round is won when
-    /// a quorum has acknowledged.
-    pub fn release<'a>(
-        &'a mut self,
-        spec: Spec<'a>,
-        token: Token,
-        config: &'a Config,
-        now: Instant,
-        round: Round,
-    ) -> HoldRound<'a> {
-        let mut r = HoldRound::new(self, spec, token, config, Step::Release, round);
-        r.fanout.start(1, now, config.node_timeout, None, None);
         r.advance(now);
         r
     }
 }
 
-/// One extend or release round of a held lock (see [`Hold::extend`], [`Hold::release`]).
+/// One extend or release round of a held lock (see [`Hold::round`]).
 #[derive(Debug)]
 pub(crate) struct HoldRound<'a> {
     hold: &'a mut Hold,
@@ -125,26 +122,7 @@ pub(crate) struct HoldRound<'a> {
     outcome: Option<Result<(), Error>>,
 }
 
-impl<'a> HoldRound<'a> {
-    fn new(
-        hold: &'a mut Hold,
-        spec: Spec<'a>,
-        token: Token,
-        config: &'a Config,
-        step: Step,
-        round: Round,
-    ) -> HoldRound<'a> {
-        HoldRound {
-            hold,
-            spec,
-            token,
-            config,
-            step,
-            fanout: Fanout::new(round),
-            outcome: None,
-        }
-    }
-
+impl HoldRound<'_> {
     /// Gives the round storage back.
     pub fn into_round(self) -> Round {
         self.fanout.into_round()

@@ -49,4 +49,6 @@ pub use round::{quorum, Decision, Round, Vote};
 pub use timing::Timing;
 
 #[cfg(test)]
+mod machine_tests;
+#[cfg(test)]
 mod tests;
