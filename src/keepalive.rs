@@ -142,7 +142,7 @@ impl KeepAlive {
 /// The notice that a kept-alive lock was lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lost {
-    /// The lock's key.
+    /// The lock's resource key (for an all-or-none set, its first key in sorted order).
     pub key: Vec<u8>,
     /// Why: [`Error::Contended`] when the quorum refused the extension (the key expired or
     /// holds someone else's token), [`Error::ValidityExpired`] when no extension won in time.
@@ -344,7 +344,8 @@ impl fmt::Debug for Shared {
 }
 
 impl KeptLock {
-    /// The key this lock is on.
+    /// The resource key this lock is on (for an all-or-none set, its first key in sorted
+    /// order).
     pub fn key(&self) -> &[u8] {
         &self.key
     }

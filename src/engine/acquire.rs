@@ -41,7 +41,7 @@ use crate::rng::{Entropy, Token};
 const WRITE_BACK_ATTEMPTS: u32 = 3;
 
 /// How many characters of a released token its announcement carries (see
-/// [`WAKE_PREFIX`](crate::engine::ops::WAKE_PREFIX)).
+/// [`WAKE_PREFIX`](crate::engine::keys::WAKE_PREFIX)).
 const WAKE_ID_LEN: usize = 16;
 
 /// How close together the nodes' announcements of one release arrive, at the most, for them

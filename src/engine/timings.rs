@@ -1,9 +1,25 @@
-//! Every deadline the engine keeps, computed in one place.
+//! Every deadline the engine keeps, computed in one place: where a lock's deadline is
+//! computed.
 //!
 //! A lock operation waits on several clocks at once: each node's reply (the per-node timeout),
-//! the validity a round must be won within, the wait timeout of a waiting acquisition, and so
-//! on. This module computes each of them from the settings and the instants the caller passes
-//! in; the state machines arm the ones that apply and ask it which comes first.
+//! the validity a round must be won within, the backstop retry and the wait timeout of a
+//! waiting acquisition, the pauses after split votes, the confirmation of subscriptions, a kept
+//! lock's next extension. This module computes each of them from the settings and the instants
+//! the caller passes in, and keeps them in order, so that a state machine has one deadline at a
+//! time, the earliest:
+//!
+//! - a round in flight waits for the earlier of its finish-by instant (its validity, and an
+//!   extend's current validity) and the per-node deadline ([`earliest`]);
+//! - a waiting acquisition's backstop is kept short of the wait deadline ([`backstop_delay`]),
+//!   and a pause after a split vote ends by the backstop ([`pause_until`]);
+//! - a kept lock's next extension comes by the interval or by the validity left, whichever is
+//!   first ([`keep_alive_due`]).
+//!
+//! Which one fired is in the outcome: a round that ran out its finish-by is lost as
+//! `ValidityExpired` ([`Deadline::Validity`](crate::Deadline::Validity)); one decided when the
+//! per-node deadline passed has `Timeout` failures
+//! ([`Deadline::NodeTimeout`](crate::Deadline::NodeTimeout)); a wait that ends says whether the
+//! wait timeout or the retry count ended it (`Error::WaitEnded`).
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
