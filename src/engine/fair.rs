@@ -123,8 +123,22 @@ impl FairState {
         }
     }
 
-    /// Writes the three queue arguments the fair scripts take last: ticket, entry TTL, join.
-    pub fn write_args(&self, out: &mut Vec<u8>) {
+    /// Writes the arguments of a fair acquire script: the attempt's token, the TTL, the intent
+    /// TTL for a writer (`intent_ms`), the waiter id, then the three queue arguments the fair
+    /// gate takes last: ticket, entry TTL, join.
+    pub fn write_args(
+        &self,
+        out: &mut Vec<u8>,
+        ids: AttemptIds<'_>,
+        ttl_ms: u64,
+        intent_ms: Option<u64>,
+    ) {
+        resp::write_bulk(out, ids.token);
+        resp::write_bulk_u64(out, ttl_ms);
+        if let Some(intent_ms) = intent_ms {
+            resp::write_bulk_u64(out, intent_ms);
+        }
+        resp::write_bulk(out, ids.waiter);
         resp::write_bulk_u64(out, self.ticket);
         resp::write_bulk_u64(out, self.entry_ttl_ms);
         resp::write_bulk(out, if self.join.get() { b"1" } else { b"0" });
@@ -189,10 +203,7 @@ impl Op for FairAcquire<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
         write_eval_head(out, &FAIR_ACQUIRE, form, 3, 6);
         QueueKeys::Mutex(self.key).write(out);
-        resp::write_bulk(out, self.ids.token);
-        resp::write_bulk_u64(out, self.ttl_ms);
-        resp::write_bulk(out, self.ids.waiter);
-        self.fair.write_args(out);
+        self.fair.write_args(out, self.ids, self.ttl_ms, None);
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {

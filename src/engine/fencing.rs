@@ -45,6 +45,7 @@ use std::cell::Cell;
 use crate::engine::fair::{write_eval_head, AttemptIds, FairState};
 use crate::engine::keys::{Derived, RwKeys};
 use crate::engine::ops::{error_verdict, int_verdict, write_eval, Arg, Op, ScriptForm, Verdict};
+use crate::engine::rw::write_fair_keys;
 pub use crate::engine::scripts::{
     FAIR_FENCED_ACQUIRE, FAIR_FENCED_WRITE_ACQUIRE, FENCED_ACQUIRE, FENCED_WRITE_ACQUIRE,
     FENCE_WRITE,
@@ -183,10 +184,7 @@ impl Op for FairFencedAcquire<'_> {
         resp::write_bulk(out, self.fence);
         Derived::MutexQueue.of(self.key).write_bulk(out);
         Derived::MutexQueueExpiries.of(self.key).write_bulk(out);
-        resp::write_bulk(out, self.ids.token);
-        resp::write_bulk_u64(out, self.ttl_ms);
-        resp::write_bulk(out, self.ids.waiter);
-        self.fair.write_args(out);
+        self.fair.write_args(out, self.ids, self.ttl_ms, None);
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
@@ -233,21 +231,8 @@ impl Op for FencedWriteAcquire<'_> {
             );
         };
         write_eval_head(out, &FAIR_FENCED_WRITE_ACQUIRE, form, 6, 7);
-        for name in [
-            k.writer(),
-            k.readers(),
-            k.intents(),
-            self.fence,
-            k.queue(),
-            k.queue_expiries(),
-        ] {
-            resp::write_bulk(out, name);
-        }
-        resp::write_bulk(out, self.ids.token);
-        resp::write_bulk_u64(out, self.ttl_ms);
-        resp::write_bulk_u64(out, self.intent_ms);
-        resp::write_bulk(out, self.ids.waiter);
-        fair.write_args(out);
+        write_fair_keys(out, k, Some(self.fence));
+        fair.write_args(out, self.ids, self.ttl_ms, Some(self.intent_ms));
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {

@@ -76,10 +76,7 @@ impl Op for FairAcquireAll<'_> {
             Derived::MutexQueue.of(key).write_bulk(out);
             Derived::MutexQueueExpiries.of(key).write_bulk(out);
         }
-        resp::write_bulk(out, self.ids.token);
-        resp::write_bulk_u64(out, self.ttl_ms);
-        resp::write_bulk(out, self.ids.waiter);
-        self.fair.write_args(out);
+        self.fair.write_args(out, self.ids, self.ttl_ms, None);
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {

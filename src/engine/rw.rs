@@ -318,25 +318,27 @@ impl Op for FairRwAcquire<'_> {
             &FAIR_READ_ACQUIRE
         };
         crate::engine::fair::write_eval_head(out, script, form, 5, 7);
-        for name in [
-            k.writer(),
-            k.readers(),
-            k.intents(),
-            k.queue(),
-            k.queue_expiries(),
-        ] {
-            resp::write_bulk(out, name);
-        }
-        resp::write_bulk(out, self.ids.token);
-        resp::write_bulk_u64(out, self.ttl_ms);
-        resp::write_bulk_u64(out, self.intent_ms);
-        resp::write_bulk(out, self.ids.waiter);
-        self.fair.write_args(out);
+        write_fair_keys(out, k, None);
+        self.fair
+            .write_args(out, self.ids, self.ttl_ms, Some(self.intent_ms));
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         self.fair.classify(reply)
     }
+}
+
+/// Writes the KEYS of a fair read-write acquire script: writer, readers, intents, the fence
+/// counter of a fenced writer, then the queue and its expiries (last, for the fair gate).
+pub fn write_fair_keys(out: &mut Vec<u8>, keys: &RwKeys, fence: Option<&[u8]>) {
+    for name in [keys.writer(), keys.readers(), keys.intents()] {
+        resp::write_bulk(out, name);
+    }
+    if let Some(fence) = fence {
+        resp::write_bulk(out, fence);
+    }
+    resp::write_bulk(out, keys.queue());
+    resp::write_bulk(out, keys.queue_expiries());
 }
 
 /// The read-write lock's fair queue keys as the queue scripts take them: its writer key (whose
