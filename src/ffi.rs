@@ -43,8 +43,9 @@ use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use crate::kind::Kind;
 use crate::{
-    Client, ClientBuilder, Error, FencedLock, InvalidArgument, KeepAlive, KeptLock, Lock,
+    Client, ClientBuilder, Error, FencedLock, Guard, InvalidArgument, KeepAlive, KeptLock, Lock,
     MultiLock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS,
 };
 
@@ -207,6 +208,9 @@ fn failure_code(e: &Error) -> redlock_mux_result {
         Error::ValidityExpired { .. } => REDLOCK_MUX_VALIDITY_EXPIRED,
         Error::Io(_) => REDLOCK_MUX_IO,
         Error::Config { .. } => REDLOCK_MUX_CONFIG,
+        // A wait that ended is reported as its last attempt was (most often contended); the
+        // message names the deadline.
+        Error::WaitEnded { last, .. } => failure_code(last),
     }
 }
 
@@ -790,45 +794,37 @@ pub unsafe extern "C" fn redlock_mux_client_lock(
     unsafe { lock_with(client, key, key_len, ttl_ms, out, true) }
 }
 
-/// What the C API reads from, and does with, every kind of held lock.
+/// What the C API reads from, and does with, every kind of held lock: the guards of every
+/// kind, and kept locks.
 trait Held: Sized {
     fn validity(&self) -> Duration;
     fn token(&self) -> &[u8];
     fn release(self) -> Result<(), Error>;
 }
 
-/// The held locks whose holder extends them (all but kept locks, which the keeper extends).
-trait Extend: Held {
-    fn extend(&mut self, ttl: Duration) -> Result<(), Error>;
+impl<K: Kind> Held for Guard<K> {
+    fn validity(&self) -> Duration {
+        Guard::validity(self)
+    }
+    fn token(&self) -> &[u8] {
+        Guard::token(self)
+    }
+    fn release(self) -> Result<(), Error> {
+        Guard::release(self)
+    }
 }
 
-macro_rules! held_by_inherent_methods {
-    ($($t:ty),*) => {$(
-        impl Held for $t {
-            fn validity(&self) -> Duration {
-                <$t>::validity(self)
-            }
-            fn token(&self) -> &[u8] {
-                <$t>::token(self)
-            }
-            fn release(self) -> Result<(), Error> {
-                <$t>::release(self)
-            }
-        }
-    )*};
+impl Held for KeptLock {
+    fn validity(&self) -> Duration {
+        KeptLock::validity(self)
+    }
+    fn token(&self) -> &[u8] {
+        KeptLock::token(self)
+    }
+    fn release(self) -> Result<(), Error> {
+        KeptLock::release(self)
+    }
 }
-held_by_inherent_methods!(Lock, ReadLock, WriteLock, MultiLock, FencedLock, KeptLock);
-
-macro_rules! extend_by_inherent_method {
-    ($($t:ty),*) => {$(
-        impl Extend for $t {
-            fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-                <$t>::extend(self, ttl)
-            }
-        }
-    )*};
-}
-extend_by_inherent_method!(Lock, ReadLock, WriteLock, MultiLock, FencedLock);
 
 fn released() -> Failure {
     Failure::new(
@@ -878,7 +874,7 @@ unsafe fn held_token<T: Held>(
     Ok(())
 }
 
-fn held_extend<T: Extend>(slot: &mut Option<T>, ttl_ms: u64) -> Result<(), Failure> {
+fn held_extend<K: Kind>(slot: &mut Option<Guard<K>>, ttl_ms: u64) -> Result<(), Failure> {
     slot.as_mut().ok_or_else(released)?.extend(millis(ttl_ms))?;
     Ok(())
 }

@@ -12,10 +12,12 @@
 //!   `SET NX PX`, validity of `ttl − elapsed − drift`, cleanup on every node after a failed
 //!   attempt, jittered retries, extension within the validity, release by compare-and-delete;
 //! - read-write locks ([`Client::read_lock`], [`Client::write_lock`], [`RwPolicy`]),
-//!   all-or-none locks on several keys ([`Client::lock_all`]) and fencing tokens
-//!   ([`Client::lock_fenced`]);
-//! - waiting without polling (releases are announced over pub/sub), a FIFO-fair policy
-//!   ([`ClientBuilder::fair`]) and auto-extension ([`Lock::keep_alive`], [`Client::with_lock`]);
+//!   all-or-none locks on several keys ([`Client::lock_all`]) and fencing tokens for the mutex
+//!   and the write lock ([`Client::lock_fenced`], [`Client::write_lock_fenced`]);
+//! - for every kind of lock: one attempt (`try_*`) or waiting without polling (releases are
+//!   announced over pub/sub), a FIFO-fair policy ([`ClientBuilder::fair`]), extension, release
+//!   on drop, and auto-extension with a notice when the lock is lost ([`Guard::keep_alive`],
+//!   [`Client::with_lock`]); every guard is a [`Guard`] of some [`kind`];
 //! - a C API (`include/redlock_mux.h`);
 //! - a sans-IO RESP2 codec ([`resp`]), usable on its own, and [`KeyNames`], the Redis keys each
 //!   lock kind keeps, for tools that look at them.
@@ -23,10 +25,13 @@
 //! What is not: Redis Cluster routing, Sentinel failover, RESP3, TLS, and any safety beyond
 //! what Redlock's timing assumptions give (see the README's "Guarantees and their limits").
 //!
-//! Layers, from the bottom: [`resp`] (codec) and the engine (fan-out, quorum, validity, lock
-//! algorithms; crate-private) never touch a socket or a clock; a thin mio driver runs them over
-//! TCP; the [`Client`] and its guards are the API; the C API sits at the edge. Every setting
-//! lives in one leaf module that the driver reads without knowing the client.
+//! Layers, from the bottom: [`resp`] (codec) and the lock engine (crate-private: every lock
+//! operation end to end as a state machine, from the attempts and retries of an acquisition to
+//! the extend and release rounds and the keep-alive schedule) never touch a socket, read the
+//! clock or draw randomness on their own; a thin mio driver pumps bytes and time for the
+//! engine's machines over TCP; the [`Client`] and its one [`Guard`] are the API; the keeper
+//! thread runs the keep-alive schedule; the C API sits at the edge. Every setting lives in one
+//! leaf module that the driver and the engine read without knowing the client.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -35,24 +40,21 @@ mod config;
 mod driver;
 mod engine;
 mod error;
-mod fencing;
 mod ffi;
+mod guard;
 mod keepalive;
-mod multi;
+mod keeper;
 pub mod resp;
 mod rng;
-mod rwlock;
 mod sha1;
 mod url;
 
-pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
-pub use config::RwPolicy;
+pub use client::{Client, ClientBuilder};
+pub use config::{RwPolicy, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS, MAX_NODES, MAX_TTL};
 pub use engine::KeyNames;
-pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
-pub use fencing::FencedLock;
+pub use error::{Deadline, Error, InvalidArgument, NodeErrorKind, NodeFailure};
+pub use guard::{kind, FencedLock, FencedWriteLock, Guard, Lock, MultiLock, ReadLock, WriteLock};
 pub use keepalive::{KeepAlive, KeepAliveError, KeptLock, Lost};
-pub use multi::{MultiLock, MAX_LOCK_ALL_KEYS};
-pub use rwlock::{ReadLock, WriteLock};
 
 /// Pieces of the sans-IO engine that the fuzz targets and benchmarks drive directly. Not part
 /// of the API: anything here may change in any release.

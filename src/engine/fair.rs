@@ -123,8 +123,22 @@ impl FairState {
         }
     }
 
-    /// Writes the three queue arguments the fair scripts take last: ticket, entry TTL, join.
-    pub fn write_args(&self, out: &mut Vec<u8>) {
+    /// Writes the arguments of a fair acquire script: the attempt's token, the TTL, the intent
+    /// TTL for a writer (`intent_ms`), the waiter id, then the three queue arguments the fair
+    /// gate takes last: ticket, entry TTL, join.
+    pub fn write_args(
+        &self,
+        out: &mut Vec<u8>,
+        ids: AttemptIds<'_>,
+        ttl_ms: u64,
+        intent_ms: Option<u64>,
+    ) {
+        resp::write_bulk(out, ids.token);
+        resp::write_bulk_u64(out, ttl_ms);
+        if let Some(intent_ms) = intent_ms {
+            resp::write_bulk_u64(out, intent_ms);
+        }
+        resp::write_bulk(out, ids.waiter);
         resp::write_bulk_u64(out, self.ticket);
         resp::write_bulk_u64(out, self.entry_ttl_ms);
         resp::write_bulk(out, if self.join.get() { b"1" } else { b"0" });
@@ -140,7 +154,8 @@ impl FairState {
         }
     }
 
-    /// See [`Op::on_retry`].
+    /// Called before each retry with how long the waiter has waited so far: it joins even an
+    /// empty queue once that is [`join_after`](Self::join_after).
     pub fn on_retry(&self, waited: Duration) {
         if waited >= self.join_after {
             self.join.set(true);
@@ -170,7 +185,6 @@ pub struct FairAcquire<'a> {
     pub ttl_ms: u64,
     /// Place in the queue and what goes with it, kept across attempts.
     pub fair: &'a FairState,
-    leave: Leave<'a>,
 }
 
 impl<'a> FairAcquire<'a> {
@@ -181,12 +195,6 @@ impl<'a> FairAcquire<'a> {
             ids,
             ttl_ms,
             fair,
-            leave: Leave {
-                resource: key,
-                keys: QueueKeys::Mutex(key),
-                kind: b"",
-                waiter: ids.waiter,
-            },
         }
     }
 }
@@ -195,24 +203,11 @@ impl Op for FairAcquire<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
         write_eval_head(out, &FAIR_ACQUIRE, form, 3, 6);
         QueueKeys::Mutex(self.key).write(out);
-        resp::write_bulk(out, self.ids.token);
-        resp::write_bulk_u64(out, self.ttl_ms);
-        resp::write_bulk(out, self.ids.waiter);
-        self.fair.write_args(out);
+        self.fair.write_args(out, self.ids, self.ttl_ms, None);
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         self.fair.classify(reply)
-    }
-
-    fn on_retry(&self, waited: Duration) {
-        self.fair.on_retry(waited);
-    }
-
-    fn on_finish(&self) -> Option<&dyn Op> {
-        // Entries left behind, on nodes that refused or answered after the decision, would
-        // keep this waiter the head there until they expire.
-        Some(&self.leave)
     }
 }
 
@@ -264,17 +259,16 @@ mod tests {
             out
         };
         assert!(body(&op).ends_with(b"$1\r\n0\r\n"));
-        op.on_retry(Duration::from_millis(50));
+        fair.on_retry(Duration::from_millis(50));
         assert!(body(&op).ends_with(b"$1\r\n0\r\n"));
-        op.on_retry(Duration::from_millis(100));
+        fair.on_retry(Duration::from_millis(100));
         assert!(body(&op).ends_with(b"$1\r\n1\r\n"));
     }
 
     #[test]
-    fn a_refusal_that_queued_is_a_no_and_the_waiter_always_leaves() {
+    fn a_refusal_that_queued_is_a_no() {
         let fair = FairState::new(7, 500, Duration::ZERO);
         let op = FairAcquire::new(b"k", IDS, 1000, &fair);
-        assert!(op.on_finish().is_some());
         assert_eq!(op.classify(&Reply::Integer(0)), Verdict::Vote(Vote::No));
         assert_eq!(op.classify(&Reply::Integer(1)), Verdict::Vote(Vote::Yes));
         assert_eq!(op.classify(&Reply::Integer(2)), Verdict::Vote(Vote::No));

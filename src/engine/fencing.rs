@@ -8,7 +8,7 @@
 //!
 //! # The counters
 //!
-//! Every node keeps a counter per lock key at [`fence_key`], with no expiry. It is only ever
+//! Every node keeps a counter per lock key at [`fence_key`](crate::engine::keys::fence_key), with no expiry. It is only ever
 //! raised. The counters of different nodes diverge: a grant reaches a quorum, not every node,
 //! so the largest value read in one attempt may sit on nodes that the next grant's quorum
 //! never asks. Reading alone is therefore not enough; as in quorum registers (ABD), the value
@@ -31,21 +31,28 @@
 //! # Using it for another kind of lock
 //!
 //! Any lock whose key holds the holder's token as a string (the mutex, a writer key) can be
-//! fenced: its acquire script raises and returns [`fence_key`]'s counter as in
-//! [`FENCED_ACQUIRE`] on success and returns `-1` on refusal, its op classifies replies with
-//! [`classify_fenced`], and after a won round the client runs [`FenceWrite`] for
-//! [`FenceRead::token`] before the validity ends, unless [`FenceRead::holders`] is already a
-//! quorum.
+//! fenced, and is: the mutex ([`FencedAcquire`], [`FairFencedAcquire`]) and the write side of a
+//! read-write lock ([`FencedWriteAcquire`], on the writer key). Its acquire script is its plain
+//! one made a function `attempt()` between `fence_check.lua` and `fence_grant.lua` (see
+//! `scripts.rs`), which raise and return [`fence_key`](crate::engine::keys::fence_key)'s counter on success and return `-1` on
+//! refusal; its op classifies replies with [`classify_fenced`]; and after a won round the
+//! acquisition runs [`FenceWrite`] for [`FenceRead::token`] before the validity ends, unless
+//! [`FenceRead::holders`] is already a quorum.
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
 
-pub use crate::engine::keys::fence_key;
+use crate::engine::fair::{write_eval_head, AttemptIds, FairState};
+use crate::engine::keys::{Derived, RwKeys};
 use crate::engine::ops::{error_verdict, int_verdict, write_eval, Arg, Op, ScriptForm, Verdict};
-pub use crate::engine::scripts::{FENCED_ACQUIRE, FENCE_WRITE};
+use crate::engine::rw::write_fair_keys;
+pub use crate::engine::scripts::{
+    FAIR_FENCED_ACQUIRE, FAIR_FENCED_WRITE_ACQUIRE, FENCED_ACQUIRE, FENCED_WRITE_ACQUIRE,
+    FENCE_WRITE,
+};
 use crate::engine::Vote;
 use crate::error::NodeErrorKind;
-use crate::resp::Reply;
+use crate::resp::{self, Reply};
 
 /// The largest counter: Lua (which reads and compares the counters) represents integers
 /// exactly only up to 2^53. A node whose counter reached it refuses to raise it further.
@@ -125,7 +132,7 @@ pub fn classify_fenced(reply: &Reply<'_>, read: &FenceRead) -> Verdict {
 pub struct FencedAcquire<'a> {
     /// The lock's key.
     pub key: &'a [u8],
-    /// Its fence counter's key, [`fence_key`]`(key)`.
+    /// Its fence counter's key, [`fence_key`](crate::engine::keys::fence_key)`(key)`.
     pub fence: &'a [u8],
     /// This attempt's token.
     pub token: &'a [u8],
@@ -144,6 +151,88 @@ impl Op for FencedAcquire<'_> {
             &[self.key, self.fence],
             &[Arg::Bytes(self.token), Arg::Num(self.ttl_ms)],
         );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        classify_fenced(reply, self.read)
+    }
+}
+
+/// A fair mutex acquire that also raises and reads the fence counter:
+/// [`FAIR_FENCED_ACQUIRE`]. Only the head of the mutex's fair queue may win; every refusal is
+/// `-1`, queued or not.
+#[derive(Debug, Clone, Copy)]
+pub struct FairFencedAcquire<'a> {
+    /// The lock's key.
+    pub key: &'a [u8],
+    /// Its fence counter's key, [`fence_key`](crate::engine::keys::fence_key)`(key)`.
+    pub fence: &'a [u8],
+    /// This attempt's token, and the waiter's queue entry.
+    pub ids: AttemptIds<'a>,
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// Place in the queue and what goes with it, kept across attempts.
+    pub fair: &'a FairState,
+    /// Where the counters read are collected.
+    pub read: &'a FenceRead,
+}
+
+impl Op for FairFencedAcquire<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval_head(out, &FAIR_FENCED_ACQUIRE, form, 4, 6);
+        resp::write_bulk(out, self.key);
+        resp::write_bulk(out, self.fence);
+        Derived::MutexQueue.of(self.key).write_bulk(out);
+        Derived::MutexQueueExpiries.of(self.key).write_bulk(out);
+        self.fair.write_args(out, self.ids, self.ttl_ms, None);
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        classify_fenced(reply, self.read)
+    }
+}
+
+/// A write acquire that also raises and reads the fence counter of the writer key:
+/// [`FENCED_WRITE_ACQUIRE`], or [`FAIR_FENCED_WRITE_ACQUIRE`] behind the read-write lock's
+/// fair queue. Every refusal is `-1`.
+#[derive(Debug, Clone, Copy)]
+pub struct FencedWriteAcquire<'a> {
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// The writer key's fence counter, [`fence_key`](crate::engine::keys::fence_key)`(keys.writer())`.
+    pub fence: &'a [u8],
+    /// This attempt's token, and the waiter's id, which names its intent and queue entry.
+    pub ids: AttemptIds<'a>,
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// How long a refused attempt's intent lives, in ms; zero for the read-preferring policy.
+    pub intent_ms: u64,
+    /// The waiter's place in the fair queue, when it waits in one.
+    pub fair: Option<&'a FairState>,
+    /// Where the counters read are collected.
+    pub read: &'a FenceRead,
+}
+
+impl Op for FencedWriteAcquire<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        let k = self.keys;
+        let Some(fair) = self.fair else {
+            return write_eval(
+                out,
+                &FENCED_WRITE_ACQUIRE,
+                form,
+                &[k.writer(), k.readers(), k.intents(), self.fence],
+                &[
+                    Arg::Bytes(self.ids.token),
+                    Arg::Num(self.ttl_ms),
+                    Arg::Num(self.intent_ms),
+                    Arg::Bytes(self.ids.waiter),
+                ],
+            );
+        };
+        write_eval_head(out, &FAIR_FENCED_WRITE_ACQUIRE, form, 6, 7);
+        write_fair_keys(out, k, Some(self.fence));
+        fair.write_args(out, self.ids, self.ttl_ms, Some(self.intent_ms));
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {

@@ -29,7 +29,6 @@
 //!   that delays them, but the lock keys differ, so it never breaks exclusion.
 #![forbid(unsafe_code)]
 
-use crate::engine::fair::QueueKeys;
 use crate::resp;
 
 /// Releases of resource `K` are announced on channel `WAKE_PREFIX ++ K`, so that waiters can
@@ -118,6 +117,10 @@ pub enum Derived {
     RwQueueExpiries,
     /// The fence counter (no expiry; only ever raised).
     Fence,
+    /// The fence counter of the read-write lock's writer key (a fenced write lock's), which
+    /// is [`Derived::Fence`] of [`Derived::Writer`]: the writer key always has a hash tag, so
+    /// the counter is `FENCE_PREFIX ++` the writer key, in its slot.
+    WriterFence,
     /// The pub/sub channel on which releases are announced (a channel, not a key).
     Wake,
 }
@@ -125,7 +128,7 @@ pub enum Derived {
 impl Derived {
     /// Every derived name.
     #[cfg(test)]
-    pub const ALL: [Derived; 9] = [
+    pub const ALL: [Derived; 10] = [
         Derived::MutexQueue,
         Derived::MutexQueueExpiries,
         Derived::Writer,
@@ -134,6 +137,7 @@ impl Derived {
         Derived::RwQueue,
         Derived::RwQueueExpiries,
         Derived::Fence,
+        Derived::WriterFence,
         Derived::Wake,
     ];
 
@@ -157,6 +161,8 @@ impl Derived {
             (Derived::RwQueueExpiries, false) => (b"{rw:", b"}:qx"),
             (Derived::Fence, false) if !key.contains(&b'}') => (FENCE_WRAPPED, b"}"),
             (Derived::Fence, _) => (FENCE_PREFIX, b""),
+            (Derived::WriterFence, true) => (FENCE_PREFIX, b":rw:w"),
+            (Derived::WriterFence, false) => (b"redlock-mux:fence:{rw:", b"}:w"),
             (Derived::Wake, _) => (WAKE_PREFIX, b""),
         };
         Name { head, key, tail }
@@ -235,15 +241,6 @@ impl RwKeys {
     pub fn queue_expiries(&self) -> &[u8] {
         self.name(4)
     }
-
-    /// The fair queue's keys as the queue scripts take them.
-    pub fn queue_keys(&self) -> QueueKeys<'_> {
-        QueueKeys::Named {
-            lock: self.writer(),
-            queue: self.queue(),
-            expiries: self.queue_expiries(),
-        }
-    }
 }
 
 /// The Redis keys this library keeps for one resource key `K`, and the channel it announces
@@ -256,6 +253,7 @@ impl RwKeys {
 /// | read-write writer, readers, intents | `K:rw:w`, `K:rw:r`, `K:rw:wi` | `{rw:K}:w`, `{rw:K}:r`, `{rw:K}:wi` |
 /// | read-write fair queue, its expiries | `K:rw:q`, `K:rw:qx` | `{rw:K}:q`, `{rw:K}:qx` |
 /// | fence counter | `redlock-mux:fence:K` | `redlock-mux:fence:{K}` (`redlock-mux:fence:K` if `K` contains `}`) |
+/// | writer's fence counter (fenced write lock) | `redlock-mux:fence:K:rw:w` | `redlock-mux:fence:{rw:K}:w` |
 /// | wake channel (pub/sub) | `redlock-mux:wake:K` | `redlock-mux:wake:K` |
 ///
 ///
@@ -283,8 +281,10 @@ pub struct KeyNames {
     pub rw_queue: Vec<u8>,
     /// The read-write lock's fair queue entries scored by their expiry.
     pub rw_queue_expiries: Vec<u8>,
-    /// The fenced lock's counter: the last fencing token this node granted, with no expiry.
+    /// The fenced mutex's counter: the last fencing token this node granted, with no expiry.
     pub fence: Vec<u8>,
+    /// The fenced write lock's counter (the writer key's), kept like `fence`.
+    pub writer_fence: Vec<u8>,
     /// The pub/sub channel on which releases of the resource are announced (not a key).
     pub wake_channel: Vec<u8>,
 }
@@ -303,12 +303,13 @@ impl KeyNames {
             rw_queue: name(Derived::RwQueue),
             rw_queue_expiries: name(Derived::RwQueueExpiries),
             fence: name(Derived::Fence),
+            writer_fence: name(Derived::WriterFence),
             wake_channel: name(Derived::Wake),
         }
     }
 
     /// Every key, without the wake channel (which is not a key).
-    pub fn keys(&self) -> [&[u8]; 9] {
+    pub fn keys(&self) -> [&[u8]; 10] {
         [
             &self.mutex,
             &self.mutex_queue,
@@ -319,6 +320,7 @@ impl KeyNames {
             &self.rw_queue,
             &self.rw_queue_expiries,
             &self.fence,
+            &self.writer_fence,
         ]
     }
 }
@@ -445,6 +447,21 @@ mod tests {
         assert_eq!(fence_key(b"{}x"), b"redlock-mux:fence:{}x");
         // An unclosed `{` is no tag, and the whole key can be one.
         assert_eq!(fence_key(b"a{b"), b"redlock-mux:fence:{a{b}");
+    }
+
+    #[test]
+    fn the_writer_fence_is_the_fence_key_of_the_writer_key_in_its_slot() {
+        for key in AWKWARD {
+            let writer = Derived::Writer.of(key).to_vec();
+            let fence = Derived::WriterFence.of(key).to_vec();
+            assert_eq!(
+                fence,
+                fence_key(&writer),
+                "{:?}",
+                String::from_utf8_lossy(key)
+            );
+            assert_eq!(slot(&fence), slot(&writer));
+        }
     }
 
     #[test]

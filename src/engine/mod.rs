@@ -1,300 +1,54 @@
-//! The sans-IO core: one command fanned out to N nodes, and the quorum decision over their
-//! replies.
+//! The sans-IO lock engine: every lock operation, end to end, as a state machine.
 //!
-//! Nothing here touches a socket or reads the clock. The caller (the driver, or a test with
-//! virtual time) passes `now` into every call. A [`Round`] is used in this order:
+//! Nothing here touches a socket, reads the clock or draws randomness on its own: the caller
+//! (the driver, or a simulation with virtual time) passes `now` into every call, and an
+//! [`Entropy`](crate::rng::Entropy) into every call that may draw. What is in here:
+//!
+//! - `acquire`: an acquisition, attempts and retries included (where a retry happens);
+//! - `hold`: a held lock's validity, and its extend and release rounds;
+//! - `keepalive`: a kept lock's schedule of extensions, and the decision that it is lost;
+//! - `machine`: what a driver sees of those machines, and the order it calls them in;
+//! - `timings`: every deadline they keep (where a lock's deadline is computed);
+//! - `kind`: which command each kind of lock sends at each step;
+//! - `fanout`, [`Round`]: one command fanned out to N nodes, and the quorum decision;
+//! - `retry`, [`Timing`]: the retry budget, and the arithmetic of validity;
+//! - `ops`, `rw`, `fair`, `multi`, `fencing`: the commands and scripts, and what each reply
+//!   means.
+//!
+//! A [`Round`] on its own is used in this order:
 //!
 //! 1. [`Round::new`] with the instant *before* the first byte is sent;
 //! 2. for every reply, failure or late answer: [`Round::handle_vote`];
 //! 3. whenever the deadline from [`Round::poll_timeout`] passes: [`Round::handle_timeout`];
 //! 4. [`Round::decision`] after each input; once it is `Some`, it never changes.
-//!
-//! The lock algorithms (which command each node gets, and what each reply means) are in
-//! the crate-private `ops` module; the arithmetic of validity is in [`Timing`].
 #![forbid(unsafe_code)]
 
+pub(crate) mod acquire;
 pub(crate) mod fair;
+mod fanout;
 pub(crate) mod fencing;
+pub(crate) mod hold;
+pub(crate) mod keepalive;
 pub(crate) mod keys;
+pub(crate) mod kind;
+pub(crate) mod machine;
 pub(crate) mod multi;
 pub mod ops;
 mod retry;
+mod round;
 pub(crate) mod rw;
 pub(crate) mod scripts;
 #[cfg(test)]
 mod sim;
+mod timing;
+pub(crate) mod timings;
 
 pub use keys::KeyNames;
 pub use retry::Retry;
+pub use round::{quorum, Decision, Round, Vote};
+pub use timing::Timing;
 
-use std::time::{Duration, Instant};
-
-use crate::error::NodeErrorKind;
-
-/// Nodes needed for a quorum of `n`: a strict majority, `n / 2 + 1`. With an even `n` this is
-/// one more than half, so 4 nodes need 3 and tolerate only 1 failure, like 3 nodes do.
-pub const fn quorum(n: usize) -> usize {
-    n / 2 + 1
-}
-
-/// The clock arithmetic of Redlock (seed 004, steps 1 to 4).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Timing {
-    /// The TTL the keys are set with.
-    pub ttl: Duration,
-    /// Relative clock drift between processes allowed for, as a fraction of the TTL.
-    pub drift_factor: f64,
-}
-
-/// The fixed part of the drift allowance: Redis expires keys with 1 ms resolution, on each side.
-pub const DRIFT_FLOOR: Duration = Duration::from_millis(2);
-
-impl Timing {
-    /// The drift allowance: `ttl * drift_factor + 2 ms`.
-    pub fn drift(&self) -> Duration {
-        self.ttl.mul_f64(self.drift_factor) + DRIFT_FLOOR
-    }
-
-    /// `ttl - elapsed - drift`, or `None` when that is not positive.
-    pub fn validity(&self, elapsed: Duration) -> Option<Duration> {
-        self.ttl
-            .checked_sub(elapsed)?
-            .checked_sub(self.drift())
-            .filter(|v| !v.is_zero())
-    }
-
-    /// The instant the lock stops being valid, for an attempt that started at `start`:
-    /// `start + ttl - drift`. `None` if the TTL does not exceed the drift allowance.
-    pub fn valid_until(&self, start: Instant) -> Option<Instant> {
-        start.checked_add(self.validity(Duration::ZERO)?)
-    }
-}
-
-/// What one node said, as the lock algorithm reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Vote {
-    /// The node did what was asked (set the key, extended it, acknowledged the release).
-    Yes,
-    /// The node refused: another token holds the key.
-    No,
-    /// The node failed to answer usefully.
-    Failed(NodeErrorKind),
-}
-
-/// How a round ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// A quorum said yes within the validity.
-    Won {
-        /// When the lock stops being valid (`None` for rounds with no TTL, such as a release).
-        valid_until: Option<Instant>,
-        /// When the deciding vote arrived.
-        at: Instant,
-    },
-    /// Enough nodes refused that a quorum cannot be reached.
-    Contended,
-    /// Enough nodes failed that a quorum cannot be reached.
-    Unreachable,
-    /// The quorum did not arrive before the validity ran out.
-    Expired {
-        /// From the start of the round to the decision.
-        elapsed: Duration,
-    },
-}
-
-/// One fan-out of a command to N nodes, and the quorum decision over their votes.
-#[derive(Debug)]
-pub struct Round {
-    start: Instant,
-    node_deadline: Instant,
-    /// When the lock this round creates would stop being valid.
-    valid_until: Option<Instant>,
-    /// The round must be won strictly before this: the new validity, and for an extend also the
-    /// validity the lock has now.
-    finish_by: Option<Instant>,
-    quorum: usize,
-    votes: Vec<Option<Vote>>,
-    yes: usize,
-    no: usize,
-    failed: usize,
-    decision: Option<Decision>,
-}
-
-impl Round {
-    /// Starts a round over `nodes` nodes at `start`, which must be taken before the first send.
-    ///
-    /// `timing` is `None` for rounds that only need acknowledgements (a release). `hold_until`
-    /// is the current validity of a lock being extended: the quorum must answer before it.
-    /// A per-node timeout of `node_timeout` applies from `start`.
-    pub fn new(
-        nodes: usize,
-        start: Instant,
-        node_timeout: Duration,
-        timing: Option<Timing>,
-        hold_until: Option<Instant>,
-    ) -> Round {
-        let mut round = Round {
-            start,
-            node_deadline: start.checked_add(node_timeout).unwrap_or(start),
-            valid_until: None,
-            finish_by: hold_until,
-            quorum: quorum(nodes),
-            votes: Vec::with_capacity(nodes),
-            yes: 0,
-            no: 0,
-            failed: 0,
-            decision: None,
-        };
-        round.votes.resize(nodes, None);
-        round.reset(start, node_timeout, timing, hold_until);
-        round
-    }
-
-    /// Reuses this round's storage for a new round over the same nodes.
-    pub fn reset(
-        &mut self,
-        start: Instant,
-        node_timeout: Duration,
-        timing: Option<Timing>,
-        hold_until: Option<Instant>,
-    ) {
-        self.start = start;
-        self.node_deadline = start.checked_add(node_timeout).unwrap_or(start);
-        self.valid_until = None;
-        self.finish_by = hold_until;
-        if let Some(t) = timing {
-            // A TTL within the drift allowance can never be valid: the round is lost at once.
-            let until = t.valid_until(start).unwrap_or(start);
-            self.valid_until = Some(until);
-            self.finish_by = Some(self.finish_by.map_or(until, |h| h.min(until)));
-        }
-        self.votes.iter_mut().for_each(|v| *v = None);
-        self.yes = 0;
-        self.no = 0;
-        self.failed = 0;
-        self.decision = None;
-        self.evaluate(start);
-    }
-
-    /// The number of nodes.
-    pub fn nodes(&self) -> usize {
-        self.votes.len()
-    }
-
-    /// Votes needed to win.
-    pub fn quorum(&self) -> usize {
-        self.quorum
-    }
-
-    /// When the round started.
-    pub fn start(&self) -> Instant {
-        self.start
-    }
-
-    /// The decision, once there is one. It never changes afterwards.
-    pub fn decision(&self) -> Option<Decision> {
-        self.decision
-    }
-
-    /// Whether `node` has not voted yet.
-    pub fn is_pending(&self, node: usize) -> bool {
-        self.votes.get(node).is_some_and(Option::is_none)
-    }
-
-    /// Each node's vote so far (`None`: no answer yet).
-    pub fn votes(&self) -> &[Option<Vote>] {
-        &self.votes
-    }
-
-    /// How many nodes said yes.
-    pub fn granted(&self) -> usize {
-        self.yes
-    }
-
-    /// How many nodes said no.
-    pub fn refused(&self) -> usize {
-        self.no
-    }
-
-    /// The nodes that failed, with what happened.
-    pub fn failures(&self) -> impl Iterator<Item = (usize, &NodeErrorKind)> {
-        self.votes.iter().enumerate().filter_map(|(i, v)| match v {
-            Some(Vote::Failed(k)) => Some((i, k)),
-            _ => None,
-        })
-    }
-
-    /// Records what `node` said. A second vote from the same node, or a node out of range, is
-    /// ignored. Votes after the decision are recorded (so cleanup knows who answered) but do not
-    /// change it.
-    pub fn handle_vote(&mut self, node: usize, vote: Vote, now: Instant) {
-        let Some(slot) = self.votes.get_mut(node) else {
-            return;
-        };
-        if slot.is_some() {
-            return;
-        }
-        match vote {
-            Vote::Yes => self.yes += 1,
-            Vote::No => self.no += 1,
-            Vote::Failed(_) => self.failed += 1,
-        }
-        *slot = Some(vote);
-        self.evaluate(now);
-    }
-
-    /// Applies the deadlines that have passed by `now`: nodes silent past the per-node timeout
-    /// fail with [`NodeErrorKind::Timeout`], and the round expires once the validity is gone.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        if self.decision.is_some() {
-            return;
-        }
-        if now >= self.node_deadline {
-            for v in self.votes.iter_mut().filter(|v| v.is_none()) {
-                *v = Some(Vote::Failed(NodeErrorKind::Timeout));
-                self.failed += 1;
-            }
-        }
-        self.evaluate(now);
-    }
-
-    /// The next instant at which [`handle_timeout`](Self::handle_timeout) has work to do, or
-    /// `None` once the round is decided.
-    #[must_use]
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.decision.is_some() {
-            return None;
-        }
-        Some(match self.finish_by {
-            Some(f) => f.min(self.node_deadline),
-            None => self.node_deadline,
-        })
-    }
-
-    fn evaluate(&mut self, now: Instant) {
-        if self.decision.is_some() {
-            return;
-        }
-        let n = self.votes.len();
-        let expired = self.finish_by.is_some_and(|f| now >= f);
-        self.decision = if expired {
-            Some(Decision::Expired {
-                elapsed: now.saturating_duration_since(self.start),
-            })
-        } else if self.yes >= self.quorum {
-            Some(Decision::Won {
-                valid_until: self.valid_until,
-                at: now,
-            })
-        } else if self.failed > n - self.quorum {
-            Some(Decision::Unreachable)
-        } else if self.no + self.failed > n - self.quorum {
-            Some(Decision::Contended)
-        } else {
-            None
-        };
-    }
-}
-
+#[cfg(test)]
+mod machine_tests;
 #[cfg(test)]
 mod tests;

@@ -16,10 +16,12 @@
 //! one order.
 #![forbid(unsafe_code)]
 
+use crate::engine::fair::{write_eval_head, AttemptIds, FairState};
+use crate::engine::keys::Derived;
 use crate::engine::ops::{int_verdict, write_eval, Arg, Op, ScriptForm, Verdict};
-pub use crate::engine::scripts::{ACQUIRE_ALL, EXTEND_ALL, RELEASE_ALL};
+pub use crate::engine::scripts::{ACQUIRE_ALL, EXTEND_ALL, FAIR_ACQUIRE_ALL, RELEASE_ALL};
 use crate::engine::Vote;
-use crate::resp::Reply;
+use crate::resp::{self, Reply};
 
 /// All-or-none acquire of a set.
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +47,40 @@ impl Op for AcquireAll<'_> {
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         int_verdict(reply)
+    }
+}
+
+/// All-or-none acquire of a set behind the fair queue of every key of it:
+/// [`FAIR_ACQUIRE_ALL`]. The queues are the mutex queues of the keys, so a fair set waiter and a
+/// fair mutex waiter on a key it shares wait in one line.
+#[derive(Debug, Clone, Copy)]
+pub struct FairAcquireAll<'a> {
+    /// The set's keys, sorted, without duplicates.
+    pub keys: &'a [&'a [u8]],
+    /// This attempt's token, and the waiter's queue entries.
+    pub ids: AttemptIds<'a>,
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// Place in the queues and what goes with it, kept across attempts.
+    pub fair: &'a FairState,
+}
+
+impl Op for FairAcquireAll<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        let n = self.keys.len();
+        write_eval_head(out, &FAIR_ACQUIRE_ALL, form, 3 * n, 6);
+        for key in self.keys {
+            resp::write_bulk(out, key);
+        }
+        for key in self.keys {
+            Derived::MutexQueue.of(key).write_bulk(out);
+            Derived::MutexQueueExpiries.of(key).write_bulk(out);
+        }
+        self.fair.write_args(out, self.ids, self.ttl_ms, None);
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        self.fair.classify(reply)
     }
 }
 

@@ -95,14 +95,6 @@ pub trait Op {
     }
     /// Reads one node's reply.
     fn classify(&self, reply: &Reply<'_>) -> Verdict;
-    /// Called before each retry of an acquisition with how long the caller has waited so far
-    /// (a fair queue joins after a configured interval).
-    fn on_retry(&self, _waited: std::time::Duration) {}
-    /// A command for every node once an acquisition is over, won or given up, replies
-    /// discarded (a fair queue's waiter leaves the queue).
-    fn on_finish(&self) -> Option<&dyn Op> {
-        None
-    }
 }
 
 /// A node failure for an error reply.

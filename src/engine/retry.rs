@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::error::Deadline;
+
 /// The retry budget of one acquisition, from its first attempt.
 ///
 /// After each lost round the caller broadcasts the cleanup, draws a jittered delay, and asks
@@ -16,7 +18,6 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct Retry {
     deadline: Instant,
-    lost: u32,
     counted: u32,
     retry_count: u32,
     wait: bool,
@@ -31,20 +32,18 @@ impl Retry {
     /// starting at or after `first + wait_timeout`, and none at all unless `wait`.
     pub fn new(first: Instant, wait_timeout: Duration, retry_count: u32, wait: bool) -> Retry {
         Retry {
-            deadline: first.checked_add(wait_timeout).unwrap_or(first),
-            lost: 0,
+            deadline: crate::engine::timings::wait_deadline(first, wait_timeout),
             counted: 0,
             retry_count,
             wait,
         }
     }
 
-    /// Records a lost round at `now`; returns the latest instant the next attempt starts at
+    /// After a lost round at `now`: returns the latest instant the next attempt starts at
     /// (`now + delay`, its backstop), or `None` when the budget is spent: waiting is not
     /// allowed, the backstop is not before the wait timeout, or the retry count is used up.
     #[must_use]
     pub fn next_attempt(&mut self, now: Instant, delay: Duration) -> Option<Instant> {
-        self.lost = self.lost.saturating_add(1);
         let next = now.checked_add(delay)?;
         let counts_left = self.retry_count == Self::UNLIMITED || self.counted < self.retry_count;
         (self.wait && counts_left && next < self.deadline).then_some(next)
@@ -56,14 +55,21 @@ impl Retry {
         self.counted = self.counted.saturating_add(1);
     }
 
+    /// Which limit ended the waiting, once [`next_attempt`](Self::next_attempt) said to give
+    /// up: `None` when waiting was not allowed at all (one attempt only).
+    pub fn ended_by(&self) -> Option<Deadline> {
+        if !self.wait {
+            None
+        } else if self.retry_count != Self::UNLIMITED && self.counted >= self.retry_count {
+            Some(Deadline::RetryCount)
+        } else {
+            Some(Deadline::WaitTimeout)
+        }
+    }
+
     /// Time left before the wait timeout, from `now`.
     pub fn remaining(&self, now: Instant) -> Duration {
         self.deadline.saturating_duration_since(now)
-    }
-
-    /// How many rounds were lost so far.
-    pub fn lost(&self) -> u32 {
-        self.lost
     }
 }
 
@@ -82,14 +88,16 @@ mod tests {
         assert_eq!(r.next_attempt(t0 + 20 * MS, 10 * MS), Some(t0 + 30 * MS));
         r.count_retry();
         assert_eq!(r.next_attempt(t0 + 40 * MS, 10 * MS), None);
-        assert_eq!(r.lost(), 3);
+        assert_eq!(r.ended_by(), Some(Deadline::RetryCount));
 
         let mut r = Retry::new(t0, 100 * MS, 10, true);
         assert_eq!(r.next_attempt(t0 + 80 * MS, 19 * MS), Some(t0 + 99 * MS));
         assert_eq!(r.next_attempt(t0 + 80 * MS, 20 * MS), None);
+        assert_eq!(r.ended_by(), Some(Deadline::WaitTimeout));
 
         let mut r = Retry::new(t0, 100 * MS, 10, false);
         assert_eq!(r.next_attempt(t0, MS), None);
+        assert_eq!(r.ended_by(), None, "one attempt is no wait");
 
         let mut r = Retry::new(t0, 100 * MS, 0, true);
         assert_eq!(

@@ -37,7 +37,7 @@
 //! outside the queue (one that did not join an empty queue) heeds them.
 #![forbid(unsafe_code)]
 
-use crate::engine::fair::{AttemptIds, FairState, Leave};
+use crate::engine::fair::{AttemptIds, FairState, QueueKeys};
 use crate::engine::keys;
 pub use crate::engine::keys::RwKeys;
 use crate::engine::ops::{int_verdict, write_eval, Arg, Caps, Op, ScriptForm, Verdict, RELEASE};
@@ -271,36 +271,27 @@ pub struct FairRwAcquire<'a> {
     pub fair: &'a FairState,
     /// The queue entry's kind: `r` or `w`.
     kind: &'static [u8],
-    leave: Leave<'a>,
 }
 
 impl<'a> FairRwAcquire<'a> {
-    /// An attempt with `ids` at a fair write acquisition of the lock with `keys` on `resource`.
+    /// An attempt with `ids` at a fair write acquisition of the lock with `keys`.
     pub fn write(
-        resource: &'a [u8],
         keys: &'a RwKeys,
         ids: AttemptIds<'a>,
         ttl_ms: u64,
         intent_ms: u64,
         fair: &'a FairState,
     ) -> Self {
-        Self::new(b"w", resource, keys, ids, ttl_ms, intent_ms, fair)
+        Self::new(b"w", keys, ids, ttl_ms, intent_ms, fair)
     }
 
-    /// An attempt with `ids` at a fair read acquisition of the lock with `keys` on `resource`.
-    pub fn read(
-        resource: &'a [u8],
-        keys: &'a RwKeys,
-        ids: AttemptIds<'a>,
-        ttl_ms: u64,
-        fair: &'a FairState,
-    ) -> Self {
-        Self::new(b"r", resource, keys, ids, ttl_ms, 0, fair)
+    /// An attempt with `ids` at a fair read acquisition of the lock with `keys`.
+    pub fn read(keys: &'a RwKeys, ids: AttemptIds<'a>, ttl_ms: u64, fair: &'a FairState) -> Self {
+        Self::new(b"r", keys, ids, ttl_ms, 0, fair)
     }
 
     fn new(
         kind: &'static [u8],
-        resource: &'a [u8],
         keys: &'a RwKeys,
         ids: AttemptIds<'a>,
         ttl_ms: u64,
@@ -314,12 +305,6 @@ impl<'a> FairRwAcquire<'a> {
             intent_ms,
             fair,
             kind,
-            leave: Leave {
-                resource,
-                keys: keys.queue_keys(),
-                kind,
-                waiter: ids.waiter,
-            },
         }
     }
 }
@@ -333,33 +318,36 @@ impl Op for FairRwAcquire<'_> {
             &FAIR_READ_ACQUIRE
         };
         crate::engine::fair::write_eval_head(out, script, form, 5, 7);
-        for name in [
-            k.writer(),
-            k.readers(),
-            k.intents(),
-            k.queue(),
-            k.queue_expiries(),
-        ] {
-            resp::write_bulk(out, name);
-        }
-        resp::write_bulk(out, self.ids.token);
-        resp::write_bulk_u64(out, self.ttl_ms);
-        resp::write_bulk_u64(out, self.intent_ms);
-        resp::write_bulk(out, self.ids.waiter);
-        self.fair.write_args(out);
+        write_fair_keys(out, k, None);
+        self.fair
+            .write_args(out, self.ids, self.ttl_ms, Some(self.intent_ms));
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         self.fair.classify(reply)
     }
+}
 
-    fn on_retry(&self, waited: std::time::Duration) {
-        self.fair.on_retry(waited);
+/// Writes the KEYS of a fair read-write acquire script: writer, readers, intents, the fence
+/// counter of a fenced writer, then the queue and its expiries (last, for the fair gate).
+pub fn write_fair_keys(out: &mut Vec<u8>, keys: &RwKeys, fence: Option<&[u8]>) {
+    for name in [keys.writer(), keys.readers(), keys.intents()] {
+        resp::write_bulk(out, name);
     }
+    if let Some(fence) = fence {
+        resp::write_bulk(out, fence);
+    }
+    resp::write_bulk(out, keys.queue());
+    resp::write_bulk(out, keys.queue_expiries());
+}
 
-    fn on_finish(&self) -> Option<&dyn Op> {
-        // As for the fair mutex: nodes may hold this waiter's entry unseen.
-        Some(&self.leave)
+/// The read-write lock's fair queue keys as the queue scripts take them: its writer key (whose
+/// existence says whether a release is worth announcing), its queue and the queue's expiries.
+pub fn queue_keys(keys: &RwKeys) -> QueueKeys<'_> {
+    QueueKeys::Named {
+        lock: keys.writer(),
+        queue: keys.queue(),
+        expiries: keys.queue_expiries(),
     }
 }
 

@@ -9,7 +9,10 @@
 //!   parameters (`kind`, `readers_share`); `no_queue.lua` defines the same names (`queued`,
 //!   `won()`, `refused()`) for scripts without a queue;
 //! - `write_acquire.lua` and `read_acquire.lua` are the bodies shared by the plain and the fair
-//!   read-write acquire scripts.
+//!   read-write acquire scripts, and `fair_acquire.lua` the mutex's;
+//! - `fence_check.lua` and `fence_grant.lua` make a fenced acquire of any of those: the acquire
+//!   becomes a function `attempt()` between them (see `fenced!`), and they check, raise and
+//!   return the lock key's fence counter.
 //!
 //! Every fragment ends with a newline, so a `--` comment never runs into the next one. Redis
 //! ignores the comments; the SHA-1 digest that `EVALSHA` sends is computed at compile time from
@@ -123,8 +126,57 @@ pub static RELEASE_ALL: Script = Script::new(lua!("release_all.lua"));
 /// All-or-none compare-and-PEXPIRE of a set: `extend_all.lua`.
 pub static EXTEND_ALL: Script = Script::new(lua!("extend_all.lua"));
 
-/// Mutex acquire that raises and returns the fence counter: `fenced_acquire.lua`.
-pub static FENCED_ACQUIRE: Script = Script::new(lua!("fenced_acquire.lua"));
+/// A fenced acquire script: the fence counter's check (`fence_check.lua`) with the counter at
+/// `KEYS[$fence]`, the acquire made a function `attempt()` of the fragments given, and
+/// `fence_grant.lua`, which raises and returns the counter when the attempt took the lock.
+macro_rules! fenced {
+    ($fence:literal, $($attempt:expr),+ $(,)?) => {
+        concat!(
+            "local fence_key = KEYS[", $fence, "]\n",
+            lua!("fence_check.lua"),
+            lua!("node_now.lua"),
+            "local function attempt()\n",
+            $($attempt,)+
+            "end\n",
+            lua!("fence_grant.lua"),
+        )
+    };
+}
+
+/// Mutex acquire that raises and returns the fence counter: the acquire of
+/// `fair_acquire.lua` without a queue, fenced. KEYS lock, fence counter; ARGV token, ttl.
+/// Returns the counter (1 or more) or -1.
+pub static FENCED_ACQUIRE: Script =
+    Script::new(fenced!(2, lua!("no_queue.lua"), lua!("fair_acquire.lua")));
+
+/// [`FAIR_ACQUIRE`], fenced. KEYS lock, fence counter, queue, expiries; ARGV token, ttl,
+/// waiter, ticket, entry TTL, join. Returns the counter (1 or more) or -1.
+pub static FAIR_FENCED_ACQUIRE: Script = Script::new(fenced!(
+    2,
+    "local kind, readers_share = '', false\n",
+    lua!("fair_gate.lua"),
+    lua!("fair_acquire.lua")
+));
+
+/// [`WRITE_ACQUIRE`], fenced on the writer key. KEYS writer, readers, intents, fence counter;
+/// ARGV token, ttl, intent ms, waiter. Returns the counter (1 or more) or -1.
+pub static FENCED_WRITE_ACQUIRE: Script =
+    Script::new(fenced!(4, lua!("no_queue.lua"), lua!("write_acquire.lua")));
+
+/// [`FAIR_WRITE_ACQUIRE`], fenced on the writer key. KEYS writer, readers, intents, fence
+/// counter, queue, expiries; ARGV token, ttl, intent ms, waiter, ticket, entry TTL, join.
+/// Returns the counter (1 or more) or -1.
+pub static FAIR_FENCED_WRITE_ACQUIRE: Script = Script::new(fenced!(
+    4,
+    "local kind, readers_share = 'w', false\n",
+    lua!("fair_gate.lua"),
+    lua!("write_acquire.lua")
+));
+
+/// All-or-none acquire behind the fair queue of every key of the set:
+/// `fair_acquire_all.lua`. Returns 1, 0 or 2 as [`FAIR_ACQUIRE`] does.
+pub static FAIR_ACQUIRE_ALL: Script =
+    Script::new(concat!(lua!("node_now.lua"), lua!("fair_acquire_all.lua")));
 
 /// The fencing write-back: raises the counter while the lock is still held:
 /// `fence_write.lua`.
@@ -147,6 +199,10 @@ pub static SCRIPTS: &[&Script] = &[
     &RELEASE_ALL,
     &EXTEND_ALL,
     &FENCED_ACQUIRE,
+    &FAIR_FENCED_ACQUIRE,
+    &FENCED_WRITE_ACQUIRE,
+    &FAIR_FENCED_WRITE_ACQUIRE,
+    &FAIR_ACQUIRE_ALL,
     &FENCE_WRITE,
 ];
 
@@ -168,6 +224,9 @@ mod tests {
             lua!("fair_gate.lua"),
             lua!("write_acquire.lua"),
             lua!("read_acquire.lua"),
+            lua!("fence_check.lua"),
+            lua!("fence_grant.lua"),
+            lua!("fair_acquire_all.lua"),
         ] {
             assert!(fragment.ends_with('\n'));
         }

@@ -1,7 +1,10 @@
 //! The quorum core under virtual time: simulated nodes are just the votes and the instants at
 //! which they arrive.
 
+use std::time::{Duration, Instant};
+
 use super::*;
+use crate::error::NodeErrorKind;
 
 const MS: Duration = Duration::from_millis(1);
 

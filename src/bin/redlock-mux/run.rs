@@ -74,7 +74,6 @@ Options:
   --write        take the exclusive write lock of KEY's read-write lock
                  (it excludes `--read` and other `--write` runs, not mutex runs)
   --fair         wait in a first-come, first-served queue (readers at its head share)
-                 (not with --read or --write)
   -h, --help     this text
 Durations are written like 250ms, 10s or 2m.
 ";

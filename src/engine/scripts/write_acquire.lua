@@ -1,11 +1,13 @@
 -- The body of WRITE_ACQUIRE (after node_now.lua and no_queue.lua) and of FAIR_WRITE_ACQUIRE
 -- (after node_now.lua, the prelude `local kind, readers_share = 'w', false` and
--- fair_gate.lua): a writer takes a read-write lock.
+-- fair_gate.lua): a writer takes a read-write lock. The fenced write lock's `attempt()` (see
+-- fence_check.lua) is the same, after no_queue.lua or the same gate.
 --
 -- KEYS[1]  the writer key: the writer's token, with a PX expiry
 -- KEYS[2]  the readers: reader tokens scored by their expiry, in ms on this node's clock
 -- KEYS[3]  the intents: waiting writers' ids scored by their expiry, in ms on this node's clock
--- KEYS[4], KEYS[5]  (fair only) the queue and its expiries, read by the gate
+-- KEYS[4]  (fenced only) the writer key's fence counter, read by fence_check.lua
+-- KEYS[#KEYS - 1], KEYS[#KEYS]  (fair only) the queue and its expiries, read by the gate
 -- ARGV[1]  this attempt's token
 -- ARGV[2]  the TTL in ms
 -- ARGV[3]  intent ms: how long a refused writer's intent lives; 0 for the read-preferring

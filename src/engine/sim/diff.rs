@@ -9,8 +9,11 @@ use super::local_servers::RedisServer;
 use super::node::Node;
 use super::Rng;
 use crate::engine::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
-use crate::engine::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
-use crate::engine::multi::{AcquireAll, ExtendAll, ReleaseAll};
+use crate::engine::fencing::{
+    FairFencedAcquire, FenceRead, FenceWrite, FencedAcquire, FencedWriteAcquire,
+};
+use crate::engine::keys::fence_key;
+use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm};
 use crate::engine::rw::{
     FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
@@ -252,7 +255,8 @@ fn every_lock_script_answers_like_redis_server() {
     let multi_keys: [&[u8]; 3] = [b"m:a", b"m:b", b"m:c"];
     let fence_lock: [&[u8]; 2] = [b"f:a", b"f:b"];
     let fences = [fence_key(fence_lock[0]), fence_key(fence_lock[1])];
-    let mut kinds = [0usize; 22];
+    let writer_fences = [fence_key(rw[0].writer()), fence_key(rw[1].writer())];
+    let mut kinds = [0usize; 26];
     for i in 0..800 {
         let t = rng.below(3) as usize;
         let token = tokens[t];
@@ -267,7 +271,6 @@ fn every_lock_script_answers_like_redis_server() {
         } else {
             ScriptForm::Body
         };
-        let k = &rw[rng.below(2) as usize];
         let fair_key = fair_keys[rng.below(2) as usize];
         let f = rng.below(2) as usize;
         let mask = rng.range(1, 7) as usize;
@@ -276,7 +279,9 @@ fn every_lock_script_answers_like_redis_server() {
             .map(|b| multi_keys[b])
             .collect();
         let intent_ms = if rng.chance(0.5) { 0 } else { long };
-        let kind = rng.below(22) as usize;
+        let r = rng.below(2) as usize;
+        let k = &rw[r];
+        let kind = rng.below(26) as usize;
         kinds[kind] += 1;
         let cmd = match kind {
             0 | 1 => encode(
@@ -349,11 +354,10 @@ fn every_lock_script_answers_like_redis_server() {
                 // member.
                 let ticket = [7, 7, 3][w] + rng.below(2);
                 let fair = FairState::new(ticket, long, Duration::ZERO);
-                let op = FairAcquire::new(fair_key, ids, ttl_ms, &fair);
                 if rng.chance(0.5) {
-                    op.on_retry(Duration::ZERO);
+                    fair.on_retry(Duration::ZERO);
                 }
-                encode(&op, form)
+                encode(&FairAcquire::new(fair_key, ids, ttl_ms, &fair), form)
             }
             11 => encode(
                 &Leave {
@@ -417,20 +421,70 @@ fn every_lock_script_answers_like_redis_server() {
             19 | 20 => {
                 let ticket = [7, 7, 3][w] + rng.below(2);
                 let fair = FairState::new(ticket, long, Duration::ZERO);
-                let op = if kind == 19 {
-                    FairRwAcquire::write(b"doc", k, ids, ttl_ms, intent_ms, &fair)
-                } else {
-                    FairRwAcquire::read(b"doc", k, ids, ttl_ms, &fair)
-                };
                 if rng.chance(0.5) {
-                    op.on_retry(Duration::ZERO);
+                    fair.on_retry(Duration::ZERO);
                 }
+                let op = if kind == 19 {
+                    FairRwAcquire::write(k, ids, ttl_ms, intent_ms, &fair)
+                } else {
+                    FairRwAcquire::read(k, ids, ttl_ms, &fair)
+                };
+                encode(&op, form)
+            }
+            21 => {
+                let ticket = [7, 7, 3][w] + rng.below(2);
+                let fair = FairState::new(ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
+                let op = FairFencedAcquire {
+                    key: fence_lock[f],
+                    fence: &fences[f],
+                    ids,
+                    ttl_ms,
+                    fair: &fair,
+                    read: &FenceRead::new(),
+                };
+                encode(&op, form)
+            }
+            22 | 23 => {
+                let ticket = [7, 7, 3][w] + rng.below(2);
+                let fair = FairState::new(ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
+                let op = FencedWriteAcquire {
+                    keys: k,
+                    fence: &writer_fences[r],
+                    ids,
+                    ttl_ms,
+                    intent_ms,
+                    fair: (kind == 23).then_some(&fair),
+                    read: &FenceRead::new(),
+                };
+                encode(&op, form)
+            }
+            24 => {
+                let ticket = [7, 7, 3][w] + rng.below(2);
+                let fair = FairState::new(ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
+                let op = FairAcquireAll {
+                    keys: &set,
+                    ids,
+                    ttl_ms,
+                    fair: &fair,
+                };
                 encode(&op, form)
             }
             _ => {
                 // Look at the state: the queue in order, set sizes, counters, expiries, scores.
                 for cmd in [
                     command(&[b"ZRANGE", &queue_key(fair_key), b"0", b"-1"]),
+                    command(&[b"ZRANGE", &queue_key(multi_keys[0]), b"0", b"-1"]),
+                    command(&[b"ZRANGE", &queue_key(fence_lock[f]), b"0", b"-1"]),
+                    command(&[b"GET", &writer_fences[r]]),
                     command(&[b"ZCARD", k.readers()]),
                     command(&[b"ZRANGE", k.queue(), b"0", b"-1"]),
                     command(&[b"ZCARD", k.intents()]),
@@ -559,10 +613,10 @@ fn every_lock_script_answers_like_redis_server() {
             waiter: tokens[2],
             token: tokens[2],
         };
-        let op = FairRwAcquire::read(b"doc", k, ids, 60_000, &queue_place);
         if join {
-            op.on_retry(Duration::ZERO);
+            queue_place.on_retry(Duration::ZERO);
         }
+        let op = FairRwAcquire::read(k, ids, 60_000, &queue_place);
         encode(&op, ScriptForm::Sha)
     };
     let (real, sim) = pair.both(&fair_reader(false));
@@ -598,8 +652,8 @@ fn every_lock_script_answers_like_redis_server() {
             waiter: token,
             token,
         };
+        fair.on_retry(Duration::ZERO);
         let op = FairAcquire::new(fair_keys[0], ids, 60_000, &fair);
-        op.on_retry(Duration::ZERO);
         encode(&op, ScriptForm::Sha)
     };
     pair.same(&command(&[b"SET", fair_keys[0], b"held"]), "SET");
@@ -708,8 +762,13 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             &mut real,
             &encode(&Release { key: r, token: a }, ScriptForm::Body),
         );
-        let leave = fair_op.on_finish().expect("a fair waiter leaves");
-        run(&mut real, &encode(leave, ScriptForm::Body));
+        let leave = Leave {
+            resource: r,
+            keys: QueueKeys::Mutex(r),
+            kind: b"",
+            waiter: b,
+        };
+        run(&mut real, &encode(&leave, ScriptForm::Body));
         // Fenced mutex: the read, then the write-back.
         let fence = fence_key(r);
         let read = FenceRead::new();
@@ -754,13 +813,18 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             intent_ms: 60_000,
         };
         run(&mut real, &encode(&writer, ScriptForm::Body));
-        let fair_reader = FairRwAcquire::read(r, &k, ids, ttl_ms, &fair);
+        let fair_reader = FairRwAcquire::read(&k, ids, ttl_ms, &fair);
         run(&mut real, &encode(&fair_reader, ScriptForm::Body));
-        let fair_writer = FairRwAcquire::write(r, &k, ids_b, ttl_ms, 60_000, &fair);
+        let fair_writer = FairRwAcquire::write(&k, ids_b, ttl_ms, 60_000, &fair);
         run(&mut real, &encode(&fair_writer, ScriptForm::Body));
-        for done in [&fair_reader, &fair_writer] {
-            let leave = done.on_finish().expect("a fair waiter leaves");
-            run(&mut real, &encode(leave, ScriptForm::Body));
+        for (kind, waiter) in [(&b"r"[..], ids.waiter), (b"w", ids_b.waiter)] {
+            let leave = Leave {
+                resource: r,
+                keys: crate::engine::rw::queue_keys(&k),
+                kind,
+                waiter,
+            };
+            run(&mut real, &encode(&leave, ScriptForm::Body));
         }
         for (set, token) in [(k.readers(), a), (k.intents(), b)] {
             let release = SetRelease {
@@ -784,6 +848,19 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             keys: &k,
             token: b,
         };
+        run(&mut real, &encode(&release, ScriptForm::Body));
+        // Fenced write lock: the writer key's counter.
+        let writer_fence = fence_key(k.writer());
+        let fenced_writer = FencedWriteAcquire {
+            keys: &k,
+            fence: &writer_fence,
+            ids: ids_b,
+            ttl_ms,
+            intent_ms: 0,
+            fair: None,
+            read: &FenceRead::new(),
+        };
+        run(&mut real, &encode(&fenced_writer, ScriptForm::Body));
         run(&mut real, &encode(&release, ScriptForm::Body));
     }
     // All-or-none over every resource at once.

@@ -44,7 +44,8 @@ use std::time::{Duration, Instant};
 use rand_core::{Rng as _, SeedableRng};
 
 use crate::engine::fair::AttemptIds;
-use crate::engine::fencing::{fence_key, FenceRead, FenceWrite, FencedAcquire};
+use crate::engine::fencing::{FenceRead, FenceWrite, FencedAcquire};
+use crate::engine::keys::fence_key;
 use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm, Verdict};
 use crate::engine::rw::{
     ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
@@ -52,7 +53,7 @@ use crate::engine::rw::{
 use crate::engine::{Decision, Retry, Round, Timing, Vote};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Status};
-use crate::rng::Jitter;
+use crate::rng::{Entropy as _, Jitter};
 
 use history::{History, Increment, Kind, Report};
 use node::Node;

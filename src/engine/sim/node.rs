@@ -37,6 +37,13 @@ pub(crate) static SCRIPT_MODELS: &[(&Script, ScriptFn)] = &[
     (&multi::RELEASE_ALL, release_all_script),
     (&multi::EXTEND_ALL, extend_all_script),
     (&fencing::FENCED_ACQUIRE, fenced_acquire_script),
+    (&fencing::FAIR_FENCED_ACQUIRE, fair_fenced_acquire_script),
+    (&fencing::FENCED_WRITE_ACQUIRE, fenced_write_acquire_script),
+    (
+        &fencing::FAIR_FENCED_WRITE_ACQUIRE,
+        fair_fenced_write_acquire_script,
+    ),
+    (&multi::FAIR_ACQUIRE_ALL, fair_acquire_all_script),
     (&fencing::FENCE_WRITE, fence_write_script),
 ];
 
@@ -367,10 +374,9 @@ fn extend_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<
     Ok(Value::Integer(1))
 }
 
-/// [`fencing::FENCED_ACQUIRE`]: KEYS lock, fence counter; ARGV token, ttl.
-fn fenced_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("fenced acquire", keys, 2, args, 2)?;
-    let n = match node.get(k[1])? {
+/// The fence counter at `fence`, checked as `fence_check.lua` does before anything is set.
+fn fence_counter(node: &mut Node, fence: &[u8]) -> Result<f64, Value> {
+    let n = match node.get(fence)? {
         None => 0.0,
         Some(f) => match lua_tonumber(f) {
             Some(n) if n >= 0.0 && n == n.floor() => n,
@@ -380,12 +386,128 @@ fn fenced_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Res
     if n >= 9_007_199_254_740_991.0 {
         return Err(err("ERR fence counter exhausted"));
     }
-    if !set_nx_px(node, k[0], a[0], a[1])? {
+    Ok(n)
+}
+
+/// `fence_grant.lua`: the counter `n` at `fence` raised and returned when the attempt `taken`,
+/// else -1.
+fn fence_grant(node: &mut Node, fence: &[u8], n: f64, taken: bool) -> Result<Value, Value> {
+    if !taken {
         return Ok(Value::Integer(-1));
     }
     let n = n as i64 + 1;
-    node.set_command(&[k[1], n.to_string().as_bytes()]);
+    node.set_command(&[fence, n.to_string().as_bytes()]);
     Ok(Value::Integer(n))
+}
+
+/// [`fencing::FENCED_ACQUIRE`]: KEYS lock, fence counter; ARGV token, ttl.
+fn fenced_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("fenced acquire", keys, 2, args, 2)?;
+    let n = fence_counter(node, k[1])?;
+    let taken = set_nx_px(node, k[0], a[0], a[1])?;
+    fence_grant(node, k[1], n, taken)
+}
+
+/// [`fencing::FAIR_FENCED_ACQUIRE`]: [`fair::FAIR_ACQUIRE`], fenced. KEYS lock, fence counter,
+/// queue, expiries; ARGV token, ttl, waiter, ticket, entry TTL, join.
+fn fair_fenced_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fair fenced acquire", keys, 4, args, 6)?;
+    let n = fence_counter(node, k[1])?;
+    let taken = match fair_gate(node, k, a, b"", false)? {
+        None => false,
+        Some(gate) => {
+            let won = set_nx_px(node, k[0], a[0], a[1])?;
+            fair_outcome(node, k, gate, won)?;
+            won
+        }
+    };
+    fence_grant(node, k[1], n, taken)
+}
+
+/// [`fencing::FENCED_WRITE_ACQUIRE`]: [`rw::WRITE_ACQUIRE`], fenced on the writer key. KEYS
+/// writer, readers, intents, fence counter; ARGV token, ttl, intent ms, waiter.
+fn fenced_write_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fenced write acquire", keys, 4, args, 4)?;
+    let n = fence_counter(node, k[3])?;
+    let taken = write_acquire_body(node, k, a)?;
+    fence_grant(node, k[3], n, taken)
+}
+
+/// [`fencing::FAIR_FENCED_WRITE_ACQUIRE`]: [`rw::FAIR_WRITE_ACQUIRE`], fenced on the writer
+/// key. KEYS writer, readers, intents, fence counter, queue, expiries; ARGV token, ttl, intent
+/// ms, waiter, ticket, entry TTL, join.
+fn fair_fenced_write_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fair fenced write acquire", keys, 6, args, 7)?;
+    let n = fence_counter(node, k[3])?;
+    let taken = match fair_gate(node, k, a, b"w", false)? {
+        None => false,
+        Some(gate) => {
+            let won = write_acquire_body(node, k, a)?;
+            fair_outcome(node, k, gate, won)?;
+            won
+        }
+    };
+    fence_grant(node, k[3], n, taken)
+}
+
+/// [`multi::FAIR_ACQUIRE_ALL`]: KEYS the set, then each key's queue and expiries in pairs;
+/// ARGV token, ttl, waiter, ticket, entry TTL, join.
+fn fair_acquire_all_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (_, a) = need("fair acquire all", keys, 0, args, 6)?;
+    let n = keys.len() / 3;
+    let (waiter, ticket, join) = (a[2], a[3], a[5]);
+    let ettl = lua_number("fair acquire all", a[4])?;
+    let now = node.now;
+    let (mut queued, mut head) = (false, true);
+    for i in 0..n {
+        let (qk, xk) = (keys[n + 2 * i], keys[n + 2 * i + 1]);
+        for dead in node.zrange_by_score(xk, f64::NEG_INFINITY, now as f64)? {
+            node.zrem(qk, &[&dead])?;
+            node.zrem(xk, &[&dead])?;
+        }
+        if join == b"1" || node.zcard(qk)? > 0 {
+            queued = true;
+            node.zadd(&[qk, ticket, waiter])?;
+            node.zadd_score(xk, now as f64 + ettl, waiter, false)?;
+            keep_ttl_at_least(node, qk, ettl)?;
+            keep_ttl_at_least(node, xk, ettl)?;
+            if node.zrange(qk, 0, -1)?.first().map(Vec::as_slice) != Some(waiter) {
+                head = false;
+            }
+        }
+    }
+    if !head {
+        return Ok(Value::Integer(2));
+    }
+    if keys[..n].iter().any(|k| node.exists(k)) {
+        return Ok(Value::Integer(if queued { 2 } else { 0 }));
+    }
+    for k in &keys[..n] {
+        if let Value::Error(e) = node.set_command(&[k, a[0], b"PX", a[1]]) {
+            return Err(Value::Error(e));
+        }
+    }
+    for i in 0..n {
+        node.zrem(keys[n + 2 * i], &[waiter])?;
+        node.zrem(keys[n + 2 * i + 1], &[waiter])?;
+    }
+    Ok(Value::Integer(1))
 }
 
 /// [`fencing::FENCE_WRITE`]: KEYS lock, fence counter; ARGV token, value.
