@@ -12,7 +12,7 @@
 mod args;
 mod bench;
 mod inspect;
-#[path = "local_servers.rs"]
+#[path = "../../tests/common/local_servers.rs"]
 mod local_servers;
 mod node;
 mod run;

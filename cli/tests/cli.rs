@@ -4,6 +4,7 @@
 //! queue in arrival order; `inspect` shows the holder, readers and queue; every command has
 //! `--help`.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::fs;

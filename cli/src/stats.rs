@@ -1,8 +1,8 @@
 //! Latency statistics: percentiles, a summary and a log-scale text histogram.
 //!
-//! Std only, so that `benches/` can include it with
-//! `#[path = "../src/bin/redlock-mux/stats.rs"] mod stats;` and report the same figures the
-//! same way as `redlock-mux bench`.
+//! Std only, so that the peer benchmark (`benches/peers`) can include it with
+//! `#[path = "../../../cli/src/stats.rs"] mod stats;` and report the same figures the same way
+//! as `redlock-mux bench`.
 
 // Each includer uses a different subset of this API.
 #![allow(dead_code)]
