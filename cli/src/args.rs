@@ -1,6 +1,8 @@
-//! Command-line parsing by hand: `--name value`, `--name=value`, switches, positionals, and
-//! durations written like `250ms`, `10s` or `2m`.
-#![forbid(unsafe_code)]
+//! What the commands share on their command lines: usage errors, durations, the node list.
+//!
+//! Parsing itself is `lexopt`'s (see Cargo.toml): each command matches its options in one
+//! loop, so `--name value`, `--name=value`, `-n`, `-w 5`, `-w5` and `--` behave as in any
+//! POSIX tool.
 
 use std::fmt;
 use std::time::Duration;
@@ -18,141 +20,57 @@ impl fmt::Display for UsageError {
     }
 }
 
+impl From<lexopt::Error> for UsageError {
+    fn from(e: lexopt::Error) -> UsageError {
+        UsageError(e.to_string())
+    }
+}
+
 /// Shorthand for building a [`UsageError`] with `format!` syntax.
 macro_rules! usage {
     ($($t:tt)*) => { $crate::args::UsageError(format!($($t)*)) };
 }
 pub(crate) use usage;
 
-/// What one command accepts: options that take a value, and switches that do not.
-pub struct Spec {
-    /// Options that take a value, without the leading `--`.
-    pub options: &'static [&'static str],
-    /// Switches, without the leading `--`.
-    pub switches: &'static [&'static str],
-    /// Whether `--` ends the options and everything after it is kept apart.
-    pub takes_command: bool,
+/// The value of an option as UTF-8 text.
+pub fn text(name: &str, value: std::ffi::OsString) -> Result<String, UsageError> {
+    value
+        .into_string()
+        .map_err(|v| usage!("{name}: {v:?} is not valid UTF-8"))
 }
 
-/// The parsed command line of one command.
-#[derive(Debug, Default)]
-pub struct Parsed {
-    options: Vec<(&'static str, String)>,
-    switches: Vec<&'static str>,
-    /// Arguments that are not options, in order.
-    pub positional: Vec<String>,
-    /// Everything after `--`, when the command takes a command.
-    pub command: Vec<String>,
-    /// Whether `--help` or `-h` was given.
-    pub help: bool,
+/// Option `name`'s value as a duration written with a unit (`250ms`, `10s`, `2m`).
+pub fn duration(name: &str, value: std::ffi::OsString) -> Result<Duration, UsageError> {
+    parse_duration(&text(name, value)?).map_err(|e| usage!("{name}: {e}"))
 }
 
-impl Parsed {
-    /// The last value given for option `name`.
-    pub fn value(&self, name: &str) -> Option<&str> {
-        self.options
-            .iter()
-            .rev()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
+/// Option `name`'s value as a duration with a unit, or as flock(1) takes its timeout: a bare
+/// number of seconds, possibly with a fraction (`5`, `0.5`).
+pub fn seconds(name: &str, value: std::ffi::OsString) -> Result<Duration, UsageError> {
+    let text = text(name, value)?;
+    let bare = !text.is_empty()
+        && text.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && text.matches('.').count() <= 1
+        && text != ".";
+    if !bare {
+        return parse_duration(&text).map_err(|e| usage!("{name}: {e}"));
     }
-
-    /// Whether switch `name` was given.
-    pub fn switch(&self, name: &str) -> bool {
-        self.switches.contains(&name)
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| usage!("{name}: {text:?} is not a number of seconds"))?;
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(usage!("{name}: {text:?} is too long (at most 8760h)"));
     }
-
-    /// The one positional argument, KEY.
-    pub fn key(&self) -> Result<String, UsageError> {
-        match self.positional.as_slice() {
-            [key] => Ok(key.clone()),
-            [] => Err(usage!("no KEY given")),
-            [_, extra, ..] => Err(usage!(
-                "unexpected argument {extra:?} (a command goes after `--`)"
-            )),
-        }
-    }
-
-    /// Option `name` as a duration, or `default`.
-    pub fn duration(&self, name: &str, default: Duration) -> Result<Duration, UsageError> {
-        match self.value(name) {
-            None => Ok(default),
-            Some(v) => parse_duration(v).map_err(|e| usage!("--{name}: {e}")),
-        }
-    }
-
-    /// Option `name` as a positive integer, or `default`.
-    pub fn count(&self, name: &str, default: usize) -> Result<usize, UsageError> {
-        match self.value(name) {
-            None => Ok(default),
-            Some(v) => match v.parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(usage!("--{name}: expected a positive integer, got {v:?}")),
-            },
-        }
-    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
-/// Parses a command's arguments; on `--help`, prints `help` and returns `None`.
-pub fn parse_command(
-    spec: &Spec,
-    args: &[String],
-    help: &str,
-) -> Result<Option<Parsed>, UsageError> {
-    let parsed = parse(spec, args)?;
-    if parsed.help {
-        print!("{help}");
-        return Ok(None);
+/// Option `name`'s value as a positive integer.
+pub fn count(name: &str, value: std::ffi::OsString) -> Result<usize, UsageError> {
+    let text = text(name, value)?;
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(usage!("{name}: expected a positive integer, got {text:?}")),
     }
-    Ok(Some(parsed))
-}
-
-/// Parses `args` (without the program and command names) against `spec`.
-pub fn parse(spec: &Spec, args: &[String]) -> Result<Parsed, UsageError> {
-    let mut parsed = Parsed::default();
-    let mut i = 0;
-    while i < args.len() {
-        let arg = &args[i];
-        i += 1;
-        if arg == "--" && spec.takes_command {
-            parsed.command = args[i..].to_vec();
-            break;
-        }
-        if arg == "--help" || arg == "-h" {
-            parsed.help = true;
-            continue;
-        }
-        let Some(body) = arg.strip_prefix("--") else {
-            if arg.len() > 1 && arg.starts_with('-') {
-                return Err(usage!("unknown option {arg:?}"));
-            }
-            parsed.positional.push(arg.clone());
-            continue;
-        };
-        let (name, inline) = match body.split_once('=') {
-            Some((n, v)) => (n, Some(v.to_owned())),
-            None => (body, None),
-        };
-        if let Some(&name) = spec.options.iter().find(|&&o| o == name) {
-            let value = match inline {
-                Some(v) => v,
-                None if i < args.len() => {
-                    i += 1;
-                    args[i - 1].clone()
-                }
-                None => return Err(usage!("--{name} needs a value")),
-            };
-            parsed.options.push((name, value));
-        } else if let Some(&name) = spec.switches.iter().find(|&&s| s == name) {
-            if inline.is_some() {
-                return Err(usage!("--{name} takes no value"));
-            }
-            parsed.switches.push(name);
-        } else {
-            return Err(usage!("unknown option --{name}"));
-        }
-    }
-    Ok(parsed)
 }
 
 /// Parses a duration written as a whole number and a unit: `ms`, `s`, `m` or `h`
@@ -185,12 +103,29 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// The longest duration any option takes: a year.
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// The node URLs from `--nodes`, else from `REDLOCK_NODES`, as comma-separated URLs.
-pub fn nodes(parsed: &Parsed) -> Result<Vec<String>, UsageError> {
-    let list = match parsed.value("nodes") {
-        Some(v) => v.to_owned(),
-        None => std::env::var("REDLOCK_NODES")
-            .map_err(|_| usage!("no nodes: pass --nodes URL,URL,... or set REDLOCK_NODES"))?,
+/// Where the node list came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodesFrom {
+    /// `--nodes`.
+    Option,
+    /// `REDLOCK_NODES`.
+    Environment,
+}
+
+/// The node URLs from `--nodes` (`given`), else from `REDLOCK_NODES`; `None` when neither is
+/// set. The list is comma-separated; each URL is the library's to read.
+pub fn nodes_or_none(
+    given: Option<String>,
+) -> Result<Option<(Vec<String>, NodesFrom)>, UsageError> {
+    let (list, from) = match given {
+        Some(v) => (v, NodesFrom::Option),
+        None => match std::env::var("REDLOCK_NODES") {
+            Ok(v) => (v, NodesFrom::Environment),
+            Err(std::env::VarError::NotPresent) => return Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(usage!("REDLOCK_NODES is not valid UTF-8"))
+            }
+        },
     };
     let urls: Vec<String> = list
         .split(',')
@@ -199,18 +134,21 @@ pub fn nodes(parsed: &Parsed) -> Result<Vec<String>, UsageError> {
         .map(str::to_owned)
         .collect();
     if urls.is_empty() {
-        return Err(usage!("the node list {list:?} is empty"));
+        return Err(usage!("the node list is empty"));
     }
-    Ok(urls)
+    Ok(Some((urls, from)))
+}
+
+/// The node URLs from `--nodes` (`given`), else from `REDLOCK_NODES`.
+pub fn nodes(given: Option<String>) -> Result<Vec<String>, UsageError> {
+    nodes_or_none(given)?
+        .map(|(urls, _)| urls)
+        .ok_or_else(|| usage!("no nodes: pass --nodes URL,URL,... or set REDLOCK_NODES"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn strings(args: &[&str]) -> Vec<String> {
-        args.iter().map(|s| s.to_string()).collect()
-    }
 
     #[test]
     fn durations() {
@@ -227,33 +165,16 @@ mod tests {
     }
 
     #[test]
-    fn options_switches_and_command() {
-        let spec = Spec {
-            options: &["ttl", "nodes"],
-            switches: &["read"],
-            takes_command: true,
-        };
-        let p = parse(
-            &spec,
-            &strings(&[
-                "--ttl",
-                "5s",
-                "--read",
-                "--nodes=a,b",
-                "key",
-                "--",
-                "ls",
-                "-l",
-            ]),
-        )
-        .unwrap();
-        assert_eq!(p.value("ttl"), Some("5s"));
-        assert_eq!(p.value("nodes"), Some("a,b"));
-        assert!(p.switch("read"));
-        assert_eq!(p.positional, ["key"]);
-        assert_eq!(p.command, ["ls", "-l"]);
-        assert!(parse(&spec, &strings(&["--bogus"])).is_err());
-        assert!(parse(&spec, &strings(&["--ttl"])).is_err());
-        assert!(parse(&spec, &strings(&["--read=1"])).is_err());
+    fn seconds_as_flock_takes_them() {
+        let s = |t: &str| seconds("-w", t.into());
+        assert_eq!(s("5").unwrap(), Duration::from_secs(5));
+        assert_eq!(s("0.5").unwrap(), Duration::from_millis(500));
+        assert_eq!(s("0").unwrap(), Duration::ZERO);
+        assert_eq!(s("250ms").unwrap(), Duration::from_millis(250));
+        assert!(s("").is_err());
+        assert!(s(".").is_err());
+        assert!(s("1.2.3").is_err());
+        assert!(s("-1").is_err());
+        assert!(s("99999999999").is_err());
     }
 }

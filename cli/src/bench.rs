@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use redlock_mux::resp::{self, Reply, Value};
 use redlock_mux::{Client, Error};
 
-use crate::args::{self, usage, Spec};
+use crate::args::{self, usage};
 use crate::local_servers::RedisCluster;
 use crate::node::NodeConn;
 use crate::stats::{fmt_duration, ratio, Samples, Summary};
@@ -98,41 +98,43 @@ impl Kind {
 }
 
 /// Entry point of `redlock-mux bench`.
-pub fn main(argv: &[String]) -> Result<i32, Fail> {
-    let spec = Spec {
-        options: &["nodes", "instances", "iters", "mode"],
-        switches: &["json"],
-        takes_command: false,
-    };
-    let Some(parsed) = args::parse_command(&spec, argv, HELP)? else {
-        return Ok(0);
-    };
-    if let Some(extra) = parsed.positional.first() {
-        return Err(usage!("unexpected argument {extra:?}").into());
+pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
+    use lexopt::prelude::*;
+    let mut parser = lexopt::Parser::from_args(argv);
+    let (mut nodes, mut instances, mut mode) = (None, None, String::from("mutex"));
+    let mut iters = 20_000;
+    let mut json = false;
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("nodes") => nodes = Some(args::text("--nodes", parser.value()?)?),
+            Long("instances") => instances = Some(args::count("--instances", parser.value()?)?),
+            Long("iters") => iters = args::count("--iters", parser.value()?)?,
+            Long("mode") => mode = args::text("--mode", parser.value()?)?,
+            Long("json") => json = true,
+            Short('h') | Long("help") => return crate::print_text(HELP),
+            _ => return Err(arg.unexpected().into()),
+        }
     }
-    let iters = parsed.count("iters", 20_000)?;
-    let (mutex, rw_kinds, handoff): (bool, &[Kind], bool) =
-        match parsed.value("mode").unwrap_or("mutex") {
-            "mutex" => (true, &[], false),
-            "read" => (false, &[Kind::Read], false),
-            "write" => (false, &[Kind::Write], false),
-            "handoff" => (false, &[], true),
-            "all" => (true, &[Kind::Read, Kind::Write], true),
-            other => return Err(usage!("--mode: unknown mode {other:?}").into()),
-        };
-    let json = parsed.switch("json");
-    if parsed.value("nodes").is_some() && parsed.value("instances").is_some() {
+    let (mutex, rw_kinds, handoff): (bool, &[Kind], bool) = match mode.as_str() {
+        "mutex" => (true, &[], false),
+        "read" => (false, &[Kind::Read], false),
+        "write" => (false, &[Kind::Write], false),
+        "handoff" => (false, &[], true),
+        "all" => (true, &[Kind::Read, Kind::Write], true),
+        other => return Err(usage!("--mode: unknown mode {other:?}").into()),
+    };
+    if nodes.is_some() && instances.is_some() {
         return Err(usage!("give either --nodes or --instances, not both").into());
     }
 
     // Declared before the figures so the servers outlive every client using them.
     let cluster;
-    let (urls, origin) = if parsed.value("nodes").is_some() {
-        let urls = args::nodes(&parsed)?;
+    let (urls, origin) = if nodes.is_some() {
+        let urls = args::nodes(nodes)?;
         let origin = format!("{} given nodes", urls.len());
         (urls, origin)
     } else {
-        let n = parsed.count("instances", 5)?;
+        let n = instances.unwrap_or(5);
         if n > redlock_mux::MAX_NODES {
             return Err(usage!("--instances: at most {}", redlock_mux::MAX_NODES).into());
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use redlock_mux::resp::Value;
 use redlock_mux::KeyNames as Names;
 
-use crate::args::{self, Spec};
+use crate::args::{self, usage};
 use crate::node::NodeConn;
 use crate::Fail;
 
@@ -76,18 +76,22 @@ impl Node {
 }
 
 /// Entry point of `redlock-mux inspect`.
-pub fn main(argv: &[String]) -> Result<i32, Fail> {
-    let spec = Spec {
-        options: &["nodes", "timeout"],
-        switches: &[],
-        takes_command: false,
-    };
-    let Some(parsed) = args::parse_command(&spec, argv, HELP)? else {
-        return Ok(0);
-    };
-    let key = parsed.key()?;
-    let nodes = args::nodes(&parsed)?;
-    let timeout = parsed.duration("timeout", Duration::from_secs(1))?;
+pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
+    use lexopt::prelude::*;
+    let mut parser = lexopt::Parser::from_args(argv);
+    let (mut key, mut nodes) = (None, None);
+    let mut timeout = Duration::from_secs(1);
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("nodes") => nodes = Some(args::text("--nodes", parser.value()?)?),
+            Long("timeout") => timeout = args::duration("--timeout", parser.value()?)?,
+            Short('h') | Long("help") => return crate::print_text(HELP),
+            Value(value) if key.is_none() => key = Some(args::text("KEY", value)?),
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    let key = key.ok_or_else(|| usage!("no KEY given"))?;
+    let nodes = args::nodes(nodes)?;
     let names = Names::new(key.as_bytes());
 
     let states: Vec<Result<Node, String>> = nodes
