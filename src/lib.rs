@@ -17,8 +17,9 @@
 //! - waiting without polling (releases are announced over pub/sub), a FIFO-fair policy
 //!   ([`ClientBuilder::fair`]) and auto-extension ([`Lock::keep_alive`], [`Client::with_lock`]);
 //! - a C API (`include/redlock_mux.h`);
-//! - a sans-IO RESP2 codec ([`resp`]), usable on its own, and [`KeyNames`], the Redis keys each
-//!   lock kind keeps, for tools that look at them.
+//! - a sans-IO RESP2 codec ([`resp`]), usable on its own, and, for tools that look at the nodes
+//!   themselves, [`KeyNames`] (the Redis keys each lock kind keeps) and [`NodeUrl`] (node URLs
+//!   read as the client reads them, shown without their passwords).
 //!
 //! What is not: Redis Cluster routing, Sentinel failover, RESP3, TLS, and any safety beyond
 //! what Redlock's timing assumptions give (see the README's "Guarantees and their limits").
@@ -53,6 +54,7 @@ pub use fencing::FencedLock;
 pub use keepalive::{KeepAlive, KeepAliveError, KeptLock, Lost};
 pub use multi::{MultiLock, MAX_LOCK_ALL_KEYS};
 pub use rwlock::{ReadLock, WriteLock};
+pub use url::NodeUrl;
 
 /// Pieces of the sans-IO engine that the fuzz targets and benchmarks drive directly. Not part
 /// of the API: anything here may change in any release.

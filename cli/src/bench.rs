@@ -417,8 +417,13 @@ impl Baseline {
         let mut conns = Vec::with_capacity(urls.len());
         let mut sha = Vec::new();
         for url in urls {
-            let mut conn = NodeConn::connect(url, Duration::from_secs(5))?;
-            match conn.call_ok(&[b"SCRIPT", b"LOAD", BASELINE_RELEASE.as_bytes()])? {
+            let url = redlock_mux::NodeUrl::parse(url).map_err(io::Error::other)?;
+            let mut conn = NodeConn::connect(&url, Duration::from_secs(5))
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            match conn
+                .call_ok(&[b"SCRIPT", b"LOAD", BASELINE_RELEASE.as_bytes()])
+                .map_err(|e| io::Error::other(e.to_string()))?
+            {
                 Value::Bulk(Some(digest)) => sha = digest,
                 other => return Err(io::Error::other(format!("SCRIPT LOAD answered {other:?}"))),
             }

@@ -1,12 +1,41 @@
-//! A blocking connection to one node, for the baseline of `bench` and for `inspect`: the
-//! plainest client there is, one `TcpStream` with `TCP_NODELAY`, and the library's RESP codec.
-#![forbid(unsafe_code)]
+//! A blocking connection to one node, for `inspect`: one `TcpStream`, the library's URL parser
+//! and RESP codec, and failures sorted by what they say about the node.
 
+use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::time::Duration;
 
-use redlock_mux::resp::{self, Limits, Reply, Status, Value};
+use redlock_mux::resp::{self, Limits, Status, Value};
+use redlock_mux::NodeUrl;
+
+/// Why a node could not be read.
+#[derive(Debug)]
+pub enum Failure {
+    /// No connection, or no answer in time: the node may be down.
+    Unreachable(io::Error),
+    /// The node answered with an error: a wrong password or user, a database it does not
+    /// have, missing permissions.
+    Refused(String),
+    /// The node answered as no Redis server does.
+    NotRedis(String),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Unreachable(e) => write!(f, "unreachable: {e}"),
+            Failure::Refused(e) => write!(f, "refused: {e}"),
+            Failure::NotRedis(e) => write!(f, "not a Redis server: {e}"),
+        }
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Failure {
+        Failure::Unreachable(e)
+    }
+}
 
 /// One blocking connection, authenticated and on the URL's database.
 pub struct NodeConn {
@@ -16,16 +45,10 @@ pub struct NodeConn {
 }
 
 impl NodeConn {
-    /// Connects to `url` (`redis://[user:password@]host:port[/db]` or `host:port`), sends
-    /// `AUTH` and `SELECT` as the URL asks, and sets `timeout` on connect and on reads.
-    pub fn connect(url: &str, timeout: Duration) -> io::Result<NodeConn> {
-        let target = UrlParts::parse(url);
-        let addr = target
-            .host_port
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| io::Error::other(format!("{url}: no address")))?;
-        let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    /// Connects to `url`, sends `AUTH` and `SELECT` as it asks, and sets `timeout` on connect
+    /// and on every read and write.
+    pub fn connect(url: &NodeUrl, timeout: Duration) -> Result<NodeConn, Failure> {
+        let stream = TcpStream::connect_timeout(&url.addr(), timeout)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
@@ -34,32 +57,30 @@ impl NodeConn {
             buf: vec![0; 4096],
             out: Vec::with_capacity(256),
         };
-        if let Some(password) = &target.password {
+        if let Some(password) = url.password() {
             let mut args: Vec<&[u8]> = vec![b"AUTH"];
-            if let Some(user) = &target.user {
-                args.push(user.as_bytes());
-            }
-            args.push(password.as_bytes());
+            args.extend(url.user());
+            args.push(password);
             conn.call_ok(&args)?;
         }
-        if let Some(db) = &target.db {
-            conn.call_ok(&[b"SELECT", db.as_bytes()])?;
+        if url.db() != 0 {
+            conn.call_ok(&[b"SELECT", url.db().to_string().as_bytes()])?;
         }
         Ok(conn)
     }
 
-    /// Sends one command and reads its reply.
-    pub fn call(&mut self, args: &[&[u8]]) -> io::Result<Value> {
+    /// Sends one command and reads its reply, error replies included.
+    pub fn call(&mut self, args: &[&[u8]]) -> Result<Value, Failure> {
         self.out.clear();
         resp::encode_command(&mut self.out, args);
         self.stream.write_all(&self.out)?;
-        self.read_with(|r| r.to_value())
+        self.read()
     }
 
-    /// Like [`call`](Self::call), but an error reply is an error.
-    pub fn call_ok(&mut self, args: &[&[u8]]) -> io::Result<Value> {
+    /// Like [`call`](Self::call), but an error reply is [`Failure::Refused`].
+    pub fn call_ok(&mut self, args: &[&[u8]]) -> Result<Value, Failure> {
         match self.call(args)? {
-            Value::Error(e) => Err(io::Error::other(String::from_utf8_lossy(&e).into_owned())),
+            Value::Error(e) => Err(Failure::Refused(String::from_utf8_lossy(&e).into_owned())),
             v => Ok(v),
         }
     }
@@ -70,7 +91,7 @@ impl NodeConn {
     }
 
     /// Reads one whole reply and hands it to `f` without copying it.
-    pub fn read_with<R>(&mut self, f: impl FnOnce(&Reply<'_>) -> R) -> io::Result<R> {
+    pub fn read_with<R>(&mut self, f: impl FnOnce(&resp::Reply<'_>) -> R) -> io::Result<R> {
         let limits = Limits::default();
         let mut filled = 0;
         loop {
@@ -92,38 +113,28 @@ impl NodeConn {
             }
         }
     }
-}
 
-/// The parts of a node URL a plain connection needs; the library validates URLs fully.
-struct UrlParts {
-    host_port: String,
-    user: Option<String>,
-    password: Option<String>,
-    db: Option<String>,
-}
-
-impl UrlParts {
-    fn parse(url: &str) -> UrlParts {
-        let rest = url.strip_prefix("redis://").unwrap_or(url);
-        let (rest, db) = match rest.split_once('/') {
-            Some((r, db)) if !db.is_empty() && db != "0" => (r, Some(db.to_owned())),
-            Some((r, _)) => (r, None),
-            None => (rest, None),
-        };
-        let (auth, host_port) = match rest.rsplit_once('@') {
-            Some((a, h)) => (Some(a), h),
-            None => (None, rest),
-        };
-        let (user, password) = match auth.map(|a| a.split_once(':')) {
-            Some(Some((u, p))) => ((!u.is_empty()).then(|| u.to_owned()), Some(p.to_owned())),
-            Some(None) => (None, auth.map(str::to_owned)),
-            None => (None, None),
-        };
-        UrlParts {
-            host_port: host_port.to_owned(),
-            user,
-            password,
-            db,
+    /// Reads one whole reply.
+    fn read(&mut self) -> Result<Value, Failure> {
+        let limits = Limits::default();
+        let mut filled = 0;
+        loop {
+            if filled == self.buf.len() {
+                self.buf.resize(self.buf.len() * 2, 0);
+            }
+            let read = match self.stream.read(&mut self.buf[filled..]) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => other?,
+            };
+            if read == 0 {
+                return Err(Failure::Unreachable(io::ErrorKind::UnexpectedEof.into()));
+            }
+            filled += read;
+            match resp::decode(&self.buf[..filled], &limits) {
+                Ok(Status::Complete((reply, _))) => return Ok(reply.to_value()),
+                Ok(Status::Partial) => continue,
+                Err(e) => return Err(Failure::NotRedis(format!("not RESP ({e})"))),
+            }
         }
     }
 }
