@@ -19,6 +19,7 @@ mod inspect;
 mod local_servers;
 mod lock;
 mod node;
+mod raw;
 
 mod run;
 mod spawn;

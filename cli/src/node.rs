@@ -85,35 +85,6 @@ impl NodeConn {
         }
     }
 
-    /// Writes raw, already encoded bytes.
-    pub fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.stream.write_all(bytes)
-    }
-
-    /// Reads one whole reply and hands it to `f` without copying it.
-    pub fn read_with<R>(&mut self, f: impl FnOnce(&resp::Reply<'_>) -> R) -> io::Result<R> {
-        let limits = Limits::default();
-        let mut filled = 0;
-        loop {
-            if filled == self.buf.len() {
-                self.buf.resize(self.buf.len() * 2, 0);
-            }
-            let read = match self.stream.read(&mut self.buf[filled..]) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                other => other?,
-            };
-            if read == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            filled += read;
-            match resp::decode(&self.buf[..filled], &limits) {
-                Ok(Status::Complete((reply, _))) => return Ok(f(&reply)),
-                Ok(Status::Partial) => continue,
-                Err(e) => return Err(io::Error::other(e.to_string())),
-            }
-        }
-    }
-
     /// Reads one whole reply.
     fn read(&mut self) -> Result<Value, Failure> {
         let limits = Limits::default();

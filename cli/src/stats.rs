@@ -32,6 +32,12 @@ impl Samples {
         self.sorted = false;
     }
 
+    /// Adds every sample of `other`.
+    pub fn extend(&mut self, other: &Samples) {
+        self.nanos.extend_from_slice(&other.nanos);
+        self.sorted = false;
+    }
+
     /// How many samples there are.
     pub fn len(&self) -> usize {
         self.nanos.len()
@@ -149,20 +155,6 @@ impl Summary {
         } else {
             0.0
         }
-    }
-
-    /// The figures as a JSON object, in microseconds.
-    pub fn to_json(self) -> String {
-        format!(
-            "{{\"count\":{},\"mean_us\":{:.3},\"p50_us\":{:.3},\"p90_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"max_us\":{:.3}}}",
-            self.count,
-            us(self.mean),
-            us(self.p50),
-            us(self.p90),
-            us(self.p99),
-            us(self.p999),
-            us(self.max)
-        )
     }
 }
 

@@ -18,6 +18,7 @@
 #[path = "../../../tests/common/local_servers.rs"]
 mod local_servers;
 mod lockers;
+#[path = "../../../cli/src/raw.rs"]
 mod raw;
 #[path = "../../../cli/src/stats.rs"]
 mod stats;
