@@ -190,7 +190,7 @@ fn sigterm_reaches_the_command_under_busybox() {
     );
     send("TERM", s.first.id());
     let status = s.first_exits();
-    println!("SIGTERM: run exited with {status:?}");
+    println!("SIGTERM: run {}", describe(status));
     assert_eq!(status.code(), Some(143), "{}", s.log_text());
     assert!(s.log_text().contains("got-TERM"), "{}", s.log_text());
     s.command_gone_within(Duration::from_secs(2));
@@ -213,7 +213,7 @@ fn sigint_reaches_the_command_under_busybox() {
     );
     send("INT", s.first.id());
     let status = s.first_exits();
-    println!("SIGINT: run exited with {status:?}");
+    println!("SIGINT: run {}", describe(status));
     assert_eq!(status.code(), Some(130), "{}", s.log_text());
     assert!(!s.log_text().contains("finished"), "{}", s.log_text());
     s.command_gone_within(Duration::from_secs(2));
@@ -240,7 +240,10 @@ fn a_lost_lock_stops_the_command_with_sigterm_under_busybox() {
     println!("lost lock: the key deleted on every node");
     let status = s.first_exits();
     let took = deleted.elapsed();
-    println!("lost lock: run exited with {status:?} {took:?} after the deletion");
+    println!(
+        "lost lock: run {} {took:?} after the deletion",
+        describe(status)
+    );
     assert_eq!(status.code(), Some(76), "{}", s.log_text());
     assert!(
         s.log_text().contains("got-TERM"),
@@ -273,7 +276,7 @@ fn sigkill_of_run_takes_the_command_with_it_under_busybox() {
     );
     send("KILL", s.first.id());
     let status = s.first_exits();
-    println!("SIGKILL: run ended with {status:?}");
+    println!("SIGKILL: run {}", describe(status));
     s.command_gone_within(Duration::from_secs(2));
     println!("SIGKILL: command gone");
     s.second_did_not_overlap(second);
@@ -308,4 +311,14 @@ fn the_callers_pid_is_the_supervisor() {
         .collect();
     assert!(others.is_empty(), "other copies of the binary: {others:?}");
     drop(s);
+}
+
+/// How a process ended, in words.
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!("was killed by signal {signal}"),
+        _ => format!("ended: {status:?}"),
+    }
 }
