@@ -264,7 +264,10 @@ impl ClientBuilder {
             // Two databases of one server fail together: counting them as two nodes would
             // fake a quorum.
             if nodes.iter().any(|n| n.addr == node.addr) {
-                return Err(InvalidArgument::DuplicateNode { url: url.clone() }.into());
+                return Err(InvalidArgument::DuplicateNode {
+                    url: crate::url::redact(url),
+                }
+                .into());
             }
             nodes.push(node);
         }

@@ -260,12 +260,12 @@ pub enum InvalidArgument {
     /// The same server was given twice, possibly with different databases: the two would fail
     /// together, so they cannot count as two nodes of a quorum.
     DuplicateNode {
-        /// The second URL naming it.
+        /// The second URL naming it, its password hidden (`***`).
         url: String,
     },
     /// A node URL could not be understood or resolved.
     BadUrl {
-        /// The URL as given.
+        /// The URL as given, its password hidden (`***`).
         url: String,
         /// What is wrong with it.
         reason: &'static str,

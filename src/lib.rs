@@ -19,8 +19,9 @@
 //!   on drop, and auto-extension with a notice when the lock is lost ([`Guard::keep_alive`],
 //!   [`Client::with_lock`]); every guard is a [`Guard`] of some [`kind`];
 //! - a C API (`include/redlock_mux.h`);
-//! - a sans-IO RESP2 codec ([`resp`]), usable on its own, and [`KeyNames`], the Redis keys each
-//!   lock kind keeps, for tools that look at them.
+//! - a sans-IO RESP2 codec ([`resp`]), usable on its own, and, for tools that look at the nodes
+//!   themselves, [`KeyNames`] (the Redis keys each lock kind keeps) and [`NodeUrl`] (node URLs
+//!   read as the client reads them, shown without their passwords).
 //!
 //! What is not: Redis Cluster routing, Sentinel failover, RESP3, TLS, and any safety beyond
 //! what Redlock's timing assumptions give (see the README's "Guarantees and their limits").
@@ -55,6 +56,7 @@ pub use engine::KeyNames;
 pub use error::{Deadline, Error, InvalidArgument, NodeErrorKind, NodeFailure};
 pub use guard::{kind, FencedLock, FencedWriteLock, Guard, Lock, MultiLock, ReadLock, WriteLock};
 pub use keepalive::{KeepAlive, KeepAliveError, KeptLock, Lost};
+pub use url::NodeUrl;
 
 /// Pieces of the sans-IO engine that the fuzz targets and benchmarks drive directly. Not part
 /// of the API: anything here may change in any release.

@@ -31,7 +31,7 @@ mod node;
 #[path = "../../../tests/common/history.rs"]
 pub(crate) mod history;
 
-#[path = "../../bin/redlock-mux/local_servers.rs"]
+#[path = "../../../tests/common/local_servers.rs"]
 mod local_servers;
 
 mod diff;

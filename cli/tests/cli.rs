@@ -4,87 +4,25 @@
 //! queue in arrival order; `inspect` shows the holder, readers and queue; every command has
 //! `--help`.
 
-mod common;
+mod support;
 
 use std::fs;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
-use redlock_mux::Client;
+use support::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_redlock-mux");
 const KEY: &str = "cli:job";
-
-fn nodes(cluster: &RedisCluster) -> String {
-    cluster.urls().join(",")
-}
-
-fn redlock_mux(cluster: &RedisCluster, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(args).env("REDLOCK_NODES", nodes(cluster));
-    c
-}
-
-fn output(cluster: &RedisCluster, args: &[&str]) -> Output {
-    redlock_mux(cluster, args)
-        .output()
-        .expect("run redlock-mux")
-}
-
-/// Waits for `child` at most `limit`; kills it and fails the test if it is still running.
-fn wait_at_most(child: &mut Child, limit: Duration) -> ExitStatus {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    panic!("redlock-mux still running after {limit:?}");
-}
 
 /// The token on a quorum of the nodes, if one token is on a quorum.
 fn holder(cluster: &RedisCluster) -> Option<Vec<u8>> {
-    let values: Vec<Option<Vec<u8>>> = cluster
-        .servers
-        .iter()
-        .map(|s| get(s.addr(), KEY.as_bytes()))
-        .collect();
-    values.iter().flatten().find_map(|v| {
-        let on = values.iter().filter(|o| o.as_ref() == Some(v)).count();
-        (on > cluster.len() / 2).then(|| v.clone())
-    })
+    holder_of(cluster, KEY)
 }
 
-/// Waits up to 5 s for someone to hold the lock; returns the token.
+/// Waits up to 10 s for someone to hold the lock; returns the token.
 fn wait_for_holder(cluster: &RedisCluster) -> Vec<u8> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Some(token) = holder(cluster) {
-            return token;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    panic!("nobody took the lock");
-}
-
-/// A library client with a node timeout that tolerates a loaded test machine.
-fn client(cluster: &RedisCluster) -> Client {
-    Client::builder()
-        .nodes(cluster.urls())
-        .node_timeout(Duration::from_millis(500))
-        .build()
-        .expect("client")
-}
-
-fn temp_file(name: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("redlock-mux-cli-{}-{name}", std::process::id()));
-    let _ = fs::remove_file(&path);
-    path
+    wait_for_holder_of(cluster, KEY)
 }
 
 #[test]
@@ -279,6 +217,11 @@ fn every_command_has_help_and_bad_usage_exits_64() {
         &["run", "--ttl", "10", KEY, "--", "true"][..],
         &["run", "--read", "--write", KEY, "--", "true"],
         &["run", KEY],
+        &["run", "-E", "256", KEY, "--", "true"],
+        &["run", "-w", "soon", KEY, "--", "true"],
+        &["run", "--bogus", KEY, "--", "true"],
+        &["inspect"],
+        &["bench", "--mode", "fast"],
         &["frobnicate"],
     ] {
         assert_eq!(output(&cluster, bad).status.code(), Some(64), "{bad:?}");
@@ -287,45 +230,118 @@ fn every_command_has_help_and_bad_usage_exits_64() {
         let ok = output(&cluster, &["run", "--fair", fair_rw, KEY, "--", "true"]);
         assert!(ok.status.success(), "--fair {fair_rw}: {ok:?}");
     }
+    // The exit statuses are documented where a user looks for them.
+    let help = String::from_utf8_lossy(&output(&cluster, &["run", "--help"]).stdout).into_owned();
+    let readme = include_str!("../../README.md");
+    for status in ["75", "76", "78", "64"] {
+        assert!(
+            help.contains(&format!("  {status} ")),
+            "{status} not in run --help"
+        );
+        assert!(readme.contains(status), "{status} not in the README");
+    }
 }
 
 #[test]
-fn bench_reports_json_against_given_nodes() {
-    let cluster = RedisCluster::start(1).expect("start redis-server");
-    let urls = nodes(&cluster);
+fn flock_habits_wait_no_wait_and_conflict_status() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let client = client(&cluster);
+    let lock = client.lock(KEY, Duration::from_secs(30)).expect("lock");
+    // -n: one attempt, at once.
+    let start = Instant::now();
+    let out = output(&cluster, &["run", "-n", KEY, "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", both(&out));
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // -E: another status for a conflict; -w with a bare number of seconds.
+    let start = Instant::now();
+    let out = output(&cluster, &["run", "-E", "3", "-w", "0.3", KEY, "true"]);
+    assert_eq!(out.status.code(), Some(3), "{}", both(&out));
+    assert!(start.elapsed() >= Duration::from_millis(300));
     let out = output(
         &cluster,
-        &["bench", "--nodes", &urls, "--iters", "200", "--json"],
+        &["run", "--conflict-exit-code=9", "-nw", "5", KEY, "true"],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.starts_with("{\"nodes\":") && text.trim_end().ends_with('}'),
-        "{text}"
-    );
-    assert!(text.contains("\"ratio_p50\""), "{text}");
-    assert!(text.contains("\"errors\":0"), "{text}");
+    assert_eq!(out.status.code(), Some(9), "{}", both(&out));
+    lock.release().expect("release");
+    // As with flock(1), the command may follow the key without `--`; what follows is its own.
+    let out = output(&cluster, &["run", "-w", "5", KEY, "echo", "-n", "--ttl"]);
+    assert!(out.status.success(), "{}", both(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "--ttl");
+}
 
-    let out = output(
-        &cluster,
-        &[
-            "bench", "--nodes", &urls, "--iters", "200", "--mode", "read", "--json",
-        ],
+#[test]
+fn the_command_gets_the_key_and_the_token() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let seen = temp_file("env.seen");
+    let script = format!(
+        "echo \"$REDLOCK_MUX_KEY $REDLOCK_MUX_TOKEN ${{REDLOCK_MUX_FENCE-none}}\" > {}.tmp; \
+         mv {0}.tmp {0}; sleep 1",
+        seen.display()
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let mut child = redlock_mux(&cluster, &["run", KEY, "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn");
+    let token = wait_for_holder(&cluster);
+    assert!(within(Duration::from_secs(10), || seen.exists()));
+    let text = fs::read_to_string(&seen).expect("seen");
+    let _ = fs::remove_file(&seen);
+    assert_eq!(
+        text,
+        format!("{KEY} {} none\n", String::from_utf8_lossy(&token)),
+        "the command's environment"
     );
+    assert!(wait_at_most(&mut child, Duration::from_secs(10)).success());
+}
+
+#[test]
+fn hup_reaches_the_command() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let ready = temp_file("hup.ready");
+    let script = format!(
+        "trap 'exit 5' HUP; touch {}; sleep 30 & wait",
+        ready.display()
+    );
+    let mut child = redlock_mux(&cluster, &["run", KEY, "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn");
+    assert!(within(Duration::from_secs(10), || ready.exists()));
+    let _ = fs::remove_file(&ready);
+    send("HUP", child.id());
+    let status = wait_at_most(&mut child, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(5));
+    assert_eq!(holder(&cluster), None, "not released");
+}
+
+/// A `run` started in the background by a non-interactive shell inherits INT and QUIT
+/// ignored; its command starts with every signal at its default and none blocked.
+#[test]
+fn the_command_starts_with_default_signal_handling() {
+    let cluster = RedisCluster::start(1).expect("start redis-server");
+    // BusyBox's sh starts `run` in the background, then waits for it.
+    let out = Command::new(busybox_path().join("sh"))
+        .args([
+            "-c",
+            "\"$0\" run sig:key cat /proc/self/status & wait $!",
+            BIN,
+        ])
+        .env_clear()
+        .env("PATH", busybox_path())
+        .env("REDLOCK_NODES", nodes(&cluster))
+        .output()
+        .expect("sh");
+    assert!(out.status.success(), "{}", both(&out));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("\"rw\":[{\"n\":1,\"read\":"), "{text}");
-    assert!(text.contains("\"ratio_to_mutex_p50\""), "{text}");
-    // The mutex and the read lock, both without an error.
-    assert_eq!(text.matches("\"errors\":0").count(), 2, "{text}");
+    let mask = |name: &str| {
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {text}"));
+        u64::from_str_radix(line.trim(), 16).expect("hex mask")
+    };
+    // Signals 1 to 31. (Those the C library keeps for itself, 32 and 33 on glibc, are left as
+    // they were: programs cannot use them, and glibc refuses to change them.)
+    assert_eq!(mask("SigBlk:") & 0x7fff_ffff, 0, "{text}");
+    assert_eq!(mask("SigIgn:") & 0x7fff_ffff, 0, "{text}");
 }
 
 /// Three [`spawn_run`]s with ids `PREFIX0` to `PREFIX2`.
@@ -482,4 +498,52 @@ fn fair_runs_queue_in_order_and_inspect_shows_readers_and_queue() {
     let text = inspect(&cluster);
     assert!(text.contains("readers: none on a quorum"), "{text}");
     assert!(text.contains("queue:   0 waiting"), "{text}");
+}
+
+#[test]
+fn version_is_printed() {
+    for flag in ["--version", "-V"] {
+        let out = Command::new(BIN).arg(flag).output().expect("run");
+        assert!(out.status.success(), "{flag}: {}", both(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("redlock-mux {}\n", env!("CARGO_PKG_VERSION")),
+            "{flag}"
+        );
+    }
+}
+
+#[test]
+fn run_help_agrees_with_the_readme_on_fair_read_and_write() {
+    let cluster = RedisCluster::start(1).expect("start redis-server");
+    let help = String::from_utf8_lossy(&output(&cluster, &["run", "--help"]).stdout).into_owned();
+    let readme = include_str!("../../README.md");
+    // The README runs readers and writers with --fair...
+    assert!(readme.contains("run --read  --fair"), "README changed");
+    assert!(readme.contains("run --write --fair"), "README changed");
+    // ... so the help must not say they do not go together.
+    assert!(
+        !help.contains("not with --read or --write"),
+        "run --help contradicts the README:\n{help}"
+    );
+    assert!(help.contains("--fair"), "{help}");
+}
+
+#[test]
+fn a_ttl_that_cannot_be_kept_alive_is_a_usage_error_before_locking() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let marker = temp_file("short-ttl.ran");
+    let out = redlock_mux(&cluster, &["run", "--ttl", "5ms", KEY, "--", "touch"])
+        .arg(&marker)
+        .output()
+        .expect("run");
+    let ran = marker.exists();
+    let _ = fs::remove_file(&marker);
+    assert_eq!(out.status.code(), Some(64), "{}", both(&out));
+    assert!(!ran, "the command ran under a lock that could not be kept");
+    for server in &cluster.servers {
+        assert_eq!(dbsize(server.addr()), 0, "something was locked");
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--ttl"), "{stderr}");
 }

@@ -1,64 +1,77 @@
-//! `redlock-mux bench`: lock latency against local or given Redis nodes, next to a
-//! baseline measured in the same run.
+//! `redlock-mux bench`: lock latency against given nodes or local `redis-server` processes it
+//! starts, next to a baseline measured in the same run.
 //!
-//! - `mutex`: the mutex next to a hand-written baseline, the least a Redlock client can do on
-//!   the wire: `SET key token NX PX ttl` written to all N blocking sockets, then all N replies
-//!   read; release by a compare-and-delete script sent the same way.
+//! - `mutex`: the mutex next to the raw baseline ([`crate::raw`]), the least a Redlock client
+//!   can do on the wire: `SET key token NX PX ttl` written to all N blocking sockets, then all N
+//!   replies read; release by a compare-and-delete script sent the same way.
 //! - `read`, `write`: read and write locks next to the library's own mutex.
 //! - `handoff`: threads contending for one lock, each holding it for 1 ms; the figure is the
 //!   gap from one thread's release to another's acquire.
+//! - `threads`: T threads on distinct keys, sharing one client; aggregate operations per
+//!   second and cycle latency, at each T.
 //!
 //! Whatever is compared runs in alternating blocks, so a change in machine load during the
 //! run hits both alike; their ratio is the figure to watch.
-#![forbid(unsafe_code)]
+//!
+//! Output goes through one writer, so a reader that goes away (`bench | head`) ends the
+//! command quietly.
 
-use std::io::{self, IsTerminal};
+use std::io::{self, IsTerminal, Write};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redlock_mux::resp::{self, Reply, Value};
-use redlock_mux::{Client, Error};
+use redlock_mux::{Client, Error, NodeUrl};
+use serde_json::json;
 
-use crate::args::{self, usage, Spec};
+use crate::args::{self, usage, NodesFrom};
 use crate::local_servers::RedisCluster;
-use crate::node::NodeConn;
-use crate::stats::{fmt_duration, ratio, Samples, Summary};
+use crate::raw::{Raw, Target, Tokens};
+use crate::stats::{fmt_duration, ratio, us, Samples, Summary};
 use crate::Fail;
 
 const HELP: &str = "\
 Usage: redlock-mux bench [--nodes URLS | --instances N] [--iters N]
-                         [--mode mutex|read|write|handoff|all] [--json]
+                         [--mode mutex|read|write|handoff|threads|all]
+                         [--threads T,T,...] [--json]
 
 Measures lock latency: acquire, release and the whole cycle (p50, p90, p99,
 p99.9, max), ops/s and a histogram.
 
 Modes:
-  mutex     (default) the mutex next to a hand-written baseline (SET NX PX to
-            all N sockets, then all N replies; release by compare-and-delete),
-            in alternating blocks, at N = 1, 3 and 5
+  mutex     (default) the mutex next to a raw baseline (SET NX PX to all N
+            sockets, then all N replies; release by compare-and-delete), in
+            alternating blocks, at N = 1, 3 and 5
   read      read locks next to the mutex, in alternating blocks, at the same N
   write     write locks next to the mutex, likewise
   handoff   contended hand-off at the largest N: 2, then 8 threads loop lock,
             hold 1 ms, release for 3 s each; the figure is the gap from one
             thread starting its release to another's lock returning. Measured
             with plain and with fair (FIFO) clients
+  threads   scale: T threads on distinct keys share one client at the largest
+            N; aggregate ops/s and cycle latency (p50, p99) for each T
+            (default 1, 4, 16 and 64; --iters cycles in all per T)
   all       every mode above
 
-Without --nodes, starts N local redis-server processes (default 5) on free
+Nodes: --nodes, else REDLOCK_NODES, names existing servers to use (the keys
+it writes start with redlock-mux:bench:). Without either, or with
+--instances, it starts N local redis-server processes (default 5) on free
 loopback ports, with temporary directories and no persistence, and stops them
 on exit. N = 1, 3 and 5 are measured (those not above the number of nodes, and
 the number of nodes itself), on the first N nodes.
 
 Options:
-  --nodes URLS      comma-separated redis:// URLs of nodes to use instead
-                    (REDLOCK_NODES is not read: without --nodes, local
-                    servers are started)
-  --instances N     local servers to start (default 5)
+  --nodes URLS      comma-separated node URLs of servers to use
+                    (default: $REDLOCK_NODES)
+  --instances N     start N local servers instead (default 5)
   --iters N         measured cycles per lock kind per N (default 20000)
-  --mode MODE       mutex, read, write, handoff or all (see above)
-  --json            print the figures as JSON on stdout
+  --mode MODE       mutex, read, write, handoff, threads or all (see above)
+  --threads LIST    thread counts for the threads mode, e.g. 1,8,32; implies
+                    --mode threads unless --mode is given
+  --json            print every figure as one JSON object on stdout
   -h, --help        this text
+
+A progress bar is drawn on stderr when it is a terminal.
 ";
 
 /// Cycles between switches from one client or lock kind to the next.
@@ -72,11 +85,13 @@ const HANDOFF_RUN: Duration = Duration::from_secs(3);
 /// Grants in the first part of a hand-off run are not counted: connections for waiting
 /// (subscriptions) open on first use.
 const HANDOFF_WARMUP: Duration = Duration::from_millis(300);
+/// Thread counts of the threads mode, unless given.
+const THREADS: [usize; 4] = [1, 4, 16, 64];
 /// Contending threads in the hand-off runs.
 const HANDOFF_THREADS: [usize; 2] = [2, 8];
-/// The issue's hand-off targets: p50 and p99 of the gap.
+/// The hand-off goals: p50 and p99 of the gap.
 const HANDOFF_TARGET: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(5));
-/// The read-write issue's target: read and write within this factor of the mutex.
+/// The read-write goal: read and write within this factor of the mutex.
 const RW_TARGET: f64 = 1.1;
 
 /// A lock kind measured against the mutex.
@@ -98,54 +113,81 @@ impl Kind {
 }
 
 /// Entry point of `redlock-mux bench`.
-pub fn main(argv: &[String]) -> Result<i32, Fail> {
-    let spec = Spec {
-        options: &["nodes", "instances", "iters", "mode"],
-        switches: &["json"],
-        takes_command: false,
-    };
-    let Some(parsed) = args::parse_command(&spec, argv, HELP)? else {
-        return Ok(0);
-    };
-    if let Some(extra) = parsed.positional.first() {
-        return Err(usage!("unexpected argument {extra:?}").into());
+pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
+    use lexopt::prelude::*;
+    let mut parser = lexopt::Parser::from_args(argv);
+    let (mut nodes, mut instances, mut mode) = (None, None, None);
+    let mut iters = 20_000;
+    let mut json = false;
+    let mut thread_counts = None;
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("nodes") => nodes = Some(args::text("--nodes", parser.value()?)?),
+            Long("instances") => instances = Some(args::count("--instances", parser.value()?)?),
+            Long("iters") => iters = args::count("--iters", parser.value()?)?,
+            Long("mode") => mode = Some(args::text("--mode", parser.value()?)?),
+            Long("threads") => thread_counts = Some(counts(parser.value()?)?),
+            Long("json") => json = true,
+            Short('h') | Long("help") => return crate::print_text(HELP),
+            _ => return Err(arg.unexpected().into()),
+        }
     }
-    let iters = parsed.count("iters", 20_000)?;
-    let (mutex, rw_kinds, handoff): (bool, &[Kind], bool) =
-        match parsed.value("mode").unwrap_or("mutex") {
-            "mutex" => (true, &[], false),
-            "read" => (false, &[Kind::Read], false),
-            "write" => (false, &[Kind::Write], false),
-            "handoff" => (false, &[], true),
-            "all" => (true, &[Kind::Read, Kind::Write], true),
-            other => return Err(usage!("--mode: unknown mode {other:?}").into()),
-        };
-    let json = parsed.switch("json");
-    if parsed.value("nodes").is_some() && parsed.value("instances").is_some() {
+    let mode = mode.unwrap_or_else(|| {
+        if thread_counts.is_some() {
+            "threads"
+        } else {
+            "mutex"
+        }
+        .to_owned()
+    });
+    let (mutex, rw_kinds, handoff, scale): (bool, &[Kind], bool, bool) = match mode.as_str() {
+        "mutex" => (true, &[], false, false),
+        "read" => (false, &[Kind::Read], false, false),
+        "write" => (false, &[Kind::Write], false, false),
+        "handoff" => (false, &[], true, false),
+        "threads" => (false, &[], false, true),
+        "all" => (true, &[Kind::Read, Kind::Write], true, true),
+        other => return Err(usage!("--mode: unknown mode {other:?}").into()),
+    };
+    let thread_counts = thread_counts.unwrap_or_else(|| THREADS.to_vec());
+    if nodes.is_some() && instances.is_some() {
         return Err(usage!("give either --nodes or --instances, not both").into());
     }
+    let given = match instances {
+        Some(_) => None,
+        None => args::nodes_or_none(nodes)?,
+    };
 
     // Declared before the figures so the servers outlive every client using them.
     let cluster;
-    let (urls, origin) = if parsed.value("nodes").is_some() {
-        let urls = args::nodes(&parsed)?;
-        let origin = format!("{} given nodes", urls.len());
-        (urls, origin)
-    } else {
-        let n = parsed.count("instances", 5)?;
-        if n > redlock_mux::MAX_NODES {
-            return Err(usage!("--instances: at most {}", redlock_mux::MAX_NODES).into());
+    let (urls, origin) = match given {
+        Some((urls, from)) => {
+            // Read with the library's parser now, for a usage error before anything runs.
+            for url in &urls {
+                NodeUrl::parse(url).map_err(|e| usage!("{e}"))?;
+            }
+            let origin = match from {
+                NodesFrom::Option => format!("{} nodes from --nodes", urls.len()),
+                NodesFrom::Environment => format!("{} nodes from REDLOCK_NODES", urls.len()),
+            };
+            (urls, origin)
         }
-        if !json {
-            eprintln!("starting {n} local redis-server instances...");
+        None => {
+            let n = instances.unwrap_or(5);
+            if n > redlock_mux::MAX_NODES {
+                return Err(usage!("--instances: at most {}", redlock_mux::MAX_NODES).into());
+            }
+            if !json {
+                eprintln!("starting {n} local redis-server instances...");
+            }
+            cluster = RedisCluster::start(n)
+                .map_err(|e| Fail::other(format!("could not start redis-server: {e}")))?;
+            (cluster.urls(), format!("{n} local redis-server instances"))
         }
-        cluster = RedisCluster::start(n)
-            .map_err(|e| Fail::other(format!("could not start redis-server: {e}")))?;
-        (cluster.urls(), format!("{n} local redis-server instances"))
     };
 
     let sizes = sizes(urls.len());
-    let progress = Progress::new(!json && io::stderr().is_terminal());
+    let progress = Progress::new(io::stderr().is_terminal());
     let mut report = Report {
         origin,
         iters,
@@ -169,14 +211,38 @@ pub fn main(argv: &[String]) -> Result<i32, Fail> {
             }
         }
     }
+    if scale {
+        for &threads in &thread_counts {
+            report
+                .threads
+                .push(bench_threads(&urls, threads, iters, &progress)?);
+        }
+    }
     progress.clear();
 
+    let mut out = io::stdout().lock();
     if json {
-        println!("{}", report.json());
+        writeln!(out, "{}", report.json())?;
     } else {
-        report.print();
+        report.print(&mut out)?;
     }
+    out.flush()?;
     Ok(0)
+}
+
+/// A comma-separated list of thread counts, each from 1 to 1024.
+fn counts(value: std::ffi::OsString) -> Result<Vec<usize>, Fail> {
+    let text = args::text("--threads", value)?;
+    let counts = text
+        .split(',')
+        .map(|t| match t.trim().parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) => Ok(n),
+            _ => Err(usage!(
+                "--threads: {t:?} is not a thread count (1 to 1024); write it like 1,4,16"
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(counts)
 }
 
 /// Everything one run measured.
@@ -187,6 +253,7 @@ struct Report {
     mutex: Vec<MutexResult>,
     rw: Vec<RwResult>,
     handoff: Vec<HandoffResult>,
+    threads: Vec<ThreadsResult>,
 }
 
 /// The N measured: 1, 3 and 5 where there are that many nodes, and all the nodes.
@@ -237,8 +304,8 @@ fn bench_mutex(urls: &[String], iters: usize, progress: &Progress) -> Result<Mut
         .nodes(urls)
         .build()
         .map_err(|e| Fail::other(format!("bad nodes: {e}")))?;
-    let mut base = Baseline::connect(urls)
-        .map_err(|e| Fail::other(format!("baseline could not connect: {e}")))?;
+    let mut base = baseline(urls)?;
+    let mut tokens = Tokens::new();
     let ours_key = format!("redlock-mux:bench:ours:{n}");
     let base_key = format!("redlock-mux:bench:baseline:{n}");
 
@@ -248,7 +315,7 @@ fn bench_mutex(urls: &[String], iters: usize, progress: &Progress) -> Result<Mut
     // Warm-up: connections open, scripts load, caches and branch predictors settle.
     let warmup = (iters / 10).clamp(100, 2000);
     ours_cycles(&client, Kind::Mutex, &ours_key, warmup, &mut scratch);
-    base_cycles(&mut base, &base_key, warmup, &mut scratch)?;
+    base_cycles(&mut base, &mut tokens, &base_key, warmup, &mut scratch)?;
 
     let mut done = 0;
     let mut block = 0usize;
@@ -257,9 +324,9 @@ fn bench_mutex(urls: &[String], iters: usize, progress: &Progress) -> Result<Mut
         // Alternate which client goes first, so neither always follows the other.
         if block % 2 == 0 {
             ours_cycles(&client, Kind::Mutex, &ours_key, count, &mut ours);
-            base_cycles(&mut base, &base_key, count, &mut baseline)?;
+            base_cycles(&mut base, &mut tokens, &base_key, count, &mut baseline)?;
         } else {
-            base_cycles(&mut base, &base_key, count, &mut baseline)?;
+            base_cycles(&mut base, &mut tokens, &base_key, count, &mut baseline)?;
             ours_cycles(&client, Kind::Mutex, &ours_key, count, &mut ours);
         }
         done += count;
@@ -363,23 +430,24 @@ fn timed<G>(
 }
 
 fn base_cycles(
-    base: &mut Baseline,
+    base: &mut Raw,
+    tokens: &mut Tokens,
     key: &str,
     count: usize,
     into: &mut Phases,
 ) -> Result<(), Fail> {
+    let ttl_ms = TTL.as_millis() as u64;
     for _ in 0..count {
         let start = Instant::now();
-        let token = token();
+        let token = tokens.next_token();
         let won = base
-            .acquire(key.as_bytes(), &token)
+            .try_acquire(key.as_bytes(), &token, ttl_ms)
             .map_err(|e| Fail::other(format!("baseline acquire: {e}")))?;
         let acquired = Instant::now();
-        base.release(key.as_bytes(), &token)
-            .map_err(|e| Fail::other(format!("baseline release: {e}")))?;
-        let released = Instant::now();
         if won {
-            into.record(start, acquired, released);
+            base.release(key.as_bytes(), &token)
+                .map_err(|e| Fail::other(format!("baseline release: {e}")))?;
+            into.record(start, acquired, Instant::now());
         } else {
             into.errors += 1;
         }
@@ -387,83 +455,31 @@ fn base_cycles(
     Ok(())
 }
 
-/// A fresh 160-bit token as 40 hex characters, drawn like the library draws its own.
-fn token() -> [u8; 40] {
-    let mut raw = [0u8; 20];
-    getrandom::fill(&mut raw).expect("the OS random source failed");
-    let mut hex = [0u8; 40];
-    for (i, b) in raw.iter().enumerate() {
-        hex[2 * i] = b"0123456789abcdef"[(b >> 4) as usize];
-        hex[2 * i + 1] = b"0123456789abcdef"[(b & 15) as usize];
-    }
-    hex
-}
-
-/// Compare-and-delete with the same release announcement the library's script makes, so
-/// both sides ask the server for the same work.
-const BASELINE_RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); redis.call('publish', ARGV[2], '1'); return 1 else return 0 end";
-
-/// The hand-written baseline: one blocking socket per node, no timeouts beyond the socket's.
-struct Baseline {
-    conns: Vec<NodeConn>,
-    sha: Vec<u8>,
-    out: Vec<u8>,
-}
-
-impl Baseline {
-    fn connect(urls: &[String]) -> io::Result<Baseline> {
-        let mut conns = Vec::with_capacity(urls.len());
-        let mut sha = Vec::new();
-        for url in urls {
-            let mut conn = NodeConn::connect(url, Duration::from_secs(5))?;
-            match conn.call_ok(&[b"SCRIPT", b"LOAD", BASELINE_RELEASE.as_bytes()])? {
-                Value::Bulk(Some(digest)) => sha = digest,
-                other => return Err(io::Error::other(format!("SCRIPT LOAD answered {other:?}"))),
+/// The raw baseline on `urls`, read by the library's URL parser: `AUTH` and `SELECT` as they
+/// ask, then nothing but lock commands.
+fn baseline(urls: &[String]) -> Result<Raw, Fail> {
+    let targets = urls
+        .iter()
+        .map(|url| {
+            let url = NodeUrl::parse(url).map_err(|e| usage!("{e}"))?;
+            let mut setup = Vec::new();
+            if let Some(password) = url.password() {
+                let mut auth = vec![b"AUTH".to_vec()];
+                auth.extend(url.user().map(<[u8]>::to_vec));
+                auth.push(password.to_vec());
+                setup.push(auth);
             }
-            conns.push(conn);
-        }
-        Ok(Baseline {
-            conns,
-            sha,
-            out: Vec::with_capacity(256),
+            if url.db() != 0 {
+                setup.push(vec![b"SELECT".to_vec(), url.db().to_string().into_bytes()]);
+            }
+            Ok::<Target, Fail>(Target {
+                addr: url.addr(),
+                setup,
+            })
         })
-    }
-
-    /// `SET key token NX PX ttl` to all, then every reply; whether a majority said OK.
-    fn acquire(&mut self, key: &[u8], token: &[u8]) -> io::Result<bool> {
-        let ttl = TTL.as_millis().to_string();
-        self.out.clear();
-        resp::encode_command(
-            &mut self.out,
-            &[b"SET", key, token, b"NX", b"PX", ttl.as_bytes()],
-        );
-        self.fan_out(|r| matches!(r, Reply::Simple(b"OK")))
-    }
-
-    /// Compare-and-delete to all, then every reply.
-    fn release(&mut self, key: &[u8], token: &[u8]) -> io::Result<bool> {
-        let mut channel = b"redlock-mux:wake:".to_vec();
-        channel.extend_from_slice(key);
-        self.out.clear();
-        resp::encode_command(
-            &mut self.out,
-            &[b"EVALSHA", &self.sha, b"1", key, token, &channel],
-        );
-        self.fan_out(|r| matches!(r, Reply::Integer(_)))
-    }
-
-    fn fan_out(&mut self, yes: impl Fn(&Reply<'_>) -> bool) -> io::Result<bool> {
-        for c in &mut self.conns {
-            c.send(&self.out)?;
-        }
-        let mut votes = 0;
-        for c in &mut self.conns {
-            if c.read_with(&yes)? {
-                votes += 1;
-            }
-        }
-        Ok(votes > self.conns.len() / 2)
-    }
+        .collect::<Result<Vec<_>, _>>()?;
+    Raw::connect_targets(&targets)
+        .map_err(|e| Fail::other(format!("the baseline could not connect: {e}")))
 }
 
 /// Contended hand-off figures for one configuration.
@@ -577,7 +593,88 @@ fn bench_handoff(
     Ok(result)
 }
 
-/// A one-line progress bar on stderr, only when stderr is a terminal.
+/// Scale figures for one thread count.
+struct ThreadsResult {
+    n: usize,
+    threads: usize,
+    cycles: usize,
+    wall: Duration,
+    cycle: Samples,
+    errors: u64,
+}
+
+impl ThreadsResult {
+    fn ops_per_sec(&self) -> f64 {
+        let secs = self.wall.as_secs_f64();
+        if secs > 0.0 {
+            self.cycles as f64 / secs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// `threads` threads share one client (its pool gives each its own connections) and loop
+/// try-lock → release on a key of their own, `iters` cycles in all. The figures are the
+/// cycles' latencies and the aggregate rate, from the moment all threads start together to
+/// the last one's end.
+fn bench_threads(
+    urls: &[String],
+    threads: usize,
+    iters: usize,
+    progress: &Progress,
+) -> Result<ThreadsResult, Fail> {
+    let n = urls.len();
+    let client = Client::builder()
+        .nodes(urls)
+        .build()
+        .map_err(|e| Fail::other(format!("bad nodes: {e}")))?;
+    let per_thread = iters.div_ceil(threads);
+    let label = format!("threads x{threads}");
+    progress.show(&label, 0, 1);
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let client = client.clone();
+            let barrier = barrier.clone();
+            let key = format!("redlock-mux:bench:threads:{n}:{threads}:{t}");
+            thread::spawn(move || {
+                let mut warmup = Phases::default();
+                ours_cycles(&client, Kind::Mutex, &key, 20, &mut warmup);
+                barrier.wait();
+                let mut phases = Phases::with_capacity(per_thread);
+                ours_cycles(&client, Kind::Mutex, &key, per_thread, &mut phases);
+                (phases.cycle, phases.errors, Instant::now())
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    let mut result = ThreadsResult {
+        n,
+        threads,
+        cycles: 0,
+        wall: Duration::ZERO,
+        cycle: Samples::with_capacity(per_thread * threads),
+        errors: 0,
+    };
+    let mut end = start;
+    for w in workers {
+        let (cycle, errors, done) = w
+            .join()
+            .map_err(|_| Fail::other("a benchmark thread panicked".into()))?;
+        result.cycle.extend(&cycle);
+        result.errors += errors;
+        end = end.max(done);
+    }
+    result.cycles = result.cycle.len();
+    result.wall = end - start;
+    progress.show(&label, 1, 1);
+    Ok(result)
+}
+
+/// A one-line progress bar on stderr, only when stderr is a terminal (never in a log file or
+/// a pipe).
 struct Progress {
     enabled: bool,
 }
@@ -593,7 +690,9 @@ impl Progress {
         }
         const WIDTH: usize = 30;
         let filled = done * WIDTH / total.max(1);
-        eprint!(
+        // A terminal that went away is no reason to stop measuring.
+        let _ = write!(
+            io::stderr(),
             "\r{label:<14} [{}{}] {done}/{total}   ",
             "#".repeat(filled),
             ".".repeat(WIDTH - filled)
@@ -602,113 +701,137 @@ impl Progress {
 
     fn clear(&self) {
         if self.enabled {
-            eprint!("\r{:70}\r", "");
+            let _ = write!(io::stderr(), "\r{:70}\r", "");
         }
     }
 }
 
 impl Report {
-    fn print(&mut self) {
+    fn print(&mut self, out: &mut dyn Write) -> io::Result<()> {
         let (origin, iters) = (&self.origin, self.iters);
         if !self.mutex.is_empty() {
-            print_mutex(origin, iters, &mut self.mutex);
+            print_mutex(out, origin, iters, &mut self.mutex)?;
         }
         if !self.rw.is_empty() {
-            print_rw(origin, iters, &mut self.rw);
+            print_rw(out, origin, iters, &mut self.rw)?;
         }
         if !self.handoff.is_empty() {
-            print_handoff(origin, &mut self.handoff);
+            print_handoff(out, origin, &mut self.handoff)?;
         }
+        if !self.threads.is_empty() {
+            print_threads(out, origin, self.iters, &mut self.threads)?;
+        }
+        Ok(())
     }
 
-    fn json(&mut self) -> String {
-        let mutex: Vec<String> = self
+    /// Every figure, as one JSON object.
+    fn json(&mut self) -> serde_json::Value {
+        let mutex: Vec<serde_json::Value> = self
             .mutex
             .iter_mut()
             .map(|r| {
-                let p50 = phase_ratios(0.5, &mut r.ours, &mut r.baseline);
-                let p99 = phase_ratios(0.99, &mut r.ours, &mut r.baseline);
-                format!(
-                    "{{\"n\":{},\"ours\":{},\"baseline\":{},\"ratio_p50\":{},\"ratio_p99\":{}}}",
-                    r.n,
-                    phases_json(&mut r.ours),
-                    phases_json(&mut r.baseline),
-                    p50,
-                    p99
-                )
+                json!({
+                    "n": r.n,
+                    "ratio_p50": phase_ratios(0.5, &mut r.ours, &mut r.baseline),
+                    "ratio_p99": phase_ratios(0.99, &mut r.ours, &mut r.baseline),
+                    "ours": phases_json(&mut r.ours),
+                    "baseline": phases_json(&mut r.baseline),
+                })
             })
             .collect();
-        let rw: Vec<String> = self
+        let rw: Vec<serde_json::Value> = self
             .rw
             .iter_mut()
             .map(|r| {
                 let (first, rest) = r.kinds.split_at_mut(1);
                 let base = &mut first[0].1;
-                let mut fields = vec![format!("\"n\":{}", r.n)];
+                let mut fields = serde_json::Map::new();
+                fields.insert("n".into(), json!(r.n));
                 for (kind, phases) in rest.iter_mut() {
-                    let p50 = phase_ratios(0.5, phases, base);
-                    let p99 = phase_ratios(0.99, phases, base);
-                    fields.push(format!(
-                        "\"{}\":{{\"figures\":{},\"ratio_to_mutex_p50\":{},\"ratio_to_mutex_p99\":{}}}",
-                        kind.name(),
-                        phases_json(phases),
-                        p50,
-                        p99
-                    ));
+                    fields.insert(
+                        kind.name().into(),
+                        json!({
+                            "figures": phases_json(phases),
+                            "ratio_to_mutex_p50": phase_ratios(0.5, phases, base),
+                            "ratio_to_mutex_p99": phase_ratios(0.99, phases, base),
+                        }),
+                    );
                 }
-                fields.push(format!("\"mutex\":{}", phases_json(base)));
-                format!("{{{}}}", fields.join(","))
+                fields.insert("mutex".into(), phases_json(base));
+                serde_json::Value::Object(fields)
             })
             .collect();
-        let handoff: Vec<String> = self
+        let handoff: Vec<serde_json::Value> = self
             .handoff
             .iter_mut()
             .map(|h| {
-                format!(
-                    "{{\"n\":{},\"threads\":{},\"fair\":{},\"hold_ms\":{},\"gap\":{},\"regrants\":{},\"overlaps\":{},\"errors\":{}}}",
-                    h.n,
-                    h.threads,
-                    h.fair,
-                    HANDOFF_HOLD.as_millis(),
-                    h.gaps.summary().to_json(),
-                    h.regrants,
-                    h.overlaps,
-                    h.errors
-                )
+                json!({
+                    "n": h.n,
+                    "threads": h.threads,
+                    "fair": h.fair,
+                    "hold_ms": HANDOFF_HOLD.as_millis() as u64,
+                    "gap": summary_json(h.gaps.summary()),
+                    "gap_histogram": histogram_json(&h.gaps),
+                    "regrants": h.regrants,
+                    "overlaps": h.overlaps,
+                    "errors": h.errors,
+                })
             })
             .collect();
-        format!(
-            "{{\"nodes\":{},\"iters\":{},\"block\":{},\"ttl_ms\":{},\"mutex\":[{}],\"rw\":[{}],\"handoff\":[{}]}}",
-            json_string(&self.origin),
-            self.iters,
-            BLOCK,
-            TTL.as_millis(),
-            mutex.join(","),
-            rw.join(","),
-            handoff.join(",")
-        )
+        let threads: Vec<serde_json::Value> = self
+            .threads
+            .iter_mut()
+            .map(|t| {
+                json!({
+                    "n": t.n,
+                    "threads": t.threads,
+                    "cycles": t.cycles,
+                    "wall_s": t.wall.as_secs_f64(),
+                    "ops_per_sec": t.ops_per_sec(),
+                    "cycle": summary_json(t.cycle.summary()),
+                    "cycle_histogram": histogram_json(&t.cycle),
+                    "errors": t.errors,
+                })
+            })
+            .collect();
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "nodes": self.origin,
+            "iters": self.iters,
+            "block": BLOCK,
+            "ttl_ms": TTL.as_millis() as u64,
+            "mutex": mutex,
+            "rw": rw,
+            "handoff": handoff,
+            "threads": threads,
+        })
     }
 }
 
-/// Ratios of `ours` to `base` at quantile `q`, per phase, as a JSON object.
-fn phase_ratios(q: f64, ours: &mut Phases, base: &mut Phases) -> String {
-    format!(
-        "{{\"acquire\":{:.4},\"release\":{:.4},\"cycle\":{:.4}}}",
-        ratio(ours.acquire.quantile(q), base.acquire.quantile(q)),
-        ratio(ours.release.quantile(q), base.release.quantile(q)),
-        ratio(ours.cycle.quantile(q), base.cycle.quantile(q)),
-    )
+/// Ratios of `ours` to `base` at quantile `q`, per phase.
+fn phase_ratios(q: f64, ours: &mut Phases, base: &mut Phases) -> serde_json::Value {
+    json!({
+        "acquire": ratio(ours.acquire.quantile(q), base.acquire.quantile(q)),
+        "release": ratio(ours.release.quantile(q), base.release.quantile(q)),
+        "cycle": ratio(ours.cycle.quantile(q), base.cycle.quantile(q)),
+    })
 }
 
 /// Rows of p50 and p99 for `ours` next to `base`, with their ratios, one per phase.
-fn print_ratio_rows(n: usize, ours: &mut Phases, base: &mut Phases) {
+fn print_ratio_rows(
+    out: &mut dyn Write,
+    n: usize,
+    ours: &mut Phases,
+    base: &mut Phases,
+) -> io::Result<()> {
     for (name, o, b) in [
         ("acquire", &mut ours.acquire, &mut base.acquire),
         ("release", &mut ours.release, &mut base.release),
         ("cycle", &mut ours.cycle, &mut base.cycle),
     ] {
         let (o, b) = (o.summary(), b.summary());
-        println!(
+        writeln!(
+            out,
             "{:>2}  {:<8} {:>10} {:>10} {:>6.3}x   {:>10} {:>10} {:>6.3}x",
             n,
             name,
@@ -718,12 +841,18 @@ fn print_ratio_rows(n: usize, ours: &mut Phases, base: &mut Phases) {
             fmt_duration(o.p99),
             fmt_duration(b.p99),
             ratio(o.p99, b.p99),
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// The full figures of each measured client, one row per phase.
-fn print_detail_rows(n: usize, who: &str, phases: &mut Phases) {
+fn print_detail_rows(
+    out: &mut dyn Write,
+    n: usize,
+    who: &str,
+    phases: &mut Phases,
+) -> io::Result<()> {
     let errors = phases.errors;
     for (name, s) in [
         ("acquire", &mut phases.acquire),
@@ -732,7 +861,8 @@ fn print_detail_rows(n: usize, who: &str, phases: &mut Phases) {
     ] {
         let sum = s.summary();
         let cycle = name == "cycle";
-        println!(
+        writeln!(
+            out,
             "{:>2}  {:<8} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
             n,
             who,
@@ -752,60 +882,75 @@ fn print_detail_rows(n: usize, who: &str, phases: &mut Phases) {
             } else {
                 String::new()
             },
-        );
+        )?;
     }
+    Ok(())
 }
 
-fn print_detail_header(who: &str) {
-    println!(
+fn print_detail_header(out: &mut dyn Write, who: &str) -> io::Result<()> {
+    writeln!(
+        out,
         "{:>2}  {:<8} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
         "N", who, "op", "p50", "p90", "p99", "p99.9", "max", "ops/s", "errors"
-    );
+    )?;
+    Ok(())
 }
 
-fn print_mutex(origin: &str, iters: usize, results: &mut [MutexResult]) {
-    println!(
+fn print_mutex(
+    out: &mut dyn Write,
+    origin: &str,
+    iters: usize,
+    results: &mut [MutexResult],
+) -> io::Result<()> {
+    writeln!(
+        out,
         "mutex, uncontended: {origin}; {iters} cycles per client per N, in alternating blocks of {BLOCK}"
-    );
-    println!("ours = redlock_mux::Client; baseline = SET NX PX to all N sockets, then all N replies; release = EVALSHA compare-and-delete");
-    println!();
-    println!(
+    )?;
+    writeln!(out, "ours = redlock_mux::Client; baseline = SET NX PX to all N sockets, then all N replies; release = EVALSHA compare-and-delete")?;
+    writeln!(out)?;
+    writeln!(
+        out,
         "{:>2}  {:<8} {:>10} {:>10} {:>7}   {:>10} {:>10} {:>7}",
         "N", "op", "ours p50", "base p50", "ratio", "ours p99", "base p99", "ratio"
-    );
+    )?;
     for r in results.iter_mut() {
-        print_ratio_rows(r.n, &mut r.ours, &mut r.baseline);
+        print_ratio_rows(out, r.n, &mut r.ours, &mut r.baseline)?;
     }
-    println!();
-    print_detail_header("client");
+    writeln!(out)?;
+    print_detail_header(out, "client")?;
     for r in results.iter_mut() {
-        print_detail_rows(r.n, "ours", &mut r.ours);
-        print_detail_rows(r.n, "baseline", &mut r.baseline);
+        print_detail_rows(out, r.n, "ours", &mut r.ours)?;
+        print_detail_rows(out, r.n, "baseline", &mut r.baseline)?;
     }
     if let Some(last) = results.last() {
-        println!();
-        println!("cycle latency at N={}, ours:", last.n);
-        print!("{}", last.ours.cycle.histogram().render(14, 40));
-        println!("cycle latency at N={}, baseline:", last.n);
-        print!("{}", last.baseline.cycle.histogram().render(14, 40));
+        writeln!(out)?;
+        writeln!(out, "cycle latency at N={}, ours:", last.n)?;
+        write!(out, "{}", last.ours.cycle.histogram().render(14, 40))?;
+        writeln!(out, "cycle latency at N={}, baseline:", last.n)?;
+        write!(out, "{}", last.baseline.cycle.histogram().render(14, 40))?;
     }
-    println!();
-    println!("targets (issue): acquire p50 <= baseline; cycle p50 <= 1.05 x baseline");
+    writeln!(out)?;
+    writeln!(
+        out,
+        "goals: acquire p50 <= baseline; cycle p50 <= 1.05 x baseline"
+    )?;
     for r in results.iter_mut() {
         let a = ratio(
             r.ours.acquire.quantile(0.5),
             r.baseline.acquire.quantile(0.5),
         );
         let c = ratio(r.ours.cycle.quantile(0.5), r.baseline.cycle.quantile(0.5));
-        println!(
+        writeln!(
+            out,
             "  N={}: acquire p50 {:.3}x [{}], cycle p50 {:.3}x [{}]",
             r.n,
             a,
             met(a <= 1.0),
             c,
             met(c <= 1.05),
-        );
+        )?;
     }
+    Ok(())
 }
 
 fn met(yes: bool) -> &'static str {
@@ -816,20 +961,28 @@ fn met(yes: bool) -> &'static str {
     }
 }
 
-fn print_rw(origin: &str, iters: usize, results: &mut [RwResult]) {
-    println!();
-    println!(
+fn print_rw(
+    out: &mut dyn Write,
+    origin: &str,
+    iters: usize,
+    results: &mut [RwResult],
+) -> io::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
         "read-write locks, uncontended, next to the mutex: {origin}; {iters} cycles per kind per N, in rotating blocks of {BLOCK}"
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "each cycle: try_read_lock / try_write_lock / try_lock, then release; ratio = kind / mutex"
-    );
+    )?;
     for r in results.iter_mut() {
         let (first, rest) = r.kinds.split_at_mut(1);
         let mutex = &mut first[0].1;
         for (kind, phases) in rest.iter_mut() {
-            println!();
-            println!(
+            writeln!(out)?;
+            writeln!(
+                out,
                 "{:>2}  {:<8} {:>10} {:>10} {:>7}   {:>10} {:>10} {:>7}",
                 "N",
                 "op",
@@ -839,28 +992,30 @@ fn print_rw(origin: &str, iters: usize, results: &mut [RwResult]) {
                 format!("{} p99", kind.name()),
                 "mutex p99",
                 "ratio"
-            );
-            print_ratio_rows(r.n, phases, mutex);
+            )?;
+            print_ratio_rows(out, r.n, phases, mutex)?;
         }
     }
-    println!();
-    print_detail_header("kind");
+    writeln!(out)?;
+    print_detail_header(out, "kind")?;
     for r in results.iter_mut() {
         for (kind, phases) in r.kinds.iter_mut() {
-            print_detail_rows(r.n, kind.name(), phases);
+            print_detail_rows(out, r.n, kind.name(), phases)?;
         }
     }
-    println!();
-    println!(
-        "target (read-write issue): acquire and cycle p50 within {RW_TARGET}x of the mutex at N=5"
-    );
+    writeln!(out)?;
+    writeln!(
+        out,
+        "goal: read and write acquire and cycle p50 within {RW_TARGET}x of the mutex at N=5"
+    )?;
     for r in results.iter_mut() {
         let (first, rest) = r.kinds.split_at_mut(1);
         let mutex = &mut first[0].1;
         for (kind, phases) in rest.iter_mut() {
             let a = ratio(phases.acquire.quantile(0.5), mutex.acquire.quantile(0.5));
             let c = ratio(phases.cycle.quantile(0.5), mutex.cycle.quantile(0.5));
-            println!(
+            writeln!(
+                out,
                 "  N={} {:<5}: acquire p50 {:.3}x [{}], cycle p50 {:.3}x [{}]",
                 r.n,
                 kind.name(),
@@ -868,23 +1023,31 @@ fn print_rw(origin: &str, iters: usize, results: &mut [RwResult]) {
                 met(a <= RW_TARGET),
                 c,
                 met(c <= RW_TARGET),
-            );
+            )?;
         }
     }
+    Ok(())
 }
 
-fn print_handoff(origin: &str, results: &mut [HandoffResult]) {
-    println!();
-    println!(
+fn print_handoff(
+    out: &mut dyn Write,
+    origin: &str,
+    results: &mut [HandoffResult],
+) -> io::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
         "contended hand-off: {origin}; each thread loops lock -> hold {} -> release for {}",
         fmt_duration(HANDOFF_HOLD),
         fmt_duration(HANDOFF_RUN)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "gap = another thread's lock returning - the holder starting its release (first {} not counted)",
         fmt_duration(HANDOFF_WARMUP)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "{:>2}  {:<6} {:>7}  {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6}",
         "N",
         "client",
@@ -898,10 +1061,11 @@ fn print_handoff(origin: &str, results: &mut [HandoffResult]) {
         "regrants",
         "overlaps",
         "errors"
-    );
+    )?;
     for h in results.iter_mut() {
         let s = h.gaps.summary();
-        println!(
+        writeln!(
+            out,
             "{:>2}  {:<6} {:>7}  {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6}",
             h.n,
             if h.fair { "fair" } else { "plain" },
@@ -915,18 +1079,20 @@ fn print_handoff(origin: &str, results: &mut [HandoffResult]) {
             h.regrants,
             h.overlaps,
             h.errors
-        );
+        )?;
     }
     let (p50_target, p99_target) = HANDOFF_TARGET;
-    println!();
-    println!(
-        "targets (issue): gap p50 < {}, p99 < {}",
+    writeln!(out)?;
+    writeln!(
+        out,
+        "goals: gap p50 < {}, p99 < {}",
         fmt_duration(p50_target),
         fmt_duration(p99_target)
-    );
+    )?;
     for h in results.iter_mut() {
         let (p50, p99) = (h.gaps.quantile(0.5), h.gaps.quantile(0.99));
-        println!(
+        writeln!(
+            out,
             "  N={} {:<5} x{}: p50 {} [{}], p99 {} [{}]",
             h.n,
             if h.fair { "fair" } else { "plain" },
@@ -935,34 +1101,78 @@ fn print_handoff(origin: &str, results: &mut [HandoffResult]) {
             met(!h.gaps.is_empty() && p50 < p50_target),
             fmt_duration(p99),
             met(!h.gaps.is_empty() && p99 < p99_target),
-        );
+        )?;
     }
+    Ok(())
 }
 
-fn phases_json(p: &mut Phases) -> String {
+fn print_threads(
+    out: &mut dyn Write,
+    origin: &str,
+    iters: usize,
+    results: &mut [ThreadsResult],
+) -> io::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "threads on distinct keys, one shared client: {origin}; {iters} try_lock + release cycles in all per T"
+    )?;
+    writeln!(
+        out,
+        "{:>2}  {:>7}  {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}",
+        "N", "threads", "ops/s", "p50", "p99", "p99.9", "max", "errors"
+    )?;
+    for t in results.iter_mut() {
+        let ops = t.ops_per_sec();
+        let s = t.cycle.summary();
+        writeln!(
+            out,
+            "{:>2}  {:>7}  {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>6}",
+            t.n,
+            t.threads,
+            ops,
+            fmt_duration(s.p50),
+            fmt_duration(s.p99),
+            fmt_duration(s.p999),
+            fmt_duration(s.max),
+            t.errors
+        )?;
+    }
+    Ok(())
+}
+
+/// A client's figures: each phase's summary, the cycle histogram, ops/s and errors.
+fn phases_json(p: &mut Phases) -> serde_json::Value {
     let cycle: Summary = p.cycle.summary();
-    format!(
-        "{{\"acquire\":{},\"release\":{},\"cycle\":{},\"ops_per_sec\":{:.1},\"errors\":{}}}",
-        p.acquire.summary().to_json(),
-        p.release.summary().to_json(),
-        cycle.to_json(),
-        cycle.ops_per_sec(),
-        p.errors
-    )
+    json!({
+        "acquire": summary_json(p.acquire.summary()),
+        "release": summary_json(p.release.summary()),
+        "cycle": summary_json(cycle),
+        "cycle_histogram": histogram_json(&p.cycle),
+        "ops_per_sec": cycle.ops_per_sec(),
+        "errors": p.errors,
+    })
 }
 
-/// `s` as a JSON string literal.
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// A latency summary, in microseconds.
+fn summary_json(s: Summary) -> serde_json::Value {
+    json!({
+        "count": s.count,
+        "mean_us": us(s.mean),
+        "p50_us": us(s.p50),
+        "p90_us": us(s.p90),
+        "p99_us": us(s.p99),
+        "p999_us": us(s.p999),
+        "max_us": us(s.max),
+    })
+}
+
+/// The histogram's buckets: `[low, high)` in nanoseconds, and the count.
+fn histogram_json(samples: &Samples) -> serde_json::Value {
+    samples
+        .histogram()
+        .rows
+        .iter()
+        .map(|r| json!([r.low.as_nanos() as u64, r.high.as_nanos() as u64, r.count]))
+        .collect()
 }

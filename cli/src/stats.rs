@@ -1,8 +1,8 @@
 //! Latency statistics: percentiles, a summary and a log-scale text histogram.
 //!
-//! Std only, so that `benches/` can include it with
-//! `#[path = "../src/bin/redlock-mux/stats.rs"] mod stats;` and report the same figures the
-//! same way as `redlock-mux bench`.
+//! Std only, so that the peer benchmark (`benches/peers`) can include it with
+//! `#[path = "../../../cli/src/stats.rs"] mod stats;` and report the same figures the same way
+//! as `redlock-mux bench`.
 
 // Each includer uses a different subset of this API.
 #![allow(dead_code)]
@@ -29,6 +29,12 @@ impl Samples {
     /// Adds one sample.
     pub fn push(&mut self, d: Duration) {
         self.nanos.push(d.as_nanos().min(u64::MAX as u128) as u64);
+        self.sorted = false;
+    }
+
+    /// Adds every sample of `other`.
+    pub fn extend(&mut self, other: &Samples) {
+        self.nanos.extend_from_slice(&other.nanos);
         self.sorted = false;
     }
 
@@ -149,20 +155,6 @@ impl Summary {
         } else {
             0.0
         }
-    }
-
-    /// The figures as a JSON object, in microseconds.
-    pub fn to_json(self) -> String {
-        format!(
-            "{{\"count\":{},\"mean_us\":{:.3},\"p50_us\":{:.3},\"p90_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"max_us\":{:.3}}}",
-            self.count,
-            us(self.mean),
-            us(self.p50),
-            us(self.p90),
-            us(self.p99),
-            us(self.p999),
-            us(self.max)
-        )
     }
 }
 

@@ -1,8 +1,9 @@
 //! Local `redis-server` processes for tests, benchmarks and the CLI.
 //!
 //! Std only: this file is included with `#[path = ...] mod local_servers;`
-//! by the `redlock-mux` binary, by `tests/common` and by benches, so it must
-//! compile on its own without any crate dependency.
+//! by `tests/common`, the engine's simulation, the benches and the
+//! `redlock-mux` command (`cli/`), so it must compile on its own without
+//! any crate dependency.
 //!
 //! Every server listens on 127.0.0.1 on a free port, keeps its data, its
 //! log and its stderr in a private temporary directory and runs in the

@@ -6,7 +6,11 @@
 //! into a reused buffer; nothing is allocated per operation. There is no timeout handling, no
 //! reconnect and no validity arithmetic: it is a floor to measure against, not a client.
 //!
-//! Std only, so the CLI's bench can include it too with `#[path = ...] mod raw;`.
+//! Std only: the baseline of `redlock-mux bench` (its home), and of the peer benchmark
+//! (`benches/peers`), which includes it with `#[path = "../../../cli/src/raw.rs"] mod raw;`.
+
+// Each includer uses a different subset of this API.
+#![allow(dead_code)]
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -120,6 +124,16 @@ fn write_u64(out: &mut Vec<u8>, n: u64) {
     write_bulk(out, &[&buf[start..]]);
 }
 
+/// One node to connect to: its address, and the commands to send before anything else (such
+/// as `AUTH` and `SELECT`), each as its arguments; each must be answered `+OK`.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The node's address.
+    pub addr: SocketAddr,
+    /// Commands sent first, in order.
+    pub setup: Vec<Vec<Vec<u8>>>,
+}
+
 /// The raw baseline over N nodes.
 pub struct Raw {
     nodes: Vec<Node>,
@@ -131,20 +145,46 @@ pub struct Raw {
 impl Raw {
     /// Connects to every node (with `TCP_NODELAY`) and loads the release script.
     pub fn connect(addrs: &[SocketAddr]) -> io::Result<Raw> {
+        let targets: Vec<Target> = addrs
+            .iter()
+            .map(|&addr| Target {
+                addr,
+                setup: Vec::new(),
+            })
+            .collect();
+        Raw::connect_targets(&targets)
+    }
+
+    /// Connects to every target (with `TCP_NODELAY`), sends its setup commands, and loads the
+    /// release script.
+    pub fn connect_targets(targets: &[Target]) -> io::Result<Raw> {
         let mut raw = Raw {
-            nodes: Vec::with_capacity(addrs.len()),
+            nodes: Vec::with_capacity(targets.len()),
             out: Vec::with_capacity(512),
             sha: [0; 40],
-            quorum: addrs.len() / 2 + 1,
+            quorum: targets.len() / 2 + 1,
         };
-        for addr in addrs {
-            let stream = TcpStream::connect_timeout(addr, Duration::from_secs(1))?;
+        for target in targets {
+            let stream = TcpStream::connect_timeout(&target.addr, Duration::from_secs(1))?;
             stream.set_nodelay(true)?;
-            raw.nodes.push(Node {
+            let mut node = Node {
                 stream,
                 buf: Vec::with_capacity(4096),
                 start: 0,
-            });
+            };
+            for command in &target.setup {
+                let mut out = Vec::new();
+                write_len(&mut out, b'*', command.len());
+                for arg in command {
+                    write_bulk(&mut out, &[arg]);
+                }
+                node.stream.write_all(&out)?;
+                if node.read_reply()? != Reply::Ok {
+                    let name = String::from_utf8_lossy(command.first().map_or(&[][..], |c| c));
+                    return Err(io::Error::other(format!("{}: {name} refused", target.addr)));
+                }
+            }
+            raw.nodes.push(node);
         }
         // The digest comes back as a bulk string; read it raw.
         for node in &mut raw.nodes {
@@ -157,6 +197,9 @@ impl Raw {
             let mut reply = [0u8; 64];
             let mut got = 0;
             while !reply[..got].ends_with(b"\r\n") || got < 47 {
+                if (got > 0 && reply[0] != b'$') || got == reply.len() {
+                    return Err(io::Error::other("SCRIPT LOAD refused"));
+                }
                 let k = node.stream.read(&mut reply[got..])?;
                 if k == 0 {
                     return Err(io::ErrorKind::UnexpectedEof.into());
