@@ -65,9 +65,12 @@ fn fenced_write_locks_hand_out_increasing_tokens_and_exclude_readers_and_writers
         .is_contended());
     plain.release().expect("release");
 
-    // A node whose counter ran ahead (it granted writes the others missed): the token is past
-    // it, and written back to a quorum before it is handed out.
-    set(cluster.addrs()[0], &names.writer_fence, b"100");
+    // Nodes whose counters ran ahead (they granted writes the third missed): the token is past
+    // them, and written back to a quorum before it is handed out. Two of three, so that every
+    // quorum of two includes one of them, whichever nodes answer first.
+    for addr in &cluster.addrs()[..2] {
+        set(*addr, &names.writer_fence, b"100");
+    }
     let second = c.write_lock_fenced("doc", TTL).expect("fenced writer");
     let t2 = second.fencing_token();
     assert!(t2 > 100 && t2 > t1, "{t1} then {t2}");
