@@ -704,94 +704,64 @@ pub unsafe extern "C" fn redlock_mux_client_free(client: *mut redlock_mux_client
     boundary_void(|| unsafe { free_handle(client) })
 }
 
-/// The shared body of every acquisition: checks the arguments, runs `take`, hands back the
-/// new handle.
-///
-/// # Safety
-/// As for `redlock_mux_client_lock`.
-unsafe fn acquire<T>(
-    client: *const redlock_mux_client,
-    key: *const u8,
-    key_len: usize,
-    out: *mut *mut T,
-    take: impl FnOnce(&Client, &[u8]) -> Result<T, Error>,
-) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        let (handle, key, out) = unsafe {
-            (
-                arg_ref(client, "client")?,
-                arg_key(key, key_len, "key")?,
-                Out::new(out, "out")?,
-            )
-        };
-        out.write(into_handle(take(&handle.client, key)?));
-        Ok(())
-    })
+/// A lock handle of the C API: the lock it holds, until the lock is released or handed to
+/// keep-alive. Every function on a handle goes through the generic helpers below.
+trait Handle {
+    /// What the handle holds: a guard, or a kept lock.
+    type Lock: Held;
+    /// The name of the handle's parameter, for the message when it is NULL.
+    const ARG: &'static str = "lock";
+    fn new(lock: Self::Lock) -> Self;
+    fn slot(&self) -> &Option<Self::Lock>;
+    fn slot_mut(&mut self) -> &mut Option<Self::Lock>;
+    /// Runs before the lock is released (a kept lock silences its callback).
+    fn before_release(&self) {}
 }
 
-/// The shared body of the two mutex acquisitions.
-///
-/// # Safety
-/// As for `redlock_mux_client_lock`.
-unsafe fn lock_with(
-    client: *const redlock_mux_client,
-    key: *const u8,
-    key_len: usize,
-    ttl_ms: u64,
-    out: *mut *mut redlock_mux_lock,
-    wait: bool,
-) -> redlock_mux_result {
-    // SAFETY: forwarded caller promises.
-    unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            let lock = if wait {
-                c.lock(key, millis(ttl_ms))
-            } else {
-                c.try_lock(key, millis(ttl_ms))
-            }?;
-            Ok(redlock_mux_lock { held: Some(lock) })
-        })
+/// The `Handle` of each guard handle: its lock lives in `held`.
+macro_rules! guard_handles {
+    ($($handle:ident: $lock:ty;)*) => {$(
+        impl Handle for $handle {
+            type Lock = $lock;
+            fn new(lock: $lock) -> Self {
+                $handle { held: Some(lock) }
+            }
+            fn slot(&self) -> &Option<$lock> {
+                &self.held
+            }
+            fn slot_mut(&mut self) -> &mut Option<$lock> {
+                &mut self.held
+            }
+        }
+    )*};
+}
+
+guard_handles! {
+    redlock_mux_lock: Lock;
+    redlock_mux_read_lock: ReadLock;
+    redlock_mux_write_lock: WriteLock;
+    redlock_mux_multi_lock: MultiLock;
+    redlock_mux_fenced_lock: FencedLock;
+}
+
+impl Handle for redlock_mux_kept_lock {
+    type Lock = KeptLock;
+    const ARG: &'static str = "kept";
+    fn new(lock: KeptLock) -> Self {
+        redlock_mux_kept_lock {
+            held: Some(lock),
+            on_lost: None,
+        }
     }
-}
-
-/// One attempt to take the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
-/// without retrying. On success writes a new lock to `*out`; `REDLOCK_MUX_CONTENDED` means
-/// someone else holds it.
-///
-/// # Safety
-/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
-/// `out` is NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn redlock_mux_client_try_lock(
-    client: *const redlock_mux_client,
-    key: *const u8,
-    key_len: usize,
-    ttl_ms: u64,
-    out: *mut *mut redlock_mux_lock,
-) -> redlock_mux_result {
-    // SAFETY: forwarded caller promises.
-    unsafe { lock_with(client, key, key_len, ttl_ms, out, false) }
-}
-
-/// Takes the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting for it
-/// as the client's retry count and wait timeout allow (a release by the holder wakes the
-/// waiter at once). On success writes a new lock to `*out`. The lock is valid for
-/// `redlock_mux_lock_validity_ms`, which is less than the TTL.
-///
-/// # Safety
-/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
-/// `out` is NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn redlock_mux_client_lock(
-    client: *const redlock_mux_client,
-    key: *const u8,
-    key_len: usize,
-    ttl_ms: u64,
-    out: *mut *mut redlock_mux_lock,
-) -> redlock_mux_result {
-    // SAFETY: forwarded caller promises.
-    unsafe { lock_with(client, key, key_len, ttl_ms, out, true) }
+    fn slot(&self) -> &Option<KeptLock> {
+        &self.held
+    }
+    fn slot_mut(&mut self) -> &mut Option<KeptLock> {
+        &mut self.held
+    }
+    fn before_release(&self) {
+        self.disarm();
+    }
 }
 
 /// What the C API reads from, and does with, every kind of held lock: the guards of every
@@ -837,51 +807,159 @@ fn held<T>(slot: &Option<T>) -> Result<&T, Failure> {
     slot.as_ref().ok_or_else(released)
 }
 
+/// The shared body of every one-key acquisition: checks the arguments, runs `take`, hands
+/// back the new handle.
+///
 /// # Safety
-/// `out` is NULL or writable.
-unsafe fn held_validity<T: Held>(slot: &Option<T>, out: *mut u64) -> Result<(), Failure> {
-    // SAFETY: forwarded caller promise.
-    let out = unsafe { Out::new(out, "out_ms") }?;
-    let ms = held(slot)?.validity().as_millis();
-    out.write(u64::try_from(ms).unwrap_or(u64::MAX));
-    Ok(())
+/// As for `redlock_mux_client_lock`.
+unsafe fn acquire<H: Handle>(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut H,
+    take: impl FnOnce(&Client, &[u8], Duration) -> Result<H::Lock, Error>,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, key, out) = unsafe {
+            (
+                arg_ref(client, "client")?,
+                arg_key(key, key_len, "key")?,
+                Out::new(out, "out")?,
+            )
+        };
+        out.write(into_handle(H::new(take(
+            &handle.client,
+            key,
+            millis(ttl_ms),
+        )?)));
+        Ok(())
+    })
 }
 
+/// The body of every `_extend`.
+///
 /// # Safety
-/// `buf` is NULL or points to `buf_len` writable bytes; `out_n` is NULL or writable.
-unsafe fn held_token<T: Held>(
-    slot: &Option<T>,
+/// `lock` is NULL or a live handle used by no other thread.
+unsafe fn extend<H, K>(lock: *mut H, ttl_ms: u64) -> redlock_mux_result
+where
+    H: Handle<Lock = Guard<K>>,
+    K: Kind,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        let handle = unsafe { arg_mut(lock, H::ARG) }?;
+        let guard = handle.slot_mut().as_mut().ok_or_else(released)?;
+        guard.extend(millis(ttl_ms))?;
+        Ok(())
+    })
+}
+
+/// The body of every `_validity_ms`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `out_ms` is NULL or
+/// writable.
+unsafe fn validity<H: Handle>(lock: *const H, out_ms: *mut u64) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(lock, H::ARG)?, Out::new(out_ms, "out_ms")?) };
+        let ms = held(handle.slot())?.validity().as_millis();
+        out.write(u64::try_from(ms).unwrap_or(u64::MAX));
+        Ok(())
+    })
+}
+
+/// The body of every `_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `buf` is NULL or
+/// points to `buf_len` writable bytes; `out_n` is NULL or writable.
+unsafe fn token<H: Handle>(
+    lock: *const H,
     buf: *mut u8,
     buf_len: usize,
     out_n: *mut usize,
-) -> Result<(), Failure> {
-    if buf.is_null() {
-        return Err(null("buf"));
-    }
-    // SAFETY: forwarded caller promise.
-    let out_n = unsafe { Out::new(out_n, "out_n") }?;
-    let token = held(slot)?.token();
-    if buf_len < token.len() {
-        return Err(Failure::new(
-            REDLOCK_MUX_BUFFER_TOO_SMALL,
-            format!("the token is {} bytes, the buffer {buf_len}", token.len()),
-        ));
-    }
-    // SAFETY: `buf` is non-NULL with room for `buf_len >= token.len()` bytes (caller's
-    // promise), and cannot overlap the token, which is ours.
-    unsafe { ptr::copy_nonoverlapping(token.as_ptr(), buf, token.len()) };
-    out_n.write(token.len());
-    Ok(())
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let handle = unsafe { arg_ref(lock, H::ARG) }?;
+        if buf.is_null() {
+            return Err(null("buf"));
+        }
+        // SAFETY: forwarded caller promise.
+        let out_n = unsafe { Out::new(out_n, "out_n") }?;
+        let token = held(handle.slot())?.token();
+        if buf_len < token.len() {
+            return Err(Failure::new(
+                REDLOCK_MUX_BUFFER_TOO_SMALL,
+                format!("the token is {} bytes, the buffer {buf_len}", token.len()),
+            ));
+        }
+        // SAFETY: `buf` is non-NULL with room for `buf_len >= token.len()` bytes (caller's
+        // promise), and cannot overlap the token, which is ours.
+        unsafe { ptr::copy_nonoverlapping(token.as_ptr(), buf, token.len()) };
+        out_n.write(token.len());
+        Ok(())
+    })
 }
 
-fn held_extend<K: Kind>(slot: &mut Option<Guard<K>>, ttl_ms: u64) -> Result<(), Failure> {
-    slot.as_mut().ok_or_else(released)?.extend(millis(ttl_ms))?;
-    Ok(())
+/// The body of every `_release`: afterwards the handle is empty, whatever the result.
+///
+/// # Safety
+/// `lock` is NULL or a live handle used by no other thread.
+unsafe fn release<H: Handle>(lock: *mut H) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        let handle = unsafe { arg_mut(lock, H::ARG) }?;
+        handle.before_release();
+        handle.slot_mut().take().ok_or_else(released)?.release()?;
+        Ok(())
+    })
 }
 
-fn held_release<T: Held>(slot: &mut Option<T>) -> Result<(), Failure> {
-    slot.take().ok_or_else(released)?.release()?;
-    Ok(())
+/// One attempt to take the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
+/// without retrying. On success writes a new lock to `*out`; `REDLOCK_MUX_CONTENDED` means
+/// someone else holds it.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_try_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_lock(k, t)
+        })
+    }
+}
+
+/// Takes the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting for it
+/// as the client's retry count and wait timeout allow (a release by the holder wakes the
+/// waiter at once). On success writes a new lock to `*out`. The lock is valid for
+/// `redlock_mux_lock_validity_ms`, which is less than the TTL.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { acquire(client, key, key_len, ttl_ms, out, |c, k, t| c.lock(k, t)) }
 }
 
 /// Resets the lock's TTL to `ttl_ms` milliseconds on every node that still holds its token.
@@ -898,11 +976,8 @@ pub unsafe extern "C" fn redlock_mux_lock_extend(
     lock: *mut redlock_mux_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        let handle = unsafe { arg_mut(lock, "lock") }?;
-        held_extend(&mut handle.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Writes to `*out_ms` the time left, in whole milliseconds, before the lock may be granted to
@@ -916,10 +991,8 @@ pub unsafe extern "C" fn redlock_mux_lock_validity_ms(
     lock: *const redlock_mux_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Copies the lock's token (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex, no NUL: the value
@@ -936,10 +1009,8 @@ pub unsafe extern "C" fn redlock_mux_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
 }
 
 /// Releases the lock on every node, and returns once a quorum has answered. Whatever the
@@ -952,10 +1023,8 @@ pub unsafe extern "C" fn redlock_mux_lock_token(
 pub unsafe extern "C" fn redlock_mux_lock_release(
     lock: *mut redlock_mux_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a lock handle. A lock still held is released first, best effort (call
@@ -990,10 +1059,8 @@ pub unsafe extern "C" fn redlock_mux_client_try_read_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_read_lock {
-                held: Some(c.try_read_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_read_lock(k, t)
         })
     }
 }
@@ -1015,10 +1082,8 @@ pub unsafe extern "C" fn redlock_mux_client_read_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_read_lock {
-                held: Some(c.read_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.read_lock(k, t)
         })
     }
 }
@@ -1032,10 +1097,8 @@ pub unsafe extern "C" fn redlock_mux_read_lock_extend(
     lock: *mut redlock_mux_read_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a read lock.
@@ -1048,10 +1111,8 @@ pub unsafe extern "C" fn redlock_mux_read_lock_validity_ms(
     lock: *const redlock_mux_read_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a read lock: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
@@ -1067,10 +1128,8 @@ pub unsafe extern "C" fn redlock_mux_read_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
 }
 
 /// Like `redlock_mux_lock_release`, for a read lock: afterwards the handle is released whatever
@@ -1082,10 +1141,8 @@ pub unsafe extern "C" fn redlock_mux_read_lock_token(
 pub unsafe extern "C" fn redlock_mux_read_lock_release(
     lock: *mut redlock_mux_read_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a read lock handle, releasing it first, best effort, if it is still held. NULL is a
@@ -1116,10 +1173,8 @@ pub unsafe extern "C" fn redlock_mux_client_try_write_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_write_lock {
-                held: Some(c.try_write_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_write_lock(k, t)
         })
     }
 }
@@ -1141,10 +1196,8 @@ pub unsafe extern "C" fn redlock_mux_client_write_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_write_lock {
-                held: Some(c.write_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.write_lock(k, t)
         })
     }
 }
@@ -1158,10 +1211,8 @@ pub unsafe extern "C" fn redlock_mux_write_lock_extend(
     lock: *mut redlock_mux_write_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a write lock.
@@ -1174,10 +1225,8 @@ pub unsafe extern "C" fn redlock_mux_write_lock_validity_ms(
     lock: *const redlock_mux_write_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a write lock: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
@@ -1193,10 +1242,8 @@ pub unsafe extern "C" fn redlock_mux_write_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
 }
 
 /// Like `redlock_mux_lock_release`, for a write lock: afterwards the handle is released whatever
@@ -1208,10 +1255,8 @@ pub unsafe extern "C" fn redlock_mux_write_lock_token(
 pub unsafe extern "C" fn redlock_mux_write_lock_release(
     lock: *mut redlock_mux_write_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a write lock handle, releasing it first, best effort, if it is still held. NULL is a
@@ -1295,7 +1340,7 @@ unsafe fn lock_all_with(
         } else {
             handle.client.try_lock_all(keys, millis(ttl_ms))
         }?;
-        out.write(into_handle(redlock_mux_multi_lock { held: Some(lock) }));
+        out.write(into_handle(redlock_mux_multi_lock::new(lock)));
         Ok(())
     })
 }
@@ -1356,10 +1401,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_extend(
     lock: *mut redlock_mux_multi_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a set: the time left before any of its keys may be
@@ -1373,10 +1416,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_validity_ms(
     lock: *const redlock_mux_multi_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a set: the token stored at every key of the set,
@@ -1392,10 +1433,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
 }
 
 /// Writes to `*out_count` the number of keys in the set.
@@ -1464,10 +1503,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_key(
 pub unsafe extern "C" fn redlock_mux_multi_lock_release(
     lock: *mut redlock_mux_multi_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a multi-key lock handle, releasing the set first, best effort, if it is still held.
@@ -1501,10 +1538,8 @@ pub unsafe extern "C" fn redlock_mux_client_try_lock_fenced(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_fenced_lock {
-                held: Some(c.try_lock_fenced(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_lock_fenced(k, t)
         })
     }
 }
@@ -1527,10 +1562,8 @@ pub unsafe extern "C" fn redlock_mux_client_lock_fenced(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_fenced_lock {
-                held: Some(c.lock_fenced(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.lock_fenced(k, t)
         })
     }
 }
@@ -1566,10 +1599,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_extend(
     lock: *mut redlock_mux_fenced_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a fenced lock.
@@ -1582,10 +1613,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_validity_ms(
     lock: *const redlock_mux_fenced_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a fenced lock: the random token stored at the key
@@ -1601,10 +1630,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
 }
 
 /// Like `redlock_mux_lock_release`, for a fenced lock (the nodes' counters stay): afterwards
@@ -1616,10 +1643,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_token(
 pub unsafe extern "C" fn redlock_mux_fenced_lock_release(
     lock: *mut redlock_mux_fenced_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a fenced lock handle, releasing it first, best effort, if it is still held. NULL is a
@@ -1690,10 +1715,9 @@ unsafe fn keep_alive_with(
                 return Err(refused.error.into());
             }
         };
-        out.write(into_handle(redlock_mux_kept_lock {
-            held: Some(kept),
-            on_lost: slot,
-        }));
+        let mut kept = redlock_mux_kept_lock::new(kept);
+        kept.on_lost = slot;
+        out.write(into_handle(kept));
         Ok(())
     })
 }
@@ -1798,10 +1822,8 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_validity_ms(
     kept: *const redlock_mux_kept_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(kept, "kept")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(kept, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a kept lock: the token it had as a `redlock_mux_lock`.
@@ -1816,10 +1838,8 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(kept, "kept")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(kept, buf, buf_len, out_n) }
 }
 
 /// Stops the extensions and releases the lock on every node (a lost lock too, in case some
@@ -1832,12 +1852,8 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_token(
 pub unsafe extern "C" fn redlock_mux_kept_lock_release(
     kept: *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        let handle = unsafe { arg_mut(kept, "kept") }?;
-        handle.disarm();
-        held_release(&mut handle.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(kept) }
 }
 
 /// Frees a kept lock handle: stops the extensions and, if the lock is still held, releases it,
