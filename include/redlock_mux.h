@@ -108,8 +108,8 @@ enum redlock_mux_result
    */
   REDLOCK_MUX_BUFFER_TOO_SMALL = 7,
   /**
-   * The lock handle was already released (or, for a `redlock_mux_lock`, handed to
-   * `redlock_mux_lock_keep_alive`); only its `_free` may follow.
+   * The lock handle was already released, or its lock was handed to keep-alive (one of the
+   * `_keep_alive` functions); only its `_free` may follow.
    */
   REDLOCK_MUX_RELEASED = 8,
   /**
@@ -159,9 +159,16 @@ typedef struct redlock_mux_client_builder redlock_mux_client_builder;
 typedef struct redlock_mux_fenced_lock redlock_mux_fenced_lock;
 
 /**
- * A mutex extended in the background by its client's keeper thread. Made from a
- * `redlock_mux_lock` by `redlock_mux_lock_keep_alive` or
- * `redlock_mux_lock_keep_alive_with_callback`, freed by `redlock_mux_kept_lock_free` (which
+ * A held write lock with a fencing token. Made by `redlock_mux_client_write_lock_fenced` or
+ * `redlock_mux_client_try_write_lock_fenced`, freed by `redlock_mux_fenced_write_lock_free`
+ * (which releases it first if it is still held).
+ */
+typedef struct redlock_mux_fenced_write_lock redlock_mux_fenced_write_lock;
+
+/**
+ * A lock of any kind extended in the background by its client's keeper thread. Made from a
+ * lock handle by its `_keep_alive` or `_keep_alive_with_callback` function (such as
+ * `redlock_mux_lock_keep_alive`), freed by `redlock_mux_kept_lock_free` (which
  * stops the extensions and releases it first if it is still held).
  */
 typedef struct redlock_mux_kept_lock redlock_mux_kept_lock;
@@ -194,8 +201,9 @@ typedef struct redlock_mux_read_lock redlock_mux_read_lock;
 typedef struct redlock_mux_write_lock redlock_mux_write_lock;
 
 /**
- * Called when a kept lock is lost, with the `user_data` given to
- * `redlock_mux_lock_keep_alive_with_callback` and why: `REDLOCK_MUX_CONTENDED` when the
+ * Called when a kept lock is lost, with the `user_data` given to its
+ * `_keep_alive_with_callback` function (such as `redlock_mux_lock_keep_alive_with_callback`)
+ * and why: `REDLOCK_MUX_CONTENDED` when the
  * quorum refused an extension (the key expired, or holds someone else's token),
  * `REDLOCK_MUX_VALIDITY_EXPIRED` when no extension won before the validity ran out.
  */
@@ -429,6 +437,18 @@ redlock_mux_result redlock_mux_lock_validity_ms(const redlock_mux_lock *lock, ui
 redlock_mux_result redlock_mux_lock_token(const redlock_mux_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
 
 /**
+ * Writes to `*out_key` and `*out_len` the resource key of a mutex, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_lock_key(const redlock_mux_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
  * Releases the lock on every node, and returns once a quorum has answered. Whatever the
  * result, the handle is released afterwards: further calls on it give `REDLOCK_MUX_RELEASED`,
  * and it must still be freed with `redlock_mux_lock_free`.
@@ -449,8 +469,9 @@ void redlock_mux_lock_free(redlock_mux_lock *lock);
 
 /**
  * One attempt to take the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
- * without retrying. The lock is shared: many readers may hold it at once, but no writer. On success writes a new handle to `*out`;
- * `REDLOCK_MUX_CONTENDED` means the other side holds it.
+ * without retrying. The lock is shared: many readers may hold it at once, but no writer.
+ * On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+ * holds it.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -460,8 +481,8 @@ redlock_mux_result redlock_mux_client_try_read_lock(const redlock_mux_client *cl
 
 /**
  * Takes the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
- * client's retry count and wait timeout allow. The lock is shared: many readers may hold it at once, but no writer. On success writes a new
- * handle to `*out`.
+ * client's retry count and wait timeout allow. The lock is shared:
+ * many readers may hold it at once, but no writer. On success writes a new handle to `*out`.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -497,6 +518,37 @@ redlock_mux_result redlock_mux_read_lock_validity_ms(const redlock_mux_read_lock
 redlock_mux_result redlock_mux_read_lock_token(const redlock_mux_read_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
 
 /**
+ * Writes to `*out_key` and `*out_len` the resource key of a read lock, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live read lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_read_lock_key(const redlock_mux_read_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a read lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live read lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_read_lock_keep_alive(redlock_mux_read_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a read lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_read_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_read_lock_keep_alive_with_callback(redlock_mux_read_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
  * Like `redlock_mux_lock_release`, for a read lock: afterwards the handle is released whatever
  * the result, and must still be freed.
  *
@@ -516,8 +568,9 @@ void redlock_mux_read_lock_free(redlock_mux_read_lock *lock);
 
 /**
  * One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
- * without retrying. The lock is exclusive: no reader and no other writer may hold it. On success writes a new handle to `*out`;
- * `REDLOCK_MUX_CONTENDED` means the other side holds it.
+ * without retrying. The lock is exclusive: no reader and no other writer may hold it.
+ * On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+ * holds it.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -527,8 +580,8 @@ redlock_mux_result redlock_mux_client_try_write_lock(const redlock_mux_client *c
 
 /**
  * Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
- * client's retry count and wait timeout allow. The lock is exclusive: no reader and no other writer may hold it. On success writes a new
- * handle to `*out`.
+ * client's retry count and wait timeout allow. The lock is exclusive:
+ * no reader and no other writer may hold it. On success writes a new handle to `*out`.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -562,6 +615,37 @@ redlock_mux_result redlock_mux_write_lock_validity_ms(const redlock_mux_write_lo
  * points to `buf_len` writable bytes; `out_n` is NULL or writable.
  */
 redlock_mux_result redlock_mux_write_lock_token(const redlock_mux_write_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Writes to `*out_key` and `*out_len` the resource key of a write lock, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_write_lock_key(const redlock_mux_write_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a write lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_write_lock_keep_alive(redlock_mux_write_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a write lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_write_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_write_lock_keep_alive_with_callback(redlock_mux_write_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
 
 /**
  * Like `redlock_mux_lock_release`, for a write lock: afterwards the handle is released whatever
@@ -650,8 +734,8 @@ redlock_mux_result redlock_mux_multi_lock_key_count(const redlock_mux_multi_lock
 /**
  * Writes to `*out_key` and `*out_len` the key at `index` of the set, in sorted order (bytewise,
  * shorter first on a common prefix), so that index 0 is the smallest. The bytes belong to the
- * handle: they stay valid, unchanged, until the lock is released or freed, and must not be
- * freed or written by the caller. An `index` not below the key count gives
+ * handle: they stay valid, unchanged, until the lock is released, handed to keep-alive, or
+ * freed, and must not be freed or written by the caller. An `index` not below the key count gives
  * `REDLOCK_MUX_INVALID_ARGUMENT`.
  *
  * # Safety
@@ -659,6 +743,27 @@ redlock_mux_result redlock_mux_multi_lock_key_count(const redlock_mux_multi_lock
  * `out_len` are NULL or writable.
  */
 redlock_mux_result redlock_mux_multi_lock_key(const redlock_mux_multi_lock *lock, size_t index, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a set. Each extension
+ * extends the whole set; a node that lost any key of it refuses, and the set is lost when a
+ * quorum refuses. `redlock_mux_kept_lock_key` then gives the set's first key.
+ *
+ * # Safety
+ * `lock` is NULL or a live multi-key lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_multi_lock_keep_alive(redlock_mux_multi_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a set: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_multi_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_multi_lock_keep_alive_with_callback(redlock_mux_multi_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
 
 /**
  * Like `redlock_mux_lock_release`, for a set: releases every key still holding this token, on
@@ -743,6 +848,38 @@ redlock_mux_result redlock_mux_fenced_lock_validity_ms(const redlock_mux_fenced_
 redlock_mux_result redlock_mux_fenced_lock_token(const redlock_mux_fenced_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
 
 /**
+ * Writes to `*out_key` and `*out_len` the resource key of a fenced lock, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_lock_key(const redlock_mux_fenced_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a fenced lock. The kept
+ * lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_lock_keep_alive(redlock_mux_fenced_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_fenced_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_fenced_lock_keep_alive_with_callback(redlock_mux_fenced_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
  * Like `redlock_mux_lock_release`, for a fenced lock (the nodes' counters stay): afterwards
  * the handle is released whatever the result, and must still be freed.
  *
@@ -759,6 +896,118 @@ redlock_mux_result redlock_mux_fenced_lock_release(redlock_mux_fenced_lock *lock
  * `lock` is NULL or a fenced lock not yet freed, which no other thread is using.
  */
 void redlock_mux_fenced_lock_free(redlock_mux_fenced_lock *lock);
+
+/**
+ * One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms`
+ * milliseconds with a fencing token, without retrying. On success writes a new handle to
+ * `*out`; `REDLOCK_MUX_CONTENDED` means readers or a writer hold it. A fenced write lock
+ * excludes readers and writers, fenced or not, as a plain write lock does.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_try_write_lock_fenced(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_fenced_write_lock **out);
+
+/**
+ * Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds with a
+ * fencing token, waiting as the client's retry count and wait timeout allow. The token is
+ * read in the acquire round, and written back to a quorum (one more round trip) only when the
+ * nodes' counters disagree. On success writes a new handle to `*out`.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_write_lock_fenced(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_fenced_write_lock **out);
+
+/**
+ * Like `redlock_mux_fenced_lock_fencing_token`, for a fenced write lock: larger than that of
+ * every fenced write grant of the same resource before it, smaller than that of every one
+ * after. The counter is the write lock's own: fenced mutexes on the same key count apart.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread;
+ * `out_token` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_fencing_token(const redlock_mux_fenced_write_lock *lock, uint64_t *out_token);
+
+/**
+ * Like `redlock_mux_lock_extend`, for a fenced write lock. The fencing token stays the same.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_extend(redlock_mux_fenced_write_lock *lock, uint64_t ttl_ms);
+
+/**
+ * Like `redlock_mux_lock_validity_ms`, for a fenced write lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread; `out_ms`
+ * is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_validity_ms(const redlock_mux_fenced_write_lock *lock, uint64_t *out_ms);
+
+/**
+ * Like `redlock_mux_lock_token`, for a fenced write lock: the random token stored at the
+ * writer key (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex), not the fencing token.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread; `buf` is
+ * NULL or points to `buf_len` writable bytes; `out_n` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_token(const redlock_mux_fenced_write_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Writes to `*out_key` and `*out_len` the resource key of a fenced write lock, as it was
+ * given when the lock was taken. The bytes belong to the handle: they stay valid, unchanged,
+ * until the lock is released, handed to keep-alive, or freed, and must not be freed or
+ * written by the caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread; `out_key`
+ * and `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_key(const redlock_mux_fenced_write_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a fenced write lock. The kept
+ * lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_keep_alive(redlock_mux_fenced_write_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced write lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_fenced_write_lock_keep_alive`; `on_lost` is NULL or a function that
+ * may be called, from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_keep_alive_with_callback(redlock_mux_fenced_write_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_release`, for a fenced write lock (the nodes' counters stay):
+ * afterwards the handle is released whatever the result, and must still be freed.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_release(redlock_mux_fenced_write_lock *lock);
+
+/**
+ * Frees a fenced write lock handle, releasing it first, best effort, if it is still held.
+ * NULL is a no-op.
+ *
+ * # Safety
+ * `lock` is NULL or a fenced write lock not yet freed, which no other thread is using.
+ */
+void redlock_mux_fenced_write_lock_free(redlock_mux_fenced_write_lock *lock);
 
 /**
  * Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
@@ -826,13 +1075,35 @@ redlock_mux_result redlock_mux_kept_lock_is_lost(const redlock_mux_kept_lock *ke
 redlock_mux_result redlock_mux_kept_lock_validity_ms(const redlock_mux_kept_lock *kept, uint64_t *out_ms);
 
 /**
- * Like `redlock_mux_lock_token`, for a kept lock: the token it had as a `redlock_mux_lock`.
+ * Like `redlock_mux_lock_token`, for a kept lock: the token it had before it was kept.
  *
  * # Safety
  * `kept` is NULL or a live kept lock not being changed by another thread; `buf` is NULL or
  * points to `buf_len` writable bytes; `out_n` is NULL or writable.
  */
 redlock_mux_result redlock_mux_kept_lock_token(const redlock_mux_kept_lock *kept, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Writes to `*out_key` and `*out_len` the resource key of a kept lock (for a set, its first
+ * key in sorted order). The bytes belong to the handle: they stay valid, unchanged, until
+ * the kept lock is released or freed, and must not be freed or written by the caller.
+ *
+ * # Safety
+ * `kept` is NULL or a live kept lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_kept_lock_key(const redlock_mux_kept_lock *kept, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Writes to `*out_token` the fencing token of a kept fenced lock or fenced write lock: the
+ * one it was granted, which extensions keep. A kept lock of a kind without fencing tokens
+ * gives `REDLOCK_MUX_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `kept` is NULL or a live kept lock not being changed by another thread; `out_token` is
+ * NULL or writable.
+ */
+redlock_mux_result redlock_mux_kept_lock_fencing_token(const redlock_mux_kept_lock *kept, uint64_t *out_token);
 
 /**
  * Stops the extensions and releases the lock on every node (a lost lock too, in case some

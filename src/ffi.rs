@@ -4,9 +4,10 @@
 //!
 //! - **Handles are opaque.** `redlock_mux_client_builder`, `redlock_mux_client` and the lock
 //!   handles (`redlock_mux_lock`, `_read_lock`, `_write_lock`, `_multi_lock`, `_fenced_lock`,
-//!   `_kept_lock`) are only ever seen through pointers. Each one made by a `_new`, `_build`
-//!   or lock function is owned by the caller and freed with the matching `_free`, which accepts
-//!   NULL. Freeing twice, or using a handle after freeing it, is undefined behaviour.
+//!   `_fenced_write_lock`, `_kept_lock`) are only ever seen through pointers. Each one made by
+//!   a `_new`, `_build` or lock function is owned by the caller and freed with the matching
+//!   `_free`, which accepts NULL. Freeing twice, or using a handle after freeing it, is
+//!   undefined behaviour.
 //! - **Results are numbered.** Every fallible function returns a `redlock_mux_result`, whose
 //!   values are fixed forever. `redlock_mux_result_text` names a code;
 //!   `redlock_mux_last_error_message` gives the full message of the last failure on the
@@ -43,10 +44,10 @@ use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::kind::Kind;
+use crate::kind::{Fenced, Kind, OneKey};
 use crate::{
-    Client, ClientBuilder, Error, FencedLock, Guard, InvalidArgument, KeepAlive, KeptLock, Lock,
-    MultiLock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS,
+    Client, ClientBuilder, Error, FencedLock, FencedWriteLock, Guard, InvalidArgument, KeepAlive,
+    KeptLock, Lock, MultiLock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS,
 };
 
 /// Every result a function of this API returns. The numbers never change; new results get new
@@ -72,8 +73,8 @@ pub enum redlock_mux_result {
     REDLOCK_MUX_IO = 6,
     /// The output buffer is too small. Nothing was written.
     REDLOCK_MUX_BUFFER_TOO_SMALL = 7,
-    /// The lock handle was already released (or, for a `redlock_mux_lock`, handed to
-    /// `redlock_mux_lock_keep_alive`); only its `_free` may follow.
+    /// The lock handle was already released, or its lock was handed to keep-alive (one of the
+    /// `_keep_alive` functions); only its `_free` may follow.
     REDLOCK_MUX_RELEASED = 8,
     /// The library panicked: a bug. The handles involved must only be freed.
     REDLOCK_MUX_PANIC = 9,
@@ -151,9 +152,16 @@ pub struct redlock_mux_fenced_lock {
     held: Option<FencedLock>,
 }
 
-/// A mutex extended in the background by its client's keeper thread. Made from a
-/// `redlock_mux_lock` by `redlock_mux_lock_keep_alive` or
-/// `redlock_mux_lock_keep_alive_with_callback`, freed by `redlock_mux_kept_lock_free` (which
+/// A held write lock with a fencing token. Made by `redlock_mux_client_write_lock_fenced` or
+/// `redlock_mux_client_try_write_lock_fenced`, freed by `redlock_mux_fenced_write_lock_free`
+/// (which releases it first if it is still held).
+pub struct redlock_mux_fenced_write_lock {
+    held: Option<FencedWriteLock>,
+}
+
+/// A lock of any kind extended in the background by its client's keeper thread. Made from a
+/// lock handle by its `_keep_alive` or `_keep_alive_with_callback` function (such as
+/// `redlock_mux_lock_keep_alive`), freed by `redlock_mux_kept_lock_free` (which
 /// stops the extensions and releases it first if it is still held).
 pub struct redlock_mux_kept_lock {
     held: Option<KeptLock>,
@@ -742,6 +750,7 @@ guard_handles! {
     redlock_mux_write_lock: WriteLock;
     redlock_mux_multi_lock: MultiLock;
     redlock_mux_fenced_lock: FencedLock;
+    redlock_mux_fenced_write_lock: FencedWriteLock;
 }
 
 impl Handle for redlock_mux_kept_lock {
@@ -919,6 +928,184 @@ unsafe fn release<H: Handle>(lock: *mut H) -> redlock_mux_result {
     })
 }
 
+/// The locks on one resource key: guards of one-key kinds, and kept locks (whose key is a
+/// set's first).
+trait OneKeyed {
+    fn key(&self) -> &[u8];
+}
+
+impl<K: OneKey> OneKeyed for Guard<K> {
+    fn key(&self) -> &[u8] {
+        Guard::key(self)
+    }
+}
+
+impl OneKeyed for KeptLock {
+    fn key(&self) -> &[u8] {
+        KeptLock::key(self)
+    }
+}
+
+/// The locks that may carry a fencing token: the fenced kinds' guards always do, a kept lock
+/// does when it was fenced.
+trait Fencing {
+    fn fencing_token(&self) -> Option<u64>;
+}
+
+impl<K: Fenced> Fencing for Guard<K> {
+    fn fencing_token(&self) -> Option<u64> {
+        Some(Guard::fencing_token(self))
+    }
+}
+
+impl Fencing for KeptLock {
+    fn fencing_token(&self) -> Option<u64> {
+        KeptLock::fencing_token(self)
+    }
+}
+
+/// Writes a key the handle owns to the caller's two out slots.
+fn write_key(out_key: Out<*const u8>, out_len: Out<usize>, key: &[u8]) {
+    out_key.write(key.as_ptr());
+    out_len.write(key.len());
+}
+
+/// The body of every `_key`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+unsafe fn key<H>(lock: *const H, out_key: *mut *const u8, out_len: *mut usize) -> redlock_mux_result
+where
+    H: Handle,
+    H::Lock: OneKeyed,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out_key, out_len) = unsafe {
+            (
+                arg_ref(lock, H::ARG)?,
+                Out::new(out_key, "out_key")?,
+                Out::new(out_len, "out_len")?,
+            )
+        };
+        write_key(out_key, out_len, held(handle.slot())?.key());
+        Ok(())
+    })
+}
+
+/// The body of every `_fencing_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `out_token` is NULL
+/// or writable.
+unsafe fn fencing_token<H>(lock: *const H, out_token: *mut u64) -> redlock_mux_result
+where
+    H: Handle,
+    H::Lock: Fencing,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(lock, H::ARG)?, Out::new(out_token, "out_token")?) };
+        let token = held(handle.slot())?.fencing_token().ok_or_else(|| {
+            Failure::new(
+                REDLOCK_MUX_INVALID_ARGUMENT,
+                "invalid argument: the lock is not a fenced one and has no fencing token",
+            )
+        })?;
+        out.write(token);
+        Ok(())
+    })
+}
+
+/// A C callback and its user data, called at most once, from the keeper thread.
+struct LostCallback {
+    f: unsafe extern "C" fn(*mut c_void, redlock_mux_result),
+    user_data: *mut c_void,
+}
+
+// SAFETY: `user_data` is only handed back to `f`, on the keeper thread; the caller of a
+// `_keep_alive_with_callback` function promises that this is allowed.
+unsafe impl Send for LostCallback {}
+
+/// Where a kept lock's callback waits to be called; emptied when the handle is released or
+/// freed, so that no call starts after that and none is still running when it returns.
+type CallbackSlot = Arc<Mutex<Option<LostCallback>>>;
+
+fn lock_slot(slot: &CallbackSlot) -> MutexGuard<'_, Option<LostCallback>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The body of every `_keep_alive`: hands the guard to the keeper thread, or, when the
+/// settings are refused, leaves it in its handle.
+///
+/// # Safety
+/// As for `redlock_mux_lock_keep_alive`.
+unsafe fn keep_alive<H, K>(
+    lock: *mut H,
+    ttl_ms: u64,
+    on_lost: Option<LostCallback>,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result
+where
+    H: Handle<Lock = Guard<K>>,
+    K: Kind,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_mut(lock, H::ARG)?, Out::new(out, "out")?) };
+        let guard = handle.slot_mut().take().ok_or_else(released)?;
+        let mut settings = KeepAlive::new(millis(ttl_ms));
+        let slot = on_lost.map(|callback| Arc::new(Mutex::new(Some(callback))));
+        if let Some(slot) = &slot {
+            let slot = Arc::clone(slot);
+            settings = settings.on_lost(move |lost| {
+                let callback = lock_slot(&slot);
+                if let Some(c) = callback.as_ref() {
+                    // SAFETY: the caller of the `_keep_alive_with_callback` function promises
+                    // that `f` may be called with `user_data` from this thread.
+                    unsafe { (c.f)(c.user_data, failure_code(&lost.error)) }
+                }
+            });
+        }
+        // Settings that cannot keep the lock are refused, and the lock stays where it was.
+        let kept = match guard.keep_alive(settings) {
+            Ok(kept) => kept,
+            Err(refused) => {
+                *handle.slot_mut() = Some(refused.guard);
+                return Err(refused.error.into());
+            }
+        };
+        let mut kept = redlock_mux_kept_lock::new(kept);
+        kept.on_lost = slot;
+        out.write(into_handle(kept));
+        Ok(())
+    })
+}
+
+/// The body of every `_keep_alive_with_callback`: `keep_alive` with a callback that must not
+/// be NULL.
+///
+/// # Safety
+/// As for `redlock_mux_lock_keep_alive_with_callback`.
+unsafe fn keep_alive_calling<H, K>(
+    lock: *mut H,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result
+where
+    H: Handle<Lock = Guard<K>>,
+    K: Kind,
+{
+    let Some(f) = on_lost else {
+        return boundary(|| Err(null("on_lost")));
+    };
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, Some(LostCallback { f, user_data }), out) }
+}
+
 /// One attempt to take the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
 /// without retrying. On success writes a new lock to `*out`; `REDLOCK_MUX_CONTENDED` means
 /// someone else holds it.
@@ -1013,6 +1200,24 @@ pub unsafe extern "C" fn redlock_mux_lock_token(
     unsafe { token(lock, buf, buf_len, out_n) }
 }
 
+/// Writes to `*out_key` and `*out_len` the resource key of a mutex, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_lock_key(
+    lock: *const redlock_mux_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
 /// Releases the lock on every node, and returns once a quorum has answered. Whatever the
 /// result, the handle is released afterwards: further calls on it give `REDLOCK_MUX_RELEASED`,
 /// and it must still be freed with `redlock_mux_lock_free`.
@@ -1038,13 +1243,14 @@ pub unsafe extern "C" fn redlock_mux_lock_free(lock: *mut redlock_mux_lock) {
     boundary_void(|| unsafe { free_handle(lock) })
 }
 
-// The read and write lock functions below are written out rather than generated by a macro:
-// cbindgen reads the source without expanding macros, so generated functions would be missing
-// from the header. Each body is one call to a generic helper above.
+// The functions of the other lock kinds below are written out rather than generated by a
+// macro: cbindgen reads the source without expanding macros, so generated functions would be
+// missing from the header. Each body is one call to a generic helper above.
 
 /// One attempt to take the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
-/// without retrying. The lock is shared: many readers may hold it at once, but no writer. On success writes a new handle to `*out`;
-/// `REDLOCK_MUX_CONTENDED` means the other side holds it.
+/// without retrying. The lock is shared: many readers may hold it at once, but no writer.
+/// On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+/// holds it.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -1066,8 +1272,8 @@ pub unsafe extern "C" fn redlock_mux_client_try_read_lock(
 }
 
 /// Takes the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
-/// client's retry count and wait timeout allow. The lock is shared: many readers may hold it at once, but no writer. On success writes a new
-/// handle to `*out`.
+/// client's retry count and wait timeout allow. The lock is shared:
+/// many readers may hold it at once, but no writer. On success writes a new handle to `*out`.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -1132,6 +1338,57 @@ pub unsafe extern "C" fn redlock_mux_read_lock_token(
     unsafe { token(lock, buf, buf_len, out_n) }
 }
 
+/// Writes to `*out_key` and `*out_len` the resource key of a read lock, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live read lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_key(
+    lock: *const redlock_mux_read_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a read lock.
+///
+/// # Safety
+/// `lock` is NULL or a live read lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_keep_alive(
+    lock: *mut redlock_mux_read_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a read lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_read_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_read_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
+}
+
 /// Like `redlock_mux_lock_release`, for a read lock: afterwards the handle is released whatever
 /// the result, and must still be freed.
 ///
@@ -1157,8 +1414,9 @@ pub unsafe extern "C" fn redlock_mux_read_lock_free(lock: *mut redlock_mux_read_
 }
 
 /// One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
-/// without retrying. The lock is exclusive: no reader and no other writer may hold it. On success writes a new handle to `*out`;
-/// `REDLOCK_MUX_CONTENDED` means the other side holds it.
+/// without retrying. The lock is exclusive: no reader and no other writer may hold it.
+/// On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+/// holds it.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -1180,8 +1438,8 @@ pub unsafe extern "C" fn redlock_mux_client_try_write_lock(
 }
 
 /// Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
-/// client's retry count and wait timeout allow. The lock is exclusive: no reader and no other writer may hold it. On success writes a new
-/// handle to `*out`.
+/// client's retry count and wait timeout allow. The lock is exclusive:
+/// no reader and no other writer may hold it. On success writes a new handle to `*out`.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -1244,6 +1502,57 @@ pub unsafe extern "C" fn redlock_mux_write_lock_token(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a write lock, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_key(
+    lock: *const redlock_mux_write_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a write lock.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_keep_alive(
+    lock: *mut redlock_mux_write_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a write lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_write_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_write_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Like `redlock_mux_lock_release`, for a write lock: afterwards the handle is released whatever
@@ -1457,8 +1766,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_key_count(
 
 /// Writes to `*out_key` and `*out_len` the key at `index` of the set, in sorted order (bytewise,
 /// shorter first on a common prefix), so that index 0 is the smallest. The bytes belong to the
-/// handle: they stay valid, unchanged, until the lock is released or freed, and must not be
-/// freed or written by the caller. An `index` not below the key count gives
+/// handle: they stay valid, unchanged, until the lock is released, handed to keep-alive, or
+/// freed, and must not be freed or written by the caller. An `index` not below the key count gives
 /// `REDLOCK_MUX_INVALID_ARGUMENT`.
 ///
 /// # Safety
@@ -1488,10 +1797,44 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_key(
                 format!("invalid argument: key index {index}, but the set has {count} keys"),
             )
         })?;
-        out_key.write(key.as_ptr());
-        out_len.write(key.len());
+        write_key(out_key, out_len, key);
         Ok(())
     })
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a set. Each extension
+/// extends the whole set; a node that lost any key of it refuses, and the set is lost when a
+/// quorum refuses. `redlock_mux_kept_lock_key` then gives the set's first key.
+///
+/// # Safety
+/// `lock` is NULL or a live multi-key lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_keep_alive(
+    lock: *mut redlock_mux_multi_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a set: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_multi_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_multi_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Like `redlock_mux_lock_release`, for a set: releases every key still holding this token, on
@@ -1582,12 +1925,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_fencing_token(
     lock: *const redlock_mux_fenced_lock,
     out_token: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        let (handle, out) = unsafe { (arg_ref(lock, "lock")?, Out::new(out_token, "out_token")?) };
-        out.write(held(&handle.held)?.fencing_token());
-        Ok(())
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { fencing_token(lock, out_token) }
 }
 
 /// Like `redlock_mux_lock_extend`, for a fenced lock. The fencing token stays the same.
@@ -1634,6 +1973,58 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_token(
     unsafe { token(lock, buf, buf_len, out_n) }
 }
 
+/// Writes to `*out_key` and `*out_len` the resource key of a fenced lock, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_key(
+    lock: *const redlock_mux_fenced_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a fenced lock. The kept
+/// lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_keep_alive(
+    lock: *mut redlock_mux_fenced_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_fenced_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_fenced_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
+}
+
 /// Like `redlock_mux_lock_release`, for a fenced lock (the nodes' counters stay): afterwards
 /// the handle is released whatever the result, and must still be freed.
 ///
@@ -1658,69 +2049,194 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_free(lock: *mut redlock_mux_fen
     boundary_void(|| unsafe { free_handle(lock) })
 }
 
-// Mutexes kept alive by the client's keeper thread.
+// Fenced write locks.
 
-/// A C callback and its user data, called at most once, from the keeper thread.
-struct LostCallback {
-    f: unsafe extern "C" fn(*mut c_void, redlock_mux_result),
-    user_data: *mut c_void,
-}
-
-// SAFETY: `user_data` is only handed back to `f`, on the keeper thread; the caller of
-// `redlock_mux_lock_keep_alive_with_callback` promises that this is allowed.
-unsafe impl Send for LostCallback {}
-
-/// Where a kept lock's callback waits to be called; emptied when the handle is released or
-/// freed, so that no call starts after that and none is still running when it returns.
-type CallbackSlot = Arc<Mutex<Option<LostCallback>>>;
-
-fn lock_slot(slot: &CallbackSlot) -> MutexGuard<'_, Option<LostCallback>> {
-    slot.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The shared body of the two keep-alive functions.
+/// One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms`
+/// milliseconds with a fencing token, without retrying. On success writes a new handle to
+/// `*out`; `REDLOCK_MUX_CONTENDED` means readers or a writer hold it. A fenced write lock
+/// excludes readers and writers, fenced or not, as a plain write lock does.
 ///
 /// # Safety
-/// As for `redlock_mux_lock_keep_alive`.
-unsafe fn keep_alive_with(
-    lock: *mut redlock_mux_lock,
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_try_write_lock_fenced(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
     ttl_ms: u64,
-    on_lost: Option<LostCallback>,
+    out: *mut *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_write_lock_fenced(k, t)
+        })
+    }
+}
+
+/// Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds with a
+/// fencing token, waiting as the client's retry count and wait timeout allow. The token is
+/// read in the acquire round, and written back to a quorum (one more round trip) only when the
+/// nodes' counters disagree. On success writes a new handle to `*out`.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_write_lock_fenced(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.write_lock_fenced(k, t)
+        })
+    }
+}
+
+/// Like `redlock_mux_fenced_lock_fencing_token`, for a fenced write lock: larger than that of
+/// every fenced write grant of the same resource before it, smaller than that of every one
+/// after. The counter is the write lock's own: fenced mutexes on the same key count apart.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread;
+/// `out_token` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_fencing_token(
+    lock: *const redlock_mux_fenced_write_lock,
+    out_token: *mut u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { fencing_token(lock, out_token) }
+}
+
+/// Like `redlock_mux_lock_extend`, for a fenced write lock. The fencing token stays the same.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_extend(
+    lock: *mut redlock_mux_fenced_write_lock,
+    ttl_ms: u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
+}
+
+/// Like `redlock_mux_lock_validity_ms`, for a fenced write lock.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread; `out_ms`
+/// is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_validity_ms(
+    lock: *const redlock_mux_fenced_write_lock,
+    out_ms: *mut u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
+}
+
+/// Like `redlock_mux_lock_token`, for a fenced write lock: the random token stored at the
+/// writer key (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex), not the fencing token.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread; `buf` is
+/// NULL or points to `buf_len` writable bytes; `out_n` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_token(
+    lock: *const redlock_mux_fenced_write_lock,
+    buf: *mut u8,
+    buf_len: usize,
+    out_n: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a fenced write lock, as it was
+/// given when the lock was taken. The bytes belong to the handle: they stay valid, unchanged,
+/// until the lock is released, handed to keep-alive, or freed, and must not be freed or
+/// written by the caller.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread; `out_key`
+/// and `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_key(
+    lock: *const redlock_mux_fenced_write_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a fenced write lock. The kept
+/// lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_keep_alive(
+    lock: *mut redlock_mux_fenced_write_lock,
+    ttl_ms: u64,
     out: *mut *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        let (handle, out) = unsafe { (arg_mut(lock, "lock")?, Out::new(out, "out")?) };
-        let ttl = millis(ttl_ms);
-        held(&handle.held)?;
-        let mut settings = KeepAlive::new(ttl);
-        let slot = on_lost.map(|callback| Arc::new(Mutex::new(Some(callback))));
-        if let Some(slot) = &slot {
-            let slot = Arc::clone(slot);
-            settings = settings.on_lost(move |lost| {
-                let callback = lock_slot(&slot);
-                if let Some(c) = callback.as_ref() {
-                    // SAFETY: the caller of `redlock_mux_lock_keep_alive_with_callback`
-                    // promises that `f` may be called with `user_data` from this thread.
-                    unsafe { (c.f)(c.user_data, failure_code(&lost.error)) }
-                }
-            });
-        }
-        let lock = handle.held.take().ok_or_else(released)?;
-        // Settings that cannot keep the lock are refused, and the lock stays where it was.
-        let kept = match lock.keep_alive(settings) {
-            Ok(kept) => kept,
-            Err(refused) => {
-                handle.held = Some(refused.guard);
-                return Err(refused.error.into());
-            }
-        };
-        let mut kept = redlock_mux_kept_lock::new(kept);
-        kept.on_lost = slot;
-        out.write(into_handle(kept));
-        Ok(())
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
 }
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced write lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_fenced_write_lock_keep_alive`; `on_lost` is NULL or a function that
+/// may be called, from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_fenced_write_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
+}
+/// Like `redlock_mux_lock_release`, for a fenced write lock (the nodes' counters stay):
+/// afterwards the handle is released whatever the result, and must still be freed.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_release(
+    lock: *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
+}
+
+/// Frees a fenced write lock handle, releasing it first, best effort, if it is still held.
+/// NULL is a no-op.
+///
+/// # Safety
+/// `lock` is NULL or a fenced write lock not yet freed, which no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_free(
+    lock: *mut redlock_mux_fenced_write_lock,
+) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(lock) })
+}
+
+// Kept locks: locks of any kind, extended by the client's keeper thread.
 
 /// Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
 /// milliseconds every `ttl_ms / 3`, and sooner when the validity left runs low, until the kept
@@ -1751,11 +2267,12 @@ pub unsafe extern "C" fn redlock_mux_lock_keep_alive(
     out: *mut *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
-    unsafe { keep_alive_with(lock, ttl_ms, None, out) }
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
 }
 
-/// Called when a kept lock is lost, with the `user_data` given to
-/// `redlock_mux_lock_keep_alive_with_callback` and why: `REDLOCK_MUX_CONTENDED` when the
+/// Called when a kept lock is lost, with the `user_data` given to its
+/// `_keep_alive_with_callback` function (such as `redlock_mux_lock_keep_alive_with_callback`)
+/// and why: `REDLOCK_MUX_CONTENDED` when the
 /// quorum refused an extension (the key expired, or holds someone else's token),
 /// `REDLOCK_MUX_VALIDITY_EXPIRED` when no extension won before the validity ran out.
 pub type redlock_mux_lost_callback =
@@ -1783,12 +2300,8 @@ pub unsafe extern "C" fn redlock_mux_lock_keep_alive_with_callback(
     user_data: *mut c_void,
     out: *mut *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
-    let Some(f) = on_lost else {
-        return boundary(|| Err(null("on_lost")));
-    };
-    let callback = LostCallback { f, user_data };
     // SAFETY: forwarded caller promises.
-    unsafe { keep_alive_with(lock, ttl_ms, Some(callback), out) }
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Writes to `*out_lost` 1 if the kept lock was lost (an extension was refused by the quorum,
@@ -1826,7 +2339,7 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_validity_ms(
     unsafe { validity(kept, out_ms) }
 }
 
-/// Like `redlock_mux_lock_token`, for a kept lock: the token it had as a `redlock_mux_lock`.
+/// Like `redlock_mux_lock_token`, for a kept lock: the token it had before it was kept.
 ///
 /// # Safety
 /// `kept` is NULL or a live kept lock not being changed by another thread; `buf` is NULL or
@@ -1840,6 +2353,39 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_token(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe { token(kept, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a kept lock (for a set, its first
+/// key in sorted order). The bytes belong to the handle: they stay valid, unchanged, until
+/// the kept lock is released or freed, and must not be freed or written by the caller.
+///
+/// # Safety
+/// `kept` is NULL or a live kept lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_key(
+    kept: *const redlock_mux_kept_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(kept, out_key, out_len) }
+}
+
+/// Writes to `*out_token` the fencing token of a kept fenced lock or fenced write lock: the
+/// one it was granted, which extensions keep. A kept lock of a kind without fencing tokens
+/// gives `REDLOCK_MUX_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `kept` is NULL or a live kept lock not being changed by another thread; `out_token` is
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_fencing_token(
+    kept: *const redlock_mux_kept_lock,
+    out_token: *mut u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { fencing_token(kept, out_token) }
 }
 
 /// Stops the extensions and releases the lock on every node (a lost lock too, in case some
