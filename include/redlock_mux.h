@@ -9,7 +9,8 @@
  *   handle after freeing it, is undefined behaviour.
  * - Every fallible function returns a redlock_mux_result. The numbers never change.
  *   redlock_mux_result_text() names a code; redlock_mux_last_error_message() gives the full
- *   message of the last failure on the calling thread (which nodes failed, and how).
+ *   message of the last failure on the calling thread (which nodes failed, and how), and
+ *   redlock_mux_last_error_deadline() which deadline (wait timeout, retry count, ...) ended it.
  * - Every pointer argument is checked: NULL gives REDLOCK_MUX_NULL_PARAMETER before anything
  *   else happens.
  * - Inputs come as pointer plus length. Keys are bytes and may contain NUL. The library copies
@@ -63,6 +64,50 @@
  * readers in place drain and the writer gets in within one reader hold.
  */
 #define REDLOCK_MUX_RW_WRITE_PREFERRING 1
+
+/**
+ * Which deadline ended the last failed call on the calling thread, as
+ * `redlock_mux_last_error_deadline` tells. The numbers never change; new deadlines get new
+ * numbers.
+ */
+enum redlock_mux_deadline
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No deadline ended it: the nodes decided (they refused or failed) before any deadline,
+   * the failure was not about time (a NULL or invalid argument, a configuration error), or
+   * no call has failed on this thread yet.
+   */
+  REDLOCK_MUX_DEADLINE_NONE = 0,
+  /**
+   * The client's wait timeout: a waiting call gave up, and no attempt starts after it.
+   */
+  REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT = 1,
+  /**
+   * The client's retry count: a waiting call gave up after that many retries that no
+   * release announcement prompted.
+   */
+  REDLOCK_MUX_DEADLINE_RETRY_COUNT = 2,
+  /**
+   * The lock's validity: the quorum answered later than the TTL allows, or an extend came
+   * after the validity had ended (`REDLOCK_MUX_VALIDITY_EXPIRED`).
+   */
+  REDLOCK_MUX_DEADLINE_VALIDITY = 3,
+  /**
+   * The per-node timeout: nodes that had not answered in time were counted as failed,
+   * which decided the round.
+   */
+  REDLOCK_MUX_DEADLINE_NODE_TIMEOUT = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum redlock_mux_deadline redlock_mux_deadline;
+#else
+typedef uint32_t redlock_mux_deadline;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
 /**
  * Every result a function of this API returns. The numbers never change; new results get new
@@ -229,6 +274,18 @@ const char *redlock_mux_version(void);
  * counting a terminating NUL; 0 if no call has failed on this thread yet.
  */
 size_t redlock_mux_last_error_length(void);
+
+/**
+ * Which deadline ended the last failed call on the calling thread: for a waiting acquisition
+ * that gave up (it returns the result of its last attempt, most often
+ * `REDLOCK_MUX_CONTENDED`), `REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT` or
+ * `REDLOCK_MUX_DEADLINE_RETRY_COUNT`; `REDLOCK_MUX_DEADLINE_VALIDITY` or
+ * `REDLOCK_MUX_DEADLINE_NODE_TIMEOUT` for a round that time decided;
+ * `REDLOCK_MUX_DEADLINE_NONE` when no deadline did, or no call has failed on this thread yet.
+ * Like the message, it belongs to the last failure: calls that succeed, and asking, do not
+ * change it.
+ */
+redlock_mux_deadline redlock_mux_last_error_deadline(void);
 
 /**
  * Copies the message of the last failed call on the calling thread into `buf`, followed by a

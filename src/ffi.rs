@@ -11,7 +11,8 @@
 //! - **Results are numbered.** Every fallible function returns a `redlock_mux_result`, whose
 //!   values are fixed forever. `redlock_mux_result_text` names a code;
 //!   `redlock_mux_last_error_message` gives the full message of the last failure on the
-//!   calling thread (which nodes failed, and how).
+//!   calling thread (which nodes failed, and how), `redlock_mux_last_error_deadline` which
+//!   deadline ended it.
 //! - **NULL is checked.** Every pointer argument is checked, and NULL gives
 //!   `REDLOCK_MUX_NULL_PARAMETER` before anything else happens.
 //! - **Inputs are pointer plus length.** Keys are bytes and may contain NUL; URLs are UTF-8 and
@@ -46,8 +47,9 @@ use std::time::Duration;
 
 use crate::kind::{Fenced, Kind, OneKey};
 use crate::{
-    Client, ClientBuilder, Error, FencedLock, FencedWriteLock, Guard, InvalidArgument, KeepAlive,
-    KeptLock, Lock, MultiLock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS,
+    Client, ClientBuilder, Deadline, Error, FencedLock, FencedWriteLock, Guard, InvalidArgument,
+    KeepAlive, KeptLock, Lock, MultiLock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN,
+    MAX_LOCK_ALL_KEYS,
 };
 
 /// Every result a function of this API returns. The numbers never change; new results get new
@@ -87,6 +89,31 @@ pub enum redlock_mux_result {
 }
 
 use redlock_mux_result::*;
+
+/// Which deadline ended the last failed call on the calling thread, as
+/// `redlock_mux_last_error_deadline` tells. The numbers never change; new deadlines get new
+/// numbers.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum redlock_mux_deadline {
+    /// No deadline ended it: the nodes decided (they refused or failed) before any deadline,
+    /// the failure was not about time (a NULL or invalid argument, a configuration error), or
+    /// no call has failed on this thread yet.
+    REDLOCK_MUX_DEADLINE_NONE = 0,
+    /// The client's wait timeout: a waiting call gave up, and no attempt starts after it.
+    REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT = 1,
+    /// The client's retry count: a waiting call gave up after that many retries that no
+    /// release announcement prompted.
+    REDLOCK_MUX_DEADLINE_RETRY_COUNT = 2,
+    /// The lock's validity: the quorum answered later than the TTL allows, or an extend came
+    /// after the validity had ended (`REDLOCK_MUX_VALIDITY_EXPIRED`).
+    REDLOCK_MUX_DEADLINE_VALIDITY = 3,
+    /// The per-node timeout: nodes that had not answered in time were counted as failed,
+    /// which decided the round.
+    REDLOCK_MUX_DEADLINE_NODE_TIMEOUT = 4,
+}
+
+use redlock_mux_deadline::*;
 
 /// The length of a lock's token, in bytes: 40 hexadecimal characters (160 random bits).
 pub const REDLOCK_MUX_TOKEN_LEN: usize = 40;
@@ -191,10 +218,12 @@ pub const REDLOCK_MUX_RW_READ_PREFERRING: u32 = 0;
 /// readers in place drain and the writer gets in within one reader hold.
 pub const REDLOCK_MUX_RW_WRITE_PREFERRING: u32 = 1;
 
-/// A failed call: its code, and the message `redlock_mux_last_error_message` gives.
+/// A failed call: its code, the message `redlock_mux_last_error_message` gives, and the
+/// deadline `redlock_mux_last_error_deadline` gives.
 struct Failure {
     code: redlock_mux_result,
     message: String,
+    deadline: redlock_mux_deadline,
 }
 
 impl Failure {
@@ -202,7 +231,20 @@ impl Failure {
         Failure {
             code,
             message: message.into(),
+            deadline: REDLOCK_MUX_DEADLINE_NONE,
         }
+    }
+}
+
+/// The number of the deadline that ended an operation.
+fn deadline_code(deadline: Option<Deadline>) -> redlock_mux_deadline {
+    // Exhaustive on purpose: a new deadline must be given its own number here.
+    match deadline {
+        None => REDLOCK_MUX_DEADLINE_NONE,
+        Some(Deadline::WaitTimeout) => REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT,
+        Some(Deadline::RetryCount) => REDLOCK_MUX_DEADLINE_RETRY_COUNT,
+        Some(Deadline::Validity) => REDLOCK_MUX_DEADLINE_VALIDITY,
+        Some(Deadline::NodeTimeout) => REDLOCK_MUX_DEADLINE_NODE_TIMEOUT,
     }
 }
 
@@ -224,7 +266,11 @@ fn failure_code(e: &Error) -> redlock_mux_result {
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
-        Failure::new(failure_code(&e), e.to_string())
+        Failure {
+            code: failure_code(&e),
+            message: e.to_string(),
+            deadline: deadline_code(e.deadline()),
+        }
     }
 }
 
@@ -234,14 +280,25 @@ impl From<InvalidArgument> for Failure {
     }
 }
 
-thread_local! {
-    /// The message of the last failed call on this thread.
-    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+/// What is kept of the last failed call on a thread.
+struct LastError {
+    message: String,
+    deadline: redlock_mux_deadline,
 }
 
-fn set_last_error(message: String) {
+thread_local! {
+    /// The last failed call on this thread.
+    static LAST_ERROR: RefCell<LastError> = const {
+        RefCell::new(LastError {
+            message: String::new(),
+            deadline: REDLOCK_MUX_DEADLINE_NONE,
+        })
+    };
+}
+
+fn set_last_error(message: String, deadline: redlock_mux_deadline) {
     // `try_with`: during thread teardown the slot may be gone; the code still gets through.
-    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = message);
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = LastError { message, deadline });
 }
 
 /// The panic boundary every exported function runs in: a panic becomes `REDLOCK_MUX_PANIC`,
@@ -250,7 +307,7 @@ fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> redlock_mux_result {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => REDLOCK_MUX_OK,
         Ok(Err(failure)) => {
-            set_last_error(failure.message);
+            set_last_error(failure.message, failure.deadline);
             failure.code
         }
         Err(payload) => {
@@ -259,9 +316,10 @@ fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> redlock_mux_result {
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            set_last_error(format!(
-                "redlock-mux panicked (a bug in the library): {what}"
-            ));
+            set_last_error(
+                format!("redlock-mux panicked (a bug in the library): {what}"),
+                REDLOCK_MUX_DEADLINE_NONE,
+            );
             REDLOCK_MUX_PANIC
         }
     }
@@ -410,7 +468,30 @@ pub extern "C" fn redlock_mux_version() -> *const c_char {
 /// counting a terminating NUL; 0 if no call has failed on this thread yet.
 #[no_mangle]
 pub extern "C" fn redlock_mux_last_error_length() -> usize {
-    catch_unwind(|| LAST_ERROR.try_with(|slot| slot.borrow().len()).unwrap_or(0)).unwrap_or(0)
+    catch_unwind(|| {
+        LAST_ERROR
+            .try_with(|slot| slot.borrow().message.len())
+            .unwrap_or(0)
+    })
+    .unwrap_or(0)
+}
+
+/// Which deadline ended the last failed call on the calling thread: for a waiting acquisition
+/// that gave up (it returns the result of its last attempt, most often
+/// `REDLOCK_MUX_CONTENDED`), `REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT` or
+/// `REDLOCK_MUX_DEADLINE_RETRY_COUNT`; `REDLOCK_MUX_DEADLINE_VALIDITY` or
+/// `REDLOCK_MUX_DEADLINE_NODE_TIMEOUT` for a round that time decided;
+/// `REDLOCK_MUX_DEADLINE_NONE` when no deadline did, or no call has failed on this thread yet.
+/// Like the message, it belongs to the last failure: calls that succeed, and asking, do not
+/// change it.
+#[no_mangle]
+pub extern "C" fn redlock_mux_last_error_deadline() -> redlock_mux_deadline {
+    catch_unwind(|| {
+        LAST_ERROR
+            .try_with(|slot| slot.borrow().deadline)
+            .unwrap_or(REDLOCK_MUX_DEADLINE_NONE)
+    })
+    .unwrap_or(REDLOCK_MUX_DEADLINE_NONE)
 }
 
 /// Copies the message of the last failed call on the calling thread into `buf`, followed by a
@@ -434,7 +515,7 @@ pub unsafe extern "C" fn redlock_mux_last_error_message(
             return REDLOCK_MUX_NULL_PARAMETER;
         }
         let copied = LAST_ERROR.try_with(|slot| {
-            let message = slot.borrow();
+            let message = &slot.borrow().message;
             if buf_len < message.len() + 1 {
                 return None;
             }
@@ -2435,6 +2516,39 @@ mod tests {
         assert!(last_error().contains("deliberate panic for the test"));
         boundary_void(|| panic!("also in a _free"));
         assert!(last_error().contains("also in a _free"));
+    }
+
+    #[test]
+    fn the_last_error_tells_which_deadline_ended_a_wait() {
+        let ended = Error::WaitEnded {
+            deadline: Deadline::RetryCount,
+            last: Box::new(Error::ValidityExpired {
+                elapsed: Duration::from_millis(5),
+            }),
+        };
+        let r = boundary(|| Err(ended.into()));
+        assert_eq!(r, REDLOCK_MUX_VALIDITY_EXPIRED);
+        assert_eq!(
+            redlock_mux_last_error_deadline(),
+            REDLOCK_MUX_DEADLINE_RETRY_COUNT
+        );
+        assert!(last_error().contains("retry count"));
+        // Success leaves it; the next failure replaces it.
+        assert_eq!(boundary(|| Ok(())), REDLOCK_MUX_OK);
+        assert_eq!(
+            redlock_mux_last_error_deadline(),
+            REDLOCK_MUX_DEADLINE_RETRY_COUNT
+        );
+        let expired = Error::ValidityExpired {
+            elapsed: Duration::from_millis(5),
+        };
+        boundary(|| Err(expired.into()));
+        assert_eq!(
+            redlock_mux_last_error_deadline(),
+            REDLOCK_MUX_DEADLINE_VALIDITY
+        );
+        boundary(|| Err(null("x")));
+        assert_eq!(redlock_mux_last_error_deadline(), REDLOCK_MUX_DEADLINE_NONE);
     }
 
     #[test]

@@ -33,6 +33,9 @@ static void test_static_text(void) {
           REDLOCK_MUX_QUORUM_UNREACHABLE == 4 && REDLOCK_MUX_VALIDITY_EXPIRED == 5 &&
           REDLOCK_MUX_IO == 6 && REDLOCK_MUX_BUFFER_TOO_SMALL == 7 && REDLOCK_MUX_RELEASED == 8 &&
           REDLOCK_MUX_PANIC == 9 && REDLOCK_MUX_CONFIG == 10);
+    CHECK(REDLOCK_MUX_DEADLINE_NONE == 0 && REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT == 1 &&
+          REDLOCK_MUX_DEADLINE_RETRY_COUNT == 2 && REDLOCK_MUX_DEADLINE_VALIDITY == 3 &&
+          REDLOCK_MUX_DEADLINE_NODE_TIMEOUT == 4);
 }
 
 static void test_null_parameters(redlock_mux_client *client) {
@@ -262,9 +265,48 @@ static void test_fair_client(int count, char **urls) {
     /* A waiter gives up after its retries while the lock is held. */
     CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, &w), REDLOCK_MUX_CONTENDED);
     CHECK(w == SENTINEL(redlock_mux_lock, 0));
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_RETRY_COUNT);
+    CHECK(strstr(last_error(), "retry count") != NULL);
     CHECK_OK(redlock_mux_lock_release(a));
     redlock_mux_lock_free(a);
     redlock_mux_client_free(client);
+}
+
+/* A waiting call that gives up says which deadline ended the wait; other failures say none. */
+static void test_last_error_deadline(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-deadline";
+    const size_t len = sizeof key - 1;
+    redlock_mux_client *impatient = make_client(count, urls, 300); /* waits 300 ms */
+    redlock_mux_lock *held = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_fenced_write_lock *held_w = NULL, *w = SENTINEL(redlock_mux_fenced_write_lock, 1);
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 10000, &held));
+    CHECK_RESULT(redlock_mux_client_lock(impatient, key, len, 10000, &l), REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK(strstr(last_error(), "wait timeout") != NULL);
+    /* Asking, and calls that succeed, leave it as it was. */
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK_OK(redlock_mux_lock_extend(held, 10000));
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    /* One attempt, refused by the nodes: no deadline ended it. */
+    CHECK_RESULT(redlock_mux_client_try_lock(impatient, key, len, 10000, &l), REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_NONE);
+
+    /* The same for another kind. */
+    CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, key, len, 10000, &held_w));
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(impatient, key, len, 10000, &w),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0) && w == SENTINEL(redlock_mux_fenced_write_lock, 1));
+    /* A NULL argument is no deadline either. */
+    CHECK_RESULT(redlock_mux_client_lock(impatient, key, len, 10000, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_NONE);
+
+    CHECK_OK(redlock_mux_fenced_write_lock_release(held_w));
+    redlock_mux_fenced_write_lock_free(held_w);
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+    redlock_mux_client_free(impatient);
 }
 
 static void test_read_write_locks(redlock_mux_client *client) {
@@ -1388,6 +1430,7 @@ int main(int argc, char **argv) {
     test_client_freed_before_lock(argc - 1, argv + 1);
     test_fair_client(argc - 1, argv + 1);
     test_read_write_locks(client);
+    test_last_error_deadline(client, argc - 1, argv + 1);
     test_quorum_unreachable();
     test_config_error(argv[1]);
     test_threads_share_a_client(client);
