@@ -9,7 +9,8 @@
  *   handle after freeing it, is undefined behaviour.
  * - Every fallible function returns a redlock_mux_result. The numbers never change.
  *   redlock_mux_result_text() names a code; redlock_mux_last_error_message() gives the full
- *   message of the last failure on the calling thread (which nodes failed, and how).
+ *   message of the last failure on the calling thread (which nodes failed, and how), and
+ *   redlock_mux_last_error_deadline() which deadline (wait timeout, retry count, ...) ended it.
  * - Every pointer argument is checked: NULL gives REDLOCK_MUX_NULL_PARAMETER before anything
  *   else happens.
  * - Inputs come as pointer plus length. Keys are bytes and may contain NUL. The library copies
@@ -65,6 +66,50 @@
 #define REDLOCK_MUX_RW_WRITE_PREFERRING 1
 
 /**
+ * Which deadline ended the last failed call on the calling thread, as
+ * `redlock_mux_last_error_deadline` tells. The numbers never change; new deadlines get new
+ * numbers.
+ */
+enum redlock_mux_deadline
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No deadline ended it: the nodes decided (they refused or failed) before any deadline,
+   * the failure was not about time (a NULL or invalid argument, a configuration error), or
+   * no call has failed on this thread yet.
+   */
+  REDLOCK_MUX_DEADLINE_NONE = 0,
+  /**
+   * The client's wait timeout: a waiting call gave up, and no attempt starts after it.
+   */
+  REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT = 1,
+  /**
+   * The client's retry count: a waiting call gave up after that many retries that no
+   * release announcement prompted.
+   */
+  REDLOCK_MUX_DEADLINE_RETRY_COUNT = 2,
+  /**
+   * The lock's validity: the quorum answered later than the TTL allows, or an extend came
+   * after the validity had ended (`REDLOCK_MUX_VALIDITY_EXPIRED`).
+   */
+  REDLOCK_MUX_DEADLINE_VALIDITY = 3,
+  /**
+   * The per-node timeout: nodes that had not answered in time were counted as failed,
+   * which decided the round.
+   */
+  REDLOCK_MUX_DEADLINE_NODE_TIMEOUT = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum redlock_mux_deadline redlock_mux_deadline;
+#else
+typedef uint32_t redlock_mux_deadline;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Every result a function of this API returns. The numbers never change; new results get new
  * numbers.
  */
@@ -108,8 +153,8 @@ enum redlock_mux_result
    */
   REDLOCK_MUX_BUFFER_TOO_SMALL = 7,
   /**
-   * The lock handle was already released (or, for a `redlock_mux_lock`, handed to
-   * `redlock_mux_lock_keep_alive`); only its `_free` may follow.
+   * The lock handle was already released, or its lock was handed to keep-alive (one of the
+   * `_keep_alive` functions); only its `_free` may follow.
    */
   REDLOCK_MUX_RELEASED = 8,
   /**
@@ -159,9 +204,16 @@ typedef struct redlock_mux_client_builder redlock_mux_client_builder;
 typedef struct redlock_mux_fenced_lock redlock_mux_fenced_lock;
 
 /**
- * A mutex extended in the background by its client's keeper thread. Made from a
- * `redlock_mux_lock` by `redlock_mux_lock_keep_alive` or
- * `redlock_mux_lock_keep_alive_with_callback`, freed by `redlock_mux_kept_lock_free` (which
+ * A held write lock with a fencing token. Made by `redlock_mux_client_write_lock_fenced` or
+ * `redlock_mux_client_try_write_lock_fenced`, freed by `redlock_mux_fenced_write_lock_free`
+ * (which releases it first if it is still held).
+ */
+typedef struct redlock_mux_fenced_write_lock redlock_mux_fenced_write_lock;
+
+/**
+ * A lock of any kind extended in the background by its client's keeper thread. Made from a
+ * lock handle by its `_keep_alive` or `_keep_alive_with_callback` function (such as
+ * `redlock_mux_lock_keep_alive`), freed by `redlock_mux_kept_lock_free` (which
  * stops the extensions and releases it first if it is still held).
  */
 typedef struct redlock_mux_kept_lock redlock_mux_kept_lock;
@@ -194,8 +246,9 @@ typedef struct redlock_mux_read_lock redlock_mux_read_lock;
 typedef struct redlock_mux_write_lock redlock_mux_write_lock;
 
 /**
- * Called when a kept lock is lost, with the `user_data` given to
- * `redlock_mux_lock_keep_alive_with_callback` and why: `REDLOCK_MUX_CONTENDED` when the
+ * Called when a kept lock is lost, with the `user_data` given to its
+ * `_keep_alive_with_callback` function (such as `redlock_mux_lock_keep_alive_with_callback`)
+ * and why: `REDLOCK_MUX_CONTENDED` when the
  * quorum refused an extension (the key expired, or holds someone else's token),
  * `REDLOCK_MUX_VALIDITY_EXPIRED` when no extension won before the validity ran out.
  */
@@ -221,6 +274,18 @@ const char *redlock_mux_version(void);
  * counting a terminating NUL; 0 if no call has failed on this thread yet.
  */
 size_t redlock_mux_last_error_length(void);
+
+/**
+ * Which deadline ended the last failed call on the calling thread: for a waiting acquisition
+ * that gave up (it returns the result of its last attempt, most often
+ * `REDLOCK_MUX_CONTENDED`), `REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT` or
+ * `REDLOCK_MUX_DEADLINE_RETRY_COUNT`; `REDLOCK_MUX_DEADLINE_VALIDITY` or
+ * `REDLOCK_MUX_DEADLINE_NODE_TIMEOUT` for a round that time decided;
+ * `REDLOCK_MUX_DEADLINE_NONE` when no deadline did, or no call has failed on this thread yet.
+ * Like the message, it belongs to the last failure: calls that succeed, and asking, do not
+ * change it.
+ */
+redlock_mux_deadline redlock_mux_last_error_deadline(void);
 
 /**
  * Copies the message of the last failed call on the calling thread into `buf`, followed by a
@@ -429,6 +494,18 @@ redlock_mux_result redlock_mux_lock_validity_ms(const redlock_mux_lock *lock, ui
 redlock_mux_result redlock_mux_lock_token(const redlock_mux_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
 
 /**
+ * Writes to `*out_key` and `*out_len` the resource key of a mutex, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_lock_key(const redlock_mux_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
  * Releases the lock on every node, and returns once a quorum has answered. Whatever the
  * result, the handle is released afterwards: further calls on it give `REDLOCK_MUX_RELEASED`,
  * and it must still be freed with `redlock_mux_lock_free`.
@@ -449,8 +526,9 @@ void redlock_mux_lock_free(redlock_mux_lock *lock);
 
 /**
  * One attempt to take the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
- * without retrying. The lock is shared: many readers may hold it at once, but no writer. On success writes a new handle to `*out`;
- * `REDLOCK_MUX_CONTENDED` means the other side holds it.
+ * without retrying. The lock is shared: many readers may hold it at once, but no writer.
+ * On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+ * holds it.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -460,8 +538,8 @@ redlock_mux_result redlock_mux_client_try_read_lock(const redlock_mux_client *cl
 
 /**
  * Takes the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
- * client's retry count and wait timeout allow. The lock is shared: many readers may hold it at once, but no writer. On success writes a new
- * handle to `*out`.
+ * client's retry count and wait timeout allow. The lock is shared:
+ * many readers may hold it at once, but no writer. On success writes a new handle to `*out`.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -497,6 +575,37 @@ redlock_mux_result redlock_mux_read_lock_validity_ms(const redlock_mux_read_lock
 redlock_mux_result redlock_mux_read_lock_token(const redlock_mux_read_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
 
 /**
+ * Writes to `*out_key` and `*out_len` the resource key of a read lock, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live read lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_read_lock_key(const redlock_mux_read_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a read lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live read lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_read_lock_keep_alive(redlock_mux_read_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a read lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_read_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_read_lock_keep_alive_with_callback(redlock_mux_read_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
  * Like `redlock_mux_lock_release`, for a read lock: afterwards the handle is released whatever
  * the result, and must still be freed.
  *
@@ -516,8 +625,9 @@ void redlock_mux_read_lock_free(redlock_mux_read_lock *lock);
 
 /**
  * One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
- * without retrying. The lock is exclusive: no reader and no other writer may hold it. On success writes a new handle to `*out`;
- * `REDLOCK_MUX_CONTENDED` means the other side holds it.
+ * without retrying. The lock is exclusive: no reader and no other writer may hold it.
+ * On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+ * holds it.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -527,8 +637,8 @@ redlock_mux_result redlock_mux_client_try_write_lock(const redlock_mux_client *c
 
 /**
  * Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
- * client's retry count and wait timeout allow. The lock is exclusive: no reader and no other writer may hold it. On success writes a new
- * handle to `*out`.
+ * client's retry count and wait timeout allow. The lock is exclusive:
+ * no reader and no other writer may hold it. On success writes a new handle to `*out`.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -562,6 +672,37 @@ redlock_mux_result redlock_mux_write_lock_validity_ms(const redlock_mux_write_lo
  * points to `buf_len` writable bytes; `out_n` is NULL or writable.
  */
 redlock_mux_result redlock_mux_write_lock_token(const redlock_mux_write_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Writes to `*out_key` and `*out_len` the resource key of a write lock, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_write_lock_key(const redlock_mux_write_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a write lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_write_lock_keep_alive(redlock_mux_write_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a write lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_write_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_write_lock_keep_alive_with_callback(redlock_mux_write_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
 
 /**
  * Like `redlock_mux_lock_release`, for a write lock: afterwards the handle is released whatever
@@ -650,8 +791,8 @@ redlock_mux_result redlock_mux_multi_lock_key_count(const redlock_mux_multi_lock
 /**
  * Writes to `*out_key` and `*out_len` the key at `index` of the set, in sorted order (bytewise,
  * shorter first on a common prefix), so that index 0 is the smallest. The bytes belong to the
- * handle: they stay valid, unchanged, until the lock is released or freed, and must not be
- * freed or written by the caller. An `index` not below the key count gives
+ * handle: they stay valid, unchanged, until the lock is released, handed to keep-alive, or
+ * freed, and must not be freed or written by the caller. An `index` not below the key count gives
  * `REDLOCK_MUX_INVALID_ARGUMENT`.
  *
  * # Safety
@@ -659,6 +800,27 @@ redlock_mux_result redlock_mux_multi_lock_key_count(const redlock_mux_multi_lock
  * `out_len` are NULL or writable.
  */
 redlock_mux_result redlock_mux_multi_lock_key(const redlock_mux_multi_lock *lock, size_t index, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a set. Each extension
+ * extends the whole set; a node that lost any key of it refuses, and the set is lost when a
+ * quorum refuses. `redlock_mux_kept_lock_key` then gives the set's first key.
+ *
+ * # Safety
+ * `lock` is NULL or a live multi-key lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_multi_lock_keep_alive(redlock_mux_multi_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a set: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_multi_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_multi_lock_keep_alive_with_callback(redlock_mux_multi_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
 
 /**
  * Like `redlock_mux_lock_release`, for a set: releases every key still holding this token, on
@@ -743,6 +905,38 @@ redlock_mux_result redlock_mux_fenced_lock_validity_ms(const redlock_mux_fenced_
 redlock_mux_result redlock_mux_fenced_lock_token(const redlock_mux_fenced_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
 
 /**
+ * Writes to `*out_key` and `*out_len` the resource key of a fenced lock, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_lock_key(const redlock_mux_fenced_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a fenced lock. The kept
+ * lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_lock_keep_alive(redlock_mux_fenced_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_fenced_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_fenced_lock_keep_alive_with_callback(redlock_mux_fenced_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
  * Like `redlock_mux_lock_release`, for a fenced lock (the nodes' counters stay): afterwards
  * the handle is released whatever the result, and must still be freed.
  *
@@ -759,6 +953,118 @@ redlock_mux_result redlock_mux_fenced_lock_release(redlock_mux_fenced_lock *lock
  * `lock` is NULL or a fenced lock not yet freed, which no other thread is using.
  */
 void redlock_mux_fenced_lock_free(redlock_mux_fenced_lock *lock);
+
+/**
+ * One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms`
+ * milliseconds with a fencing token, without retrying. On success writes a new handle to
+ * `*out`; `REDLOCK_MUX_CONTENDED` means readers or a writer hold it. A fenced write lock
+ * excludes readers and writers, fenced or not, as a plain write lock does.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_try_write_lock_fenced(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_fenced_write_lock **out);
+
+/**
+ * Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds with a
+ * fencing token, waiting as the client's retry count and wait timeout allow. The token is
+ * read in the acquire round, and written back to a quorum (one more round trip) only when the
+ * nodes' counters disagree. On success writes a new handle to `*out`.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_write_lock_fenced(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_fenced_write_lock **out);
+
+/**
+ * Like `redlock_mux_fenced_lock_fencing_token`, for a fenced write lock: larger than that of
+ * every fenced write grant of the same resource before it, smaller than that of every one
+ * after. The counter is the write lock's own: fenced mutexes on the same key count apart.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread;
+ * `out_token` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_fencing_token(const redlock_mux_fenced_write_lock *lock, uint64_t *out_token);
+
+/**
+ * Like `redlock_mux_lock_extend`, for a fenced write lock. The fencing token stays the same.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_extend(redlock_mux_fenced_write_lock *lock, uint64_t ttl_ms);
+
+/**
+ * Like `redlock_mux_lock_validity_ms`, for a fenced write lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread; `out_ms`
+ * is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_validity_ms(const redlock_mux_fenced_write_lock *lock, uint64_t *out_ms);
+
+/**
+ * Like `redlock_mux_lock_token`, for a fenced write lock: the random token stored at the
+ * writer key (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex), not the fencing token.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread; `buf` is
+ * NULL or points to `buf_len` writable bytes; `out_n` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_token(const redlock_mux_fenced_write_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Writes to `*out_key` and `*out_len` the resource key of a fenced write lock, as it was
+ * given when the lock was taken. The bytes belong to the handle: they stay valid, unchanged,
+ * until the lock is released, handed to keep-alive, or freed, and must not be freed or
+ * written by the caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread; `out_key`
+ * and `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_key(const redlock_mux_fenced_write_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a fenced write lock. The kept
+ * lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_keep_alive(redlock_mux_fenced_write_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced write lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_fenced_write_lock_keep_alive`; `on_lost` is NULL or a function that
+ * may be called, from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_keep_alive_with_callback(redlock_mux_fenced_write_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_release`, for a fenced write lock (the nodes' counters stay):
+ * afterwards the handle is released whatever the result, and must still be freed.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_release(redlock_mux_fenced_write_lock *lock);
+
+/**
+ * Frees a fenced write lock handle, releasing it first, best effort, if it is still held.
+ * NULL is a no-op.
+ *
+ * # Safety
+ * `lock` is NULL or a fenced write lock not yet freed, which no other thread is using.
+ */
+void redlock_mux_fenced_write_lock_free(redlock_mux_fenced_write_lock *lock);
 
 /**
  * Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
@@ -826,13 +1132,35 @@ redlock_mux_result redlock_mux_kept_lock_is_lost(const redlock_mux_kept_lock *ke
 redlock_mux_result redlock_mux_kept_lock_validity_ms(const redlock_mux_kept_lock *kept, uint64_t *out_ms);
 
 /**
- * Like `redlock_mux_lock_token`, for a kept lock: the token it had as a `redlock_mux_lock`.
+ * Like `redlock_mux_lock_token`, for a kept lock: the token it had before it was kept.
  *
  * # Safety
  * `kept` is NULL or a live kept lock not being changed by another thread; `buf` is NULL or
  * points to `buf_len` writable bytes; `out_n` is NULL or writable.
  */
 redlock_mux_result redlock_mux_kept_lock_token(const redlock_mux_kept_lock *kept, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Writes to `*out_key` and `*out_len` the resource key of a kept lock (for a set, its first
+ * key in sorted order). The bytes belong to the handle: they stay valid, unchanged, until
+ * the kept lock is released or freed, and must not be freed or written by the caller.
+ *
+ * # Safety
+ * `kept` is NULL or a live kept lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_kept_lock_key(const redlock_mux_kept_lock *kept, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Writes to `*out_token` the fencing token of a kept fenced lock or fenced write lock: the
+ * one it was granted, which extensions keep. A kept lock of a kind without fencing tokens
+ * gives `REDLOCK_MUX_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `kept` is NULL or a live kept lock not being changed by another thread; `out_token` is
+ * NULL or writable.
+ */
+redlock_mux_result redlock_mux_kept_lock_fencing_token(const redlock_mux_kept_lock *kept, uint64_t *out_token);
 
 /**
  * Stops the extensions and releases the lock on every node (a lost lock too, in case some

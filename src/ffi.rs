@@ -4,13 +4,15 @@
 //!
 //! - **Handles are opaque.** `redlock_mux_client_builder`, `redlock_mux_client` and the lock
 //!   handles (`redlock_mux_lock`, `_read_lock`, `_write_lock`, `_multi_lock`, `_fenced_lock`,
-//!   `_kept_lock`) are only ever seen through pointers. Each one made by a `_new`, `_build`
-//!   or lock function is owned by the caller and freed with the matching `_free`, which accepts
-//!   NULL. Freeing twice, or using a handle after freeing it, is undefined behaviour.
+//!   `_fenced_write_lock`, `_kept_lock`) are only ever seen through pointers. Each one made by
+//!   a `_new`, `_build` or lock function is owned by the caller and freed with the matching
+//!   `_free`, which accepts NULL. Freeing twice, or using a handle after freeing it, is
+//!   undefined behaviour.
 //! - **Results are numbered.** Every fallible function returns a `redlock_mux_result`, whose
 //!   values are fixed forever. `redlock_mux_result_text` names a code;
 //!   `redlock_mux_last_error_message` gives the full message of the last failure on the
-//!   calling thread (which nodes failed, and how).
+//!   calling thread (which nodes failed, and how), `redlock_mux_last_error_deadline` which
+//!   deadline ended it.
 //! - **NULL is checked.** Every pointer argument is checked, and NULL gives
 //!   `REDLOCK_MUX_NULL_PARAMETER` before anything else happens.
 //! - **Inputs are pointer plus length.** Keys are bytes and may contain NUL; URLs are UTF-8 and
@@ -43,10 +45,11 @@ use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::kind::Kind;
+use crate::kind::{Fenced, Kind, OneKey};
 use crate::{
-    Client, ClientBuilder, Error, FencedLock, Guard, InvalidArgument, KeepAlive, KeptLock, Lock,
-    MultiLock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS,
+    Client, ClientBuilder, Deadline, Error, FencedLock, FencedWriteLock, Guard, InvalidArgument,
+    KeepAlive, KeptLock, Lock, MultiLock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN,
+    MAX_LOCK_ALL_KEYS,
 };
 
 /// Every result a function of this API returns. The numbers never change; new results get new
@@ -72,8 +75,8 @@ pub enum redlock_mux_result {
     REDLOCK_MUX_IO = 6,
     /// The output buffer is too small. Nothing was written.
     REDLOCK_MUX_BUFFER_TOO_SMALL = 7,
-    /// The lock handle was already released (or, for a `redlock_mux_lock`, handed to
-    /// `redlock_mux_lock_keep_alive`); only its `_free` may follow.
+    /// The lock handle was already released, or its lock was handed to keep-alive (one of the
+    /// `_keep_alive` functions); only its `_free` may follow.
     REDLOCK_MUX_RELEASED = 8,
     /// The library panicked: a bug. The handles involved must only be freed.
     REDLOCK_MUX_PANIC = 9,
@@ -86,6 +89,31 @@ pub enum redlock_mux_result {
 }
 
 use redlock_mux_result::*;
+
+/// Which deadline ended the last failed call on the calling thread, as
+/// `redlock_mux_last_error_deadline` tells. The numbers never change; new deadlines get new
+/// numbers.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum redlock_mux_deadline {
+    /// No deadline ended it: the nodes decided (they refused or failed) before any deadline,
+    /// the failure was not about time (a NULL or invalid argument, a configuration error), or
+    /// no call has failed on this thread yet.
+    REDLOCK_MUX_DEADLINE_NONE = 0,
+    /// The client's wait timeout: a waiting call gave up, and no attempt starts after it.
+    REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT = 1,
+    /// The client's retry count: a waiting call gave up after that many retries that no
+    /// release announcement prompted.
+    REDLOCK_MUX_DEADLINE_RETRY_COUNT = 2,
+    /// The lock's validity: the quorum answered later than the TTL allows, or an extend came
+    /// after the validity had ended (`REDLOCK_MUX_VALIDITY_EXPIRED`).
+    REDLOCK_MUX_DEADLINE_VALIDITY = 3,
+    /// The per-node timeout: nodes that had not answered in time were counted as failed,
+    /// which decided the round.
+    REDLOCK_MUX_DEADLINE_NODE_TIMEOUT = 4,
+}
+
+use redlock_mux_deadline::*;
 
 /// The length of a lock's token, in bytes: 40 hexadecimal characters (160 random bits).
 pub const REDLOCK_MUX_TOKEN_LEN: usize = 40;
@@ -151,9 +179,16 @@ pub struct redlock_mux_fenced_lock {
     held: Option<FencedLock>,
 }
 
-/// A mutex extended in the background by its client's keeper thread. Made from a
-/// `redlock_mux_lock` by `redlock_mux_lock_keep_alive` or
-/// `redlock_mux_lock_keep_alive_with_callback`, freed by `redlock_mux_kept_lock_free` (which
+/// A held write lock with a fencing token. Made by `redlock_mux_client_write_lock_fenced` or
+/// `redlock_mux_client_try_write_lock_fenced`, freed by `redlock_mux_fenced_write_lock_free`
+/// (which releases it first if it is still held).
+pub struct redlock_mux_fenced_write_lock {
+    held: Option<FencedWriteLock>,
+}
+
+/// A lock of any kind extended in the background by its client's keeper thread. Made from a
+/// lock handle by its `_keep_alive` or `_keep_alive_with_callback` function (such as
+/// `redlock_mux_lock_keep_alive`), freed by `redlock_mux_kept_lock_free` (which
 /// stops the extensions and releases it first if it is still held).
 pub struct redlock_mux_kept_lock {
     held: Option<KeptLock>,
@@ -183,10 +218,12 @@ pub const REDLOCK_MUX_RW_READ_PREFERRING: u32 = 0;
 /// readers in place drain and the writer gets in within one reader hold.
 pub const REDLOCK_MUX_RW_WRITE_PREFERRING: u32 = 1;
 
-/// A failed call: its code, and the message `redlock_mux_last_error_message` gives.
+/// A failed call: its code, the message `redlock_mux_last_error_message` gives, and the
+/// deadline `redlock_mux_last_error_deadline` gives.
 struct Failure {
     code: redlock_mux_result,
     message: String,
+    deadline: redlock_mux_deadline,
 }
 
 impl Failure {
@@ -194,7 +231,20 @@ impl Failure {
         Failure {
             code,
             message: message.into(),
+            deadline: REDLOCK_MUX_DEADLINE_NONE,
         }
+    }
+}
+
+/// The number of the deadline that ended an operation.
+fn deadline_code(deadline: Option<Deadline>) -> redlock_mux_deadline {
+    // Exhaustive on purpose: a new deadline must be given its own number here.
+    match deadline {
+        None => REDLOCK_MUX_DEADLINE_NONE,
+        Some(Deadline::WaitTimeout) => REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT,
+        Some(Deadline::RetryCount) => REDLOCK_MUX_DEADLINE_RETRY_COUNT,
+        Some(Deadline::Validity) => REDLOCK_MUX_DEADLINE_VALIDITY,
+        Some(Deadline::NodeTimeout) => REDLOCK_MUX_DEADLINE_NODE_TIMEOUT,
     }
 }
 
@@ -216,7 +266,11 @@ fn failure_code(e: &Error) -> redlock_mux_result {
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
-        Failure::new(failure_code(&e), e.to_string())
+        Failure {
+            code: failure_code(&e),
+            message: e.to_string(),
+            deadline: deadline_code(e.deadline()),
+        }
     }
 }
 
@@ -226,14 +280,25 @@ impl From<InvalidArgument> for Failure {
     }
 }
 
-thread_local! {
-    /// The message of the last failed call on this thread.
-    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+/// What is kept of the last failed call on a thread.
+struct LastError {
+    message: String,
+    deadline: redlock_mux_deadline,
 }
 
-fn set_last_error(message: String) {
+thread_local! {
+    /// The last failed call on this thread.
+    static LAST_ERROR: RefCell<LastError> = const {
+        RefCell::new(LastError {
+            message: String::new(),
+            deadline: REDLOCK_MUX_DEADLINE_NONE,
+        })
+    };
+}
+
+fn set_last_error(message: String, deadline: redlock_mux_deadline) {
     // `try_with`: during thread teardown the slot may be gone; the code still gets through.
-    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = message);
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = LastError { message, deadline });
 }
 
 /// The panic boundary every exported function runs in: a panic becomes `REDLOCK_MUX_PANIC`,
@@ -242,7 +307,7 @@ fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> redlock_mux_result {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => REDLOCK_MUX_OK,
         Ok(Err(failure)) => {
-            set_last_error(failure.message);
+            set_last_error(failure.message, failure.deadline);
             failure.code
         }
         Err(payload) => {
@@ -251,9 +316,10 @@ fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> redlock_mux_result {
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            set_last_error(format!(
-                "redlock-mux panicked (a bug in the library): {what}"
-            ));
+            set_last_error(
+                format!("redlock-mux panicked (a bug in the library): {what}"),
+                REDLOCK_MUX_DEADLINE_NONE,
+            );
             REDLOCK_MUX_PANIC
         }
     }
@@ -402,7 +468,30 @@ pub extern "C" fn redlock_mux_version() -> *const c_char {
 /// counting a terminating NUL; 0 if no call has failed on this thread yet.
 #[no_mangle]
 pub extern "C" fn redlock_mux_last_error_length() -> usize {
-    catch_unwind(|| LAST_ERROR.try_with(|slot| slot.borrow().len()).unwrap_or(0)).unwrap_or(0)
+    catch_unwind(|| {
+        LAST_ERROR
+            .try_with(|slot| slot.borrow().message.len())
+            .unwrap_or(0)
+    })
+    .unwrap_or(0)
+}
+
+/// Which deadline ended the last failed call on the calling thread: for a waiting acquisition
+/// that gave up (it returns the result of its last attempt, most often
+/// `REDLOCK_MUX_CONTENDED`), `REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT` or
+/// `REDLOCK_MUX_DEADLINE_RETRY_COUNT`; `REDLOCK_MUX_DEADLINE_VALIDITY` or
+/// `REDLOCK_MUX_DEADLINE_NODE_TIMEOUT` for a round that time decided;
+/// `REDLOCK_MUX_DEADLINE_NONE` when no deadline did, or no call has failed on this thread yet.
+/// Like the message, it belongs to the last failure: calls that succeed, and asking, do not
+/// change it.
+#[no_mangle]
+pub extern "C" fn redlock_mux_last_error_deadline() -> redlock_mux_deadline {
+    catch_unwind(|| {
+        LAST_ERROR
+            .try_with(|slot| slot.borrow().deadline)
+            .unwrap_or(REDLOCK_MUX_DEADLINE_NONE)
+    })
+    .unwrap_or(REDLOCK_MUX_DEADLINE_NONE)
 }
 
 /// Copies the message of the last failed call on the calling thread into `buf`, followed by a
@@ -426,7 +515,7 @@ pub unsafe extern "C" fn redlock_mux_last_error_message(
             return REDLOCK_MUX_NULL_PARAMETER;
         }
         let copied = LAST_ERROR.try_with(|slot| {
-            let message = slot.borrow();
+            let message = &slot.borrow().message;
             if buf_len < message.len() + 1 {
                 return None;
             }
@@ -704,94 +793,65 @@ pub unsafe extern "C" fn redlock_mux_client_free(client: *mut redlock_mux_client
     boundary_void(|| unsafe { free_handle(client) })
 }
 
-/// The shared body of every acquisition: checks the arguments, runs `take`, hands back the
-/// new handle.
-///
-/// # Safety
-/// As for `redlock_mux_client_lock`.
-unsafe fn acquire<T>(
-    client: *const redlock_mux_client,
-    key: *const u8,
-    key_len: usize,
-    out: *mut *mut T,
-    take: impl FnOnce(&Client, &[u8]) -> Result<T, Error>,
-) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        let (handle, key, out) = unsafe {
-            (
-                arg_ref(client, "client")?,
-                arg_key(key, key_len, "key")?,
-                Out::new(out, "out")?,
-            )
-        };
-        out.write(into_handle(take(&handle.client, key)?));
-        Ok(())
-    })
+/// A lock handle of the C API: the lock it holds, until the lock is released or handed to
+/// keep-alive. Every function on a handle goes through the generic helpers below.
+trait Handle {
+    /// What the handle holds: a guard, or a kept lock.
+    type Lock: Held;
+    /// The name of the handle's parameter, for the message when it is NULL.
+    const ARG: &'static str = "lock";
+    fn new(lock: Self::Lock) -> Self;
+    fn slot(&self) -> &Option<Self::Lock>;
+    fn slot_mut(&mut self) -> &mut Option<Self::Lock>;
+    /// Runs before the lock is released (a kept lock silences its callback).
+    fn before_release(&self) {}
 }
 
-/// The shared body of the two mutex acquisitions.
-///
-/// # Safety
-/// As for `redlock_mux_client_lock`.
-unsafe fn lock_with(
-    client: *const redlock_mux_client,
-    key: *const u8,
-    key_len: usize,
-    ttl_ms: u64,
-    out: *mut *mut redlock_mux_lock,
-    wait: bool,
-) -> redlock_mux_result {
-    // SAFETY: forwarded caller promises.
-    unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            let lock = if wait {
-                c.lock(key, millis(ttl_ms))
-            } else {
-                c.try_lock(key, millis(ttl_ms))
-            }?;
-            Ok(redlock_mux_lock { held: Some(lock) })
-        })
+/// The `Handle` of each guard handle: its lock lives in `held`.
+macro_rules! guard_handles {
+    ($($handle:ident: $lock:ty;)*) => {$(
+        impl Handle for $handle {
+            type Lock = $lock;
+            fn new(lock: $lock) -> Self {
+                $handle { held: Some(lock) }
+            }
+            fn slot(&self) -> &Option<$lock> {
+                &self.held
+            }
+            fn slot_mut(&mut self) -> &mut Option<$lock> {
+                &mut self.held
+            }
+        }
+    )*};
+}
+
+guard_handles! {
+    redlock_mux_lock: Lock;
+    redlock_mux_read_lock: ReadLock;
+    redlock_mux_write_lock: WriteLock;
+    redlock_mux_multi_lock: MultiLock;
+    redlock_mux_fenced_lock: FencedLock;
+    redlock_mux_fenced_write_lock: FencedWriteLock;
+}
+
+impl Handle for redlock_mux_kept_lock {
+    type Lock = KeptLock;
+    const ARG: &'static str = "kept";
+    fn new(lock: KeptLock) -> Self {
+        redlock_mux_kept_lock {
+            held: Some(lock),
+            on_lost: None,
+        }
     }
-}
-
-/// One attempt to take the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
-/// without retrying. On success writes a new lock to `*out`; `REDLOCK_MUX_CONTENDED` means
-/// someone else holds it.
-///
-/// # Safety
-/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
-/// `out` is NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn redlock_mux_client_try_lock(
-    client: *const redlock_mux_client,
-    key: *const u8,
-    key_len: usize,
-    ttl_ms: u64,
-    out: *mut *mut redlock_mux_lock,
-) -> redlock_mux_result {
-    // SAFETY: forwarded caller promises.
-    unsafe { lock_with(client, key, key_len, ttl_ms, out, false) }
-}
-
-/// Takes the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting for it
-/// as the client's retry count and wait timeout allow (a release by the holder wakes the
-/// waiter at once). On success writes a new lock to `*out`. The lock is valid for
-/// `redlock_mux_lock_validity_ms`, which is less than the TTL.
-///
-/// # Safety
-/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
-/// `out` is NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn redlock_mux_client_lock(
-    client: *const redlock_mux_client,
-    key: *const u8,
-    key_len: usize,
-    ttl_ms: u64,
-    out: *mut *mut redlock_mux_lock,
-) -> redlock_mux_result {
-    // SAFETY: forwarded caller promises.
-    unsafe { lock_with(client, key, key_len, ttl_ms, out, true) }
+    fn slot(&self) -> &Option<KeptLock> {
+        &self.held
+    }
+    fn slot_mut(&mut self) -> &mut Option<KeptLock> {
+        &mut self.held
+    }
+    fn before_release(&self) {
+        self.disarm();
+    }
 }
 
 /// What the C API reads from, and does with, every kind of held lock: the guards of every
@@ -837,51 +897,337 @@ fn held<T>(slot: &Option<T>) -> Result<&T, Failure> {
     slot.as_ref().ok_or_else(released)
 }
 
+/// The shared body of every one-key acquisition: checks the arguments, runs `take`, hands
+/// back the new handle.
+///
 /// # Safety
-/// `out` is NULL or writable.
-unsafe fn held_validity<T: Held>(slot: &Option<T>, out: *mut u64) -> Result<(), Failure> {
-    // SAFETY: forwarded caller promise.
-    let out = unsafe { Out::new(out, "out_ms") }?;
-    let ms = held(slot)?.validity().as_millis();
-    out.write(u64::try_from(ms).unwrap_or(u64::MAX));
-    Ok(())
+/// As for `redlock_mux_client_lock`.
+unsafe fn acquire<H: Handle>(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut H,
+    take: impl FnOnce(&Client, &[u8], Duration) -> Result<H::Lock, Error>,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, key, out) = unsafe {
+            (
+                arg_ref(client, "client")?,
+                arg_key(key, key_len, "key")?,
+                Out::new(out, "out")?,
+            )
+        };
+        out.write(into_handle(H::new(take(
+            &handle.client,
+            key,
+            millis(ttl_ms),
+        )?)));
+        Ok(())
+    })
 }
 
+/// The body of every `_extend`.
+///
 /// # Safety
-/// `buf` is NULL or points to `buf_len` writable bytes; `out_n` is NULL or writable.
-unsafe fn held_token<T: Held>(
-    slot: &Option<T>,
+/// `lock` is NULL or a live handle used by no other thread.
+unsafe fn extend<H, K>(lock: *mut H, ttl_ms: u64) -> redlock_mux_result
+where
+    H: Handle<Lock = Guard<K>>,
+    K: Kind,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        let handle = unsafe { arg_mut(lock, H::ARG) }?;
+        let guard = handle.slot_mut().as_mut().ok_or_else(released)?;
+        guard.extend(millis(ttl_ms))?;
+        Ok(())
+    })
+}
+
+/// The body of every `_validity_ms`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `out_ms` is NULL or
+/// writable.
+unsafe fn validity<H: Handle>(lock: *const H, out_ms: *mut u64) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(lock, H::ARG)?, Out::new(out_ms, "out_ms")?) };
+        let ms = held(handle.slot())?.validity().as_millis();
+        out.write(u64::try_from(ms).unwrap_or(u64::MAX));
+        Ok(())
+    })
+}
+
+/// The body of every `_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `buf` is NULL or
+/// points to `buf_len` writable bytes; `out_n` is NULL or writable.
+unsafe fn token<H: Handle>(
+    lock: *const H,
     buf: *mut u8,
     buf_len: usize,
     out_n: *mut usize,
-) -> Result<(), Failure> {
-    if buf.is_null() {
-        return Err(null("buf"));
-    }
-    // SAFETY: forwarded caller promise.
-    let out_n = unsafe { Out::new(out_n, "out_n") }?;
-    let token = held(slot)?.token();
-    if buf_len < token.len() {
-        return Err(Failure::new(
-            REDLOCK_MUX_BUFFER_TOO_SMALL,
-            format!("the token is {} bytes, the buffer {buf_len}", token.len()),
-        ));
-    }
-    // SAFETY: `buf` is non-NULL with room for `buf_len >= token.len()` bytes (caller's
-    // promise), and cannot overlap the token, which is ours.
-    unsafe { ptr::copy_nonoverlapping(token.as_ptr(), buf, token.len()) };
-    out_n.write(token.len());
-    Ok(())
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let handle = unsafe { arg_ref(lock, H::ARG) }?;
+        if buf.is_null() {
+            return Err(null("buf"));
+        }
+        // SAFETY: forwarded caller promise.
+        let out_n = unsafe { Out::new(out_n, "out_n") }?;
+        let token = held(handle.slot())?.token();
+        if buf_len < token.len() {
+            return Err(Failure::new(
+                REDLOCK_MUX_BUFFER_TOO_SMALL,
+                format!("the token is {} bytes, the buffer {buf_len}", token.len()),
+            ));
+        }
+        // SAFETY: `buf` is non-NULL with room for `buf_len >= token.len()` bytes (caller's
+        // promise), and cannot overlap the token, which is ours.
+        unsafe { ptr::copy_nonoverlapping(token.as_ptr(), buf, token.len()) };
+        out_n.write(token.len());
+        Ok(())
+    })
 }
 
-fn held_extend<K: Kind>(slot: &mut Option<Guard<K>>, ttl_ms: u64) -> Result<(), Failure> {
-    slot.as_mut().ok_or_else(released)?.extend(millis(ttl_ms))?;
-    Ok(())
+/// The body of every `_release`: afterwards the handle is empty, whatever the result.
+///
+/// # Safety
+/// `lock` is NULL or a live handle used by no other thread.
+unsafe fn release<H: Handle>(lock: *mut H) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        let handle = unsafe { arg_mut(lock, H::ARG) }?;
+        handle.before_release();
+        handle.slot_mut().take().ok_or_else(released)?.release()?;
+        Ok(())
+    })
 }
 
-fn held_release<T: Held>(slot: &mut Option<T>) -> Result<(), Failure> {
-    slot.take().ok_or_else(released)?.release()?;
-    Ok(())
+/// The locks on one resource key: guards of one-key kinds, and kept locks (whose key is a
+/// set's first).
+trait OneKeyed {
+    fn key(&self) -> &[u8];
+}
+
+impl<K: OneKey> OneKeyed for Guard<K> {
+    fn key(&self) -> &[u8] {
+        Guard::key(self)
+    }
+}
+
+impl OneKeyed for KeptLock {
+    fn key(&self) -> &[u8] {
+        KeptLock::key(self)
+    }
+}
+
+/// The locks that may carry a fencing token: the fenced kinds' guards always do, a kept lock
+/// does when it was fenced.
+trait Fencing {
+    fn fencing_token(&self) -> Option<u64>;
+}
+
+impl<K: Fenced> Fencing for Guard<K> {
+    fn fencing_token(&self) -> Option<u64> {
+        Some(Guard::fencing_token(self))
+    }
+}
+
+impl Fencing for KeptLock {
+    fn fencing_token(&self) -> Option<u64> {
+        KeptLock::fencing_token(self)
+    }
+}
+
+/// Writes a key the handle owns to the caller's two out slots.
+fn write_key(out_key: Out<*const u8>, out_len: Out<usize>, key: &[u8]) {
+    out_key.write(key.as_ptr());
+    out_len.write(key.len());
+}
+
+/// The body of every `_key`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+unsafe fn key<H>(lock: *const H, out_key: *mut *const u8, out_len: *mut usize) -> redlock_mux_result
+where
+    H: Handle,
+    H::Lock: OneKeyed,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out_key, out_len) = unsafe {
+            (
+                arg_ref(lock, H::ARG)?,
+                Out::new(out_key, "out_key")?,
+                Out::new(out_len, "out_len")?,
+            )
+        };
+        write_key(out_key, out_len, held(handle.slot())?.key());
+        Ok(())
+    })
+}
+
+/// The body of every `_fencing_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `out_token` is NULL
+/// or writable.
+unsafe fn fencing_token<H>(lock: *const H, out_token: *mut u64) -> redlock_mux_result
+where
+    H: Handle,
+    H::Lock: Fencing,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(lock, H::ARG)?, Out::new(out_token, "out_token")?) };
+        let token = held(handle.slot())?.fencing_token().ok_or_else(|| {
+            Failure::new(
+                REDLOCK_MUX_INVALID_ARGUMENT,
+                "invalid argument: the lock is not a fenced one and has no fencing token",
+            )
+        })?;
+        out.write(token);
+        Ok(())
+    })
+}
+
+/// A C callback and its user data, called at most once, from the keeper thread.
+struct LostCallback {
+    f: unsafe extern "C" fn(*mut c_void, redlock_mux_result),
+    user_data: *mut c_void,
+}
+
+// SAFETY: `user_data` is only handed back to `f`, on the keeper thread; the caller of a
+// `_keep_alive_with_callback` function promises that this is allowed.
+unsafe impl Send for LostCallback {}
+
+/// Where a kept lock's callback waits to be called; emptied when the handle is released or
+/// freed, so that no call starts after that and none is still running when it returns.
+type CallbackSlot = Arc<Mutex<Option<LostCallback>>>;
+
+fn lock_slot(slot: &CallbackSlot) -> MutexGuard<'_, Option<LostCallback>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The body of every `_keep_alive`: hands the guard to the keeper thread, or, when the
+/// settings are refused, leaves it in its handle.
+///
+/// # Safety
+/// As for `redlock_mux_lock_keep_alive`.
+unsafe fn keep_alive<H, K>(
+    lock: *mut H,
+    ttl_ms: u64,
+    on_lost: Option<LostCallback>,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result
+where
+    H: Handle<Lock = Guard<K>>,
+    K: Kind,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_mut(lock, H::ARG)?, Out::new(out, "out")?) };
+        let guard = handle.slot_mut().take().ok_or_else(released)?;
+        let mut settings = KeepAlive::new(millis(ttl_ms));
+        let slot = on_lost.map(|callback| Arc::new(Mutex::new(Some(callback))));
+        if let Some(slot) = &slot {
+            let slot = Arc::clone(slot);
+            settings = settings.on_lost(move |lost| {
+                let callback = lock_slot(&slot);
+                if let Some(c) = callback.as_ref() {
+                    // SAFETY: the caller of the `_keep_alive_with_callback` function promises
+                    // that `f` may be called with `user_data` from this thread.
+                    unsafe { (c.f)(c.user_data, failure_code(&lost.error)) }
+                }
+            });
+        }
+        // Settings that cannot keep the lock are refused, and the lock stays where it was.
+        let kept = match guard.keep_alive(settings) {
+            Ok(kept) => kept,
+            Err(refused) => {
+                *handle.slot_mut() = Some(refused.guard);
+                return Err(refused.error.into());
+            }
+        };
+        let mut kept = redlock_mux_kept_lock::new(kept);
+        kept.on_lost = slot;
+        out.write(into_handle(kept));
+        Ok(())
+    })
+}
+
+/// The body of every `_keep_alive_with_callback`: `keep_alive` with a callback that must not
+/// be NULL.
+///
+/// # Safety
+/// As for `redlock_mux_lock_keep_alive_with_callback`.
+unsafe fn keep_alive_calling<H, K>(
+    lock: *mut H,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result
+where
+    H: Handle<Lock = Guard<K>>,
+    K: Kind,
+{
+    let Some(f) = on_lost else {
+        return boundary(|| Err(null("on_lost")));
+    };
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, Some(LostCallback { f, user_data }), out) }
+}
+
+/// One attempt to take the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
+/// without retrying. On success writes a new lock to `*out`; `REDLOCK_MUX_CONTENDED` means
+/// someone else holds it.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_try_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_lock(k, t)
+        })
+    }
+}
+
+/// Takes the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting for it
+/// as the client's retry count and wait timeout allow (a release by the holder wakes the
+/// waiter at once). On success writes a new lock to `*out`. The lock is valid for
+/// `redlock_mux_lock_validity_ms`, which is less than the TTL.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { acquire(client, key, key_len, ttl_ms, out, |c, k, t| c.lock(k, t)) }
 }
 
 /// Resets the lock's TTL to `ttl_ms` milliseconds on every node that still holds its token.
@@ -898,11 +1244,8 @@ pub unsafe extern "C" fn redlock_mux_lock_extend(
     lock: *mut redlock_mux_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        let handle = unsafe { arg_mut(lock, "lock") }?;
-        held_extend(&mut handle.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Writes to `*out_ms` the time left, in whole milliseconds, before the lock may be granted to
@@ -916,10 +1259,8 @@ pub unsafe extern "C" fn redlock_mux_lock_validity_ms(
     lock: *const redlock_mux_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Copies the lock's token (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex, no NUL: the value
@@ -936,10 +1277,26 @@ pub unsafe extern "C" fn redlock_mux_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a mutex, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_lock_key(
+    lock: *const redlock_mux_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
 }
 
 /// Releases the lock on every node, and returns once a quorum has answered. Whatever the
@@ -952,10 +1309,8 @@ pub unsafe extern "C" fn redlock_mux_lock_token(
 pub unsafe extern "C" fn redlock_mux_lock_release(
     lock: *mut redlock_mux_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a lock handle. A lock still held is released first, best effort (call
@@ -969,13 +1324,14 @@ pub unsafe extern "C" fn redlock_mux_lock_free(lock: *mut redlock_mux_lock) {
     boundary_void(|| unsafe { free_handle(lock) })
 }
 
-// The read and write lock functions below are written out rather than generated by a macro:
-// cbindgen reads the source without expanding macros, so generated functions would be missing
-// from the header. Each body is one call to a generic helper above.
+// The functions of the other lock kinds below are written out rather than generated by a
+// macro: cbindgen reads the source without expanding macros, so generated functions would be
+// missing from the header. Each body is one call to a generic helper above.
 
 /// One attempt to take the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
-/// without retrying. The lock is shared: many readers may hold it at once, but no writer. On success writes a new handle to `*out`;
-/// `REDLOCK_MUX_CONTENDED` means the other side holds it.
+/// without retrying. The lock is shared: many readers may hold it at once, but no writer.
+/// On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+/// holds it.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -990,17 +1346,15 @@ pub unsafe extern "C" fn redlock_mux_client_try_read_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_read_lock {
-                held: Some(c.try_read_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_read_lock(k, t)
         })
     }
 }
 
 /// Takes the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
-/// client's retry count and wait timeout allow. The lock is shared: many readers may hold it at once, but no writer. On success writes a new
-/// handle to `*out`.
+/// client's retry count and wait timeout allow. The lock is shared:
+/// many readers may hold it at once, but no writer. On success writes a new handle to `*out`.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -1015,10 +1369,8 @@ pub unsafe extern "C" fn redlock_mux_client_read_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_read_lock {
-                held: Some(c.read_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.read_lock(k, t)
         })
     }
 }
@@ -1032,10 +1384,8 @@ pub unsafe extern "C" fn redlock_mux_read_lock_extend(
     lock: *mut redlock_mux_read_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a read lock.
@@ -1048,10 +1398,8 @@ pub unsafe extern "C" fn redlock_mux_read_lock_validity_ms(
     lock: *const redlock_mux_read_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a read lock: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
@@ -1067,10 +1415,59 @@ pub unsafe extern "C" fn redlock_mux_read_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a read lock, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live read lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_key(
+    lock: *const redlock_mux_read_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a read lock.
+///
+/// # Safety
+/// `lock` is NULL or a live read lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_keep_alive(
+    lock: *mut redlock_mux_read_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a read lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_read_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_read_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Like `redlock_mux_lock_release`, for a read lock: afterwards the handle is released whatever
@@ -1082,10 +1479,8 @@ pub unsafe extern "C" fn redlock_mux_read_lock_token(
 pub unsafe extern "C" fn redlock_mux_read_lock_release(
     lock: *mut redlock_mux_read_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a read lock handle, releasing it first, best effort, if it is still held. NULL is a
@@ -1100,8 +1495,9 @@ pub unsafe extern "C" fn redlock_mux_read_lock_free(lock: *mut redlock_mux_read_
 }
 
 /// One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
-/// without retrying. The lock is exclusive: no reader and no other writer may hold it. On success writes a new handle to `*out`;
-/// `REDLOCK_MUX_CONTENDED` means the other side holds it.
+/// without retrying. The lock is exclusive: no reader and no other writer may hold it.
+/// On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+/// holds it.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -1116,17 +1512,15 @@ pub unsafe extern "C" fn redlock_mux_client_try_write_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_write_lock {
-                held: Some(c.try_write_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_write_lock(k, t)
         })
     }
 }
 
 /// Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
-/// client's retry count and wait timeout allow. The lock is exclusive: no reader and no other writer may hold it. On success writes a new
-/// handle to `*out`.
+/// client's retry count and wait timeout allow. The lock is exclusive:
+/// no reader and no other writer may hold it. On success writes a new handle to `*out`.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -1141,10 +1535,8 @@ pub unsafe extern "C" fn redlock_mux_client_write_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_write_lock {
-                held: Some(c.write_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.write_lock(k, t)
         })
     }
 }
@@ -1158,10 +1550,8 @@ pub unsafe extern "C" fn redlock_mux_write_lock_extend(
     lock: *mut redlock_mux_write_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a write lock.
@@ -1174,10 +1564,8 @@ pub unsafe extern "C" fn redlock_mux_write_lock_validity_ms(
     lock: *const redlock_mux_write_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a write lock: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
@@ -1193,10 +1581,59 @@ pub unsafe extern "C" fn redlock_mux_write_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a write lock, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_key(
+    lock: *const redlock_mux_write_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a write lock.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_keep_alive(
+    lock: *mut redlock_mux_write_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a write lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_write_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_write_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Like `redlock_mux_lock_release`, for a write lock: afterwards the handle is released whatever
@@ -1208,10 +1645,8 @@ pub unsafe extern "C" fn redlock_mux_write_lock_token(
 pub unsafe extern "C" fn redlock_mux_write_lock_release(
     lock: *mut redlock_mux_write_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a write lock handle, releasing it first, best effort, if it is still held. NULL is a
@@ -1295,7 +1730,7 @@ unsafe fn lock_all_with(
         } else {
             handle.client.try_lock_all(keys, millis(ttl_ms))
         }?;
-        out.write(into_handle(redlock_mux_multi_lock { held: Some(lock) }));
+        out.write(into_handle(redlock_mux_multi_lock::new(lock)));
         Ok(())
     })
 }
@@ -1356,10 +1791,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_extend(
     lock: *mut redlock_mux_multi_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a set: the time left before any of its keys may be
@@ -1373,10 +1806,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_validity_ms(
     lock: *const redlock_mux_multi_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a set: the token stored at every key of the set,
@@ -1392,10 +1823,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
 }
 
 /// Writes to `*out_count` the number of keys in the set.
@@ -1418,8 +1847,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_key_count(
 
 /// Writes to `*out_key` and `*out_len` the key at `index` of the set, in sorted order (bytewise,
 /// shorter first on a common prefix), so that index 0 is the smallest. The bytes belong to the
-/// handle: they stay valid, unchanged, until the lock is released or freed, and must not be
-/// freed or written by the caller. An `index` not below the key count gives
+/// handle: they stay valid, unchanged, until the lock is released, handed to keep-alive, or
+/// freed, and must not be freed or written by the caller. An `index` not below the key count gives
 /// `REDLOCK_MUX_INVALID_ARGUMENT`.
 ///
 /// # Safety
@@ -1449,10 +1878,44 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_key(
                 format!("invalid argument: key index {index}, but the set has {count} keys"),
             )
         })?;
-        out_key.write(key.as_ptr());
-        out_len.write(key.len());
+        write_key(out_key, out_len, key);
         Ok(())
     })
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a set. Each extension
+/// extends the whole set; a node that lost any key of it refuses, and the set is lost when a
+/// quorum refuses. `redlock_mux_kept_lock_key` then gives the set's first key.
+///
+/// # Safety
+/// `lock` is NULL or a live multi-key lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_keep_alive(
+    lock: *mut redlock_mux_multi_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a set: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_multi_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_multi_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Like `redlock_mux_lock_release`, for a set: releases every key still holding this token, on
@@ -1464,10 +1927,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_key(
 pub unsafe extern "C" fn redlock_mux_multi_lock_release(
     lock: *mut redlock_mux_multi_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a multi-key lock handle, releasing the set first, best effort, if it is still held.
@@ -1501,10 +1962,8 @@ pub unsafe extern "C" fn redlock_mux_client_try_lock_fenced(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_fenced_lock {
-                held: Some(c.try_lock_fenced(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_lock_fenced(k, t)
         })
     }
 }
@@ -1527,10 +1986,8 @@ pub unsafe extern "C" fn redlock_mux_client_lock_fenced(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_fenced_lock {
-                held: Some(c.lock_fenced(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.lock_fenced(k, t)
         })
     }
 }
@@ -1549,12 +2006,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_fencing_token(
     lock: *const redlock_mux_fenced_lock,
     out_token: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        let (handle, out) = unsafe { (arg_ref(lock, "lock")?, Out::new(out_token, "out_token")?) };
-        out.write(held(&handle.held)?.fencing_token());
-        Ok(())
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { fencing_token(lock, out_token) }
 }
 
 /// Like `redlock_mux_lock_extend`, for a fenced lock. The fencing token stays the same.
@@ -1566,10 +2019,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_extend(
     lock: *mut redlock_mux_fenced_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a fenced lock.
@@ -1582,10 +2033,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_validity_ms(
     lock: *const redlock_mux_fenced_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a fenced lock: the random token stored at the key
@@ -1601,10 +2050,60 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a fenced lock, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_key(
+    lock: *const redlock_mux_fenced_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a fenced lock. The kept
+/// lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_keep_alive(
+    lock: *mut redlock_mux_fenced_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_fenced_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_fenced_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Like `redlock_mux_lock_release`, for a fenced lock (the nodes' counters stay): afterwards
@@ -1616,10 +2115,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_token(
 pub unsafe extern "C" fn redlock_mux_fenced_lock_release(
     lock: *mut redlock_mux_fenced_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a fenced lock handle, releasing it first, best effort, if it is still held. NULL is a
@@ -1633,70 +2130,194 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_free(lock: *mut redlock_mux_fen
     boundary_void(|| unsafe { free_handle(lock) })
 }
 
-// Mutexes kept alive by the client's keeper thread.
+// Fenced write locks.
 
-/// A C callback and its user data, called at most once, from the keeper thread.
-struct LostCallback {
-    f: unsafe extern "C" fn(*mut c_void, redlock_mux_result),
-    user_data: *mut c_void,
-}
-
-// SAFETY: `user_data` is only handed back to `f`, on the keeper thread; the caller of
-// `redlock_mux_lock_keep_alive_with_callback` promises that this is allowed.
-unsafe impl Send for LostCallback {}
-
-/// Where a kept lock's callback waits to be called; emptied when the handle is released or
-/// freed, so that no call starts after that and none is still running when it returns.
-type CallbackSlot = Arc<Mutex<Option<LostCallback>>>;
-
-fn lock_slot(slot: &CallbackSlot) -> MutexGuard<'_, Option<LostCallback>> {
-    slot.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The shared body of the two keep-alive functions.
+/// One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms`
+/// milliseconds with a fencing token, without retrying. On success writes a new handle to
+/// `*out`; `REDLOCK_MUX_CONTENDED` means readers or a writer hold it. A fenced write lock
+/// excludes readers and writers, fenced or not, as a plain write lock does.
 ///
 /// # Safety
-/// As for `redlock_mux_lock_keep_alive`.
-unsafe fn keep_alive_with(
-    lock: *mut redlock_mux_lock,
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_try_write_lock_fenced(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
     ttl_ms: u64,
-    on_lost: Option<LostCallback>,
+    out: *mut *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_write_lock_fenced(k, t)
+        })
+    }
+}
+
+/// Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds with a
+/// fencing token, waiting as the client's retry count and wait timeout allow. The token is
+/// read in the acquire round, and written back to a quorum (one more round trip) only when the
+/// nodes' counters disagree. On success writes a new handle to `*out`.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_write_lock_fenced(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.write_lock_fenced(k, t)
+        })
+    }
+}
+
+/// Like `redlock_mux_fenced_lock_fencing_token`, for a fenced write lock: larger than that of
+/// every fenced write grant of the same resource before it, smaller than that of every one
+/// after. The counter is the write lock's own: fenced mutexes on the same key count apart.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread;
+/// `out_token` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_fencing_token(
+    lock: *const redlock_mux_fenced_write_lock,
+    out_token: *mut u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { fencing_token(lock, out_token) }
+}
+
+/// Like `redlock_mux_lock_extend`, for a fenced write lock. The fencing token stays the same.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_extend(
+    lock: *mut redlock_mux_fenced_write_lock,
+    ttl_ms: u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
+}
+
+/// Like `redlock_mux_lock_validity_ms`, for a fenced write lock.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread; `out_ms`
+/// is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_validity_ms(
+    lock: *const redlock_mux_fenced_write_lock,
+    out_ms: *mut u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
+}
+
+/// Like `redlock_mux_lock_token`, for a fenced write lock: the random token stored at the
+/// writer key (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex), not the fencing token.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread; `buf` is
+/// NULL or points to `buf_len` writable bytes; `out_n` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_token(
+    lock: *const redlock_mux_fenced_write_lock,
+    buf: *mut u8,
+    buf_len: usize,
+    out_n: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a fenced write lock, as it was
+/// given when the lock was taken. The bytes belong to the handle: they stay valid, unchanged,
+/// until the lock is released, handed to keep-alive, or freed, and must not be freed or
+/// written by the caller.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread; `out_key`
+/// and `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_key(
+    lock: *const redlock_mux_fenced_write_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a fenced write lock. The kept
+/// lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_keep_alive(
+    lock: *mut redlock_mux_fenced_write_lock,
+    ttl_ms: u64,
     out: *mut *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        let (handle, out) = unsafe { (arg_mut(lock, "lock")?, Out::new(out, "out")?) };
-        let ttl = millis(ttl_ms);
-        held(&handle.held)?;
-        let mut settings = KeepAlive::new(ttl);
-        let slot = on_lost.map(|callback| Arc::new(Mutex::new(Some(callback))));
-        if let Some(slot) = &slot {
-            let slot = Arc::clone(slot);
-            settings = settings.on_lost(move |lost| {
-                let callback = lock_slot(&slot);
-                if let Some(c) = callback.as_ref() {
-                    // SAFETY: the caller of `redlock_mux_lock_keep_alive_with_callback`
-                    // promises that `f` may be called with `user_data` from this thread.
-                    unsafe { (c.f)(c.user_data, failure_code(&lost.error)) }
-                }
-            });
-        }
-        let lock = handle.held.take().ok_or_else(released)?;
-        // Settings that cannot keep the lock are refused, and the lock stays where it was.
-        let kept = match lock.keep_alive(settings) {
-            Ok(kept) => kept,
-            Err(refused) => {
-                handle.held = Some(refused.guard);
-                return Err(refused.error.into());
-            }
-        };
-        out.write(into_handle(redlock_mux_kept_lock {
-            held: Some(kept),
-            on_lost: slot,
-        }));
-        Ok(())
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
 }
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced write lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_fenced_write_lock_keep_alive`; `on_lost` is NULL or a function that
+/// may be called, from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_fenced_write_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
+}
+/// Like `redlock_mux_lock_release`, for a fenced write lock (the nodes' counters stay):
+/// afterwards the handle is released whatever the result, and must still be freed.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_release(
+    lock: *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
+}
+
+/// Frees a fenced write lock handle, releasing it first, best effort, if it is still held.
+/// NULL is a no-op.
+///
+/// # Safety
+/// `lock` is NULL or a fenced write lock not yet freed, which no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_free(
+    lock: *mut redlock_mux_fenced_write_lock,
+) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(lock) })
+}
+
+// Kept locks: locks of any kind, extended by the client's keeper thread.
 
 /// Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
 /// milliseconds every `ttl_ms / 3`, and sooner when the validity left runs low, until the kept
@@ -1727,11 +2348,12 @@ pub unsafe extern "C" fn redlock_mux_lock_keep_alive(
     out: *mut *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
-    unsafe { keep_alive_with(lock, ttl_ms, None, out) }
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
 }
 
-/// Called when a kept lock is lost, with the `user_data` given to
-/// `redlock_mux_lock_keep_alive_with_callback` and why: `REDLOCK_MUX_CONTENDED` when the
+/// Called when a kept lock is lost, with the `user_data` given to its
+/// `_keep_alive_with_callback` function (such as `redlock_mux_lock_keep_alive_with_callback`)
+/// and why: `REDLOCK_MUX_CONTENDED` when the
 /// quorum refused an extension (the key expired, or holds someone else's token),
 /// `REDLOCK_MUX_VALIDITY_EXPIRED` when no extension won before the validity ran out.
 pub type redlock_mux_lost_callback =
@@ -1759,12 +2381,8 @@ pub unsafe extern "C" fn redlock_mux_lock_keep_alive_with_callback(
     user_data: *mut c_void,
     out: *mut *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
-    let Some(f) = on_lost else {
-        return boundary(|| Err(null("on_lost")));
-    };
-    let callback = LostCallback { f, user_data };
     // SAFETY: forwarded caller promises.
-    unsafe { keep_alive_with(lock, ttl_ms, Some(callback), out) }
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Writes to `*out_lost` 1 if the kept lock was lost (an extension was refused by the quorum,
@@ -1798,13 +2416,11 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_validity_ms(
     kept: *const redlock_mux_kept_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(kept, "kept")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(kept, out_ms) }
 }
 
-/// Like `redlock_mux_lock_token`, for a kept lock: the token it had as a `redlock_mux_lock`.
+/// Like `redlock_mux_lock_token`, for a kept lock: the token it had before it was kept.
 ///
 /// # Safety
 /// `kept` is NULL or a live kept lock not being changed by another thread; `buf` is NULL or
@@ -1816,10 +2432,41 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(kept, "kept")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(kept, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a kept lock (for a set, its first
+/// key in sorted order). The bytes belong to the handle: they stay valid, unchanged, until
+/// the kept lock is released or freed, and must not be freed or written by the caller.
+///
+/// # Safety
+/// `kept` is NULL or a live kept lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_key(
+    kept: *const redlock_mux_kept_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(kept, out_key, out_len) }
+}
+
+/// Writes to `*out_token` the fencing token of a kept fenced lock or fenced write lock: the
+/// one it was granted, which extensions keep. A kept lock of a kind without fencing tokens
+/// gives `REDLOCK_MUX_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `kept` is NULL or a live kept lock not being changed by another thread; `out_token` is
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_fencing_token(
+    kept: *const redlock_mux_kept_lock,
+    out_token: *mut u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { fencing_token(kept, out_token) }
 }
 
 /// Stops the extensions and releases the lock on every node (a lost lock too, in case some
@@ -1832,12 +2479,8 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_token(
 pub unsafe extern "C" fn redlock_mux_kept_lock_release(
     kept: *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        let handle = unsafe { arg_mut(kept, "kept") }?;
-        handle.disarm();
-        held_release(&mut handle.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(kept) }
 }
 
 /// Frees a kept lock handle: stops the extensions and, if the lock is still held, releases it,
@@ -1873,6 +2516,39 @@ mod tests {
         assert!(last_error().contains("deliberate panic for the test"));
         boundary_void(|| panic!("also in a _free"));
         assert!(last_error().contains("also in a _free"));
+    }
+
+    #[test]
+    fn the_last_error_tells_which_deadline_ended_a_wait() {
+        let ended = Error::WaitEnded {
+            deadline: Deadline::RetryCount,
+            last: Box::new(Error::ValidityExpired {
+                elapsed: Duration::from_millis(5),
+            }),
+        };
+        let r = boundary(|| Err(ended.into()));
+        assert_eq!(r, REDLOCK_MUX_VALIDITY_EXPIRED);
+        assert_eq!(
+            redlock_mux_last_error_deadline(),
+            REDLOCK_MUX_DEADLINE_RETRY_COUNT
+        );
+        assert!(last_error().contains("retry count"));
+        // Success leaves it; the next failure replaces it.
+        assert_eq!(boundary(|| Ok(())), REDLOCK_MUX_OK);
+        assert_eq!(
+            redlock_mux_last_error_deadline(),
+            REDLOCK_MUX_DEADLINE_RETRY_COUNT
+        );
+        let expired = Error::ValidityExpired {
+            elapsed: Duration::from_millis(5),
+        };
+        boundary(|| Err(expired.into()));
+        assert_eq!(
+            redlock_mux_last_error_deadline(),
+            REDLOCK_MUX_DEADLINE_VALIDITY
+        );
+        boundary(|| Err(null("x")));
+        assert_eq!(redlock_mux_last_error_deadline(), REDLOCK_MUX_DEADLINE_NONE);
     }
 
     #[test]

@@ -33,6 +33,9 @@ static void test_static_text(void) {
           REDLOCK_MUX_QUORUM_UNREACHABLE == 4 && REDLOCK_MUX_VALIDITY_EXPIRED == 5 &&
           REDLOCK_MUX_IO == 6 && REDLOCK_MUX_BUFFER_TOO_SMALL == 7 && REDLOCK_MUX_RELEASED == 8 &&
           REDLOCK_MUX_PANIC == 9 && REDLOCK_MUX_CONFIG == 10);
+    CHECK(REDLOCK_MUX_DEADLINE_NONE == 0 && REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT == 1 &&
+          REDLOCK_MUX_DEADLINE_RETRY_COUNT == 2 && REDLOCK_MUX_DEADLINE_VALIDITY == 3 &&
+          REDLOCK_MUX_DEADLINE_NODE_TIMEOUT == 4);
 }
 
 static void test_null_parameters(redlock_mux_client *client) {
@@ -262,9 +265,48 @@ static void test_fair_client(int count, char **urls) {
     /* A waiter gives up after its retries while the lock is held. */
     CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, &w), REDLOCK_MUX_CONTENDED);
     CHECK(w == SENTINEL(redlock_mux_lock, 0));
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_RETRY_COUNT);
+    CHECK(strstr(last_error(), "retry count") != NULL);
     CHECK_OK(redlock_mux_lock_release(a));
     redlock_mux_lock_free(a);
     redlock_mux_client_free(client);
+}
+
+/* A waiting call that gives up says which deadline ended the wait; other failures say none. */
+static void test_last_error_deadline(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-deadline";
+    const size_t len = sizeof key - 1;
+    redlock_mux_client *impatient = make_client(count, urls, 300); /* waits 300 ms */
+    redlock_mux_lock *held = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_fenced_write_lock *held_w = NULL, *w = SENTINEL(redlock_mux_fenced_write_lock, 1);
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 10000, &held));
+    CHECK_RESULT(redlock_mux_client_lock(impatient, key, len, 10000, &l), REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK(strstr(last_error(), "wait timeout") != NULL);
+    /* Asking, and calls that succeed, leave it as it was. */
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK_OK(redlock_mux_lock_extend(held, 10000));
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    /* One attempt, refused by the nodes: no deadline ended it. */
+    CHECK_RESULT(redlock_mux_client_try_lock(impatient, key, len, 10000, &l), REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_NONE);
+
+    /* The same for another kind. */
+    CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, key, len, 10000, &held_w));
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(impatient, key, len, 10000, &w),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0) && w == SENTINEL(redlock_mux_fenced_write_lock, 1));
+    /* A NULL argument is no deadline either. */
+    CHECK_RESULT(redlock_mux_client_lock(impatient, key, len, 10000, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_NONE);
+
+    CHECK_OK(redlock_mux_fenced_write_lock_release(held_w));
+    redlock_mux_fenced_write_lock_free(held_w);
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+    redlock_mux_client_free(impatient);
 }
 
 static void test_read_write_locks(redlock_mux_client *client) {
@@ -867,6 +909,336 @@ static void test_keep_alive_reports_a_lost_lock(redlock_mux_client *client, int 
     free(notice);
 }
 
+/* ---- Every lock kind has every capability: keys, fenced write locks, keep-alive. ---- */
+
+/* Checks that `got`/`got_len` is the `want_len` bytes at `want`, in memory of the handle's own. */
+static void check_key(const uint8_t *got, size_t got_len, const uint8_t *want, size_t want_len) {
+    CHECK(got != NULL && got != want);
+    CHECK(got_len == want_len && memcmp(got, want, want_len) == 0);
+}
+
+static void test_one_key_handles_give_their_key(redlock_mux_client *client) {
+    static const uint8_t key[] = {'c', '-', 'k', 'e', 'y', 0, 'o', 'f'}; /* binary, with NUL */
+    redlock_mux_lock *l = NULL;
+    redlock_mux_read_lock *r = NULL;
+    redlock_mux_write_lock *w = NULL;
+    redlock_mux_fenced_lock *f = NULL;
+    redlock_mux_fenced_write_lock *fw = NULL;
+    const uint8_t *got = (const uint8_t *)"c-sentinel";
+    size_t n = 777;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key, 5000, &l));
+    CHECK_RESULT(redlock_mux_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(l, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(l, &got, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(n == 777 && strcmp((const char *)got, "c-sentinel") == 0);
+    CHECK_OK(redlock_mux_lock_key(l, &got, &n));
+    check_key(got, n, key, sizeof key);
+    CHECK_OK(redlock_mux_lock_release(l));
+    CHECK_RESULT(redlock_mux_lock_key(l, &got, &n), REDLOCK_MUX_RELEASED);
+    redlock_mux_lock_free(l);
+
+    CHECK_OK(redlock_mux_client_try_read_lock(client, key, sizeof key, 5000, &r));
+    CHECK_RESULT(redlock_mux_read_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_read_lock_key(r, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_read_lock_key(r, &got, &n));
+    check_key(got, n, key, sizeof key);
+    redlock_mux_read_lock_free(r);
+
+    CHECK_OK(redlock_mux_client_try_write_lock(client, key, sizeof key, 5000, &w));
+    CHECK_RESULT(redlock_mux_write_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_write_lock_key(w, &got, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_write_lock_key(w, &got, &n));
+    check_key(got, n, key, sizeof key);
+    redlock_mux_write_lock_free(w);
+
+    CHECK_OK(redlock_mux_client_try_lock_fenced(client, key, sizeof key, 5000, &f));
+    CHECK_RESULT(redlock_mux_fenced_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_key(f, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_fenced_lock_key(f, &got, &n));
+    check_key(got, n, key, sizeof key);
+    redlock_mux_fenced_lock_free(f);
+
+    CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, key, sizeof key, 5000, &fw));
+    CHECK_RESULT(redlock_mux_fenced_write_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_key(fw, &got, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_fenced_write_lock_key(fw, &got, &n));
+    check_key(got, n, key, sizeof key);
+    CHECK_OK(redlock_mux_fenced_write_lock_release(fw));
+    CHECK_RESULT(redlock_mux_fenced_write_lock_key(fw, &got, &n), REDLOCK_MUX_RELEASED);
+    redlock_mux_fenced_write_lock_free(fw);
+}
+
+static void test_fenced_write_locks(redlock_mux_client *client) {
+    static const uint8_t key[] = "c-fenced-write";
+    const size_t len = sizeof key - 1;
+    redlock_mux_fenced_write_lock *fw = NULL, *g = SENTINEL(redlock_mux_fenced_write_lock, 0);
+    redlock_mux_write_lock *w = SENTINEL(redlock_mux_write_lock, 1);
+    redlock_mux_read_lock *r = SENTINEL(redlock_mux_read_lock, 2);
+    redlock_mux_kept_lock *k = SENTINEL(redlock_mux_kept_lock, 3);
+    uint8_t token[REDLOCK_MUX_TOKEN_LEN], buf[64];
+    uint64_t fence = 777, previous = 0, again = 0, ms = 777;
+    size_t n = 777;
+    int i;
+
+    /* NULL and bad arguments, refused before anything is taken. */
+    CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(NULL, key, len, 1000, &g),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(client, NULL, len, 1000, &g),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(NULL, key, len, 1000, &g),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(client, key, len, 1000, NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(client, key, 0, 1000, &g),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(client, key, len, 0, &g),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(g == SENTINEL(redlock_mux_fenced_write_lock, 0));
+    CHECK_RESULT(redlock_mux_fenced_write_lock_extend(NULL, 1000), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_token(NULL, buf, sizeof buf, &n),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_fencing_token(NULL, &fence),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive(NULL, 1000, &k),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(k == SENTINEL(redlock_mux_kept_lock, 3));
+
+    /* Every grant's fencing token is larger than the one before, whichever form took it. */
+    for (i = 0; i < FENCED_GRANTS; i++) {
+        fw = NULL;
+        if (i % 2 == 0) {
+            CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, key, len, 10000, &fw));
+        } else {
+            CHECK_OK(redlock_mux_client_write_lock_fenced(client, key, len, 10000, &fw));
+        }
+        CHECK_OK(redlock_mux_fenced_write_lock_fencing_token(fw, &fence));
+        CHECK(fence > previous);
+        previous = fence;
+        if (i == 0) {
+            /* Held: readers and writers, fenced or not, are refused. */
+            CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(client, key, len, 1000, &g),
+                         REDLOCK_MUX_CONTENDED);
+            CHECK_RESULT(redlock_mux_client_try_write_lock(client, key, len, 1000, &w),
+                         REDLOCK_MUX_CONTENDED);
+            CHECK_RESULT(redlock_mux_client_try_read_lock(client, key, len, 1000, &r),
+                         REDLOCK_MUX_CONTENDED);
+            CHECK(g == SENTINEL(redlock_mux_fenced_write_lock, 0) &&
+                  w == SENTINEL(redlock_mux_write_lock, 1) &&
+                  r == SENTINEL(redlock_mux_read_lock, 2));
+            /* NULL outs leave everything as it was. */
+            n = 777;
+            ms = 777;
+            again = 777;
+            CHECK_RESULT(redlock_mux_fenced_write_lock_validity_ms(fw, NULL),
+                         REDLOCK_MUX_NULL_PARAMETER);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_token(fw, NULL, sizeof buf, &n),
+                         REDLOCK_MUX_NULL_PARAMETER);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_token(fw, buf, sizeof buf, NULL),
+                         REDLOCK_MUX_NULL_PARAMETER);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_fencing_token(fw, NULL),
+                         REDLOCK_MUX_NULL_PARAMETER);
+            CHECK(n == 777 && ms == 777 && again == 777);
+            CHECK_OK(redlock_mux_fenced_write_lock_validity_ms(fw, &ms));
+            CHECK(ms > 9000 && ms <= 10000);
+            CHECK_OK(redlock_mux_fenced_write_lock_token(fw, token, sizeof token, &n));
+            CHECK(n == REDLOCK_MUX_TOKEN_LEN);
+            /* Extending keeps the fencing token. */
+            CHECK_OK(redlock_mux_fenced_write_lock_extend(fw, 20000));
+            CHECK_OK(redlock_mux_fenced_write_lock_validity_ms(fw, &ms));
+            CHECK(ms > 10000 && ms <= 20000);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_extend(fw, 0), REDLOCK_MUX_INVALID_ARGUMENT);
+            CHECK_OK(redlock_mux_fenced_write_lock_fencing_token(fw, &again));
+            CHECK(again == fence);
+        }
+        if (i == FENCED_GRANTS - 1) {
+            redlock_mux_fenced_write_lock_free(fw); /* freeing a held lock releases it */
+        } else {
+            CHECK_OK(redlock_mux_fenced_write_lock_release(fw));
+            CHECK_RESULT(redlock_mux_fenced_write_lock_release(fw), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_fencing_token(fw, &again),
+                         REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_extend(fw, 1000), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_validity_ms(fw, &ms), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_token(fw, token, sizeof token, &n),
+                         REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive(fw, 1000, &k),
+                         REDLOCK_MUX_RELEASED);
+            redlock_mux_fenced_write_lock_free(fw);
+        }
+    }
+    /* A plain write lock on the resource is free again once the fenced one is freed. */
+    w = NULL;
+    CHECK_OK(redlock_mux_client_try_write_lock(client, key, len, 1000, &w));
+    CHECK_OK(redlock_mux_write_lock_release(w));
+    redlock_mux_write_lock_free(w);
+    redlock_mux_fenced_write_lock_free(NULL);
+}
+
+/* One kept lock of each kind but the mutex (which test_keep_alive covers). */
+enum { KEPT_READ, KEPT_WRITE, KEPT_SET, KEPT_FENCED, KEPT_FENCED_WRITE, KEPT_KINDS };
+
+/* What the lost-lock test deletes on every node to take each kind's lock away. */
+static const char *const KEPT_KEYS[KEPT_KINDS] = {
+    "c-kept-read", "c-kept-write", "c-kept-set-a", "c-kept-fenced", "c-kept-fenced-write",
+};
+static const char *const KEPT_NODE_KEYS[KEPT_KINDS] = {
+    "{rw:c-kept-read}:r", "{rw:c-kept-write}:w", "c-kept-set-a", "c-kept-fenced",
+    "{rw:c-kept-fenced-write}:w",
+};
+
+#define KEPT_TTL_MS 1500
+
+/* Every kind refuses a TTL that cannot keep it (and keeps its lock), refuses a NULL callback or
+ * out (and keeps its lock), and is then kept alive past its TTL; a lost lock calls back. */
+static void test_keep_alive_every_kind(redlock_mux_client *client, int count, char **urls) {
+    const uint8_t *set[2] = {(const uint8_t *)"c-kept-set-b", (const uint8_t *)"c-kept-set-a"};
+    size_t set_lens[2] = {12, 12};
+    redlock_mux_read_lock *r = NULL;
+    redlock_mux_write_lock *w = NULL;
+    redlock_mux_multi_lock *m = NULL;
+    redlock_mux_fenced_lock *f = NULL;
+    redlock_mux_fenced_write_lock *fw = NULL;
+    redlock_mux_lock *other = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_kept_lock *kept[KEPT_KINDS], *refused = SENTINEL(redlock_mux_kept_lock, 1);
+    struct lost_notice *notices = calloc(KEPT_KINDS, sizeof *notices);
+    uint64_t fence = 0, kept_fence = 777, fenced_write_fence = 0, ms = 0;
+    const uint8_t *got = NULL;
+    size_t n = 0;
+    uint8_t lost = 0;
+    int i, j, step, all;
+
+    CHECK(notices != NULL);
+    for (i = 0; i < KEPT_KINDS; i++) {
+        CHECK(pthread_mutex_init(&notices[i].mutex, NULL) == 0);
+    }
+#define KEY_OF(i) (const uint8_t *)KEPT_KEYS[i], strlen(KEPT_KEYS[i])
+    CHECK_OK(redlock_mux_client_try_read_lock(client, KEY_OF(KEPT_READ), KEPT_TTL_MS, &r));
+    CHECK_OK(redlock_mux_client_write_lock(client, KEY_OF(KEPT_WRITE), KEPT_TTL_MS, &w));
+    CHECK_OK(redlock_mux_client_try_lock_all(client, set, set_lens, 2, KEPT_TTL_MS, &m));
+    CHECK_OK(redlock_mux_client_lock_fenced(client, KEY_OF(KEPT_FENCED), KEPT_TTL_MS, &f));
+    CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, KEY_OF(KEPT_FENCED_WRITE),
+                                                      KEPT_TTL_MS, &fw));
+    CHECK_OK(redlock_mux_fenced_lock_fencing_token(f, &fence));
+    CHECK_OK(redlock_mux_fenced_write_lock_fencing_token(fw, &fenced_write_fence));
+
+    /* Refusals leave each lock in its handle: a TTL of 0, a NULL callback, a NULL out. */
+    CHECK_RESULT(redlock_mux_read_lock_keep_alive(r, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_write_lock_keep_alive(w, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_multi_lock_keep_alive(m, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_fenced_lock_keep_alive(f, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive(fw, 0, &refused),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_read_lock_keep_alive_with_callback(r, KEPT_TTL_MS, NULL, NULL, &refused),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(strstr(last_error(), "on_lost") != NULL);
+    CHECK_RESULT(redlock_mux_write_lock_keep_alive_with_callback(w, KEPT_TTL_MS, NULL, NULL, &refused),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_keep_alive_with_callback(m, KEPT_TTL_MS, on_lost,
+                                                                 &notices[KEPT_SET], NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_keep_alive(f, KEPT_TTL_MS, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive_with_callback(
+                     NULL, KEPT_TTL_MS, on_lost, &notices[KEPT_FENCED_WRITE], &refused),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(refused == SENTINEL(redlock_mux_kept_lock, 1));
+    CHECK_OK(redlock_mux_read_lock_validity_ms(r, &ms));
+    CHECK_OK(redlock_mux_write_lock_validity_ms(w, &ms));
+    CHECK_OK(redlock_mux_multi_lock_validity_ms(m, &ms));
+    CHECK_OK(redlock_mux_fenced_lock_validity_ms(f, &ms));
+    CHECK_OK(redlock_mux_fenced_write_lock_validity_ms(fw, &ms));
+
+    /* Kept: the handles are left empty, and must only be freed. */
+    CHECK_OK(redlock_mux_read_lock_keep_alive_with_callback(r, KEPT_TTL_MS, on_lost,
+                                                            &notices[KEPT_READ], &kept[KEPT_READ]));
+    CHECK_OK(redlock_mux_write_lock_keep_alive_with_callback(w, KEPT_TTL_MS, on_lost,
+                                                             &notices[KEPT_WRITE], &kept[KEPT_WRITE]));
+    CHECK_OK(redlock_mux_multi_lock_keep_alive_with_callback(m, KEPT_TTL_MS, on_lost,
+                                                             &notices[KEPT_SET], &kept[KEPT_SET]));
+    CHECK_OK(redlock_mux_fenced_lock_keep_alive_with_callback(
+        f, KEPT_TTL_MS, on_lost, &notices[KEPT_FENCED], &kept[KEPT_FENCED]));
+    CHECK_OK(redlock_mux_fenced_write_lock_keep_alive_with_callback(
+        fw, KEPT_TTL_MS, on_lost, &notices[KEPT_FENCED_WRITE], &kept[KEPT_FENCED_WRITE]));
+    CHECK_RESULT(redlock_mux_read_lock_extend(r, 1000), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_write_lock_key(w, &got, &n), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_multi_lock_keep_alive(m, KEPT_TTL_MS, &refused), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_fenced_lock_fencing_token(f, &kept_fence), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_release(fw), REDLOCK_MUX_RELEASED);
+    redlock_mux_read_lock_free(r);
+    redlock_mux_write_lock_free(w);
+    redlock_mux_multi_lock_free(m);
+    redlock_mux_fenced_lock_free(f);
+    redlock_mux_fenced_write_lock_free(fw);
+
+    /* What a kept lock tells: its key (a set's first, sorted), and a fenced kind's token. */
+    for (i = 0; i < KEPT_KINDS; i++) {
+        CHECK_OK(redlock_mux_kept_lock_key(kept[i], &got, &n));
+        check_key(got, n, (const uint8_t *)KEPT_KEYS[i], strlen(KEPT_KEYS[i]));
+    }
+    CHECK_RESULT(redlock_mux_kept_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_key(kept[KEPT_READ], NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_fencing_token(NULL, &kept_fence), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_fencing_token(kept[KEPT_FENCED], NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_fencing_token(kept[KEPT_SET], &kept_fence),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(strstr(last_error(), "fenc") != NULL && kept_fence == 777);
+    CHECK_OK(redlock_mux_kept_lock_fencing_token(kept[KEPT_FENCED], &kept_fence));
+    CHECK(kept_fence == fence);
+    CHECK_OK(redlock_mux_kept_lock_fencing_token(kept[KEPT_FENCED_WRITE], &kept_fence));
+    CHECK(kept_fence == fenced_write_fence);
+
+    /* Held past the TTL, extended in the background; others are still refused. */
+    for (step = 0; step < 20; step++) {
+        sleep_ms(100);
+        for (i = 0; i < KEPT_KINDS; i++) {
+            CHECK_OK(redlock_mux_kept_lock_is_lost(kept[i], &lost));
+            CHECK(lost == 0);
+        }
+    }
+    CHECK_RESULT(redlock_mux_client_try_lock(client, KEY_OF(KEPT_FENCED), 1000, &other),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK_RESULT(redlock_mux_client_try_lock(client, set[0], set_lens[0], 1000, &other),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(other == SENTINEL(redlock_mux_lock, 0));
+
+    /* Each lock's key disappears from every node: the next extension of each is refused, and
+     * each callback runs once, on the keeper thread. */
+    for (i = 0; i < KEPT_KINDS; i++) {
+        for (j = 0; j < count; j++) {
+            redis_del(urls[j], (const uint8_t *)KEPT_NODE_KEYS[i], strlen(KEPT_NODE_KEYS[i]));
+        }
+    }
+    for (step = 0, all = 0; step < 500 && !all; step++) { /* at most 5 s */
+        sleep_ms(10);
+        all = 1;
+        for (i = 0; i < KEPT_KINDS; i++) {
+            pthread_mutex_lock(&notices[i].mutex);
+            all &= notices[i].calls > 0;
+            pthread_mutex_unlock(&notices[i].mutex);
+        }
+    }
+    for (i = 0; i < KEPT_KINDS; i++) {
+        CHECK_OK(redlock_mux_kept_lock_is_lost(kept[i], &lost));
+        CHECK(lost == 1);
+        pthread_mutex_lock(&notices[i].mutex);
+        if (notices[i].calls != 1) {
+            fprintf(stderr, "kept %s: %d lost-lock calls\n", KEPT_KEYS[i], notices[i].calls);
+        }
+        CHECK(notices[i].calls == 1);
+        CHECK(notices[i].reason == REDLOCK_MUX_CONTENDED);
+        CHECK(!pthread_equal(notices[i].thread, pthread_self()));
+        pthread_mutex_unlock(&notices[i].mutex);
+        CHECK_OK(redlock_mux_kept_lock_release(kept[i]));
+        redlock_mux_kept_lock_free(kept[i]);
+        pthread_mutex_destroy(&notices[i].mutex);
+    }
+#undef KEY_OF
+    free(notices);
+}
+
 /* The number of threads of this process, or -1 if Linux's /proc cannot tell. */
 static int thread_count(void) {
     DIR *dir = opendir("/proc/self/task");
@@ -887,6 +1259,7 @@ static void test_keep_alive(int count, char **urls) {
     redlock_mux_client *client = make_client(count, urls, 1000);
     test_keep_alive_holds_past_the_ttl(client);
     test_keep_alive_reports_a_lost_lock(client, count, urls);
+    test_keep_alive_every_kind(client, count, urls);
     redlock_mux_client_free(client);
     /* The client's keeper thread ends on its own within one extension interval (333 ms here)
      * once the client and its locks are freed. Wait for it (at most 10 s), so that it is gone
@@ -1057,12 +1430,15 @@ int main(int argc, char **argv) {
     test_client_freed_before_lock(argc - 1, argv + 1);
     test_fair_client(argc - 1, argv + 1);
     test_read_write_locks(client);
+    test_last_error_deadline(client, argc - 1, argv + 1);
     test_quorum_unreachable();
     test_config_error(argv[1]);
     test_threads_share_a_client(client);
     test_new_handles_null_parameters(client);
     test_multi_locks(client);
     test_fenced_locks(client);
+    test_one_key_handles_give_their_key(client);
+    test_fenced_write_locks(client);
     test_keep_alive(argc - 1, argv + 1);
 
     redlock_mux_client_free(client);
