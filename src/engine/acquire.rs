@@ -32,7 +32,7 @@ use crate::engine::ops::{Caps, ScriptForm};
 use crate::engine::retry::Retry;
 use crate::engine::round::{quorum, Decision, Round, Vote};
 use crate::engine::timing::Timing;
-use crate::engine::timings;
+use crate::engine::timings::{self, WaitLimits};
 use crate::error::{Error, NodeErrorKind};
 use crate::resp::{self, Reply};
 use crate::rng::{Entropy, Token};
@@ -158,10 +158,26 @@ impl<'a> Acquisition<'a> {
     /// gives the first attempt's token.
     ///
     /// [`into_round`]: Self::into_round
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn new(
         spec: Spec<'a>,
         config: &'a Config,
         params: Params,
+        now: Instant,
+        round: Round,
+        rng: &mut dyn Entropy,
+    ) -> Acquisition<'a> {
+        let limits = WaitLimits::of(config);
+        Acquisition::with_limits(spec, config, params, &limits, now, round, rng)
+    }
+
+    /// Like [`new`](Self::new), waiting within `limits` (one call's own) instead of the
+    /// client's wait timeout and retry count.
+    pub fn with_limits(
+        spec: Spec<'a>,
+        config: &'a Config,
+        params: Params,
+        limits: &WaitLimits,
         now: Instant,
         round: Round,
         rng: &mut dyn Entropy,
@@ -183,7 +199,11 @@ impl<'a> Acquisition<'a> {
             config,
             params,
             started: now,
-            retry: Retry::new(now, config.wait_timeout, config.retry_count, params.wait),
+            retry: Retry::until(
+                timings::wait_end(now, limits),
+                limits.retry_count,
+                params.wait,
+            ),
             waiter: token,
             token,
             attempts: 0,
