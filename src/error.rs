@@ -75,6 +75,9 @@ pub enum Error {
         /// The error of the last attempt.
         last: Box<Error>,
     },
+    /// A waiting acquisition was cancelled through its [`Cancel`](crate::Cancel) handle
+    /// before it got the lock. What it had on the nodes was undone.
+    Cancelled,
 }
 
 /// A deadline that ended a lock operation; see [`Error::deadline`].
@@ -198,6 +201,7 @@ impl fmt::Display for Error {
             Error::WaitEnded { deadline, last } => {
                 write!(f, "gave up waiting at {deadline}: {last}")
             }
+            Error::Cancelled => f.write_str("the acquisition was cancelled"),
         }
     }
 }

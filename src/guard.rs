@@ -384,7 +384,7 @@ impl Held {
                     round,
                     driver.entropy(),
                 );
-                let result = driver.drive(&mut m);
+                let result = driver.drive_cancellable(&mut m, opts.cancel.as_ref());
                 driver.spread = m.learnt_spread();
                 driver.put_round(m.into_round());
                 result.map(|grant: Grant| (grant, driver.pending()))

@@ -613,6 +613,36 @@ impl Machine for Acquisition<'_> {
         self.on_wake(now, rng);
     }
 
+    /// Ends the acquisition with [`Error::Cancelled`] at once, wherever it is. An attempt in
+    /// flight is undone on every node (its cleanup goes out behind it on each connection,
+    /// so it lands after the attempt even where the attempt has not been answered yet), a
+    /// fair waiter leaves its queues, a writer withdraws its intent. One whose first attempt
+    /// has not gone out yet sends nothing at all.
+    fn handle_cancel(&mut self, _now: Instant, _rng: &mut dyn Entropy) {
+        match self.state {
+            State::Done => {}
+            State::Attempt | State::WriteBack => {
+                let sent = self.fanout.abandon();
+                if !sent && self.attempts == 1 && self.state == State::Attempt {
+                    // Nothing went out: nothing to undo.
+                    self.outcome = Some(Err(Error::Cancelled));
+                    self.state = State::Done;
+                    return;
+                }
+                // A write-back follows a won attempt: that attempt is undone too. An attempt
+                // not sent yet needs no undoing (the one before it was undone when lost).
+                if sent || self.state == State::WriteBack {
+                    self.cleanup = Some(self.token);
+                }
+                self.finish(Err(Error::Cancelled));
+            }
+            // The last attempt's cleanup went out when it was lost.
+            State::Subscribing { .. } | State::Pausing { .. } | State::Waiting { .. } => {
+                self.finish(Err(Error::Cancelled))
+            }
+        }
+    }
+
     fn handle_subscribed(&mut self, now: Instant, rng: &mut dyn Entropy) {
         if let State::Subscribing { .. } = self.state {
             self.start_attempt(now, rng);

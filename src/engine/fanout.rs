@@ -83,6 +83,13 @@ impl Fanout {
         Some((To::Node(node), self.tag, ScriptForm::Body))
     }
 
+    /// Gives up on this fan-out: nothing more of it is sent. Returns whether its command had
+    /// gone out (been polled) already.
+    pub fn abandon(&mut self) -> bool {
+        self.resend = 0;
+        !std::mem::take(&mut self.unsent)
+    }
+
     /// Feeds node `node`'s reply to this fan-out's command, as `verdict`. Replies with another
     /// tag (to an earlier fan-out) are ignored.
     pub fn handle_verdict(&mut self, node: usize, tag: Tag, verdict: Verdict, now: Instant) {
