@@ -21,7 +21,7 @@ use crate::engine::keys::fence_key;
 use crate::engine::keys::RwKeys;
 use crate::engine::kind::{Keys, Spec};
 use crate::engine::timings::WaitLimits;
-use crate::error::Error;
+use crate::error::{Error, InvalidArgument};
 use crate::options::Acquire;
 use crate::rng::Token;
 
@@ -400,6 +400,32 @@ impl Held {
             after,
             released: false,
         })
+    }
+
+    /// Rebuilds the lock with keys `owned` held with `token` elsewhere (see
+    /// [`Client::resume_lock`]): an extend round to `ttl` checks that a quorum still holds it.
+    fn resume(client: &Client, owned: Owned, token: &[u8], ttl: Duration) -> Result<Held, Error> {
+        let token = Token::parse(token).ok_or(InvalidArgument::BadToken)?;
+        let (ttl_ms, timing) = client.timing(ttl)?;
+        let mut held = Held {
+            client: client.clone(),
+            owned,
+            fence: None,
+            token,
+            fencing_token: None,
+            // Only bounds the check: the round's own validity is what the lock gets.
+            hold: Hold::new(Instant::now() + ttl),
+            after: Pending::NONE,
+            released: false,
+        };
+        match held.round(Step::Extend { ttl_ms, timing }) {
+            Ok(()) => Ok(held),
+            Err(e) => {
+                // Not ours to release: the caller still has the token, and may try again.
+                held.released = true;
+                Err(e)
+            }
+        }
     }
 
     /// The resource key (a set's first key).
@@ -854,6 +880,113 @@ impl Client {
     ) -> Result<FencedWriteLock, Error> {
         self.rw(Side::Write, key.as_ref(), ttl, true, true, opts)
             .map(Guard::new)
+    }
+
+    /// Rebuilds the guard of a mutex on `key` that was taken with `token` by another process,
+    /// or by an earlier run of this one (a restart), and extends it to `ttl`.
+    ///
+    /// The check is an extend round: it succeeds only if a quorum of nodes still holds `key`
+    /// with `token`, before the lock's validity could have ended, and then the lock's validity
+    /// is `ttl` less the time the round took and the drift allowance, **measured from the
+    /// check**: nothing is known of the time before it. It fails as an extend does
+    /// ([`Error::Contended`] when too few nodes hold the token: the lock has expired or
+    /// passed to someone else); a failed check releases nothing, so the caller may try again.
+    /// A token that is not 40 lowercase hex characters (the shape of [`Guard::token`]) is
+    /// refused with [`InvalidArgument::BadToken`] before anything is sent.
+    ///
+    /// # Safety caveat
+    ///
+    /// A token is a capability: whoever has it holds the lock. Resume only a lock whose
+    /// original holder has stopped using it (it exited, crashed, or handed the token over and
+    /// will touch neither the resource nor the lock again); otherwise both believe they hold
+    /// it. The `redlock-mux run` command exports `REDLOCK_MUX_KEY` and `REDLOCK_MUX_TOKEN` to
+    /// its child, which may resume the lock with them (the command keeps it alive as well).
+    ///
+    /// A fenced lock is resumed as a plain one, with this call or
+    /// [`resume_write_lock`](Client::resume_write_lock): the fencing token of the original
+    /// grant is not recovered.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlock_mux::Client;
+    ///
+    /// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+    /// let client = Client::new(nodes.split(','))?;
+    /// # let first = client.lock("job:9", Duration::from_secs(30))?;
+    /// # let token = first.token().to_vec();
+    /// # std::mem::forget(first); // as if the process that took it had exited
+    /// // `token` came from the process that took the lock (for example REDLOCK_MUX_TOKEN).
+    /// let lock = client.resume_lock("job:9", &token, Duration::from_secs(30))?;
+    /// // ... finish the job within lock.validity() ...
+    /// lock.release()?;
+    /// # Ok::<(), redlock_mux::Error>(())
+    /// ```
+    pub fn resume_lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        let key = key.as_ref();
+        check_key(key)?;
+        Held::resume(self, Owned::Mutex(KeyBuf::new(key)), token.as_ref(), ttl).map(Guard::new)
+    }
+
+    /// Rebuilds the guard of a read lock on `key` held with `token` (see
+    /// [`resume_lock`](Client::resume_lock)).
+    pub fn resume_read_lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<ReadLock, Error> {
+        self.resume_rw(Side::Read, key.as_ref(), token.as_ref(), ttl)
+            .map(Guard::new)
+    }
+
+    /// Rebuilds the guard of the write lock on `key` held with `token` (see
+    /// [`resume_lock`](Client::resume_lock)).
+    pub fn resume_write_lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<WriteLock, Error> {
+        self.resume_rw(Side::Write, key.as_ref(), token.as_ref(), ttl)
+            .map(Guard::new)
+    }
+
+    /// Rebuilds the guard of an all-or-none lock on `keys` held with `token` (see
+    /// [`resume_lock`](Client::resume_lock)); the keys are checked as
+    /// [`lock_all`](Client::lock_all) checks them.
+    pub fn resume_lock_all<I>(
+        &self,
+        keys: I,
+        token: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<MultiLock, Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<[u8]>,
+    {
+        let keys = checked_keys(keys)?;
+        Held::resume(self, Owned::All(keys), token.as_ref(), ttl).map(Guard::new)
+    }
+
+    fn resume_rw(
+        &self,
+        side: Side,
+        key: &[u8],
+        token: &[u8],
+        ttl: Duration,
+    ) -> Result<Held, Error> {
+        check_key(key)?;
+        let owned = Owned::Rw {
+            side,
+            resource: key.to_vec(),
+            keys: RwKeys::new(key),
+        };
+        Held::resume(self, owned, token, ttl)
     }
 
     /// The mutex on `key`, fenced or not.
