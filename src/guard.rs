@@ -384,6 +384,7 @@ impl Held {
                     round,
                     driver.entropy(),
                 );
+                m.record_to(client.recorder());
                 let result = driver.drive_cancellable(&mut m, opts.cancel.as_ref());
                 driver.spread = m.learnt_spread();
                 driver.put_round(m.into_round());
@@ -497,6 +498,7 @@ impl Held {
             client.with_driver_after(after, |driver| {
                 let round = driver.take_round();
                 let mut m = hold.round(spec, *token, config, step, Instant::now(), round);
+                m.record_to(client.recorder());
                 let result = driver.drive(&mut m);
                 driver.put_round(m.into_round());
                 result

@@ -26,7 +26,7 @@ use crate::config::{Config, RwPolicy};
 use crate::engine::fair::{AttemptIds, FairState};
 use crate::engine::fanout::Fanout;
 use crate::engine::fencing::FenceRead;
-use crate::engine::kind::{Cmd, Spec};
+use crate::engine::kind::{Cmd, Keys, Spec};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{Caps, ScriptForm};
 use crate::engine::retry::Retry;
@@ -36,6 +36,7 @@ use crate::engine::timings::{self, WaitLimits};
 use crate::error::{Error, NodeErrorKind};
 use crate::resp::{self, Reply};
 use crate::rng::{Entropy, Token};
+use crate::stats::{KindIndex, Recorder, RoundEnd};
 
 /// How many times a waiting fenced acquisition tries again after a lost write-back.
 const WRITE_BACK_ATTEMPTS: u32 = 3;
@@ -128,7 +129,9 @@ pub(crate) struct Acquisition<'a> {
     fair: Option<FairState>,
     intent_ms: u64,
     read: FenceRead,
-    fanout: Fanout,
+    fanout: Fanout<'a>,
+    /// Where rounds, retries, wake-ups and cancellations are counted, if anywhere.
+    stats: Option<&'a Recorder>,
     next_tag: Tag,
     state: State,
     /// Undo of the attempt with this token, to send.
@@ -211,6 +214,7 @@ impl<'a> Acquisition<'a> {
             intent_ms,
             read: FenceRead::new(),
             fanout: Fanout::new(round),
+            stats: None,
             next_tag: 0,
             state: State::Attempt,
             cleanup: None,
@@ -250,6 +254,25 @@ impl<'a> Acquisition<'a> {
         self.fanout.into_round()
     }
 
+    /// Counts this acquisition's rounds, retries, wake-ups and cancellation, and its nodes'
+    /// reply latencies and failures, in `stats` from now on.
+    pub fn record_to(&mut self, stats: &'a Recorder) {
+        self.stats = Some(stats);
+        self.fanout.record_to(stats);
+    }
+
+    /// The kind of lock, as the statistics count it.
+    fn kind_index(&self) -> KindIndex {
+        match (self.spec.keys, self.spec.fence.is_some()) {
+            (Keys::Mutex(_), false) => KindIndex::Mutex,
+            (Keys::Mutex(_), true) => KindIndex::FencedMutex,
+            (Keys::Read { .. }, _) => KindIndex::Read,
+            (Keys::Write { .. }, false) => KindIndex::Write,
+            (Keys::Write { .. }, true) => KindIndex::FencedWrite,
+            (Keys::All(_), _) => KindIndex::All,
+        }
+    }
+
     fn tag(&mut self) -> Tag {
         self.next_tag = self.next_tag.wrapping_add(1);
         self.next_tag
@@ -257,6 +280,9 @@ impl<'a> Acquisition<'a> {
 
     fn start_attempt(&mut self, now: Instant, rng: &mut dyn Entropy) {
         if self.attempts > 0 {
+            if let Some(stats) = self.stats {
+                stats.retry();
+            }
             // One `getrandom` per retry; the first attempt uses the waiter's id.
             self.token = rng.token();
             if let Some(fair) = &self.fair {
@@ -283,6 +309,14 @@ impl<'a> Acquisition<'a> {
         }) else {
             return;
         };
+        if let Some(stats) = self.stats.filter(|_| self.state == State::Attempt) {
+            let end = match decision {
+                Decision::Won { .. } => RoundEnd::Won,
+                Decision::Contended => RoundEnd::Contended,
+                _ => RoundEnd::Unreachable,
+            };
+            stats.round(self.kind_index(), end);
+        }
         if self.state == State::WriteBack {
             if matches!(decision, Decision::Won { .. }) {
                 let grant = self.grant(self.read.token());
@@ -610,6 +644,9 @@ impl Machine for Acquisition<'_> {
             return;
         }
         self.woken = true;
+        if let Some(stats) = self.stats {
+            stats.wakeup();
+        }
         self.on_wake(now, rng);
     }
 
@@ -619,6 +656,9 @@ impl Machine for Acquisition<'_> {
     /// fair waiter leaves its queues, a writer withdraws its intent. One whose first attempt
     /// has not gone out yet sends nothing at all.
     fn handle_cancel(&mut self, _now: Instant, _rng: &mut dyn Entropy) {
+        if let Some(stats) = self.stats.filter(|_| self.state != State::Done) {
+            stats.cancellation();
+        }
         match self.state {
             State::Done => {}
             State::Attempt | State::WriteBack => {
