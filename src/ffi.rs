@@ -83,8 +83,8 @@ pub enum redlock_mux_result {
     /// any node's setup fails, a lock call when too few nodes are left for a quorum without
     /// the misconfigured ones. Nothing is written on a node whose setup failed.
     REDLOCK_MUX_CONFIG = 10,
-    /// A waiting acquisition was cancelled (`redlock_mux_cancel_cancel`, from any thread)
-    /// before it got its lock. What it had on the nodes was undone.
+    /// A waiting acquisition was cancelled through its cancel handle before it got its lock.
+    /// What it had on the nodes was undone.
     REDLOCK_MUX_CANCELLED = 11,
 }
 
