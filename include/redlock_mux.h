@@ -169,6 +169,11 @@ enum redlock_mux_result
    * the misconfigured ones. Nothing is written on a node whose setup failed.
    */
   REDLOCK_MUX_CONFIG = 10,
+  /**
+   * A waiting acquisition was cancelled through its cancel handle before it got its lock.
+   * What it had on the nodes was undone.
+   */
+  REDLOCK_MUX_CANCELLED = 11,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

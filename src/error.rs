@@ -75,6 +75,9 @@ pub enum Error {
         /// The error of the last attempt.
         last: Box<Error>,
     },
+    /// A waiting acquisition was cancelled through its [`Cancel`](crate::Cancel) handle
+    /// before it got the lock. What it had on the nodes was undone.
+    Cancelled,
 }
 
 /// A deadline that ended a lock operation; see [`Error::deadline`].
@@ -198,6 +201,7 @@ impl fmt::Display for Error {
             Error::WaitEnded { deadline, last } => {
                 write!(f, "gave up waiting at {deadline}: {last}")
             }
+            Error::Cancelled => f.write_str("the acquisition was cancelled"),
         }
     }
 }
@@ -272,6 +276,9 @@ pub enum InvalidArgument {
     },
     /// An all-or-none lock was asked for no keys.
     NoKeys,
+    /// A token given to a `resume_*` call is not one this library makes: 40 lowercase hex
+    /// characters.
+    BadToken,
     /// An all-or-none lock was given the same key twice.
     DuplicateKey {
         /// The key given more than once.
@@ -327,6 +334,7 @@ impl fmt::Display for InvalidArgument {
             }
             InvalidArgument::BadUrl { url, reason } => write!(f, "bad node URL {url:?}: {reason}"),
             InvalidArgument::NoKeys => f.write_str("no keys were given"),
+            InvalidArgument::BadToken => f.write_str("a lock token is 40 lowercase hex characters"),
             InvalidArgument::DuplicateKey { key } => write!(
                 f,
                 "key {:?} is given more than once",

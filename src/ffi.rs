@@ -86,6 +86,9 @@ pub enum redlock_mux_result {
     /// any node's setup fails, a lock call when too few nodes are left for a quorum without
     /// the misconfigured ones. Nothing is written on a node whose setup failed.
     REDLOCK_MUX_CONFIG = 10,
+    /// A waiting acquisition was cancelled through its cancel handle before it got its lock.
+    /// What it had on the nodes was undone.
+    REDLOCK_MUX_CANCELLED = 11,
 }
 
 use redlock_mux_result::*;
@@ -261,6 +264,7 @@ fn failure_code(e: &Error) -> redlock_mux_result {
         // A wait that ended is reported as its last attempt was (most often contended); the
         // message names the deadline.
         Error::WaitEnded { last, .. } => failure_code(last),
+        Error::Cancelled => REDLOCK_MUX_CANCELLED,
     }
 }
 
@@ -448,6 +452,7 @@ pub extern "C" fn redlock_mux_result_text(result: u32) -> *const c_char {
         8 => c"lock already released",
         9 => c"panic in redlock-mux",
         10 => c"node configuration error",
+        11 => c"cancelled",
         _ => c"unknown result code",
     };
     text.as_ptr()
@@ -2553,7 +2558,7 @@ mod tests {
 
     #[test]
     fn every_result_code_has_its_own_text() {
-        let texts: Vec<&CStr> = (0..=REDLOCK_MUX_CONFIG as u32)
+        let texts: Vec<&CStr> = (0..=REDLOCK_MUX_CANCELLED as u32)
             // SAFETY: `redlock_mux_result_text` returns a static NUL-terminated string.
             .map(|code| unsafe { CStr::from_ptr(redlock_mux_result_text(code)) })
             .collect();

@@ -20,7 +20,9 @@ use crate::engine::hold::{Hold, Step};
 use crate::engine::keys::fence_key;
 use crate::engine::keys::RwKeys;
 use crate::engine::kind::{Keys, Spec};
-use crate::error::Error;
+use crate::engine::timings::WaitLimits;
+use crate::error::{Error, InvalidArgument};
+use crate::options::Acquire;
 use crate::rng::Token;
 
 /// The kinds of lock a [`Guard`] can hold. They are types only, with no values: a guard's
@@ -348,9 +350,16 @@ impl Held {
         fence: Option<Vec<u8>>,
         ttl: Duration,
         wait: bool,
+        opts: &Acquire,
     ) -> Result<Held, Error> {
         let (ttl_ms, timing) = client.timing(ttl)?;
+        opts.check()?;
         let config = client.config();
+        let limits = WaitLimits {
+            wait_timeout: opts.timeout.unwrap_or(config.wait_timeout),
+            deadline: opts.deadline,
+            retry_count: opts.retries.unwrap_or(config.retry_count),
+        };
         let (grant, after) = owned.with_keys(|keys| {
             let spec = Spec {
                 keys,
@@ -366,15 +375,17 @@ impl Held {
                     spread: driver.spread,
                 };
                 let round = driver.take_round();
-                let mut m = Acquisition::new(
+                let mut m = Acquisition::with_limits(
                     spec,
                     config,
                     params,
+                    &limits,
                     Instant::now(),
                     round,
                     driver.entropy(),
                 );
-                let result = driver.drive(&mut m);
+                m.record_to(client.recorder());
+                let result = driver.drive_cancellable(&mut m, opts.cancel.as_ref());
                 driver.spread = m.learnt_spread();
                 driver.put_round(m.into_round());
                 result.map(|grant: Grant| (grant, driver.pending()))
@@ -390,6 +401,32 @@ impl Held {
             after,
             released: false,
         })
+    }
+
+    /// Rebuilds the lock with keys `owned` held with `token` elsewhere (see
+    /// [`Client::resume_lock`]): an extend round to `ttl` checks that a quorum still holds it.
+    fn resume(client: &Client, owned: Owned, token: &[u8], ttl: Duration) -> Result<Held, Error> {
+        let token = Token::parse(token).ok_or(InvalidArgument::BadToken)?;
+        let (ttl_ms, timing) = client.timing(ttl)?;
+        let mut held = Held {
+            client: client.clone(),
+            owned,
+            fence: None,
+            token,
+            fencing_token: None,
+            // Only bounds the check: the round's own validity is what the lock gets.
+            hold: Hold::new(Instant::now() + ttl),
+            after: Pending::NONE,
+            released: false,
+        };
+        match held.round(Step::Extend { ttl_ms, timing }) {
+            Ok(()) => Ok(held),
+            Err(e) => {
+                // Not ours to release: the caller still has the token, and may try again.
+                held.released = true;
+                Err(e)
+            }
+        }
     }
 
     /// The resource key (a set's first key).
@@ -461,6 +498,7 @@ impl Held {
             client.with_driver_after(after, |driver| {
                 let round = driver.take_round();
                 let mut m = hold.round(spec, *token, config, step, Instant::now(), round);
+                m.record_to(client.recorder());
                 let result = driver.drive(&mut m);
                 driver.put_round(m.into_round());
                 result
@@ -484,6 +522,9 @@ fn wall_micros() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
 }
+
+/// The client's settings, for the calls without options.
+const NO_OPTIONS: Acquire = Acquire::new();
 
 /// Keys up to this length live inside the guard, so taking a lock allocates nothing.
 const INLINE_KEY: usize = 64;
@@ -533,7 +574,8 @@ impl Client {
     ///
     /// Fails with [`Error::Contended`] when someone else holds it.
     pub fn try_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.mutex(key.as_ref(), ttl, false, false).map(Guard::new)
+        self.mutex(key.as_ref(), ttl, false, false, &NO_OPTIONS)
+            .map(Guard::new)
     }
 
     /// Takes the lock on `key` for `ttl`, blocking until it is ours or the
@@ -548,7 +590,8 @@ impl Client {
     /// The returned guard is valid for [`Lock::validity`], which is less than `ttl` by the time
     /// the quorum took and the drift allowance.
     pub fn lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.mutex(key.as_ref(), ttl, false, true).map(Guard::new)
+        self.mutex(key.as_ref(), ttl, false, true, &NO_OPTIONS)
+            .map(Guard::new)
     }
 
     /// One attempt to take a read lock on `key` for `ttl`, without retrying.
@@ -556,7 +599,7 @@ impl Client {
     /// Fails with [`Error::Contended`] while a writer holds the lock (or, with
     /// [`RwPolicy::WritePreferring`](crate::RwPolicy::WritePreferring), waits for it).
     pub fn try_read_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<ReadLock, Error> {
-        self.rw(Side::Read, key.as_ref(), ttl, false, false)
+        self.rw(Side::Read, key.as_ref(), ttl, false, false, &NO_OPTIONS)
             .map(Guard::new)
     }
 
@@ -568,7 +611,7 @@ impl Client {
     /// key `K` without a hash tag, and `K:rw:w`, `K:rw:r` and `K:rw:wi` for one with a hash
     /// tag ([`KeyNames`](crate::KeyNames) lists them all).
     pub fn read_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<ReadLock, Error> {
-        self.rw(Side::Read, key.as_ref(), ttl, false, true)
+        self.rw(Side::Read, key.as_ref(), ttl, false, true, &NO_OPTIONS)
             .map(Guard::new)
     }
 
@@ -576,14 +619,14 @@ impl Client {
     ///
     /// Fails with [`Error::Contended`] while readers or a writer hold the lock.
     pub fn try_write_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<WriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, false, false)
+        self.rw(Side::Write, key.as_ref(), ttl, false, false, &NO_OPTIONS)
             .map(Guard::new)
     }
 
     /// Takes the write lock on `key` for `ttl`, retrying like [`Client::lock`]. It excludes
     /// every reader and every other writer.
     pub fn write_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<WriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, false, true)
+        self.rw(Side::Write, key.as_ref(), ttl, false, true, &NO_OPTIONS)
             .map(Guard::new)
     }
 
@@ -628,7 +671,7 @@ impl Client {
         I::Item: AsRef<[u8]>,
     {
         let keys = checked_keys(keys)?;
-        Held::acquire(self, Owned::All(keys), None, ttl, false).map(Guard::new)
+        Held::acquire(self, Owned::All(keys), None, ttl, false, &NO_OPTIONS).map(Guard::new)
     }
 
     /// Locks every key of `keys` for `ttl`, or none of them, retrying as [`lock`](Client::lock)
@@ -665,7 +708,7 @@ impl Client {
         I::Item: AsRef<[u8]>,
     {
         let keys = checked_keys(keys)?;
-        Held::acquire(self, Owned::All(keys), None, ttl, true).map(Guard::new)
+        Held::acquire(self, Owned::All(keys), None, ttl, true, &NO_OPTIONS).map(Guard::new)
     }
 
     /// Like [`try_lock`](Client::try_lock), and the guard carries a fencing token: see
@@ -675,7 +718,8 @@ impl Client {
         key: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<FencedLock, Error> {
-        self.mutex(key.as_ref(), ttl, true, false).map(Guard::new)
+        self.mutex(key.as_ref(), ttl, true, false, &NO_OPTIONS)
+            .map(Guard::new)
     }
 
     /// Like [`lock`](Client::lock), and the guard carries a fencing token: see [`FencedLock`].
@@ -707,7 +751,8 @@ impl Client {
     /// # Ok::<(), redlock_mux::Error>(())
     /// ```
     pub fn lock_fenced(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<FencedLock, Error> {
-        self.mutex(key.as_ref(), ttl, true, true).map(Guard::new)
+        self.mutex(key.as_ref(), ttl, true, true, &NO_OPTIONS)
+            .map(Guard::new)
     }
 
     /// Like [`try_write_lock`](Client::try_write_lock), and the guard carries a fencing token:
@@ -717,7 +762,7 @@ impl Client {
         key: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<FencedWriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, true, false)
+        self.rw(Side::Write, key.as_ref(), ttl, true, false, &NO_OPTIONS)
             .map(Guard::new)
     }
 
@@ -747,15 +792,217 @@ impl Client {
         key: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<FencedWriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, true, true)
+        self.rw(Side::Write, key.as_ref(), ttl, true, true, &NO_OPTIONS)
             .map(Guard::new)
     }
 
+    /// [`lock`](Client::lock), waiting as `opts` says: its timeout or deadline, its retry
+    /// count, and its [`Cancel`](crate::Cancel) handle, in place of the client's settings.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlock_mux::{Acquire, Client};
+    ///
+    /// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+    /// let client = Client::new(nodes.split(','))?;
+    /// let opts = Acquire::new().timeout(Duration::from_millis(200));
+    /// let lock = client.lock_with("report:7", Duration::from_secs(5), &opts)?;
+    /// lock.release()?;
+    /// # Ok::<(), redlock_mux::Error>(())
+    /// ```
+    pub fn lock_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        opts: &Acquire,
+    ) -> Result<Lock, Error> {
+        self.mutex(key.as_ref(), ttl, false, true, opts)
+            .map(Guard::new)
+    }
+
+    /// [`read_lock`](Client::read_lock), waiting as `opts` says (see
+    /// [`lock_with`](Client::lock_with)).
+    pub fn read_lock_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        opts: &Acquire,
+    ) -> Result<ReadLock, Error> {
+        self.rw(Side::Read, key.as_ref(), ttl, false, true, opts)
+            .map(Guard::new)
+    }
+
+    /// [`write_lock`](Client::write_lock), waiting as `opts` says (see
+    /// [`lock_with`](Client::lock_with)).
+    pub fn write_lock_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        opts: &Acquire,
+    ) -> Result<WriteLock, Error> {
+        self.rw(Side::Write, key.as_ref(), ttl, false, true, opts)
+            .map(Guard::new)
+    }
+
+    /// [`lock_all`](Client::lock_all), waiting as `opts` says (see
+    /// [`lock_with`](Client::lock_with)).
+    pub fn lock_all_with<I>(
+        &self,
+        keys: I,
+        ttl: Duration,
+        opts: &Acquire,
+    ) -> Result<MultiLock, Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<[u8]>,
+    {
+        let keys = checked_keys(keys)?;
+        Held::acquire(self, Owned::All(keys), None, ttl, true, opts).map(Guard::new)
+    }
+
+    /// [`lock_fenced`](Client::lock_fenced), waiting as `opts` says (see
+    /// [`lock_with`](Client::lock_with)).
+    pub fn lock_fenced_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        opts: &Acquire,
+    ) -> Result<FencedLock, Error> {
+        self.mutex(key.as_ref(), ttl, true, true, opts)
+            .map(Guard::new)
+    }
+
+    /// [`write_lock_fenced`](Client::write_lock_fenced), waiting as `opts` says (see
+    /// [`lock_with`](Client::lock_with)).
+    pub fn write_lock_fenced_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        opts: &Acquire,
+    ) -> Result<FencedWriteLock, Error> {
+        self.rw(Side::Write, key.as_ref(), ttl, true, true, opts)
+            .map(Guard::new)
+    }
+
+    /// Rebuilds the guard of a mutex on `key` that was taken with `token` by another process,
+    /// or by an earlier run of this one (a restart), and extends it to `ttl`.
+    ///
+    /// The check is an extend round: it succeeds only if a quorum of nodes still holds `key`
+    /// with `token`, before the lock's validity could have ended, and then the lock's validity
+    /// is `ttl` less the time the round took and the drift allowance, **measured from the
+    /// check**: nothing is known of the time before it. It fails as an extend does
+    /// ([`Error::Contended`] when too few nodes hold the token: the lock has expired or
+    /// passed to someone else); a failed check releases nothing, so the caller may try again.
+    /// A token that is not 40 lowercase hex characters (the shape of [`Guard::token`]) is
+    /// refused with [`InvalidArgument::BadToken`] before anything is sent.
+    ///
+    /// # Safety caveat
+    ///
+    /// A token is a capability: whoever has it holds the lock. Resume only a lock whose
+    /// original holder has stopped using it (it exited, crashed, or handed the token over and
+    /// will touch neither the resource nor the lock again); otherwise both believe they hold
+    /// it. The `redlock-mux run` command exports `REDLOCK_MUX_KEY` and `REDLOCK_MUX_TOKEN` to
+    /// its child, which may resume the lock with them (the command keeps it alive as well).
+    ///
+    /// A fenced lock is resumed as a plain one, with this call or
+    /// [`resume_write_lock`](Client::resume_write_lock): the fencing token of the original
+    /// grant is not recovered.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlock_mux::Client;
+    ///
+    /// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+    /// let client = Client::new(nodes.split(','))?;
+    /// # let first = client.lock("job:9", Duration::from_secs(30))?;
+    /// # let token = first.token().to_vec();
+    /// # std::mem::forget(first); // as if the process that took it had exited
+    /// // `token` came from the process that took the lock (for example REDLOCK_MUX_TOKEN).
+    /// let lock = client.resume_lock("job:9", &token, Duration::from_secs(30))?;
+    /// // ... finish the job within lock.validity() ...
+    /// lock.release()?;
+    /// # Ok::<(), redlock_mux::Error>(())
+    /// ```
+    pub fn resume_lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        let key = key.as_ref();
+        check_key(key)?;
+        Held::resume(self, Owned::Mutex(KeyBuf::new(key)), token.as_ref(), ttl).map(Guard::new)
+    }
+
+    /// Rebuilds the guard of a read lock on `key` held with `token` (see
+    /// [`resume_lock`](Client::resume_lock)).
+    pub fn resume_read_lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<ReadLock, Error> {
+        self.resume_rw(Side::Read, key.as_ref(), token.as_ref(), ttl)
+            .map(Guard::new)
+    }
+
+    /// Rebuilds the guard of the write lock on `key` held with `token` (see
+    /// [`resume_lock`](Client::resume_lock)).
+    pub fn resume_write_lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<WriteLock, Error> {
+        self.resume_rw(Side::Write, key.as_ref(), token.as_ref(), ttl)
+            .map(Guard::new)
+    }
+
+    /// Rebuilds the guard of an all-or-none lock on `keys` held with `token` (see
+    /// [`resume_lock`](Client::resume_lock)); the keys are checked as
+    /// [`lock_all`](Client::lock_all) checks them.
+    pub fn resume_lock_all<I>(
+        &self,
+        keys: I,
+        token: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<MultiLock, Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<[u8]>,
+    {
+        let keys = checked_keys(keys)?;
+        Held::resume(self, Owned::All(keys), token.as_ref(), ttl).map(Guard::new)
+    }
+
+    fn resume_rw(
+        &self,
+        side: Side,
+        key: &[u8],
+        token: &[u8],
+        ttl: Duration,
+    ) -> Result<Held, Error> {
+        check_key(key)?;
+        let owned = Owned::Rw {
+            side,
+            resource: key.to_vec(),
+            keys: RwKeys::new(key),
+        };
+        Held::resume(self, owned, token, ttl)
+    }
+
     /// The mutex on `key`, fenced or not.
-    fn mutex(&self, key: &[u8], ttl: Duration, fenced: bool, wait: bool) -> Result<Held, Error> {
+    fn mutex(
+        &self,
+        key: &[u8],
+        ttl: Duration,
+        fenced: bool,
+        wait: bool,
+        opts: &Acquire,
+    ) -> Result<Held, Error> {
         check_key(key)?;
         let fence = fenced.then(|| fence_key(key));
-        Held::acquire(self, Owned::Mutex(KeyBuf::new(key)), fence, ttl, wait)
+        Held::acquire(self, Owned::Mutex(KeyBuf::new(key)), fence, ttl, wait, opts)
     }
 
     /// One side of the read-write lock on `key`; a fenced write lock when `fenced`.
@@ -766,6 +1013,7 @@ impl Client {
         ttl: Duration,
         fenced: bool,
         wait: bool,
+        opts: &Acquire,
     ) -> Result<Held, Error> {
         check_key(key)?;
         let keys = RwKeys::new(key);
@@ -775,6 +1023,6 @@ impl Client {
             resource: key.to_vec(),
             keys,
         };
-        Held::acquire(self, owned, fence, ttl, wait)
+        Held::acquire(self, owned, fence, ttl, wait, opts)
     }
 }

@@ -45,9 +45,11 @@ mod ffi;
 mod guard;
 mod keepalive;
 mod keeper;
+mod options;
 pub mod resp;
 mod rng;
 mod sha1;
+mod stats;
 mod url;
 
 pub use client::{Client, ClientBuilder};
@@ -56,6 +58,8 @@ pub use engine::KeyNames;
 pub use error::{Deadline, Error, InvalidArgument, NodeErrorKind, NodeFailure};
 pub use guard::{kind, FencedLock, FencedWriteLock, Guard, Lock, MultiLock, ReadLock, WriteLock};
 pub use keepalive::{KeepAlive, KeepAliveError, KeptLock, Lost};
+pub use options::{Acquire, Cancel};
+pub use stats::{KindStats, NodeFailures, NodeStats, RoundStats, Stats, LATENCY_WINDOW};
 pub use url::NodeUrl;
 
 /// Pieces of the sans-IO engine that the fuzz targets and benchmarks drive directly. Not part

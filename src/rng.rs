@@ -39,6 +39,12 @@ impl Token {
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
+
+    /// The token whose text is `text`, if it has a token's shape: 40 lowercase hex characters.
+    pub fn parse(text: &[u8]) -> Option<Token> {
+        let hex: [u8; TOKEN_LEN] = text.try_into().ok()?;
+        hex.iter().all(|b| HEX.contains(b)).then_some(Token(hex))
+    }
 }
 
 impl std::fmt::Debug for Token {

@@ -296,6 +296,8 @@ struct MutexResult {
     n: usize,
     ours: Phases,
     baseline: Phases,
+    /// The library's own statistics of the client measured.
+    stats: redlock_mux::Stats,
 }
 
 fn bench_mutex(urls: &[String], iters: usize, progress: &Progress) -> Result<MutexResult, Fail> {
@@ -333,7 +335,46 @@ fn bench_mutex(urls: &[String], iters: usize, progress: &Progress) -> Result<Mut
         block += 1;
         progress.show(&format!("mutex N={n}"), done, iters);
     }
-    Ok(MutexResult { n, ours, baseline })
+    let stats = client.stats();
+    Ok(MutexResult {
+        n,
+        ours,
+        baseline,
+        stats,
+    })
+}
+
+/// A client's statistics ([`redlock_mux::Client::stats`]) as JSON.
+fn stats_json(s: &redlock_mux::Stats) -> serde_json::Value {
+    let rounds = |r: &redlock_mux::RoundStats| json!({"won": r.won, "contended": r.contended, "unreachable": r.unreachable});
+    let k = &s.kinds;
+    let us = |d: Option<Duration>| d.map(|d| d.as_micros() as u64);
+    json!({
+        "rounds": {
+            "mutex": rounds(&k.mutex),
+            "read": rounds(&k.read),
+            "write": rounds(&k.write),
+            "all": rounds(&k.all),
+            "fenced_mutex": rounds(&k.fenced_mutex),
+            "fenced_write": rounds(&k.fenced_write),
+        },
+        "nodes": s.nodes.iter().map(|n| {
+            let f = &n.failures;
+            json!({
+                "latency_p50_us": us(n.latency_p50),
+                "latency_p99_us": us(n.latency_p99),
+                "latency_samples": n.latency_samples,
+                "failures": {
+                    "timeout": f.timeout, "connect": f.connect, "backoff": f.backoff,
+                    "io": f.io, "protocol": f.protocol, "server": f.server,
+                    "unexpected_reply": f.unexpected_reply, "setup": f.setup,
+                },
+            })
+        }).collect::<Vec<_>>(),
+        "wakeups": s.wakeups,
+        "retries": s.retries,
+        "cancellations": s.cancellations,
+    })
 }
 
 /// Read and/or write lock figures at one N, next to the mutex measured in the same run.
@@ -736,6 +777,7 @@ impl Report {
                     "ratio_p99": phase_ratios(0.99, &mut r.ours, &mut r.baseline),
                     "ours": phases_json(&mut r.ours),
                     "baseline": phases_json(&mut r.baseline),
+                    "stats": stats_json(&r.stats),
                 })
             })
             .collect();

@@ -53,6 +53,14 @@ fn bench_reports_json_against_given_nodes() {
     for q in ["ratio_p50", "ratio_p99"] {
         assert!(mutex[q]["cycle"].as_f64().unwrap() > 0.0, "{mutex}");
     }
+    // The library's statistics of the measured client: every cycle's round was won.
+    let stats = &mutex["stats"];
+    assert!(
+        stats["rounds"]["mutex"]["won"].as_u64().unwrap() >= 200,
+        "{stats}"
+    );
+    assert!(stats["nodes"][0]["latency_p50_us"].is_u64(), "{stats}");
+    assert_eq!(stats["nodes"][0]["failures"]["timeout"], 0, "{stats}");
 
     // REDLOCK_NODES names the servers when --nodes does not.
     let report = bench_json(&cluster, &["--mode", "read"]);

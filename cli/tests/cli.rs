@@ -547,3 +547,33 @@ fn a_ttl_that_cannot_be_kept_alive_is_a_usage_error_before_locking() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--ttl"), "{stderr}");
 }
+
+/// The command's child hands its lock over: another client resumes it from
+/// `REDLOCK_MUX_KEY` and `REDLOCK_MUX_TOKEN`, extends it and releases it.
+#[test]
+fn a_lock_taken_by_run_is_resumed_from_its_token() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let seen = temp_file("resume.seen");
+    let script = format!(
+        "echo \"$REDLOCK_MUX_KEY $REDLOCK_MUX_TOKEN\" > {}.tmp; mv {0}.tmp {0}; sleep 5",
+        seen.display()
+    );
+    let mut child = redlock_mux(&cluster, &["run", KEY, "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn");
+    assert!(within(Duration::from_secs(10), || seen.exists()));
+    let text = fs::read_to_string(&seen).expect("seen");
+    let _ = fs::remove_file(&seen);
+    let (key, token) = text.trim_end().split_once(' ').expect("key and token");
+    let c = client(&cluster);
+    let mut lock = c
+        .resume_lock(key, token, Duration::from_secs(20))
+        .expect("resume");
+    lock.extend(Duration::from_secs(20)).expect("extend");
+    assert_eq!(holder(&cluster).as_deref(), Some(token.as_bytes()));
+    lock.release().expect("release");
+    assert_eq!(holder(&cluster), None, "released on every node");
+    // The command finds its lock gone; how it ends is its own business here.
+    send("TERM", child.id());
+    let _ = wait_at_most(&mut child, Duration::from_secs(10));
+}

@@ -26,13 +26,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll};
+use mio::{Events, Poll, Waker};
 
 use crate::config::Config;
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::Caps;
 use crate::engine::Round;
 use crate::error::NodeErrorKind;
+use crate::options::Cancel;
 use crate::resp::Reply;
 use crate::rng::{Entropy, OsEntropy};
 use conn::{Conn, Role, Slot};
@@ -142,7 +143,12 @@ pub(crate) struct Driver {
     /// The spread of retries after split votes that the last contended acquisition ended with:
     /// contention lasts longer than one acquisition, so the next one starts from it.
     pub spread: Duration,
+    /// Wakes this driver's poll when a [`Cancel`] handle is cancelled; made on first use.
+    waker: Option<Arc<Waker>>,
 }
+
+/// The poll token of the driver's [`Waker`]: no connection has it.
+const WAKER: mio::Token = mio::Token(usize::MAX);
 
 impl Driver {
     pub fn new(config: Arc<Config>) -> io::Result<Driver> {
@@ -165,6 +171,7 @@ impl Driver {
             spare: None,
             entropy: OsEntropy::new(),
             spread: Duration::ZERO,
+            waker: None,
         })
     }
 
@@ -274,11 +281,36 @@ impl Driver {
     /// setup are dropped (they were never sent, and must not go out late, when nobody counts
     /// their replies), and what is queued is flushed, within the node timeout.
     pub fn drive<M: Machine>(&mut self, m: &mut M) -> M::Output {
+        self.drive_cancellable(m, None)
+    }
+
+    /// Like [`drive`](Self::drive); when `cancel` is cancelled, `m` is told at once
+    /// ([`Machine::handle_cancel`]), even while this thread is parked in the poll: the handle
+    /// wakes it through this driver's [`Waker`], registered with the handle for the run.
+    pub fn drive_cancellable<M: Machine>(
+        &mut self,
+        m: &mut M,
+        cancel: Option<&Cancel>,
+    ) -> M::Output {
         self.run_id += 1;
         let id = self.run_id;
         self.subscribing = false;
+        let waker = match cancel {
+            Some(_) => self.waker(),
+            None => None,
+        };
+        // Without a waker (the system refused one), the flag is still read at every deadline.
+        let registration = cancel.zip(waker).map(|(c, w)| c.register(&w));
+        let mut cancelled = false;
         let outcome = loop {
             let now = Instant::now();
+            if !cancelled
+                && (registration.as_ref().is_some_and(|r| r.is_cancelled())
+                    || cancel.is_some_and(Cancel::is_cancelled))
+            {
+                cancelled = true;
+                m.handle_cancel(now, &mut self.entropy);
+            }
             self.send(m, id, now);
             if let Some(outcome) = m.poll_outcome() {
                 break outcome;
@@ -302,8 +334,17 @@ impl Driver {
         if self.conns.iter().any(Conn::has_pending_output) {
             self.flush_until(Instant::now() + self.config.node_timeout);
         }
+        drop(registration);
         self.publish();
         outcome
+    }
+
+    /// This driver's waker, made on first use.
+    fn waker(&mut self) -> Option<Arc<Waker>> {
+        if self.waker.is_none() {
+            self.waker = Waker::new(self.poll.registry(), WAKER).ok().map(Arc::new);
+        }
+        self.waker.clone()
     }
 
     /// Sends every transmit `m` has.
@@ -426,6 +467,10 @@ impl Driver {
         self.ready.clear();
         let n = self.conns.len();
         for e in self.events.iter() {
+            if e.token() == WAKER {
+                // A cancel: the caller's loop reads the handle.
+                continue;
+            }
             let token = e.token().0;
             if e.is_read_closed() || e.is_error() {
                 // The peer's FIN may have come with the data: read to the end, not just until

@@ -26,16 +26,17 @@ use crate::config::{Config, RwPolicy};
 use crate::engine::fair::{AttemptIds, FairState};
 use crate::engine::fanout::Fanout;
 use crate::engine::fencing::FenceRead;
-use crate::engine::kind::{Cmd, Spec};
+use crate::engine::kind::{Cmd, Keys, Spec};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{Caps, ScriptForm};
 use crate::engine::retry::Retry;
 use crate::engine::round::{quorum, Decision, Round, Vote};
 use crate::engine::timing::Timing;
-use crate::engine::timings;
+use crate::engine::timings::{self, WaitLimits};
 use crate::error::{Error, NodeErrorKind};
 use crate::resp::{self, Reply};
 use crate::rng::{Entropy, Token};
+use crate::stats::{KindIndex, Recorder, RoundEnd};
 
 /// How many times a waiting fenced acquisition tries again after a lost write-back.
 const WRITE_BACK_ATTEMPTS: u32 = 3;
@@ -128,7 +129,9 @@ pub(crate) struct Acquisition<'a> {
     fair: Option<FairState>,
     intent_ms: u64,
     read: FenceRead,
-    fanout: Fanout,
+    fanout: Fanout<'a>,
+    /// Where rounds, retries, wake-ups and cancellations are counted, if anywhere.
+    stats: Option<&'a Recorder>,
     next_tag: Tag,
     state: State,
     /// Undo of the attempt with this token, to send.
@@ -158,10 +161,26 @@ impl<'a> Acquisition<'a> {
     /// gives the first attempt's token.
     ///
     /// [`into_round`]: Self::into_round
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn new(
         spec: Spec<'a>,
         config: &'a Config,
         params: Params,
+        now: Instant,
+        round: Round,
+        rng: &mut dyn Entropy,
+    ) -> Acquisition<'a> {
+        let limits = WaitLimits::of(config);
+        Acquisition::with_limits(spec, config, params, &limits, now, round, rng)
+    }
+
+    /// Like [`new`](Self::new), waiting within `limits` (one call's own) instead of the
+    /// client's wait timeout and retry count.
+    pub fn with_limits(
+        spec: Spec<'a>,
+        config: &'a Config,
+        params: Params,
+        limits: &WaitLimits,
         now: Instant,
         round: Round,
         rng: &mut dyn Entropy,
@@ -183,7 +202,11 @@ impl<'a> Acquisition<'a> {
             config,
             params,
             started: now,
-            retry: Retry::new(now, config.wait_timeout, config.retry_count, params.wait),
+            retry: Retry::until(
+                timings::wait_end(now, limits),
+                limits.retry_count,
+                params.wait,
+            ),
             waiter: token,
             token,
             attempts: 0,
@@ -191,6 +214,7 @@ impl<'a> Acquisition<'a> {
             intent_ms,
             read: FenceRead::new(),
             fanout: Fanout::new(round),
+            stats: None,
             next_tag: 0,
             state: State::Attempt,
             cleanup: None,
@@ -230,6 +254,25 @@ impl<'a> Acquisition<'a> {
         self.fanout.into_round()
     }
 
+    /// Counts this acquisition's rounds, retries, wake-ups and cancellation, and its nodes'
+    /// reply latencies and failures, in `stats` from now on.
+    pub fn record_to(&mut self, stats: &'a Recorder) {
+        self.stats = Some(stats);
+        self.fanout.record_to(stats);
+    }
+
+    /// The kind of lock, as the statistics count it.
+    fn kind_index(&self) -> KindIndex {
+        match (self.spec.keys, self.spec.fence.is_some()) {
+            (Keys::Mutex(_), false) => KindIndex::Mutex,
+            (Keys::Mutex(_), true) => KindIndex::FencedMutex,
+            (Keys::Read { .. }, _) => KindIndex::Read,
+            (Keys::Write { .. }, false) => KindIndex::Write,
+            (Keys::Write { .. }, true) => KindIndex::FencedWrite,
+            (Keys::All(_), _) => KindIndex::All,
+        }
+    }
+
     fn tag(&mut self) -> Tag {
         self.next_tag = self.next_tag.wrapping_add(1);
         self.next_tag
@@ -237,6 +280,9 @@ impl<'a> Acquisition<'a> {
 
     fn start_attempt(&mut self, now: Instant, rng: &mut dyn Entropy) {
         if self.attempts > 0 {
+            if let Some(stats) = self.stats {
+                stats.retry();
+            }
             // One `getrandom` per retry; the first attempt uses the waiter's id.
             self.token = rng.token();
             if let Some(fair) = &self.fair {
@@ -263,6 +309,14 @@ impl<'a> Acquisition<'a> {
         }) else {
             return;
         };
+        if let Some(stats) = self.stats.filter(|_| self.state == State::Attempt) {
+            let end = match decision {
+                Decision::Won { .. } => RoundEnd::Won,
+                Decision::Contended => RoundEnd::Contended,
+                _ => RoundEnd::Unreachable,
+            };
+            stats.round(self.kind_index(), end);
+        }
         if self.state == State::WriteBack {
             if matches!(decision, Decision::Won { .. }) {
                 let grant = self.grant(self.read.token());
@@ -590,7 +644,43 @@ impl Machine for Acquisition<'_> {
             return;
         }
         self.woken = true;
+        if let Some(stats) = self.stats {
+            stats.wakeup();
+        }
         self.on_wake(now, rng);
+    }
+
+    /// Ends the acquisition with [`Error::Cancelled`] at once, wherever it is. An attempt in
+    /// flight is undone on every node (its cleanup goes out behind it on each connection,
+    /// so it lands after the attempt even where the attempt has not been answered yet), a
+    /// fair waiter leaves its queues, a writer withdraws its intent. One whose first attempt
+    /// has not gone out yet sends nothing at all.
+    fn handle_cancel(&mut self, _now: Instant, _rng: &mut dyn Entropy) {
+        if let Some(stats) = self.stats.filter(|_| self.state != State::Done) {
+            stats.cancellation();
+        }
+        match self.state {
+            State::Done => {}
+            State::Attempt | State::WriteBack => {
+                let sent = self.fanout.abandon();
+                if !sent && self.attempts == 1 && self.state == State::Attempt {
+                    // Nothing went out: nothing to undo.
+                    self.outcome = Some(Err(Error::Cancelled));
+                    self.state = State::Done;
+                    return;
+                }
+                // A write-back follows a won attempt: that attempt is undone too. An attempt
+                // not sent yet needs no undoing (the one before it was undone when lost).
+                if sent || self.state == State::WriteBack {
+                    self.cleanup = Some(self.token);
+                }
+                self.finish(Err(Error::Cancelled));
+            }
+            // The last attempt's cleanup went out when it was lost.
+            State::Subscribing { .. } | State::Pausing { .. } | State::Waiting { .. } => {
+                self.finish(Err(Error::Cancelled))
+            }
+        }
     }
 
     fn handle_subscribed(&mut self, now: Instant, rng: &mut dyn Entropy) {

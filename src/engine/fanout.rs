@@ -10,11 +10,14 @@ use crate::engine::ops::{ScriptForm, Verdict};
 use crate::engine::round::{Decision, Round, Vote};
 use crate::engine::timing::Timing;
 use crate::error::{Error, NodeErrorKind, NodeFailure};
+use crate::stats::Recorder;
 
 /// A round in flight, with what its machine still owes the nodes.
 #[derive(Debug)]
-pub(crate) struct Fanout {
+pub(crate) struct Fanout<'a> {
     round: Round,
+    /// Where reply latencies and node failures are counted, if anywhere.
+    stats: Option<&'a Recorder>,
     tag: Tag,
     /// The command to every node has not been polled yet.
     unsent: bool,
@@ -24,16 +27,22 @@ pub(crate) struct Fanout {
     resent: u64,
 }
 
-impl Fanout {
+impl<'a> Fanout<'a> {
     /// A fan-out that has sent nothing yet, on `round`'s storage.
-    pub fn new(round: Round) -> Fanout {
+    pub fn new(round: Round) -> Fanout<'a> {
         Fanout {
             round,
+            stats: None,
             tag: 0,
             unsent: false,
             resend: 0,
             resent: 0,
         }
+    }
+
+    /// Counts reply latencies and node failures in `stats` from now on.
+    pub fn record_to(&mut self, stats: &'a Recorder) {
+        self.stats = Some(stats);
     }
 
     /// Starts a round tagged `tag` at `now` (see [`Round::reset`]): its command to every node
@@ -83,6 +92,13 @@ impl Fanout {
         Some((To::Node(node), self.tag, ScriptForm::Body))
     }
 
+    /// Gives up on this fan-out: nothing more of it is sent. Returns whether its command had
+    /// gone out (been polled) already.
+    pub fn abandon(&mut self) -> bool {
+        self.resend = 0;
+        !std::mem::take(&mut self.unsent)
+    }
+
     /// Feeds node `node`'s reply to this fan-out's command, as `verdict`. Replies with another
     /// tag (to an earlier fan-out) are ignored.
     pub fn handle_verdict(&mut self, node: usize, tag: Tag, verdict: Verdict, now: Instant) {
@@ -90,7 +106,15 @@ impl Fanout {
             return;
         }
         match verdict {
-            Verdict::Vote(v) => self.round.handle_vote(node, v, now),
+            Verdict::Vote(v) => {
+                if let Some(stats) = self.stats.filter(|_| self.round.is_pending(node)) {
+                    stats.reply(node, now.saturating_duration_since(self.round.start()));
+                    if let Vote::Failed(why) = &v {
+                        stats.failure(node, why);
+                    }
+                }
+                self.round.handle_vote(node, v, now)
+            }
             Verdict::NoScript if node < 64 && self.resent & (1 << node) == 0 => {
                 // The script cache was flushed: the nodes outside the quorum will most likely
                 // answer NOSCRIPT too, so this fan-out stays open (see `decision`) until they
@@ -108,13 +132,33 @@ impl Fanout {
     /// Node `node` will not answer this fan-out's command.
     pub fn handle_failure(&mut self, node: usize, tag: Tag, why: NodeErrorKind, now: Instant) {
         if tag == self.tag {
+            if let Some(stats) = self.stats.filter(|_| self.round.is_pending(node)) {
+                stats.failure(node, &why);
+            }
             self.round.handle_vote(node, Vote::Failed(why), now);
         }
     }
 
     /// Applies the deadlines passed by `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let Some(stats) = self.stats else {
+            return self.round.handle_timeout(now);
+        };
+        let pending = |r: &Round| {
+            (0..r.nodes().min(64))
+                .filter(|&i| r.is_pending(i))
+                .fold(0u64, |m, i| m | 1 << i)
+        };
+        let before = pending(&self.round);
         self.round.handle_timeout(now);
+        let mut timed_out = before & !pending(&self.round);
+        while timed_out != 0 {
+            let i = timed_out.trailing_zeros() as usize;
+            timed_out &= timed_out - 1;
+            if matches!(self.round.votes().get(i), Some(Some(Vote::Failed(_)))) {
+                stats.failure(i, &NodeErrorKind::Timeout);
+            }
+        }
     }
 
     /// The round's decision, once it is decided and, after a `NOSCRIPT`, every node has been

@@ -26,6 +26,7 @@ use crate::engine::timings;
 use crate::error::{Error, NodeErrorKind};
 use crate::resp::Reply;
 use crate::rng::{Entropy, Token};
+use crate::stats::Recorder;
 
 /// A held lock's validity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,11 +119,16 @@ pub(crate) struct HoldRound<'a> {
     token: Token,
     config: &'a Config,
     step: Step,
-    fanout: Fanout,
+    fanout: Fanout<'a>,
     outcome: Option<Result<(), Error>>,
 }
 
-impl HoldRound<'_> {
+impl<'a> HoldRound<'a> {
+    /// Counts the nodes' reply latencies and failures in `stats` from now on.
+    pub fn record_to(&mut self, stats: &'a Recorder) {
+        self.fanout.record_to(stats);
+    }
+
     /// Gives the round storage back.
     pub fn into_round(self) -> Round {
         self.fanout.into_round()

@@ -126,6 +126,13 @@ pub(crate) trait Machine {
         let _ = (now, rng);
     }
 
+    /// The caller gave up on the operation (a cancel handle was cancelled): it ends as soon
+    /// as it can, undoing what it has on the nodes. Machines that cannot be cancelled ignore
+    /// it.
+    fn handle_cancel(&mut self, now: Instant, rng: &mut dyn Entropy) {
+        let _ = (now, rng);
+    }
+
     /// The next command to send.
     #[must_use]
     fn poll_transmit(&mut self) -> Option<Transmit>;

@@ -30,9 +30,21 @@ impl Retry {
     /// The budget of an acquisition whose first attempt starts at `first`: at most
     /// `retry_count` counted retries ([`UNLIMITED`](Self::UNLIMITED): any number), none
     /// starting at or after `first + wait_timeout`, and none at all unless `wait`.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn new(first: Instant, wait_timeout: Duration, retry_count: u32, wait: bool) -> Retry {
         Retry {
             deadline: crate::engine::timings::wait_deadline(first, wait_timeout),
+            counted: 0,
+            retry_count,
+            wait,
+        }
+    }
+
+    /// The budget of an acquisition that may not start an attempt at or after `deadline`:
+    /// at most `retry_count` counted retries, and none at all unless `wait`.
+    pub fn until(deadline: Instant, retry_count: u32, wait: bool) -> Retry {
+        Retry {
+            deadline,
             counted: 0,
             retry_count,
             wait,

@@ -60,6 +60,37 @@ pub fn wait_deadline(first: Instant, wait_timeout: Duration) -> Instant {
     first.checked_add(wait_timeout).unwrap_or(first)
 }
 
+/// How long, and how many times, a waiting acquisition may retry: the client's settings, or
+/// those of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WaitLimits {
+    /// No attempt starts this long after the first one, or later.
+    pub wait_timeout: Duration,
+    /// No attempt starts at or after this instant either, when set.
+    pub deadline: Option<Instant>,
+    /// How many retries may come after a backstop (see [`Retry`](crate::engine::Retry)).
+    pub retry_count: u32,
+}
+
+impl WaitLimits {
+    /// The client's settings.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn of(config: &Config) -> WaitLimits {
+        WaitLimits {
+            wait_timeout: config.wait_timeout,
+            deadline: None,
+            retry_count: config.retry_count,
+        }
+    }
+}
+
+/// The end of a waiting acquisition whose first attempt started at `first`, within `limits`:
+/// the earlier of its wait timeout and its deadline. No attempt starts at or after it.
+pub fn wait_end(first: Instant, limits: &WaitLimits) -> Instant {
+    let end = wait_deadline(first, limits.wait_timeout);
+    limits.deadline.map_or(end, |d| d.min(end))
+}
+
 /// The earlier of an optional deadline and a deadline.
 pub fn earliest(a: Option<Instant>, b: Instant) -> Instant {
     a.map_or(b, |a| a.min(b))
