@@ -5,9 +5,8 @@
 //! - **Handles are opaque.** `redlock_mux_client_builder`, `redlock_mux_client` and the lock
 //!   handles (`redlock_mux_lock`, `_read_lock`, `_write_lock`, `_multi_lock`, `_fenced_lock`,
 //!   `_fenced_write_lock`, `_kept_lock`) and `redlock_mux_cancel` are only ever seen through
-//!   pointers. Each one made by
-//!   a `_new`, `_build` or lock function is owned by the caller and freed with the matching
-//!   `_free`, which accepts NULL. Freeing twice, or using a handle after freeing it, is
+//!   pointers. Each one made by a `_new`, `_build` or lock function is owned by the caller and
+//!   freed with the matching `_free`, which accepts NULL. Freeing twice, or using a handle after freeing it, is
 //!   undefined behaviour.
 //! - **Results are numbered.** Every fallible function returns a `redlock_mux_result`, whose
 //!   values are fixed forever. `redlock_mux_result_text` names a code;
