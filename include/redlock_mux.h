@@ -66,6 +66,16 @@
 #define REDLOCK_MUX_RW_WRITE_PREFERRING 1
 
 /**
+ * `redlock_mux_acquire_options.set`: `timeout_ms` replaces the client's wait timeout.
+ */
+#define REDLOCK_MUX_ACQUIRE_TIMEOUT 1
+
+/**
+ * `redlock_mux_acquire_options.set`: `retries` replaces the client's retry count.
+ */
+#define REDLOCK_MUX_ACQUIRE_RETRIES 2
+
+/**
  * Which deadline ended the last failed call on the calling thread, as
  * `redlock_mux_last_error_deadline` tells. The numbers never change; new deadlines get new
  * numbers.
@@ -184,6 +194,12 @@ typedef uint32_t redlock_mux_result;
 #endif // __cplusplus
 
 /**
+ * Cancels waiting acquisitions, from any thread. Made by `redlock_mux_cancel_new`, freed by
+ * `redlock_mux_cancel_free`. Given to calls through `redlock_mux_acquire_options.cancel`.
+ */
+typedef struct redlock_mux_cancel redlock_mux_cancel;
+
+/**
  * A Redlock client over N Redis masters. Made by `redlock_mux_client_builder_build`, freed by
  * `redlock_mux_client_free`. Safe to use from many threads at once.
  */
@@ -258,6 +274,154 @@ typedef struct redlock_mux_write_lock redlock_mux_write_lock;
  * `REDLOCK_MUX_VALIDITY_EXPIRED` when no extension won before the validity ran out.
  */
 typedef void (*redlock_mux_lost_callback)(void *user_data, redlock_mux_result reason);
+
+/**
+ * How one waiting acquisition (a `_with` function) waits, in place of the client's settings.
+ * A zeroed struct (`redlock_mux_acquire_options opts = {0};`) keeps every client setting and
+ * has no cancel handle.
+ */
+typedef struct {
+  /**
+   * Which of `timeout_ms` and `retries` are given: `REDLOCK_MUX_ACQUIRE_TIMEOUT` and
+   * `REDLOCK_MUX_ACQUIRE_RETRIES`, or'ed; the others keep the client's setting. Any other
+   * bit gives `REDLOCK_MUX_INVALID_ARGUMENT`.
+   */
+  uint32_t set;
+  /**
+   * How many retries may follow a retry delay in which no release was announced;
+   * `UINT32_MAX` means no limit.
+   */
+  uint32_t retries;
+  /**
+   * The longest the call waits in all, in milliseconds: no attempt starts after it. 0 makes
+   * one attempt; at most a day. A deadline shared by several calls is the time left to it,
+   * computed by the caller before each call.
+   */
+  uint64_t timeout_ms;
+  /**
+   * NULL, or a cancel handle: `redlock_mux_cancel_cancel` ends the call with
+   * `REDLOCK_MUX_CANCELLED`. The handle must stay alive until the call has read it (it may
+   * be freed once the call has returned).
+   */
+  const redlock_mux_cancel *cancel;
+} redlock_mux_acquire_options;
+
+/**
+ * How the acquisition rounds of one lock kind ended.
+ */
+typedef struct {
+  /**
+   * Won on a quorum within the validity.
+   */
+  uint64_t won;
+  /**
+   * Lost because the lock was held elsewhere.
+   */
+  uint64_t contended;
+  /**
+   * Lost for any other reason (too many nodes failed, the validity ran out, misconfigured
+   * nodes).
+   */
+  uint64_t unreachable;
+} redlock_mux_round_stats;
+
+/**
+ * What a client's locks have been doing since it was built: `redlock_mux_client_stats`.
+ */
+typedef struct {
+  /**
+   * Acquisition rounds of mutexes.
+   */
+  redlock_mux_round_stats mutex;
+  /**
+   * Acquisition rounds of read locks.
+   */
+  redlock_mux_round_stats read;
+  /**
+   * Acquisition rounds of write locks.
+   */
+  redlock_mux_round_stats write;
+  /**
+   * Acquisition rounds of all-or-none locks.
+   */
+  redlock_mux_round_stats all;
+  /**
+   * Acquisition rounds of fenced mutexes.
+   */
+  redlock_mux_round_stats fenced_mutex;
+  /**
+   * Acquisition rounds of fenced write locks.
+   */
+  redlock_mux_round_stats fenced_write;
+  /**
+   * Release announcements that woke a waiter for a retry.
+   */
+  uint64_t wakeups;
+  /**
+   * Attempts after an acquisition's first.
+   */
+  uint64_t retries;
+  /**
+   * Acquisitions that ended with `REDLOCK_MUX_CANCELLED`.
+   */
+  uint64_t cancellations;
+  /**
+   * How many nodes the client has: `redlock_mux_client_node_stats` takes 0 to
+   * `node_count - 1`.
+   */
+  size_t node_count;
+} redlock_mux_stats;
+
+/**
+ * One node's failures and reply latency: `redlock_mux_client_node_stats`.
+ */
+typedef struct {
+  /**
+   * Failures in rounds (acquire, extend, release): no reply within the node timeout.
+   */
+  uint64_t timeout_failures;
+  /**
+   * ... the connection could not be made.
+   */
+  uint64_t connect_failures;
+  /**
+   * ... the node failed recently and was skipped during its reconnect backoff.
+   */
+  uint64_t backoff_failures;
+  /**
+   * ... the connection broke.
+   */
+  uint64_t io_failures;
+  /**
+   * ... the node sent bytes that are not valid RESP2.
+   */
+  uint64_t protocol_failures;
+  /**
+   * ... an error reply from the server.
+   */
+  uint64_t server_failures;
+  /**
+   * ... a well-formed reply that was not one of the expected ones.
+   */
+  uint64_t unexpected_reply_failures;
+  /**
+   * ... the node refused the connection setup (AUTH, SELECT).
+   */
+  uint64_t setup_failures;
+  /**
+   * How many of the node's latest replies the percentiles are taken over (at most 128);
+   * 0 before any reply, and then both percentiles are 0.
+   */
+  uint64_t latency_samples;
+  /**
+   * The median time from a round's start to this node's reply, in microseconds.
+   */
+  uint64_t latency_p50_us;
+  /**
+   * The 99th percentile of the same, in microseconds.
+   */
+  uint64_t latency_p99_us;
+} redlock_mux_node_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1185,6 +1349,172 @@ redlock_mux_result redlock_mux_kept_lock_release(redlock_mux_kept_lock *kept);
  * `kept` is NULL or a kept lock not yet freed, which no other thread is using.
  */
 void redlock_mux_kept_lock_free(redlock_mux_kept_lock *kept);
+
+/**
+ * Makes a cancel handle, not cancelled yet, and writes it to `*out`. Free it with
+ * `redlock_mux_cancel_free`. One handle may be given to many calls, on many threads.
+ *
+ * # Safety
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_cancel_new(redlock_mux_cancel **out);
+
+/**
+ * Cancels every waiting acquisition given this handle, now and later: each returns
+ * `REDLOCK_MUX_CANCELLED` at once, wherever it is (before its first attempt, with an attempt
+ * in flight, parked waiting for a release or a retry, in a fair queue), and what it had on
+ * the nodes is undone. A call that already won keeps its lock. Returns at once. May be called
+ * from any thread, while other threads wait with the handle.
+ *
+ * # Safety
+ * `cancel` is NULL or a live cancel handle.
+ */
+redlock_mux_result redlock_mux_cancel_cancel(const redlock_mux_cancel *cancel);
+
+/**
+ * Writes 1 to `*out` if `redlock_mux_cancel_cancel` was called on the handle, else 0.
+ *
+ * # Safety
+ * `cancel` is NULL or a live cancel handle; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_cancel_is_cancelled(const redlock_mux_cancel *cancel, uint8_t *out);
+
+/**
+ * Frees a cancel handle. NULL is a no-op. Calls that were given it and have returned are not
+ * affected; free it only once no call that was given it is still starting.
+ *
+ * # Safety
+ * `cancel` is NULL or a cancel handle not yet freed.
+ */
+void redlock_mux_cancel_free(redlock_mux_cancel *cancel);
+
+/**
+ * `redlock_mux_client_lock`, waiting as `*options` says: its timeout, its retry count and its
+ * cancel handle, in place of the client's settings. `REDLOCK_MUX_CANCELLED` when the handle
+ * was cancelled before the lock was won; a wait that ends reports its last attempt, as
+ * `redlock_mux_client_lock` does. `options` must not be NULL.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `options` is NULL or readable, its `cancel` NULL or a live handle; `out` is NULL or
+ * writable.
+ */
+redlock_mux_result redlock_mux_client_lock_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_lock **out);
+
+/**
+ * `redlock_mux_client_read_lock`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_with`.
+ */
+redlock_mux_result redlock_mux_client_read_lock_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_read_lock **out);
+
+/**
+ * `redlock_mux_client_write_lock`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_with`.
+ */
+redlock_mux_result redlock_mux_client_write_lock_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_write_lock **out);
+
+/**
+ * `redlock_mux_client_lock_all`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_all`; `options` is NULL or readable, its `cancel` NULL or a
+ * live handle.
+ */
+redlock_mux_result redlock_mux_client_lock_all_with(const redlock_mux_client *client, const uint8_t *const *keys, const size_t *key_lens, size_t count, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_multi_lock **out);
+
+/**
+ * `redlock_mux_client_lock_fenced`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_with`.
+ */
+redlock_mux_result redlock_mux_client_lock_fenced_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_fenced_lock **out);
+
+/**
+ * `redlock_mux_client_write_lock_fenced`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_with`.
+ */
+redlock_mux_result redlock_mux_client_write_lock_fenced_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_fenced_write_lock **out);
+
+/**
+ * Rebuilds the handle of a mutex on the `key_len` bytes at `key` that another process (or an
+ * earlier run of this one) took with the `token_len` bytes at `token` (what
+ * `redlock_mux_lock_token` gave it), and extends it to `ttl_ms`. It succeeds only if a quorum
+ * still holds the key with that token; the validity is measured from this check.
+ * `REDLOCK_MUX_CONTENDED` when too few nodes hold it (it expired, or passed to someone
+ * else); nothing is released then. A token that is not `REDLOCK_MUX_TOKEN_LEN` lowercase hex
+ * characters gives `REDLOCK_MUX_INVALID_ARGUMENT` before anything is sent.
+ *
+ * Safety caveat: a token is a capability. Resume only a lock whose original holder has
+ * stopped using it; otherwise both believe they hold it. A fenced mutex is resumed as a
+ * plain one (its fencing token is not recovered).
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `token` is NULL or points to `token_len` readable bytes; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_resume_lock(const redlock_mux_client *client, const uint8_t *key, size_t key_len, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_lock **out);
+
+/**
+ * Rebuilds the handle of a read lock held with a token (see `redlock_mux_client_resume_lock`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_resume_lock`.
+ */
+redlock_mux_result redlock_mux_client_resume_read_lock(const redlock_mux_client *client, const uint8_t *key, size_t key_len, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_read_lock **out);
+
+/**
+ * Rebuilds the handle of a write lock (fenced or not) held with a token (see
+ * `redlock_mux_client_resume_lock`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_resume_lock`.
+ */
+redlock_mux_result redlock_mux_client_resume_write_lock(const redlock_mux_client *client, const uint8_t *key, size_t key_len, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_write_lock **out);
+
+/**
+ * Rebuilds the handle of an all-or-none lock on `count` keys held with a token (see
+ * `redlock_mux_client_resume_lock`); the keys are given and checked as for
+ * `redlock_mux_client_lock_all`.
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_all`; `token` is NULL or points to `token_len` readable
+ * bytes.
+ */
+redlock_mux_result redlock_mux_client_resume_lock_all(const redlock_mux_client *client, const uint8_t *const *keys, const size_t *key_lens, size_t count, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_multi_lock **out);
+
+/**
+ * Writes to `*out` what the client's locks have been doing since it was built (shared with
+ * every lock taken through it): acquisition rounds won, contended and unreachable per lock
+ * kind, wake-ups, retries and cancellations, and how many nodes `redlock_mux_client_node_stats`
+ * can tell of. Each counter is exact; counters read while other threads lock are not all of
+ * one instant.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_stats(const redlock_mux_client *client, redlock_mux_stats *out);
+
+/**
+ * Writes to `*out` the failures and reply latency of node `node` (0 to `node_count - 1`, in
+ * the order the nodes were added). `REDLOCK_MUX_INVALID_ARGUMENT` for a node the client does
+ * not have.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_node_stats(const redlock_mux_client *client, size_t node, redlock_mux_node_stats *out);
 
 #ifdef __cplusplus
 }  // extern "C"

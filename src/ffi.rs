@@ -4,9 +4,9 @@
 //!
 //! - **Handles are opaque.** `redlock_mux_client_builder`, `redlock_mux_client` and the lock
 //!   handles (`redlock_mux_lock`, `_read_lock`, `_write_lock`, `_multi_lock`, `_fenced_lock`,
-//!   `_fenced_write_lock`, `_kept_lock`) are only ever seen through pointers. Each one made by
-//!   a `_new`, `_build` or lock function is owned by the caller and freed with the matching
-//!   `_free`, which accepts NULL. Freeing twice, or using a handle after freeing it, is
+//!   `_fenced_write_lock`, `_kept_lock`) and `redlock_mux_cancel` are only ever seen through
+//!   pointers. Each one made by a `_new`, `_build` or lock function is owned by the caller and
+//!   freed with the matching `_free`, which accepts NULL. Freeing twice, or using a handle after freeing it, is
 //!   undefined behaviour.
 //! - **Results are numbered.** Every fallible function returns a `redlock_mux_result`, whose
 //!   values are fixed forever. `redlock_mux_result_text` names a code;
@@ -26,7 +26,8 @@
 //! Thread safety: a `redlock_mux_client` may be used from any number of threads at once, and
 //! threads that lock at the same time do not wait on each other. A `redlock_mux_lock` or a
 //! `redlock_mux_client_builder` may move between threads but must not be used by two threads at
-//! once. A lock keeps what it needs of its client alive: the client may be freed before the
+//! once. A `redlock_mux_cancel` may be used from any number of threads at once: that is what it
+//! is for. A lock keeps what it needs of its client alive: the client may be freed before the
 //! locks taken through it. A kept lock is extended by the client's keeper thread, one per
 //! client, which also runs the lost-lock callbacks.
 
@@ -47,9 +48,9 @@ use std::time::Duration;
 
 use crate::kind::{Fenced, Kind, OneKey};
 use crate::{
-    Client, ClientBuilder, Deadline, Error, FencedLock, FencedWriteLock, Guard, InvalidArgument,
-    KeepAlive, KeptLock, Lock, MultiLock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN,
-    MAX_LOCK_ALL_KEYS,
+    Acquire, Cancel, Client, ClientBuilder, Deadline, Error, FencedLock, FencedWriteLock, Guard,
+    InvalidArgument, KeepAlive, KeptLock, Lock, MultiLock, NodeStats, ReadLock, RoundStats,
+    RwPolicy, WriteLock, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS,
 };
 
 /// Every result a function of this API returns. The numbers never change; new results get new
@@ -907,14 +908,17 @@ fn held<T>(slot: &Option<T>) -> Result<&T, Failure> {
 ///
 /// # Safety
 /// As for `redlock_mux_client_lock`.
-unsafe fn acquire<H: Handle>(
+unsafe fn acquire<H: Handle, E>(
     client: *const redlock_mux_client,
     key: *const u8,
     key_len: usize,
     ttl_ms: u64,
     out: *mut *mut H,
-    take: impl FnOnce(&Client, &[u8], Duration) -> Result<H::Lock, Error>,
-) -> redlock_mux_result {
+    take: impl FnOnce(&Client, &[u8], Duration) -> Result<H::Lock, E>,
+) -> redlock_mux_result
+where
+    Failure: From<E>,
+{
     boundary(|| {
         // SAFETY: forwarded caller promises.
         let (handle, key, out) = unsafe {
@@ -1708,19 +1712,23 @@ unsafe fn arg_keys<'a>(
         .collect()
 }
 
-/// The shared body of the two all-or-none acquisitions.
+/// The shared body of every all-or-none acquisition: checks the arguments, runs `take`, hands
+/// back the new handle.
 ///
 /// # Safety
 /// As for `redlock_mux_client_lock_all`.
-unsafe fn lock_all_with(
+unsafe fn acquire_all<E>(
     client: *const redlock_mux_client,
     keys: *const *const u8,
     key_lens: *const usize,
     count: usize,
     ttl_ms: u64,
     out: *mut *mut redlock_mux_multi_lock,
-    wait: bool,
-) -> redlock_mux_result {
+    take: impl FnOnce(&Client, Vec<&[u8]>, Duration) -> Result<MultiLock, E>,
+) -> redlock_mux_result
+where
+    Failure: From<E>,
+{
     boundary(|| {
         // SAFETY: forwarded caller promises.
         let (handle, keys, out) = unsafe {
@@ -1730,11 +1738,7 @@ unsafe fn lock_all_with(
                 Out::new(out, "out")?,
             )
         };
-        let lock = if wait {
-            handle.client.lock_all(keys, millis(ttl_ms))
-        } else {
-            handle.client.try_lock_all(keys, millis(ttl_ms))
-        }?;
+        let lock = take(&handle.client, keys, millis(ttl_ms))?;
         out.write(into_handle(redlock_mux_multi_lock::new(lock)));
         Ok(())
     })
@@ -1762,7 +1766,11 @@ pub unsafe extern "C" fn redlock_mux_client_try_lock_all(
     out: *mut *mut redlock_mux_multi_lock,
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
-    unsafe { lock_all_with(client, keys, key_lens, count, ttl_ms, out, false) }
+    unsafe {
+        acquire_all(client, keys, key_lens, count, ttl_ms, out, |c, k, t| {
+            c.try_lock_all(k, t)
+        })
+    }
 }
 
 /// Locks every one of `count` keys for `ttl_ms` milliseconds, or none of them, waiting as the
@@ -1783,7 +1791,11 @@ pub unsafe extern "C" fn redlock_mux_client_lock_all(
     out: *mut *mut redlock_mux_multi_lock,
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
-    unsafe { lock_all_with(client, keys, key_lens, count, ttl_ms, out, true) }
+    unsafe {
+        acquire_all(client, keys, key_lens, count, ttl_ms, out, |c, k, t| {
+            c.lock_all(k, t)
+        })
+    }
 }
 
 /// Like `redlock_mux_lock_extend`, for a set: resets the TTL of every key on every node that
@@ -2497,6 +2509,558 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_release(
 pub unsafe extern "C" fn redlock_mux_kept_lock_free(kept: *mut redlock_mux_kept_lock) {
     // SAFETY: forwarded caller promise.
     boundary_void(|| unsafe { free_handle(kept) })
+}
+
+// Cancellation, per-call options, resume and statistics.
+
+/// Cancels waiting acquisitions, from any thread. Made by `redlock_mux_cancel_new`, freed by
+/// `redlock_mux_cancel_free`. Given to calls through `redlock_mux_acquire_options.cancel`.
+pub struct redlock_mux_cancel {
+    cancel: Cancel,
+}
+
+/// `redlock_mux_acquire_options.set`: `timeout_ms` replaces the client's wait timeout.
+pub const REDLOCK_MUX_ACQUIRE_TIMEOUT: u32 = 1;
+/// `redlock_mux_acquire_options.set`: `retries` replaces the client's retry count.
+pub const REDLOCK_MUX_ACQUIRE_RETRIES: u32 = 2;
+
+/// How one waiting acquisition (a `_with` function) waits, in place of the client's settings.
+/// A zeroed struct (`redlock_mux_acquire_options opts = {0};`) keeps every client setting and
+/// has no cancel handle.
+#[repr(C)]
+pub struct redlock_mux_acquire_options {
+    /// Which of `timeout_ms` and `retries` are given: `REDLOCK_MUX_ACQUIRE_TIMEOUT` and
+    /// `REDLOCK_MUX_ACQUIRE_RETRIES`, or'ed; the others keep the client's setting. Any other
+    /// bit gives `REDLOCK_MUX_INVALID_ARGUMENT`.
+    pub set: u32,
+    /// How many retries may follow a retry delay in which no release was announced;
+    /// `UINT32_MAX` means no limit.
+    pub retries: u32,
+    /// The longest the call waits in all, in milliseconds: no attempt starts after it. 0 makes
+    /// one attempt; at most a day. A deadline shared by several calls is the time left to it,
+    /// computed by the caller before each call.
+    pub timeout_ms: u64,
+    /// NULL, or a cancel handle: `redlock_mux_cancel_cancel` ends the call with
+    /// `REDLOCK_MUX_CANCELLED`. The handle must stay alive until the call has read it (it may
+    /// be freed once the call has returned).
+    pub cancel: *const redlock_mux_cancel,
+}
+
+/// How the acquisition rounds of one lock kind ended.
+#[repr(C)]
+pub struct redlock_mux_round_stats {
+    /// Won on a quorum within the validity.
+    pub won: u64,
+    /// Lost because the lock was held elsewhere.
+    pub contended: u64,
+    /// Lost for any other reason (too many nodes failed, the validity ran out, misconfigured
+    /// nodes).
+    pub unreachable: u64,
+}
+
+/// What a client's locks have been doing since it was built: `redlock_mux_client_stats`.
+#[repr(C)]
+pub struct redlock_mux_stats {
+    /// Acquisition rounds of mutexes.
+    pub mutex: redlock_mux_round_stats,
+    /// Acquisition rounds of read locks.
+    pub read: redlock_mux_round_stats,
+    /// Acquisition rounds of write locks.
+    pub write: redlock_mux_round_stats,
+    /// Acquisition rounds of all-or-none locks.
+    pub all: redlock_mux_round_stats,
+    /// Acquisition rounds of fenced mutexes.
+    pub fenced_mutex: redlock_mux_round_stats,
+    /// Acquisition rounds of fenced write locks.
+    pub fenced_write: redlock_mux_round_stats,
+    /// Release announcements that woke a waiter for a retry.
+    pub wakeups: u64,
+    /// Attempts after an acquisition's first.
+    pub retries: u64,
+    /// Acquisitions that ended with `REDLOCK_MUX_CANCELLED`.
+    pub cancellations: u64,
+    /// How many nodes the client has: `redlock_mux_client_node_stats` takes 0 to
+    /// `node_count - 1`.
+    pub node_count: usize,
+}
+
+/// One node's failures and reply latency: `redlock_mux_client_node_stats`.
+#[repr(C)]
+pub struct redlock_mux_node_stats {
+    /// Failures in rounds (acquire, extend, release): no reply within the node timeout.
+    pub timeout_failures: u64,
+    /// ... the connection could not be made.
+    pub connect_failures: u64,
+    /// ... the node failed recently and was skipped during its reconnect backoff.
+    pub backoff_failures: u64,
+    /// ... the connection broke.
+    pub io_failures: u64,
+    /// ... the node sent bytes that are not valid RESP2.
+    pub protocol_failures: u64,
+    /// ... an error reply from the server.
+    pub server_failures: u64,
+    /// ... a well-formed reply that was not one of the expected ones.
+    pub unexpected_reply_failures: u64,
+    /// ... the node refused the connection setup (AUTH, SELECT).
+    pub setup_failures: u64,
+    /// How many of the node's latest replies the percentiles are taken over (at most 128);
+    /// 0 before any reply, and then both percentiles are 0.
+    pub latency_samples: u64,
+    /// The median time from a round's start to this node's reply, in microseconds.
+    pub latency_p50_us: u64,
+    /// The 99th percentile of the same, in microseconds.
+    pub latency_p99_us: u64,
+}
+
+/// Makes a cancel handle, not cancelled yet, and writes it to `*out`. Free it with
+/// `redlock_mux_cancel_free`. One handle may be given to many calls, on many threads.
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_cancel_new(
+    out: *mut *mut redlock_mux_cancel,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        let out = unsafe { Out::new(out, "out")? };
+        out.write(into_handle(redlock_mux_cancel {
+            cancel: Cancel::new(),
+        }));
+        Ok(())
+    })
+}
+
+/// Cancels every waiting acquisition given this handle, now and later: each returns
+/// `REDLOCK_MUX_CANCELLED` at once, wherever it is (before its first attempt, with an attempt
+/// in flight, parked waiting for a release or a retry, in a fair queue), and what it had on
+/// the nodes is undone. A call that already won keeps its lock. Returns at once. May be called
+/// from any thread, while other threads wait with the handle.
+///
+/// # Safety
+/// `cancel` is NULL or a live cancel handle.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_cancel_cancel(
+    cancel: *const redlock_mux_cancel,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        unsafe { arg_ref(cancel, "cancel")? }.cancel.cancel();
+        Ok(())
+    })
+}
+
+/// Writes 1 to `*out` if `redlock_mux_cancel_cancel` was called on the handle, else 0.
+///
+/// # Safety
+/// `cancel` is NULL or a live cancel handle; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_cancel_is_cancelled(
+    cancel: *const redlock_mux_cancel,
+    out: *mut u8,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (cancel, out) = unsafe { (arg_ref(cancel, "cancel")?, Out::new(out, "out")?) };
+        out.write(u8::from(cancel.cancel.is_cancelled()));
+        Ok(())
+    })
+}
+
+/// Frees a cancel handle. NULL is a no-op. Calls that were given it and have returned are not
+/// affected; free it only once no call that was given it is still starting.
+///
+/// # Safety
+/// `cancel` is NULL or a cancel handle not yet freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_cancel_free(cancel: *mut redlock_mux_cancel) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(cancel) })
+}
+
+/// The options at `options`, checked, as the Rust API takes them.
+///
+/// # Safety
+/// `options` is NULL or points to a readable struct whose `cancel` is NULL or a live handle.
+unsafe fn arg_options(options: *const redlock_mux_acquire_options) -> Result<Acquire, Failure> {
+    // SAFETY: forwarded caller promise.
+    let o = unsafe { arg_ref(options, "options")? };
+    let known = REDLOCK_MUX_ACQUIRE_TIMEOUT | REDLOCK_MUX_ACQUIRE_RETRIES;
+    if o.set & !known != 0 {
+        return Err(Failure::new(
+            REDLOCK_MUX_INVALID_ARGUMENT,
+            format!(
+                "invalid argument: `options.set` has unknown bits {:#x}",
+                o.set & !known
+            ),
+        ));
+    }
+    let mut acquire = Acquire::new();
+    if o.set & REDLOCK_MUX_ACQUIRE_TIMEOUT != 0 {
+        acquire = acquire.timeout(millis(o.timeout_ms));
+    }
+    if o.set & REDLOCK_MUX_ACQUIRE_RETRIES != 0 {
+        acquire = acquire.retries(o.retries);
+    }
+    // SAFETY: forwarded caller promise; NULL means no handle.
+    if let Some(cancel) = unsafe { o.cancel.as_ref() } {
+        acquire = acquire.cancel(&cancel.cancel);
+    }
+    Ok(acquire)
+}
+
+/// Runs a `_with` call's `f` with the options at `options`.
+///
+/// # Safety
+/// As for `arg_options`.
+unsafe fn with_options<L>(
+    options: *const redlock_mux_acquire_options,
+    f: impl FnOnce(&Acquire) -> Result<L, Error>,
+) -> Result<L, Failure> {
+    // SAFETY: forwarded caller promise.
+    let options = unsafe { arg_options(options)? };
+    Ok(f(&options)?)
+}
+
+/// Runs a `_resume` call's `f` with the `token_len` bytes at `token`.
+///
+/// # Safety
+/// `token` is NULL or points to `token_len` readable bytes.
+unsafe fn with_token<L>(
+    token: *const u8,
+    token_len: usize,
+    f: impl FnOnce(&[u8]) -> Result<L, Error>,
+) -> Result<L, Failure> {
+    // SAFETY: forwarded caller promise.
+    let token = unsafe { arg_bytes(token, token_len, "token")? };
+    Ok(f(token)?)
+}
+
+/// `redlock_mux_client_lock`, waiting as `*options` says: its timeout, its retry count and its
+/// cancel handle, in place of the client's settings. `REDLOCK_MUX_CANCELLED` when the handle
+/// was cancelled before the lock was won; a wait that ends reports its last attempt, as
+/// `redlock_mux_client_lock` does. `options` must not be NULL.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `options` is NULL or readable, its `cancel` NULL or a live handle; `out` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_lock_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.lock_with(k, t, o))
+        })
+    }
+}
+
+/// `redlock_mux_client_read_lock`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_with`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_read_lock_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_read_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.read_lock_with(k, t, o))
+        })
+    }
+}
+
+/// `redlock_mux_client_write_lock`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_with`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_write_lock_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.write_lock_with(k, t, o))
+        })
+    }
+}
+
+/// `redlock_mux_client_lock_all`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_all`; `options` is NULL or readable, its `cancel` NULL or a
+/// live handle.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_lock_all_with(
+    client: *const redlock_mux_client,
+    keys: *const *const u8,
+    key_lens: *const usize,
+    count: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_multi_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire_all(client, keys, key_lens, count, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.lock_all_with(k, t, o))
+        })
+    }
+}
+
+/// `redlock_mux_client_lock_fenced`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_with`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_lock_fenced_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_fenced_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.lock_fenced_with(k, t, o))
+        })
+    }
+}
+
+/// `redlock_mux_client_write_lock_fenced`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_with`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_write_lock_fenced_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.write_lock_fenced_with(k, t, o))
+        })
+    }
+}
+
+/// Rebuilds the handle of a mutex on the `key_len` bytes at `key` that another process (or an
+/// earlier run of this one) took with the `token_len` bytes at `token` (what
+/// `redlock_mux_lock_token` gave it), and extends it to `ttl_ms`. It succeeds only if a quorum
+/// still holds the key with that token; the validity is measured from this check.
+/// `REDLOCK_MUX_CONTENDED` when too few nodes hold it (it expired, or passed to someone
+/// else); nothing is released then. A token that is not `REDLOCK_MUX_TOKEN_LEN` lowercase hex
+/// characters gives `REDLOCK_MUX_INVALID_ARGUMENT` before anything is sent.
+///
+/// Safety caveat: a token is a capability. Resume only a lock whose original holder has
+/// stopped using it; otherwise both believe they hold it. A fenced mutex is resumed as a
+/// plain one (its fencing token is not recovered).
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `token` is NULL or points to `token_len` readable bytes; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_resume_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    token: *const u8,
+    token_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_token(token, token_len, |tok| c.resume_lock(k, tok, t))
+        })
+    }
+}
+
+/// Rebuilds the handle of a read lock held with a token (see `redlock_mux_client_resume_lock`).
+///
+/// # Safety
+/// As for `redlock_mux_client_resume_lock`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_resume_read_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    token: *const u8,
+    token_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_read_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_token(token, token_len, |tok| c.resume_read_lock(k, tok, t))
+        })
+    }
+}
+
+/// Rebuilds the handle of a write lock (fenced or not) held with a token (see
+/// `redlock_mux_client_resume_lock`).
+///
+/// # Safety
+/// As for `redlock_mux_client_resume_lock`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_resume_write_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    token: *const u8,
+    token_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_token(token, token_len, |tok| c.resume_write_lock(k, tok, t))
+        })
+    }
+}
+
+/// Rebuilds the handle of an all-or-none lock on `count` keys held with a token (see
+/// `redlock_mux_client_resume_lock`); the keys are given and checked as for
+/// `redlock_mux_client_lock_all`.
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_all`; `token` is NULL or points to `token_len` readable
+/// bytes.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_resume_lock_all(
+    client: *const redlock_mux_client,
+    keys: *const *const u8,
+    key_lens: *const usize,
+    count: usize,
+    token: *const u8,
+    token_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_multi_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire_all(client, keys, key_lens, count, ttl_ms, out, |c, k, t| {
+            with_token(token, token_len, |tok| c.resume_lock_all(k, tok, t))
+        })
+    }
+}
+
+fn round_stats(r: &RoundStats) -> redlock_mux_round_stats {
+    redlock_mux_round_stats {
+        won: r.won,
+        contended: r.contended,
+        unreachable: r.unreachable,
+    }
+}
+
+/// Writes to `*out` what the client's locks have been doing since it was built (shared with
+/// every lock taken through it): acquisition rounds won, contended and unreachable per lock
+/// kind, wake-ups, retries and cancellations, and how many nodes `redlock_mux_client_node_stats`
+/// can tell of. Each counter is exact; counters read while other threads lock are not all of
+/// one instant.
+///
+/// # Safety
+/// `client` is NULL or a live client; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_stats(
+    client: *const redlock_mux_client,
+    out: *mut redlock_mux_stats,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(client, "client")?, Out::new(out, "out")?) };
+        let s = handle.client.stats();
+        out.write(redlock_mux_stats {
+            mutex: round_stats(&s.kinds.mutex),
+            read: round_stats(&s.kinds.read),
+            write: round_stats(&s.kinds.write),
+            all: round_stats(&s.kinds.all),
+            fenced_mutex: round_stats(&s.kinds.fenced_mutex),
+            fenced_write: round_stats(&s.kinds.fenced_write),
+            wakeups: s.wakeups,
+            retries: s.retries,
+            cancellations: s.cancellations,
+            node_count: s.nodes.len(),
+        });
+        Ok(())
+    })
+}
+
+/// Writes to `*out` the failures and reply latency of node `node` (0 to `node_count - 1`, in
+/// the order the nodes were added). `REDLOCK_MUX_INVALID_ARGUMENT` for a node the client does
+/// not have.
+///
+/// # Safety
+/// `client` is NULL or a live client; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_node_stats(
+    client: *const redlock_mux_client,
+    node: usize,
+    out: *mut redlock_mux_node_stats,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(client, "client")?, Out::new(out, "out")?) };
+        let nodes = handle.client.stats().nodes;
+        let n: &NodeStats = nodes.get(node).ok_or_else(|| {
+            Failure::new(
+                REDLOCK_MUX_INVALID_ARGUMENT,
+                format!(
+                    "invalid argument: node {node} is not one of the client's {} nodes",
+                    nodes.len()
+                ),
+            )
+        })?;
+        let micros = |d: Option<Duration>| d.map_or(0, |d| d.as_micros() as u64);
+        let f = &n.failures;
+        out.write(redlock_mux_node_stats {
+            timeout_failures: f.timeout,
+            connect_failures: f.connect,
+            backoff_failures: f.backoff,
+            io_failures: f.io,
+            protocol_failures: f.protocol,
+            server_failures: f.server,
+            unexpected_reply_failures: f.unexpected_reply,
+            setup_failures: f.setup,
+            latency_samples: n.latency_samples as u64,
+            latency_p50_us: micros(n.latency_p50),
+            latency_p99_us: micros(n.latency_p99),
+        });
+        Ok(())
+    })
 }
 
 #[cfg(test)]

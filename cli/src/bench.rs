@@ -348,7 +348,6 @@ fn bench_mutex(urls: &[String], iters: usize, progress: &Progress) -> Result<Mut
 fn stats_json(s: &redlock_mux::Stats) -> serde_json::Value {
     let rounds = |r: &redlock_mux::RoundStats| json!({"won": r.won, "contended": r.contended, "unreachable": r.unreachable});
     let k = &s.kinds;
-    let us = |d: Option<Duration>| d.map(|d| d.as_micros() as u64);
     json!({
         "rounds": {
             "mutex": rounds(&k.mutex),
@@ -358,22 +357,26 @@ fn stats_json(s: &redlock_mux::Stats) -> serde_json::Value {
             "fenced_mutex": rounds(&k.fenced_mutex),
             "fenced_write": rounds(&k.fenced_write),
         },
-        "nodes": s.nodes.iter().map(|n| {
-            let f = &n.failures;
-            json!({
-                "latency_p50_us": us(n.latency_p50),
-                "latency_p99_us": us(n.latency_p99),
-                "latency_samples": n.latency_samples,
-                "failures": {
-                    "timeout": f.timeout, "connect": f.connect, "backoff": f.backoff,
-                    "io": f.io, "protocol": f.protocol, "server": f.server,
-                    "unexpected_reply": f.unexpected_reply, "setup": f.setup,
-                },
-            })
-        }).collect::<Vec<_>>(),
+        "nodes": s.nodes.iter().map(node_stats_json).collect::<Vec<_>>(),
         "wakeups": s.wakeups,
         "retries": s.retries,
         "cancellations": s.cancellations,
+    })
+}
+
+/// One node's statistics ([`redlock_mux::NodeStats`]) as JSON: reply latency and failures.
+pub(crate) fn node_stats_json(n: &redlock_mux::NodeStats) -> serde_json::Value {
+    let us = |d: Option<Duration>| d.map(|d| d.as_micros() as u64);
+    let f = &n.failures;
+    json!({
+        "latency_p50_us": us(n.latency_p50),
+        "latency_p99_us": us(n.latency_p99),
+        "latency_samples": n.latency_samples,
+        "failures": {
+            "timeout": f.timeout, "connect": f.connect, "backoff": f.backoff,
+            "io": f.io, "protocol": f.protocol, "server": f.server,
+            "unexpected_reply": f.unexpected_reply, "setup": f.setup,
+        },
     })
 }
 

@@ -7,12 +7,22 @@
 //!
 //! URLs are read by the library's parser ([`redlock_mux::NodeUrl`]) and shown without their
 //! passwords.
+//!
+//! It also shows how each node looks to the library: for each node it builds a one-node
+//! [`Client`], sends [`PROBE_ROUNDS`] probe rounds through it and prints that client's
+//! statistics ([`Client::stats`]): the node's reply latency and failures. One client per node,
+//! because a round over all the nodes returns at the quorum and would never time the slowest
+//! node; a one-node round waits for its node's reply. A probe is [`Client::resume_lock`] of
+//! [`PROBE_KEY`] with [`PROBE_TOKEN`]: an extend round that renews the key only where it holds
+//! that token. No grant ever carries an all-zero token (tokens are 160 random bits), so the
+//! node refuses and nothing is written: the probe cannot disturb anyone's locks, not even on
+//! the key inspected, and needs no cleanup.
 
 use std::io::{self, Write};
 use std::time::Duration;
 
 use redlock_mux::resp::Value;
-use redlock_mux::{KeyNames as Names, NodeUrl};
+use redlock_mux::{Client, Error, KeyNames as Names, NodeStats, NodeUrl};
 use serde_json::json;
 
 use crate::args::{self, usage};
@@ -26,7 +36,10 @@ Usage: redlock-mux inspect [OPTIONS] KEY
 Shows, for each node, whether it is reachable, the prefix of the mutex
 holder's token and of the read-write lock's writer's token with their PTTL,
 the readers and waiting writers (write intents) with their remaining ms, and
-the length of the fair queues. It ends with a summary over the quorum.
+the length of the fair queues. It ends with a summary over the quorum, and
+what the library sees of each node: the reply latency (p50, p99) and the
+failures of a few probe rounds sent through a library client. A probe
+checks a token no lock has, on a key of its own, so nothing is written.
 Passwords in node URLs are shown as ***.
 
 Options:
@@ -107,12 +120,28 @@ enum SlotSummary<'a> {
     Free,
 }
 
+/// The key the probe rounds check: its own, so that no user's lock is touched.
+pub const PROBE_KEY: &str = "redlock-mux:inspect:probe";
+/// The token the probe rounds check for: a token's shape, but no grant ever has it.
+pub const PROBE_TOKEN: &str = "0000000000000000000000000000000000000000";
+/// How many probe rounds go to each node: a few, for a median and a 99th percentile.
+pub const PROBE_ROUNDS: usize = 3;
+
+/// What the probe rounds through one node's library client showed.
+struct Probe {
+    /// The node's statistics in its client after the rounds, or why no client was built.
+    stats: Result<NodeStats, Error>,
+    /// Rounds the node answered (refused, as expected).
+    answered: usize,
+}
+
 /// Everything `inspect` found.
 struct Report {
     key: String,
     urls: Vec<NodeUrl>,
     states: Vec<Result<Node, Failure>>,
     quorum: usize,
+    probes: Vec<Probe>,
 }
 
 /// Entry point of `redlock-mux inspect`.
@@ -133,7 +162,8 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         }
     }
     let key = key.ok_or_else(|| usage!("no KEY given"))?;
-    let urls = args::nodes(nodes)?
+    let raw = args::nodes(nodes)?;
+    let urls = raw
         .iter()
         .map(|url| NodeUrl::parse(url).map_err(|e| usage!("{e}")))
         .collect::<Result<Vec<_>, _>>()?;
@@ -144,6 +174,7 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
     let states = urls.iter().map(|url| probe(url, &names, timeout)).collect();
     let report = Report {
         quorum: urls.len() / 2 + 1,
+        probes: raw.iter().map(|url| probe_client(url, timeout)).collect(),
         key,
         urls,
         states,
@@ -205,7 +236,7 @@ impl Report {
         )?;
         if up.len() < quorum {
             writeln!(out, "  unknown: fewer than a quorum of nodes answered")?;
-            return Ok(());
+            return self.probe_text(out);
         }
         for (name, get) in [
             ("mutex:  ", mutex_of as fn(&Node) -> &Slot),
@@ -244,7 +275,60 @@ impl Report {
         writeln!(
             out,
             "  queue:   {agreed} waiting on a quorum (longest {longest})"
-        )
+        )?;
+        self.probe_text(out)
+    }
+
+    /// Each node as the library sees it, after the probe rounds.
+    fn probe_text(&self, out: &mut impl Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "library client: {PROBE_ROUNDS} probe rounds per node (nothing written)"
+        )?;
+        for (i, probe) in self.probes.iter().enumerate() {
+            let node = match &probe.stats {
+                Ok(node) => node,
+                Err(e) => {
+                    writeln!(out, "  node {i}  no client: {e}")?;
+                    continue;
+                }
+            };
+            let ms = |d: Option<Duration>| {
+                d.map_or("-".to_owned(), |d| {
+                    format!("{:.3}ms", d.as_secs_f64() * 1e3)
+                })
+            };
+            let f = &node.failures;
+            let mut failures = String::new();
+            for (name, count) in [
+                ("timeout", f.timeout),
+                ("connect", f.connect),
+                ("backoff", f.backoff),
+                ("io", f.io),
+                ("protocol", f.protocol),
+                ("server", f.server),
+                ("unexpected-reply", f.unexpected_reply),
+                ("setup", f.setup),
+            ] {
+                if count > 0 {
+                    failures.push_str(&format!(" {name} {count}"));
+                }
+            }
+            writeln!(
+                out,
+                "  node {i}  latency p50 {} p99 {} over {} replies, {} failures{}",
+                ms(node.latency_p50),
+                ms(node.latency_p99),
+                node.latency_samples,
+                f.total(),
+                if failures.is_empty() {
+                    String::new()
+                } else {
+                    format!(":{failures}")
+                }
+            )?;
+        }
+        Ok(())
     }
 
     fn json(&self, code: i32) -> serde_json::Value {
@@ -305,8 +389,55 @@ impl Report {
             "quorum": self.quorum,
             "reachable": up.len(),
             "summary": summary,
+            "client": json!({
+                "probe_rounds": PROBE_ROUNDS,
+                "nodes": self.probes.iter().enumerate().map(|(i, p)| match &p.stats {
+                    Ok(stats) => {
+                        let mut node = crate::bench::node_stats_json(stats);
+                        node["node"] = json!(i);
+                        node["answered"] = json!(p.answered);
+                        node
+                    }
+                    Err(e) => json!({ "node": i, "error": e.to_string() }),
+                }).collect::<Vec<_>>(),
+            }),
             "exit_status": code,
         })
+    }
+}
+
+/// Builds a one-node library client for `url` and sends the probe rounds through it (see the
+/// module's documentation).
+fn probe_client(url: &str, timeout: Duration) -> Probe {
+    let client = Client::builder()
+        .nodes([url])
+        .node_timeout(timeout)
+        .connect_timeout(timeout)
+        .build();
+    let client = match client {
+        Ok(client) => client,
+        Err(e) => {
+            return Probe {
+                stats: Err(e),
+                answered: 0,
+            }
+        }
+    };
+    let mut answered = 0;
+    for _ in 0..PROBE_ROUNDS {
+        match client.resume_lock(PROBE_KEY, PROBE_TOKEN, Duration::from_millis(100)) {
+            Err(Error::Contended { .. }) => answered += 1,
+            // Only if someone took the probe key with the all-zero token, which the library
+            // never does: give it back.
+            Ok(lock) => {
+                let _ = lock.release();
+            }
+            Err(_) => {}
+        }
+    }
+    Probe {
+        stats: Ok(client.stats().nodes.swap_remove(0)),
+        answered,
     }
 }
 

@@ -168,6 +168,11 @@ fn inspect_json_has_every_node_and_the_summary() {
     assert_eq!(summary["writer"]["state"], "free");
     assert_eq!(summary["readers"].as_array().unwrap().len(), 1);
     assert_eq!(summary["queue"], 0);
+    // The library's view: every node answered every probe round.
+    for node in report["client"]["nodes"].as_array().expect("nodes") {
+        assert_eq!(node["answered"], 3, "{node}");
+        assert_eq!(node["latency_samples"], 3, "{node}");
+    }
     lock.release().expect("release");
     reader.release().expect("release");
 
@@ -178,4 +183,70 @@ fn inspect_json_has_every_node_and_the_summary() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(report["nodes"][0]["state"], "unreachable");
     assert!(report["summary"].is_null());
+    assert_eq!(report["client"]["nodes"][0]["answered"], 0);
+}
+
+#[test]
+fn inspect_shows_the_library_clients_latency_and_failures_per_node() {
+    // Two Redis servers and a node that is down; a lock is held on the key inspected.
+    let cluster = RedisCluster::start(2).expect("redis-server");
+    let holder = client(&cluster);
+    let lock = holder.lock(KEY, Duration::from_secs(30)).expect("lock");
+    let nodes = format!("{},127.0.0.1:{}", cluster.urls().join(","), closed_port());
+
+    let out = inspect(&nodes, &["--json", "--timeout", "1s"]);
+    assert!(out.status.success(), "{}", both(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let probe = &report["client"];
+    assert_eq!(probe["probe_rounds"], 3, "{probe}");
+    let stats = probe["nodes"].as_array().expect("per-node stats");
+    assert_eq!(stats.len(), 3, "{probe}");
+    for up in &stats[..2] {
+        let p50 = up["latency_p50_us"]
+            .as_u64()
+            .expect("a p50 once the node answered");
+        let p99 = up["latency_p99_us"].as_u64().expect("a p99");
+        assert_eq!(up["answered"], 3, "{up}");
+        assert_eq!(up["latency_samples"], 3, "{up}");
+        assert!(p50 <= p99, "{up}");
+        assert_eq!(up["failures"]["timeout"], 0, "{up}");
+        assert_eq!(up["failures"]["connect"], 0, "{up}");
+    }
+    let down = &stats[2];
+    assert_eq!(down["answered"], 0, "{down}");
+    assert_eq!(down["latency_samples"], 0, "{down}");
+    assert!(down["latency_p50_us"].is_null(), "{down}");
+    let failed: u64 = down["failures"]
+        .as_object()
+        .expect("failures")
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert!(failed >= 1, "the down node shows no failure: {down}");
+
+    let out = inspect(&nodes, &["--timeout", "1s"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{}", both(&out));
+    assert!(
+        text.contains("library client: 3 probe rounds per node"),
+        "{text}"
+    );
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("node ") && l.contains("latency p50"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].contains("ms p99") && lines[0].contains(", 0 failures"),
+        "{text}"
+    );
+    assert!(lines[2].contains("latency p50 - p99 -"), "{text}");
+    assert!(!lines[2].contains(", 0 failures"), "{text}");
+
+    // The probes wrote nothing and left the inspected lock as it was.
+    for addr in cluster.addrs() {
+        assert_eq!(get(addr, KEY.as_bytes()), Some(lock.token().to_vec()));
+        assert_eq!(keys(addr), vec![KEY.as_bytes().to_vec()], "keys on {addr}");
+    }
+    lock.release().expect("release");
 }

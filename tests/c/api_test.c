@@ -2,7 +2,7 @@
  * Tests of the C API against real redis-server processes, whose URLs are the arguments.
  * Prints "N passed, 0 failed" and exits 0, or names the failing check and exits non-zero.
  */
-#define _POSIX_C_SOURCE 200809L /* nanosleep, inet_pton */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, inet_pton, clock_gettime */
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -32,7 +32,7 @@ static void test_static_text(void) {
           REDLOCK_MUX_INVALID_ARGUMENT == 2 && REDLOCK_MUX_CONTENDED == 3 &&
           REDLOCK_MUX_QUORUM_UNREACHABLE == 4 && REDLOCK_MUX_VALIDITY_EXPIRED == 5 &&
           REDLOCK_MUX_IO == 6 && REDLOCK_MUX_BUFFER_TOO_SMALL == 7 && REDLOCK_MUX_RELEASED == 8 &&
-          REDLOCK_MUX_PANIC == 9 && REDLOCK_MUX_CONFIG == 10);
+          REDLOCK_MUX_PANIC == 9 && REDLOCK_MUX_CONFIG == 10 && REDLOCK_MUX_CANCELLED == 11);
     CHECK(REDLOCK_MUX_DEADLINE_NONE == 0 && REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT == 1 &&
           REDLOCK_MUX_DEADLINE_RETRY_COUNT == 2 && REDLOCK_MUX_DEADLINE_VALIDITY == 3 &&
           REDLOCK_MUX_DEADLINE_NODE_TIMEOUT == 4);
@@ -1414,6 +1414,300 @@ static void test_failed_setters_keep_the_builder(int count, char **urls) {
     }
 }
 
+/* ---- Cancellation, per-call options, resume and statistics. ---- */
+
+static long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000 + t.tv_nsec / 1000000L;
+}
+
+struct waiting_lock {
+    redlock_mux_client *client;
+    const uint8_t *key;
+    size_t key_len;
+    redlock_mux_acquire_options options;
+    redlock_mux_result result;
+    redlock_mux_lock *lock;
+};
+
+static void *lock_with_options(void *arg) {
+    struct waiting_lock *w = arg;
+    w->result = redlock_mux_client_lock_with(w->client, w->key, w->key_len, 10000, &w->options,
+                                             &w->lock);
+    return NULL;
+}
+
+static void test_cancel_null_parameters(redlock_mux_client *client) {
+    redlock_mux_cancel *c = SENTINEL(redlock_mux_cancel, 0);
+    redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 1);
+    redlock_mux_acquire_options bad = {0};
+    redlock_mux_stats s;
+    redlock_mux_node_stats ns;
+    uint8_t yes = 7;
+
+    CHECK_RESULT(redlock_mux_cancel_new(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_cancel_cancel(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_cancel_is_cancelled(NULL, &yes), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_cancel_new(&c));
+    CHECK_RESULT(redlock_mux_cancel_is_cancelled(c, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(yes == 7);
+    CHECK_OK(redlock_mux_cancel_is_cancelled(c, &yes));
+    CHECK(yes == 0);
+    redlock_mux_cancel_free(c);
+    redlock_mux_cancel_free(NULL);
+
+    CHECK_RESULT(redlock_mux_client_lock_with(client, KEY, sizeof KEY, 1000, NULL, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(strstr(last_error(), "options") != NULL);
+    bad.set = 0x80;
+    CHECK_RESULT(redlock_mux_client_lock_with(client, KEY, sizeof KEY, 1000, &bad, &l),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    bad.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
+    bad.timeout_ms = 2ull * 24 * 3600 * 1000; /* two days */
+    CHECK_RESULT(redlock_mux_client_lock_with(client, KEY, sizeof KEY, 1000, &bad, &l),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_client_resume_lock(client, KEY, sizeof KEY, NULL, 40, 1000, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(l == SENTINEL(redlock_mux_lock, 1));
+    CHECK_RESULT(redlock_mux_client_stats(NULL, &s), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_stats(client, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_node_stats(NULL, 0, &ns), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_node_stats(client, 0, NULL), REDLOCK_MUX_NULL_PARAMETER);
+}
+
+/* A cancel from another thread ends a blocked acquire promptly, and the key is free as soon
+ * as its holder lets go: the cancelled waiter left nothing on the nodes. */
+static void test_cancel_from_another_thread(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-cancel";
+    const size_t len = sizeof key - 1;
+    redlock_mux_client *other = make_client(count, urls, 10000);
+    redlock_mux_lock *held = NULL, *after = NULL;
+    redlock_mux_cancel *cancel = NULL;
+    struct waiting_lock w;
+    pthread_t waiter;
+    long started;
+    uint8_t yes = 0;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 10000, &held));
+    CHECK_OK(redlock_mux_cancel_new(&cancel));
+    memset(&w, 0, sizeof w);
+    w.client = other;
+    w.key = key;
+    w.key_len = len;
+    w.options.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
+    w.options.timeout_ms = 10000;
+    w.options.cancel = cancel;
+    w.lock = SENTINEL(redlock_mux_lock, 0);
+    CHECK(pthread_create(&waiter, NULL, lock_with_options, &w) == 0);
+    sleep_ms(300);
+    started = now_ms();
+    CHECK_OK(redlock_mux_cancel_cancel(cancel));
+    CHECK(pthread_join(waiter, NULL) == 0);
+    /* Promptly: far less than the 10 s it would wait (generous for valgrind). */
+    CHECK(now_ms() - started < 2000);
+    CHECK(w.result == REDLOCK_MUX_CANCELLED);
+    CHECK(w.lock == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_cancel_is_cancelled(cancel, &yes));
+    CHECK(yes == 1);
+
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 10000, &after));
+    CHECK_OK(redlock_mux_lock_release(after));
+    redlock_mux_lock_free(after);
+    redlock_mux_cancel_free(cancel);
+    redlock_mux_client_free(other);
+}
+
+/* A handle already cancelled ends every waiting acquire of every kind at once, with nothing
+ * sent. */
+static void test_cancelled_before_the_first_attempt(redlock_mux_client *client) {
+    static const uint8_t key[] = "c-api-precancelled";
+    const uint8_t *keys[2] = {(const uint8_t *)"c-api-precancelled-a",
+                              (const uint8_t *)"c-api-precancelled-b"};
+    size_t lens[2] = {20, 20};
+    const size_t len = sizeof key - 1;
+    redlock_mux_cancel *cancel = NULL;
+    redlock_mux_acquire_options opts = {0};
+    redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_read_lock *r = SENTINEL(redlock_mux_read_lock, 0);
+    redlock_mux_write_lock *w = SENTINEL(redlock_mux_write_lock, 0);
+    redlock_mux_multi_lock *m = SENTINEL(redlock_mux_multi_lock, 0);
+    redlock_mux_fenced_lock *f = SENTINEL(redlock_mux_fenced_lock, 0);
+    redlock_mux_fenced_write_lock *fw = SENTINEL(redlock_mux_fenced_write_lock, 0);
+
+    CHECK_OK(redlock_mux_cancel_new(&cancel));
+    CHECK_OK(redlock_mux_cancel_cancel(cancel));
+    opts.cancel = cancel;
+    CHECK_RESULT(redlock_mux_client_lock_with(client, key, len, 1000, &opts, &l),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_read_lock_with(client, key, len, 1000, &opts, &r),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_write_lock_with(client, key, len, 1000, &opts, &w),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_lock_all_with(client, keys, lens, 2, 1000, &opts, &m),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_lock_fenced_with(client, key, len, 1000, &opts, &f),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced_with(client, key, len, 1000, &opts, &fw),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK(strstr(redlock_mux_result_text(REDLOCK_MUX_CANCELLED), "cancel") != NULL);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0) && r == SENTINEL(redlock_mux_read_lock, 0) &&
+          w == SENTINEL(redlock_mux_write_lock, 0) && m == SENTINEL(redlock_mux_multi_lock, 0) &&
+          f == SENTINEL(redlock_mux_fenced_lock, 0) &&
+          fw == SENTINEL(redlock_mux_fenced_write_lock, 0));
+    redlock_mux_cancel_free(cancel);
+
+    /* Without a cancel handle, a zeroed struct keeps the client's settings. */
+    opts.cancel = NULL;
+    l = NULL;
+    CHECK_OK(redlock_mux_client_lock_with(client, key, len, 1000, &opts, &l));
+    CHECK_OK(redlock_mux_lock_release(l));
+    redlock_mux_lock_free(l);
+}
+
+/* The client waits 10 s; a per-call timeout of 100 ms, or no retries, ends the wait early. */
+static void test_per_call_timeout(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-per-call";
+    const size_t len = sizeof key - 1;
+    redlock_mux_client *patient = make_client(count, urls, 10000);
+    redlock_mux_lock *held = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_acquire_options opts = {0};
+    long started;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 10000, &held));
+    opts.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
+    opts.timeout_ms = 100;
+    started = now_ms();
+    CHECK_RESULT(redlock_mux_client_lock_with(patient, key, len, 10000, &opts, &l),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(now_ms() - started < 3000);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    opts.set = REDLOCK_MUX_ACQUIRE_RETRIES;
+    opts.retries = 0;
+    started = now_ms();
+    CHECK_RESULT(redlock_mux_client_lock_with(patient, key, len, 10000, &opts, &l),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(now_ms() - started < 3000);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_RETRY_COUNT);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+    redlock_mux_client_free(patient);
+}
+
+/* A lock taken by one client is resumed by another from its key and token, extended and
+ * released. */
+static void test_resume(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-resume";
+    static const uint8_t bad_token[] = "not-a-token";
+    const size_t len = sizeof key - 1;
+    const uint8_t *keys[2] = {(const uint8_t *)"c-api-resume-a", (const uint8_t *)"c-api-resume-b"};
+    size_t lens[2] = {14, 14};
+    redlock_mux_client *other = make_client(count, urls, 2000);
+    redlock_mux_lock *first = NULL, *resumed = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_read_lock *rfirst = NULL, *rresumed = NULL;
+    redlock_mux_write_lock *wfirst = NULL, *wresumed = NULL;
+    redlock_mux_multi_lock *mfirst = NULL, *mresumed = NULL;
+    uint8_t token[REDLOCK_MUX_TOKEN_LEN], again[REDLOCK_MUX_TOKEN_LEN];
+    size_t n = 0;
+    uint64_t ms = 0;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 5000, &first));
+    CHECK_OK(redlock_mux_lock_token(first, token, sizeof token, &n));
+    CHECK_RESULT(redlock_mux_client_resume_lock(other, key, len, bad_token, sizeof bad_token - 1,
+                                                5000, &l),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_client_resume_lock(other, key, len, token, n, 20000, &resumed));
+    CHECK_OK(redlock_mux_lock_token(resumed, again, sizeof again, &n));
+    CHECK(memcmp(token, again, sizeof token) == 0);
+    CHECK_OK(redlock_mux_lock_validity_ms(resumed, &ms));
+    CHECK(ms > 10000 && ms <= 20000); /* extended past the first TTL */
+    CHECK_OK(redlock_mux_lock_extend(resumed, 30000));
+    CHECK_OK(redlock_mux_lock_release(resumed));
+    redlock_mux_lock_free(resumed);
+    /* Released by the resumed handle: the key is free, and resuming again is refused. */
+    CHECK_RESULT(redlock_mux_client_resume_lock(other, key, len, token, n, 5000, &l),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0));
+    resumed = NULL;
+    CHECK_OK(redlock_mux_client_try_lock(other, key, len, 5000, &resumed));
+    CHECK_OK(redlock_mux_lock_release(resumed));
+    redlock_mux_lock_free(resumed);
+    redlock_mux_lock_free(first); /* its release finds nothing to release */
+
+    CHECK_OK(redlock_mux_client_try_read_lock(client, key, len, 5000, &rfirst));
+    CHECK_OK(redlock_mux_read_lock_token(rfirst, token, sizeof token, &n));
+    CHECK_OK(redlock_mux_client_resume_read_lock(other, key, len, token, n, 5000, &rresumed));
+    CHECK_OK(redlock_mux_read_lock_release(rresumed));
+    redlock_mux_read_lock_free(rresumed);
+    redlock_mux_read_lock_free(rfirst);
+
+    CHECK_OK(redlock_mux_client_try_write_lock(client, key, len, 5000, &wfirst));
+    CHECK_OK(redlock_mux_write_lock_token(wfirst, token, sizeof token, &n));
+    CHECK_OK(redlock_mux_client_resume_write_lock(other, key, len, token, n, 5000, &wresumed));
+    CHECK_OK(redlock_mux_write_lock_release(wresumed));
+    redlock_mux_write_lock_free(wresumed);
+    redlock_mux_write_lock_free(wfirst);
+
+    CHECK_OK(redlock_mux_client_try_lock_all(client, keys, lens, 2, 5000, &mfirst));
+    CHECK_OK(redlock_mux_multi_lock_token(mfirst, token, sizeof token, &n));
+    CHECK_OK(redlock_mux_client_resume_lock_all(other, keys, lens, 2, token, n, 5000, &mresumed));
+    CHECK_OK(redlock_mux_multi_lock_release(mresumed));
+    redlock_mux_multi_lock_free(mresumed);
+    redlock_mux_multi_lock_free(mfirst);
+    redlock_mux_client_free(other);
+}
+
+/* A fresh client counts a won round, a contended one and a cancellation, and per node the
+ * reply latency. */
+static void test_stats(int count, char **urls) {
+    static const uint8_t key[] = "c-api-stats";
+    const size_t len = sizeof key - 1;
+    redlock_mux_client *c = make_client(count, urls, 2000);
+    redlock_mux_lock *held = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_cancel *cancel = NULL;
+    redlock_mux_acquire_options opts = {0};
+    redlock_mux_stats s;
+    redlock_mux_node_stats ns, untouched;
+    int i, answered = 0;
+
+    CHECK_OK(redlock_mux_client_stats(c, &s));
+    CHECK(s.mutex.won == 0 && s.mutex.contended == 0 && s.node_count == (size_t)count);
+
+    CHECK_OK(redlock_mux_client_try_lock(c, key, len, 5000, &held));
+    CHECK_RESULT(redlock_mux_client_try_lock(c, key, len, 5000, &l), REDLOCK_MUX_CONTENDED);
+    CHECK_OK(redlock_mux_cancel_new(&cancel));
+    CHECK_OK(redlock_mux_cancel_cancel(cancel));
+    opts.cancel = cancel;
+    CHECK_RESULT(redlock_mux_client_lock_with(c, key, len, 5000, &opts, &l), REDLOCK_MUX_CANCELLED);
+    redlock_mux_cancel_free(cancel);
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+
+    CHECK_OK(redlock_mux_client_stats(c, &s));
+    CHECK(s.mutex.won == 1 && s.mutex.contended == 1 && s.mutex.unreachable == 0);
+    CHECK(s.read.won == 0 && s.all.won == 0 && s.cancellations == 1);
+    for (i = 0; i < count; i++) {
+        CHECK_OK(redlock_mux_client_node_stats(c, (size_t)i, &ns));
+        CHECK(ns.timeout_failures + ns.connect_failures + ns.io_failures == 0);
+        CHECK(ns.latency_samples <= 128 && ns.latency_p50_us <= ns.latency_p99_us);
+        if (ns.latency_samples > 0) {
+            CHECK(ns.latency_p99_us > 0);
+            answered++;
+        }
+    }
+    /* At least a quorum answered every round. */
+    CHECK(answered >= count / 2 + 1);
+    memset(&untouched, 0xab, sizeof untouched);
+    ns = untouched;
+    CHECK_RESULT(redlock_mux_client_node_stats(c, (size_t)count, &ns), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(memcmp(&ns, &untouched, sizeof ns) == 0);
+    redlock_mux_client_free(c);
+}
+
 int main(int argc, char **argv) {
     redlock_mux_client *client;
     if (argc < 2) {
@@ -1440,6 +1734,12 @@ int main(int argc, char **argv) {
     test_one_key_handles_give_their_key(client);
     test_fenced_write_locks(client);
     test_keep_alive(argc - 1, argv + 1);
+    test_cancel_null_parameters(client);
+    test_cancel_from_another_thread(client, argc - 1, argv + 1);
+    test_cancelled_before_the_first_attempt(client);
+    test_per_call_timeout(client, argc - 1, argv + 1);
+    test_resume(client, argc - 1, argv + 1);
+    test_stats(argc - 1, argv + 1);
 
     redlock_mux_client_free(client);
     printf("%d passed, 0 failed\n", checks_run);
