@@ -221,7 +221,8 @@ impl Settings {
         };
         if rng.chance(0.1) {
             // A minority refused (the lock works on the others), or too many for a quorum
-            // (every acquisition must end at once with a configuration error).
+            // (nothing is granted, and every wait ends with a configuration error, not with
+            // contention or the wait's budget).
             let quorum = nodes / 2 + 1;
             p.refused = if rng.chance(0.5) {
                 1
