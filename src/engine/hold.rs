@@ -129,6 +129,13 @@ impl<'a> HoldRound<'a> {
         self.fanout.record_to(stats);
     }
 
+    /// The hold as this round has left it so far: its new validity once the round is decided.
+    /// A driver that keeps the hold elsewhere reads it back here (the simulation does).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn hold(&self) -> Hold {
+        *self.hold
+    }
+
     /// Gives the round storage back.
     pub fn into_round(self) -> Round {
         self.fanout.into_round()

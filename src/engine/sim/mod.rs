@@ -1,27 +1,37 @@
-//! Deterministic simulation of Redlock over the sans-IO core.
+//! Deterministic simulation of Redlock: the engine's own state machines on virtual time.
 //!
-//! N simulated nodes ([`node::Node`]: keys with expiry, sorted sets, the scripts' semantics in
-//! Rust) sit behind a simulated network that delays, loses and partitions messages. Simulated
-//! clients run the real client's algorithm on virtual time: the real [`Round`], the real
-//! [`Retry`] budget, and the real `ops` ([`Acquire`], [`Extend`], [`Release`]) whose `encode`
-//! output is what the nodes execute and whose `classify` reads the nodes' RESP replies. Each
-//! node has its own clock that drifts and may jump; nodes crash, losing everything, and
-//! restart; clients pause. One seeded RNG drives everything, so a seed replays exactly.
+//! The world here is a driver. Its simulated clients run the very machines the real driver
+//! runs: an [`Acquisition`] for every lock taken, a [`HoldRound`] (from [`Hold::round`]) for
+//! every extend and release, and a keep-alive [`Schedule`] for kept locks. The world polls
+//! their transmits, encodes them, carries the bytes over a simulated network to N simulated
+//! nodes ([`node::Node`]: keys with expiry, sorted sets, the scripts' semantics in Rust,
+//! checked against a real `redis-server` by `diff.rs`), and feeds the replies, connection
+//! failures, deadlines, published release announcements and subscription confirmations back.
+//! Nothing of the client's procedure is written here: what to send, when to retry, what a
+//! reply means, how long a lock is valid, all come from the engine.
 //!
-//! Every client increments a per-key counter while it believes it holds the lock, and records
-//! its grants in a [`History`]; the shared checker (`tests/common/history.rs`) then looks for
-//! overlapping windows and lost updates.
+//! The network delays, loses and partitions messages, delivers in order per connection,
+//! resets connections (bytes already written still reach the node; their replies are lost,
+//! and the machine is told of every reply it was owed), refuses the setup of connections to
+//! misconfigured nodes (nothing is ever written there), and carries pub/sub: subscriptions,
+//! their confirmations, and the release announcements, delayed or lost, on subscriber
+//! connections that are reset and reconnect. Each node has its own clock that drifts and may
+//! jump; nodes crash, losing everything, and restart. Holders pause; keepers run late.
 //!
-//! Clients take the mutex, read-write locks (readers share, writers exclude everyone; each
-//! client read- or write-preferring), or the fenced mutex, whose tokens the checker requires to
-//! strictly increase in grant order. Fencing runs within the model on nodes that persist every
-//! write (a restart keeps the counters); restarting without persistence, even after the TTL,
-//! must show tokens going backwards.
+//! Every client records its grants in a [`History`], and increments a per-key counter while
+//! it believes it holds the lock; the shared checker (`tests/common/history.rs`) looks for
+//! overlapping windows, lost updates and fencing tokens out of order. Lock kinds: the mutex,
+//! read and write locks, all-or-none sets (mixed with single keys), fenced mutexes and fenced
+//! write locks; clients wait or try once, in fair queues or not, read- or write-preferring;
+//! holders extend with any TTL (shorter ones too) and go on working after a failed extend
+//! while the guard's validity lasts, or keep their lock alive with a keeper.
 //!
 //! Within the model's assumptions (node clocks drift less than the drift factor allows and
-//! jump forward at most 1 ms; a crashed node stays down longer than the longest TTL; a client
-//! checks its validity before it writes) there must be no violation. Each assumption, broken
-//! on purpose, must produce violations, which shows the checker can see them.
+//! jump forward at most 1 ms; a crashed node stays down longer than the longest TTL; fencing
+//! runs on nodes that persist their writes; a client checks its validity before it writes)
+//! there must be no violation. Each assumption, broken on purpose, must produce violations,
+//! which shows the checker can see them. Calm runs (no faults) also check liveness: every
+//! waiting acquisition gets its lock, and no kept lock is lost.
 //!
 //! `REDLOCK_SIM_SEEDS=100000 cargo test --release --lib engine::sim` runs more seeds;
 //! `REDLOCK_SIM_SEED=n` replays one seed with a trace.
@@ -37,30 +47,34 @@ mod local_servers;
 mod diff;
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
+use std::io;
 use std::time::{Duration, Instant};
 
 use rand_core::{Rng as _, SeedableRng};
 
-use crate::engine::fair::AttemptIds;
-use crate::engine::fencing::{FenceRead, FenceWrite, FencedAcquire};
-use crate::engine::keys::fence_key;
-use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm, Verdict};
-use crate::engine::rw::{
-    ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup, WriteRelease,
-};
-use crate::engine::{Decision, Retry, Round, Timing, Vote};
-use crate::error::NodeErrorKind;
-use crate::resp::{self, Limits, Status};
-use crate::rng::{Entropy as _, Jitter};
+use crate::config::{Config, RwPolicy};
+use crate::engine::acquire::{Acquisition, Grant, Params};
+use crate::engine::hold::{Hold, HoldRound, Step};
+use crate::engine::keepalive::Schedule;
+use crate::engine::keys::{fence_key, RwKeys};
+use crate::engine::kind::{Keys, Spec};
+use crate::engine::machine::{Machine, Tag, To, Transmit, What};
+use crate::engine::ops::Caps;
+use crate::engine::{Round, Timing};
+use crate::error::{Error, NodeErrorKind};
+use crate::resp::{self, Limits, ServerErrorKind, Status, Value};
+use crate::rng::{Jitter, Token};
+use crate::url::NodeAddr;
 
 use history::{History, Increment, Kind, Report};
 use node::Node;
 
 const MS: u64 = 1_000_000;
 
-/// The simulation's only source of randomness.
+/// The simulation's only source of randomness; the machines draw their tokens and jitter
+/// from it too.
 struct Rng(Jitter);
 
 impl Rng {
@@ -97,6 +111,9 @@ impl Rng {
 pub(crate) enum Scenario {
     /// Every fault, all within the model's assumptions.
     Model,
+    /// No fault at all, short delays, keepers on time: every waiting acquisition must get its
+    /// lock and no kept lock may be lost (liveness).
+    Calm,
     /// Crashed nodes restart at once, empty: no persistence, no delayed restart.
     InstantRestart,
     /// Node clocks jump forward by more than the drift allowance.
@@ -108,21 +125,30 @@ pub(crate) enum Scenario {
     ForgetfulRestart,
 }
 
-/// Which lock the simulated clients take.
+/// Which locks the simulated clients take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Locks {
     /// The Redlock mutex.
     Mutex,
-    /// Read-write locks: each cycle reads (shared) or writes (exclusive); each client is
-    /// read-preferring or write-preferring, as `RwPolicy` sets the intent TTL.
+    /// Read-write locks: each cycle reads (shared) or writes (exclusive).
     ReadWrite,
-    /// The mutex with fencing tokens, written back to a quorum when the grant's nodes disagree.
+    /// The mutex with fencing tokens.
     Fenced,
+    /// Read locks and fenced write locks on the same resources.
+    FencedWrite,
+    /// All-or-none sets of keys, mixed with mutexes on single keys of the same sets.
+    All,
+}
+
+impl Locks {
+    fn fenced(self) -> bool {
+        matches!(self, Locks::Fenced | Locks::FencedWrite)
+    }
 }
 
 /// The settings of one run, drawn from its seed.
 #[derive(Debug, Clone)]
-struct Params {
+struct Settings {
     locks: Locks,
     nodes: usize,
     clients: usize,
@@ -139,22 +165,39 @@ struct Params {
     long_delay: f64,
     request_loss: f64,
     reply_loss: f64,
+    /// Chance that a release announcement to one subscriber is lost.
+    wake_loss: f64,
     /// Chance that a holder pauses between reading and writing the counter.
     pause: f64,
-    /// Mean gap between fault events, in ns.
+    /// Chance that a keeper runs late (by up to a TTL).
+    slow_keeper: f64,
+    /// Chance that a cycle takes its lock with `try_*` (one attempt).
+    try_once: f64,
+    /// Chance that a cycle keeps its lock alive.
+    keep: f64,
+    /// Chance that a client waits in fair queues.
+    fair: f64,
+    /// Nodes whose connection setup is refused (a wrong password, say).
+    refused: usize,
+    /// Mean gap between fault events, in ns; 0 for none.
     fault_gap: u64,
     horizon: u64,
     cycles: u32,
 }
 
-impl Params {
-    fn draw(rng: &mut Rng, scenario: Scenario, locks: Locks) -> Params {
+impl Settings {
+    fn draw(rng: &mut Rng, scenario: Scenario, locks: Locks) -> Settings {
         let ttl_ms = rng.range(50, 150);
-        let mut p = Params {
+        let nodes = if rng.chance(0.7) { 3 } else { 5 };
+        let mut p = Settings {
             locks,
-            nodes: if rng.chance(0.7) { 3 } else { 5 },
+            nodes,
             clients: rng.range(2, 4) as usize,
-            keys: rng.range(1, 2) as usize,
+            keys: if locks == Locks::All {
+                rng.range(2, 3) as usize
+            } else {
+                rng.range(1, 2) as usize
+            },
             ttl_ms,
             drift_factor: 0.01,
             node_timeout: Duration::from_millis(rng.range(5, 20)),
@@ -165,23 +208,61 @@ impl Params {
             long_delay: if rng.chance(0.3) { 0.02 } else { 0.0 },
             request_loss: if rng.chance(0.5) { 0.03 } else { 0.0 },
             reply_loss: if rng.chance(0.5) { 0.03 } else { 0.0 },
+            wake_loss: if rng.chance(0.5) { 0.2 } else { 0.0 },
             pause: 0.1,
+            slow_keeper: 0.3,
+            try_once: 0.15,
+            keep: 0.25,
+            fair: if rng.chance(0.5) { 0.5 } else { 0.0 },
+            refused: 0,
             fault_gap: rng.range(ttl_ms / 2, 3 * ttl_ms) * MS,
             horizon: 1500 * MS,
             cycles: rng.range(3, 8) as u32,
         };
+        if rng.chance(0.1) {
+            // A minority refused (the lock works on the others), or too many for a quorum
+            // (nothing is granted, and every wait ends with a configuration error, not with
+            // contention or the wait's budget).
+            let quorum = nodes / 2 + 1;
+            p.refused = if rng.chance(0.5) {
+                1
+            } else {
+                nodes - quorum + 1
+            };
+        }
         match scenario {
             Scenario::Model => {}
+            Scenario::Calm => {
+                p.clients = rng.range(3, 7) as usize;
+                p.keys = if locks == Locks::All { 2 } else { 1 };
+                p.delay = (50_000, 500_000);
+                (p.long_delay, p.request_loss, p.reply_loss, p.wake_loss) = (0.0, 0.0, 0.0, 0.0);
+                (p.pause, p.slow_keeper, p.try_once) = (0.0, 0.0, 0.0);
+                p.refused = 0;
+                p.fault_gap = 0;
+                // Wake-ups, not the backstop, drive the waiters: a retry count this small
+                // is enough only if wake-up retries do not count against it.
+                p.retry_delay = Duration::from_millis(1000);
+                p.retry_count = rng.range(3, 6) as u32;
+                p.wait_timeout = Duration::from_secs(60);
+                p.cycles = rng.range(2, 5) as u32;
+                p.horizon = 10_000 * MS;
+            }
             Scenario::InstantRestart | Scenario::ClockJump => {
                 p.fault_gap = ttl_ms * MS / 4;
                 p.request_loss = 0.05;
                 p.pause = 0.0;
+                p.refused = 0;
             }
-            Scenario::ForgetfulRestart => p.fault_gap = ttl_ms * MS,
+            Scenario::ForgetfulRestart => {
+                p.fault_gap = ttl_ms * MS;
+                p.refused = 0;
+            }
             Scenario::UncheckedPause => {
                 p.clients = rng.range(3, 4) as usize;
-                p.keys = 1;
+                p.keys = if locks == Locks::All { 2 } else { 1 };
                 p.pause = 0.5;
+                p.refused = 0;
             }
         }
         p
@@ -193,7 +274,8 @@ impl Params {
 pub(crate) struct Stats {
     pub seeds: u64,
     pub events: u64,
-    pub rounds: u64,
+    /// Acquisition attempts (transmits of an attempt to every node).
+    pub attempts: u64,
     pub crashes: u64,
     pub partitions: u64,
     pub clock_jumps: u64,
@@ -201,29 +283,84 @@ pub(crate) struct Stats {
     pub lost_requests: u64,
     pub lost_replies: u64,
     pub long_delays: u64,
+    /// Command connections reset with commands in flight.
+    pub resets: u64,
+    /// Commands written to a connection that was then reset, executed by the node anyway.
+    pub late_commands: u64,
+    /// Subscriber connections reset (their subscriptions gone until the next subscribe).
+    pub subscriber_resets: u64,
+    /// Release announcements delivered to a subscriber, and lost on the way.
+    pub wakes: u64,
+    pub lost_wakes: u64,
+    /// Runs with nodes whose connection setup was refused, and the refusals.
+    pub refused_runs: u64,
+    pub setup_refusals: u64,
+    /// Acquisitions that ended with a configuration error.
+    pub config_errors: u64,
+    /// Grants by what they held.
+    pub grants: u64,
+    pub fair_grants: u64,
+    pub set_grants: u64,
+    pub fenced_grants: u64,
     /// Read grants whose window overlapped another reader's: readers really shared.
     pub shared_reads: u64,
-    /// Rounds lost by write-preferring writers, each of which leaves (or refreshes) an intent.
+    /// Cleanups of lost attempts by write-preferring writers (each leaves an intent).
     pub intents: u64,
     /// Fenced grants that needed the write-back round.
     pub write_backs: u64,
+    /// Extends asked for by holders, those with a TTL shorter than the lock's, and those lost.
+    pub extends: u64,
+    pub shorter_extends: u64,
+    pub lost_extends: u64,
+    /// Writes made after a lost extend, within the validity it left.
+    pub writes_after_lost_extend: u64,
+    /// Kept locks, keeper rounds, keepers that ran late, and kept locks lost.
+    pub kept: u64,
+    pub keeper_rounds: u64,
+    pub slow_keepers: u64,
+    pub kept_lost: u64,
 }
 
 impl Stats {
     fn absorb(&mut self, o: &Stats) {
-        self.seeds += o.seeds;
-        self.events += o.events;
-        self.rounds += o.rounds;
-        self.crashes += o.crashes;
-        self.partitions += o.partitions;
-        self.clock_jumps += o.clock_jumps;
-        self.pauses += o.pauses;
-        self.lost_requests += o.lost_requests;
-        self.lost_replies += o.lost_replies;
-        self.long_delays += o.long_delays;
-        self.shared_reads += o.shared_reads;
-        self.intents += o.intents;
-        self.write_backs += o.write_backs;
+        macro_rules! add {
+            ($($f:ident),*) => { $(self.$f += o.$f;)* };
+        }
+        add!(
+            seeds,
+            events,
+            attempts,
+            crashes,
+            partitions,
+            clock_jumps,
+            pauses,
+            lost_requests,
+            lost_replies,
+            long_delays,
+            resets,
+            late_commands,
+            subscriber_resets,
+            wakes,
+            lost_wakes,
+            refused_runs,
+            setup_refusals,
+            config_errors,
+            grants,
+            fair_grants,
+            set_grants,
+            fenced_grants,
+            shared_reads,
+            intents,
+            write_backs,
+            extends,
+            shorter_extends,
+            lost_extends,
+            writes_after_lost_extend,
+            kept,
+            keeper_rounds,
+            slow_keepers,
+            kept_lost
+        );
     }
 
     fn faults(&self) -> u64 {
@@ -234,6 +371,11 @@ impl Stats {
             + self.lost_requests
             + self.lost_replies
             + self.long_delays
+            + self.resets
+            + self.subscriber_resets
+            + self.lost_wakes
+            + self.setup_refusals
+            + self.slow_keepers
     }
 }
 
@@ -241,10 +383,21 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} seeds, {} events, {} rounds; {} faults: {} crashes, {} partitions, {} clock jumps, {} client pauses, {} requests lost, {} replies lost after the command ran, {} long delays; {} shared reads, {} writer intents, {} fence write-backs",
+            "{} seeds, {} events, {} attempts, {} grants ({} fair, {} sets, {} fenced); \
+             {} faults: {} crashes, {} partitions, {} clock jumps, {} client pauses, \
+             {} requests lost, {} replies lost after the command ran, {} long delays, \
+             {} connection resets ({} commands ran after their connection was reset), \
+             {} subscriber resets, {} wakes lost ({} delivered), {} setup refusals in {} runs \
+             ({} configuration errors), {} slow keepers; {} shared reads, {} writer intents, \
+             {} fence write-backs; {} extends ({} shorter, {} lost, {} writes after a lost one); \
+             {} kept locks ({} keeper rounds, {} lost)",
             self.seeds,
             self.events,
-            self.rounds,
+            self.attempts,
+            self.grants,
+            self.fair_grants,
+            self.set_grants,
+            self.fenced_grants,
             self.faults(),
             self.crashes,
             self.partitions,
@@ -253,9 +406,25 @@ impl fmt::Display for Stats {
             self.lost_requests,
             self.lost_replies,
             self.long_delays,
+            self.resets,
+            self.late_commands,
+            self.subscriber_resets,
+            self.lost_wakes,
+            self.wakes,
+            self.setup_refusals,
+            self.refused_runs,
+            self.config_errors,
+            self.slow_keepers,
             self.shared_reads,
             self.intents,
-            self.write_backs
+            self.write_backs,
+            self.extends,
+            self.shorter_extends,
+            self.lost_extends,
+            self.writes_after_lost_extend,
+            self.kept,
+            self.keeper_rounds,
+            self.kept_lost
         )
     }
 }
@@ -270,6 +439,10 @@ struct SimNode {
     offset: i64,
     ppm: i64,
     last_forward_jump: Option<u64>,
+    /// Its connection setup is refused: nothing may ever be written here.
+    refused: bool,
+    /// Subscriptions, per client: the subscriber connection's epoch, and its channels.
+    subs: BTreeMap<usize, (u64, BTreeSet<Vec<u8>>)>,
 }
 
 impl SimNode {
@@ -279,88 +452,205 @@ impl SimNode {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cmd {
-    Acquire,
-    Extend,
-    Release,
-    /// After a lost round, to every node; replies unread.
-    Cleanup,
-    /// A write-preferring writer withdraws its intent; replies unread.
-    Withdraw,
-    /// A fenced grant writes its token back to a quorum.
-    FenceWrite,
+/// Reconnect backoff bounds, as the driver's.
+const BACKOFF_MIN: u64 = 10 * MS;
+const BACKOFF_MAX: u64 = 1000 * MS;
+
+/// A client's connection to one node (commands, or subscriptions).
+#[derive(Debug, Default)]
+struct Conn {
+    /// Bumped at every new connection: what came on an older one is dropped.
+    epoch: u64,
+    up: bool,
+    /// Down (after a failure) until then; then it may connect again.
+    down_until: u64,
+    backoff: u64,
+    last_error: Option<NodeErrorKind>,
+    /// Nothing arrives before its setup is answered.
+    ready_at: u64,
+    /// The tagged commands whose replies it owes: run, tag.
+    owed: Vec<(u64, Tag)>,
+    /// Last arrival on this connection, each way: TCP keeps the order.
+    request_link: u64,
+    reply_link: u64,
 }
 
-/// What a client's current cycle holds.
+impl Conn {
+    /// The connection failed at `now` with `why`: it may reconnect after a backoff.
+    fn fail(&mut self, now: u64, why: NodeErrorKind) -> Vec<(u64, Tag)> {
+        self.up = false;
+        self.epoch += 1;
+        self.backoff = (self.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+        self.down_until = now + self.backoff;
+        self.last_error = Some(why);
+        std::mem::take(&mut self.owed)
+    }
+
+    /// A new connection: its setup takes a round trip before the first command arrives.
+    fn connect(&mut self, now: u64, setup: u64) {
+        self.up = true;
+        self.epoch += 1;
+        self.backoff = 0;
+        self.last_error = None;
+        self.ready_at = now + setup;
+        self.request_link = 0;
+        self.reply_link = 0;
+    }
+}
+
+/// What a cycle takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
     Mutex,
-    Fenced,
     Read,
     Write,
 }
 
+/// The machine a client is driving, if any.
+enum Job<'a> {
+    None,
+    Acquire(Box<Acquisition<'a>>),
+    Round(Box<HoldRound<'a>>, Purpose),
+}
+
+/// Why a hold round was started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Between lock cycles; the timer starts the next one.
-    Idle,
-    /// Waiting out the retry delay; the timer starts the next attempt.
-    Backoff,
-    /// A round of `Cmd` is in flight.
-    InRound,
-    /// Holding; the timer runs the next step.
-    Read,
-    Write,
-    Done,
+enum Purpose {
+    /// The holder extends its lock itself.
+    Extend {
+        ttl_ms: u64,
+    },
+    /// The keeper extends a kept lock.
+    Keep,
+    Release,
 }
 
-struct SimClient {
+/// The lock a cycle takes, and what it holds once granted.
+struct Cycle<'a> {
+    spec: Spec<'a>,
+    /// The history's ops (one per key of a set).
+    ops: Vec<usize>,
+    keys: Vec<usize>,
     side: Side,
-    /// The write-preferring intent TTL of this client's writes; 0 when read-preferring.
-    intent_ms: u64,
-    /// The counters the fenced acquisition read, for this cycle's token.
-    fence: FenceRead,
-    key: usize,
-    /// This attempt's token: a new one for every attempt, as the client draws them.
-    token: Vec<u8>,
-    /// The waiter's id (its first attempt's token), which names a writer's intent.
-    waiter: Vec<u8>,
-    timing: Timing,
-    ttl_ms: u64,
-    cmd: Cmd,
-    round: Round,
-    /// The round in flight (0: none). Replies carry it, so late ones are ignored.
-    tag: u64,
-    /// Nodes sent the script's body this round, after a `NOSCRIPT`.
-    resent: Vec<bool>,
-    phase: Phase,
-    retry: Option<Retry>,
-    valid_until: Instant,
-    op: usize,
-    read: u64,
-    extended: bool,
+    wait: bool,
+    keep: Option<Schedule>,
+    held: Option<Held>,
+}
+
+struct Held {
+    token: Token,
+    hold: Hold,
+    /// Work steps (read, then write) left.
+    steps: u32,
+    reading: bool,
+    read: Vec<u64>,
+    kept: Option<Kept>,
+    /// The holder is done, and releases once the keeper's round in flight is over.
+    release_wanted: bool,
+    releasing: bool,
+    lost_extend: bool,
+}
+
+/// A kept lock's state, as the keeper and the holder share it (see `src/keepalive.rs`).
+struct Kept {
+    plan: Schedule,
+    until: Instant,
+    lost: bool,
+}
+
+impl Kept {
+    /// The validity left, `None` once lost (its end having passed is a loss).
+    fn left(&mut self, now: Instant) -> Option<Duration> {
+        if !self.lost && self.until > now {
+            return Some(self.until - now);
+        }
+        self.lost = true;
+        None
+    }
+}
+
+/// Timer slots of a client.
+const MACHINE: usize = 0;
+const HOLDER: usize = 1;
+const KEEPER: usize = 2;
+
+struct Client<'a> {
+    config: &'a Config,
+    conns: Vec<Conn>,
+    subs: Vec<Conn>,
+    /// Subscriptions confirmed and expected since the last subscription was sent.
+    confirmed: usize,
+    expected: usize,
+    subscribing: bool,
+    /// The id of the machine being driven; replies of earlier ones are dropped.
+    run: u64,
+    job: Job<'a>,
+    cycle: Option<Cycle<'a>>,
+    /// Carried from one acquisition to the next, as the driver does.
+    spread: Duration,
+    /// This client's wall clock offset (fair queue tickets), in ns.
+    clock: u64,
+    timers: [u64; 3],
     cycles_left: u32,
-    timer: u64,
 }
 
 #[derive(Debug)]
 enum Ev {
+    /// Bytes written to a command connection reach the node.
     Deliver {
         node: usize,
         client: usize,
-        tag: u64,
         sent: u64,
+        epoch: u64,
+        slot: Option<(u64, Tag)>,
         bytes: Vec<u8>,
     },
     Reply {
         client: usize,
         node: usize,
-        tag: u64,
+        epoch: u64,
+        run: u64,
+        tag: Tag,
         bytes: Vec<u8>,
+    },
+    /// The setup of a connection was refused: the command behind it fails.
+    SetupRefused {
+        client: usize,
+        node: usize,
+        run: u64,
+        tag: Tag,
+    },
+    /// A SUBSCRIBE or UNSUBSCRIBE reaches the node.
+    SubDeliver {
+        node: usize,
+        client: usize,
+        sent: u64,
+        epoch: u64,
+        bytes: Vec<u8>,
+    },
+    Confirmed {
+        client: usize,
+        node: usize,
+        epoch: u64,
+        count: usize,
+    },
+    Wake {
+        client: usize,
+        node: usize,
+        epoch: u64,
+        channel: Vec<u8>,
+        message: Vec<u8>,
+    },
+    /// The client sees node `node` close its connections (a crash).
+    Closed {
+        client: usize,
+        node: usize,
+        epoch: u64,
+        sub_epoch: u64,
     },
     Timer {
         client: usize,
+        slot: usize,
         id: u64,
     },
     Fault,
@@ -394,26 +684,50 @@ impl Ord for Queued {
 }
 
 /// At most this many events per run: a run that does not settle is a bug in the simulation.
-const MAX_EVENTS: u64 = 1_000_000;
+const MAX_EVENTS: u64 = 2_000_000;
 
-struct World {
+/// What a machine is told.
+enum Input<'b> {
+    /// Nothing: only poll it (it was just made).
+    Poll,
+    Reply(usize, Tag, &'b [u8]),
+    Failure(usize, Tag, NodeErrorKind),
+    Timeout,
+    Wake(usize, &'b [u8], &'b [u8]),
+    Subscribed,
+}
+
+/// What the clients' locks are made of, owned for the whole run: the machines borrow it.
+struct Arena {
+    configs: Vec<Config>,
+    keys: Vec<Vec<u8>>,
+    rw: Vec<RwKeys>,
+    fences: Vec<Vec<u8>>,
+    write_fences: Vec<Vec<u8>>,
+}
+
+struct World<'a> {
     scenario: Scenario,
-    p: Params,
+    p: Settings,
     rng: Rng,
     base: Instant,
     now: u64,
     seq: u64,
     queue: BinaryHeap<Reverse<Queued>>,
     nodes: Vec<SimNode>,
-    clients: Vec<SimClient>,
+    clients: Vec<Client<'a>>,
+    arena: &'a Arena,
+    /// Every all-or-none set of keys (sorted), for `Keys::All`.
+    sets: &'a [Vec<&'a [u8]>],
+    /// Storage for the holds that hold rounds update.
+    holds: std::slice::IterMut<'a, Hold>,
     /// `blocked[client][node]`: a partition cuts that link.
     blocked: Vec<Vec<bool>>,
-    /// Last arrival per link, so each link delivers in order like a TCP connection.
-    request_link: Vec<Vec<u64>>,
-    reply_link: Vec<Vec<u64>>,
     counters: Vec<u64>,
     history: History,
     stats: Stats,
+    /// What the engine got wrong beyond the history's reach (liveness, configuration errors).
+    failures: Vec<String>,
     trace: bool,
 }
 
@@ -422,72 +736,139 @@ pub(crate) struct Outcome {
     pub history: History,
     pub report: Report,
     pub stats: Stats,
+    /// Violations the history checker does not see: a configuration error retried or
+    /// reported as something else, or (in calm runs) a wait that did not get its lock, or a
+    /// kept lock lost.
+    pub failures: Vec<String>,
 }
 
-/// Runs one seed of `scenario`.
+impl Outcome {
+    /// The history's violations plus the failures.
+    pub fn violations(&self) -> u64 {
+        self.report.violations() + self.failures.len() as u64
+    }
+}
+
+/// Runs one seed of `scenario` with mutexes.
 pub(crate) fn run(seed: u64, scenario: Scenario, trace: bool) -> Outcome {
     run_locks(seed, scenario, Locks::Mutex, trace)
+}
+
+fn key_name(k: usize) -> Vec<u8> {
+    format!("lock:{k}").into_bytes()
 }
 
 /// Runs one seed of `scenario` with clients that take `locks`.
 pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool) -> Outcome {
     let mut rng = Rng::new(seed);
-    let p = Params::draw(&mut rng, scenario, locks);
-    let base = Instant::now();
-    let timing = Timing {
-        ttl: Duration::from_millis(p.ttl_ms),
-        drift_factor: p.drift_factor,
+    let p = Settings::draw(&mut rng, scenario, locks);
+    let addrs: Vec<NodeAddr> = (0..p.nodes)
+        .map(|i| NodeAddr::parse(&format!("127.0.0.1:{}", 7000 + i)).expect("an address"))
+        .collect();
+    // One configuration per fairness and policy.
+    let configs = [(false, false), (false, true), (true, false), (true, true)]
+        .into_iter()
+        .map(|(fair, write_preferring)| Config {
+            nodes: addrs.clone(),
+            node_timeout: p.node_timeout,
+            connect_timeout: Duration::from_secs(1),
+            retry_count: p.retry_count,
+            retry_delay: p.retry_delay,
+            wait_timeout: p.wait_timeout,
+            drift_factor: p.drift_factor,
+            fair,
+            fair_after: Duration::ZERO,
+            limits: Limits::default(),
+            rw_policy: if write_preferring {
+                RwPolicy::WritePreferring
+            } else {
+                RwPolicy::ReadPreferring
+            },
+        })
+        .collect();
+    let keys: Vec<Vec<u8>> = (0..p.keys).map(key_name).collect();
+    let rw: Vec<RwKeys> = keys.iter().map(|k| RwKeys::new(k)).collect();
+    let arena = Arena {
+        configs,
+        fences: keys.iter().map(|k| fence_key(k)).collect(),
+        write_fences: rw.iter().map(|k| fence_key(k.writer())).collect(),
+        keys,
+        rw,
     };
+    // Every set of two keys or more, sorted (the keys' names sort as their numbers).
+    let sets: Vec<Vec<&[u8]>> = (1u32..1 << p.keys)
+        .filter(|m| m.count_ones() >= 2)
+        .map(|m| {
+            (0..p.keys)
+                .filter(|k| m & 1 << k != 0)
+                .map(|k| arena.keys[k].as_slice())
+                .collect()
+        })
+        .collect();
+    let mut holds = vec![Hold::new(Instant::now()); 1 << 13];
+    run_world(seed, scenario, p, rng, &arena, &sets, &mut holds, trace)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_world<'a>(
+    seed: u64,
+    scenario: Scenario,
+    p: Settings,
+    mut rng: Rng,
+    arena: &'a Arena,
+    sets: &'a [Vec<&'a [u8]>],
+    holds: &'a mut [Hold],
+    trace: bool,
+) -> Outcome {
+    let base = Instant::now();
     // Within the model, relative drift stays under the factor: 0.8 % against 1 %.
     let max_ppm = match scenario {
         Scenario::Model => 8_000,
         _ => 0,
     };
+    let refused: BTreeSet<usize> = {
+        let mut r = BTreeSet::new();
+        while r.len() < p.refused {
+            r.insert(rng.below(p.nodes as u64) as usize);
+        }
+        r
+    };
     let nodes = (0..p.nodes)
-        .map(|_| SimNode {
+        .map(|i| SimNode {
             mem: Node::default(),
             up: true,
             crashed_at: 0,
             offset: rng.range(1 << 40, 1 << 41) as i64,
             ppm: rng.range(0, 2 * max_ppm) as i64 - max_ppm as i64,
             last_forward_jump: None,
+            refused: refused.contains(&i),
+            subs: BTreeMap::new(),
         })
         .collect();
-    // As `RwPolicy::WritePreferring` sets it: two retry delays and node timeouts.
-    let write_preferring = 2 * (p.retry_delay + p.node_timeout).as_millis() as u64;
     let clients = (0..p.clients)
-        .map(|_| SimClient {
-            side: Side::Mutex,
-            intent_ms: if locks == Locks::ReadWrite && rng.chance(0.5) {
-                write_preferring
-            } else {
-                0
-            },
-            fence: FenceRead::new(),
-            key: 0,
-            token: Vec::new(),
-            waiter: Vec::new(),
-            timing,
-            ttl_ms: p.ttl_ms,
-            cmd: Cmd::Acquire,
-            round: Round::new(p.nodes, base, p.node_timeout, None, None),
-            tag: 0,
-            resent: vec![false; p.nodes],
-            phase: Phase::Idle,
-            retry: None,
-            valid_until: base,
-            op: 0,
-            read: 0,
-            extended: false,
-            cycles_left: p.cycles,
-            timer: 0,
+        .map(|_| {
+            let fair = rng.chance(p.fair);
+            let write_preferring = rng.chance(0.5);
+            Client {
+                config: &arena.configs[usize::from(fair) * 2 + usize::from(write_preferring)],
+                conns: (0..p.nodes).map(|_| Conn::default()).collect(),
+                subs: (0..p.nodes).map(|_| Conn::default()).collect(),
+                confirmed: 0,
+                expected: 0,
+                subscribing: false,
+                run: 0,
+                job: Job::None,
+                cycle: None,
+                spread: Duration::ZERO,
+                clock: rng.range(0, 2 * MS),
+                timers: [0; 3],
+                cycles_left: p.cycles,
+            }
         })
         .collect();
     let mut w = World {
         scenario,
         blocked: vec![vec![false; p.nodes]; p.clients],
-        request_link: vec![vec![0; p.nodes]; p.clients],
-        reply_link: vec![vec![0; p.nodes]; p.clients],
         counters: vec![0; p.keys],
         p,
         rng,
@@ -497,22 +878,29 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
         queue: BinaryHeap::new(),
         nodes,
         clients,
+        arena,
+        sets,
+        holds: holds.iter_mut(),
         history: History::default(),
         stats: Stats {
             seeds: 1,
+            refused_runs: u64::from(!refused.is_empty()),
             ..Stats::default()
         },
+        failures: Vec::new(),
         trace,
     };
     if trace {
-        eprintln!("seed {seed} {scenario:?}: {:?}", w.p);
+        eprintln!("seed {seed} {scenario:?}: {:?}; refused {refused:?}", w.p);
     }
     for c in 0..w.p.clients {
         let start = w.rng.below(w.p.ttl_ms * MS);
-        w.set_timer(c, start);
+        w.set_timer(c, HOLDER, start);
     }
-    let first_fault = w.rng.below(2 * w.p.fault_gap);
-    w.schedule(first_fault, Ev::Fault);
+    if w.p.fault_gap > 0 {
+        let first_fault = w.rng.below(2 * w.p.fault_gap);
+        w.schedule(first_fault, Ev::Fault);
+    }
     while let Some(Reverse(q)) = w.queue.pop() {
         w.now = q.at;
         w.stats.events += 1;
@@ -531,12 +919,13 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
         for (i, op) in w.history.ops.iter().enumerate() {
             eprintln!("op {i}: {op:?} window {:?}", op.window());
         }
-        eprintln!("{report}\n{}", w.stats);
+        eprintln!("{report}\n{}\n{:?}", w.stats, w.failures);
     }
     Outcome {
         history: w.history,
         report,
         stats: w.stats,
+        failures: w.failures,
     }
 }
 
@@ -560,11 +949,54 @@ fn shared_reads(h: &History) -> u64 {
         .count() as u64
 }
 
-fn key_name(k: usize) -> Vec<u8> {
-    format!("lock:{k}").into_bytes()
+/// The commands in `bytes` (one encode's output), each as its own slice.
+fn commands(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        match resp::decode(&bytes[at..], &Limits::default()) {
+            Ok(Status::Complete((_, used))) => {
+                out.push(&bytes[at..at + used]);
+                at += used;
+            }
+            other => panic!("the engine wrote something that is not a command: {other:?}"),
+        }
+    }
+    out
 }
 
-impl World {
+/// A command's arguments.
+fn args(command: &[u8]) -> Vec<Vec<u8>> {
+    let Ok(Status::Complete((reply, _))) = resp::decode(command, &Limits::default()) else {
+        return Vec::new();
+    };
+    match reply.to_value() {
+        Value::Array(Some(items)) => items
+            .into_iter()
+            .filter_map(|v| match v {
+                Value::Bulk(Some(b)) => Some(b),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn reset_error() -> NodeErrorKind {
+    NodeErrorKind::Io(io::ErrorKind::ConnectionReset)
+}
+
+fn setup_error() -> NodeErrorKind {
+    NodeErrorKind::Setup {
+        command: "AUTH",
+        cause: Box::new(NodeErrorKind::Server {
+            kind: ServerErrorKind::Err,
+            message: "ERR AUTH <password> called without any password configured".into(),
+        }),
+    }
+}
+
+impl<'a> World<'a> {
     fn instant(&self, t: u64) -> Instant {
         self.base + Duration::from_nanos(t)
     }
@@ -582,11 +1014,22 @@ impl World {
         }));
     }
 
-    /// Replaces client `c`'s timer (there is at most one) by one `delay` from now.
-    fn set_timer(&mut self, c: usize, delay: u64) {
-        self.clients[c].timer += 1;
-        let id = self.clients[c].timer;
-        self.schedule(delay, Ev::Timer { client: c, id });
+    /// Replaces client `c`'s timer in `slot` (there is at most one) by one `delay` from now.
+    fn set_timer(&mut self, c: usize, slot: usize, delay: u64) {
+        self.clients[c].timers[slot] += 1;
+        let id = self.clients[c].timers[slot];
+        self.schedule(
+            delay,
+            Ev::Timer {
+                client: c,
+                slot,
+                id,
+            },
+        );
+    }
+
+    fn cancel_timer(&mut self, c: usize, slot: usize) {
+        self.clients[c].timers[slot] += 1;
     }
 
     fn log(&self, what: fmt::Arguments<'_>) {
@@ -600,17 +1043,95 @@ impl World {
             Ev::Deliver {
                 node,
                 client,
-                tag,
                 sent,
+                epoch,
+                slot,
                 bytes,
-            } => self.deliver(node, client, tag, sent, &bytes),
+            } => self.deliver(node, client, sent, epoch, slot, &bytes),
             Ev::Reply {
                 client,
                 node,
+                epoch,
+                run,
                 tag,
                 bytes,
-            } => self.reply(client, node, tag, &bytes),
-            Ev::Timer { client, id } if self.clients[client].timer == id => self.timer(client),
+            } => {
+                let conn = &mut self.clients[client].conns[node];
+                if conn.epoch != epoch {
+                    return;
+                }
+                if let Some(i) = conn.owed.iter().position(|&o| o == (run, tag)) {
+                    conn.owed.remove(i);
+                }
+                if run == self.clients[client].run {
+                    self.drive(client, Input::Reply(node, tag, &bytes));
+                }
+            }
+            Ev::SetupRefused {
+                client,
+                node,
+                run,
+                tag,
+            } => {
+                if run == self.clients[client].run {
+                    self.drive(client, Input::Failure(node, tag, setup_error()));
+                }
+            }
+            Ev::SubDeliver {
+                node,
+                client,
+                sent,
+                epoch,
+                bytes,
+            } => self.sub_deliver(node, client, sent, epoch, &bytes),
+            Ev::Confirmed {
+                client,
+                node,
+                epoch,
+                count,
+            } => {
+                let cl = &mut self.clients[client];
+                if cl.subs[node].epoch != epoch || !cl.subscribing {
+                    return;
+                }
+                cl.confirmed += count;
+                if cl.confirmed >= cl.expected {
+                    cl.subscribing = false;
+                    self.drive(client, Input::Subscribed);
+                }
+            }
+            Ev::Wake {
+                client,
+                node,
+                epoch,
+                channel,
+                message,
+            } => {
+                if self.clients[client].subs[node].epoch == epoch {
+                    self.stats.wakes += 1;
+                    self.drive(client, Input::Wake(node, &channel, &message));
+                }
+            }
+            Ev::Closed {
+                client,
+                node,
+                epoch,
+                sub_epoch,
+            } => {
+                if self.clients[client].conns[node].epoch == epoch {
+                    self.reset(client, node);
+                }
+                let sub = &mut self.clients[client].subs[node];
+                if sub.epoch == sub_epoch && sub.up {
+                    sub.fail(self.now, reset_error());
+                }
+            }
+            Ev::Timer { client, slot, id } if self.clients[client].timers[slot] == id => match slot
+            {
+                MACHINE => self.drive(client, Input::Timeout),
+                HOLDER => self.holder(client),
+                _ => self.keeper(client),
+            },
             Ev::Timer { .. } => {}
             Ev::Fault => self.fault(),
             Ev::Restart { node } => {
@@ -624,7 +1145,108 @@ impl World {
         }
     }
 
-    // --- the network -----------------------------------------------------------------------
+    // --- the driver: machines in, bytes out ------------------------------------------------
+
+    /// Feeds `input` to client `c`'s machine, sends what it transmits, and acts on its outcome.
+    fn drive(&mut self, c: usize, input: Input<'_>) {
+        match std::mem::replace(&mut self.clients[c].job, Job::None) {
+            Job::None => {}
+            Job::Acquire(mut m) => {
+                self.feed(&mut *m, input);
+                self.pump(c, &mut *m);
+                match m.poll_outcome() {
+                    Some(outcome) => {
+                        self.cancel_timer(c, MACHINE);
+                        self.clients[c].spread = m.learnt_spread();
+                        self.acquired(c, outcome);
+                    }
+                    None => {
+                        self.arm(c, m.poll_timeout());
+                        self.clients[c].job = Job::Acquire(m);
+                    }
+                }
+            }
+            Job::Round(mut m, purpose) => {
+                self.feed(&mut *m, input);
+                self.pump(c, &mut *m);
+                match m.poll_outcome() {
+                    Some(outcome) => {
+                        self.cancel_timer(c, MACHINE);
+                        let hold = m.hold();
+                        self.round_over(c, purpose, outcome, hold);
+                    }
+                    None => {
+                        self.arm(c, m.poll_timeout());
+                        self.clients[c].job = Job::Round(m, purpose);
+                    }
+                }
+            }
+        }
+    }
+
+    fn feed<M: Machine>(&mut self, m: &mut M, input: Input<'_>) {
+        let now = self.instant(self.now);
+        let rng = &mut self.rng.0;
+        match input {
+            Input::Poll => {}
+            Input::Reply(node, tag, bytes) => {
+                let reply = match resp::decode(bytes, &Limits::default()) {
+                    Ok(Status::Complete((r, n))) if n == bytes.len() => r,
+                    other => panic!("the simulated node sent an undecodable reply: {other:?}"),
+                };
+                m.handle_reply(node, tag, &reply, now, rng);
+            }
+            Input::Failure(node, tag, why) => m.handle_failure(node, tag, why, now, rng),
+            Input::Timeout => {
+                // The machine timer fires at the machine's deadline; a deadline that moved
+                // later since is re-armed by `drive`.
+                if m.poll_timeout().is_some_and(|t| t <= now) {
+                    m.handle_timeout(now, rng);
+                }
+            }
+            Input::Wake(node, channel, message) => m.handle_wake(node, channel, message, now, rng),
+            Input::Subscribed => m.handle_subscribed(now, rng),
+        }
+    }
+
+    fn arm(&mut self, c: usize, at: Option<Instant>) {
+        // A machine that is not done always has a deadline; should one not, it still gets
+        // its input, as the driver does.
+        let at = at.map_or(self.now + self.p.node_timeout.as_nanos() as u64, |t| {
+            self.nanos(t)
+        });
+        let delay = at.saturating_sub(self.now);
+        self.set_timer(c, MACHINE, delay);
+    }
+
+    /// Sends every transmit `m` has.
+    fn pump<M: Machine>(&mut self, c: usize, m: &mut M) {
+        while let Some(t) = m.poll_transmit() {
+            match (t.to, t.what) {
+                (To::All, What::Acquire { .. }) => self.stats.attempts += 1,
+                (To::All, What::FenceWrite { .. }) => self.stats.write_backs += 1,
+                (To::All, What::Cleanup { .. })
+                    if self.clients[c].config.rw_policy == RwPolicy::WritePreferring
+                        && self.clients[c]
+                            .cycle
+                            .as_ref()
+                            .is_some_and(|cy| cy.side == Side::Write) =>
+                {
+                    self.stats.intents += 1
+                }
+                _ => {}
+            }
+            match t.to {
+                To::All => {
+                    for n in 0..self.p.nodes {
+                        self.send_command(c, n, &t, m);
+                    }
+                }
+                To::Node(n) => self.send_command(c, n, &t, m),
+                To::Subscribers => self.send_subscribers(c, &t, m),
+            }
+        }
+    }
 
     fn delay(&mut self) -> u64 {
         if self.rng.chance(self.p.long_delay) {
@@ -636,54 +1258,294 @@ impl World {
         self.rng.range(self.p.delay.0, self.p.delay.1)
     }
 
-    fn send(&mut self, client: usize, node: usize, tag: u64, bytes: Vec<u8>) {
-        if self.blocked[client][node] {
+    /// A round trip on a quiet network: what a connection's setup takes.
+    fn setup_time(&mut self) -> u64 {
+        self.rng.range(self.p.delay.0, self.p.delay.1) * 2
+    }
+
+    /// Sends `t` on client `c`'s command connection to node `n`, as the driver does: a tagged
+    /// command that cannot be sent is a failure of that node at once; an untagged one goes
+    /// only where something of ours may be (a connection that is up, or still owes replies).
+    fn send_command<M: Machine>(&mut self, c: usize, n: usize, t: &Transmit, m: &mut M) {
+        let now = self.now;
+        let run = self.clients[c].run;
+        let conn = &mut self.clients[c].conns[n];
+        if !conn.up {
+            let failure = if now < conn.down_until {
+                Some(conn.last_error.clone().unwrap_or(NodeErrorKind::Backoff))
+            } else if t.tag.is_none() {
+                return;
+            } else if !self.nodes[n].up {
+                let why = NodeErrorKind::Connect(io::ErrorKind::ConnectionRefused);
+                conn.fail(now, why.clone());
+                Some(why)
+            } else if self.nodes[n].refused {
+                // The setup goes out and is refused a round trip later; nothing behind it is
+                // ever written there. The connection stays down with that reason.
+                let rtt = self.setup_time();
+                let conn = &mut self.clients[c].conns[n];
+                conn.fail(now + rtt, setup_error());
+                self.stats.setup_refusals += 1;
+                let tag = t.tag.expect("tagged");
+                self.schedule(
+                    rtt,
+                    Ev::SetupRefused {
+                        client: c,
+                        node: n,
+                        run,
+                        tag,
+                    },
+                );
+                return;
+            } else {
+                let rtt = self.setup_time();
+                self.clients[c].conns[n].connect(now, rtt);
+                None
+            };
+            if let Some(why) = failure {
+                if let Some(tag) = t.tag {
+                    let now = self.instant(now);
+                    m.handle_failure(n, tag, why, now, &mut self.rng.0);
+                }
+                return;
+            }
+        }
+        let mut bytes = Vec::new();
+        m.encode(t, Caps::default(), &mut bytes);
+        let conn = &mut self.clients[c].conns[n];
+        let slot = t.tag.map(|tag| (run, tag));
+        if let Some(s) = slot {
+            conn.owed.push(s);
+        }
+        let epoch = conn.epoch;
+        if self.blocked[c][n] {
             return;
         }
         if self.rng.chance(self.p.request_loss) {
             self.stats.lost_requests += 1;
             return;
         }
-        let at = (self.now + self.delay()).max(self.request_link[client][node]);
-        self.request_link[client][node] = at;
-        let sent = self.now;
+        let d = self.delay();
+        let conn = &mut self.clients[c].conns[n];
+        let at = (now + d).max(conn.request_link).max(conn.ready_at);
+        conn.request_link = at;
         self.schedule(
-            at - self.now,
+            at - now,
             Ev::Deliver {
-                node,
-                client,
-                tag,
-                sent,
+                node: n,
+                client: c,
+                sent: now,
+                epoch,
+                slot,
                 bytes,
             },
         );
     }
 
-    fn deliver(&mut self, node: usize, client: usize, tag: u64, sent: u64, bytes: &[u8]) {
+    fn deliver(
+        &mut self,
+        node: usize,
+        client: usize,
+        sent: u64,
+        epoch: u64,
+        slot: Option<(u64, Tag)>,
+        bytes: &[u8],
+    ) {
         let n = &mut self.nodes[node];
         if !n.up || sent < n.crashed_at || self.blocked[client][node] {
             return;
         }
-        let now_ms = n.clock_ms(self.now);
-        let reply = n.mem.execute(now_ms, bytes);
-        if tag == 0 {
-            return; // A cleanup: nobody reads its reply.
+        if n.refused {
+            self.failures.push(format!(
+                "a command reached node {node}, whose connection setup was refused"
+            ));
+            return;
         }
+        let live = self.clients[client].conns[node].epoch == epoch;
+        if !live {
+            // Written to a connection that was reset since: it still runs.
+            self.stats.late_commands += 1;
+        }
+        let now_ms = n.clock_ms(self.now);
+        let mut first = None;
+        for (i, command) in commands(bytes).into_iter().enumerate() {
+            let reply = self.nodes[node].mem.execute(now_ms, command);
+            if i == 0 {
+                first = Some(reply);
+            }
+        }
+        self.publish(node);
+        let (Some((run, tag)), Some(reply), true) = (slot, first, live) else {
+            return;
+        };
         if self.rng.chance(self.p.reply_loss) {
             self.stats.lost_replies += 1;
             return;
         }
-        let at = (self.now + self.delay()).max(self.reply_link[client][node]);
-        self.reply_link[client][node] = at;
+        let d = self.delay();
+        let conn = &mut self.clients[client].conns[node];
+        let at = (self.now + d).max(conn.reply_link);
+        conn.reply_link = at;
         self.schedule(
             at - self.now,
             Ev::Reply {
                 client,
                 node,
+                epoch,
+                run,
                 tag,
                 bytes: reply,
             },
         );
+    }
+
+    /// Carries what node `node` published to the clients subscribed to it.
+    fn publish(&mut self, node: usize) {
+        for (channel, message) in std::mem::take(&mut self.nodes[node].mem.outbox) {
+            let to: Vec<(usize, u64)> = self.nodes[node]
+                .subs
+                .iter()
+                .filter(|(_, (_, chans))| chans.contains(&channel))
+                .map(|(&c, &(epoch, _))| (c, epoch))
+                .collect();
+            for (client, epoch) in to {
+                if self.blocked[client][node] || self.clients[client].subs[node].epoch != epoch {
+                    continue;
+                }
+                if self.rng.chance(self.p.wake_loss) {
+                    self.stats.lost_wakes += 1;
+                    continue;
+                }
+                let d = self.delay();
+                let sub = &mut self.clients[client].subs[node];
+                let at = (self.now + d).max(sub.reply_link);
+                sub.reply_link = at;
+                self.schedule(
+                    at - self.now,
+                    Ev::Wake {
+                        client,
+                        node,
+                        epoch,
+                        channel: channel.clone(),
+                        message: message.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Sends a subscription change on every subscriber connection that can take it, as the
+    /// driver does, and counts the confirmations a subscription expects.
+    fn send_subscribers<M: Machine>(&mut self, c: usize, t: &Transmit, m: &mut M) {
+        let now = self.now;
+        let mut expected = 0;
+        for n in 0..self.p.nodes {
+            let sub = &self.clients[c].subs[n];
+            if !sub.up {
+                if now < sub.down_until {
+                    continue;
+                }
+                if !self.nodes[n].up || self.nodes[n].refused || self.blocked[c][n] {
+                    let why = NodeErrorKind::Connect(io::ErrorKind::ConnectionRefused);
+                    self.clients[c].subs[n].fail(now, why);
+                    continue;
+                }
+                let rtt = self.setup_time();
+                self.clients[c].subs[n].connect(now, rtt);
+            }
+            let mut bytes = Vec::new();
+            expected += m.encode(t, Caps::default(), &mut bytes);
+            if self.rng.chance(self.p.request_loss) {
+                self.stats.lost_requests += 1;
+                continue;
+            }
+            let d = self.delay();
+            let sub = &mut self.clients[c].subs[n];
+            let at = (now + d).max(sub.request_link).max(sub.ready_at);
+            sub.request_link = at;
+            let epoch = sub.epoch;
+            self.schedule(
+                at - now,
+                Ev::SubDeliver {
+                    node: n,
+                    client: c,
+                    sent: now,
+                    epoch,
+                    bytes,
+                },
+            );
+        }
+        if t.what != What::Subscribe {
+            return;
+        }
+        let cl = &mut self.clients[c];
+        if expected > 0 {
+            (cl.confirmed, cl.expected, cl.subscribing) = (0, expected, true);
+        } else {
+            let now = self.instant(now);
+            m.handle_subscribed(now, &mut self.rng.0);
+        }
+    }
+
+    fn sub_deliver(&mut self, node: usize, client: usize, sent: u64, epoch: u64, bytes: &[u8]) {
+        let n = &mut self.nodes[node];
+        if !n.up || sent < n.crashed_at || self.blocked[client][node] {
+            return;
+        }
+        if self.clients[client].subs[node].epoch != epoch {
+            return; // That connection is gone, and its subscriptions with it.
+        }
+        let args = args(bytes);
+        let Some((command, channels)) = args.split_first() else {
+            return;
+        };
+        let entry = n.subs.entry(client).or_default();
+        if entry.0 != epoch {
+            *entry = (epoch, BTreeSet::new());
+        }
+        match command.as_slice() {
+            b"SUBSCRIBE" => {
+                entry.1.extend(channels.iter().cloned());
+                if self.rng.chance(self.p.reply_loss) {
+                    self.stats.lost_replies += 1;
+                    return;
+                }
+                let d = self.delay();
+                let sub = &mut self.clients[client].subs[node];
+                let at = (self.now + d).max(sub.reply_link);
+                sub.reply_link = at;
+                self.schedule(
+                    at - self.now,
+                    Ev::Confirmed {
+                        client,
+                        node,
+                        epoch,
+                        count: channels.len(),
+                    },
+                );
+            }
+            b"UNSUBSCRIBE" => {
+                for ch in channels {
+                    entry.1.remove(ch);
+                }
+            }
+            other => panic!("not a subscription: {other:?}"),
+        }
+    }
+
+    /// Client `c`'s connection to node `n` is reset: every reply it owed the machine being
+    /// driven is a failure. What was written to it may still reach the node.
+    fn reset(&mut self, c: usize, n: usize) {
+        if !self.clients[c].conns[n].up {
+            return;
+        }
+        let owed = self.clients[c].conns[n].fail(self.now, reset_error());
+        for (run, tag) in owed {
+            // A failure may end the machine, and the next one starts with tags of its own.
+            if run == self.clients[c].run {
+                self.drive(c, Input::Failure(n, tag, reset_error()));
+            }
+        }
     }
 
     // --- faults ----------------------------------------------------------------------------
@@ -696,13 +1558,18 @@ impl World {
             .rng
             .range(self.p.fault_gap / 2, self.p.fault_gap * 3 / 2);
         self.schedule(gap, Ev::Fault);
-        let max_ttl = self.p.ttl_ms * MS;
+        let max_ttl = 2 * self.p.ttl_ms * MS;
         let node = self.rng.below(self.p.nodes as u64) as usize;
+        let client = self.rng.below(self.p.clients as u64) as usize;
         let kind = match self.scenario {
-            Scenario::Model => self.rng.below(3),
+            // A crashed node cannot show that its setup would be refused: runs with
+            // misconfigured nodes keep theirs up, so that the check on configuration
+            // errors (see `acquired`) applies.
+            Scenario::Model if self.p.refused > 0 => 1 + self.rng.below(4),
+            Scenario::Model => self.rng.below(5),
             Scenario::InstantRestart | Scenario::ForgetfulRestart => 0,
             Scenario::ClockJump => 2,
-            Scenario::UncheckedPause => return,
+            Scenario::UncheckedPause | Scenario::Calm => return,
         };
         match kind {
             0 => {
@@ -712,18 +1579,38 @@ impl World {
                 self.stats.crashes += 1;
                 // Within the model, fencing runs on nodes that persist every acknowledged write
                 // (AOF, `appendfsync always`): a restart keeps the data, not the script cache.
-                let persistent = self.p.locks == Locks::Fenced && self.scenario == Scenario::Model;
-                let n = &mut self.nodes[node];
-                if persistent {
-                    n.mem.forget_scripts();
-                } else {
-                    n.mem = Node::default();
+                let persistent = self.p.locks.fenced() && self.scenario == Scenario::Model;
+                {
+                    let n = &mut self.nodes[node];
+                    if persistent {
+                        n.mem.forget_scripts();
+                    } else {
+                        n.mem = Node::default();
+                    }
+                    n.subs.clear();
+                    n.crashed_at = self.now;
                 }
-                n.crashed_at = self.now;
+                // Every client sees its connections closed, a moment later.
+                for c in 0..self.p.clients {
+                    let (epoch, sub_epoch) = (
+                        self.clients[c].conns[node].epoch,
+                        self.clients[c].subs[node].epoch,
+                    );
+                    let d = self.rng.range(self.p.delay.0, self.p.delay.1);
+                    self.schedule(
+                        d,
+                        Ev::Closed {
+                            client: c,
+                            node,
+                            epoch,
+                            sub_epoch,
+                        },
+                    );
+                }
                 if self.scenario == Scenario::InstantRestart {
                     self.log(format_args!("node {node} crashes and restarts at once"));
                 } else {
-                    n.up = false;
+                    self.nodes[node].up = false;
                     let down = self.rng.range(max_ttl, 3 * max_ttl);
                     self.log(format_args!("node {node} crashes for {down} ns"));
                     self.schedule(down, Ev::Restart { node });
@@ -737,13 +1624,14 @@ impl World {
                         self.blocked[c][n] = cut_client && self.rng.chance(0.5);
                     }
                 }
-                let heal = self.rng.range(max_ttl / 4, 2 * max_ttl);
+                let heal = self.rng.range(max_ttl / 8, max_ttl);
                 self.log(format_args!("partition {:?}", self.blocked));
                 self.schedule(heal, Ev::Heal);
             }
-            _ => {
+            2 => {
+                let ttl = self.p.ttl_ms * MS;
                 let by: i64 = if self.scenario == Scenario::ClockJump {
-                    self.rng.range(max_ttl / 2, 2 * max_ttl) as i64
+                    self.rng.range(ttl / 2, 2 * ttl) as i64
                 } else if self.rng.chance(0.5)
                     && self.nodes[node]
                         .last_forward_jump
@@ -759,422 +1647,559 @@ impl World {
                 self.log(format_args!("node {node} clock jumps by {by} ns"));
                 self.nodes[node].offset += by;
             }
-        }
-    }
-
-    // --- clients ---------------------------------------------------------------------------
-
-    fn timer(&mut self, c: usize) {
-        match self.clients[c].phase {
-            Phase::Idle => self.start_acquire(c),
-            Phase::Backoff => {
-                // Simulated waiters are never told of releases: every retry is a backstop's.
-                if let Some(r) = self.clients[c].retry.as_mut() {
-                    r.count_retry();
-                }
-                // A new token for every retry, and new counters read with it.
-                self.clients[c].token = self.new_token();
-                self.clients[c].fence = FenceRead::new();
-                self.begin_attempt(c)
-            }
-            Phase::InRound => {
-                let now = self.instant(self.now);
-                self.clients[c].round.handle_timeout(now);
-                self.after_input(c);
-            }
-            Phase::Read => self.read_step(c),
-            Phase::Write => self.write_step(c),
-            Phase::Done => {}
-        }
-    }
-
-    /// Runs `f` with the op client `c` is sending now.
-    fn with_op<R>(cl: &SimClient, f: impl FnOnce(&dyn Op) -> R) -> R {
-        let key = key_name(cl.key);
-        let (token, ttl_ms) = (&cl.token[..], cl.ttl_ms);
-        let ids = AttemptIds {
-            waiter: &cl.waiter,
-            token,
-        };
-        match (cl.side, cl.cmd) {
-            (Side::Mutex, Cmd::Acquire) => f(&Acquire {
-                key: &key,
-                token,
-                ttl_ms,
-            }),
-            (Side::Fenced, Cmd::Acquire) => f(&FencedAcquire {
-                key: &key,
-                fence: &fence_key(&key),
-                token,
-                ttl_ms,
-                read: &cl.fence,
-            }),
-            (Side::Fenced, Cmd::FenceWrite) => f(&FenceWrite {
-                key: &key,
-                fence: &fence_key(&key),
-                token,
-                value: cl.fence.token().unwrap_or(0),
-            }),
-            (Side::Mutex | Side::Fenced, Cmd::Extend) => f(&Extend {
-                key: &key,
-                token,
-                ttl_ms,
-            }),
-            (Side::Mutex | Side::Fenced, _) => f(&Release { key: &key, token }),
-            (Side::Read, cmd) => {
-                let keys = RwKeys::new(&key);
-                match cmd {
-                    Cmd::Acquire => f(&ReadAcquire {
-                        keys: &keys,
-                        token,
-                        ttl_ms,
-                    }),
-                    Cmd::Extend => f(&ReadExtend {
-                        keys: &keys,
-                        token,
-                        ttl_ms,
-                    }),
-                    _ => f(&SetRelease {
-                        resource: &key,
-                        set: keys.readers(),
-                        token,
-                    }),
+            3 => {
+                // The connection breaks (a proxy, a NAT, a reset): what was written to it is
+                // on its way and still runs on the node.
+                if self.clients[client].conns[node].up {
+                    self.stats.resets += 1;
+                    self.log(format_args!(
+                        "client {client}'s connection to {node} resets"
+                    ));
+                    self.reset(client, node);
                 }
             }
-            (Side::Write, cmd) => {
-                let keys = RwKeys::new(&key);
-                let intent_ms = cl.intent_ms;
-                match cmd {
-                    Cmd::Acquire => f(&WriteAcquire {
-                        keys: &keys,
-                        ids,
-                        ttl_ms,
-                        intent_ms,
-                    }),
-                    Cmd::Extend => f(&Extend {
-                        key: keys.writer(),
-                        token,
-                        ttl_ms,
-                    }),
-                    Cmd::Cleanup => f(&WriteCleanup {
-                        resource: &key,
-                        keys: &keys,
-                        ids,
-                        intent_ms,
-                    }),
-                    Cmd::Withdraw => f(&SetRelease {
-                        resource: &key,
-                        set: keys.intents(),
-                        token: &cl.waiter,
-                    }),
-                    _ => f(&WriteRelease {
-                        resource: &key,
-                        keys: &keys,
-                        token,
-                    }),
+            _ => {
+                let sub = &mut self.clients[client].subs[node];
+                if sub.up {
+                    self.stats.subscriber_resets += 1;
+                    sub.fail(self.now, reset_error());
+                    self.nodes[node].subs.remove(&client);
+                    self.log(format_args!(
+                        "client {client}'s subscriber to {node} resets"
+                    ));
                 }
             }
         }
     }
 
-    /// Sends `cmd` to every node, replies unread (a cleanup, an intent withdrawal).
-    fn broadcast(&mut self, c: usize, cmd: Cmd) {
-        self.clients[c].cmd = cmd;
-        let bytes = self.encode(c, ScriptForm::Body);
-        for n in 0..self.p.nodes {
-            self.send(c, n, 0, bytes.clone());
-        }
-    }
+    // --- the clients' programs -------------------------------------------------------------
 
-    fn encode(&self, c: usize, form: ScriptForm) -> Vec<u8> {
-        let mut out = Vec::new();
-        Self::with_op(&self.clients[c], |op| op.encode(&mut out, form));
-        out
-    }
-
-    /// Starts a round of `cmd` on every node.
-    fn start_round(&mut self, c: usize, cmd: Cmd, timing: Option<Timing>, hold: Option<Instant>) {
-        self.stats.rounds += 1;
-        let now = self.instant(self.now);
-        let timeout = self.p.node_timeout;
-        let cl = &mut self.clients[c];
-        cl.cmd = cmd;
-        cl.tag += 1;
-        cl.phase = Phase::InRound;
-        cl.resent.iter_mut().for_each(|r| *r = false);
-        cl.round.reset(now, timeout, timing, hold);
-        let tag = cl.tag;
-        let bytes = self.encode(c, ScriptForm::Sha);
-        for n in 0..self.p.nodes {
-            self.send(c, n, tag, bytes.clone());
-        }
-        self.after_input(c);
-    }
-
-    fn reply(&mut self, c: usize, node: usize, tag: u64, bytes: &[u8]) {
-        if self.clients[c].tag != tag || self.clients[c].phase != Phase::InRound {
-            return;
-        }
-        let reply = match resp::decode(bytes, &Limits::default()) {
-            Ok(Status::Complete((r, n))) if n == bytes.len() => r,
-            other => panic!("the simulated node sent an undecodable reply: {other:?}"),
-        };
-        let verdict = Self::with_op(&self.clients[c], |op| op.classify(&reply));
-        let now = self.instant(self.now);
-        match verdict {
-            Verdict::Vote(v) => self.clients[c].round.handle_vote(node, v, now),
-            Verdict::NoScript if !self.clients[c].resent[node] => {
-                self.clients[c].resent[node] = true;
-                let body = self.encode(c, ScriptForm::Body);
-                self.send(c, node, tag, body);
-            }
-            Verdict::NoScript => self.clients[c].round.handle_vote(
-                node,
-                Vote::Failed(NodeErrorKind::UnexpectedReply),
-                now,
-            ),
-        }
-        self.after_input(c);
-    }
-
-    fn after_input(&mut self, c: usize) {
-        let cl = &self.clients[c];
-        match cl.round.decision() {
-            None => {
-                let at = cl
-                    .round
-                    .poll_timeout()
-                    .expect("undecided rounds have a deadline");
-                let delay = self.nanos(at).saturating_sub(self.now);
-                self.set_timer(c, delay);
-            }
-            Some(d) => {
-                // Further replies to this round are ignored, as the driver drops them.
-                self.clients[c].phase = Phase::Idle;
-                match self.clients[c].cmd {
-                    Cmd::Acquire => self.acquired(c, d),
-                    Cmd::Extend => self.extended(c, d),
-                    Cmd::FenceWrite => self.written_back(c, d),
-                    Cmd::Release | Cmd::Cleanup | Cmd::Withdraw => self.finish_cycle(c),
-                }
-            }
-        }
-    }
-
-    fn start_acquire(&mut self, c: usize) {
+    /// Starts the next lock cycle of client `c`.
+    fn start_cycle(&mut self, c: usize) {
         if self.clients[c].cycles_left == 0 || self.now > self.p.horizon {
-            self.clients[c].phase = Phase::Done;
             return;
         }
-        let token: Vec<u8> = self.new_token();
+        let arena = self.arena;
         let key = self.rng.below(self.p.keys as u64) as usize;
-        let (side, kind) = match self.p.locks {
-            Locks::Mutex => (Side::Mutex, Kind::Mutex),
-            Locks::Fenced => (Side::Fenced, Kind::Mutex),
-            Locks::ReadWrite if self.rng.chance(0.6) => (Side::Read, Kind::Read),
-            Locks::ReadWrite => (Side::Write, Kind::Write),
+        let (side, spec, keys) = match self.p.locks {
+            Locks::Mutex => (Side::Mutex, mutex(arena, key, None), vec![key]),
+            Locks::Fenced => (
+                Side::Mutex,
+                mutex(arena, key, Some(&arena.fences[key])),
+                vec![key],
+            ),
+            Locks::ReadWrite | Locks::FencedWrite if self.rng.chance(0.6) => {
+                let spec = Spec {
+                    keys: Keys::Read {
+                        resource: &arena.keys[key],
+                        keys: &arena.rw[key],
+                    },
+                    fence: None,
+                };
+                (Side::Read, spec, vec![key])
+            }
+            Locks::ReadWrite | Locks::FencedWrite => {
+                let fence = (self.p.locks == Locks::FencedWrite)
+                    .then(|| arena.write_fences[key].as_slice());
+                let spec = Spec {
+                    keys: Keys::Write {
+                        resource: &arena.keys[key],
+                        keys: &arena.rw[key],
+                    },
+                    fence,
+                };
+                (Side::Write, spec, vec![key])
+            }
+            Locks::All if self.rng.chance(0.6) => {
+                let set = self.rng.below(self.sets.len() as u64) as usize;
+                let set: &'a [&'a [u8]] = &self.sets[set];
+                let keys = set
+                    .iter()
+                    .map(|k| arena.keys.iter().position(|n| n == k).expect("a key"))
+                    .collect();
+                let spec = Spec {
+                    keys: Keys::All(set),
+                    fence: None,
+                };
+                (Side::Mutex, spec, keys)
+            }
+            Locks::All => (Side::Mutex, mutex(arena, key, None), vec![key]),
         };
-        let op = self.history.push(history::Op {
-            client: c as u64,
-            kind,
-            key: key_name(key),
-            invoke: Duration::from_nanos(self.now),
-            ok: None,
-            fence: None,
-            valid_until: None,
-            release: None,
-        });
+        let kind = match side {
+            Side::Mutex => Kind::Mutex,
+            Side::Read => Kind::Read,
+            Side::Write => Kind::Write,
+        };
+        let invoke = Duration::from_nanos(self.now);
+        let ops = keys
+            .iter()
+            .map(|&k| {
+                self.history.push(history::Op {
+                    client: c as u64,
+                    kind,
+                    key: key_name(k),
+                    invoke,
+                    ok: None,
+                    fence: None,
+                    valid_until: None,
+                    release: None,
+                })
+            })
+            .collect();
+        let wait = !self.rng.chance(self.p.try_once);
+        let ttl_ms = self.p.ttl_ms;
+        let timing = self.timing(ttl_ms);
+        let keep = if wait && self.rng.chance(self.p.keep) {
+            // Kept with any TTL, shorter than the lock's too, at the default interval or one
+            // of its own (which may be refused).
+            let keep_ttl = self.rng.range(ttl_ms / 2, 2 * ttl_ms);
+            let interval = self
+                .rng
+                .chance(0.3)
+                .then(|| Duration::from_millis(self.rng.range(1, keep_ttl)));
+            Schedule::new(
+                self.timing(keep_ttl),
+                interval,
+                self.clients[c].config.retry_delay,
+                self.p.node_timeout,
+            )
+            .ok()
+        } else {
+            None
+        };
         let now = self.instant(self.now);
         let cl = &mut self.clients[c];
-        cl.waiter = token.clone();
-        cl.token = token;
-        cl.side = side;
-        cl.fence = FenceRead::new();
-        cl.key = key;
-        cl.op = op;
-        cl.extended = false;
-        cl.retry = Some(Retry::new(
-            now,
-            self.p.wait_timeout,
-            self.p.retry_count,
-            true,
-        ));
-        self.log(format_args!("client {c} acquires lock:{key} (op {op})"));
-        self.begin_attempt(c);
-    }
-
-    /// A random token, as the client draws them.
-    fn new_token(&mut self) -> Vec<u8> {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        (0..40).map(|_| HEX[self.rng.below(16) as usize]).collect()
-    }
-
-    fn begin_attempt(&mut self, c: usize) {
-        let timing = self.clients[c].timing;
-        self.start_round(c, Cmd::Acquire, Some(timing), None);
-    }
-
-    fn acquired(&mut self, c: usize, d: Decision) {
-        let writer_intent = self.clients[c].side == Side::Write && self.clients[c].intent_ms > 0;
-        if let Decision::Won {
-            valid_until: Some(until),
-            ..
-        } = d
-        {
-            if writer_intent {
-                // Nodes that refused may still hold this writer's intent.
-                self.broadcast(c, Cmd::Withdraw);
-            }
-            self.clients[c].valid_until = until;
-            let cl = &self.clients[c];
-            if cl.side == Side::Fenced && cl.fence.holders() < crate::engine::quorum(self.p.nodes) {
-                // The token is not on a quorum yet: write it back before the validity ends.
-                self.stats.write_backs += 1;
-                let timing = cl.timing;
-                return self.start_round(c, Cmd::FenceWrite, Some(timing), Some(until));
-            }
-            return self.granted(c);
+        let params = Params {
+            ttl_ms,
+            timing,
+            wait,
+            fair: cl.config.fair,
+            ticket: (self.now + cl.clock) / 1000,
+            spread: cl.spread,
+        };
+        if self.trace {
+            eprintln!(
+                "{:>10.3} ms  client {c} takes {side:?} on {keys:?} (ops {ops:?}), wait {wait}, fair {}, keep {}",
+                self.now as f64 / MS as f64,
+                cl.config.fair,
+                keep.is_some()
+            );
         }
-        self.log(format_args!("client {c} lost a round: {d:?}"));
-        if writer_intent {
-            self.stats.intents += 1;
+        cl.cycle = Some(Cycle {
+            spec,
+            ops,
+            keys,
+            side,
+            wait,
+            keep,
+            held: None,
+        });
+        let config = cl.config;
+        let round = Round::new(self.p.nodes, now, self.p.node_timeout, None, None);
+        let m = Acquisition::new(spec, config, params, now, round, &mut self.rng.0);
+        let cl = &mut self.clients[c];
+        cl.run += 1;
+        cl.subscribing = false;
+        cl.job = Job::Acquire(Box::new(m));
+        self.drive(c, Input::Poll);
+    }
+
+    fn timing(&self, ttl_ms: u64) -> Timing {
+        Timing {
+            ttl: Duration::from_millis(ttl_ms),
+            drift_factor: self.p.drift_factor,
         }
-        // Seed 004 step 5: unlock every node, even those that said no or did not answer.
-        self.broadcast(c, Cmd::Cleanup);
-        let delay = self.rng.0.around(self.p.retry_delay);
-        let now = self.instant(self.now);
-        let next = self.clients[c]
-            .retry
-            .as_mut()
-            .and_then(|r| r.next_attempt(now, delay));
-        match next {
-            Some(at) => {
-                self.clients[c].phase = Phase::Backoff;
-                let delay = self.nanos(at) - self.now;
-                self.set_timer(c, delay);
-            }
-            None => {
-                if writer_intent {
-                    self.broadcast(c, Cmd::Withdraw);
+    }
+
+    /// The acquisition of client `c`'s cycle is over.
+    fn acquired(&mut self, c: usize, outcome: Result<Grant, Error>) {
+        let refused_quorum = self.p.nodes - self.p.refused < self.p.nodes / 2 + 1;
+        let wait = self.clients[c].cycle.as_ref().is_some_and(|cy| cy.wait);
+        let grant = match outcome {
+            Ok(grant) => grant,
+            Err(e) => {
+                self.log(format_args!("client {c} gives up: {e}"));
+                if e.is_config() {
+                    self.stats.config_errors += 1;
+                } else if refused_quorum && wait {
+                    // One attempt (`try_*`) may be decided by a node's refusal before every
+                    // refused setup is in; a wait must find out, and end at once.
+                    self.failures.push(format!(
+                        "too few nodes accept the setup for a quorum, yet the acquisition ended with: {e}"
+                    ));
                 }
-                self.finish_cycle(c)
+                if self.scenario == Scenario::Calm {
+                    self.failures
+                        .push(format!("a wait in a calm run ended with: {e}"));
+                }
+                return self.end_cycle(c);
             }
+        };
+        if refused_quorum {
+            self.failures
+                .push("granted though too few nodes accept the setup".into());
         }
-    }
-
-    /// The lock is the caller's (with its fencing token, if fenced) until `valid_until`.
-    fn granted(&mut self, c: usize) {
-        let cl = &self.clients[c];
-        let (op, until) = (cl.op, cl.valid_until);
-        if cl.side == Side::Fenced {
-            self.history.ops[op].fence = cl.fence.token();
+        let now = self.instant(self.now);
+        let steps = self.rng.range(1, 3) as u32;
+        let kept_steps = self.rng.range(3, 6) as u32;
+        let fair = self.clients[c].config.fair;
+        let cycle = self.clients[c].cycle.as_mut().expect("a cycle");
+        self.stats.grants += 1;
+        self.stats.fair_grants += u64::from(fair);
+        self.stats.set_grants += u64::from(matches!(cycle.spec.keys, Keys::All(_)));
+        self.stats.fenced_grants += u64::from(grant.fencing_token.is_some());
+        for &op in &cycle.ops {
+            let op = &mut self.history.ops[op];
+            op.ok = Some(Duration::from_nanos(self.now));
+            op.valid_until = Some(grant.valid_until - self.base);
+            op.fence = grant.fencing_token;
         }
-        self.history.ops[op].ok = Some(Duration::from_nanos(self.now));
-        self.history.ops[op].valid_until = Some(until - self.base);
-        self.log(format_args!("client {c} holds op {op} until {until:?}"));
-        self.hold(c);
-    }
-
-    /// The fenced grant's write-back round is over.
-    fn written_back(&mut self, c: usize, d: Decision) {
-        if matches!(d, Decision::Won { .. }) {
-            return self.granted(c);
-        }
+        let kept = cycle.keep.map(|plan| Kept {
+            plan,
+            until: grant.valid_until,
+            lost: false,
+        });
+        let steps = if kept.is_some() { kept_steps } else { steps };
+        cycle.held = Some(Held {
+            token: grant.token,
+            hold: Hold::new(grant.valid_until),
+            steps,
+            reading: true,
+            read: Vec::new(),
+            kept,
+            release_wanted: false,
+            releasing: false,
+            lost_extend: false,
+        });
+        let ops = cycle.ops.clone();
         self.log(format_args!(
-            "client {c} could not write its token back: {d:?}"
+            "client {c} holds {ops:?} until {:?}, fence {:?}",
+            grant.valid_until, grant.fencing_token
         ));
-        self.start_release(c);
+        if let Some(due) = self.kept_due(c, now) {
+            self.stats.kept += 1;
+            self.set_keeper(c, due);
+        }
+        self.next_step(c);
     }
 
-    /// The holder's work: read the counter after a while, then write it.
-    fn hold(&mut self, c: usize) {
-        let left = self.validity_left(c);
-        self.clients[c].phase = Phase::Read;
+    /// When a kept lock's first extension is due.
+    fn kept_due(&mut self, c: usize, now: Instant) -> Option<Instant> {
+        let held = self.clients[c].cycle.as_mut()?.held.as_mut()?;
+        let kept = held.kept.as_mut()?;
+        let left = kept.left(now).unwrap_or_default();
+        Some(kept.plan.next_due(now, left))
+    }
+
+    /// Schedules the keeper at `due`, or later when it runs slow.
+    fn set_keeper(&mut self, c: usize, due: Instant) {
+        let mut at = self.nanos(due).max(self.now);
+        if self.rng.chance(self.p.slow_keeper) {
+            self.stats.slow_keepers += 1;
+            at += self.rng.below(self.p.ttl_ms * MS);
+        }
+        self.set_timer(c, KEEPER, at - self.now);
+    }
+
+    /// The validity the holder sees at `now`: its guard's, or its kept lock's.
+    fn valid(&mut self, c: usize) -> bool {
+        let now = self.instant(self.now);
+        let Some(held) = self.clients[c]
+            .cycle
+            .as_mut()
+            .and_then(|cy| cy.held.as_mut())
+        else {
+            return false;
+        };
+        match held.kept.as_mut() {
+            Some(kept) => kept.left(now).is_some(),
+            None => held.hold.validity(now) > Duration::ZERO,
+        }
+    }
+
+    /// Schedules the holder's next work step.
+    fn next_step(&mut self, c: usize) {
+        let now = self.instant(self.now);
+        let ttl = self.p.ttl_ms * MS;
+        let Some(held) = self.clients[c]
+            .cycle
+            .as_ref()
+            .and_then(|cy| cy.held.as_ref())
+        else {
+            return;
+        };
+        let left = match &held.kept {
+            Some(_) => ttl,
+            None => held.hold.validity(now).as_nanos() as u64,
+        };
         let work = self.rng.below(left / 2 + 1);
-        self.set_timer(c, work);
+        self.set_timer(c, HOLDER, work);
     }
 
-    fn validity_left(&self, c: usize) -> u64 {
-        self.nanos(self.clients[c].valid_until)
-            .saturating_sub(self.now)
-    }
-
-    fn read_step(&mut self, c: usize) {
-        let left = self.validity_left(c);
-        if left == 0 {
-            return self.start_release(c);
+    /// The holder's work: read the counters, then (after a while, maybe a pause) write them.
+    fn holder(&mut self, c: usize) {
+        let Some(cycle) = self.clients[c].cycle.as_ref() else {
+            return self.start_cycle(c);
+        };
+        let Some(held) = cycle.held.as_ref() else {
+            return;
+        };
+        if held.releasing || held.release_wanted {
+            return;
         }
-        self.clients[c].read = self.counters[self.clients[c].key];
-        let mut work = self.rng.below(left / 2 + 1);
-        if self.rng.chance(self.p.pause) {
-            self.stats.pauses += 1;
-            let ttl = self.p.ttl_ms * MS;
-            work += if self.scenario == Scenario::UncheckedPause {
-                self.rng.range(left, left + ttl)
-            } else {
-                self.rng.range(0, 2 * ttl)
-            };
-            self.log(format_args!("client {c} pauses for {work} ns"));
-        }
-        self.clients[c].phase = Phase::Write;
-        self.set_timer(c, work);
-    }
-
-    fn write_step(&mut self, c: usize) {
+        let (reading, keys, ops, side) = (
+            held.reading,
+            cycle.keys.clone(),
+            cycle.ops.clone(),
+            cycle.side,
+        );
         let checked = self.scenario != Scenario::UncheckedPause;
-        if checked && self.validity_left(c) == 0 {
+        if reading {
+            if !self.valid(c) {
+                self.log(format_args!("client {c} finds its validity gone"));
+                return self.start_release(c);
+            }
+            let read = keys.iter().map(|&k| self.counters[k]).collect();
+            let now = self.instant(self.now);
+            let ttl = self.p.ttl_ms * MS;
+            let held = self.held(c);
+            held.read = read;
+            held.reading = false;
+            let left = if held.kept.is_some() {
+                ttl
+            } else {
+                held.hold.validity(now).as_nanos() as u64
+            };
+            let mut work = self.rng.below(left / 2 + 1);
+            if self.rng.chance(self.p.pause) {
+                self.stats.pauses += 1;
+                work += if self.scenario == Scenario::UncheckedPause {
+                    self.rng.range(left, left + ttl)
+                } else {
+                    self.rng.range(0, 2 * ttl)
+                };
+                self.log(format_args!("client {c} pauses for {work} ns"));
+            }
+            return self.set_timer(c, HOLDER, work);
+        }
+        if checked && !self.valid(c) {
             self.log(format_args!("client {c} finds its validity gone"));
             return self.start_release(c);
         }
-        let cl = &self.clients[c];
-        if cl.side == Side::Read {
-            // Readers share the key: they only read.
+        if side != Side::Read {
+            let held = self.held(c);
+            let read = held.read.clone();
+            let after_lost = held.lost_extend;
+            self.stats.writes_after_lost_extend += u64::from(after_lost);
+            for ((k, op), r) in keys.into_iter().zip(ops).zip(read) {
+                self.counters[k] = r + 1;
+                self.history.increments.push(Increment {
+                    client: c as u64,
+                    key: key_name(k),
+                    read: r,
+                    at: Duration::from_nanos(self.now),
+                    op,
+                });
+            }
+        }
+        let held = self.held(c);
+        held.reading = true;
+        held.steps = held.steps.saturating_sub(1);
+        let (steps, kept) = (held.steps, held.kept.is_some());
+        if steps == 0 || !self.valid(c) {
             return self.start_release(c);
         }
-        self.counters[cl.key] = cl.read + 1;
-        self.history.increments.push(Increment {
-            client: c as u64,
-            key: key_name(cl.key),
-            read: cl.read,
-            at: Duration::from_nanos(self.now),
-            op: cl.op,
-        });
-        let (timing, hold, extended) = (cl.timing, cl.valid_until, cl.extended);
-        if !extended && self.validity_left(c) > 0 && self.rng.chance(0.3) {
-            self.clients[c].extended = true;
-            self.start_round(c, Cmd::Extend, Some(timing), Some(hold));
-        } else {
-            self.start_release(c);
+        if !kept && self.rng.chance(0.4) {
+            // Any TTL, a shorter one than the lock's too.
+            let ttl = self.p.ttl_ms;
+            let ttl_ms = self.rng.range((ttl / 4).max(10), 2 * ttl);
+            self.stats.extends += 1;
+            self.stats.shorter_extends += u64::from(ttl_ms < ttl);
+            let step = Step::Extend {
+                ttl_ms,
+                timing: self.timing(ttl_ms),
+            };
+            return self.start_round(c, step, Purpose::Extend { ttl_ms });
+        }
+        self.next_step(c);
+    }
+
+    fn held(&mut self, c: usize) -> &mut Held {
+        self.clients[c]
+            .cycle
+            .as_mut()
+            .and_then(|cy| cy.held.as_mut())
+            .expect("held")
+    }
+
+    /// The keeper's turn for client `c`'s kept lock.
+    fn keeper(&mut self, c: usize) {
+        let now = self.instant(self.now);
+        let Some(held) = self.clients[c]
+            .cycle
+            .as_mut()
+            .and_then(|cy| cy.held.as_mut())
+        else {
+            return;
+        };
+        if held.releasing || held.release_wanted {
+            return;
+        }
+        let Some(kept) = held.kept.as_mut() else {
+            return;
+        };
+        if kept.left(now).is_none() {
+            self.stats.kept_lost += 1;
+            self.log(format_args!("client {c}'s kept lock is lost"));
+            return;
+        }
+        // `validity()` and `is_lost()` do not wait for the round: what it may leave on the
+        // nodes is what they say while it is in flight.
+        if let Some(cap) = kept.plan.cap_from(now) {
+            kept.until = kept.until.min(cap);
+        }
+        let ttl = kept.plan.ttl();
+        let ttl_ms = ttl.as_millis() as u64;
+        self.stats.keeper_rounds += 1;
+        self.record_until(c);
+        let step = Step::Extend {
+            ttl_ms,
+            timing: self.timing(ttl_ms),
+        };
+        self.start_round(c, step, Purpose::Keep);
+    }
+
+    /// Writes the holder's end of validity into the history.
+    fn record_until(&mut self, c: usize) {
+        let cycle = self.clients[c].cycle.as_ref().expect("a cycle");
+        let held = cycle.held.as_ref().expect("held");
+        let until = held
+            .kept
+            .as_ref()
+            .map_or(held.hold.valid_until(), |k| k.until);
+        for &op in &cycle.ops {
+            self.history.ops[op].valid_until = Some(until - self.base);
         }
     }
 
-    fn extended(&mut self, c: usize, d: Decision) {
-        if let Decision::Won {
-            valid_until: Some(until),
-            ..
-        } = d
-        {
-            self.clients[c].valid_until = until;
-            let op = self.clients[c].op;
-            self.history.ops[op].valid_until = Some(until - self.base);
-            self.log(format_args!("client {c} extends op {op} to {until:?}"));
-            return self.hold(c);
-        }
-        self.start_release(c);
+    /// Starts a round of `step` on the held lock.
+    fn start_round(&mut self, c: usize, step: Step, purpose: Purpose) {
+        let now = self.instant(self.now);
+        let Some(slot) = self.holds.next() else {
+            // Out of storage: this client stops here (its lock expires on its own).
+            self.clients[c].cycles_left = 0;
+            return;
+        };
+        let cl = &mut self.clients[c];
+        let cycle = cl.cycle.as_ref().expect("a cycle");
+        let held = cycle.held.as_ref().expect("held");
+        *slot = held.hold;
+        let round = Round::new(self.p.nodes, now, self.p.node_timeout, None, None);
+        let m = slot.round(cycle.spec, held.token, cl.config, step, now, round);
+        cl.run += 1;
+        cl.job = Job::Round(Box::new(m), purpose);
+        self.drive(c, Input::Poll);
     }
 
     fn start_release(&mut self, c: usize) {
-        let op = self.clients[c].op;
-        self.history.ops[op].release = Some(Duration::from_nanos(self.now));
-        self.start_round(c, Cmd::Release, None, None);
+        let busy = matches!(self.clients[c].job, Job::Round(..));
+        let held = self.held(c);
+        if busy {
+            held.release_wanted = true;
+            return;
+        }
+        held.releasing = true;
+        self.cancel_timer(c, KEEPER);
+        self.cancel_timer(c, HOLDER);
+        let ops = self.clients[c].cycle.as_ref().expect("a cycle").ops.clone();
+        for op in ops {
+            self.history.ops[op].release = Some(Duration::from_nanos(self.now));
+        }
+        self.log(format_args!("client {c} releases"));
+        self.start_round(c, Step::Release, Purpose::Release);
     }
 
-    fn finish_cycle(&mut self, c: usize) {
+    /// A round of the held lock is over; `hold` is what it left.
+    fn round_over(&mut self, c: usize, purpose: Purpose, result: Result<(), Error>, hold: Hold) {
+        let now = self.instant(self.now);
+        self.log(format_args!(
+            "client {c}: {purpose:?} {result:?}, valid until {:?}",
+            hold.valid_until()
+        ));
+        if purpose == Purpose::Release {
+            return self.end_cycle(c);
+        }
+        if purpose == Purpose::Keep && result.is_err() {
+            self.stats.lost_extends += 1;
+        }
+        let held = self.held(c);
+        held.hold = hold;
+        match purpose {
+            Purpose::Extend { .. } => {
+                if result.is_err() {
+                    held.lost_extend = true;
+                    self.stats.lost_extends += 1;
+                }
+                self.record_until(c);
+                if self.held(c).release_wanted || !self.valid(c) {
+                    return self.start_release(c);
+                }
+                // Won or not, the holder goes on while its guard's validity lasts.
+                self.next_step(c);
+            }
+            Purpose::Keep => {
+                let kept = held.kept.as_mut().expect("kept");
+                if result.is_ok() {
+                    kept.until = hold.valid_until();
+                } else {
+                    kept.until = kept.until.min(hold.valid_until());
+                }
+                let left = kept.left(now);
+                let next = kept.plan.after_round(result, now, left);
+                self.record_until(c);
+                if self.held(c).release_wanted {
+                    return self.start_release(c);
+                }
+                match next {
+                    Ok(due) => self.set_keeper(c, due),
+                    Err(e) => {
+                        self.stats.kept_lost += 1;
+                        self.held(c).kept.as_mut().expect("kept").lost = true;
+                        self.log(format_args!("client {c}'s kept lock is lost: {e}"));
+                    }
+                }
+            }
+            Purpose::Release => unreachable!(),
+        }
+    }
+
+    fn end_cycle(&mut self, c: usize) {
+        if self.scenario == Scenario::Calm {
+            let kept_lost = self.clients[c]
+                .cycle
+                .as_ref()
+                .and_then(|cy| cy.held.as_ref())
+                .and_then(|h| h.kept.as_ref())
+                .is_some_and(|k| k.lost);
+            if kept_lost {
+                self.failures
+                    .push("a kept lock was lost in a calm run".into());
+            }
+        }
+        self.cancel_timer(c, KEEPER);
         let cl = &mut self.clients[c];
+        cl.cycle = None;
+        cl.job = Job::None;
         cl.cycles_left = cl.cycles_left.saturating_sub(1);
-        cl.phase = Phase::Idle;
         let think = self.rng.below(self.p.ttl_ms * MS / 2);
-        self.set_timer(c, think);
+        self.set_timer(c, HOLDER, think);
+    }
+}
+
+fn mutex<'a>(arena: &'a Arena, key: usize, fence: Option<&'a Vec<u8>>) -> Spec<'a> {
+    Spec {
+        keys: Keys::Mutex(&arena.keys[key]),
+        fence: fence.map(Vec::as_slice),
     }
 }
 
@@ -1186,39 +2211,50 @@ fn seed_count(default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Runs `seeds` of `scenario` on every core; returns the merged report, the stats and the
-/// seeds that found violations.
-pub(crate) fn run_many(
-    seeds: std::ops::Range<u64>,
-    scenario: Scenario,
-) -> (Report, Stats, Vec<u64>) {
-    run_many_locks(seeds, scenario, Locks::Mutex)
+/// What many seeds produced together.
+#[derive(Default)]
+pub(crate) struct Summary {
+    pub report: Report,
+    pub stats: Stats,
+    /// The seeds with violations, sorted.
+    pub failing: Vec<u64>,
+    /// The first few failures beyond the history checker's, with their seeds.
+    pub failures: Vec<(u64, String)>,
 }
 
-/// [`run_many`] with clients that take `locks`.
+impl Summary {
+    fn absorb(&mut self, o: Summary) {
+        self.report.absorb(&o.report);
+        self.stats.absorb(&o.stats);
+        self.failing.extend(o.failing);
+        self.failures.extend(o.failures);
+    }
+}
+
+/// Runs `seeds` of `scenario` with clients that take `locks`, on every core.
 pub(crate) fn run_many_locks(
     seeds: std::ops::Range<u64>,
     scenario: Scenario,
     locks: Locks,
-) -> (Report, Stats, Vec<u64>) {
+) -> Summary {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
-    let results: Vec<(Report, Stats, Vec<u64>)> = std::thread::scope(|s| {
+    let results: Vec<Summary> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let seeds = seeds.clone();
                 s.spawn(move || {
-                    let mut report = Report::default();
-                    let mut stats = Stats::default();
-                    let mut failing = Vec::new();
+                    let mut sum = Summary::default();
                     for seed in seeds.filter(|s| s % threads == t) {
                         let out = run_locks(seed, scenario, locks, false);
-                        if out.report.violations() > 0 {
-                            failing.push(seed);
+                        if out.violations() > 0 {
+                            sum.failing.push(seed);
                         }
-                        report.absorb(&out.report);
-                        stats.absorb(&out.stats);
+                        sum.failures
+                            .extend(out.failures.into_iter().take(2).map(|f| (seed, f)));
+                        sum.report.absorb(&out.report);
+                        sum.stats.absorb(&out.stats);
                     }
-                    (report, stats, failing)
+                    sum
                 })
             })
             .collect();
@@ -1227,205 +2263,14 @@ pub(crate) fn run_many_locks(
             .map(|h| h.join().expect("a simulation thread panicked"))
             .collect()
     });
-    let mut report = Report::default();
-    let mut stats = Stats::default();
-    let mut failing = Vec::new();
-    for (r, s, f) in results {
-        report.absorb(&r);
-        stats.absorb(&s);
-        failing.extend(f);
+    let mut sum = Summary::default();
+    for r in results {
+        sum.absorb(r);
     }
-    failing.sort_unstable();
-    (report, stats, failing)
+    sum.failing.sort_unstable();
+    sum.failures.sort();
+    sum
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Seeds CI runs within the model; `REDLOCK_SIM_SEEDS` overrides.
-    const CI_SEEDS: u64 = 2000;
-    /// Seeds CI runs within the model for each other kind of lock.
-    const LOCK_SEEDS: u64 = 600;
-    /// Seeds each broken scenario runs.
-    const BROKEN_SEEDS: u64 = 200;
-
-    fn replay_hint(seed: u64, scenario: Scenario) -> String {
-        let test = match scenario {
-            Scenario::Model => "within_the_model_no_seed_finds_a_violation",
-            _ => "broken_assumptions_produce_violations",
-        };
-        format!(
-            "seed {seed} ({scenario:?}); replay: REDLOCK_SIM_SEED={seed} cargo test --lib engine::sim::tests::{test} -- --nocapture"
-        )
-    }
-
-    /// `REDLOCK_SIM_SEED=n` replays just that seed, with a trace, in every scenario test.
-    fn replay_seed() -> Option<u64> {
-        std::env::var("REDLOCK_SIM_SEED").ok()?.parse().ok()
-    }
-
-    #[test]
-    fn within_the_model_no_seed_finds_a_violation() {
-        if let Some(seed) = replay_seed() {
-            let out = run(seed, Scenario::Model, true);
-            assert_eq!(out.report.violations(), 0, "{}", out.report);
-            return;
-        }
-        let (report, stats, failing) = run_many(0..seed_count(CI_SEEDS), Scenario::Model);
-        println!("simulation within the model: {stats}\nchecker: {report}");
-        for &seed in &failing {
-            println!("{}", replay_hint(seed, Scenario::Model));
-        }
-        assert!(failing.is_empty(), "violations in {} seeds", failing.len());
-        assert_eq!(report.violations(), 0, "{report}");
-        // The runs did real work under every kind of fault.
-        assert!(report.windows > stats.seeds as usize, "{report}");
-        assert!(report.increments > stats.seeds as usize, "{report}");
-        for (what, n) in [
-            ("crashes", stats.crashes),
-            ("partitions", stats.partitions),
-            ("clock jumps", stats.clock_jumps),
-            ("pauses", stats.pauses),
-            ("lost requests", stats.lost_requests),
-            ("lost replies", stats.lost_replies),
-            ("long delays", stats.long_delays),
-        ] {
-            assert!(n > 0, "no {what} were injected: {stats}");
-        }
-    }
-
-    #[test]
-    fn broken_assumptions_produce_violations() {
-        let scenarios = [
-            Scenario::InstantRestart,
-            Scenario::ClockJump,
-            Scenario::UncheckedPause,
-        ];
-        if let Some(seed) = replay_seed() {
-            for s in scenarios {
-                run(seed, s, true);
-            }
-            return;
-        }
-        for scenario in scenarios {
-            let (report, stats, failing) = run_many(0..BROKEN_SEEDS, scenario);
-            println!("{scenario:?}: {stats}\nchecker: {report}");
-            if let Some(&seed) = failing.first() {
-                println!("e.g. {}", replay_hint(seed, scenario));
-            }
-            assert!(
-                report.violations() > 0,
-                "{scenario:?} breaks an assumption, yet the checker found nothing: {report}"
-            );
-            if scenario == Scenario::UncheckedPause {
-                assert!(
-                    report.lost_updates > 0 && report.writes_outside > 0,
-                    "{report}"
-                );
-            } else {
-                assert!(!report.overlaps.is_empty(), "{report}");
-            }
-        }
-    }
-
-    /// Read-write and fenced clients under every fault within the model: readers may share,
-    /// writers exclude everyone, and fencing tokens strictly increase in grant order.
-    #[test]
-    fn read_write_and_fenced_clients_within_the_model() {
-        for locks in [Locks::ReadWrite, Locks::Fenced] {
-            if let Some(seed) = replay_seed() {
-                let out = run_locks(seed, Scenario::Model, locks, true);
-                assert_eq!(out.report.violations(), 0, "{}", out.report);
-                continue;
-            }
-            let (report, stats, failing) =
-                run_many_locks(0..seed_count(LOCK_SEEDS), Scenario::Model, locks);
-            println!("{locks:?} within the model: {stats}\nchecker: {report}");
-            for &seed in &failing {
-                println!(
-                    "{locks:?} seed {seed}; replay: REDLOCK_SIM_SEED={seed} cargo test --lib engine::sim::tests::read_write_and_fenced -- --nocapture"
-                );
-            }
-            assert!(failing.is_empty(), "violations in {} seeds", failing.len());
-            assert_eq!(report.violations(), 0, "{report}");
-            assert!(report.windows > stats.seeds as usize, "{report}");
-            assert!(stats.crashes > 0 && stats.partitions > 0 && stats.lost_replies > 0);
-            // What the runs held: both sides and shared reads, or tokens on every grant.
-            let ops: Vec<history::Op> = (0..20)
-                .flat_map(|seed| run_locks(seed, Scenario::Model, locks, false).history.ops)
-                .filter(|op| op.window().is_some())
-                .collect();
-            match locks {
-                Locks::ReadWrite => {
-                    for kind in [Kind::Read, Kind::Write] {
-                        assert!(ops.iter().any(|op| op.kind == kind), "no {kind:?} grants");
-                    }
-                    assert!(stats.shared_reads > 0 && stats.intents > 0, "{stats}");
-                }
-                _ => {
-                    assert!(
-                        ops.iter().all(|op| op.fence.is_some()),
-                        "a grant without a token"
-                    );
-                    assert!(stats.write_backs > 0, "{stats}");
-                }
-            }
-        }
-    }
-
-    /// Nodes that restart without their state forget the fence counters: tokens go backwards,
-    /// even when the restart waits out the TTL and the lock itself holds. Restarting at once
-    /// breaks read-write locks too. The checker must see both.
-    #[test]
-    fn restarts_without_persistence_break_fencing() {
-        let runs = [
-            (Scenario::InstantRestart, Locks::Fenced),
-            (Scenario::ForgetfulRestart, Locks::Fenced),
-            (Scenario::InstantRestart, Locks::ReadWrite),
-        ];
-        if let Some(seed) = replay_seed() {
-            for (scenario, locks) in runs {
-                run_locks(seed, scenario, locks, true);
-            }
-            return;
-        }
-        for (scenario, locks) in runs {
-            let (report, stats, failing) = run_many_locks(0..BROKEN_SEEDS, scenario, locks);
-            println!("{locks:?}, {scenario:?}: {stats}\nchecker: {report}");
-            if let Some(&seed) = failing.first() {
-                println!(
-                    "e.g. seed {seed}; replay: REDLOCK_SIM_SEED={seed} cargo test --lib engine::sim::tests::restarts_without -- --nocapture"
-                );
-            }
-            match (scenario, locks) {
-                (Scenario::InstantRestart, Locks::ReadWrite) => {
-                    assert!(!report.overlaps.is_empty(), "{report}")
-                }
-                (Scenario::InstantRestart, _) => {
-                    assert!(report.fencing_violations > 0, "{report}")
-                }
-                _ => {
-                    // The lock keys expired before the node came back: the lock held, the
-                    // counters did not.
-                    assert!(report.fencing_violations > 0, "{report}");
-                    assert!(report.overlaps.is_empty(), "{report}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_seed_replays_exactly() {
-        for seed in [1, 77, 4242] {
-            let a = run(seed, Scenario::Model, false);
-            let b = run(seed, Scenario::Model, false);
-            assert_eq!(format!("{:?}", a.history), format!("{:?}", b.history));
-            assert_eq!(a.stats, b.stats);
-            assert!(!a.history.ops.is_empty());
-        }
-        let a = run(1, Scenario::Model, false);
-        let b = run(2, Scenario::Model, false);
-        assert_ne!(format!("{:?}", a.history), format!("{:?}", b.history));
-    }
-}
+mod tests;

@@ -77,7 +77,7 @@ fn release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Val
     let (k, a) = need("release", keys, 1, args, 2)?;
     if node.get(k[0])? == Some(a[0]) {
         node.del(k[0]);
-        node.publish(a[1]);
+        node.publish(a[1], a[0]);
         Ok(Value::Integer(1))
     } else {
         Ok(Value::Integer(0))
@@ -216,7 +216,7 @@ fn leave_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value
     let gone = node.zrem(k[1], &[a[0]])?;
     node.zrem(k[2], &[a[0]])?;
     if gone == 1 && !node.exists(k[0]) {
-        node.publish(a[1]);
+        node.publish(a[1], a[0]);
     }
     Ok(Value::Integer(gone))
 }
@@ -258,7 +258,7 @@ fn write_cleanup_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Resu
     let (k, a) = need("write cleanup", keys, 2, args, 4)?;
     if node.get(k[0])? == Some(a[0]) {
         node.del(k[0]);
-        node.publish(a[1]);
+        node.publish(a[1], a[0]);
     }
     let intent = lua_number("write cleanup", a[2])?;
     if intent > 0.0 {
@@ -304,7 +304,7 @@ fn read_acquire_body(
 fn set_release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
     let (k, a) = need("set release", keys, 1, args, 2)?;
     if node.zrem(k[0], &[a[0]])? == 1 {
-        node.publish(a[1]);
+        node.publish(a[1], a[0]);
         Ok(Value::Integer(1))
     } else {
         Ok(Value::Integer(0))
@@ -352,7 +352,7 @@ fn release_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result
                     "release all: a wake channel per key is required",
                 ));
             };
-            node.publish(channel);
+            node.publish(channel, a[0]);
             n += 1;
         }
     }
@@ -584,6 +584,8 @@ pub(crate) struct Node {
     now: i64,
     /// Messages published (release announcements).
     pub published: u64,
+    /// The messages published and not yet taken by the simulated network: channel, message.
+    pub outbox: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Node {
@@ -655,7 +657,8 @@ impl Node {
             b"PEXPIRE" => arity(2).and_then(|()| self.pexpire(rest[0], rest[1])),
             b"PTTL" => arity(1).map(|()| Value::Integer(self.pttl(rest[0]))),
             b"PUBLISH" => arity(2).map(|()| {
-                self.publish(rest[0]);
+                self.outbox.push((rest[0].to_vec(), rest[1].to_vec()));
+                self.published += 1;
                 Value::Integer(0)
             }),
             b"ZADD" if rest.len() >= 3 && rest.len() % 2 == 1 => {
@@ -853,9 +856,12 @@ impl Node {
         }
     }
 
-    /// `PUBLISH`: counted only; the simulation has no subscribers.
-    pub fn publish(&mut self, _channel: &[u8]) {
+    /// What the scripts publish: `message`'s first 16 characters on `channel`, as
+    /// `string.sub(token, 1, 16)` does. The simulated network delivers them to subscribers.
+    pub fn publish(&mut self, channel: &[u8], message: &[u8]) {
         self.published += 1;
+        let message = &message[..message.len().min(16)];
+        self.outbox.push((channel.to_vec(), message.to_vec()));
     }
 
     /// The sorted set at `key` (`None` if missing), or a WRONGTYPE error reply.
