@@ -124,11 +124,8 @@ pub(crate) struct Driver {
     /// Subscriber connections, one per node, opened on the first subscription: node `i` has
     /// poll token `n + i`.
     subs: Vec<Conn>,
-    /// Subscriptions confirmed, and expected, since the last subscription was sent.
-    confirmed: usize,
-    expected: usize,
-    /// A subscription was sent and its confirmations are not all in.
-    subscribing: bool,
+    /// The confirmations owed for the subscriptions sent on `subs`.
+    confirmations: Confirmations,
     config: Arc<Config>,
     /// The id of the last machine run (see [`drive`](Self::drive)).
     run_id: u64,
@@ -159,9 +156,7 @@ impl Driver {
             ready: Vec::with_capacity(n * 2),
             conns: (0..n).map(|i| Conn::new(i, Role::Commands)).collect(),
             subs: Vec::new(),
-            confirmed: 0,
-            expected: 0,
-            subscribing: false,
+            confirmations: Confirmations::default(),
             config,
             run_id: NO_RUN,
             run_start: Instant::now(),
@@ -294,7 +289,7 @@ impl Driver {
     ) -> M::Output {
         self.run_id += 1;
         let id = self.run_id;
-        self.subscribing = false;
+        self.confirmations.awaited = false;
         let waker = match cancel {
             Some(_) => self.waker(),
             None => None,
@@ -407,16 +402,19 @@ impl Driver {
 
     /// Sends `t` on every subscriber connection that can take it, opening them on first use.
     /// A subscription's confirmations are counted, and `m` told when they are all in (at once
-    /// when none could be sent).
+    /// when none could be sent, or all came while it was being sent).
     fn send_subscribers<M: Machine>(&mut self, t: &Transmit, m: &mut M, now: Instant) {
         let n = self.conns.len();
         let mut now = now;
         if self.subs.is_empty() {
             self.subs = (0..n).map(|i| Conn::new(n + i, Role::Subscriber)).collect();
+            self.confirmations = Confirmations::new(n);
             // A new connection may connect from the instant it was made.
             now = Instant::now();
         }
-        let mut expected = 0;
+        // A node may confirm before the next one is written to: those count too.
+        self.confirmations.awaited = false;
+        let mut sent = false;
         for i in 0..n {
             let sub = &mut self.subs[i];
             if !sub.can_send(now) {
@@ -429,17 +427,17 @@ impl Driver {
                 self.config.connect_timeout,
             ) {
                 sub.fail(self.poll.registry(), why, now);
+                self.confirmations.lost(i);
                 continue;
             }
             let caps = sub.caps;
-            sub.queue_unmatched(|out| expected += m.encode(t, caps, out));
+            let mut count = 0;
+            sub.queue_unmatched(|out| count = m.encode(t, caps, out));
+            self.confirmations.sent(i, count);
+            sent |= count > 0;
             self.service_subscriber(i, now, m);
         }
-        if expected > 0 {
-            self.confirmed = 0;
-            self.expected = expected;
-            self.subscribing = true;
-        } else if t.what == What::Subscribe {
+        if t.what == What::Subscribe && !self.confirmations.await_sent(sent) {
             m.handle_subscribed(now, &mut self.entropy);
         }
     }
@@ -531,8 +529,7 @@ impl Driver {
             return;
         };
         let entropy = &mut self.entropy;
-        let (confirmed, expected, subscribing) =
-            (&mut self.confirmed, self.expected, &mut self.subscribing);
+        let confirmations = &mut self.confirmations;
         let mut result = sub.drive(registry, &limits, true).and_then(|()| {
             sub.take_replies(&limits, |_, reply| {
                 let Reply::Array(Some(items)) = reply else {
@@ -550,12 +547,8 @@ impl Driver {
                         };
                         m.handle_wake(i, channel, message, now, entropy);
                     }
-                    (Some(Reply::Bulk(Some(b"subscribe"))), _, _) => {
-                        *confirmed += 1;
-                        if *subscribing && *confirmed >= expected {
-                            *subscribing = false;
-                            m.handle_subscribed(now, entropy);
-                        }
+                    (Some(Reply::Bulk(Some(b"subscribe"))), _, _) if confirmations.confirmed(i) => {
+                        m.handle_subscribed(now, entropy);
                     }
                     _ => {}
                 }
@@ -566,8 +559,12 @@ impl Driver {
             result = sub.drive(registry, &limits, false);
         }
         if let Err(why) = result {
-            // A lost subscriber only costs wake-ups: the retry delay is the backstop.
+            // A lost subscriber only costs wake-ups: the retry delay is the backstop. Its
+            // confirmations will not come.
             sub.fail(registry, why, now);
+            if self.confirmations.lost(i) {
+                m.handle_subscribed(now, &mut self.entropy);
+            }
         }
     }
 
@@ -585,9 +582,164 @@ impl Driver {
     }
 }
 
+/// The confirmations owed for the subscriptions sent on the subscriber connections, one count
+/// per connection. A connection confirms in order, so a late confirmation of an earlier
+/// subscription counts for that one, and confirmations read while a subscription is still
+/// being sent to the other nodes count for it.
+#[derive(Debug, Default)]
+struct Confirmations {
+    /// Per subscriber connection, the confirmations still owed.
+    owed: Vec<usize>,
+    /// The machine of this run waits for the subscription sent last.
+    awaited: bool,
+}
+
+impl Confirmations {
+    /// Nothing owed on `n` connections.
+    fn new(n: usize) -> Confirmations {
+        Confirmations {
+            owed: vec![0; n],
+            awaited: false,
+        }
+    }
+
+    /// Connection `i` was sent a subscription that it confirms `count` times.
+    fn sent(&mut self, i: usize, count: usize) {
+        if let Some(owed) = self.owed.get_mut(i) {
+            *owed += count;
+        }
+    }
+
+    /// The subscription is sent (`sent`: to at least one connection). Returns whether its
+    /// confirmations are still to come; if so, [`confirmed`](Self::confirmed) or
+    /// [`lost`](Self::lost) says when they are all in.
+    fn await_sent(&mut self, sent: bool) -> bool {
+        self.awaited = sent && self.owed.iter().any(|&c| c > 0);
+        self.awaited
+    }
+
+    /// Connection `i` confirmed a subscription. Returns whether the awaited one is now
+    /// confirmed everywhere.
+    fn confirmed(&mut self, i: usize) -> bool {
+        if let Some(owed) = self.owed.get_mut(i) {
+            *owed = owed.saturating_sub(1);
+        }
+        self.settle()
+    }
+
+    /// Connection `i` failed: what it owed will not come. Returns whether the awaited
+    /// subscription is now confirmed on every other connection.
+    fn lost(&mut self, i: usize) -> bool {
+        if let Some(owed) = self.owed.get_mut(i) {
+            *owed = 0;
+        }
+        self.settle()
+    }
+
+    fn settle(&mut self) -> bool {
+        let done = self.awaited && self.owed.iter().all(|&c| c == 0);
+        if done {
+            self.awaited = false;
+        }
+        done
+    }
+}
+
 impl Drop for Driver {
     fn drop(&mut self) {
         // Nothing more will be read here: nobody should wait for it.
         self.progress.owed_from.store(u64::MAX, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Confirmations;
+
+    /// Sends one subscription of `channels` channels to `nodes` nodes, with the confirmations
+    /// read between the sends (`early[i]` for node `i`, as the driver reads right after writing
+    /// to a node); returns whether the machine is told it is subscribed, and when: `Some(0)` at
+    /// the end of the sends, `Some(k)` at the k-th confirmation read afterwards.
+    fn subscribe(
+        c: &mut Confirmations,
+        nodes: usize,
+        channels: usize,
+        early: &[usize],
+    ) -> Option<usize> {
+        let mut told = None;
+        for i in 0..nodes {
+            c.sent(i, channels);
+            for _ in 0..early.get(i).copied().unwrap_or(0) {
+                assert!(!c.confirmed(i), "told before the subscription was sent");
+            }
+        }
+        if !c.await_sent(true) {
+            return Some(0);
+        }
+        let mut k = 0;
+        for i in 0..nodes {
+            let late = channels - early.get(i).copied().unwrap_or(0);
+            for _ in 0..late {
+                k += 1;
+                if c.confirmed(i) {
+                    assert!(told.is_none(), "told twice");
+                    told = Some(k);
+                }
+            }
+        }
+        told
+    }
+
+    /// A node that confirms before the subscription is written to the next node: its
+    /// confirmation counts. These were lost, and the waiter sat out the node timeout before
+    /// its next attempt.
+    #[test]
+    fn a_confirmation_read_while_sending_counts() {
+        let mut c = Confirmations::new(5);
+        assert_eq!(subscribe(&mut c, 5, 1, &[1, 0, 1]), Some(3));
+        // Every node confirmed while it was being sent: subscribed at once.
+        assert_eq!(subscribe(&mut c, 5, 1, &[1, 1, 1, 1, 1]), Some(0));
+        // Several channels per node.
+        assert_eq!(subscribe(&mut c, 5, 2, &[2, 1]), Some(7));
+    }
+
+    /// A confirmation of an earlier subscription, read late on a reused connection, counts for
+    /// that one, not for the next.
+    #[test]
+    fn a_late_confirmation_counts_for_its_own_subscription() {
+        let mut c = Confirmations::new(3);
+        for i in 0..3 {
+            c.sent(i, 1);
+        }
+        assert!(c.await_sent(true));
+        // The machine went on without it (the confirmation deadline passed), and the next
+        // acquisition on this driver subscribes again.
+        c.awaited = false;
+        for i in 0..3 {
+            c.sent(i, 1);
+        }
+        assert!(c.await_sent(true));
+        // The first subscription's confirmations, then the second's.
+        for i in 0..3 {
+            assert!(!c.confirmed(i));
+        }
+        assert!(!c.confirmed(0));
+        assert!(!c.confirmed(1));
+        assert!(c.confirmed(2));
+    }
+
+    /// A failed subscriber connection owes nothing: the others' confirmations suffice.
+    #[test]
+    fn a_failed_connection_owes_nothing() {
+        let mut c = Confirmations::new(3);
+        for i in 0..3 {
+            c.sent(i, 1);
+        }
+        assert!(c.await_sent(true));
+        assert!(!c.confirmed(0));
+        assert!(!c.confirmed(2));
+        assert!(c.lost(1));
+        // Nothing sent anywhere: nothing to wait for.
+        assert!(!c.await_sent(false));
     }
 }
