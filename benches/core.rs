@@ -9,8 +9,8 @@ mod support;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use redlock_mux::core::ops::{Acquire, Op, Release, ScriptForm};
-use redlock_mux::core::{Decision, Round, Timing, Vote};
+use redlock_mux::internals::{Acquire, Op, Release, ScriptForm};
+use redlock_mux::internals::{Decision, Round, Timing, Vote};
 use redlock_mux::resp::Reply;
 use support::{bench, header};
 

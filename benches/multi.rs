@@ -4,7 +4,7 @@
 //!
 //! `cargo bench --bench multi [-- BLOCKS [PER_BLOCK]]`
 
-#[path = "../src/bin/redlock-mux/local_servers.rs"]
+#[path = "../tests/common/local_servers.rs"]
 mod local_servers;
 
 use std::time::{Duration, Instant};

@@ -9,7 +9,8 @@
  *   handle after freeing it, is undefined behaviour.
  * - Every fallible function returns a redlock_mux_result. The numbers never change.
  *   redlock_mux_result_text() names a code; redlock_mux_last_error_message() gives the full
- *   message of the last failure on the calling thread (which nodes failed, and how).
+ *   message of the last failure on the calling thread (which nodes failed, and how), and
+ *   redlock_mux_last_error_deadline() which deadline (wait timeout, retry count, ...) ended it.
  * - Every pointer argument is checked: NULL gives REDLOCK_MUX_NULL_PARAMETER before anything
  *   else happens.
  * - Inputs come as pointer plus length. Keys are bytes and may contain NUL. The library copies
@@ -65,6 +66,60 @@
 #define REDLOCK_MUX_RW_WRITE_PREFERRING 1
 
 /**
+ * `redlock_mux_acquire_options.set`: `timeout_ms` replaces the client's wait timeout.
+ */
+#define REDLOCK_MUX_ACQUIRE_TIMEOUT 1
+
+/**
+ * `redlock_mux_acquire_options.set`: `retries` replaces the client's retry count.
+ */
+#define REDLOCK_MUX_ACQUIRE_RETRIES 2
+
+/**
+ * Which deadline ended the last failed call on the calling thread, as
+ * `redlock_mux_last_error_deadline` tells. The numbers never change; new deadlines get new
+ * numbers.
+ */
+enum redlock_mux_deadline
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No deadline ended it: the nodes decided (they refused or failed) before any deadline,
+   * the failure was not about time (a NULL or invalid argument, a configuration error), or
+   * no call has failed on this thread yet.
+   */
+  REDLOCK_MUX_DEADLINE_NONE = 0,
+  /**
+   * The client's wait timeout: a waiting call gave up, and no attempt starts after it.
+   */
+  REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT = 1,
+  /**
+   * The client's retry count: a waiting call gave up after that many retries that no
+   * release announcement prompted.
+   */
+  REDLOCK_MUX_DEADLINE_RETRY_COUNT = 2,
+  /**
+   * The lock's validity: the quorum answered later than the TTL allows, or an extend came
+   * after the validity had ended (`REDLOCK_MUX_VALIDITY_EXPIRED`).
+   */
+  REDLOCK_MUX_DEADLINE_VALIDITY = 3,
+  /**
+   * The per-node timeout: nodes that had not answered in time were counted as failed,
+   * which decided the round.
+   */
+  REDLOCK_MUX_DEADLINE_NODE_TIMEOUT = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum redlock_mux_deadline redlock_mux_deadline;
+#else
+typedef uint32_t redlock_mux_deadline;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Every result a function of this API returns. The numbers never change; new results get new
  * numbers.
  */
@@ -108,8 +163,8 @@ enum redlock_mux_result
    */
   REDLOCK_MUX_BUFFER_TOO_SMALL = 7,
   /**
-   * The lock handle was already released (or, for a `redlock_mux_lock`, handed to
-   * `redlock_mux_lock_keep_alive`); only its `_free` may follow.
+   * The lock handle was already released, or its lock was handed to keep-alive (one of the
+   * `_keep_alive` functions); only its `_free` may follow.
    */
   REDLOCK_MUX_RELEASED = 8,
   /**
@@ -124,6 +179,11 @@ enum redlock_mux_result
    * the misconfigured ones. Nothing is written on a node whose setup failed.
    */
   REDLOCK_MUX_CONFIG = 10,
+  /**
+   * A waiting acquisition was cancelled through its cancel handle before it got its lock.
+   * What it had on the nodes was undone.
+   */
+  REDLOCK_MUX_CANCELLED = 11,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -132,6 +192,12 @@ typedef enum redlock_mux_result redlock_mux_result;
 typedef uint32_t redlock_mux_result;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
+
+/**
+ * Cancels waiting acquisitions, from any thread. Made by `redlock_mux_cancel_new`, freed by
+ * `redlock_mux_cancel_free`. Given to calls through `redlock_mux_acquire_options.cancel`.
+ */
+typedef struct redlock_mux_cancel redlock_mux_cancel;
 
 /**
  * A Redlock client over N Redis masters. Made by `redlock_mux_client_builder_build`, freed by
@@ -159,9 +225,16 @@ typedef struct redlock_mux_client_builder redlock_mux_client_builder;
 typedef struct redlock_mux_fenced_lock redlock_mux_fenced_lock;
 
 /**
- * A mutex extended in the background by its client's keeper thread. Made from a
- * `redlock_mux_lock` by `redlock_mux_lock_keep_alive` or
- * `redlock_mux_lock_keep_alive_with_callback`, freed by `redlock_mux_kept_lock_free` (which
+ * A held write lock with a fencing token. Made by `redlock_mux_client_write_lock_fenced` or
+ * `redlock_mux_client_try_write_lock_fenced`, freed by `redlock_mux_fenced_write_lock_free`
+ * (which releases it first if it is still held).
+ */
+typedef struct redlock_mux_fenced_write_lock redlock_mux_fenced_write_lock;
+
+/**
+ * A lock of any kind extended in the background by its client's keeper thread. Made from a
+ * lock handle by its `_keep_alive` or `_keep_alive_with_callback` function (such as
+ * `redlock_mux_lock_keep_alive`), freed by `redlock_mux_kept_lock_free` (which
  * stops the extensions and releases it first if it is still held).
  */
 typedef struct redlock_mux_kept_lock redlock_mux_kept_lock;
@@ -194,12 +267,161 @@ typedef struct redlock_mux_read_lock redlock_mux_read_lock;
 typedef struct redlock_mux_write_lock redlock_mux_write_lock;
 
 /**
- * Called when a kept lock is lost, with the `user_data` given to
- * `redlock_mux_lock_keep_alive_with_callback` and why: `REDLOCK_MUX_CONTENDED` when the
+ * Called when a kept lock is lost, with the `user_data` given to its
+ * `_keep_alive_with_callback` function (such as `redlock_mux_lock_keep_alive_with_callback`)
+ * and why: `REDLOCK_MUX_CONTENDED` when the
  * quorum refused an extension (the key expired, or holds someone else's token),
  * `REDLOCK_MUX_VALIDITY_EXPIRED` when no extension won before the validity ran out.
  */
 typedef void (*redlock_mux_lost_callback)(void *user_data, redlock_mux_result reason);
+
+/**
+ * How one waiting acquisition (a `_with` function) waits, in place of the client's settings.
+ * A zeroed struct (`redlock_mux_acquire_options opts = {0};`) keeps every client setting and
+ * has no cancel handle.
+ */
+typedef struct {
+  /**
+   * Which of `timeout_ms` and `retries` are given: `REDLOCK_MUX_ACQUIRE_TIMEOUT` and
+   * `REDLOCK_MUX_ACQUIRE_RETRIES`, or'ed; the others keep the client's setting. Any other
+   * bit gives `REDLOCK_MUX_INVALID_ARGUMENT`.
+   */
+  uint32_t set;
+  /**
+   * How many retries may follow a retry delay in which no release was announced;
+   * `UINT32_MAX` means no limit.
+   */
+  uint32_t retries;
+  /**
+   * The longest the call waits in all, in milliseconds: no attempt starts after it. 0 makes
+   * one attempt; at most a day. A deadline shared by several calls is the time left to it,
+   * computed by the caller before each call.
+   */
+  uint64_t timeout_ms;
+  /**
+   * NULL, or a cancel handle: `redlock_mux_cancel_cancel` ends the call with
+   * `REDLOCK_MUX_CANCELLED`. The handle must stay alive until the call has read it (it may
+   * be freed once the call has returned).
+   */
+  const redlock_mux_cancel *cancel;
+} redlock_mux_acquire_options;
+
+/**
+ * How the acquisition rounds of one lock kind ended.
+ */
+typedef struct {
+  /**
+   * Won on a quorum within the validity.
+   */
+  uint64_t won;
+  /**
+   * Lost because the lock was held elsewhere.
+   */
+  uint64_t contended;
+  /**
+   * Lost for any other reason (too many nodes failed, the validity ran out, misconfigured
+   * nodes).
+   */
+  uint64_t unreachable;
+} redlock_mux_round_stats;
+
+/**
+ * What a client's locks have been doing since it was built: `redlock_mux_client_stats`.
+ */
+typedef struct {
+  /**
+   * Acquisition rounds of mutexes.
+   */
+  redlock_mux_round_stats mutex;
+  /**
+   * Acquisition rounds of read locks.
+   */
+  redlock_mux_round_stats read;
+  /**
+   * Acquisition rounds of write locks.
+   */
+  redlock_mux_round_stats write;
+  /**
+   * Acquisition rounds of all-or-none locks.
+   */
+  redlock_mux_round_stats all;
+  /**
+   * Acquisition rounds of fenced mutexes.
+   */
+  redlock_mux_round_stats fenced_mutex;
+  /**
+   * Acquisition rounds of fenced write locks.
+   */
+  redlock_mux_round_stats fenced_write;
+  /**
+   * Release announcements that woke a waiter for a retry.
+   */
+  uint64_t wakeups;
+  /**
+   * Attempts after an acquisition's first.
+   */
+  uint64_t retries;
+  /**
+   * Acquisitions that ended with `REDLOCK_MUX_CANCELLED`.
+   */
+  uint64_t cancellations;
+  /**
+   * How many nodes the client has: `redlock_mux_client_node_stats` takes 0 to
+   * `node_count - 1`.
+   */
+  size_t node_count;
+} redlock_mux_stats;
+
+/**
+ * One node's failures and reply latency: `redlock_mux_client_node_stats`.
+ */
+typedef struct {
+  /**
+   * Failures in rounds (acquire, extend, release): no reply within the node timeout.
+   */
+  uint64_t timeout_failures;
+  /**
+   * ... the connection could not be made.
+   */
+  uint64_t connect_failures;
+  /**
+   * ... the node failed recently and was skipped during its reconnect backoff.
+   */
+  uint64_t backoff_failures;
+  /**
+   * ... the connection broke.
+   */
+  uint64_t io_failures;
+  /**
+   * ... the node sent bytes that are not valid RESP2.
+   */
+  uint64_t protocol_failures;
+  /**
+   * ... an error reply from the server.
+   */
+  uint64_t server_failures;
+  /**
+   * ... a well-formed reply that was not one of the expected ones.
+   */
+  uint64_t unexpected_reply_failures;
+  /**
+   * ... the node refused the connection setup (AUTH, SELECT).
+   */
+  uint64_t setup_failures;
+  /**
+   * How many of the node's latest replies the percentiles are taken over (at most 128);
+   * 0 before any reply, and then both percentiles are 0.
+   */
+  uint64_t latency_samples;
+  /**
+   * The median time from a round's start to this node's reply, in microseconds.
+   */
+  uint64_t latency_p50_us;
+  /**
+   * The 99th percentile of the same, in microseconds.
+   */
+  uint64_t latency_p99_us;
+} redlock_mux_node_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -221,6 +443,18 @@ const char *redlock_mux_version(void);
  * counting a terminating NUL; 0 if no call has failed on this thread yet.
  */
 size_t redlock_mux_last_error_length(void);
+
+/**
+ * Which deadline ended the last failed call on the calling thread: for a waiting acquisition
+ * that gave up (it returns the result of its last attempt, most often
+ * `REDLOCK_MUX_CONTENDED`), `REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT` or
+ * `REDLOCK_MUX_DEADLINE_RETRY_COUNT`; `REDLOCK_MUX_DEADLINE_VALIDITY` or
+ * `REDLOCK_MUX_DEADLINE_NODE_TIMEOUT` for a round that time decided;
+ * `REDLOCK_MUX_DEADLINE_NONE` when no deadline did, or no call has failed on this thread yet.
+ * Like the message, it belongs to the last failure: calls that succeed, and asking, do not
+ * change it.
+ */
+redlock_mux_deadline redlock_mux_last_error_deadline(void);
 
 /**
  * Copies the message of the last failed call on the calling thread into `buf`, followed by a
@@ -429,6 +663,18 @@ redlock_mux_result redlock_mux_lock_validity_ms(const redlock_mux_lock *lock, ui
 redlock_mux_result redlock_mux_lock_token(const redlock_mux_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
 
 /**
+ * Writes to `*out_key` and `*out_len` the resource key of a mutex, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_lock_key(const redlock_mux_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
  * Releases the lock on every node, and returns once a quorum has answered. Whatever the
  * result, the handle is released afterwards: further calls on it give `REDLOCK_MUX_RELEASED`,
  * and it must still be freed with `redlock_mux_lock_free`.
@@ -449,8 +695,9 @@ void redlock_mux_lock_free(redlock_mux_lock *lock);
 
 /**
  * One attempt to take the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
- * without retrying. The lock is shared: many readers may hold it at once, but no writer. On success writes a new handle to `*out`;
- * `REDLOCK_MUX_CONTENDED` means the other side holds it.
+ * without retrying. The lock is shared: many readers may hold it at once, but no writer.
+ * On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+ * holds it.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -460,8 +707,8 @@ redlock_mux_result redlock_mux_client_try_read_lock(const redlock_mux_client *cl
 
 /**
  * Takes the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
- * client's retry count and wait timeout allow. The lock is shared: many readers may hold it at once, but no writer. On success writes a new
- * handle to `*out`.
+ * client's retry count and wait timeout allow. The lock is shared:
+ * many readers may hold it at once, but no writer. On success writes a new handle to `*out`.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -497,6 +744,37 @@ redlock_mux_result redlock_mux_read_lock_validity_ms(const redlock_mux_read_lock
 redlock_mux_result redlock_mux_read_lock_token(const redlock_mux_read_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
 
 /**
+ * Writes to `*out_key` and `*out_len` the resource key of a read lock, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live read lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_read_lock_key(const redlock_mux_read_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a read lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live read lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_read_lock_keep_alive(redlock_mux_read_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a read lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_read_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_read_lock_keep_alive_with_callback(redlock_mux_read_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
  * Like `redlock_mux_lock_release`, for a read lock: afterwards the handle is released whatever
  * the result, and must still be freed.
  *
@@ -516,8 +794,9 @@ void redlock_mux_read_lock_free(redlock_mux_read_lock *lock);
 
 /**
  * One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
- * without retrying. The lock is exclusive: no reader and no other writer may hold it. On success writes a new handle to `*out`;
- * `REDLOCK_MUX_CONTENDED` means the other side holds it.
+ * without retrying. The lock is exclusive: no reader and no other writer may hold it.
+ * On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+ * holds it.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -527,8 +806,8 @@ redlock_mux_result redlock_mux_client_try_write_lock(const redlock_mux_client *c
 
 /**
  * Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
- * client's retry count and wait timeout allow. The lock is exclusive: no reader and no other writer may hold it. On success writes a new
- * handle to `*out`.
+ * client's retry count and wait timeout allow. The lock is exclusive:
+ * no reader and no other writer may hold it. On success writes a new handle to `*out`.
  *
  * # Safety
  * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -562,6 +841,37 @@ redlock_mux_result redlock_mux_write_lock_validity_ms(const redlock_mux_write_lo
  * points to `buf_len` writable bytes; `out_n` is NULL or writable.
  */
 redlock_mux_result redlock_mux_write_lock_token(const redlock_mux_write_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Writes to `*out_key` and `*out_len` the resource key of a write lock, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_write_lock_key(const redlock_mux_write_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a write lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_write_lock_keep_alive(redlock_mux_write_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a write lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_write_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_write_lock_keep_alive_with_callback(redlock_mux_write_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
 
 /**
  * Like `redlock_mux_lock_release`, for a write lock: afterwards the handle is released whatever
@@ -650,8 +960,8 @@ redlock_mux_result redlock_mux_multi_lock_key_count(const redlock_mux_multi_lock
 /**
  * Writes to `*out_key` and `*out_len` the key at `index` of the set, in sorted order (bytewise,
  * shorter first on a common prefix), so that index 0 is the smallest. The bytes belong to the
- * handle: they stay valid, unchanged, until the lock is released or freed, and must not be
- * freed or written by the caller. An `index` not below the key count gives
+ * handle: they stay valid, unchanged, until the lock is released, handed to keep-alive, or
+ * freed, and must not be freed or written by the caller. An `index` not below the key count gives
  * `REDLOCK_MUX_INVALID_ARGUMENT`.
  *
  * # Safety
@@ -659,6 +969,27 @@ redlock_mux_result redlock_mux_multi_lock_key_count(const redlock_mux_multi_lock
  * `out_len` are NULL or writable.
  */
 redlock_mux_result redlock_mux_multi_lock_key(const redlock_mux_multi_lock *lock, size_t index, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a set. Each extension
+ * extends the whole set; a node that lost any key of it refuses, and the set is lost when a
+ * quorum refuses. `redlock_mux_kept_lock_key` then gives the set's first key.
+ *
+ * # Safety
+ * `lock` is NULL or a live multi-key lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_multi_lock_keep_alive(redlock_mux_multi_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a set: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_multi_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_multi_lock_keep_alive_with_callback(redlock_mux_multi_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
 
 /**
  * Like `redlock_mux_lock_release`, for a set: releases every key still holding this token, on
@@ -743,6 +1074,38 @@ redlock_mux_result redlock_mux_fenced_lock_validity_ms(const redlock_mux_fenced_
 redlock_mux_result redlock_mux_fenced_lock_token(const redlock_mux_fenced_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
 
 /**
+ * Writes to `*out_key` and `*out_len` the resource key of a fenced lock, as it was given when the
+ * lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+ * is released, handed to keep-alive, or freed, and must not be freed or written by the
+ * caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_lock_key(const redlock_mux_fenced_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a fenced lock. The kept
+ * lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_lock_keep_alive(redlock_mux_fenced_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_fenced_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_fenced_lock_keep_alive_with_callback(redlock_mux_fenced_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
  * Like `redlock_mux_lock_release`, for a fenced lock (the nodes' counters stay): afterwards
  * the handle is released whatever the result, and must still be freed.
  *
@@ -759,6 +1122,118 @@ redlock_mux_result redlock_mux_fenced_lock_release(redlock_mux_fenced_lock *lock
  * `lock` is NULL or a fenced lock not yet freed, which no other thread is using.
  */
 void redlock_mux_fenced_lock_free(redlock_mux_fenced_lock *lock);
+
+/**
+ * One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms`
+ * milliseconds with a fencing token, without retrying. On success writes a new handle to
+ * `*out`; `REDLOCK_MUX_CONTENDED` means readers or a writer hold it. A fenced write lock
+ * excludes readers and writers, fenced or not, as a plain write lock does.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_try_write_lock_fenced(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_fenced_write_lock **out);
+
+/**
+ * Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds with a
+ * fencing token, waiting as the client's retry count and wait timeout allow. The token is
+ * read in the acquire round, and written back to a quorum (one more round trip) only when the
+ * nodes' counters disagree. On success writes a new handle to `*out`.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_write_lock_fenced(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, redlock_mux_fenced_write_lock **out);
+
+/**
+ * Like `redlock_mux_fenced_lock_fencing_token`, for a fenced write lock: larger than that of
+ * every fenced write grant of the same resource before it, smaller than that of every one
+ * after. The counter is the write lock's own: fenced mutexes on the same key count apart.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread;
+ * `out_token` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_fencing_token(const redlock_mux_fenced_write_lock *lock, uint64_t *out_token);
+
+/**
+ * Like `redlock_mux_lock_extend`, for a fenced write lock. The fencing token stays the same.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_extend(redlock_mux_fenced_write_lock *lock, uint64_t ttl_ms);
+
+/**
+ * Like `redlock_mux_lock_validity_ms`, for a fenced write lock.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread; `out_ms`
+ * is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_validity_ms(const redlock_mux_fenced_write_lock *lock, uint64_t *out_ms);
+
+/**
+ * Like `redlock_mux_lock_token`, for a fenced write lock: the random token stored at the
+ * writer key (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex), not the fencing token.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread; `buf` is
+ * NULL or points to `buf_len` writable bytes; `out_n` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_token(const redlock_mux_fenced_write_lock *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Writes to `*out_key` and `*out_len` the resource key of a fenced write lock, as it was
+ * given when the lock was taken. The bytes belong to the handle: they stay valid, unchanged,
+ * until the lock is released, handed to keep-alive, or freed, and must not be freed or
+ * written by the caller.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock not being changed by another thread; `out_key`
+ * and `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_key(const redlock_mux_fenced_write_lock *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the lock in `lock`), for a fenced write lock. The kept
+ * lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_keep_alive(redlock_mux_fenced_write_lock *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced write lock: `on_lost` is called
+ * with `user_data` once, on the keeper thread, if the lock is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_fenced_write_lock_keep_alive`; `on_lost` is NULL or a function that
+ * may be called, from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_keep_alive_with_callback(redlock_mux_fenced_write_lock *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_release`, for a fenced write lock (the nodes' counters stay):
+ * afterwards the handle is released whatever the result, and must still be freed.
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock used by no other thread.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_release(redlock_mux_fenced_write_lock *lock);
+
+/**
+ * Frees a fenced write lock handle, releasing it first, best effort, if it is still held.
+ * NULL is a no-op.
+ *
+ * # Safety
+ * `lock` is NULL or a fenced write lock not yet freed, which no other thread is using.
+ */
+void redlock_mux_fenced_write_lock_free(redlock_mux_fenced_write_lock *lock);
 
 /**
  * Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
@@ -826,13 +1301,35 @@ redlock_mux_result redlock_mux_kept_lock_is_lost(const redlock_mux_kept_lock *ke
 redlock_mux_result redlock_mux_kept_lock_validity_ms(const redlock_mux_kept_lock *kept, uint64_t *out_ms);
 
 /**
- * Like `redlock_mux_lock_token`, for a kept lock: the token it had as a `redlock_mux_lock`.
+ * Like `redlock_mux_lock_token`, for a kept lock: the token it had before it was kept.
  *
  * # Safety
  * `kept` is NULL or a live kept lock not being changed by another thread; `buf` is NULL or
  * points to `buf_len` writable bytes; `out_n` is NULL or writable.
  */
 redlock_mux_result redlock_mux_kept_lock_token(const redlock_mux_kept_lock *kept, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Writes to `*out_key` and `*out_len` the resource key of a kept lock (for a set, its first
+ * key in sorted order). The bytes belong to the handle: they stay valid, unchanged, until
+ * the kept lock is released or freed, and must not be freed or written by the caller.
+ *
+ * # Safety
+ * `kept` is NULL or a live kept lock not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_kept_lock_key(const redlock_mux_kept_lock *kept, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Writes to `*out_token` the fencing token of a kept fenced lock or fenced write lock: the
+ * one it was granted, which extensions keep. A kept lock of a kind without fencing tokens
+ * gives `REDLOCK_MUX_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `kept` is NULL or a live kept lock not being changed by another thread; `out_token` is
+ * NULL or writable.
+ */
+redlock_mux_result redlock_mux_kept_lock_fencing_token(const redlock_mux_kept_lock *kept, uint64_t *out_token);
 
 /**
  * Stops the extensions and releases the lock on every node (a lost lock too, in case some
@@ -852,6 +1349,172 @@ redlock_mux_result redlock_mux_kept_lock_release(redlock_mux_kept_lock *kept);
  * `kept` is NULL or a kept lock not yet freed, which no other thread is using.
  */
 void redlock_mux_kept_lock_free(redlock_mux_kept_lock *kept);
+
+/**
+ * Makes a cancel handle, not cancelled yet, and writes it to `*out`. Free it with
+ * `redlock_mux_cancel_free`. One handle may be given to many calls, on many threads.
+ *
+ * # Safety
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_cancel_new(redlock_mux_cancel **out);
+
+/**
+ * Cancels every waiting acquisition given this handle, now and later: each returns
+ * `REDLOCK_MUX_CANCELLED` at once, wherever it is (before its first attempt, with an attempt
+ * in flight, parked waiting for a release or a retry, in a fair queue), and what it had on
+ * the nodes is undone. A call that already won keeps its lock. Returns at once. May be called
+ * from any thread, while other threads wait with the handle.
+ *
+ * # Safety
+ * `cancel` is NULL or a live cancel handle.
+ */
+redlock_mux_result redlock_mux_cancel_cancel(const redlock_mux_cancel *cancel);
+
+/**
+ * Writes 1 to `*out` if `redlock_mux_cancel_cancel` was called on the handle, else 0.
+ *
+ * # Safety
+ * `cancel` is NULL or a live cancel handle; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_cancel_is_cancelled(const redlock_mux_cancel *cancel, uint8_t *out);
+
+/**
+ * Frees a cancel handle. NULL is a no-op. Calls that were given it and have returned are not
+ * affected; free it only once no call that was given it is still starting.
+ *
+ * # Safety
+ * `cancel` is NULL or a cancel handle not yet freed.
+ */
+void redlock_mux_cancel_free(redlock_mux_cancel *cancel);
+
+/**
+ * `redlock_mux_client_lock`, waiting as `*options` says: its timeout, its retry count and its
+ * cancel handle, in place of the client's settings. `REDLOCK_MUX_CANCELLED` when the handle
+ * was cancelled before the lock was won; a wait that ends reports its last attempt, as
+ * `redlock_mux_client_lock` does. `options` must not be NULL.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `options` is NULL or readable, its `cancel` NULL or a live handle; `out` is NULL or
+ * writable.
+ */
+redlock_mux_result redlock_mux_client_lock_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_lock **out);
+
+/**
+ * `redlock_mux_client_read_lock`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_with`.
+ */
+redlock_mux_result redlock_mux_client_read_lock_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_read_lock **out);
+
+/**
+ * `redlock_mux_client_write_lock`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_with`.
+ */
+redlock_mux_result redlock_mux_client_write_lock_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_write_lock **out);
+
+/**
+ * `redlock_mux_client_lock_all`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_all`; `options` is NULL or readable, its `cancel` NULL or a
+ * live handle.
+ */
+redlock_mux_result redlock_mux_client_lock_all_with(const redlock_mux_client *client, const uint8_t *const *keys, const size_t *key_lens, size_t count, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_multi_lock **out);
+
+/**
+ * `redlock_mux_client_lock_fenced`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_with`.
+ */
+redlock_mux_result redlock_mux_client_lock_fenced_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_fenced_lock **out);
+
+/**
+ * `redlock_mux_client_write_lock_fenced`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_with`.
+ */
+redlock_mux_result redlock_mux_client_write_lock_fenced_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_fenced_write_lock **out);
+
+/**
+ * Rebuilds the handle of a mutex on the `key_len` bytes at `key` that another process (or an
+ * earlier run of this one) took with the `token_len` bytes at `token` (what
+ * `redlock_mux_lock_token` gave it), and extends it to `ttl_ms`. It succeeds only if a quorum
+ * still holds the key with that token; the validity is measured from this check.
+ * `REDLOCK_MUX_CONTENDED` when too few nodes hold it (it expired, or passed to someone
+ * else); nothing is released then. A token that is not `REDLOCK_MUX_TOKEN_LEN` lowercase hex
+ * characters gives `REDLOCK_MUX_INVALID_ARGUMENT` before anything is sent.
+ *
+ * Safety caveat: a token is a capability. Resume only a lock whose original holder has
+ * stopped using it; otherwise both believe they hold it. A fenced mutex is resumed as a
+ * plain one (its fencing token is not recovered).
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `token` is NULL or points to `token_len` readable bytes; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_resume_lock(const redlock_mux_client *client, const uint8_t *key, size_t key_len, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_lock **out);
+
+/**
+ * Rebuilds the handle of a read lock held with a token (see `redlock_mux_client_resume_lock`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_resume_lock`.
+ */
+redlock_mux_result redlock_mux_client_resume_read_lock(const redlock_mux_client *client, const uint8_t *key, size_t key_len, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_read_lock **out);
+
+/**
+ * Rebuilds the handle of a write lock (fenced or not) held with a token (see
+ * `redlock_mux_client_resume_lock`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_resume_lock`.
+ */
+redlock_mux_result redlock_mux_client_resume_write_lock(const redlock_mux_client *client, const uint8_t *key, size_t key_len, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_write_lock **out);
+
+/**
+ * Rebuilds the handle of an all-or-none lock on `count` keys held with a token (see
+ * `redlock_mux_client_resume_lock`); the keys are given and checked as for
+ * `redlock_mux_client_lock_all`.
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_all`; `token` is NULL or points to `token_len` readable
+ * bytes.
+ */
+redlock_mux_result redlock_mux_client_resume_lock_all(const redlock_mux_client *client, const uint8_t *const *keys, const size_t *key_lens, size_t count, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_multi_lock **out);
+
+/**
+ * Writes to `*out` what the client's locks have been doing since it was built (shared with
+ * every lock taken through it): acquisition rounds won, contended and unreachable per lock
+ * kind, wake-ups, retries and cancellations, and how many nodes `redlock_mux_client_node_stats`
+ * can tell of. Each counter is exact; counters read while other threads lock are not all of
+ * one instant.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_stats(const redlock_mux_client *client, redlock_mux_stats *out);
+
+/**
+ * Writes to `*out` the failures and reply latency of node `node` (0 to `node_count - 1`, in
+ * the order the nodes were added). `REDLOCK_MUX_INVALID_ARGUMENT` for a node the client does
+ * not have.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_node_stats(const redlock_mux_client *client, size_t node, redlock_mux_node_stats *out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,36 +1,19 @@
-//! The lock API: [`Client`], its [`ClientBuilder`], and the [`Lock`] guard.
+//! [`Client`] and its [`ClientBuilder`]: the settings, the pool of drivers, and the keeper
+//! thread's slot. The calls that take locks are with the guard they return (`guard`).
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use crate::core::fair::{AttemptIds, FairAcquire, FairState};
-use crate::core::ops::{Acquire, Extend, Op, Release};
-use crate::core::{quorum, Decision, Retry, Round, Timing};
+use crate::config::{Config, RwPolicy, MAX_NODES, MAX_TTL};
 use crate::driver::{Driver, Pending};
-use crate::error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
-use crate::keepalive::KeeperSlot;
+use crate::engine::{quorum, Retry, Timing};
+use crate::error::{Error, InvalidArgument};
+use crate::keeper::KeeperSlot;
 use crate::resp::Limits;
-use crate::rng::Token;
-use crate::rwlock::RwPolicy;
+use crate::stats::{Recorder, Stats};
 use crate::url::NodeAddr;
-
-/// The longest key accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 64 * 1024;
-/// The most nodes one client may use.
-pub const MAX_NODES: usize = 64;
-/// The longest TTL accepted: 2^44 ms, a little over 557 years. Longer ones could overflow the
-/// server's millisecond clock arithmetic.
-pub const MAX_TTL: Duration = Duration::from_millis(1 << 44);
-
-/// The first window over which a waiter spreads its retry after a split vote: about one round
-/// trip on a local network. It doubles with each split, up to `SPREAD_MAX`.
-const SPREAD_MIN: Duration = Duration::from_micros(200);
-const SPREAD_MAX: Duration = Duration::from_millis(4);
-/// With a fair queue, how many times in a row a waiter retries at once after a split vote
-/// before it waits for an announcement again: enough for a release to reach every node.
-const QUICK_SPLIT_RETRIES: u32 = 6;
 
 /// The longest timeout or delay a builder accepts: longer ones are surely mistakes, and would
 /// overflow the clock arithmetic if near `Duration::MAX`.
@@ -42,22 +25,6 @@ const MAX_IDLE_DRIVERS: usize = 64;
 /// How often a release waiting for its acquisition's driver checks whether that round has
 /// been settled by the thread using it.
 const SETTLE_POLL: Duration = Duration::from_micros(200);
-
-/// Settings shared by every thread using a client.
-#[derive(Debug)]
-pub(crate) struct Config {
-    pub nodes: Vec<NodeAddr>,
-    pub node_timeout: Duration,
-    pub connect_timeout: Duration,
-    pub retry_count: u32,
-    pub retry_delay: Duration,
-    pub wait_timeout: Duration,
-    pub drift_factor: f64,
-    pub fair: bool,
-    pub fair_after: Duration,
-    pub limits: Limits,
-    pub rw_policy: RwPolicy,
-}
 
 /// A Redlock client over N independent Redis masters.
 ///
@@ -89,13 +56,7 @@ struct Inner {
     /// How many threads wait on `returned`.
     waiting: AtomicUsize,
     keeper: KeeperSlot,
-}
-
-/// A won acquisition: the end of its validity, and its round while votes of it may still be
-/// in flight (the guard's release and extensions must come after them).
-pub(crate) struct Won {
-    pub valid_until: Instant,
-    pub pending: Pending,
+    stats: Recorder,
 }
 
 impl std::fmt::Debug for Client {
@@ -221,10 +182,14 @@ impl ClientBuilder {
     /// Waiters that die leave the queue when their entry expires: three retry delays plus one
     /// node timeout (at least 100 ms) after their last retry.
     ///
-    /// For read-write locks, readers at the head of the queue share the lock, and a writer
-    /// waits for the readers ahead of it. The queue outranks
-    /// [`RwPolicy::WritePreferring`]'s writer intents: a reader the queue lets through is not
-    /// refused by the intent of a writer behind it; see [`RwPolicy`].
+    /// Every kind of lock queues. For read-write locks (fenced writers included), readers at
+    /// the head of the queue share the lock, and a writer waits for the readers ahead of it.
+    /// The queue outranks [`RwPolicy::WritePreferring`]'s writer intents: a reader the queue
+    /// lets through is not refused by the intent of a writer behind it; see [`RwPolicy`]. A
+    /// fenced mutex waits in its key's mutex queue. An all-or-none set waits in the mutex queue
+    /// of every key of it, beside the mutex waiters on those keys, and takes the set once it is
+    /// the head of each; every node orders the waiters of every queue alike, so the first live
+    /// waiter is the head wherever it stands, and no order of sets can deadlock.
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self
@@ -301,7 +266,10 @@ impl ClientBuilder {
             // Two databases of one server fail together: counting them as two nodes would
             // fake a quorum.
             if nodes.iter().any(|n| n.addr == node.addr) {
-                return Err(InvalidArgument::DuplicateNode { url: url.clone() }.into());
+                return Err(InvalidArgument::DuplicateNode {
+                    url: crate::url::redact(url),
+                }
+                .into());
             }
             nodes.push(node);
         }
@@ -325,6 +293,7 @@ impl ClientBuilder {
                 returned: Condvar::new(),
                 waiting: AtomicUsize::new(0),
                 keeper: KeeperSlot::new(),
+                stats: Recorder::new(self.nodes.len()),
             }),
         };
         let first = client.new_driver()?;
@@ -333,7 +302,7 @@ impl ClientBuilder {
             return Err(Error::Config {
                 failures: refused
                     .into_iter()
-                    .map(|(node, kind)| client.failure(node, kind))
+                    .map(|(node, kind)| client.inner.config.failure(node, kind))
                     .collect(),
             });
         }
@@ -368,6 +337,36 @@ impl Client {
         &self.inner.keeper
     }
 
+    /// What this client's locks have been doing since it was built (shared by its clones):
+    /// acquisition rounds won, contended and unreachable per lock kind; per node, failures by
+    /// kind and the reply latency's median and 99th percentile over its latest
+    /// [`LATENCY_WINDOW`](crate::LATENCY_WINDOW) replies; wake-ups, retries and
+    /// cancellations. Keeping them costs a few atomic additions per round and per reply.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlock_mux::Client;
+    ///
+    /// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+    /// let client = Client::new(nodes.split(','))?;
+    /// client.lock("stats:doc", Duration::from_secs(5))?.release()?;
+    /// let stats = client.stats();
+    /// assert!(stats.kinds.mutex.won >= 1);
+    /// for (i, node) in stats.nodes.iter().enumerate() {
+    ///     println!("node {i}: p50 {:?}, p99 {:?}, {} failures",
+    ///         node.latency_p50, node.latency_p99, node.failures.total());
+    /// }
+    /// # Ok::<(), redlock_mux::Error>(())
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.inner.stats.snapshot()
+    }
+
+    /// Where this client's statistics are counted.
+    pub(crate) fn recorder(&self) -> &Recorder {
+        &self.inner.stats
+    }
+
     /// How many nodes this client uses.
     pub fn nodes(&self) -> usize {
         self.inner.config.nodes.len()
@@ -378,79 +377,9 @@ impl Client {
         quorum(self.nodes())
     }
 
-    /// One attempt to take the lock on `key` for `ttl`, without retrying.
-    ///
-    /// Fails with [`Error::Contended`] when someone else holds it.
-    pub fn try_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.lock_with(key.as_ref(), ttl, false)
-    }
-
-    /// Takes the lock on `key` for `ttl`, blocking until it is ours or the
-    /// [wait timeout](ClientBuilder::wait_timeout) has passed (10 s by default).
-    ///
-    /// A waiter retries as soon as a release of `key` is announced, and after a jittered
-    /// [retry delay](ClientBuilder::retry_delay) when none is; only those unprompted retries
-    /// count against the [retry count](ClientBuilder::retry_count), which is unlimited by
-    /// default. Fails with [`Error::Contended`] (or the error of the last attempt) when the
-    /// wait ends without the lock.
-    ///
-    /// The returned guard is valid for [`Lock::validity`], which is less than `ttl` by the time
-    /// the quorum took and the drift allowance.
-    pub fn lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.lock_with(key.as_ref(), ttl, true)
-    }
-
-    fn lock_with(&self, key: &[u8], ttl: Duration, wait: bool) -> Result<Lock, Error> {
-        check_key(key)?;
-        let (ttl_ms, timing) = self.timing(ttl)?;
-        let first = Token::generate();
-        let fair = self.inner.config.fair.then(|| self.fair_state());
-        let (won, token) = self.acquire(
-            &[key],
-            first,
-            &|token, run| {
-                let release = Release { key, token };
-                match &fair {
-                    Some(fair) => {
-                        let ids = AttemptIds {
-                            waiter: first.as_bytes(),
-                            token,
-                        };
-                        run(&FairAcquire::new(key, ids, ttl_ms, fair), &release)
-                    }
-                    None => run(&Acquire { key, token, ttl_ms }, &release),
-                }
-            },
-            timing,
-            wait,
-        )?;
-        Ok(Lock::from_parts(self.clone(), KeyBuf::new(key), token, won))
-    }
-
-    /// A fair waiter arriving now. Its place in the queue is this machine's wall clock in
-    /// microseconds. Its entries live three retry delays (the longest backstop wait is 1.5 of
-    /// them) plus a node timeout, and at least 100 ms, without a retry refreshing them.
-    pub(crate) fn fair_state(&self) -> FairState {
-        let c = &self.inner.config;
-        let ticket = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
-        let entry_ttl = (c.retry_delay * 3 + c.node_timeout).max(Duration::from_millis(100));
-        FairState::new(
-            ticket,
-            entry_ttl.as_millis().min(MAX_TTL.as_millis()) as u64,
-            c.fair_after,
-        )
-    }
-
     /// This client's settings.
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
-    }
-
-    /// The longest a waiting acquisition may take in all ([`ClientBuilder::wait_timeout`]).
-    pub(crate) fn wait_timeout(&self) -> Duration {
-        self.inner.config.wait_timeout
     }
 
     /// The TTL in whole milliseconds (what the server is told) and the timing built on it.
@@ -564,460 +493,5 @@ impl Client {
         let mut driver = Driver::new(config.clone()).map_err(|e| Error::Io(e.kind()))?;
         driver.warm_up(Instant::now() + config.connect_timeout);
         Ok(driver)
-    }
-
-    /// Redlock acquisition (seed 004): an attempt on every node at once; won on a quorum within
-    /// the validity; otherwise its cleanup on every node straight away, and another attempt
-    /// after a jittered delay (or a release announcement) while `wait` allows. Returns when the
-    /// lock stops being valid, and the token of the attempt that won it.
-    ///
-    /// Every attempt has its own token: `first` for the first one, a fresh one from the OS
-    /// random source for each retry. Nothing sent for a lost attempt (its cleanup above all,
-    /// which may still be on its way to a node over a connection given up since) can then touch
-    /// what a later attempt sets. `attempt` calls its second argument with the acquire op of an
-    /// attempt with the token it is given, and the cleanup that undoes that attempt.
-    ///
-    /// `resources` are the keys whose wake channels ([`WAKE_PREFIX`](crate::core::ops::WAKE_PREFIX))
-    /// announce releases that make a retry worth trying. Only retries that start because no
-    /// release was announced within the retry delay count against the retry count; the wait
-    /// timeout bounds the others.
-    pub(crate) fn acquire(
-        &self,
-        resources: &[&[u8]],
-        first: Token,
-        attempt: &Attempts<'_>,
-        timing: Timing,
-        wait: bool,
-    ) -> Result<(Won, Token), Error> {
-        let config = &self.inner.config;
-        self.with_driver(|driver| {
-            let started = Instant::now();
-            let mut retry = Retry::new(started, config.wait_timeout, config.retry_count, wait);
-            let mut token = first;
-            let mut subscribed = false;
-            // The retry window after split votes, doubled at each.
-            let mut spread = driver.spread;
-            let mut split_seen = false;
-            // Quick re-tries after split votes in a row (fair queue only).
-            let mut quick = 0;
-            let result = loop {
-                if retry.lost() > 0 {
-                    // One `getrandom` per retry; the first attempt uses `first`.
-                    token = Token::generate();
-                }
-                // What the attempt came to. Only a broken `attempt` leaves it as it is.
-                let mut step = Step::GiveUp(Error::QuorumUnreachable {
-                    quorum: quorum(config.nodes.len()),
-                    nodes: config.nodes.len(),
-                    failures: Vec::new(),
-                });
-                attempt(token.as_bytes(), &mut |acquire, cleanup| {
-                    if retry.lost() > 0 {
-                        acquire.on_retry(started.elapsed());
-                    }
-                    driver.clear_wake();
-                    let start = Instant::now();
-                    let mut round = driver.take_round(start, Some(timing), None);
-                    driver.run(acquire, &mut round);
-                    let outcome = match round.decision() {
-                        Some(Decision::Won {
-                            valid_until: Some(until),
-                            ..
-                        }) => Ok(until),
-                        _ => Err(self.loss(&round)),
-                    };
-                    let split = round.granted() > 0;
-                    driver.wake_after(round.votes(), token.as_bytes());
-                    driver.put_round(round);
-                    step = match outcome {
-                        Ok(until) => Step::Won(until),
-                        Err(error) => {
-                            // Seed 004 step 5: unlock every node, even those that said no or
-                            // did not answer.
-                            driver.broadcast(cleanup);
-                            let now = Instant::now();
-                            // The backstop: the latest the next attempt starts if no release
-                            // is announced. It is kept short of the wait timeout, so a waiter
-                            // still gets a last try.
-                            let delay = driver
-                                .jitter
-                                .around(config.retry_delay)
-                                .min(retry.remaining(now).saturating_sub(SPREAD_MIN));
-                            match retry.next_attempt(now, delay) {
-                                // Misconfigured nodes stay so: waiting cannot make a quorum.
-                                _ if error.is_config() => Step::GiveUp(error),
-                                Some(backstop) => Step::Retry {
-                                    error,
-                                    now,
-                                    backstop,
-                                    split,
-                                },
-                                None => Step::GiveUp(error),
-                            }
-                        }
-                    };
-                    if !matches!(step, Step::Retry { .. }) {
-                        if let Some(finish) = acquire.on_finish() {
-                            driver.broadcast(finish);
-                        }
-                    }
-                    if matches!(step, Step::GiveUp(_)) {
-                        driver.flush_until(Instant::now() + config.node_timeout);
-                    }
-                });
-                let (error, now, backstop, split) = match step {
-                    Step::Won(until) => break Ok((until, token)),
-                    Step::GiveUp(error) => break Err(error),
-                    Step::Retry {
-                        error,
-                        now,
-                        backstop,
-                        split,
-                    } => (error, now, backstop, split),
-                };
-                if !subscribed && error.is_contended() {
-                    // From now on every release of `resource` is announced to us; try again
-                    // at once, since a release may have come before the subscription did.
-                    // This retry stands for such a release: it is not counted.
-                    driver.subscribe(resources);
-                    subscribed = true;
-                    continue;
-                }
-                if !split {
-                    quick = 0;
-                } else {
-                    split_seen = true;
-                    // Some nodes granted, too few. Without a fair queue, waiters collided:
-                    // spread the next retries over a window that doubles with each split, so
-                    // they drift apart. With one, only the head can win anywhere, so the vote
-                    // split because a release had not reached every node yet, and its
-                    // announcement may already be spent: retry soon without waiting for one,
-                    // a few times in a row, then wait as after any other refusal (a lock held
-                    // on a minority of nodes keeps splitting the vote).
-                    spread = (spread * 2).clamp(SPREAD_MIN, SPREAD_MAX.min(config.retry_delay));
-                    if config.fair && quick < QUICK_SPLIT_RETRIES {
-                        quick += 1;
-                        let pause = driver.jitter.below(spread);
-                        driver.sleep_until((now + pause).min(backstop));
-                        continue;
-                    }
-                }
-                if driver.wait_wake(backstop) {
-                    if !spread.is_zero() {
-                        let pause = driver.jitter.below(spread);
-                        driver.sleep_until((Instant::now() + pause).min(backstop));
-                    }
-                } else {
-                    // No release was announced within the retry delay.
-                    retry.count_retry();
-                }
-            };
-            // Keep what was learnt of the contention for the next acquisition; halve it when
-            // this one saw no collision, so it fades once the contention does.
-            driver.spread = if split_seen { spread } else { spread / 2 };
-            if driver.spread < SPREAD_MIN {
-                driver.spread = Duration::ZERO;
-            }
-            if subscribed {
-                driver.unsubscribe(resources);
-            }
-            result.map(|(valid_until, token)| {
-                let pending = driver.pending();
-                (
-                    Won {
-                        valid_until,
-                        pending,
-                    },
-                    token,
-                )
-            })
-        })?
-    }
-
-    /// Sends `op` to every node and waits for a quorum of acknowledgements (or failures). It
-    /// goes out after the votes of round `after` still in flight.
-    pub(crate) fn ack_round(&self, op: &dyn Op, after: &Pending) -> Result<(), Error> {
-        self.with_driver_after(after, |driver| {
-            let mut round = driver.take_round(Instant::now(), None, None);
-            driver.run(op, &mut round);
-            let r = match round.decision() {
-                Some(Decision::Won { .. }) => Ok(()),
-                _ => Err(self.loss(&round)),
-            };
-            driver.put_round(round);
-            r
-        })?
-    }
-
-    /// Runs an extend round for a lock valid until `*valid_until`: `op` must win a quorum before
-    /// then. It goes out after the votes of round `after` still in flight.
-    ///
-    /// Won: `*valid_until` becomes the new end of validity, `start + ttl − drift`. Not won: the
-    /// nodes that said yes applied `op`, and those that did not answer may still apply it (when
-    /// its bytes reach them), so the lock may now lapse on every node at `start + ttl`, however
-    /// long it was before: `*valid_until` becomes the earlier of its old value and
-    /// `start + ttl − drift`. `start` is taken before the first byte is sent. When nothing was
-    /// sent (the validity had already ended, or no connection could be made), it is unchanged.
-    pub(crate) fn extend_round(
-        &self,
-        op: &dyn Op,
-        timing: Timing,
-        valid_until: &mut Instant,
-        after: &Pending,
-    ) -> Result<(), Error> {
-        let hold_until = *valid_until;
-        self.with_driver_after(after, |driver| {
-            let start = Instant::now();
-            if start >= hold_until {
-                return Err(Error::ValidityExpired {
-                    elapsed: Duration::ZERO,
-                });
-            }
-            let mut round = driver.take_round(start, Some(timing), Some(hold_until));
-            driver.run(op, &mut round);
-            let r = match round.decision() {
-                Some(Decision::Won {
-                    valid_until: Some(until),
-                    ..
-                }) => {
-                    *valid_until = until;
-                    Ok(())
-                }
-                _ => {
-                    // A TTL within the drift allowance gives no validity at all.
-                    let cap = timing.valid_until(start).unwrap_or(start);
-                    *valid_until = hold_until.min(cap);
-                    Err(self.loss(&round))
-                }
-            };
-            driver.put_round(round);
-            r
-        })?
-    }
-
-    /// A failure of node `node`.
-    fn failure(&self, node: usize, kind: NodeErrorKind) -> NodeFailure {
-        NodeFailure {
-            node,
-            addr: self.inner.config.nodes[node].display.clone(),
-            kind,
-        }
-    }
-
-    /// The error for a round that was not won. When too few nodes are left for a quorum once
-    /// those whose setup was refused are counted out, that is [`Error::Config`]: waiting
-    /// cannot help.
-    fn loss(&self, round: &Round) -> Error {
-        let failures = || -> Vec<NodeFailure> {
-            round
-                .failures()
-                .map(|(node, kind)| self.failure(node, kind.clone()))
-                .collect()
-        };
-        let misconfigured = round
-            .failures()
-            .filter(|(_, kind)| matches!(kind, NodeErrorKind::Setup { .. }))
-            .count();
-        match round.decision() {
-            Some(Decision::Expired { elapsed }) => Error::ValidityExpired { elapsed },
-            _ if misconfigured > 0 && round.nodes() - misconfigured < round.quorum() => {
-                Error::Config {
-                    failures: round
-                        .failures()
-                        .filter(|(_, kind)| matches!(kind, NodeErrorKind::Setup { .. }))
-                        .map(|(node, kind)| self.failure(node, kind.clone()))
-                        .collect(),
-                }
-            }
-            Some(Decision::Contended) => Error::Contended {
-                refused: round.refused(),
-                nodes: round.nodes(),
-                failures: failures(),
-            },
-            _ => Error::QuorumUnreachable {
-                quorum: round.quorum(),
-                nodes: round.nodes(),
-                failures: failures(),
-            },
-        }
-    }
-}
-
-/// The commands of an acquisition, attempt by attempt: called with an attempt's token, it calls
-/// its second argument with that attempt's acquire op and the cleanup that undoes it.
-pub(crate) type Attempts<'a> = dyn Fn(&[u8], &mut dyn FnMut(&dyn Op, &dyn Op)) + 'a;
-
-/// What one attempt of an acquisition came to.
-enum Step {
-    /// The lock, valid until then.
-    Won(Instant),
-    /// Lost, with no retry left.
-    GiveUp(Error),
-    /// Lost at `now`; the next attempt starts at `backstop` at the latest.
-    Retry {
-        error: Error,
-        now: Instant,
-        backstop: Instant,
-        /// Some nodes granted the attempt, too few.
-        split: bool,
-    },
-}
-
-/// Keys up to this length live inside the guard, so taking a lock allocates nothing.
-const INLINE_KEY: usize = 64;
-
-/// A lock's key: inline when short, on the heap otherwise.
-#[derive(Clone)]
-pub(crate) enum KeyBuf {
-    Inline { len: u8, bytes: [u8; INLINE_KEY] },
-    Heap(Box<[u8]>),
-}
-
-impl KeyBuf {
-    pub(crate) fn new(key: &[u8]) -> KeyBuf {
-        if key.len() <= INLINE_KEY {
-            let mut bytes = [0; INLINE_KEY];
-            bytes[..key.len()].copy_from_slice(key);
-            KeyBuf::Inline {
-                len: key.len() as u8,
-                bytes,
-            }
-        } else {
-            KeyBuf::Heap(key.into())
-        }
-    }
-
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        match self {
-            KeyBuf::Inline { len, bytes } => &bytes[..*len as usize],
-            KeyBuf::Heap(b) => b,
-        }
-    }
-}
-
-impl std::fmt::Debug for KeyBuf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(self.as_slice()))
-    }
-}
-
-/// Rejects keys that are empty or longer than [`MAX_KEY_LEN`].
-pub(crate) fn check_key(key: &[u8]) -> Result<(), InvalidArgument> {
-    if key.is_empty() {
-        return Err(InvalidArgument::EmptyKey);
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err(InvalidArgument::KeyTooLong {
-            len: key.len(),
-            max: MAX_KEY_LEN,
-        });
-    }
-    Ok(())
-}
-
-/// A held Redlock mutex. Dropping it releases it, best effort; call [`release`](Lock::release)
-/// to see whether that worked.
-///
-/// The lock is only guaranteed exclusive until [`validity`](Lock::validity) runs out. Work that
-/// may take longer must [`extend`](Lock::extend) it first.
-#[derive(Debug)]
-pub struct Lock {
-    client: Client,
-    key: KeyBuf,
-    token: Token,
-    valid_until: Instant,
-    /// The acquisition's round, while votes of it may be in flight.
-    pending: Pending,
-    released: bool,
-}
-
-impl Lock {
-    /// A guard for a lock just won: `token` is at `key` on a quorum until `won.valid_until`.
-    pub(crate) fn from_parts(client: Client, key: KeyBuf, token: Token, won: Won) -> Lock {
-        Lock {
-            client,
-            key,
-            token,
-            valid_until: won.valid_until,
-            pending: won.pending,
-            released: false,
-        }
-    }
-
-    /// The client this lock was taken with.
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
-    }
-
-    /// The key this lock is on.
-    pub fn key(&self) -> &[u8] {
-        self.key.as_slice()
-    }
-
-    /// This holder's token: 160 bits from the OS random source, as 40 hex characters. It is
-    /// the value stored at the key on every node that granted the lock: the token of the
-    /// attempt that won it (every attempt draws its own).
-    pub fn token(&self) -> &[u8] {
-        self.token.as_bytes()
-    }
-
-    /// The time left before the lock may be granted to someone else. Zero once it has run out.
-    pub fn validity(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
-    }
-
-    /// The instant the lock may be granted to someone else.
-    pub(crate) fn valid_until(&self) -> Instant {
-        self.valid_until
-    }
-
-    /// Resets the lock's TTL to `ttl` on every node that still holds our token.
-    ///
-    /// Succeeds only if a quorum agrees before the current validity ends; the validity is then
-    /// `ttl` minus the time the round took minus the drift allowance.
-    ///
-    /// A failed extend never lengthens the validity, but it may shorten it. The nodes that
-    /// accepted it, and those that did not answer in time (they may run it later), now expire
-    /// the key `ttl` after the round began; so the validity becomes the earlier of its current
-    /// end and `ttl` minus the drift allowance from the start of the round. A failed extend to
-    /// a `ttl` longer than the validity left thus leaves the lock as it was (held until its
-    /// current validity ends, if it was held); a failed extend to a shorter one leaves at most
-    /// that shorter validity. An invalid `ttl` is refused before anything is sent.
-    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        let (ttl_ms, timing) = self.client.timing(ttl)?;
-        let op = Extend {
-            key: self.key.as_slice(),
-            token: self.token.as_bytes(),
-            ttl_ms,
-        };
-        self.client
-            .extend_round(&op, timing, &mut self.valid_until, &self.pending)
-    }
-
-    /// Releases the lock on every node, whether or not that node granted it. Keys that have
-    /// expired, or that hold someone else's token, are left alone.
-    ///
-    /// Returns once a quorum of nodes has answered; the other nodes still get the release.
-    pub fn release(mut self) -> Result<(), Error> {
-        self.released = true;
-        self.release_now()
-    }
-
-    fn release_now(&self) -> Result<(), Error> {
-        self.client.ack_round(
-            &Release {
-                key: self.key.as_slice(),
-                token: self.token.as_bytes(),
-            },
-            &self.pending,
-        )
-    }
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        if !self.released {
-            let _ = self.release_now();
-        }
     }
 }

@@ -60,12 +60,63 @@ pub enum Error {
         /// The nodes whose setup failed, each with a [`NodeErrorKind::Setup`].
         failures: Vec<NodeFailure>,
     },
+    /// A waiting acquisition ([`Client::lock`](crate::Client::lock) and the other calls
+    /// without `try_`) ended without the lock: `deadline` came before any attempt won. That is
+    /// the [wait timeout](crate::ClientBuilder::wait_timeout) or the
+    /// [retry count](crate::ClientBuilder::retry_count). `last` is why the last attempt was
+    /// lost: most often [`Error::Contended`], and then [`is_contended`](Error::is_contended)
+    /// is true of this error too.
+    ///
+    /// A `try_` call makes one attempt and returns its error as it is; so does a waiting call
+    /// that stops for a reason waiting cannot cure ([`Error::Config`], [`Error::Io`]).
+    WaitEnded {
+        /// [`Deadline::WaitTimeout`] or [`Deadline::RetryCount`].
+        deadline: Deadline,
+        /// The error of the last attempt.
+        last: Box<Error>,
+    },
+    /// A waiting acquisition was cancelled through its [`Cancel`](crate::Cancel) handle
+    /// before it got the lock. What it had on the nodes was undone.
+    Cancelled,
+}
+
+/// A deadline that ended a lock operation; see [`Error::deadline`].
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Deadline {
+    /// The [wait timeout](crate::ClientBuilder::wait_timeout): no attempt starts after it.
+    WaitTimeout,
+    /// The [retry count](crate::ClientBuilder::retry_count): that many retries came after a
+    /// retry delay in which no release was announced.
+    RetryCount,
+    /// The lock's validity: the quorum answered later than the TTL allows, or an extend was
+    /// asked for after the validity had ended ([`Error::ValidityExpired`]).
+    Validity,
+    /// The per-node timeout: the nodes that had not answered were counted as failed (their
+    /// failures are [`NodeErrorKind::Timeout`]), which decided the round.
+    NodeTimeout,
+}
+
+impl fmt::Display for Deadline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Deadline::WaitTimeout => "the wait timeout",
+            Deadline::RetryCount => "the retry count",
+            Deadline::Validity => "the lock's validity",
+            Deadline::NodeTimeout => "the per-node timeout",
+        })
+    }
 }
 
 impl Error {
-    /// True when the lock was held by someone else, so waiting and retrying makes sense.
+    /// True when the lock was held by someone else, so waiting and retrying makes sense: a
+    /// [`Contended`](Error::Contended) error, or a wait that [ended](Error::WaitEnded) on one.
     pub fn is_contended(&self) -> bool {
-        matches!(self, Error::Contended { .. })
+        match self {
+            Error::Contended { .. } => true,
+            Error::WaitEnded { last, .. } => last.is_contended(),
+            _ => false,
+        }
     }
 
     /// True for [`Error::Config`]: a node URL or a server's configuration is wrong, and
@@ -74,13 +125,34 @@ impl Error {
         matches!(self, Error::Config { .. })
     }
 
-    /// The node failures this error carries, if any.
+    /// The node failures this error carries, if any (for an ended wait, its last attempt's).
     pub fn failures(&self) -> &[NodeFailure] {
         match self {
             Error::Contended { failures, .. }
             | Error::QuorumUnreachable { failures, .. }
             | Error::Config { failures } => failures,
+            Error::WaitEnded { last, .. } => last.failures(),
             _ => &[],
+        }
+    }
+
+    /// Which deadline ended the operation, if one did: the wait timeout or the retry count for
+    /// a [wait that ended](Error::WaitEnded), the lock's validity for
+    /// [`ValidityExpired`](Error::ValidityExpired), and the per-node timeout for a round that
+    /// was lost because nodes did not answer in time. `None` when the nodes decided (they
+    /// refused or failed) before any deadline, or for errors that are not about time.
+    pub fn deadline(&self) -> Option<Deadline> {
+        match self {
+            Error::WaitEnded { deadline, .. } => Some(*deadline),
+            Error::ValidityExpired { .. } => Some(Deadline::Validity),
+            Error::Contended { failures, .. } | Error::QuorumUnreachable { failures, .. }
+                if failures
+                    .iter()
+                    .any(|f| matches!(f.kind, NodeErrorKind::Timeout)) =>
+            {
+                Some(Deadline::NodeTimeout)
+            }
+            _ => None,
         }
     }
 }
@@ -126,6 +198,10 @@ impl fmt::Display for Error {
                 )?;
                 write_failures(f, failures)
             }
+            Error::WaitEnded { deadline, last } => {
+                write!(f, "gave up waiting at {deadline}: {last}")
+            }
+            Error::Cancelled => f.write_str("the acquisition was cancelled"),
         }
     }
 }
@@ -188,18 +264,21 @@ pub enum InvalidArgument {
     /// The same server was given twice, possibly with different databases: the two would fail
     /// together, so they cannot count as two nodes of a quorum.
     DuplicateNode {
-        /// The second URL naming it.
+        /// The second URL naming it, its password hidden (`***`).
         url: String,
     },
     /// A node URL could not be understood or resolved.
     BadUrl {
-        /// The URL as given.
+        /// The URL as given, its password hidden (`***`).
         url: String,
         /// What is wrong with it.
         reason: &'static str,
     },
     /// An all-or-none lock was asked for no keys.
     NoKeys,
+    /// A token given to a `resume_*` call is not one this library makes: 40 lowercase hex
+    /// characters.
+    BadToken,
     /// An all-or-none lock was given the same key twice.
     DuplicateKey {
         /// The key given more than once.
@@ -255,6 +334,7 @@ impl fmt::Display for InvalidArgument {
             }
             InvalidArgument::BadUrl { url, reason } => write!(f, "bad node URL {url:?}: {reason}"),
             InvalidArgument::NoKeys => f.write_str("no keys were given"),
+            InvalidArgument::BadToken => f.write_str("a lock token is 40 lowercase hex characters"),
             InvalidArgument::DuplicateKey { key } => write!(
                 f,
                 "key {:?} is given more than once",

@@ -4,13 +4,15 @@
 //!
 //! - **Handles are opaque.** `redlock_mux_client_builder`, `redlock_mux_client` and the lock
 //!   handles (`redlock_mux_lock`, `_read_lock`, `_write_lock`, `_multi_lock`, `_fenced_lock`,
-//!   `_kept_lock`) are only ever seen through pointers. Each one made by a `_new`, `_build`
-//!   or lock function is owned by the caller and freed with the matching `_free`, which accepts
-//!   NULL. Freeing twice, or using a handle after freeing it, is undefined behaviour.
+//!   `_fenced_write_lock`, `_kept_lock`) and `redlock_mux_cancel` are only ever seen through
+//!   pointers. Each one made by a `_new`, `_build` or lock function is owned by the caller and
+//!   freed with the matching `_free`, which accepts NULL. Freeing twice, or using a handle after freeing it, is
+//!   undefined behaviour.
 //! - **Results are numbered.** Every fallible function returns a `redlock_mux_result`, whose
 //!   values are fixed forever. `redlock_mux_result_text` names a code;
 //!   `redlock_mux_last_error_message` gives the full message of the last failure on the
-//!   calling thread (which nodes failed, and how).
+//!   calling thread (which nodes failed, and how), `redlock_mux_last_error_deadline` which
+//!   deadline ended it.
 //! - **NULL is checked.** Every pointer argument is checked, and NULL gives
 //!   `REDLOCK_MUX_NULL_PARAMETER` before anything else happens.
 //! - **Inputs are pointer plus length.** Keys are bytes and may contain NUL; URLs are UTF-8 and
@@ -24,7 +26,8 @@
 //! Thread safety: a `redlock_mux_client` may be used from any number of threads at once, and
 //! threads that lock at the same time do not wait on each other. A `redlock_mux_lock` or a
 //! `redlock_mux_client_builder` may move between threads but must not be used by two threads at
-//! once. A lock keeps what it needs of its client alive: the client may be freed before the
+//! once. A `redlock_mux_cancel` may be used from any number of threads at once: that is what it
+//! is for. A lock keeps what it needs of its client alive: the client may be freed before the
 //! locks taken through it. A kept lock is extended by the client's keeper thread, one per
 //! client, which also runs the lost-lock callbacks.
 
@@ -43,9 +46,11 @@ use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use crate::kind::{Fenced, Kind, OneKey};
 use crate::{
-    Client, ClientBuilder, Error, FencedLock, InvalidArgument, KeepAlive, KeptLock, Lock,
-    MultiLock, ReadLock, RwPolicy, WriteLock, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS,
+    Acquire, Cancel, Client, ClientBuilder, Deadline, Error, FencedLock, FencedWriteLock, Guard,
+    InvalidArgument, KeepAlive, KeptLock, Lock, MultiLock, NodeStats, ReadLock, RoundStats,
+    RwPolicy, WriteLock, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS,
 };
 
 /// Every result a function of this API returns. The numbers never change; new results get new
@@ -71,8 +76,8 @@ pub enum redlock_mux_result {
     REDLOCK_MUX_IO = 6,
     /// The output buffer is too small. Nothing was written.
     REDLOCK_MUX_BUFFER_TOO_SMALL = 7,
-    /// The lock handle was already released (or, for a `redlock_mux_lock`, handed to
-    /// `redlock_mux_lock_keep_alive`); only its `_free` may follow.
+    /// The lock handle was already released, or its lock was handed to keep-alive (one of the
+    /// `_keep_alive` functions); only its `_free` may follow.
     REDLOCK_MUX_RELEASED = 8,
     /// The library panicked: a bug. The handles involved must only be freed.
     REDLOCK_MUX_PANIC = 9,
@@ -82,9 +87,37 @@ pub enum redlock_mux_result {
     /// any node's setup fails, a lock call when too few nodes are left for a quorum without
     /// the misconfigured ones. Nothing is written on a node whose setup failed.
     REDLOCK_MUX_CONFIG = 10,
+    /// A waiting acquisition was cancelled through its cancel handle before it got its lock.
+    /// What it had on the nodes was undone.
+    REDLOCK_MUX_CANCELLED = 11,
 }
 
 use redlock_mux_result::*;
+
+/// Which deadline ended the last failed call on the calling thread, as
+/// `redlock_mux_last_error_deadline` tells. The numbers never change; new deadlines get new
+/// numbers.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum redlock_mux_deadline {
+    /// No deadline ended it: the nodes decided (they refused or failed) before any deadline,
+    /// the failure was not about time (a NULL or invalid argument, a configuration error), or
+    /// no call has failed on this thread yet.
+    REDLOCK_MUX_DEADLINE_NONE = 0,
+    /// The client's wait timeout: a waiting call gave up, and no attempt starts after it.
+    REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT = 1,
+    /// The client's retry count: a waiting call gave up after that many retries that no
+    /// release announcement prompted.
+    REDLOCK_MUX_DEADLINE_RETRY_COUNT = 2,
+    /// The lock's validity: the quorum answered later than the TTL allows, or an extend came
+    /// after the validity had ended (`REDLOCK_MUX_VALIDITY_EXPIRED`).
+    REDLOCK_MUX_DEADLINE_VALIDITY = 3,
+    /// The per-node timeout: nodes that had not answered in time were counted as failed,
+    /// which decided the round.
+    REDLOCK_MUX_DEADLINE_NODE_TIMEOUT = 4,
+}
+
+use redlock_mux_deadline::*;
 
 /// The length of a lock's token, in bytes: 40 hexadecimal characters (160 random bits).
 pub const REDLOCK_MUX_TOKEN_LEN: usize = 40;
@@ -150,9 +183,16 @@ pub struct redlock_mux_fenced_lock {
     held: Option<FencedLock>,
 }
 
-/// A mutex extended in the background by its client's keeper thread. Made from a
-/// `redlock_mux_lock` by `redlock_mux_lock_keep_alive` or
-/// `redlock_mux_lock_keep_alive_with_callback`, freed by `redlock_mux_kept_lock_free` (which
+/// A held write lock with a fencing token. Made by `redlock_mux_client_write_lock_fenced` or
+/// `redlock_mux_client_try_write_lock_fenced`, freed by `redlock_mux_fenced_write_lock_free`
+/// (which releases it first if it is still held).
+pub struct redlock_mux_fenced_write_lock {
+    held: Option<FencedWriteLock>,
+}
+
+/// A lock of any kind extended in the background by its client's keeper thread. Made from a
+/// lock handle by its `_keep_alive` or `_keep_alive_with_callback` function (such as
+/// `redlock_mux_lock_keep_alive`), freed by `redlock_mux_kept_lock_free` (which
 /// stops the extensions and releases it first if it is still held).
 pub struct redlock_mux_kept_lock {
     held: Option<KeptLock>,
@@ -182,10 +222,12 @@ pub const REDLOCK_MUX_RW_READ_PREFERRING: u32 = 0;
 /// readers in place drain and the writer gets in within one reader hold.
 pub const REDLOCK_MUX_RW_WRITE_PREFERRING: u32 = 1;
 
-/// A failed call: its code, and the message `redlock_mux_last_error_message` gives.
+/// A failed call: its code, the message `redlock_mux_last_error_message` gives, and the
+/// deadline `redlock_mux_last_error_deadline` gives.
 struct Failure {
     code: redlock_mux_result,
     message: String,
+    deadline: redlock_mux_deadline,
 }
 
 impl Failure {
@@ -193,7 +235,20 @@ impl Failure {
         Failure {
             code,
             message: message.into(),
+            deadline: REDLOCK_MUX_DEADLINE_NONE,
         }
+    }
+}
+
+/// The number of the deadline that ended an operation.
+fn deadline_code(deadline: Option<Deadline>) -> redlock_mux_deadline {
+    // Exhaustive on purpose: a new deadline must be given its own number here.
+    match deadline {
+        None => REDLOCK_MUX_DEADLINE_NONE,
+        Some(Deadline::WaitTimeout) => REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT,
+        Some(Deadline::RetryCount) => REDLOCK_MUX_DEADLINE_RETRY_COUNT,
+        Some(Deadline::Validity) => REDLOCK_MUX_DEADLINE_VALIDITY,
+        Some(Deadline::NodeTimeout) => REDLOCK_MUX_DEADLINE_NODE_TIMEOUT,
     }
 }
 
@@ -207,12 +262,20 @@ fn failure_code(e: &Error) -> redlock_mux_result {
         Error::ValidityExpired { .. } => REDLOCK_MUX_VALIDITY_EXPIRED,
         Error::Io(_) => REDLOCK_MUX_IO,
         Error::Config { .. } => REDLOCK_MUX_CONFIG,
+        // A wait that ended is reported as its last attempt was (most often contended); the
+        // message names the deadline.
+        Error::WaitEnded { last, .. } => failure_code(last),
+        Error::Cancelled => REDLOCK_MUX_CANCELLED,
     }
 }
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
-        Failure::new(failure_code(&e), e.to_string())
+        Failure {
+            code: failure_code(&e),
+            message: e.to_string(),
+            deadline: deadline_code(e.deadline()),
+        }
     }
 }
 
@@ -222,14 +285,25 @@ impl From<InvalidArgument> for Failure {
     }
 }
 
-thread_local! {
-    /// The message of the last failed call on this thread.
-    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+/// What is kept of the last failed call on a thread.
+struct LastError {
+    message: String,
+    deadline: redlock_mux_deadline,
 }
 
-fn set_last_error(message: String) {
+thread_local! {
+    /// The last failed call on this thread.
+    static LAST_ERROR: RefCell<LastError> = const {
+        RefCell::new(LastError {
+            message: String::new(),
+            deadline: REDLOCK_MUX_DEADLINE_NONE,
+        })
+    };
+}
+
+fn set_last_error(message: String, deadline: redlock_mux_deadline) {
     // `try_with`: during thread teardown the slot may be gone; the code still gets through.
-    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = message);
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = LastError { message, deadline });
 }
 
 /// The panic boundary every exported function runs in: a panic becomes `REDLOCK_MUX_PANIC`,
@@ -238,7 +312,7 @@ fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> redlock_mux_result {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => REDLOCK_MUX_OK,
         Ok(Err(failure)) => {
-            set_last_error(failure.message);
+            set_last_error(failure.message, failure.deadline);
             failure.code
         }
         Err(payload) => {
@@ -247,9 +321,10 @@ fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> redlock_mux_result {
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            set_last_error(format!(
-                "redlock-mux panicked (a bug in the library): {what}"
-            ));
+            set_last_error(
+                format!("redlock-mux panicked (a bug in the library): {what}"),
+                REDLOCK_MUX_DEADLINE_NONE,
+            );
             REDLOCK_MUX_PANIC
         }
     }
@@ -378,6 +453,7 @@ pub extern "C" fn redlock_mux_result_text(result: u32) -> *const c_char {
         8 => c"lock already released",
         9 => c"panic in redlock-mux",
         10 => c"node configuration error",
+        11 => c"cancelled",
         _ => c"unknown result code",
     };
     text.as_ptr()
@@ -398,7 +474,30 @@ pub extern "C" fn redlock_mux_version() -> *const c_char {
 /// counting a terminating NUL; 0 if no call has failed on this thread yet.
 #[no_mangle]
 pub extern "C" fn redlock_mux_last_error_length() -> usize {
-    catch_unwind(|| LAST_ERROR.try_with(|slot| slot.borrow().len()).unwrap_or(0)).unwrap_or(0)
+    catch_unwind(|| {
+        LAST_ERROR
+            .try_with(|slot| slot.borrow().message.len())
+            .unwrap_or(0)
+    })
+    .unwrap_or(0)
+}
+
+/// Which deadline ended the last failed call on the calling thread: for a waiting acquisition
+/// that gave up (it returns the result of its last attempt, most often
+/// `REDLOCK_MUX_CONTENDED`), `REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT` or
+/// `REDLOCK_MUX_DEADLINE_RETRY_COUNT`; `REDLOCK_MUX_DEADLINE_VALIDITY` or
+/// `REDLOCK_MUX_DEADLINE_NODE_TIMEOUT` for a round that time decided;
+/// `REDLOCK_MUX_DEADLINE_NONE` when no deadline did, or no call has failed on this thread yet.
+/// Like the message, it belongs to the last failure: calls that succeed, and asking, do not
+/// change it.
+#[no_mangle]
+pub extern "C" fn redlock_mux_last_error_deadline() -> redlock_mux_deadline {
+    catch_unwind(|| {
+        LAST_ERROR
+            .try_with(|slot| slot.borrow().deadline)
+            .unwrap_or(REDLOCK_MUX_DEADLINE_NONE)
+    })
+    .unwrap_or(REDLOCK_MUX_DEADLINE_NONE)
 }
 
 /// Copies the message of the last failed call on the calling thread into `buf`, followed by a
@@ -422,7 +521,7 @@ pub unsafe extern "C" fn redlock_mux_last_error_message(
             return REDLOCK_MUX_NULL_PARAMETER;
         }
         let copied = LAST_ERROR.try_with(|slot| {
-            let message = slot.borrow();
+            let message = &slot.borrow().message;
             if buf_len < message.len() + 1 {
                 return None;
             }
@@ -700,18 +799,126 @@ pub unsafe extern "C" fn redlock_mux_client_free(client: *mut redlock_mux_client
     boundary_void(|| unsafe { free_handle(client) })
 }
 
-/// The shared body of every acquisition: checks the arguments, runs `take`, hands back the
-/// new handle.
+/// A lock handle of the C API: the lock it holds, until the lock is released or handed to
+/// keep-alive. Every function on a handle goes through the generic helpers below.
+trait Handle {
+    /// What the handle holds: a guard, or a kept lock.
+    type Lock: Held;
+    /// The name of the handle's parameter, for the message when it is NULL.
+    const ARG: &'static str = "lock";
+    fn new(lock: Self::Lock) -> Self;
+    fn slot(&self) -> &Option<Self::Lock>;
+    fn slot_mut(&mut self) -> &mut Option<Self::Lock>;
+    /// Runs before the lock is released (a kept lock silences its callback).
+    fn before_release(&self) {}
+}
+
+/// The `Handle` of each guard handle: its lock lives in `held`.
+macro_rules! guard_handles {
+    ($($handle:ident: $lock:ty;)*) => {$(
+        impl Handle for $handle {
+            type Lock = $lock;
+            fn new(lock: $lock) -> Self {
+                $handle { held: Some(lock) }
+            }
+            fn slot(&self) -> &Option<$lock> {
+                &self.held
+            }
+            fn slot_mut(&mut self) -> &mut Option<$lock> {
+                &mut self.held
+            }
+        }
+    )*};
+}
+
+guard_handles! {
+    redlock_mux_lock: Lock;
+    redlock_mux_read_lock: ReadLock;
+    redlock_mux_write_lock: WriteLock;
+    redlock_mux_multi_lock: MultiLock;
+    redlock_mux_fenced_lock: FencedLock;
+    redlock_mux_fenced_write_lock: FencedWriteLock;
+}
+
+impl Handle for redlock_mux_kept_lock {
+    type Lock = KeptLock;
+    const ARG: &'static str = "kept";
+    fn new(lock: KeptLock) -> Self {
+        redlock_mux_kept_lock {
+            held: Some(lock),
+            on_lost: None,
+        }
+    }
+    fn slot(&self) -> &Option<KeptLock> {
+        &self.held
+    }
+    fn slot_mut(&mut self) -> &mut Option<KeptLock> {
+        &mut self.held
+    }
+    fn before_release(&self) {
+        self.disarm();
+    }
+}
+
+/// What the C API reads from, and does with, every kind of held lock: the guards of every
+/// kind, and kept locks.
+trait Held: Sized {
+    fn validity(&self) -> Duration;
+    fn token(&self) -> &[u8];
+    fn release(self) -> Result<(), Error>;
+}
+
+impl<K: Kind> Held for Guard<K> {
+    fn validity(&self) -> Duration {
+        Guard::validity(self)
+    }
+    fn token(&self) -> &[u8] {
+        Guard::token(self)
+    }
+    fn release(self) -> Result<(), Error> {
+        Guard::release(self)
+    }
+}
+
+impl Held for KeptLock {
+    fn validity(&self) -> Duration {
+        KeptLock::validity(self)
+    }
+    fn token(&self) -> &[u8] {
+        KeptLock::token(self)
+    }
+    fn release(self) -> Result<(), Error> {
+        KeptLock::release(self)
+    }
+}
+
+fn released() -> Failure {
+    Failure::new(
+        REDLOCK_MUX_RELEASED,
+        "the lock was already released, or handed to keep-alive; only free its handle",
+    )
+}
+
+fn held<T>(slot: &Option<T>) -> Result<&T, Failure> {
+    slot.as_ref().ok_or_else(released)
+}
+
+/// The shared body of every one-key acquisition: checks the arguments, runs `take`, hands
+/// back the new handle.
 ///
 /// # Safety
 /// As for `redlock_mux_client_lock`.
-unsafe fn acquire<T>(
+unsafe fn acquire<H: Handle, E>(
     client: *const redlock_mux_client,
     key: *const u8,
     key_len: usize,
-    out: *mut *mut T,
-    take: impl FnOnce(&Client, &[u8]) -> Result<T, Error>,
-) -> redlock_mux_result {
+    ttl_ms: u64,
+    out: *mut *mut H,
+    take: impl FnOnce(&Client, &[u8], Duration) -> Result<H::Lock, E>,
+) -> redlock_mux_result
+where
+    Failure: From<E>,
+{
     boundary(|| {
         // SAFETY: forwarded caller promises.
         let (handle, key, out) = unsafe {
@@ -721,34 +928,272 @@ unsafe fn acquire<T>(
                 Out::new(out, "out")?,
             )
         };
-        out.write(into_handle(take(&handle.client, key)?));
+        out.write(into_handle(H::new(take(
+            &handle.client,
+            key,
+            millis(ttl_ms),
+        )?)));
         Ok(())
     })
 }
 
-/// The shared body of the two mutex acquisitions.
+/// The body of every `_extend`.
 ///
 /// # Safety
-/// As for `redlock_mux_client_lock`.
-unsafe fn lock_with(
-    client: *const redlock_mux_client,
-    key: *const u8,
-    key_len: usize,
-    ttl_ms: u64,
-    out: *mut *mut redlock_mux_lock,
-    wait: bool,
+/// `lock` is NULL or a live handle used by no other thread.
+unsafe fn extend<H, K>(lock: *mut H, ttl_ms: u64) -> redlock_mux_result
+where
+    H: Handle<Lock = Guard<K>>,
+    K: Kind,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        let handle = unsafe { arg_mut(lock, H::ARG) }?;
+        let guard = handle.slot_mut().as_mut().ok_or_else(released)?;
+        guard.extend(millis(ttl_ms))?;
+        Ok(())
+    })
+}
+
+/// The body of every `_validity_ms`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `out_ms` is NULL or
+/// writable.
+unsafe fn validity<H: Handle>(lock: *const H, out_ms: *mut u64) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(lock, H::ARG)?, Out::new(out_ms, "out_ms")?) };
+        let ms = held(handle.slot())?.validity().as_millis();
+        out.write(u64::try_from(ms).unwrap_or(u64::MAX));
+        Ok(())
+    })
+}
+
+/// The body of every `_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `buf` is NULL or
+/// points to `buf_len` writable bytes; `out_n` is NULL or writable.
+unsafe fn token<H: Handle>(
+    lock: *const H,
+    buf: *mut u8,
+    buf_len: usize,
+    out_n: *mut usize,
 ) -> redlock_mux_result {
-    // SAFETY: forwarded caller promises.
-    unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            let lock = if wait {
-                c.lock(key, millis(ttl_ms))
-            } else {
-                c.try_lock(key, millis(ttl_ms))
-            }?;
-            Ok(redlock_mux_lock { held: Some(lock) })
-        })
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let handle = unsafe { arg_ref(lock, H::ARG) }?;
+        if buf.is_null() {
+            return Err(null("buf"));
+        }
+        // SAFETY: forwarded caller promise.
+        let out_n = unsafe { Out::new(out_n, "out_n") }?;
+        let token = held(handle.slot())?.token();
+        if buf_len < token.len() {
+            return Err(Failure::new(
+                REDLOCK_MUX_BUFFER_TOO_SMALL,
+                format!("the token is {} bytes, the buffer {buf_len}", token.len()),
+            ));
+        }
+        // SAFETY: `buf` is non-NULL with room for `buf_len >= token.len()` bytes (caller's
+        // promise), and cannot overlap the token, which is ours.
+        unsafe { ptr::copy_nonoverlapping(token.as_ptr(), buf, token.len()) };
+        out_n.write(token.len());
+        Ok(())
+    })
+}
+
+/// The body of every `_release`: afterwards the handle is empty, whatever the result.
+///
+/// # Safety
+/// `lock` is NULL or a live handle used by no other thread.
+unsafe fn release<H: Handle>(lock: *mut H) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        let handle = unsafe { arg_mut(lock, H::ARG) }?;
+        handle.before_release();
+        handle.slot_mut().take().ok_or_else(released)?.release()?;
+        Ok(())
+    })
+}
+
+/// The locks on one resource key: guards of one-key kinds, and kept locks (whose key is a
+/// set's first).
+trait OneKeyed {
+    fn key(&self) -> &[u8];
+}
+
+impl<K: OneKey> OneKeyed for Guard<K> {
+    fn key(&self) -> &[u8] {
+        Guard::key(self)
     }
+}
+
+impl OneKeyed for KeptLock {
+    fn key(&self) -> &[u8] {
+        KeptLock::key(self)
+    }
+}
+
+/// The locks that may carry a fencing token: the fenced kinds' guards always do, a kept lock
+/// does when it was fenced.
+trait Fencing {
+    fn fencing_token(&self) -> Option<u64>;
+}
+
+impl<K: Fenced> Fencing for Guard<K> {
+    fn fencing_token(&self) -> Option<u64> {
+        Some(Guard::fencing_token(self))
+    }
+}
+
+impl Fencing for KeptLock {
+    fn fencing_token(&self) -> Option<u64> {
+        KeptLock::fencing_token(self)
+    }
+}
+
+/// Writes a key the handle owns to the caller's two out slots.
+fn write_key(out_key: Out<*const u8>, out_len: Out<usize>, key: &[u8]) {
+    out_key.write(key.as_ptr());
+    out_len.write(key.len());
+}
+
+/// The body of every `_key`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+unsafe fn key<H>(lock: *const H, out_key: *mut *const u8, out_len: *mut usize) -> redlock_mux_result
+where
+    H: Handle,
+    H::Lock: OneKeyed,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out_key, out_len) = unsafe {
+            (
+                arg_ref(lock, H::ARG)?,
+                Out::new(out_key, "out_key")?,
+                Out::new(out_len, "out_len")?,
+            )
+        };
+        write_key(out_key, out_len, held(handle.slot())?.key());
+        Ok(())
+    })
+}
+
+/// The body of every `_fencing_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle not being changed by another thread; `out_token` is NULL
+/// or writable.
+unsafe fn fencing_token<H>(lock: *const H, out_token: *mut u64) -> redlock_mux_result
+where
+    H: Handle,
+    H::Lock: Fencing,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(lock, H::ARG)?, Out::new(out_token, "out_token")?) };
+        let token = held(handle.slot())?.fencing_token().ok_or_else(|| {
+            Failure::new(
+                REDLOCK_MUX_INVALID_ARGUMENT,
+                "invalid argument: the lock is not a fenced one and has no fencing token",
+            )
+        })?;
+        out.write(token);
+        Ok(())
+    })
+}
+
+/// A C callback and its user data, called at most once, from the keeper thread.
+struct LostCallback {
+    f: unsafe extern "C" fn(*mut c_void, redlock_mux_result),
+    user_data: *mut c_void,
+}
+
+// SAFETY: `user_data` is only handed back to `f`, on the keeper thread; the caller of a
+// `_keep_alive_with_callback` function promises that this is allowed.
+unsafe impl Send for LostCallback {}
+
+/// Where a kept lock's callback waits to be called; emptied when the handle is released or
+/// freed, so that no call starts after that and none is still running when it returns.
+type CallbackSlot = Arc<Mutex<Option<LostCallback>>>;
+
+fn lock_slot(slot: &CallbackSlot) -> MutexGuard<'_, Option<LostCallback>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The body of every `_keep_alive`: hands the guard to the keeper thread, or, when the
+/// settings are refused, leaves it in its handle.
+///
+/// # Safety
+/// As for `redlock_mux_lock_keep_alive`.
+unsafe fn keep_alive<H, K>(
+    lock: *mut H,
+    ttl_ms: u64,
+    on_lost: Option<LostCallback>,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result
+where
+    H: Handle<Lock = Guard<K>>,
+    K: Kind,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_mut(lock, H::ARG)?, Out::new(out, "out")?) };
+        let guard = handle.slot_mut().take().ok_or_else(released)?;
+        let mut settings = KeepAlive::new(millis(ttl_ms));
+        let slot = on_lost.map(|callback| Arc::new(Mutex::new(Some(callback))));
+        if let Some(slot) = &slot {
+            let slot = Arc::clone(slot);
+            settings = settings.on_lost(move |lost| {
+                let callback = lock_slot(&slot);
+                if let Some(c) = callback.as_ref() {
+                    // SAFETY: the caller of the `_keep_alive_with_callback` function promises
+                    // that `f` may be called with `user_data` from this thread.
+                    unsafe { (c.f)(c.user_data, failure_code(&lost.error)) }
+                }
+            });
+        }
+        // Settings that cannot keep the lock are refused, and the lock stays where it was.
+        let kept = match guard.keep_alive(settings) {
+            Ok(kept) => kept,
+            Err(refused) => {
+                *handle.slot_mut() = Some(refused.guard);
+                return Err(refused.error.into());
+            }
+        };
+        let mut kept = redlock_mux_kept_lock::new(kept);
+        kept.on_lost = slot;
+        out.write(into_handle(kept));
+        Ok(())
+    })
+}
+
+/// The body of every `_keep_alive_with_callback`: `keep_alive` with a callback that must not
+/// be NULL.
+///
+/// # Safety
+/// As for `redlock_mux_lock_keep_alive_with_callback`.
+unsafe fn keep_alive_calling<H, K>(
+    lock: *mut H,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result
+where
+    H: Handle<Lock = Guard<K>>,
+    K: Kind,
+{
+    let Some(f) = on_lost else {
+        return boundary(|| Err(null("on_lost")));
+    };
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, Some(LostCallback { f, user_data }), out) }
 }
 
 /// One attempt to take the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
@@ -767,7 +1212,11 @@ pub unsafe extern "C" fn redlock_mux_client_try_lock(
     out: *mut *mut redlock_mux_lock,
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
-    unsafe { lock_with(client, key, key_len, ttl_ms, out, false) }
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_lock(k, t)
+        })
+    }
 }
 
 /// Takes the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting for it
@@ -787,105 +1236,7 @@ pub unsafe extern "C" fn redlock_mux_client_lock(
     out: *mut *mut redlock_mux_lock,
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
-    unsafe { lock_with(client, key, key_len, ttl_ms, out, true) }
-}
-
-/// What the C API reads from, and does with, every kind of held lock.
-trait Held: Sized {
-    fn validity(&self) -> Duration;
-    fn token(&self) -> &[u8];
-    fn release(self) -> Result<(), Error>;
-}
-
-/// The held locks whose holder extends them (all but kept locks, which the keeper extends).
-trait Extend: Held {
-    fn extend(&mut self, ttl: Duration) -> Result<(), Error>;
-}
-
-macro_rules! held_by_inherent_methods {
-    ($($t:ty),*) => {$(
-        impl Held for $t {
-            fn validity(&self) -> Duration {
-                <$t>::validity(self)
-            }
-            fn token(&self) -> &[u8] {
-                <$t>::token(self)
-            }
-            fn release(self) -> Result<(), Error> {
-                <$t>::release(self)
-            }
-        }
-    )*};
-}
-held_by_inherent_methods!(Lock, ReadLock, WriteLock, MultiLock, FencedLock, KeptLock);
-
-macro_rules! extend_by_inherent_method {
-    ($($t:ty),*) => {$(
-        impl Extend for $t {
-            fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-                <$t>::extend(self, ttl)
-            }
-        }
-    )*};
-}
-extend_by_inherent_method!(Lock, ReadLock, WriteLock, MultiLock, FencedLock);
-
-fn released() -> Failure {
-    Failure::new(
-        REDLOCK_MUX_RELEASED,
-        "the lock was already released, or handed to keep-alive; only free its handle",
-    )
-}
-
-fn held<T>(slot: &Option<T>) -> Result<&T, Failure> {
-    slot.as_ref().ok_or_else(released)
-}
-
-/// # Safety
-/// `out` is NULL or writable.
-unsafe fn held_validity<T: Held>(slot: &Option<T>, out: *mut u64) -> Result<(), Failure> {
-    // SAFETY: forwarded caller promise.
-    let out = unsafe { Out::new(out, "out_ms") }?;
-    let ms = held(slot)?.validity().as_millis();
-    out.write(u64::try_from(ms).unwrap_or(u64::MAX));
-    Ok(())
-}
-
-/// # Safety
-/// `buf` is NULL or points to `buf_len` writable bytes; `out_n` is NULL or writable.
-unsafe fn held_token<T: Held>(
-    slot: &Option<T>,
-    buf: *mut u8,
-    buf_len: usize,
-    out_n: *mut usize,
-) -> Result<(), Failure> {
-    if buf.is_null() {
-        return Err(null("buf"));
-    }
-    // SAFETY: forwarded caller promise.
-    let out_n = unsafe { Out::new(out_n, "out_n") }?;
-    let token = held(slot)?.token();
-    if buf_len < token.len() {
-        return Err(Failure::new(
-            REDLOCK_MUX_BUFFER_TOO_SMALL,
-            format!("the token is {} bytes, the buffer {buf_len}", token.len()),
-        ));
-    }
-    // SAFETY: `buf` is non-NULL with room for `buf_len >= token.len()` bytes (caller's
-    // promise), and cannot overlap the token, which is ours.
-    unsafe { ptr::copy_nonoverlapping(token.as_ptr(), buf, token.len()) };
-    out_n.write(token.len());
-    Ok(())
-}
-
-fn held_extend<T: Extend>(slot: &mut Option<T>, ttl_ms: u64) -> Result<(), Failure> {
-    slot.as_mut().ok_or_else(released)?.extend(millis(ttl_ms))?;
-    Ok(())
-}
-
-fn held_release<T: Held>(slot: &mut Option<T>) -> Result<(), Failure> {
-    slot.take().ok_or_else(released)?.release()?;
-    Ok(())
+    unsafe { acquire(client, key, key_len, ttl_ms, out, |c, k, t| c.lock(k, t)) }
 }
 
 /// Resets the lock's TTL to `ttl_ms` milliseconds on every node that still holds its token.
@@ -902,11 +1253,8 @@ pub unsafe extern "C" fn redlock_mux_lock_extend(
     lock: *mut redlock_mux_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        let handle = unsafe { arg_mut(lock, "lock") }?;
-        held_extend(&mut handle.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Writes to `*out_ms` the time left, in whole milliseconds, before the lock may be granted to
@@ -920,10 +1268,8 @@ pub unsafe extern "C" fn redlock_mux_lock_validity_ms(
     lock: *const redlock_mux_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Copies the lock's token (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex, no NUL: the value
@@ -940,10 +1286,26 @@ pub unsafe extern "C" fn redlock_mux_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a mutex, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_lock_key(
+    lock: *const redlock_mux_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
 }
 
 /// Releases the lock on every node, and returns once a quorum has answered. Whatever the
@@ -956,10 +1318,8 @@ pub unsafe extern "C" fn redlock_mux_lock_token(
 pub unsafe extern "C" fn redlock_mux_lock_release(
     lock: *mut redlock_mux_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a lock handle. A lock still held is released first, best effort (call
@@ -973,13 +1333,14 @@ pub unsafe extern "C" fn redlock_mux_lock_free(lock: *mut redlock_mux_lock) {
     boundary_void(|| unsafe { free_handle(lock) })
 }
 
-// The read and write lock functions below are written out rather than generated by a macro:
-// cbindgen reads the source without expanding macros, so generated functions would be missing
-// from the header. Each body is one call to a generic helper above.
+// The functions of the other lock kinds below are written out rather than generated by a
+// macro: cbindgen reads the source without expanding macros, so generated functions would be
+// missing from the header. Each body is one call to a generic helper above.
 
 /// One attempt to take the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
-/// without retrying. The lock is shared: many readers may hold it at once, but no writer. On success writes a new handle to `*out`;
-/// `REDLOCK_MUX_CONTENDED` means the other side holds it.
+/// without retrying. The lock is shared: many readers may hold it at once, but no writer.
+/// On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+/// holds it.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -994,17 +1355,15 @@ pub unsafe extern "C" fn redlock_mux_client_try_read_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_read_lock {
-                held: Some(c.try_read_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_read_lock(k, t)
         })
     }
 }
 
 /// Takes the read lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
-/// client's retry count and wait timeout allow. The lock is shared: many readers may hold it at once, but no writer. On success writes a new
-/// handle to `*out`.
+/// client's retry count and wait timeout allow. The lock is shared:
+/// many readers may hold it at once, but no writer. On success writes a new handle to `*out`.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -1019,10 +1378,8 @@ pub unsafe extern "C" fn redlock_mux_client_read_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_read_lock {
-                held: Some(c.read_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.read_lock(k, t)
         })
     }
 }
@@ -1036,10 +1393,8 @@ pub unsafe extern "C" fn redlock_mux_read_lock_extend(
     lock: *mut redlock_mux_read_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a read lock.
@@ -1052,10 +1407,8 @@ pub unsafe extern "C" fn redlock_mux_read_lock_validity_ms(
     lock: *const redlock_mux_read_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a read lock: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
@@ -1071,10 +1424,59 @@ pub unsafe extern "C" fn redlock_mux_read_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a read lock, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live read lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_key(
+    lock: *const redlock_mux_read_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a read lock.
+///
+/// # Safety
+/// `lock` is NULL or a live read lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_keep_alive(
+    lock: *mut redlock_mux_read_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a read lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_read_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_read_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_read_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Like `redlock_mux_lock_release`, for a read lock: afterwards the handle is released whatever
@@ -1086,10 +1488,8 @@ pub unsafe extern "C" fn redlock_mux_read_lock_token(
 pub unsafe extern "C" fn redlock_mux_read_lock_release(
     lock: *mut redlock_mux_read_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a read lock handle, releasing it first, best effort, if it is still held. NULL is a
@@ -1104,8 +1504,9 @@ pub unsafe extern "C" fn redlock_mux_read_lock_free(lock: *mut redlock_mux_read_
 }
 
 /// One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds,
-/// without retrying. The lock is exclusive: no reader and no other writer may hold it. On success writes a new handle to `*out`;
-/// `REDLOCK_MUX_CONTENDED` means the other side holds it.
+/// without retrying. The lock is exclusive: no reader and no other writer may hold it.
+/// On success writes a new handle to `*out`; `REDLOCK_MUX_CONTENDED` means the other side
+/// holds it.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -1120,17 +1521,15 @@ pub unsafe extern "C" fn redlock_mux_client_try_write_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_write_lock {
-                held: Some(c.try_write_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_write_lock(k, t)
         })
     }
 }
 
 /// Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting as the
-/// client's retry count and wait timeout allow. The lock is exclusive: no reader and no other writer may hold it. On success writes a new
-/// handle to `*out`.
+/// client's retry count and wait timeout allow. The lock is exclusive:
+/// no reader and no other writer may hold it. On success writes a new handle to `*out`.
 ///
 /// # Safety
 /// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
@@ -1145,10 +1544,8 @@ pub unsafe extern "C" fn redlock_mux_client_write_lock(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_write_lock {
-                held: Some(c.write_lock(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.write_lock(k, t)
         })
     }
 }
@@ -1162,10 +1559,8 @@ pub unsafe extern "C" fn redlock_mux_write_lock_extend(
     lock: *mut redlock_mux_write_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a write lock.
@@ -1178,10 +1573,8 @@ pub unsafe extern "C" fn redlock_mux_write_lock_validity_ms(
     lock: *const redlock_mux_write_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a write lock: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
@@ -1197,10 +1590,59 @@ pub unsafe extern "C" fn redlock_mux_write_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a write lock, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_key(
+    lock: *const redlock_mux_write_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a write lock.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_keep_alive(
+    lock: *mut redlock_mux_write_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a write lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_write_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_write_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Like `redlock_mux_lock_release`, for a write lock: afterwards the handle is released whatever
@@ -1212,10 +1654,8 @@ pub unsafe extern "C" fn redlock_mux_write_lock_token(
 pub unsafe extern "C" fn redlock_mux_write_lock_release(
     lock: *mut redlock_mux_write_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a write lock handle, releasing it first, best effort, if it is still held. NULL is a
@@ -1272,19 +1712,23 @@ unsafe fn arg_keys<'a>(
         .collect()
 }
 
-/// The shared body of the two all-or-none acquisitions.
+/// The shared body of every all-or-none acquisition: checks the arguments, runs `take`, hands
+/// back the new handle.
 ///
 /// # Safety
 /// As for `redlock_mux_client_lock_all`.
-unsafe fn lock_all_with(
+unsafe fn acquire_all<E>(
     client: *const redlock_mux_client,
     keys: *const *const u8,
     key_lens: *const usize,
     count: usize,
     ttl_ms: u64,
     out: *mut *mut redlock_mux_multi_lock,
-    wait: bool,
-) -> redlock_mux_result {
+    take: impl FnOnce(&Client, Vec<&[u8]>, Duration) -> Result<MultiLock, E>,
+) -> redlock_mux_result
+where
+    Failure: From<E>,
+{
     boundary(|| {
         // SAFETY: forwarded caller promises.
         let (handle, keys, out) = unsafe {
@@ -1294,12 +1738,8 @@ unsafe fn lock_all_with(
                 Out::new(out, "out")?,
             )
         };
-        let lock = if wait {
-            handle.client.lock_all(keys, millis(ttl_ms))
-        } else {
-            handle.client.try_lock_all(keys, millis(ttl_ms))
-        }?;
-        out.write(into_handle(redlock_mux_multi_lock { held: Some(lock) }));
+        let lock = take(&handle.client, keys, millis(ttl_ms))?;
+        out.write(into_handle(redlock_mux_multi_lock::new(lock)));
         Ok(())
     })
 }
@@ -1326,7 +1766,11 @@ pub unsafe extern "C" fn redlock_mux_client_try_lock_all(
     out: *mut *mut redlock_mux_multi_lock,
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
-    unsafe { lock_all_with(client, keys, key_lens, count, ttl_ms, out, false) }
+    unsafe {
+        acquire_all(client, keys, key_lens, count, ttl_ms, out, |c, k, t| {
+            c.try_lock_all(k, t)
+        })
+    }
 }
 
 /// Locks every one of `count` keys for `ttl_ms` milliseconds, or none of them, waiting as the
@@ -1347,7 +1791,11 @@ pub unsafe extern "C" fn redlock_mux_client_lock_all(
     out: *mut *mut redlock_mux_multi_lock,
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
-    unsafe { lock_all_with(client, keys, key_lens, count, ttl_ms, out, true) }
+    unsafe {
+        acquire_all(client, keys, key_lens, count, ttl_ms, out, |c, k, t| {
+            c.lock_all(k, t)
+        })
+    }
 }
 
 /// Like `redlock_mux_lock_extend`, for a set: resets the TTL of every key on every node that
@@ -1360,10 +1808,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_extend(
     lock: *mut redlock_mux_multi_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a set: the time left before any of its keys may be
@@ -1377,10 +1823,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_validity_ms(
     lock: *const redlock_mux_multi_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a set: the token stored at every key of the set,
@@ -1396,10 +1840,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
 }
 
 /// Writes to `*out_count` the number of keys in the set.
@@ -1422,8 +1864,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_key_count(
 
 /// Writes to `*out_key` and `*out_len` the key at `index` of the set, in sorted order (bytewise,
 /// shorter first on a common prefix), so that index 0 is the smallest. The bytes belong to the
-/// handle: they stay valid, unchanged, until the lock is released or freed, and must not be
-/// freed or written by the caller. An `index` not below the key count gives
+/// handle: they stay valid, unchanged, until the lock is released, handed to keep-alive, or
+/// freed, and must not be freed or written by the caller. An `index` not below the key count gives
 /// `REDLOCK_MUX_INVALID_ARGUMENT`.
 ///
 /// # Safety
@@ -1453,10 +1895,44 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_key(
                 format!("invalid argument: key index {index}, but the set has {count} keys"),
             )
         })?;
-        out_key.write(key.as_ptr());
-        out_len.write(key.len());
+        write_key(out_key, out_len, key);
         Ok(())
     })
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a set. Each extension
+/// extends the whole set; a node that lost any key of it refuses, and the set is lost when a
+/// quorum refuses. `redlock_mux_kept_lock_key` then gives the set's first key.
+///
+/// # Safety
+/// `lock` is NULL or a live multi-key lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_keep_alive(
+    lock: *mut redlock_mux_multi_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a set: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_multi_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_multi_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_multi_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Like `redlock_mux_lock_release`, for a set: releases every key still holding this token, on
@@ -1468,10 +1944,8 @@ pub unsafe extern "C" fn redlock_mux_multi_lock_key(
 pub unsafe extern "C" fn redlock_mux_multi_lock_release(
     lock: *mut redlock_mux_multi_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a multi-key lock handle, releasing the set first, best effort, if it is still held.
@@ -1505,10 +1979,8 @@ pub unsafe extern "C" fn redlock_mux_client_try_lock_fenced(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_fenced_lock {
-                held: Some(c.try_lock_fenced(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_lock_fenced(k, t)
         })
     }
 }
@@ -1531,10 +2003,8 @@ pub unsafe extern "C" fn redlock_mux_client_lock_fenced(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
     unsafe {
-        acquire(client, key, key_len, out, |c, key| {
-            Ok(redlock_mux_fenced_lock {
-                held: Some(c.lock_fenced(key, millis(ttl_ms))?),
-            })
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.lock_fenced(k, t)
         })
     }
 }
@@ -1553,12 +2023,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_fencing_token(
     lock: *const redlock_mux_fenced_lock,
     out_token: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        let (handle, out) = unsafe { (arg_ref(lock, "lock")?, Out::new(out_token, "out_token")?) };
-        out.write(held(&handle.held)?.fencing_token());
-        Ok(())
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { fencing_token(lock, out_token) }
 }
 
 /// Like `redlock_mux_lock_extend`, for a fenced lock. The fencing token stays the same.
@@ -1570,10 +2036,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_extend(
     lock: *mut redlock_mux_fenced_lock,
     ttl_ms: u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_extend(&mut unsafe { arg_mut(lock, "lock") }?.held, ttl_ms)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
 }
 
 /// Like `redlock_mux_lock_validity_ms`, for a fenced lock.
@@ -1586,10 +2050,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_validity_ms(
     lock: *const redlock_mux_fenced_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(lock, "lock")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
 }
 
 /// Like `redlock_mux_lock_token`, for a fenced lock: the random token stored at the key
@@ -1605,10 +2067,60 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(lock, "lock")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a fenced lock, as it was given when the
+/// lock was taken. The bytes belong to the handle: they stay valid, unchanged, until the lock
+/// is released, handed to keep-alive, or freed, and must not be freed or written by the
+/// caller.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_key(
+    lock: *const redlock_mux_fenced_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a fenced lock. The kept
+/// lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_keep_alive(
+    lock: *mut redlock_mux_fenced_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_fenced_lock_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_fenced_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Like `redlock_mux_lock_release`, for a fenced lock (the nodes' counters stay): afterwards
@@ -1620,10 +2132,8 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_token(
 pub unsafe extern "C" fn redlock_mux_fenced_lock_release(
     lock: *mut redlock_mux_fenced_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        held_release(&mut unsafe { arg_mut(lock, "lock") }?.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
 }
 
 /// Frees a fenced lock handle, releasing it first, best effort, if it is still held. NULL is a
@@ -1637,70 +2147,194 @@ pub unsafe extern "C" fn redlock_mux_fenced_lock_free(lock: *mut redlock_mux_fen
     boundary_void(|| unsafe { free_handle(lock) })
 }
 
-// Mutexes kept alive by the client's keeper thread.
+// Fenced write locks.
 
-/// A C callback and its user data, called at most once, from the keeper thread.
-struct LostCallback {
-    f: unsafe extern "C" fn(*mut c_void, redlock_mux_result),
-    user_data: *mut c_void,
-}
-
-// SAFETY: `user_data` is only handed back to `f`, on the keeper thread; the caller of
-// `redlock_mux_lock_keep_alive_with_callback` promises that this is allowed.
-unsafe impl Send for LostCallback {}
-
-/// Where a kept lock's callback waits to be called; emptied when the handle is released or
-/// freed, so that no call starts after that and none is still running when it returns.
-type CallbackSlot = Arc<Mutex<Option<LostCallback>>>;
-
-fn lock_slot(slot: &CallbackSlot) -> MutexGuard<'_, Option<LostCallback>> {
-    slot.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The shared body of the two keep-alive functions.
+/// One attempt to take the write lock on the `key_len` bytes at `key` for `ttl_ms`
+/// milliseconds with a fencing token, without retrying. On success writes a new handle to
+/// `*out`; `REDLOCK_MUX_CONTENDED` means readers or a writer hold it. A fenced write lock
+/// excludes readers and writers, fenced or not, as a plain write lock does.
 ///
 /// # Safety
-/// As for `redlock_mux_lock_keep_alive`.
-unsafe fn keep_alive_with(
-    lock: *mut redlock_mux_lock,
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_try_write_lock_fenced(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
     ttl_ms: u64,
-    on_lost: Option<LostCallback>,
+    out: *mut *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.try_write_lock_fenced(k, t)
+        })
+    }
+}
+
+/// Takes the write lock on the `key_len` bytes at `key` for `ttl_ms` milliseconds with a
+/// fencing token, waiting as the client's retry count and wait timeout allow. The token is
+/// read in the acquire round, and written back to a quorum (one more round trip) only when the
+/// nodes' counters disagree. On success writes a new handle to `*out`.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_write_lock_fenced(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.write_lock_fenced(k, t)
+        })
+    }
+}
+
+/// Like `redlock_mux_fenced_lock_fencing_token`, for a fenced write lock: larger than that of
+/// every fenced write grant of the same resource before it, smaller than that of every one
+/// after. The counter is the write lock's own: fenced mutexes on the same key count apart.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread;
+/// `out_token` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_fencing_token(
+    lock: *const redlock_mux_fenced_write_lock,
+    out_token: *mut u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { fencing_token(lock, out_token) }
+}
+
+/// Like `redlock_mux_lock_extend`, for a fenced write lock. The fencing token stays the same.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_extend(
+    lock: *mut redlock_mux_fenced_write_lock,
+    ttl_ms: u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
+}
+
+/// Like `redlock_mux_lock_validity_ms`, for a fenced write lock.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread; `out_ms`
+/// is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_validity_ms(
+    lock: *const redlock_mux_fenced_write_lock,
+    out_ms: *mut u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
+}
+
+/// Like `redlock_mux_lock_token`, for a fenced write lock: the random token stored at the
+/// writer key (`REDLOCK_MUX_TOKEN_LEN` bytes of ASCII hex), not the fencing token.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread; `buf` is
+/// NULL or points to `buf_len` writable bytes; `out_n` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_token(
+    lock: *const redlock_mux_fenced_write_lock,
+    buf: *mut u8,
+    buf_len: usize,
+    out_n: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a fenced write lock, as it was
+/// given when the lock was taken. The bytes belong to the handle: they stay valid, unchanged,
+/// until the lock is released, handed to keep-alive, or freed, and must not be freed or
+/// written by the caller.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock not being changed by another thread; `out_key`
+/// and `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_key(
+    lock: *const redlock_mux_fenced_write_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the lock in `lock`), for a fenced write lock. The kept
+/// lock keeps the fencing token: `redlock_mux_kept_lock_fencing_token`.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_keep_alive(
+    lock: *mut redlock_mux_fenced_write_lock,
+    ttl_ms: u64,
     out: *mut *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        let (handle, out) = unsafe { (arg_mut(lock, "lock")?, Out::new(out, "out")?) };
-        let ttl = millis(ttl_ms);
-        held(&handle.held)?;
-        let mut settings = KeepAlive::new(ttl);
-        let slot = on_lost.map(|callback| Arc::new(Mutex::new(Some(callback))));
-        if let Some(slot) = &slot {
-            let slot = Arc::clone(slot);
-            settings = settings.on_lost(move |lost| {
-                let callback = lock_slot(&slot);
-                if let Some(c) = callback.as_ref() {
-                    // SAFETY: the caller of `redlock_mux_lock_keep_alive_with_callback`
-                    // promises that `f` may be called with `user_data` from this thread.
-                    unsafe { (c.f)(c.user_data, failure_code(&lost.error)) }
-                }
-            });
-        }
-        let lock = handle.held.take().ok_or_else(released)?;
-        // Settings that cannot keep the lock are refused, and the lock stays where it was.
-        let kept = match lock.keep_alive(settings) {
-            Ok(kept) => kept,
-            Err(refused) => {
-                handle.held = Some(refused.guard);
-                return Err(refused.error.into());
-            }
-        };
-        out.write(into_handle(redlock_mux_kept_lock {
-            held: Some(kept),
-            on_lost: slot,
-        }));
-        Ok(())
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
 }
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a fenced write lock: `on_lost` is called
+/// with `user_data` once, on the keeper thread, if the lock is lost.
+///
+/// # Safety
+/// As for `redlock_mux_fenced_write_lock_keep_alive`; `on_lost` is NULL or a function that
+/// may be called, from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_keep_alive_with_callback(
+    lock: *mut redlock_mux_fenced_write_lock,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
+}
+/// Like `redlock_mux_lock_release`, for a fenced write lock (the nodes' counters stay):
+/// afterwards the handle is released whatever the result, and must still be freed.
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_release(
+    lock: *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
+}
+
+/// Frees a fenced write lock handle, releasing it first, best effort, if it is still held.
+/// NULL is a no-op.
+///
+/// # Safety
+/// `lock` is NULL or a fenced write lock not yet freed, which no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_free(
+    lock: *mut redlock_mux_fenced_write_lock,
+) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(lock) })
+}
+
+// Kept locks: locks of any kind, extended by the client's keeper thread.
 
 /// Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
 /// milliseconds every `ttl_ms / 3`, and sooner when the validity left runs low, until the kept
@@ -1731,11 +2365,12 @@ pub unsafe extern "C" fn redlock_mux_lock_keep_alive(
     out: *mut *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promises.
-    unsafe { keep_alive_with(lock, ttl_ms, None, out) }
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
 }
 
-/// Called when a kept lock is lost, with the `user_data` given to
-/// `redlock_mux_lock_keep_alive_with_callback` and why: `REDLOCK_MUX_CONTENDED` when the
+/// Called when a kept lock is lost, with the `user_data` given to its
+/// `_keep_alive_with_callback` function (such as `redlock_mux_lock_keep_alive_with_callback`)
+/// and why: `REDLOCK_MUX_CONTENDED` when the
 /// quorum refused an extension (the key expired, or holds someone else's token),
 /// `REDLOCK_MUX_VALIDITY_EXPIRED` when no extension won before the validity ran out.
 pub type redlock_mux_lost_callback =
@@ -1763,12 +2398,8 @@ pub unsafe extern "C" fn redlock_mux_lock_keep_alive_with_callback(
     user_data: *mut c_void,
     out: *mut *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
-    let Some(f) = on_lost else {
-        return boundary(|| Err(null("on_lost")));
-    };
-    let callback = LostCallback { f, user_data };
     // SAFETY: forwarded caller promises.
-    unsafe { keep_alive_with(lock, ttl_ms, Some(callback), out) }
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
 }
 
 /// Writes to `*out_lost` 1 if the kept lock was lost (an extension was refused by the quorum,
@@ -1802,13 +2433,11 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_validity_ms(
     kept: *const redlock_mux_kept_lock,
     out_ms: *mut u64,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_validity(&arg_ref(kept, "kept")?.held, out_ms) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(kept, out_ms) }
 }
 
-/// Like `redlock_mux_lock_token`, for a kept lock: the token it had as a `redlock_mux_lock`.
+/// Like `redlock_mux_lock_token`, for a kept lock: the token it had before it was kept.
 ///
 /// # Safety
 /// `kept` is NULL or a live kept lock not being changed by another thread; `buf` is NULL or
@@ -1820,10 +2449,41 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_token(
     buf_len: usize,
     out_n: *mut usize,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promises.
-        unsafe { held_token(&arg_ref(kept, "kept")?.held, buf, buf_len, out_n) }
-    })
+    // SAFETY: forwarded caller promises.
+    unsafe { token(kept, buf, buf_len, out_n) }
+}
+
+/// Writes to `*out_key` and `*out_len` the resource key of a kept lock (for a set, its first
+/// key in sorted order). The bytes belong to the handle: they stay valid, unchanged, until
+/// the kept lock is released or freed, and must not be freed or written by the caller.
+///
+/// # Safety
+/// `kept` is NULL or a live kept lock not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_key(
+    kept: *const redlock_mux_kept_lock,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(kept, out_key, out_len) }
+}
+
+/// Writes to `*out_token` the fencing token of a kept fenced lock or fenced write lock: the
+/// one it was granted, which extensions keep. A kept lock of a kind without fencing tokens
+/// gives `REDLOCK_MUX_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `kept` is NULL or a live kept lock not being changed by another thread; `out_token` is
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_kept_lock_fencing_token(
+    kept: *const redlock_mux_kept_lock,
+    out_token: *mut u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { fencing_token(kept, out_token) }
 }
 
 /// Stops the extensions and releases the lock on every node (a lost lock too, in case some
@@ -1836,12 +2496,8 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_token(
 pub unsafe extern "C" fn redlock_mux_kept_lock_release(
     kept: *mut redlock_mux_kept_lock,
 ) -> redlock_mux_result {
-    boundary(|| {
-        // SAFETY: forwarded caller promise.
-        let handle = unsafe { arg_mut(kept, "kept") }?;
-        handle.disarm();
-        held_release(&mut handle.held)
-    })
+    // SAFETY: forwarded caller promise.
+    unsafe { release(kept) }
 }
 
 /// Frees a kept lock handle: stops the extensions and, if the lock is still held, releases it,
@@ -1853,6 +2509,558 @@ pub unsafe extern "C" fn redlock_mux_kept_lock_release(
 pub unsafe extern "C" fn redlock_mux_kept_lock_free(kept: *mut redlock_mux_kept_lock) {
     // SAFETY: forwarded caller promise.
     boundary_void(|| unsafe { free_handle(kept) })
+}
+
+// Cancellation, per-call options, resume and statistics.
+
+/// Cancels waiting acquisitions, from any thread. Made by `redlock_mux_cancel_new`, freed by
+/// `redlock_mux_cancel_free`. Given to calls through `redlock_mux_acquire_options.cancel`.
+pub struct redlock_mux_cancel {
+    cancel: Cancel,
+}
+
+/// `redlock_mux_acquire_options.set`: `timeout_ms` replaces the client's wait timeout.
+pub const REDLOCK_MUX_ACQUIRE_TIMEOUT: u32 = 1;
+/// `redlock_mux_acquire_options.set`: `retries` replaces the client's retry count.
+pub const REDLOCK_MUX_ACQUIRE_RETRIES: u32 = 2;
+
+/// How one waiting acquisition (a `_with` function) waits, in place of the client's settings.
+/// A zeroed struct (`redlock_mux_acquire_options opts = {0};`) keeps every client setting and
+/// has no cancel handle.
+#[repr(C)]
+pub struct redlock_mux_acquire_options {
+    /// Which of `timeout_ms` and `retries` are given: `REDLOCK_MUX_ACQUIRE_TIMEOUT` and
+    /// `REDLOCK_MUX_ACQUIRE_RETRIES`, or'ed; the others keep the client's setting. Any other
+    /// bit gives `REDLOCK_MUX_INVALID_ARGUMENT`.
+    pub set: u32,
+    /// How many retries may follow a retry delay in which no release was announced;
+    /// `UINT32_MAX` means no limit.
+    pub retries: u32,
+    /// The longest the call waits in all, in milliseconds: no attempt starts after it. 0 makes
+    /// one attempt; at most a day. A deadline shared by several calls is the time left to it,
+    /// computed by the caller before each call.
+    pub timeout_ms: u64,
+    /// NULL, or a cancel handle: `redlock_mux_cancel_cancel` ends the call with
+    /// `REDLOCK_MUX_CANCELLED`. The handle must stay alive until the call has read it (it may
+    /// be freed once the call has returned).
+    pub cancel: *const redlock_mux_cancel,
+}
+
+/// How the acquisition rounds of one lock kind ended.
+#[repr(C)]
+pub struct redlock_mux_round_stats {
+    /// Won on a quorum within the validity.
+    pub won: u64,
+    /// Lost because the lock was held elsewhere.
+    pub contended: u64,
+    /// Lost for any other reason (too many nodes failed, the validity ran out, misconfigured
+    /// nodes).
+    pub unreachable: u64,
+}
+
+/// What a client's locks have been doing since it was built: `redlock_mux_client_stats`.
+#[repr(C)]
+pub struct redlock_mux_stats {
+    /// Acquisition rounds of mutexes.
+    pub mutex: redlock_mux_round_stats,
+    /// Acquisition rounds of read locks.
+    pub read: redlock_mux_round_stats,
+    /// Acquisition rounds of write locks.
+    pub write: redlock_mux_round_stats,
+    /// Acquisition rounds of all-or-none locks.
+    pub all: redlock_mux_round_stats,
+    /// Acquisition rounds of fenced mutexes.
+    pub fenced_mutex: redlock_mux_round_stats,
+    /// Acquisition rounds of fenced write locks.
+    pub fenced_write: redlock_mux_round_stats,
+    /// Release announcements that woke a waiter for a retry.
+    pub wakeups: u64,
+    /// Attempts after an acquisition's first.
+    pub retries: u64,
+    /// Acquisitions that ended with `REDLOCK_MUX_CANCELLED`.
+    pub cancellations: u64,
+    /// How many nodes the client has: `redlock_mux_client_node_stats` takes 0 to
+    /// `node_count - 1`.
+    pub node_count: usize,
+}
+
+/// One node's failures and reply latency: `redlock_mux_client_node_stats`.
+#[repr(C)]
+pub struct redlock_mux_node_stats {
+    /// Failures in rounds (acquire, extend, release): no reply within the node timeout.
+    pub timeout_failures: u64,
+    /// ... the connection could not be made.
+    pub connect_failures: u64,
+    /// ... the node failed recently and was skipped during its reconnect backoff.
+    pub backoff_failures: u64,
+    /// ... the connection broke.
+    pub io_failures: u64,
+    /// ... the node sent bytes that are not valid RESP2.
+    pub protocol_failures: u64,
+    /// ... an error reply from the server.
+    pub server_failures: u64,
+    /// ... a well-formed reply that was not one of the expected ones.
+    pub unexpected_reply_failures: u64,
+    /// ... the node refused the connection setup (AUTH, SELECT).
+    pub setup_failures: u64,
+    /// How many of the node's latest replies the percentiles are taken over (at most 128);
+    /// 0 before any reply, and then both percentiles are 0.
+    pub latency_samples: u64,
+    /// The median time from a round's start to this node's reply, in microseconds.
+    pub latency_p50_us: u64,
+    /// The 99th percentile of the same, in microseconds.
+    pub latency_p99_us: u64,
+}
+
+/// Makes a cancel handle, not cancelled yet, and writes it to `*out`. Free it with
+/// `redlock_mux_cancel_free`. One handle may be given to many calls, on many threads.
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_cancel_new(
+    out: *mut *mut redlock_mux_cancel,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        let out = unsafe { Out::new(out, "out")? };
+        out.write(into_handle(redlock_mux_cancel {
+            cancel: Cancel::new(),
+        }));
+        Ok(())
+    })
+}
+
+/// Cancels every waiting acquisition given this handle, now and later: each returns
+/// `REDLOCK_MUX_CANCELLED` at once, wherever it is (before its first attempt, with an attempt
+/// in flight, parked waiting for a release or a retry, in a fair queue), and what it had on
+/// the nodes is undone. A call that already won keeps its lock. Returns at once. May be called
+/// from any thread, while other threads wait with the handle.
+///
+/// # Safety
+/// `cancel` is NULL or a live cancel handle.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_cancel_cancel(
+    cancel: *const redlock_mux_cancel,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promise.
+        unsafe { arg_ref(cancel, "cancel")? }.cancel.cancel();
+        Ok(())
+    })
+}
+
+/// Writes 1 to `*out` if `redlock_mux_cancel_cancel` was called on the handle, else 0.
+///
+/// # Safety
+/// `cancel` is NULL or a live cancel handle; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_cancel_is_cancelled(
+    cancel: *const redlock_mux_cancel,
+    out: *mut u8,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (cancel, out) = unsafe { (arg_ref(cancel, "cancel")?, Out::new(out, "out")?) };
+        out.write(u8::from(cancel.cancel.is_cancelled()));
+        Ok(())
+    })
+}
+
+/// Frees a cancel handle. NULL is a no-op. Calls that were given it and have returned are not
+/// affected; free it only once no call that was given it is still starting.
+///
+/// # Safety
+/// `cancel` is NULL or a cancel handle not yet freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_cancel_free(cancel: *mut redlock_mux_cancel) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(cancel) })
+}
+
+/// The options at `options`, checked, as the Rust API takes them.
+///
+/// # Safety
+/// `options` is NULL or points to a readable struct whose `cancel` is NULL or a live handle.
+unsafe fn arg_options(options: *const redlock_mux_acquire_options) -> Result<Acquire, Failure> {
+    // SAFETY: forwarded caller promise.
+    let o = unsafe { arg_ref(options, "options")? };
+    let known = REDLOCK_MUX_ACQUIRE_TIMEOUT | REDLOCK_MUX_ACQUIRE_RETRIES;
+    if o.set & !known != 0 {
+        return Err(Failure::new(
+            REDLOCK_MUX_INVALID_ARGUMENT,
+            format!(
+                "invalid argument: `options.set` has unknown bits {:#x}",
+                o.set & !known
+            ),
+        ));
+    }
+    let mut acquire = Acquire::new();
+    if o.set & REDLOCK_MUX_ACQUIRE_TIMEOUT != 0 {
+        acquire = acquire.timeout(millis(o.timeout_ms));
+    }
+    if o.set & REDLOCK_MUX_ACQUIRE_RETRIES != 0 {
+        acquire = acquire.retries(o.retries);
+    }
+    // SAFETY: forwarded caller promise; NULL means no handle.
+    if let Some(cancel) = unsafe { o.cancel.as_ref() } {
+        acquire = acquire.cancel(&cancel.cancel);
+    }
+    Ok(acquire)
+}
+
+/// Runs a `_with` call's `f` with the options at `options`.
+///
+/// # Safety
+/// As for `arg_options`.
+unsafe fn with_options<L>(
+    options: *const redlock_mux_acquire_options,
+    f: impl FnOnce(&Acquire) -> Result<L, Error>,
+) -> Result<L, Failure> {
+    // SAFETY: forwarded caller promise.
+    let options = unsafe { arg_options(options)? };
+    Ok(f(&options)?)
+}
+
+/// Runs a `_resume` call's `f` with the `token_len` bytes at `token`.
+///
+/// # Safety
+/// `token` is NULL or points to `token_len` readable bytes.
+unsafe fn with_token<L>(
+    token: *const u8,
+    token_len: usize,
+    f: impl FnOnce(&[u8]) -> Result<L, Error>,
+) -> Result<L, Failure> {
+    // SAFETY: forwarded caller promise.
+    let token = unsafe { arg_bytes(token, token_len, "token")? };
+    Ok(f(token)?)
+}
+
+/// `redlock_mux_client_lock`, waiting as `*options` says: its timeout, its retry count and its
+/// cancel handle, in place of the client's settings. `REDLOCK_MUX_CANCELLED` when the handle
+/// was cancelled before the lock was won; a wait that ends reports its last attempt, as
+/// `redlock_mux_client_lock` does. `options` must not be NULL.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `options` is NULL or readable, its `cancel` NULL or a live handle; `out` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_lock_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.lock_with(k, t, o))
+        })
+    }
+}
+
+/// `redlock_mux_client_read_lock`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_with`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_read_lock_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_read_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.read_lock_with(k, t, o))
+        })
+    }
+}
+
+/// `redlock_mux_client_write_lock`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_with`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_write_lock_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.write_lock_with(k, t, o))
+        })
+    }
+}
+
+/// `redlock_mux_client_lock_all`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_all`; `options` is NULL or readable, its `cancel` NULL or a
+/// live handle.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_lock_all_with(
+    client: *const redlock_mux_client,
+    keys: *const *const u8,
+    key_lens: *const usize,
+    count: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_multi_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire_all(client, keys, key_lens, count, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.lock_all_with(k, t, o))
+        })
+    }
+}
+
+/// `redlock_mux_client_lock_fenced`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_with`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_lock_fenced_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_fenced_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.lock_fenced_with(k, t, o))
+        })
+    }
+}
+
+/// `redlock_mux_client_write_lock_fenced`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_with`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_write_lock_fenced_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_fenced_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.write_lock_fenced_with(k, t, o))
+        })
+    }
+}
+
+/// Rebuilds the handle of a mutex on the `key_len` bytes at `key` that another process (or an
+/// earlier run of this one) took with the `token_len` bytes at `token` (what
+/// `redlock_mux_lock_token` gave it), and extends it to `ttl_ms`. It succeeds only if a quorum
+/// still holds the key with that token; the validity is measured from this check.
+/// `REDLOCK_MUX_CONTENDED` when too few nodes hold it (it expired, or passed to someone
+/// else); nothing is released then. A token that is not `REDLOCK_MUX_TOKEN_LEN` lowercase hex
+/// characters gives `REDLOCK_MUX_INVALID_ARGUMENT` before anything is sent.
+///
+/// Safety caveat: a token is a capability. Resume only a lock whose original holder has
+/// stopped using it; otherwise both believe they hold it. A fenced mutex is resumed as a
+/// plain one (its fencing token is not recovered).
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `token` is NULL or points to `token_len` readable bytes; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_resume_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    token: *const u8,
+    token_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_token(token, token_len, |tok| c.resume_lock(k, tok, t))
+        })
+    }
+}
+
+/// Rebuilds the handle of a read lock held with a token (see `redlock_mux_client_resume_lock`).
+///
+/// # Safety
+/// As for `redlock_mux_client_resume_lock`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_resume_read_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    token: *const u8,
+    token_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_read_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_token(token, token_len, |tok| c.resume_read_lock(k, tok, t))
+        })
+    }
+}
+
+/// Rebuilds the handle of a write lock (fenced or not) held with a token (see
+/// `redlock_mux_client_resume_lock`).
+///
+/// # Safety
+/// As for `redlock_mux_client_resume_lock`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_resume_write_lock(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    token: *const u8,
+    token_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_write_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_token(token, token_len, |tok| c.resume_write_lock(k, tok, t))
+        })
+    }
+}
+
+/// Rebuilds the handle of an all-or-none lock on `count` keys held with a token (see
+/// `redlock_mux_client_resume_lock`); the keys are given and checked as for
+/// `redlock_mux_client_lock_all`.
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_all`; `token` is NULL or points to `token_len` readable
+/// bytes.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_resume_lock_all(
+    client: *const redlock_mux_client,
+    keys: *const *const u8,
+    key_lens: *const usize,
+    count: usize,
+    token: *const u8,
+    token_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_multi_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire_all(client, keys, key_lens, count, ttl_ms, out, |c, k, t| {
+            with_token(token, token_len, |tok| c.resume_lock_all(k, tok, t))
+        })
+    }
+}
+
+fn round_stats(r: &RoundStats) -> redlock_mux_round_stats {
+    redlock_mux_round_stats {
+        won: r.won,
+        contended: r.contended,
+        unreachable: r.unreachable,
+    }
+}
+
+/// Writes to `*out` what the client's locks have been doing since it was built (shared with
+/// every lock taken through it): acquisition rounds won, contended and unreachable per lock
+/// kind, wake-ups, retries and cancellations, and how many nodes `redlock_mux_client_node_stats`
+/// can tell of. Each counter is exact; counters read while other threads lock are not all of
+/// one instant.
+///
+/// # Safety
+/// `client` is NULL or a live client; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_stats(
+    client: *const redlock_mux_client,
+    out: *mut redlock_mux_stats,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(client, "client")?, Out::new(out, "out")?) };
+        let s = handle.client.stats();
+        out.write(redlock_mux_stats {
+            mutex: round_stats(&s.kinds.mutex),
+            read: round_stats(&s.kinds.read),
+            write: round_stats(&s.kinds.write),
+            all: round_stats(&s.kinds.all),
+            fenced_mutex: round_stats(&s.kinds.fenced_mutex),
+            fenced_write: round_stats(&s.kinds.fenced_write),
+            wakeups: s.wakeups,
+            retries: s.retries,
+            cancellations: s.cancellations,
+            node_count: s.nodes.len(),
+        });
+        Ok(())
+    })
+}
+
+/// Writes to `*out` the failures and reply latency of node `node` (0 to `node_count - 1`, in
+/// the order the nodes were added). `REDLOCK_MUX_INVALID_ARGUMENT` for a node the client does
+/// not have.
+///
+/// # Safety
+/// `client` is NULL or a live client; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_node_stats(
+    client: *const redlock_mux_client,
+    node: usize,
+    out: *mut redlock_mux_node_stats,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_ref(client, "client")?, Out::new(out, "out")?) };
+        let nodes = handle.client.stats().nodes;
+        let n: &NodeStats = nodes.get(node).ok_or_else(|| {
+            Failure::new(
+                REDLOCK_MUX_INVALID_ARGUMENT,
+                format!(
+                    "invalid argument: node {node} is not one of the client's {} nodes",
+                    nodes.len()
+                ),
+            )
+        })?;
+        let micros = |d: Option<Duration>| d.map_or(0, |d| d.as_micros() as u64);
+        let f = &n.failures;
+        out.write(redlock_mux_node_stats {
+            timeout_failures: f.timeout,
+            connect_failures: f.connect,
+            backoff_failures: f.backoff,
+            io_failures: f.io,
+            protocol_failures: f.protocol,
+            server_failures: f.server,
+            unexpected_reply_failures: f.unexpected_reply,
+            setup_failures: f.setup,
+            latency_samples: n.latency_samples as u64,
+            latency_p50_us: micros(n.latency_p50),
+            latency_p99_us: micros(n.latency_p99),
+        });
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -1880,8 +3088,41 @@ mod tests {
     }
 
     #[test]
+    fn the_last_error_tells_which_deadline_ended_a_wait() {
+        let ended = Error::WaitEnded {
+            deadline: Deadline::RetryCount,
+            last: Box::new(Error::ValidityExpired {
+                elapsed: Duration::from_millis(5),
+            }),
+        };
+        let r = boundary(|| Err(ended.into()));
+        assert_eq!(r, REDLOCK_MUX_VALIDITY_EXPIRED);
+        assert_eq!(
+            redlock_mux_last_error_deadline(),
+            REDLOCK_MUX_DEADLINE_RETRY_COUNT
+        );
+        assert!(last_error().contains("retry count"));
+        // Success leaves it; the next failure replaces it.
+        assert_eq!(boundary(|| Ok(())), REDLOCK_MUX_OK);
+        assert_eq!(
+            redlock_mux_last_error_deadline(),
+            REDLOCK_MUX_DEADLINE_RETRY_COUNT
+        );
+        let expired = Error::ValidityExpired {
+            elapsed: Duration::from_millis(5),
+        };
+        boundary(|| Err(expired.into()));
+        assert_eq!(
+            redlock_mux_last_error_deadline(),
+            REDLOCK_MUX_DEADLINE_VALIDITY
+        );
+        boundary(|| Err(null("x")));
+        assert_eq!(redlock_mux_last_error_deadline(), REDLOCK_MUX_DEADLINE_NONE);
+    }
+
+    #[test]
     fn every_result_code_has_its_own_text() {
-        let texts: Vec<&CStr> = (0..=REDLOCK_MUX_CONFIG as u32)
+        let texts: Vec<&CStr> = (0..=REDLOCK_MUX_CANCELLED as u32)
             // SAFETY: `redlock_mux_result_text` returns a static NUL-terminated string.
             .map(|code| unsafe { CStr::from_ptr(redlock_mux_result_text(code)) })
             .collect();

@@ -1,7 +1,6 @@
 //! Auto-extension: one background thread per [`Client`] keeps its guards alive.
 //!
-//! [`Lock::keep_alive`] (and [`ReadLock::keep_alive`], [`WriteLock::keep_alive`]) checks the
-//! [`KeepAlive`] settings against the client, hands the guard to the client's keeper and
+//! [`Guard::keep_alive`], on a guard of any kind, checks the [`KeepAlive`] settings against the client, hands the guard to the client's keeper and
 //! returns a [`KeptLock`]. Settings that cannot keep the lock are refused, and the guard is
 //! given back untouched in the [`KeepAliveError`].
 //!
@@ -25,20 +24,19 @@
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
-use std::thread;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use crate::client::{Client, Lock};
-use crate::core::Timing;
+use crate::client::Client;
+use crate::engine::keepalive::Schedule;
 use crate::error::{Error, InvalidArgument};
-use crate::rwlock::{ReadLock, WriteLock};
+use crate::guard::kind::Kind;
+use crate::guard::{Guard, Held};
+use crate::keeper::{Job, Keeper};
 
 /// Delay before retrying an extension that failed for a reason that may pass.
 const DEFAULT_RETRY: Duration = Duration::from_millis(100);
-/// The shortest retry delay: a node that fails at once must not make the keeper spin.
-const MIN_RETRY: Duration = Duration::from_millis(1);
 
 /// Settings of one kept-alive guard: the TTL each extension sets, how often, and whom to tell
 /// when the lock is lost.
@@ -53,7 +51,7 @@ const MIN_RETRY: Duration = Duration::from_millis(1);
 /// TTL than the one it is kept with is extended at once, and a failed extension still leaves
 /// time for retries.
 ///
-/// [`Lock::keep_alive`] refuses, with [`InvalidArgument`] in a [`KeepAliveError`], a TTL the
+/// [`Guard::keep_alive`] refuses, with [`InvalidArgument`] in a [`KeepAliveError`], a TTL the
 /// client would refuse (zero, too long, not above the drift allowance) and an interval that is
 /// zero or not shorter than the validity an extension gives.
 pub struct KeepAlive {
@@ -130,58 +128,28 @@ impl KeepAlive {
     }
 
     /// These settings checked against `client`: what the keeper works with.
-    fn plan(&self, client: &Client) -> Result<Plan, InvalidArgument> {
+    fn plan(&self, client: &Client) -> Result<Schedule, InvalidArgument> {
         let (_, timing) = client.timing(self.ttl)?;
-        let validity = timing
-            .validity(Duration::ZERO)
-            .ok_or(InvalidArgument::TtlBelowDrift {
-                ttl: self.ttl,
-                drift: timing.drift(),
-            })?;
-        let interval = self.period();
-        if interval.is_zero() || interval >= validity {
-            return Err(InvalidArgument::KeepAliveInterval { interval, validity });
-        }
-        let retry = self.retry.clamp(MIN_RETRY, crate::MAX_TTL);
-        let margin = client
-            .config()
-            .node_timeout
-            .saturating_mul(2)
-            .saturating_add(retry)
-            .clamp(validity / 3, validity / 3 * 2);
-        Ok(Plan {
+        Schedule::new(
             timing,
-            interval,
-            retry,
-            margin,
-        })
+            self.interval,
+            self.retry,
+            client.config().node_timeout,
+        )
     }
-}
-
-/// Settings checked against the client (see [`KeepAlive::plan`]).
-#[derive(Debug, Clone, Copy)]
-struct Plan {
-    /// The TTL each extension sets, in whole milliseconds, and the drift allowance.
-    timing: Timing,
-    /// Less than the validity an extension gives, and more than zero.
-    interval: Duration,
-    retry: Duration,
-    /// The validity left below which an extension is due.
-    margin: Duration,
 }
 
 /// The notice that a kept-alive lock was lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lost {
-    /// The lock's key.
+    /// The lock's resource key (for an all-or-none set, its first key in sorted order).
     pub key: Vec<u8>,
     /// Why: [`Error::Contended`] when the quorum refused the extension (the key expired or
     /// holds someone else's token), [`Error::ValidityExpired`] when no extension won in time.
     pub error: Error,
 }
 
-/// Why `keep_alive` refused its settings ([`Lock::keep_alive`], [`ReadLock::keep_alive`],
-/// [`WriteLock::keep_alive`]), with the guard given back as it was: still held, and not kept
+/// Why [`Guard::keep_alive`] refused its settings, with the guard given back as it was: still held, and not kept
 /// alive. The error is always [`Error::InvalidArgument`].
 ///
 /// It converts into [`Error`], so `?` works in functions that return `Result<_, Error>`; the
@@ -236,103 +204,32 @@ impl<G> From<KeepAliveError<G>> for Error {
     }
 }
 
-/// The guards the keeper can extend: a mutex, or either side of a read-write lock.
-#[derive(Debug)]
-enum Guard {
-    Mutex(Lock),
-    Read(ReadLock),
-    Write(WriteLock),
-}
-
-impl Guard {
-    fn client(&self) -> &Client {
-        match self {
-            Guard::Mutex(l) => l.client(),
-            Guard::Read(l) => l.client(),
-            Guard::Write(l) => l.client(),
-        }
+/// Hands `held` to its client's keeper thread, with settings already checked.
+fn keep_alive(held: Held, plan: Schedule, settings: KeepAlive) -> KeptLock {
+    let keeper = held.client().keeper().get_or_init(Keeper::start).clone();
+    let key = held.key().to_vec();
+    let token = held.token().to_vec();
+    let fencing_token = held.fencing_token();
+    let base = Instant::now();
+    let until = nanos(held.valid_until().saturating_duration_since(base));
+    let shared = Arc::new(Shared {
+        lock: Mutex::new(Some(held)),
+        lost: AtomicBool::new(false),
+        base,
+        until: AtomicU64::new(until),
+        plan,
+        notify: Mutex::new(settings.notify),
+    });
+    let job = Box::new(Kept(Arc::downgrade(&shared)));
+    if keeper.add(shared.next_due(base), job).is_err() {
+        // The thread can only be gone if it panicked; without it nobody extends the lock.
+        shared.lost.store(true, Ordering::Release);
     }
-
-    fn key(&self) -> &[u8] {
-        match self {
-            Guard::Mutex(l) => l.key(),
-            Guard::Read(l) => l.key(),
-            Guard::Write(l) => l.key(),
-        }
-    }
-
-    fn token(&self) -> &[u8] {
-        match self {
-            Guard::Mutex(l) => l.token(),
-            Guard::Read(l) => l.token(),
-            Guard::Write(l) => l.token(),
-        }
-    }
-
-    fn valid_until(&self) -> Instant {
-        match self {
-            Guard::Mutex(l) => l.valid_until(),
-            Guard::Read(l) => l.valid_until(),
-            Guard::Write(l) => l.valid_until(),
-        }
-    }
-
-    fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        match self {
-            Guard::Mutex(l) => l.extend(ttl),
-            Guard::Read(l) => l.extend(ttl),
-            Guard::Write(l) => l.extend(ttl),
-        }
-    }
-
-    fn release(self) -> Result<(), Error> {
-        match self {
-            Guard::Mutex(l) => l.release(),
-            Guard::Read(l) => l.release(),
-            Guard::Write(l) => l.release(),
-        }
-    }
-
-    /// Hands the guard to its client's keeper thread, with settings already checked.
-    fn keep_alive(self, plan: Plan, settings: KeepAlive) -> KeptLock {
-        let keeper = self.client().keeper().get_or_init(Keeper::start).clone();
-        let key = self.key().to_vec();
-        let token = self.token().to_vec();
-        let base = Instant::now();
-        let until = nanos(self.valid_until().saturating_duration_since(base));
-        let shared = Arc::new(Shared {
-            lock: Mutex::new(Some(self)),
-            lost: AtomicBool::new(false),
-            base,
-            until: AtomicU64::new(until),
-            plan,
-            notify: Mutex::new(settings.notify),
-        });
-        let entry = Entry {
-            due: shared.next_due(base),
-            shared: Arc::downgrade(&shared),
-        };
-        if keeper.send(entry).is_err() {
-            // The thread can only be gone if it panicked; without it nobody extends the lock.
-            shared.lost.store(true, Ordering::Release);
-        }
-        KeptLock { shared, key, token }
-    }
-}
-
-/// Checks `settings` for `guard` and hands it to the keeper, or gives it back.
-fn keep<G>(
-    guard: G,
-    plan: Result<Plan, InvalidArgument>,
-    settings: KeepAlive,
-    wrap: fn(G) -> Guard,
-) -> Result<KeptLock, KeepAliveError<G>> {
-    match plan {
-        Ok(plan) => Ok(wrap(guard).keep_alive(plan, settings)),
-        Err(e) => Err(KeepAliveError {
-            guard,
-            error: e.into(),
-        }),
+    KeptLock {
+        shared,
+        key,
+        token,
+        fencing_token,
     }
 }
 
@@ -344,8 +241,8 @@ fn nanos(d: Duration) -> u64 {
 
 /// State shared by a [`KeptLock`] and the keeper thread.
 struct Shared {
-    /// The guard; `None` once released by its holder.
-    lock: Mutex<Option<Guard>>,
+    /// The lock; `None` once released by its holder.
+    lock: Mutex<Option<Held>>,
     /// Set once the lock is lost; never cleared.
     lost: AtomicBool,
     /// The origin of `until`.
@@ -354,13 +251,13 @@ struct Shared {
     /// an extension round in flight; the keeper lowers it before each round to what that round
     /// may leave on the nodes, and sets it to the guard's own end of validity after.
     until: AtomicU64,
-    plan: Plan,
+    plan: Schedule,
     /// Whom to tell of a loss; taken when telling.
     notify: Mutex<Option<Notify>>,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Option<Guard>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Held>> {
         self.lock.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -392,33 +289,26 @@ impl Shared {
         self.until.fetch_min(n, Ordering::AcqRel);
     }
 
-    /// When the next extension is due, for a lock as it is at `now`: one interval on, or
-    /// earlier, when the validity left falls to the margin.
+    /// When the next extension is due, for the lock as it is at `now`.
     fn next_due(&self, now: Instant) -> Instant {
-        let left = self.left(now).unwrap_or(Duration::ZERO);
-        let wait = self
-            .plan
-            .interval
-            .min(left.saturating_sub(self.plan.margin));
-        now.checked_add(wait).unwrap_or(now)
+        self.plan
+            .next_due(now, self.left(now).unwrap_or(Duration::ZERO))
     }
 
     /// Extends `guard` once; returns when to come back, or why the lock is lost.
-    fn extend(&self, guard: &mut Guard) -> Result<Instant, Error> {
-        let expired = || Error::ValidityExpired {
-            elapsed: Duration::ZERO,
-        };
+    fn extend(&self, guard: &mut Held) -> Result<Instant, Error> {
         let now = Instant::now();
         if self.left(now).is_none() {
-            return Err(expired());
+            return Err(Error::ValidityExpired {
+                elapsed: Duration::ZERO,
+            });
         }
-        // The nodes may take the new TTL from the moment the round is sent, whatever comes of
-        // it: from then on the lock may lapse at `now + ttl - drift`, or earlier if it would
-        // anyway (a round starts at or after `now`, so this bound is on the safe side).
-        if let Some(cap) = self.plan.timing.valid_until(now) {
+        // `validity()` and `is_lost()` must not wait for the round: what it may leave on the
+        // nodes is what they say while it is in flight.
+        if let Some(cap) = self.plan.cap_from(now) {
             self.lower_until(cap);
         }
-        let result = guard.extend(self.plan.timing.ttl);
+        let result = guard.extend(self.plan.ttl());
         let until = guard.valid_until();
         if result.is_ok() {
             self.set_until(until);
@@ -426,16 +316,7 @@ impl Shared {
             self.lower_until(until);
         }
         let now = Instant::now();
-        let left = self.left(now);
-        match (result, left) {
-            (Ok(()), Some(_)) => Ok(self.next_due(now)),
-            (Ok(()), None) => Err(expired()),
-            (Err(Error::QuorumUnreachable { .. } | Error::Io(_)), Some(left)) => {
-                Ok(now.checked_add(self.plan.retry.min(left)).unwrap_or(now))
-            }
-            (Err(Error::QuorumUnreachable { .. } | Error::Io(_)), None) => Err(expired()),
-            (Err(other), _) => Err(other),
-        }
+        self.plan.after_round(result, now, self.left(now))
     }
 }
 
@@ -451,6 +332,7 @@ pub struct KeptLock {
     shared: Arc<Shared>,
     key: Vec<u8>,
     token: Vec<u8>,
+    fencing_token: Option<u64>,
 }
 
 impl fmt::Debug for Shared {
@@ -462,14 +344,21 @@ impl fmt::Debug for Shared {
 }
 
 impl KeptLock {
-    /// The key this lock is on.
+    /// The resource key this lock is on (for an all-or-none set, its first key in sorted
+    /// order).
     pub fn key(&self) -> &[u8] {
         &self.key
     }
 
-    /// This holder's token (see [`Lock::token`]).
+    /// This holder's token (see [`Guard::token`]).
     pub fn token(&self) -> &[u8] {
         &self.token
+    }
+
+    /// The fencing token, if the lock kept alive is a fenced one (see
+    /// [`Guard::fencing_token`]). Extensions keep it.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
     }
 
     /// Whether the lock was lost: an extension was refused by the quorum, or the validity ran
@@ -486,13 +375,13 @@ impl KeptLock {
         self.shared.left(Instant::now()).unwrap_or(Duration::ZERO)
     }
 
-    /// Stops the extensions and releases the lock on every node (see [`Lock::release`],
-    /// [`ReadLock::release`], [`WriteLock::release`]). A lost lock is released too, in case some
+    /// Stops the extensions and releases the lock on every node (see [`Guard::release`]). A
+    /// lost lock is released too, in case some
     /// node still holds our token.
     pub fn release(self) -> Result<(), Error> {
         let lock = self.shared.lock().take();
         match lock {
-            Some(lock) => lock.release(),
+            Some(mut lock) => lock.release(),
             None => Ok(()),
         }
     }
@@ -506,7 +395,7 @@ impl Drop for KeptLock {
     }
 }
 
-impl Lock {
+impl<K: Kind> Guard<K> {
     /// Hands this guard to the client's keeper thread, which extends it in the background
     /// until the returned [`KeptLock`] is released or dropped, or the lock is lost; see
     /// [`KeepAlive`] for when extensions happen.
@@ -538,31 +427,14 @@ impl Lock {
     // The guard comes back by value in the error, as `Arc::try_unwrap` gives back the Arc;
     // boxing it would only make the rare refusal awkward to use.
     #[allow(clippy::result_large_err)]
-    pub fn keep_alive(self, settings: KeepAlive) -> Result<KeptLock, KeepAliveError<Lock>> {
-        let plan = settings.plan(self.client());
-        keep(self, plan, settings, Guard::Mutex)
-    }
-}
-
-impl ReadLock {
-    /// Hands this read lock to the client's keeper thread, which extends this reader's hold in
-    /// the background, as [`Lock::keep_alive`] does for the mutex (and refuses the same
-    /// settings, giving the guard back).
-    #[allow(clippy::result_large_err)]
-    pub fn keep_alive(self, settings: KeepAlive) -> Result<KeptLock, KeepAliveError<ReadLock>> {
-        let plan = settings.plan(self.client());
-        keep(self, plan, settings, Guard::Read)
-    }
-}
-
-impl WriteLock {
-    /// Hands this write lock to the client's keeper thread, which extends it in the
-    /// background, as [`Lock::keep_alive`] does for the mutex (and refuses the same settings,
-    /// giving the guard back).
-    #[allow(clippy::result_large_err)]
-    pub fn keep_alive(self, settings: KeepAlive) -> Result<KeptLock, KeepAliveError<WriteLock>> {
-        let plan = settings.plan(self.client());
-        keep(self, plan, settings, Guard::Write)
+    pub fn keep_alive(self, settings: KeepAlive) -> Result<KeptLock, KeepAliveError<Self>> {
+        match settings.plan(self.client()) {
+            Ok(plan) => Ok(keep_alive(self.into_held(), plan, settings)),
+            Err(e) => Err(KeepAliveError {
+                guard: self,
+                error: e.into(),
+            }),
+        }
     }
 }
 
@@ -603,81 +475,16 @@ impl Client {
     }
 }
 
-/// One kept guard in the keeper's schedule.
-struct Entry {
-    due: Instant,
-    shared: Weak<Shared>,
-}
+/// A kept lock, as the keeper thread's job.
+struct Kept(Weak<Shared>);
 
-/// The handle a client keeps to its keeper thread. Cloned into each `keep_alive` call; the
-/// thread ends when every handle is gone and it has no live guard left.
-#[derive(Clone)]
-pub(crate) struct Keeper {
-    tx: mpsc::Sender<Entry>,
-}
-
-/// Where a client keeps its keeper, started on first use.
-pub(crate) type KeeperSlot = OnceLock<Keeper>;
-
-impl Keeper {
-    fn start() -> Keeper {
-        let (tx, rx) = mpsc::channel();
-        // If no thread can be started, the receiver is dropped with the closure, and every
-        // `keep_alive` marks its guard lost at once: nobody would extend it.
-        let _ = thread::Builder::new()
-            .name("redlock-mux-keeper".into())
-            .spawn(move || run(rx));
-        Keeper { tx }
+impl Job for Kept {
+    fn run(&mut self) -> Option<Instant> {
+        self.0.upgrade().and_then(|shared| serve(&shared))
     }
 
-    fn send(&self, entry: Entry) -> Result<(), mpsc::SendError<Entry>> {
-        self.tx.send(entry)
-    }
-}
-
-/// The keeper thread: extends each guard when due, soonest first.
-fn run(rx: mpsc::Receiver<Entry>) {
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut open = true;
-    loop {
-        // Guards released or dropped since: forget them now, so the thread can end at once.
-        entries.retain(|e| e.shared.strong_count() > 0);
-        let next = entries.iter().map(|e| e.due).min();
-        let now = Instant::now();
-        if open {
-            let received = match next {
-                Some(due) if due > now => rx.recv_timeout(due - now),
-                Some(_) => Err(RecvTimeoutError::Timeout),
-                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            };
-            match received {
-                Ok(entry) => {
-                    entries.push(entry);
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => open = false,
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-        } else {
-            match next {
-                None => return,
-                Some(due) if due > now => thread::sleep(due - now),
-                Some(_) => {}
-            }
-        }
-        // The most urgent first: a slow round delays every guard served after it.
-        entries.sort_by_key(|e| e.due);
-        let now = Instant::now();
-        entries.retain_mut(|e| {
-            if e.due > now {
-                return true;
-            }
-            let next = e.shared.upgrade().and_then(|shared| serve(&shared));
-            if let Some(due) = next {
-                e.due = due;
-            }
-            next.is_some()
-        });
+    fn wanted(&self) -> bool {
+        self.0.strong_count() > 0
     }
 }
 

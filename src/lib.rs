@@ -12,43 +12,63 @@
 //!   `SET NX PX`, validity of `ttl − elapsed − drift`, cleanup on every node after a failed
 //!   attempt, jittered retries, extension within the validity, release by compare-and-delete;
 //! - read-write locks ([`Client::read_lock`], [`Client::write_lock`], [`RwPolicy`]),
-//!   all-or-none locks on several keys ([`Client::lock_all`]) and fencing tokens
-//!   ([`Client::lock_fenced`]);
-//! - waiting without polling (releases are announced over pub/sub), a FIFO-fair policy
-//!   ([`ClientBuilder::fair`]) and auto-extension ([`Lock::keep_alive`], [`Client::with_lock`]);
+//!   all-or-none locks on several keys ([`Client::lock_all`]) and fencing tokens for the mutex
+//!   and the write lock ([`Client::lock_fenced`], [`Client::write_lock_fenced`]);
+//! - for every kind of lock: one attempt (`try_*`) or waiting without polling (releases are
+//!   announced over pub/sub), a FIFO-fair policy ([`ClientBuilder::fair`]), extension, release
+//!   on drop, and auto-extension with a notice when the lock is lost ([`Guard::keep_alive`],
+//!   [`Client::with_lock`]); every guard is a [`Guard`] of some [`kind`];
 //! - a C API (`include/redlock_mux.h`);
-//! - the building blocks, usable on their own: a sans-IO RESP2 codec ([`resp`]) and a sans-IO
-//!   quorum core driven with caller-supplied time ([`core`]).
+//! - a sans-IO RESP2 codec ([`resp`]), usable on its own, and, for tools that look at the nodes
+//!   themselves, [`KeyNames`] (the Redis keys each lock kind keeps) and [`NodeUrl`] (node URLs
+//!   read as the client reads them, shown without their passwords).
 //!
 //! What is not: Redis Cluster routing, Sentinel failover, RESP3, TLS, and any safety beyond
 //! what Redlock's timing assumptions give (see the README's "Guarantees and their limits").
 //!
-//! Layers, from the bottom: [`resp`] (codec) and [`core`] (fan-out, quorum, validity, lock
-//! algorithms) never touch a socket or a clock; a thin mio driver runs them over TCP; the
-//! [`Client`] and its guards are the API; the C API sits at the edge.
+//! Layers, from the bottom: [`resp`] (codec) and the lock engine (crate-private: every lock
+//! operation end to end as a state machine, from the attempts and retries of an acquisition to
+//! the extend and release rounds and the keep-alive schedule) never touch a socket, read the
+//! clock or draw randomness on their own; a thin mio driver pumps bytes and time for the
+//! engine's machines over TCP; the [`Client`] and its one [`Guard`] are the API; the keeper
+//! thread runs the keep-alive schedule; the C API sits at the edge. Every setting lives in one
+//! leaf module that the driver and the engine read without knowing the client.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod client;
-pub mod core;
+mod config;
 mod driver;
+mod engine;
 mod error;
-mod fencing;
 mod ffi;
+mod guard;
 mod keepalive;
-mod multi;
+mod keeper;
+mod options;
 pub mod resp;
 mod rng;
-mod rwlock;
 mod sha1;
+mod stats;
 mod url;
 
-pub use client::{Client, ClientBuilder, Lock, MAX_KEY_LEN, MAX_NODES, MAX_TTL};
-pub use error::{Error, InvalidArgument, NodeErrorKind, NodeFailure};
-pub use fencing::FencedLock;
+pub use client::{Client, ClientBuilder};
+pub use config::{RwPolicy, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS, MAX_NODES, MAX_TTL};
+pub use engine::KeyNames;
+pub use error::{Deadline, Error, InvalidArgument, NodeErrorKind, NodeFailure};
+pub use guard::{kind, FencedLock, FencedWriteLock, Guard, Lock, MultiLock, ReadLock, WriteLock};
 pub use keepalive::{KeepAlive, KeepAliveError, KeptLock, Lost};
-pub use multi::{MultiLock, MAX_LOCK_ALL_KEYS};
-pub use rwlock::{ReadLock, RwPolicy, WriteLock};
+pub use options::{Acquire, Cancel};
+pub use stats::{KindStats, NodeFailures, NodeStats, RoundStats, Stats, LATENCY_WINDOW};
+pub use url::NodeUrl;
+
+/// Pieces of the sans-IO engine that the fuzz targets and benchmarks drive directly. Not part
+/// of the API: anything here may change in any release.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm, Verdict};
+    pub use crate::engine::{quorum, Decision, Round, Timing, Vote};
+}
 
 /// The README's examples, run as doctests.
 #[cfg(doctest)]

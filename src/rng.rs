@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use rand_core::{Rng, SeedableRng, TryRng};
+use rand_core::{SeedableRng, TryRng};
 
 /// Random bytes in a token: 160 bits, as seed 004 asks.
 pub(crate) const TOKEN_BYTES: usize = 20;
@@ -23,6 +23,11 @@ impl Token {
     pub fn generate() -> Token {
         let mut raw = [0u8; TOKEN_BYTES];
         getrandom::fill(&mut raw).expect("the OS random source failed");
+        Token::from_random(raw)
+    }
+
+    /// The token for 160 random bits: their lowercase hex.
+    pub fn from_random(raw: [u8; TOKEN_BYTES]) -> Token {
         let mut hex = [0u8; TOKEN_LEN];
         for (i, b) in raw.iter().enumerate() {
             hex[2 * i] = HEX[(b >> 4) as usize];
@@ -33,6 +38,12 @@ impl Token {
 
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
+    }
+
+    /// The token whose text is `text`, if it has a token's shape: 40 lowercase hex characters.
+    pub fn parse(text: &[u8]) -> Option<Token> {
+        let hex: [u8; TOKEN_LEN] = text.try_into().ok()?;
+        hex.iter().all(|b| HEX.contains(b)).then_some(Token(hex))
     }
 }
 
@@ -45,7 +56,79 @@ impl std::fmt::Debug for Token {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-/// xoshiro256++: fast, small, good enough for retry jitter. Never used for tokens.
+/// The randomness a lock engine state machine draws on, passed into every call that may draw:
+/// the engine itself has no hidden source. The driver passes [`OsEntropy`]; a simulation passes
+/// a seeded generator, so that a seed replays exactly.
+pub(crate) trait Entropy {
+    /// A fresh lock token for an acquisition attempt.
+    fn token(&mut self) -> Token;
+    /// 64 uniformly random bits, for retry jitter.
+    fn random_bits(&mut self) -> u64;
+
+    /// A delay drawn uniformly from `[0, limit)`.
+    fn below(&mut self, limit: Duration) -> Duration {
+        scale(self.random_bits(), limit)
+    }
+
+    /// A delay drawn uniformly from `[base / 2, base * 3 / 2)`.
+    fn around(&mut self, base: Duration) -> Duration {
+        if base.is_zero() {
+            return Duration::ZERO;
+        }
+        base / 2 + scale(self.random_bits(), base)
+    }
+}
+
+/// `limit` scaled by `x / 2^64`: uniform in `[0, limit)` for a uniform `x`.
+fn scale(x: u64, limit: Duration) -> Duration {
+    let nanos = limit.as_nanos().min(u64::MAX as u128) as u64;
+    Duration::from_nanos(((x as u128 * nanos as u128) >> 64) as u64)
+}
+
+/// What the driver draws on: every token straight from the OS random source (one `getrandom`
+/// each), jitter from a [`Jitter`] seeded from it once.
+#[derive(Debug)]
+pub(crate) struct OsEntropy {
+    jitter: Jitter,
+}
+
+impl OsEntropy {
+    pub fn new() -> OsEntropy {
+        OsEntropy {
+            jitter: Jitter::from_os(),
+        }
+    }
+}
+
+impl Entropy for OsEntropy {
+    fn token(&mut self) -> Token {
+        Token::generate()
+    }
+
+    fn random_bits(&mut self) -> u64 {
+        self.jitter.step()
+    }
+}
+
+/// A seeded generator is entropy too: tokens from its bits (for simulations and tests; never
+/// for real locks).
+impl Entropy for Jitter {
+    fn token(&mut self) -> Token {
+        let mut raw = [0u8; TOKEN_BYTES];
+        for chunk in raw.chunks_mut(8) {
+            let v = self.step().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+        Token::from_random(raw)
+    }
+
+    fn random_bits(&mut self) -> u64 {
+        self.step()
+    }
+}
+
+/// xoshiro256++: fast, small, good enough for retry jitter. Never used for the tokens of real
+/// locks (only for those of simulated ones).
 #[derive(Debug)]
 pub(crate) struct Jitter {
     s: [u64; 4],
@@ -106,22 +189,6 @@ impl Jitter {
         s[2] ^= t;
         s[3] = s[3].rotate_left(45);
         result
-    }
-
-    /// A delay drawn uniformly from `[0, limit)`.
-    pub fn below(&mut self, limit: Duration) -> Duration {
-        let nanos = limit.as_nanos().min(u64::MAX as u128) as u64;
-        Duration::from_nanos(((self.next_u64() as u128 * nanos as u128) >> 64) as u64)
-    }
-
-    /// A delay drawn uniformly from `[base / 2, base * 3 / 2)`.
-    pub fn around(&mut self, base: Duration) -> Duration {
-        let nanos = base.as_nanos().min(u64::MAX as u128) as u64;
-        if nanos == 0 {
-            return Duration::ZERO;
-        }
-        let offset = ((self.next_u64() as u128 * nanos as u128) >> 64) as u64;
-        Duration::from_nanos(nanos / 2 + offset)
     }
 }
 

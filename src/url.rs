@@ -1,6 +1,7 @@
 //! Node URLs: `redis://[user:password@]host:port[/db]` and bare `host:port`.
 #![forbid(unsafe_code)]
 
+use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 
 use crate::error::InvalidArgument;
@@ -21,9 +22,69 @@ pub(crate) struct NodeAddr {
 
 fn bad(url: &str, reason: &'static str) -> InvalidArgument {
     InvalidArgument::BadUrl {
-        url: url.to_owned(),
+        url: redact(url),
         reason,
     }
+}
+
+/// The parts of a URL, split as [`NodeAddr::parse`] splits them, before any check.
+struct Parts<'a> {
+    /// The scheme, when the URL has one (`redis` in `redis://...`).
+    scheme: Option<&'a str>,
+    /// What comes before the last `@` of the authority.
+    userinfo: Option<&'a str>,
+    /// `host`, `host:port`, `[v6]:port`.
+    hostport: &'a str,
+    /// What follows the first `/` after the authority.
+    path: &'a str,
+}
+
+fn split(url: &str) -> Parts<'_> {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, ""),
+    };
+    let (userinfo, hostport) = match authority.rfind('@') {
+        Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+        None => (None, authority),
+    };
+    Parts {
+        scheme,
+        userinfo,
+        hostport,
+        path,
+    }
+}
+
+/// `url` with its password replaced by `***`, for messages: split as the parser splits it,
+/// so this holds for URLs the parser refuses too.
+pub(crate) fn redact(url: &str) -> String {
+    let parts = split(url.trim());
+    let Some(userinfo) = parts.userinfo else {
+        return url.to_owned();
+    };
+    let hidden = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        // A lone userinfo is a password.
+        None => "***".to_owned(),
+    };
+    let mut out = String::with_capacity(url.len());
+    if let Some(scheme) = parts.scheme {
+        out.push_str(scheme);
+        out.push_str("://");
+    }
+    out.push_str(&hidden);
+    out.push('@');
+    out.push_str(parts.hostport);
+    if !parts.path.is_empty() || url.trim_end().ends_with('/') {
+        out.push('/');
+        out.push_str(parts.path);
+    }
+    out
 }
 
 impl NodeAddr {
@@ -34,20 +95,20 @@ impl NodeAddr {
         if url_trim.is_empty() {
             return Err(bad(url, "empty"));
         }
-        let (rest, scheme) = match url_trim.split_once("://") {
-            Some(("redis", rest)) => (rest, true),
+        let Parts {
+            scheme,
+            userinfo,
+            hostport,
+            path,
+        } = split(url_trim);
+        let scheme = match scheme {
+            Some("redis") => true,
             Some(_) => return Err(bad(url, "the scheme must be redis://")),
-            None => (url_trim, false),
+            None => false,
         };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i + 1..]),
-            None => (rest, ""),
-        };
-        let (userinfo, hostport) = match authority.rfind('@') {
-            Some(i) if scheme => (Some(&authority[..i]), &authority[i + 1..]),
-            Some(_) => return Err(bad(url, "credentials need the redis:// form")),
-            None => (None, authority),
-        };
+        if userinfo.is_some() && !scheme {
+            return Err(bad(url, "credentials need the redis:// form"));
+        }
         let (user, password) = match userinfo {
             None => (None, None),
             Some(ui) => match ui.split_once(':') {
@@ -100,6 +161,65 @@ impl NodeAddr {
             password,
             db,
         })
+    }
+}
+
+/// A node URL as the client reads it: `redis://[user:password@]host:port[/db]` or bare
+/// `host:port`, with `%`-escapes in the user and password, parsed and resolved.
+///
+/// For tools that talk to the nodes a client uses (such as `redlock-mux inspect`), so that
+/// they read URLs as the client does. Its `Display` and `Debug` never show the password:
+/// `redis://user:***@host:port/db`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NodeUrl(NodeAddr);
+
+impl NodeUrl {
+    /// Parses and resolves `url`, as [`ClientBuilder::nodes`](crate::ClientBuilder::nodes)
+    /// does; a refusal is [`InvalidArgument::BadUrl`], whose URL has its password hidden.
+    pub fn parse(url: &str) -> Result<NodeUrl, InvalidArgument> {
+        NodeAddr::parse(url).map(NodeUrl)
+    }
+
+    /// The address the host resolved to, with the port.
+    pub fn addr(&self) -> SocketAddr {
+        self.0.addr
+    }
+
+    /// The user to authenticate as, if any (`AUTH user password`).
+    pub fn user(&self) -> Option<&[u8]> {
+        self.0.user.as_deref()
+    }
+
+    /// The password, if any (`AUTH [user] password`).
+    pub fn password(&self) -> Option<&[u8]> {
+        self.0.password.as_deref()
+    }
+
+    /// The database number (`SELECT db`); 0 unless given.
+    pub fn db(&self) -> u32 {
+        self.0.db
+    }
+}
+
+impl fmt::Display for NodeUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("redis://")?;
+        match (&self.0.user, &self.0.password) {
+            (Some(user), Some(_)) => write!(f, "{}:***@", String::from_utf8_lossy(user))?,
+            (None, Some(_)) => f.write_str(":***@")?,
+            _ => {}
+        }
+        f.write_str(&self.0.display)?;
+        if self.0.db != 0 {
+            write!(f, "/{}", self.0.db)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for NodeUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NodeUrl({self})")
     }
 }
 
@@ -171,6 +291,37 @@ mod tests {
         let n = NodeAddr::parse("redis://[::1]:7002").unwrap();
         assert_eq!(n.addr, "[::1]:7002".parse().unwrap());
         assert_eq!(n.display, "[::1]:7002");
+    }
+
+    #[test]
+    fn passwords_are_never_shown() {
+        let n = NodeUrl::parse("redis://app:s%40cret@127.0.0.1:7001/3").unwrap();
+        assert_eq!(n.to_string(), "redis://app:***@127.0.0.1:7001/3");
+        assert_eq!(
+            format!("{n:?}"),
+            "NodeUrl(redis://app:***@127.0.0.1:7001/3)"
+        );
+        assert_eq!(n.password(), Some(&b"s@cret"[..]));
+        let n = NodeUrl::parse("redis://:pw@127.0.0.1:7001").unwrap();
+        assert_eq!(n.to_string(), "redis://:***@127.0.0.1:7001");
+        let n = NodeUrl::parse("127.0.0.1:7001").unwrap();
+        assert_eq!(n.to_string(), "redis://127.0.0.1:7001");
+        for (url, shown) in [
+            (
+                "redis://a:secret@127.0.0.1:1/x",
+                "redis://a:***@127.0.0.1:1/x",
+            ),
+            ("redis://secret@h:1", "redis://***@h:1"),
+            ("http://u:secret@h:1", "http://u:***@h:1"),
+            ("u:secret@h:1", "u:***@h:1"),
+            ("redis://h:1/2", "redis://h:1/2"),
+        ] {
+            assert_eq!(redact(url), shown);
+        }
+        match NodeAddr::parse("redis://:secret@127.0.0.1:99999").unwrap_err() {
+            InvalidArgument::BadUrl { url, .. } => assert_eq!(url, "redis://:***@127.0.0.1:99999"),
+            e => panic!("{e:?}"),
+        }
     }
 
     #[test]

@@ -185,15 +185,17 @@ fn contender(
             Duration::from_millis(2)
         };
         thread::sleep(pause);
-        // Check the validity before writing, then write at once.
-        let written = clock.now();
+        // Check the validity before writing, then write at once. The write is stamped when it
+        // is done: a thread descheduled between the check and the write (a loaded machine)
+        // writes after its window, which no lock can prevent, and the check below tells that
+        // apart from a lock that let two holders in.
         if kind != Kind::Read && held.validity() > Duration::ZERO {
             counter.write(read + 1);
             h.increments.push(Increment {
                 client: id,
                 key: KEY.to_vec(),
                 read,
-                at: written,
+                at: clock.now(),
                 op,
             });
         }
@@ -269,7 +271,11 @@ fn check(
     assert!(report.windows > 0, "{what}: nobody got the lock: {report}");
     assert!(report.increments > 0, "{what}: nobody wrote: {report}");
     assert_eq!(report.overlaps.len(), 0, "{what}: {report}");
-    assert_eq!(report.lost_updates, 0, "{what}: {report}");
+    // Every lost update must be explained by a write that landed after its writer's window.
+    assert!(
+        report.lost_updates <= report.writes_outside as u64,
+        "{what}: {report}"
+    );
     // Everyone released. A release a fault kept from a node leaves the key there until its TTL.
     for server in servers {
         let addr = server.addr();

@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use redlock_mux::core::ops::{Acquire, Extend, Op, Release, Verdict};
-use redlock_mux::core::{quorum, Decision, Round, Timing, Vote};
+use redlock_mux::internals::{Acquire, Extend, Op, Release, Verdict};
+use redlock_mux::internals::{quorum, Decision, Round, Timing, Vote};
 use redlock_mux::resp::{decode, Limits, Status};
 use redlock_mux::NodeErrorKind;
 

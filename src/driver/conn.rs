@@ -19,7 +19,8 @@ use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 
-use crate::core::ops::{Caps, ScriptForm, SCRIPTS};
+use crate::engine::machine::Tag;
+use crate::engine::ops::{Caps, SCRIPTS};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Reply, ServerErrorKind, Status};
 use crate::url::NodeAddr;
@@ -80,7 +81,7 @@ impl Setup {
             && (self.required()
                 || matches!(kind, ServerErrorKind::NoAuth | ServerErrorKind::WrongPass)
                 || message.starts_with(b"DENIED"));
-        let error = crate::core::ops::server_error(message);
+        let error = crate::engine::ops::server_error(message);
         if config {
             Some(self.failed(error))
         } else {
@@ -114,8 +115,8 @@ impl Setup {
 pub(crate) enum Slot {
     /// A command of the connection's setup.
     Setup(Setup),
-    /// A vote in round `round`, sent in `form`.
-    Vote { round: u64, form: ScriptForm },
+    /// A reply to the transmit tagged `tag` of the machine the driver ran as run `run`.
+    Reply { run: u64, tag: Tag },
     /// A reply nobody waits for (cleanup after a lost round).
     Discard,
     /// A message on a subscriber connection (confirmations and published messages alike).
@@ -243,20 +244,20 @@ impl Conn {
         self.owed.len()
     }
 
-    /// The oldest round with a vote still owed here: replies come in order, so that is the
-    /// first vote in the queue.
-    pub fn oldest_vote(&self) -> Option<u64> {
+    /// The oldest run with a reply still owed here: replies come in order, so that is the
+    /// first such reply in the queue.
+    pub fn oldest_reply(&self) -> Option<u64> {
         self.owed.iter().find_map(|s| match s {
-            Slot::Vote { round, .. } => Some(*round),
+            Slot::Reply { run, .. } => Some(*run),
             _ => None,
         })
     }
 
-    /// Whether a vote in round `id` is still owed, in either form.
-    pub fn owes_round(&self, id: u64) -> bool {
+    /// Whether a reply of run `id` is still owed.
+    pub fn owes_run(&self, id: u64) -> bool {
         self.owed
             .iter()
-            .any(|s| matches!(s, Slot::Vote { round, .. } if *round == id))
+            .any(|s| matches!(s, Slot::Reply { run, .. } if *run == id))
     }
 
     /// Makes sure a socket exists, starting a connect (with its setup queued) if the node is
@@ -459,8 +460,7 @@ impl Conn {
     }
 
     /// Decodes every complete reply and hands each, with the slot it answers, to `handle`.
-    /// `handle` may queue more commands (a resend after NOSCRIPT) through the `Vec` it is given,
-    /// and the last setup reply releases the commands held behind it: the caller must
+    /// The last setup reply releases the commands held behind it: the caller must
     /// [`drive`](Self::drive) again afterwards when [`has_pending_output`](Self::has_pending_output).
     ///
     /// A setup reply that shows the node's URL or configuration to be wrong, or any reply
@@ -468,7 +468,7 @@ impl Conn {
     pub fn take_replies(
         &mut self,
         limits: &Limits,
-        mut handle: impl FnMut(Slot, &Reply<'_>, &mut Vec<u8>, &mut VecDeque<Slot>),
+        mut handle: impl FnMut(Slot, &Reply<'_>),
     ) -> Result<(), NodeErrorKind> {
         loop {
             let input = &self.inp[self.inp_pos..self.inp_end];
@@ -485,7 +485,7 @@ impl Conn {
                     if let Slot::Setup(step) = slot {
                         step.check(&reply)?;
                         if step == Setup::Caps {
-                            self.caps.delex = crate::core::rw::delex_supported(&reply);
+                            self.caps.delex = crate::engine::rw::delex_supported(&reply);
                         }
                         self.setup_owed = self.setup_owed.saturating_sub(1);
                         if self.setup_owed == 0 && !self.held.is_empty() {
@@ -499,7 +499,7 @@ impl Conn {
                             self.held.clear();
                         }
                     }
-                    handle(slot, &reply, &mut self.out, &mut self.owed);
+                    handle(slot, &reply);
                     self.inp_pos += used;
                 }
                 Ok(Status::Partial) => break,

@@ -2,7 +2,7 @@
  * Tests of the C API against real redis-server processes, whose URLs are the arguments.
  * Prints "N passed, 0 failed" and exits 0, or names the failing check and exits non-zero.
  */
-#define _POSIX_C_SOURCE 200809L /* nanosleep, inet_pton */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, inet_pton, clock_gettime */
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -32,7 +32,10 @@ static void test_static_text(void) {
           REDLOCK_MUX_INVALID_ARGUMENT == 2 && REDLOCK_MUX_CONTENDED == 3 &&
           REDLOCK_MUX_QUORUM_UNREACHABLE == 4 && REDLOCK_MUX_VALIDITY_EXPIRED == 5 &&
           REDLOCK_MUX_IO == 6 && REDLOCK_MUX_BUFFER_TOO_SMALL == 7 && REDLOCK_MUX_RELEASED == 8 &&
-          REDLOCK_MUX_PANIC == 9 && REDLOCK_MUX_CONFIG == 10);
+          REDLOCK_MUX_PANIC == 9 && REDLOCK_MUX_CONFIG == 10 && REDLOCK_MUX_CANCELLED == 11);
+    CHECK(REDLOCK_MUX_DEADLINE_NONE == 0 && REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT == 1 &&
+          REDLOCK_MUX_DEADLINE_RETRY_COUNT == 2 && REDLOCK_MUX_DEADLINE_VALIDITY == 3 &&
+          REDLOCK_MUX_DEADLINE_NODE_TIMEOUT == 4);
 }
 
 static void test_null_parameters(redlock_mux_client *client) {
@@ -262,9 +265,48 @@ static void test_fair_client(int count, char **urls) {
     /* A waiter gives up after its retries while the lock is held. */
     CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, &w), REDLOCK_MUX_CONTENDED);
     CHECK(w == SENTINEL(redlock_mux_lock, 0));
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_RETRY_COUNT);
+    CHECK(strstr(last_error(), "retry count") != NULL);
     CHECK_OK(redlock_mux_lock_release(a));
     redlock_mux_lock_free(a);
     redlock_mux_client_free(client);
+}
+
+/* A waiting call that gives up says which deadline ended the wait; other failures say none. */
+static void test_last_error_deadline(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-deadline";
+    const size_t len = sizeof key - 1;
+    redlock_mux_client *impatient = make_client(count, urls, 300); /* waits 300 ms */
+    redlock_mux_lock *held = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_fenced_write_lock *held_w = NULL, *w = SENTINEL(redlock_mux_fenced_write_lock, 1);
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 10000, &held));
+    CHECK_RESULT(redlock_mux_client_lock(impatient, key, len, 10000, &l), REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK(strstr(last_error(), "wait timeout") != NULL);
+    /* Asking, and calls that succeed, leave it as it was. */
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK_OK(redlock_mux_lock_extend(held, 10000));
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    /* One attempt, refused by the nodes: no deadline ended it. */
+    CHECK_RESULT(redlock_mux_client_try_lock(impatient, key, len, 10000, &l), REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_NONE);
+
+    /* The same for another kind. */
+    CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, key, len, 10000, &held_w));
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(impatient, key, len, 10000, &w),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0) && w == SENTINEL(redlock_mux_fenced_write_lock, 1));
+    /* A NULL argument is no deadline either. */
+    CHECK_RESULT(redlock_mux_client_lock(impatient, key, len, 10000, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_NONE);
+
+    CHECK_OK(redlock_mux_fenced_write_lock_release(held_w));
+    redlock_mux_fenced_write_lock_free(held_w);
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+    redlock_mux_client_free(impatient);
 }
 
 static void test_read_write_locks(redlock_mux_client *client) {
@@ -867,6 +909,336 @@ static void test_keep_alive_reports_a_lost_lock(redlock_mux_client *client, int 
     free(notice);
 }
 
+/* ---- Every lock kind has every capability: keys, fenced write locks, keep-alive. ---- */
+
+/* Checks that `got`/`got_len` is the `want_len` bytes at `want`, in memory of the handle's own. */
+static void check_key(const uint8_t *got, size_t got_len, const uint8_t *want, size_t want_len) {
+    CHECK(got != NULL && got != want);
+    CHECK(got_len == want_len && memcmp(got, want, want_len) == 0);
+}
+
+static void test_one_key_handles_give_their_key(redlock_mux_client *client) {
+    static const uint8_t key[] = {'c', '-', 'k', 'e', 'y', 0, 'o', 'f'}; /* binary, with NUL */
+    redlock_mux_lock *l = NULL;
+    redlock_mux_read_lock *r = NULL;
+    redlock_mux_write_lock *w = NULL;
+    redlock_mux_fenced_lock *f = NULL;
+    redlock_mux_fenced_write_lock *fw = NULL;
+    const uint8_t *got = (const uint8_t *)"c-sentinel";
+    size_t n = 777;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key, 5000, &l));
+    CHECK_RESULT(redlock_mux_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(l, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(l, &got, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(n == 777 && strcmp((const char *)got, "c-sentinel") == 0);
+    CHECK_OK(redlock_mux_lock_key(l, &got, &n));
+    check_key(got, n, key, sizeof key);
+    CHECK_OK(redlock_mux_lock_release(l));
+    CHECK_RESULT(redlock_mux_lock_key(l, &got, &n), REDLOCK_MUX_RELEASED);
+    redlock_mux_lock_free(l);
+
+    CHECK_OK(redlock_mux_client_try_read_lock(client, key, sizeof key, 5000, &r));
+    CHECK_RESULT(redlock_mux_read_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_read_lock_key(r, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_read_lock_key(r, &got, &n));
+    check_key(got, n, key, sizeof key);
+    redlock_mux_read_lock_free(r);
+
+    CHECK_OK(redlock_mux_client_try_write_lock(client, key, sizeof key, 5000, &w));
+    CHECK_RESULT(redlock_mux_write_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_write_lock_key(w, &got, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_write_lock_key(w, &got, &n));
+    check_key(got, n, key, sizeof key);
+    redlock_mux_write_lock_free(w);
+
+    CHECK_OK(redlock_mux_client_try_lock_fenced(client, key, sizeof key, 5000, &f));
+    CHECK_RESULT(redlock_mux_fenced_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_key(f, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_fenced_lock_key(f, &got, &n));
+    check_key(got, n, key, sizeof key);
+    redlock_mux_fenced_lock_free(f);
+
+    CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, key, sizeof key, 5000, &fw));
+    CHECK_RESULT(redlock_mux_fenced_write_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_key(fw, &got, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_fenced_write_lock_key(fw, &got, &n));
+    check_key(got, n, key, sizeof key);
+    CHECK_OK(redlock_mux_fenced_write_lock_release(fw));
+    CHECK_RESULT(redlock_mux_fenced_write_lock_key(fw, &got, &n), REDLOCK_MUX_RELEASED);
+    redlock_mux_fenced_write_lock_free(fw);
+}
+
+static void test_fenced_write_locks(redlock_mux_client *client) {
+    static const uint8_t key[] = "c-fenced-write";
+    const size_t len = sizeof key - 1;
+    redlock_mux_fenced_write_lock *fw = NULL, *g = SENTINEL(redlock_mux_fenced_write_lock, 0);
+    redlock_mux_write_lock *w = SENTINEL(redlock_mux_write_lock, 1);
+    redlock_mux_read_lock *r = SENTINEL(redlock_mux_read_lock, 2);
+    redlock_mux_kept_lock *k = SENTINEL(redlock_mux_kept_lock, 3);
+    uint8_t token[REDLOCK_MUX_TOKEN_LEN], buf[64];
+    uint64_t fence = 777, previous = 0, again = 0, ms = 777;
+    size_t n = 777;
+    int i;
+
+    /* NULL and bad arguments, refused before anything is taken. */
+    CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(NULL, key, len, 1000, &g),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(client, NULL, len, 1000, &g),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(NULL, key, len, 1000, &g),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(client, key, len, 1000, NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(client, key, 0, 1000, &g),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(client, key, len, 0, &g),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(g == SENTINEL(redlock_mux_fenced_write_lock, 0));
+    CHECK_RESULT(redlock_mux_fenced_write_lock_extend(NULL, 1000), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_token(NULL, buf, sizeof buf, &n),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_fencing_token(NULL, &fence),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive(NULL, 1000, &k),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(k == SENTINEL(redlock_mux_kept_lock, 3));
+
+    /* Every grant's fencing token is larger than the one before, whichever form took it. */
+    for (i = 0; i < FENCED_GRANTS; i++) {
+        fw = NULL;
+        if (i % 2 == 0) {
+            CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, key, len, 10000, &fw));
+        } else {
+            CHECK_OK(redlock_mux_client_write_lock_fenced(client, key, len, 10000, &fw));
+        }
+        CHECK_OK(redlock_mux_fenced_write_lock_fencing_token(fw, &fence));
+        CHECK(fence > previous);
+        previous = fence;
+        if (i == 0) {
+            /* Held: readers and writers, fenced or not, are refused. */
+            CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(client, key, len, 1000, &g),
+                         REDLOCK_MUX_CONTENDED);
+            CHECK_RESULT(redlock_mux_client_try_write_lock(client, key, len, 1000, &w),
+                         REDLOCK_MUX_CONTENDED);
+            CHECK_RESULT(redlock_mux_client_try_read_lock(client, key, len, 1000, &r),
+                         REDLOCK_MUX_CONTENDED);
+            CHECK(g == SENTINEL(redlock_mux_fenced_write_lock, 0) &&
+                  w == SENTINEL(redlock_mux_write_lock, 1) &&
+                  r == SENTINEL(redlock_mux_read_lock, 2));
+            /* NULL outs leave everything as it was. */
+            n = 777;
+            ms = 777;
+            again = 777;
+            CHECK_RESULT(redlock_mux_fenced_write_lock_validity_ms(fw, NULL),
+                         REDLOCK_MUX_NULL_PARAMETER);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_token(fw, NULL, sizeof buf, &n),
+                         REDLOCK_MUX_NULL_PARAMETER);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_token(fw, buf, sizeof buf, NULL),
+                         REDLOCK_MUX_NULL_PARAMETER);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_fencing_token(fw, NULL),
+                         REDLOCK_MUX_NULL_PARAMETER);
+            CHECK(n == 777 && ms == 777 && again == 777);
+            CHECK_OK(redlock_mux_fenced_write_lock_validity_ms(fw, &ms));
+            CHECK(ms > 9000 && ms <= 10000);
+            CHECK_OK(redlock_mux_fenced_write_lock_token(fw, token, sizeof token, &n));
+            CHECK(n == REDLOCK_MUX_TOKEN_LEN);
+            /* Extending keeps the fencing token. */
+            CHECK_OK(redlock_mux_fenced_write_lock_extend(fw, 20000));
+            CHECK_OK(redlock_mux_fenced_write_lock_validity_ms(fw, &ms));
+            CHECK(ms > 10000 && ms <= 20000);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_extend(fw, 0), REDLOCK_MUX_INVALID_ARGUMENT);
+            CHECK_OK(redlock_mux_fenced_write_lock_fencing_token(fw, &again));
+            CHECK(again == fence);
+        }
+        if (i == FENCED_GRANTS - 1) {
+            redlock_mux_fenced_write_lock_free(fw); /* freeing a held lock releases it */
+        } else {
+            CHECK_OK(redlock_mux_fenced_write_lock_release(fw));
+            CHECK_RESULT(redlock_mux_fenced_write_lock_release(fw), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_fencing_token(fw, &again),
+                         REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_extend(fw, 1000), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_validity_ms(fw, &ms), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_token(fw, token, sizeof token, &n),
+                         REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive(fw, 1000, &k),
+                         REDLOCK_MUX_RELEASED);
+            redlock_mux_fenced_write_lock_free(fw);
+        }
+    }
+    /* A plain write lock on the resource is free again once the fenced one is freed. */
+    w = NULL;
+    CHECK_OK(redlock_mux_client_try_write_lock(client, key, len, 1000, &w));
+    CHECK_OK(redlock_mux_write_lock_release(w));
+    redlock_mux_write_lock_free(w);
+    redlock_mux_fenced_write_lock_free(NULL);
+}
+
+/* One kept lock of each kind but the mutex (which test_keep_alive covers). */
+enum { KEPT_READ, KEPT_WRITE, KEPT_SET, KEPT_FENCED, KEPT_FENCED_WRITE, KEPT_KINDS };
+
+/* What the lost-lock test deletes on every node to take each kind's lock away. */
+static const char *const KEPT_KEYS[KEPT_KINDS] = {
+    "c-kept-read", "c-kept-write", "c-kept-set-a", "c-kept-fenced", "c-kept-fenced-write",
+};
+static const char *const KEPT_NODE_KEYS[KEPT_KINDS] = {
+    "{rw:c-kept-read}:r", "{rw:c-kept-write}:w", "c-kept-set-a", "c-kept-fenced",
+    "{rw:c-kept-fenced-write}:w",
+};
+
+#define KEPT_TTL_MS 1500
+
+/* Every kind refuses a TTL that cannot keep it (and keeps its lock), refuses a NULL callback or
+ * out (and keeps its lock), and is then kept alive past its TTL; a lost lock calls back. */
+static void test_keep_alive_every_kind(redlock_mux_client *client, int count, char **urls) {
+    const uint8_t *set[2] = {(const uint8_t *)"c-kept-set-b", (const uint8_t *)"c-kept-set-a"};
+    size_t set_lens[2] = {12, 12};
+    redlock_mux_read_lock *r = NULL;
+    redlock_mux_write_lock *w = NULL;
+    redlock_mux_multi_lock *m = NULL;
+    redlock_mux_fenced_lock *f = NULL;
+    redlock_mux_fenced_write_lock *fw = NULL;
+    redlock_mux_lock *other = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_kept_lock *kept[KEPT_KINDS], *refused = SENTINEL(redlock_mux_kept_lock, 1);
+    struct lost_notice *notices = calloc(KEPT_KINDS, sizeof *notices);
+    uint64_t fence = 0, kept_fence = 777, fenced_write_fence = 0, ms = 0;
+    const uint8_t *got = NULL;
+    size_t n = 0;
+    uint8_t lost = 0;
+    int i, j, step, all;
+
+    CHECK(notices != NULL);
+    for (i = 0; i < KEPT_KINDS; i++) {
+        CHECK(pthread_mutex_init(&notices[i].mutex, NULL) == 0);
+    }
+#define KEY_OF(i) (const uint8_t *)KEPT_KEYS[i], strlen(KEPT_KEYS[i])
+    CHECK_OK(redlock_mux_client_try_read_lock(client, KEY_OF(KEPT_READ), KEPT_TTL_MS, &r));
+    CHECK_OK(redlock_mux_client_write_lock(client, KEY_OF(KEPT_WRITE), KEPT_TTL_MS, &w));
+    CHECK_OK(redlock_mux_client_try_lock_all(client, set, set_lens, 2, KEPT_TTL_MS, &m));
+    CHECK_OK(redlock_mux_client_lock_fenced(client, KEY_OF(KEPT_FENCED), KEPT_TTL_MS, &f));
+    CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, KEY_OF(KEPT_FENCED_WRITE),
+                                                      KEPT_TTL_MS, &fw));
+    CHECK_OK(redlock_mux_fenced_lock_fencing_token(f, &fence));
+    CHECK_OK(redlock_mux_fenced_write_lock_fencing_token(fw, &fenced_write_fence));
+
+    /* Refusals leave each lock in its handle: a TTL of 0, a NULL callback, a NULL out. */
+    CHECK_RESULT(redlock_mux_read_lock_keep_alive(r, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_write_lock_keep_alive(w, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_multi_lock_keep_alive(m, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_fenced_lock_keep_alive(f, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive(fw, 0, &refused),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_read_lock_keep_alive_with_callback(r, KEPT_TTL_MS, NULL, NULL, &refused),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(strstr(last_error(), "on_lost") != NULL);
+    CHECK_RESULT(redlock_mux_write_lock_keep_alive_with_callback(w, KEPT_TTL_MS, NULL, NULL, &refused),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_multi_lock_keep_alive_with_callback(m, KEPT_TTL_MS, on_lost,
+                                                                 &notices[KEPT_SET], NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_lock_keep_alive(f, KEPT_TTL_MS, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive_with_callback(
+                     NULL, KEPT_TTL_MS, on_lost, &notices[KEPT_FENCED_WRITE], &refused),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(refused == SENTINEL(redlock_mux_kept_lock, 1));
+    CHECK_OK(redlock_mux_read_lock_validity_ms(r, &ms));
+    CHECK_OK(redlock_mux_write_lock_validity_ms(w, &ms));
+    CHECK_OK(redlock_mux_multi_lock_validity_ms(m, &ms));
+    CHECK_OK(redlock_mux_fenced_lock_validity_ms(f, &ms));
+    CHECK_OK(redlock_mux_fenced_write_lock_validity_ms(fw, &ms));
+
+    /* Kept: the handles are left empty, and must only be freed. */
+    CHECK_OK(redlock_mux_read_lock_keep_alive_with_callback(r, KEPT_TTL_MS, on_lost,
+                                                            &notices[KEPT_READ], &kept[KEPT_READ]));
+    CHECK_OK(redlock_mux_write_lock_keep_alive_with_callback(w, KEPT_TTL_MS, on_lost,
+                                                             &notices[KEPT_WRITE], &kept[KEPT_WRITE]));
+    CHECK_OK(redlock_mux_multi_lock_keep_alive_with_callback(m, KEPT_TTL_MS, on_lost,
+                                                             &notices[KEPT_SET], &kept[KEPT_SET]));
+    CHECK_OK(redlock_mux_fenced_lock_keep_alive_with_callback(
+        f, KEPT_TTL_MS, on_lost, &notices[KEPT_FENCED], &kept[KEPT_FENCED]));
+    CHECK_OK(redlock_mux_fenced_write_lock_keep_alive_with_callback(
+        fw, KEPT_TTL_MS, on_lost, &notices[KEPT_FENCED_WRITE], &kept[KEPT_FENCED_WRITE]));
+    CHECK_RESULT(redlock_mux_read_lock_extend(r, 1000), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_write_lock_key(w, &got, &n), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_multi_lock_keep_alive(m, KEPT_TTL_MS, &refused), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_fenced_lock_fencing_token(f, &kept_fence), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_fenced_write_lock_release(fw), REDLOCK_MUX_RELEASED);
+    redlock_mux_read_lock_free(r);
+    redlock_mux_write_lock_free(w);
+    redlock_mux_multi_lock_free(m);
+    redlock_mux_fenced_lock_free(f);
+    redlock_mux_fenced_write_lock_free(fw);
+
+    /* What a kept lock tells: its key (a set's first, sorted), and a fenced kind's token. */
+    for (i = 0; i < KEPT_KINDS; i++) {
+        CHECK_OK(redlock_mux_kept_lock_key(kept[i], &got, &n));
+        check_key(got, n, (const uint8_t *)KEPT_KEYS[i], strlen(KEPT_KEYS[i]));
+    }
+    CHECK_RESULT(redlock_mux_kept_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_key(kept[KEPT_READ], NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_fencing_token(NULL, &kept_fence), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_fencing_token(kept[KEPT_FENCED], NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_kept_lock_fencing_token(kept[KEPT_SET], &kept_fence),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(strstr(last_error(), "fenc") != NULL && kept_fence == 777);
+    CHECK_OK(redlock_mux_kept_lock_fencing_token(kept[KEPT_FENCED], &kept_fence));
+    CHECK(kept_fence == fence);
+    CHECK_OK(redlock_mux_kept_lock_fencing_token(kept[KEPT_FENCED_WRITE], &kept_fence));
+    CHECK(kept_fence == fenced_write_fence);
+
+    /* Held past the TTL, extended in the background; others are still refused. */
+    for (step = 0; step < 20; step++) {
+        sleep_ms(100);
+        for (i = 0; i < KEPT_KINDS; i++) {
+            CHECK_OK(redlock_mux_kept_lock_is_lost(kept[i], &lost));
+            CHECK(lost == 0);
+        }
+    }
+    CHECK_RESULT(redlock_mux_client_try_lock(client, KEY_OF(KEPT_FENCED), 1000, &other),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK_RESULT(redlock_mux_client_try_lock(client, set[0], set_lens[0], 1000, &other),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(other == SENTINEL(redlock_mux_lock, 0));
+
+    /* Each lock's key disappears from every node: the next extension of each is refused, and
+     * each callback runs once, on the keeper thread. */
+    for (i = 0; i < KEPT_KINDS; i++) {
+        for (j = 0; j < count; j++) {
+            redis_del(urls[j], (const uint8_t *)KEPT_NODE_KEYS[i], strlen(KEPT_NODE_KEYS[i]));
+        }
+    }
+    for (step = 0, all = 0; step < 500 && !all; step++) { /* at most 5 s */
+        sleep_ms(10);
+        all = 1;
+        for (i = 0; i < KEPT_KINDS; i++) {
+            pthread_mutex_lock(&notices[i].mutex);
+            all &= notices[i].calls > 0;
+            pthread_mutex_unlock(&notices[i].mutex);
+        }
+    }
+    for (i = 0; i < KEPT_KINDS; i++) {
+        CHECK_OK(redlock_mux_kept_lock_is_lost(kept[i], &lost));
+        CHECK(lost == 1);
+        pthread_mutex_lock(&notices[i].mutex);
+        if (notices[i].calls != 1) {
+            fprintf(stderr, "kept %s: %d lost-lock calls\n", KEPT_KEYS[i], notices[i].calls);
+        }
+        CHECK(notices[i].calls == 1);
+        CHECK(notices[i].reason == REDLOCK_MUX_CONTENDED);
+        CHECK(!pthread_equal(notices[i].thread, pthread_self()));
+        pthread_mutex_unlock(&notices[i].mutex);
+        CHECK_OK(redlock_mux_kept_lock_release(kept[i]));
+        redlock_mux_kept_lock_free(kept[i]);
+        pthread_mutex_destroy(&notices[i].mutex);
+    }
+#undef KEY_OF
+    free(notices);
+}
+
 /* The number of threads of this process, or -1 if Linux's /proc cannot tell. */
 static int thread_count(void) {
     DIR *dir = opendir("/proc/self/task");
@@ -887,6 +1259,7 @@ static void test_keep_alive(int count, char **urls) {
     redlock_mux_client *client = make_client(count, urls, 1000);
     test_keep_alive_holds_past_the_ttl(client);
     test_keep_alive_reports_a_lost_lock(client, count, urls);
+    test_keep_alive_every_kind(client, count, urls);
     redlock_mux_client_free(client);
     /* The client's keeper thread ends on its own within one extension interval (333 ms here)
      * once the client and its locks are freed. Wait for it (at most 10 s), so that it is gone
@@ -1041,6 +1414,300 @@ static void test_failed_setters_keep_the_builder(int count, char **urls) {
     }
 }
 
+/* ---- Cancellation, per-call options, resume and statistics. ---- */
+
+static long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000 + t.tv_nsec / 1000000L;
+}
+
+struct waiting_lock {
+    redlock_mux_client *client;
+    const uint8_t *key;
+    size_t key_len;
+    redlock_mux_acquire_options options;
+    redlock_mux_result result;
+    redlock_mux_lock *lock;
+};
+
+static void *lock_with_options(void *arg) {
+    struct waiting_lock *w = arg;
+    w->result = redlock_mux_client_lock_with(w->client, w->key, w->key_len, 10000, &w->options,
+                                             &w->lock);
+    return NULL;
+}
+
+static void test_cancel_null_parameters(redlock_mux_client *client) {
+    redlock_mux_cancel *c = SENTINEL(redlock_mux_cancel, 0);
+    redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 1);
+    redlock_mux_acquire_options bad = {0};
+    redlock_mux_stats s;
+    redlock_mux_node_stats ns;
+    uint8_t yes = 7;
+
+    CHECK_RESULT(redlock_mux_cancel_new(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_cancel_cancel(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_cancel_is_cancelled(NULL, &yes), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_cancel_new(&c));
+    CHECK_RESULT(redlock_mux_cancel_is_cancelled(c, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(yes == 7);
+    CHECK_OK(redlock_mux_cancel_is_cancelled(c, &yes));
+    CHECK(yes == 0);
+    redlock_mux_cancel_free(c);
+    redlock_mux_cancel_free(NULL);
+
+    CHECK_RESULT(redlock_mux_client_lock_with(client, KEY, sizeof KEY, 1000, NULL, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(strstr(last_error(), "options") != NULL);
+    bad.set = 0x80;
+    CHECK_RESULT(redlock_mux_client_lock_with(client, KEY, sizeof KEY, 1000, &bad, &l),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    bad.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
+    bad.timeout_ms = 2ull * 24 * 3600 * 1000; /* two days */
+    CHECK_RESULT(redlock_mux_client_lock_with(client, KEY, sizeof KEY, 1000, &bad, &l),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_client_resume_lock(client, KEY, sizeof KEY, NULL, 40, 1000, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(l == SENTINEL(redlock_mux_lock, 1));
+    CHECK_RESULT(redlock_mux_client_stats(NULL, &s), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_stats(client, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_node_stats(NULL, 0, &ns), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_node_stats(client, 0, NULL), REDLOCK_MUX_NULL_PARAMETER);
+}
+
+/* A cancel from another thread ends a blocked acquire promptly, and the key is free as soon
+ * as its holder lets go: the cancelled waiter left nothing on the nodes. */
+static void test_cancel_from_another_thread(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-cancel";
+    const size_t len = sizeof key - 1;
+    redlock_mux_client *other = make_client(count, urls, 10000);
+    redlock_mux_lock *held = NULL, *after = NULL;
+    redlock_mux_cancel *cancel = NULL;
+    struct waiting_lock w;
+    pthread_t waiter;
+    long started;
+    uint8_t yes = 0;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 10000, &held));
+    CHECK_OK(redlock_mux_cancel_new(&cancel));
+    memset(&w, 0, sizeof w);
+    w.client = other;
+    w.key = key;
+    w.key_len = len;
+    w.options.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
+    w.options.timeout_ms = 10000;
+    w.options.cancel = cancel;
+    w.lock = SENTINEL(redlock_mux_lock, 0);
+    CHECK(pthread_create(&waiter, NULL, lock_with_options, &w) == 0);
+    sleep_ms(300);
+    started = now_ms();
+    CHECK_OK(redlock_mux_cancel_cancel(cancel));
+    CHECK(pthread_join(waiter, NULL) == 0);
+    /* Promptly: far less than the 10 s it would wait (generous for valgrind). */
+    CHECK(now_ms() - started < 2000);
+    CHECK(w.result == REDLOCK_MUX_CANCELLED);
+    CHECK(w.lock == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_cancel_is_cancelled(cancel, &yes));
+    CHECK(yes == 1);
+
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 10000, &after));
+    CHECK_OK(redlock_mux_lock_release(after));
+    redlock_mux_lock_free(after);
+    redlock_mux_cancel_free(cancel);
+    redlock_mux_client_free(other);
+}
+
+/* A handle already cancelled ends every waiting acquire of every kind at once, with nothing
+ * sent. */
+static void test_cancelled_before_the_first_attempt(redlock_mux_client *client) {
+    static const uint8_t key[] = "c-api-precancelled";
+    const uint8_t *keys[2] = {(const uint8_t *)"c-api-precancelled-a",
+                              (const uint8_t *)"c-api-precancelled-b"};
+    size_t lens[2] = {20, 20};
+    const size_t len = sizeof key - 1;
+    redlock_mux_cancel *cancel = NULL;
+    redlock_mux_acquire_options opts = {0};
+    redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_read_lock *r = SENTINEL(redlock_mux_read_lock, 0);
+    redlock_mux_write_lock *w = SENTINEL(redlock_mux_write_lock, 0);
+    redlock_mux_multi_lock *m = SENTINEL(redlock_mux_multi_lock, 0);
+    redlock_mux_fenced_lock *f = SENTINEL(redlock_mux_fenced_lock, 0);
+    redlock_mux_fenced_write_lock *fw = SENTINEL(redlock_mux_fenced_write_lock, 0);
+
+    CHECK_OK(redlock_mux_cancel_new(&cancel));
+    CHECK_OK(redlock_mux_cancel_cancel(cancel));
+    opts.cancel = cancel;
+    CHECK_RESULT(redlock_mux_client_lock_with(client, key, len, 1000, &opts, &l),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_read_lock_with(client, key, len, 1000, &opts, &r),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_write_lock_with(client, key, len, 1000, &opts, &w),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_lock_all_with(client, keys, lens, 2, 1000, &opts, &m),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_lock_fenced_with(client, key, len, 1000, &opts, &f),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced_with(client, key, len, 1000, &opts, &fw),
+                 REDLOCK_MUX_CANCELLED);
+    CHECK(strstr(redlock_mux_result_text(REDLOCK_MUX_CANCELLED), "cancel") != NULL);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0) && r == SENTINEL(redlock_mux_read_lock, 0) &&
+          w == SENTINEL(redlock_mux_write_lock, 0) && m == SENTINEL(redlock_mux_multi_lock, 0) &&
+          f == SENTINEL(redlock_mux_fenced_lock, 0) &&
+          fw == SENTINEL(redlock_mux_fenced_write_lock, 0));
+    redlock_mux_cancel_free(cancel);
+
+    /* Without a cancel handle, a zeroed struct keeps the client's settings. */
+    opts.cancel = NULL;
+    l = NULL;
+    CHECK_OK(redlock_mux_client_lock_with(client, key, len, 1000, &opts, &l));
+    CHECK_OK(redlock_mux_lock_release(l));
+    redlock_mux_lock_free(l);
+}
+
+/* The client waits 10 s; a per-call timeout of 100 ms, or no retries, ends the wait early. */
+static void test_per_call_timeout(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-per-call";
+    const size_t len = sizeof key - 1;
+    redlock_mux_client *patient = make_client(count, urls, 10000);
+    redlock_mux_lock *held = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_acquire_options opts = {0};
+    long started;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 10000, &held));
+    opts.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
+    opts.timeout_ms = 100;
+    started = now_ms();
+    CHECK_RESULT(redlock_mux_client_lock_with(patient, key, len, 10000, &opts, &l),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(now_ms() - started < 3000);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    opts.set = REDLOCK_MUX_ACQUIRE_RETRIES;
+    opts.retries = 0;
+    started = now_ms();
+    CHECK_RESULT(redlock_mux_client_lock_with(patient, key, len, 10000, &opts, &l),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(now_ms() - started < 3000);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_RETRY_COUNT);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+    redlock_mux_client_free(patient);
+}
+
+/* A lock taken by one client is resumed by another from its key and token, extended and
+ * released. */
+static void test_resume(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-resume";
+    static const uint8_t bad_token[] = "not-a-token";
+    const size_t len = sizeof key - 1;
+    const uint8_t *keys[2] = {(const uint8_t *)"c-api-resume-a", (const uint8_t *)"c-api-resume-b"};
+    size_t lens[2] = {14, 14};
+    redlock_mux_client *other = make_client(count, urls, 2000);
+    redlock_mux_lock *first = NULL, *resumed = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_read_lock *rfirst = NULL, *rresumed = NULL;
+    redlock_mux_write_lock *wfirst = NULL, *wresumed = NULL;
+    redlock_mux_multi_lock *mfirst = NULL, *mresumed = NULL;
+    uint8_t token[REDLOCK_MUX_TOKEN_LEN], again[REDLOCK_MUX_TOKEN_LEN];
+    size_t n = 0;
+    uint64_t ms = 0;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, len, 5000, &first));
+    CHECK_OK(redlock_mux_lock_token(first, token, sizeof token, &n));
+    CHECK_RESULT(redlock_mux_client_resume_lock(other, key, len, bad_token, sizeof bad_token - 1,
+                                                5000, &l),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_client_resume_lock(other, key, len, token, n, 20000, &resumed));
+    CHECK_OK(redlock_mux_lock_token(resumed, again, sizeof again, &n));
+    CHECK(memcmp(token, again, sizeof token) == 0);
+    CHECK_OK(redlock_mux_lock_validity_ms(resumed, &ms));
+    CHECK(ms > 10000 && ms <= 20000); /* extended past the first TTL */
+    CHECK_OK(redlock_mux_lock_extend(resumed, 30000));
+    CHECK_OK(redlock_mux_lock_release(resumed));
+    redlock_mux_lock_free(resumed);
+    /* Released by the resumed handle: the key is free, and resuming again is refused. */
+    CHECK_RESULT(redlock_mux_client_resume_lock(other, key, len, token, n, 5000, &l),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0));
+    resumed = NULL;
+    CHECK_OK(redlock_mux_client_try_lock(other, key, len, 5000, &resumed));
+    CHECK_OK(redlock_mux_lock_release(resumed));
+    redlock_mux_lock_free(resumed);
+    redlock_mux_lock_free(first); /* its release finds nothing to release */
+
+    CHECK_OK(redlock_mux_client_try_read_lock(client, key, len, 5000, &rfirst));
+    CHECK_OK(redlock_mux_read_lock_token(rfirst, token, sizeof token, &n));
+    CHECK_OK(redlock_mux_client_resume_read_lock(other, key, len, token, n, 5000, &rresumed));
+    CHECK_OK(redlock_mux_read_lock_release(rresumed));
+    redlock_mux_read_lock_free(rresumed);
+    redlock_mux_read_lock_free(rfirst);
+
+    CHECK_OK(redlock_mux_client_try_write_lock(client, key, len, 5000, &wfirst));
+    CHECK_OK(redlock_mux_write_lock_token(wfirst, token, sizeof token, &n));
+    CHECK_OK(redlock_mux_client_resume_write_lock(other, key, len, token, n, 5000, &wresumed));
+    CHECK_OK(redlock_mux_write_lock_release(wresumed));
+    redlock_mux_write_lock_free(wresumed);
+    redlock_mux_write_lock_free(wfirst);
+
+    CHECK_OK(redlock_mux_client_try_lock_all(client, keys, lens, 2, 5000, &mfirst));
+    CHECK_OK(redlock_mux_multi_lock_token(mfirst, token, sizeof token, &n));
+    CHECK_OK(redlock_mux_client_resume_lock_all(other, keys, lens, 2, token, n, 5000, &mresumed));
+    CHECK_OK(redlock_mux_multi_lock_release(mresumed));
+    redlock_mux_multi_lock_free(mresumed);
+    redlock_mux_multi_lock_free(mfirst);
+    redlock_mux_client_free(other);
+}
+
+/* A fresh client counts a won round, a contended one and a cancellation, and per node the
+ * reply latency. */
+static void test_stats(int count, char **urls) {
+    static const uint8_t key[] = "c-api-stats";
+    const size_t len = sizeof key - 1;
+    redlock_mux_client *c = make_client(count, urls, 2000);
+    redlock_mux_lock *held = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_cancel *cancel = NULL;
+    redlock_mux_acquire_options opts = {0};
+    redlock_mux_stats s;
+    redlock_mux_node_stats ns, untouched;
+    int i, answered = 0;
+
+    CHECK_OK(redlock_mux_client_stats(c, &s));
+    CHECK(s.mutex.won == 0 && s.mutex.contended == 0 && s.node_count == (size_t)count);
+
+    CHECK_OK(redlock_mux_client_try_lock(c, key, len, 5000, &held));
+    CHECK_RESULT(redlock_mux_client_try_lock(c, key, len, 5000, &l), REDLOCK_MUX_CONTENDED);
+    CHECK_OK(redlock_mux_cancel_new(&cancel));
+    CHECK_OK(redlock_mux_cancel_cancel(cancel));
+    opts.cancel = cancel;
+    CHECK_RESULT(redlock_mux_client_lock_with(c, key, len, 5000, &opts, &l), REDLOCK_MUX_CANCELLED);
+    redlock_mux_cancel_free(cancel);
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+
+    CHECK_OK(redlock_mux_client_stats(c, &s));
+    CHECK(s.mutex.won == 1 && s.mutex.contended == 1 && s.mutex.unreachable == 0);
+    CHECK(s.read.won == 0 && s.all.won == 0 && s.cancellations == 1);
+    for (i = 0; i < count; i++) {
+        CHECK_OK(redlock_mux_client_node_stats(c, (size_t)i, &ns));
+        CHECK(ns.timeout_failures + ns.connect_failures + ns.io_failures == 0);
+        CHECK(ns.latency_samples <= 128 && ns.latency_p50_us <= ns.latency_p99_us);
+        if (ns.latency_samples > 0) {
+            CHECK(ns.latency_p99_us > 0);
+            answered++;
+        }
+    }
+    /* At least a quorum answered every round. */
+    CHECK(answered >= count / 2 + 1);
+    memset(&untouched, 0xab, sizeof untouched);
+    ns = untouched;
+    CHECK_RESULT(redlock_mux_client_node_stats(c, (size_t)count, &ns), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK(memcmp(&ns, &untouched, sizeof ns) == 0);
+    redlock_mux_client_free(c);
+}
+
 int main(int argc, char **argv) {
     redlock_mux_client *client;
     if (argc < 2) {
@@ -1057,13 +1724,22 @@ int main(int argc, char **argv) {
     test_client_freed_before_lock(argc - 1, argv + 1);
     test_fair_client(argc - 1, argv + 1);
     test_read_write_locks(client);
+    test_last_error_deadline(client, argc - 1, argv + 1);
     test_quorum_unreachable();
     test_config_error(argv[1]);
     test_threads_share_a_client(client);
     test_new_handles_null_parameters(client);
     test_multi_locks(client);
     test_fenced_locks(client);
+    test_one_key_handles_give_their_key(client);
+    test_fenced_write_locks(client);
     test_keep_alive(argc - 1, argv + 1);
+    test_cancel_null_parameters(client);
+    test_cancel_from_another_thread(client, argc - 1, argv + 1);
+    test_cancelled_before_the_first_attempt(client);
+    test_per_call_timeout(client, argc - 1, argv + 1);
+    test_resume(client, argc - 1, argv + 1);
+    test_stats(argc - 1, argv + 1);
 
     redlock_mux_client_free(client);
     printf("%d passed, 0 failed\n", checks_run);

@@ -1,5 +1,5 @@
 //! The history checker shared by every safety suite: the deterministic simulation of the core
-//! (`src/core/sim`) and the fault suites against real `redis-server`.
+//! (`src/engine/sim`) and the fault suites against real `redis-server`.
 //!
 //! Std only, because it is included with `#[path = ...]` both inside the crate and by
 //! integration tests.

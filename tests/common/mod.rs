@@ -11,7 +11,7 @@
 // Each test crate uses a different subset of these helpers.
 #![allow(dead_code, unused_imports)]
 
-#[path = "../../src/bin/redlock-mux/local_servers.rs"]
+#[path = "local_servers.rs"]
 mod local_servers;
 pub use local_servers::*;
 

@@ -15,11 +15,12 @@
 //! Implementations run in alternating blocks (the order rotating each round), so drift in the
 //! machine's load spreads over all of them. Each client is warmed up before it is measured.
 
-#[path = "../../../src/bin/redlock-mux/local_servers.rs"]
+#[path = "../../../tests/common/local_servers.rs"]
 mod local_servers;
 mod lockers;
+#[path = "../../../cli/src/raw.rs"]
 mod raw;
-#[path = "../../../src/bin/redlock-mux/stats.rs"]
+#[path = "../../../cli/src/stats.rs"]
 mod stats;
 
 use std::net::SocketAddr;

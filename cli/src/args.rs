@@ -1,0 +1,180 @@
+//! What the commands share on their command lines: usage errors, durations, the node list.
+//!
+//! Parsing itself is `lexopt`'s (see Cargo.toml): each command matches its options in one
+//! loop, so `--name value`, `--name=value`, `-n`, `-w 5`, `-w5` and `--` behave as in any
+//! POSIX tool.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Exit status for a command-line usage error (sysexits `EX_USAGE`).
+pub const EXIT_USAGE: i32 = 64;
+
+/// A usage error, printed on stderr before exiting with [`EXIT_USAGE`].
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<lexopt::Error> for UsageError {
+    fn from(e: lexopt::Error) -> UsageError {
+        UsageError(e.to_string())
+    }
+}
+
+/// Shorthand for building a [`UsageError`] with `format!` syntax.
+macro_rules! usage {
+    ($($t:tt)*) => { $crate::args::UsageError(format!($($t)*)) };
+}
+pub(crate) use usage;
+
+/// The value of an option as UTF-8 text.
+pub fn text(name: &str, value: std::ffi::OsString) -> Result<String, UsageError> {
+    value
+        .into_string()
+        .map_err(|v| usage!("{name}: {v:?} is not valid UTF-8"))
+}
+
+/// Option `name`'s value as a duration written with a unit (`250ms`, `10s`, `2m`).
+pub fn duration(name: &str, value: std::ffi::OsString) -> Result<Duration, UsageError> {
+    parse_duration(&text(name, value)?).map_err(|e| usage!("{name}: {e}"))
+}
+
+/// Option `name`'s value as a duration with a unit, or as flock(1) takes its timeout: a bare
+/// number of seconds, possibly with a fraction (`5`, `0.5`).
+pub fn seconds(name: &str, value: std::ffi::OsString) -> Result<Duration, UsageError> {
+    let text = text(name, value)?;
+    let bare = !text.is_empty()
+        && text.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && text.matches('.').count() <= 1
+        && text != ".";
+    if !bare {
+        return parse_duration(&text).map_err(|e| usage!("{name}: {e}"));
+    }
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| usage!("{name}: {text:?} is not a number of seconds"))?;
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(usage!("{name}: {text:?} is too long (at most 8760h)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Option `name`'s value as a positive integer.
+pub fn count(name: &str, value: std::ffi::OsString) -> Result<usize, UsageError> {
+    let text = text(name, value)?;
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(usage!("{name}: expected a positive integer, got {text:?}")),
+    }
+}
+
+/// Parses a duration written as a whole number and a unit: `ms`, `s`, `m` or `h`
+/// (`250ms`, `10s`, `2m`, `1h`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit; write it like 250ms, 10s or 2m"))?;
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a whole number"))?;
+    let d = match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => n.checked_mul(60).map(Duration::from_secs),
+        "h" => n.checked_mul(3600).map(Duration::from_secs),
+        _ => {
+            return Err(format!(
+                "{text:?} has unknown unit {unit:?}; use ms, s, m or h"
+            ))
+        }
+    };
+    // Nothing this command waits for takes longer than a year; a cap keeps every deadline it
+    // computes from overflowing the clock.
+    d.filter(|d| *d <= MAX_DURATION)
+        .ok_or_else(|| format!("{text:?} is too long (at most 8760h)"))
+}
+
+/// The longest duration any option takes: a year.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Where the node list came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodesFrom {
+    /// `--nodes`.
+    Option,
+    /// `REDLOCK_NODES`.
+    Environment,
+}
+
+/// The node URLs from `--nodes` (`given`), else from `REDLOCK_NODES`; `None` when neither is
+/// set. The list is comma-separated; each URL is the library's to read.
+pub fn nodes_or_none(
+    given: Option<String>,
+) -> Result<Option<(Vec<String>, NodesFrom)>, UsageError> {
+    let (list, from) = match given {
+        Some(v) => (v, NodesFrom::Option),
+        None => match std::env::var("REDLOCK_NODES") {
+            Ok(v) => (v, NodesFrom::Environment),
+            Err(std::env::VarError::NotPresent) => return Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(usage!("REDLOCK_NODES is not valid UTF-8"))
+            }
+        },
+    };
+    let urls: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(usage!("the node list is empty"));
+    }
+    Ok(Some((urls, from)))
+}
+
+/// The node URLs from `--nodes` (`given`), else from `REDLOCK_NODES`.
+pub fn nodes(given: Option<String>) -> Result<Vec<String>, UsageError> {
+    nodes_or_none(given)?
+        .map(|(urls, _)| urls)
+        .ok_or_else(|| usage!("no nodes: pass --nodes URL,URL,... or set REDLOCK_NODES"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("1.5s").is_err());
+        assert!(parse_duration("3d").is_err());
+        assert!(parse_duration("8761h").is_err());
+        assert!(parse_duration("18446744073709551615s").is_err());
+    }
+
+    #[test]
+    fn seconds_as_flock_takes_them() {
+        let s = |t: &str| seconds("-w", t.into());
+        assert_eq!(s("5").unwrap(), Duration::from_secs(5));
+        assert_eq!(s("0.5").unwrap(), Duration::from_millis(500));
+        assert_eq!(s("0").unwrap(), Duration::ZERO);
+        assert_eq!(s("250ms").unwrap(), Duration::from_millis(250));
+        assert!(s("").is_err());
+        assert!(s(".").is_err());
+        assert!(s("1.2.3").is_err());
+        assert!(s("-1").is_err());
+        assert!(s("99999999999").is_err());
+    }
+}

@@ -1,0 +1,286 @@
+//! Latency statistics: percentiles, a summary and a log-scale text histogram.
+//!
+//! Std only, so that the peer benchmark (`benches/peers`) can include it with
+//! `#[path = "../../../cli/src/stats.rs"] mod stats;` and report the same figures the same way
+//! as `redlock-mux bench`.
+
+// Each includer uses a different subset of this API.
+#![allow(dead_code)]
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// Latency samples in nanoseconds.
+#[derive(Debug, Clone, Default)]
+pub struct Samples {
+    nanos: Vec<u64>,
+    sorted: bool,
+}
+
+impl Samples {
+    /// Empty, with room for `n` samples.
+    pub fn with_capacity(n: usize) -> Samples {
+        Samples {
+            nanos: Vec::with_capacity(n),
+            sorted: true,
+        }
+    }
+
+    /// Adds one sample.
+    pub fn push(&mut self, d: Duration) {
+        self.nanos.push(d.as_nanos().min(u64::MAX as u128) as u64);
+        self.sorted = false;
+    }
+
+    /// Adds every sample of `other`.
+    pub fn extend(&mut self, other: &Samples) {
+        self.nanos.extend_from_slice(&other.nanos);
+        self.sorted = false;
+    }
+
+    /// How many samples there are.
+    pub fn len(&self) -> usize {
+        self.nanos.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.nanos.is_empty()
+    }
+
+    fn sort(&mut self) {
+        if !self.sorted {
+            self.nanos.sort_unstable();
+            self.sorted = true;
+        }
+    }
+
+    /// The `q` quantile (`0.0..=1.0`) by the nearest-rank method; zero when empty.
+    pub fn quantile(&mut self, q: f64) -> Duration {
+        self.sort();
+        if self.nanos.is_empty() {
+            return Duration::ZERO;
+        }
+        let n = self.nanos.len();
+        let rank = ((q.clamp(0.0, 1.0) * n as f64).ceil() as usize).clamp(1, n);
+        Duration::from_nanos(self.nanos[rank - 1])
+    }
+
+    /// The usual figures of a latency distribution.
+    pub fn summary(&mut self) -> Summary {
+        let total: u128 = self.nanos.iter().map(|&n| n as u128).sum();
+        let mean = if self.nanos.is_empty() {
+            Duration::ZERO
+        } else {
+            Duration::from_nanos((total / self.nanos.len() as u128) as u64)
+        };
+        Summary {
+            count: self.nanos.len(),
+            mean,
+            p50: self.quantile(0.50),
+            p90: self.quantile(0.90),
+            p99: self.quantile(0.99),
+            p999: self.quantile(0.999),
+            max: self.quantile(1.0),
+        }
+    }
+
+    /// A histogram with four buckets per power of two of nanoseconds, from the smallest
+    /// sample's bucket to the largest's.
+    pub fn histogram(&self) -> Histogram {
+        let mut counts = std::collections::BTreeMap::new();
+        for &n in &self.nanos {
+            *counts.entry(bucket_of(n)).or_insert(0u64) += 1;
+        }
+        let (lo, hi) = match (counts.keys().next(), counts.keys().next_back()) {
+            (Some(&lo), Some(&hi)) => (lo, hi),
+            _ => return Histogram { rows: Vec::new() },
+        };
+        let rows = (lo..=hi)
+            .map(|b| HistogramRow {
+                low: bucket_low(b),
+                high: bucket_low(b + 1),
+                count: counts.get(&b).copied().unwrap_or(0),
+            })
+            .collect();
+        Histogram { rows }
+    }
+}
+
+/// Sub-buckets per power of two: bucket bounds grow by about 19% each.
+const SUB_BUCKETS: u32 = 4;
+
+fn bucket_of(nanos: u64) -> u32 {
+    // Below 4 ns the quarter-steps would not be whole nanoseconds; no latency is that short.
+    let n = nanos.max(4);
+    let exp = 63 - n.leading_zeros();
+    // The two bits after the leading one pick the sub-bucket.
+    let sub = ((n >> (exp - 2)) & 3) as u32;
+    exp * SUB_BUCKETS + sub
+}
+
+fn bucket_low(bucket: u32) -> Duration {
+    let exp = bucket / SUB_BUCKETS;
+    let sub = (bucket % SUB_BUCKETS) as u64;
+    let base = 1u128 << exp;
+    let low = base + base * sub as u128 / SUB_BUCKETS as u128;
+    Duration::from_nanos(low.min(u64::MAX as u128) as u64)
+}
+
+/// Percentiles and extremes of a set of samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Number of samples.
+    pub count: usize,
+    /// Arithmetic mean.
+    pub mean: Duration,
+    /// Median.
+    pub p50: Duration,
+    /// 90th percentile.
+    pub p90: Duration,
+    /// 99th percentile.
+    pub p99: Duration,
+    /// 99.9th percentile.
+    pub p999: Duration,
+    /// Largest sample.
+    pub max: Duration,
+}
+
+impl Summary {
+    /// Operations per second one thread achieves at this mean latency.
+    pub fn ops_per_sec(&self) -> f64 {
+        let secs = self.mean.as_secs_f64();
+        if secs > 0.0 {
+            1.0 / secs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// A duration in microseconds, as a float.
+pub fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// `a / b` as a ratio, NaN-free: 0 when `b` is zero.
+pub fn ratio(a: Duration, b: Duration) -> f64 {
+    if b.is_zero() {
+        0.0
+    } else {
+        a.as_secs_f64() / b.as_secs_f64()
+    }
+}
+
+/// A duration for a table cell: `812.3µs`, `12.41ms`, `1.203s`.
+pub fn fmt_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns < 1_000 {
+        format!("{ns}ns")
+    } else if ns < 1_000_000 {
+        format!("{:.1}µs", ns as f64 / 1e3)
+    } else if ns < 1_000_000_000 {
+        format!("{:.2}ms", ns as f64 / 1e6)
+    } else {
+        format!("{:.3}s", ns as f64 / 1e9)
+    }
+}
+
+/// One bucket of a [`Histogram`]: samples in `[low, high)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistogramRow {
+    /// Inclusive lower bound.
+    pub low: Duration,
+    /// Exclusive upper bound.
+    pub high: Duration,
+    /// Samples in the bucket.
+    pub count: u64,
+}
+
+/// Log-scale buckets, from the lowest non-empty one to the highest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Histogram {
+    /// The buckets, in increasing order of latency.
+    pub rows: Vec<HistogramRow>,
+}
+
+impl Histogram {
+    /// A text rendering at most `max_rows` lines long (neighbouring buckets are merged to fit),
+    /// with bars up to `width` characters.
+    pub fn render(&self, max_rows: usize, width: usize) -> String {
+        let rows = self.merged(max_rows.max(1));
+        let total: u64 = rows.iter().map(|r| r.count).sum();
+        let peak = rows.iter().map(|r| r.count).max().unwrap_or(0).max(1);
+        let mut out = String::new();
+        for r in &rows {
+            let bar = (r.count as u128 * width as u128).div_ceil(peak as u128) as usize;
+            let pct = if total > 0 {
+                100.0 * r.count as f64 / total as f64
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                out,
+                "  {:>9} .. {:>9} {:>8} {:>5.1}% {}",
+                fmt_duration(r.low),
+                fmt_duration(r.high),
+                r.count,
+                pct,
+                "#".repeat(bar)
+            );
+        }
+        out
+    }
+
+    fn merged(&self, max_rows: usize) -> Vec<HistogramRow> {
+        let per = self.rows.len().div_ceil(max_rows).max(1);
+        self.rows
+            .chunks(per)
+            .map(|c| HistogramRow {
+                low: c[0].low,
+                high: c[c.len() - 1].high,
+                count: c.iter().map(|r| r.count).sum(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_by_nearest_rank() {
+        let mut s = Samples::with_capacity(100);
+        assert_eq!(s.quantile(0.5), Duration::ZERO, "no samples, no latency");
+        for i in 1..=100 {
+            s.push(Duration::from_micros(i));
+        }
+        assert_eq!(s.quantile(0.5), Duration::from_micros(50));
+        assert_eq!(s.quantile(0.99), Duration::from_micros(99));
+        assert_eq!(s.quantile(1.0), Duration::from_micros(100));
+        let sum = s.summary();
+        assert_eq!(sum.p50, Duration::from_micros(50));
+        assert_eq!(sum.p99, Duration::from_micros(99));
+        assert_eq!(sum.max, Duration::from_micros(100));
+        assert_eq!(sum.count, 100);
+    }
+
+    #[test]
+    fn histogram_counts_every_sample_once() {
+        let mut s = Samples::default();
+        for i in 0..1000u64 {
+            s.push(Duration::from_nanos(1 + i * i * 37));
+        }
+        let h = s.histogram();
+        assert_eq!(h.rows.iter().map(|r| r.count).sum::<u64>(), 1000);
+        for w in h.rows.windows(2) {
+            assert_eq!(w[0].high, w[1].low);
+        }
+        for r in &h.rows {
+            assert!(r.low < r.high);
+        }
+        let text = h.render(8, 20);
+        assert!(text.lines().count() <= 8);
+    }
+}

@@ -1,0 +1,160 @@
+//! `redlock-mux bench` against real redis-server processes it is given.
+
+mod support;
+
+use std::io::Read;
+use std::process::Stdio;
+use std::time::Duration;
+
+use support::*;
+
+/// `bench ARGS --json`, parsed; fails the test unless it succeeded.
+fn bench_json(cluster: &RedisCluster, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["bench", "--iters", "200", "--json"];
+    all.extend_from_slice(args);
+    let out = output(cluster, &all);
+    assert!(out.status.success(), "{}", both(&out));
+    // Stderr is not a terminal here: no progress bar.
+    assert!(!out.stderr.contains(&b'\r'), "{}", both(&out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", both(&out)))
+}
+
+/// A summary with every percentile, as microseconds.
+fn assert_summary(s: &serde_json::Value, count: u64) {
+    assert_eq!(s["count"], count, "{s}");
+    for figure in ["mean_us", "p50_us", "p90_us", "p99_us", "p999_us", "max_us"] {
+        assert!(
+            s[figure].as_f64().is_some_and(|us| us > 0.0),
+            "{figure}: {s}"
+        );
+    }
+}
+
+#[test]
+fn bench_reports_json_against_given_nodes() {
+    let cluster = RedisCluster::start(1).expect("start redis-server");
+    let urls = nodes(&cluster);
+    let report = bench_json(&cluster, &["--nodes", &urls]);
+    assert_eq!(report["nodes"], "1 nodes from --nodes");
+    assert_eq!(report["iters"], 200);
+    let mutex = &report["mutex"][0];
+    assert_eq!(mutex["n"], 1);
+    for client in ["ours", "baseline"] {
+        let figures = &mutex[client];
+        assert_eq!(figures["errors"], 0, "{client}: {figures}");
+        for phase in ["acquire", "release", "cycle"] {
+            assert_summary(&figures[phase], 200);
+        }
+        assert!(figures["ops_per_sec"].as_f64().unwrap() > 0.0);
+        let buckets = figures["cycle_histogram"].as_array().expect("histogram");
+        let counted: u64 = buckets.iter().map(|b| b[2].as_u64().unwrap()).sum();
+        assert_eq!(counted, 200);
+    }
+    for q in ["ratio_p50", "ratio_p99"] {
+        assert!(mutex[q]["cycle"].as_f64().unwrap() > 0.0, "{mutex}");
+    }
+    // The library's statistics of the measured client: every cycle's round was won.
+    let stats = &mutex["stats"];
+    assert!(
+        stats["rounds"]["mutex"]["won"].as_u64().unwrap() >= 200,
+        "{stats}"
+    );
+    assert!(stats["nodes"][0]["latency_p50_us"].is_u64(), "{stats}");
+    assert_eq!(stats["nodes"][0]["failures"]["timeout"], 0, "{stats}");
+
+    // REDLOCK_NODES names the servers when --nodes does not.
+    let report = bench_json(&cluster, &["--mode", "read"]);
+    assert_eq!(report["nodes"], "1 nodes from REDLOCK_NODES");
+    let rw = &report["rw"][0];
+    assert_eq!(rw["n"], 1);
+    assert_eq!(rw["read"]["figures"]["errors"], 0, "{rw}");
+    assert_eq!(rw["mutex"]["errors"], 0, "{rw}");
+    assert_summary(&rw["read"]["figures"]["cycle"], 200);
+    assert!(rw["read"]["ratio_to_mutex_p50"]["cycle"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_scales_over_threads_on_distinct_keys() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let report = bench_json(&cluster, &["--threads", "1,4,16"]);
+    let runs = report["threads"].as_array().expect("threads");
+    assert_eq!(runs.len(), 3, "{report}");
+    for (run, threads) in runs.iter().zip([1, 4, 16]) {
+        assert_eq!(run["threads"], threads);
+        assert_eq!(run["n"], 3);
+        assert_eq!(run["errors"], 0, "{run}");
+        let cycles = run["cycles"].as_u64().unwrap();
+        assert!(cycles >= 200, "{run}");
+        assert_summary(&run["cycle"], cycles);
+        assert!(run["ops_per_sec"].as_f64().unwrap() > 0.0);
+    }
+    // Nothing else was measured.
+    assert_eq!(report["mutex"], serde_json::json!([]));
+    // The text form has a row per thread count.
+    let out = output(&cluster, &["bench", "--iters", "100", "--threads", "2,3"]);
+    assert!(out.status.success(), "{}", both(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ops/s"), "{text}");
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() == 8 && w[0] == "3" && (w[1] == "2" || w[1] == "3"))
+        .collect();
+    assert_eq!(
+        rows.len(),
+        2,
+        "N, threads, ops/s, p50, p99, p99.9, max, errors:\n{text}"
+    );
+    // A bad list is a usage error.
+    assert_eq!(
+        output(&cluster, &["bench", "--threads", "0"]).status.code(),
+        Some(64)
+    );
+}
+
+#[test]
+fn bench_exits_cleanly_on_a_broken_pipe() {
+    let cluster = RedisCluster::start(1).expect("start redis-server");
+    // As `redlock-mux bench | head -0`: the reader is gone before anything is written.
+    let mut child = redlock_mux(
+        &cluster,
+        &["bench", "--iters", "200", "--nodes", &nodes(&cluster)],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    drop(child.stdout.take());
+    let status = wait_at_most(&mut child, Duration::from_secs(60));
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    assert!(!stderr.contains("panicked"), "{status:?}\n{stderr}");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}
+
+#[test]
+fn bench_speaks_to_users_not_of_issues() {
+    let cluster = RedisCluster::start(1).expect("start redis-server");
+    for mode in ["mutex", "read"] {
+        let out = output(
+            &cluster,
+            &[
+                "bench",
+                "--nodes",
+                &nodes(&cluster),
+                "--iters",
+                "200",
+                "--mode",
+                mode,
+            ],
+        );
+        assert!(out.status.success(), "{}", both(&out));
+        let text = both(&out);
+        assert!(!text.contains("issue"), "{mode}: {text}");
+    }
+}

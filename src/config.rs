@@ -1,0 +1,161 @@
+//! The settings a client runs with, as the builder checked them.
+//!
+//! A leaf: the driver and the engine read [`Config`] without knowing the client or the guards.
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+use crate::error::{InvalidArgument, NodeErrorKind, NodeFailure};
+use crate::resp::Limits;
+use crate::url::NodeAddr;
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 64 * 1024;
+/// The most nodes one client may use.
+pub const MAX_NODES: usize = 64;
+/// The longest TTL accepted: 2^44 ms, a little over 557 years. Longer ones could overflow the
+/// server's millisecond clock arithmetic.
+pub const MAX_TTL: Duration = Duration::from_millis(1 << 44);
+
+/// The most keys one all-or-none lock may cover. Each node runs one script over the whole set,
+/// which blocks that node for its duration, so the set is kept small.
+pub const MAX_LOCK_ALL_KEYS: usize = 256;
+
+/// Rejects keys that are empty or longer than [`MAX_KEY_LEN`].
+pub(crate) fn check_key(key: &[u8]) -> Result<(), InvalidArgument> {
+    if key.is_empty() {
+        return Err(InvalidArgument::EmptyKey);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(InvalidArgument::KeyTooLong {
+            len: key.len(),
+            max: MAX_KEY_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// Settings shared by every thread using a client.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub nodes: Vec<NodeAddr>,
+    pub node_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub retry_count: u32,
+    pub retry_delay: Duration,
+    pub wait_timeout: Duration,
+    pub drift_factor: f64,
+    pub fair: bool,
+    pub fair_after: Duration,
+    pub limits: Limits,
+    pub rw_policy: RwPolicy,
+}
+
+impl Config {
+    /// A failure of node `node`, named by its address.
+    pub fn failure(&self, node: usize, kind: NodeErrorKind) -> NodeFailure {
+        NodeFailure {
+            node,
+            addr: self
+                .nodes
+                .get(node)
+                .map(|n| n.display.clone())
+                .unwrap_or_default(),
+            kind,
+        }
+    }
+}
+
+/// Whom a read-write lock favours when readers hold it and a writer waits. Chosen per client
+/// with [`ClientBuilder::rw_policy`](crate::ClientBuilder::rw_policy).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RwPolicy {
+    /// New readers get in whenever no writer holds the lock, as in seed 000. Readers wait the
+    /// least, but a stream of overlapping readers can keep a writer out for ever.
+    #[default]
+    ReadPreferring,
+    /// A writer that has to wait registers an intent on every node it reaches. New readers are
+    /// refused while the intent lives, so the readers in place drain and the writer gets in
+    /// within one reader hold (at most the readers' TTL) plus one retry delay. The intent is
+    /// refreshed on every attempt, withdrawn when the writer gets the lock or gives up, and
+    /// expires on its own (after twice the retry delay plus twice the node timeout) if the
+    /// writer dies.
+    ///
+    /// With [`fair`](crate::ClientBuilder::fair) queueing, the queue decides who goes next:
+    /// readers that arrive after a queued writer queue behind it, which already keeps the
+    /// writer from starving, and a reader the queue lets through (queued, with only readers
+    /// ahead of it) is never refused by an intent, so a writer queued behind it cannot hold it
+    /// back. Intents then only hold back readers that have not joined the queue (an empty one,
+    /// before [`fair_after`](crate::ClientBuilder::fair_after)).
+    WritePreferring,
+}
+
+/// The keys as given, checked one by one and as a set, sorted.
+pub(crate) fn checked_keys<I>(keys: I) -> Result<Vec<Vec<u8>>, InvalidArgument>
+where
+    I: IntoIterator,
+    I::Item: AsRef<[u8]>,
+{
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    let mut count = 0usize;
+    for key in keys {
+        count += 1;
+        if count <= MAX_LOCK_ALL_KEYS {
+            check_key(key.as_ref())?;
+            out.push(key.as_ref().to_vec());
+        }
+    }
+    if count == 0 {
+        return Err(InvalidArgument::NoKeys);
+    }
+    if count > MAX_LOCK_ALL_KEYS {
+        return Err(InvalidArgument::TooManyKeys {
+            count,
+            max: MAX_LOCK_ALL_KEYS,
+        });
+    }
+    out.sort_unstable();
+    if let Some(pair) = out.windows(2).find(|w| w[0] == w[1]) {
+        return Err(InvalidArgument::DuplicateKey {
+            key: pair[0].clone(),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_sorted_and_bad_sets_are_refused() {
+        assert_eq!(
+            checked_keys(["b", "c", "a"]).unwrap(),
+            vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
+        );
+        assert_eq!(
+            checked_keys(Vec::<&str>::new()),
+            Err(InvalidArgument::NoKeys)
+        );
+        assert_eq!(
+            checked_keys(["x", "y", "x"]),
+            Err(InvalidArgument::DuplicateKey { key: b"x".to_vec() })
+        );
+        assert_eq!(checked_keys(["x", ""]), Err(InvalidArgument::EmptyKey));
+        let many = (0..MAX_LOCK_ALL_KEYS + 3).map(|i| i.to_string());
+        assert_eq!(
+            checked_keys(many),
+            Err(InvalidArgument::TooManyKeys {
+                count: MAX_LOCK_ALL_KEYS + 3,
+                max: MAX_LOCK_ALL_KEYS
+            })
+        );
+        assert_eq!(
+            checked_keys((0..MAX_LOCK_ALL_KEYS).map(|i| i.to_string()))
+                .unwrap()
+                .len(),
+            MAX_LOCK_ALL_KEYS
+        );
+    }
+}

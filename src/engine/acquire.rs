@@ -1,0 +1,770 @@
+//! The acquisition state machine: Redlock's retry loop (seed 004) and everything around it.
+//!
+//! This is where a retry happens. An [`Acquisition`] makes attempts, each with a fresh token,
+//! on every node at once; a round won on a quorum within the validity is the lock. A lost
+//! attempt is undone on every node (its cleanup is pipelined behind it, so late answers are
+//! undone too), and the next attempt comes:
+//!
+//! - at once after the first refusal, once the waiter has subscribed to the lock's wake
+//!   channels (a release may have come before the subscription did);
+//! - when a release is announced by a node that refused or failed the last attempt (not one
+//!   of the waiter's own cleanups), after a short random pause if waiters have been colliding;
+//! - after a jittered [retry delay](crate::ClientBuilder::retry_delay) (the backstop) when no
+//!   release is announced; only these retries count against the retry count;
+//! - soon, a few times in a row, after a split vote in a fair queue.
+//!
+//! No attempt starts at or after the wait timeout. A fair waiter keeps one id (its first
+//! token) and one ticket across its attempts, and leaves every queue when it is done; a
+//! write-preferring writer withdraws its intent when it is done. A fenced lock's token is
+//! written back to a quorum when the counters read disagree. A configuration error ends the
+//! acquisition at once.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, RwPolicy};
+use crate::engine::fair::{AttemptIds, FairState};
+use crate::engine::fanout::Fanout;
+use crate::engine::fencing::FenceRead;
+use crate::engine::kind::{Cmd, Keys, Spec};
+use crate::engine::machine::{Machine, Tag, To, Transmit, What};
+use crate::engine::ops::{Caps, ScriptForm};
+use crate::engine::retry::Retry;
+use crate::engine::round::{quorum, Decision, Round, Vote};
+use crate::engine::timing::Timing;
+use crate::engine::timings::{self, WaitLimits};
+use crate::error::{Error, NodeErrorKind};
+use crate::resp::{self, Reply};
+use crate::rng::{Entropy, Token};
+use crate::stats::{KindIndex, Recorder, RoundEnd};
+
+/// How many times a waiting fenced acquisition tries again after a lost write-back.
+const WRITE_BACK_ATTEMPTS: u32 = 3;
+
+/// How many characters of a released token its announcement carries (see
+/// [`WAKE_PREFIX`](crate::engine::keys::WAKE_PREFIX)).
+const WAKE_ID_LEN: usize = 16;
+
+/// How close together the nodes' announcements of one release arrive, at the most, for them
+/// to count as one.
+const WAKE_EVENT: Duration = Duration::from_millis(1);
+
+/// With a fair queue, how many times in a row a waiter retries soon after a split vote before
+/// it waits for an announcement again: enough for a release to reach every node.
+const QUICK_SPLIT_RETRIES: u32 = 6;
+
+/// A won acquisition.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    /// The token of the attempt that won: the lock's value on the nodes.
+    pub token: Token,
+    /// When the lock stops being valid.
+    pub valid_until: Instant,
+    /// The fencing token, for a fenced lock.
+    pub fencing_token: Option<u64>,
+}
+
+/// How an acquisition is made, beside its lock and the client's settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Params {
+    /// The TTL in whole milliseconds, and the timing built on it.
+    pub ttl_ms: u64,
+    /// See `ttl_ms`.
+    pub timing: Timing,
+    /// Retry while the budget allows (`lock`), or make one attempt (`try_lock`).
+    pub wait: bool,
+    /// Join the fair queue (the client's setting, for the kinds that have one).
+    pub fair: bool,
+    /// The waiter's place in a fair queue: this machine's wall clock in microseconds when the
+    /// acquisition began. Unused unless `fair`.
+    pub ticket: u64,
+    /// The spread of retries after split votes that the last acquisition on this driver ended
+    /// with: contention lasts longer than one acquisition.
+    pub spread: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    /// An attempt's round is out.
+    Attempt,
+    /// The fencing token is being written back to a quorum.
+    WriteBack,
+    /// Subscribing to the wake channels; the next attempt comes once they are confirmed, or
+    /// at `until`.
+    Subscribing { until: Instant },
+    /// A short pause after a split vote; the next attempt comes at `until`.
+    Pausing { until: Instant },
+    /// Waiting for a release announcement, or for the backstop.
+    Waiting { backstop: Instant },
+    /// Over: the outcome is ready (or taken).
+    Done,
+}
+
+/// Which announcements wake a waiter: see [`Acquisition::handle_wake`].
+#[derive(Debug)]
+struct WakeFilter {
+    /// The nodes (bit `i` for node `i`) that refused or failed the last attempt.
+    nodes: u64,
+    /// What the cleanups of this waiter's last two attempts announce.
+    own: [[u8; WAKE_ID_LEN]; 2],
+    /// The last release announced, and when: each node announces it, and it counts once.
+    last: [u8; WAKE_ID_LEN],
+    last_len: usize,
+    last_at: Option<Instant>,
+}
+
+/// One acquisition of one lock (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Acquisition<'a> {
+    spec: Spec<'a>,
+    config: &'a Config,
+    params: Params,
+    started: Instant,
+    retry: Retry,
+    /// The waiter's id: its first attempt's token.
+    waiter: Token,
+    /// The current attempt's token.
+    token: Token,
+    attempts: u32,
+    fair: Option<FairState>,
+    intent_ms: u64,
+    read: FenceRead,
+    fanout: Fanout<'a>,
+    /// Where rounds, retries, wake-ups and cancellations are counted, if anywhere.
+    stats: Option<&'a Recorder>,
+    next_tag: Tag,
+    state: State,
+    /// Undo of the attempt with this token, to send.
+    cleanup: Option<Token>,
+    /// Queues still to leave (the next one, and the end).
+    leave: (usize, usize),
+    withdraw: bool,
+    subscribe: bool,
+    unsubscribe: bool,
+    subscribed: bool,
+    /// A release was announced since the current attempt started.
+    woken: bool,
+    wake: WakeFilter,
+    /// The window over which retries after split votes spread; doubled at each.
+    spread: Duration,
+    split_seen: bool,
+    /// Quick retries after split votes in a row (fair queue only).
+    quick: u32,
+    write_backs_lost: u32,
+    valid_until: Instant,
+    outcome: Option<Result<Grant, Error>>,
+}
+
+impl<'a> Acquisition<'a> {
+    /// Starts acquiring the lock `spec` at `now` with `config`'s settings: the first attempt
+    /// is the first transmit. `round` is storage for the rounds (see [`into_round`]); `rng`
+    /// gives the first attempt's token.
+    ///
+    /// [`into_round`]: Self::into_round
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn new(
+        spec: Spec<'a>,
+        config: &'a Config,
+        params: Params,
+        now: Instant,
+        round: Round,
+        rng: &mut dyn Entropy,
+    ) -> Acquisition<'a> {
+        let limits = WaitLimits::of(config);
+        Acquisition::with_limits(spec, config, params, &limits, now, round, rng)
+    }
+
+    /// Like [`new`](Self::new), waiting within `limits` (one call's own) instead of the
+    /// client's wait timeout and retry count.
+    pub fn with_limits(
+        spec: Spec<'a>,
+        config: &'a Config,
+        params: Params,
+        limits: &WaitLimits,
+        now: Instant,
+        round: Round,
+        rng: &mut dyn Entropy,
+    ) -> Acquisition<'a> {
+        let token = rng.token();
+        let fair = params.fair.then(|| {
+            FairState::new(
+                params.ticket,
+                timings::queue_entry_ttl_ms(config),
+                config.fair_after,
+            )
+        });
+        let intent_ms = match config.rw_policy {
+            RwPolicy::WritePreferring if spec.is_writer() => timings::intent_ttl_ms(config),
+            _ => 0,
+        };
+        let mut a = Acquisition {
+            spec,
+            config,
+            params,
+            started: now,
+            retry: Retry::until(
+                timings::wait_end(now, limits),
+                limits.retry_count,
+                params.wait,
+            ),
+            waiter: token,
+            token,
+            attempts: 0,
+            fair,
+            intent_ms,
+            read: FenceRead::new(),
+            fanout: Fanout::new(round),
+            stats: None,
+            next_tag: 0,
+            state: State::Attempt,
+            cleanup: None,
+            leave: (0, 0),
+            withdraw: false,
+            subscribe: false,
+            unsubscribe: false,
+            subscribed: false,
+            woken: false,
+            wake: WakeFilter {
+                nodes: u64::MAX,
+                own: [[0; WAKE_ID_LEN]; 2],
+                last: [0; WAKE_ID_LEN],
+                last_len: 0,
+                last_at: None,
+            },
+            spread: params.spread,
+            split_seen: false,
+            quick: 0,
+            write_backs_lost: 0,
+            valid_until: now,
+            outcome: None,
+        };
+        a.start_attempt(now, rng);
+        a
+    }
+
+    /// The spread of retries after split votes that this acquisition ends with, for the next
+    /// one on the same driver: what was learnt of the contention, halved when this one saw no
+    /// collision, so it fades once the contention does.
+    pub fn learnt_spread(&self) -> Duration {
+        timings::learnt_spread(self.spread, self.split_seen)
+    }
+
+    /// Gives the round storage back.
+    pub fn into_round(self) -> Round {
+        self.fanout.into_round()
+    }
+
+    /// Counts this acquisition's rounds, retries, wake-ups and cancellation, and its nodes'
+    /// reply latencies and failures, in `stats` from now on.
+    pub fn record_to(&mut self, stats: &'a Recorder) {
+        self.stats = Some(stats);
+        self.fanout.record_to(stats);
+    }
+
+    /// The kind of lock, as the statistics count it.
+    fn kind_index(&self) -> KindIndex {
+        match (self.spec.keys, self.spec.fence.is_some()) {
+            (Keys::Mutex(_), false) => KindIndex::Mutex,
+            (Keys::Mutex(_), true) => KindIndex::FencedMutex,
+            (Keys::Read { .. }, _) => KindIndex::Read,
+            (Keys::Write { .. }, false) => KindIndex::Write,
+            (Keys::Write { .. }, true) => KindIndex::FencedWrite,
+            (Keys::All(_), _) => KindIndex::All,
+        }
+    }
+
+    fn tag(&mut self) -> Tag {
+        self.next_tag = self.next_tag.wrapping_add(1);
+        self.next_tag
+    }
+
+    fn start_attempt(&mut self, now: Instant, rng: &mut dyn Entropy) {
+        if self.attempts > 0 {
+            if let Some(stats) = self.stats {
+                stats.retry();
+            }
+            // One `getrandom` per retry; the first attempt uses the waiter's id.
+            self.token = rng.token();
+            if let Some(fair) = &self.fair {
+                fair.on_retry(now.saturating_duration_since(self.started));
+            }
+        }
+        self.attempts += 1;
+        self.woken = false;
+        // The counters read count only for the token they were read with.
+        self.read.clear();
+        let tag = self.tag();
+        let timing = self.params.timing;
+        self.fanout
+            .start(tag, now, self.config.node_timeout, Some(timing), None);
+        self.state = State::Attempt;
+        self.advance(now, rng);
+    }
+
+    /// Moves on from a decided round.
+    fn advance(&mut self, now: Instant, rng: &mut dyn Entropy) {
+        let Some(decision) = (match self.state {
+            State::Attempt | State::WriteBack => self.fanout.decision(now),
+            _ => None,
+        }) else {
+            return;
+        };
+        if let Some(stats) = self.stats.filter(|_| self.state == State::Attempt) {
+            let end = match decision {
+                Decision::Won { .. } => RoundEnd::Won,
+                Decision::Contended => RoundEnd::Contended,
+                _ => RoundEnd::Unreachable,
+            };
+            stats.round(self.kind_index(), end);
+        }
+        if self.state == State::WriteBack {
+            if matches!(decision, Decision::Won { .. }) {
+                let grant = self.grant(self.read.token());
+                return self.finish(Ok(grant));
+            }
+            // Won, but the token is not on a quorum: undo the lock like a lost attempt, and
+            // try again while the budget and the write-back attempts allow.
+            let error = self.fanout.loss(self.config);
+            self.cleanup = Some(self.token);
+            self.write_backs_lost += 1;
+            let again = self.params.wait
+                && self.write_backs_lost < WRITE_BACK_ATTEMPTS
+                && self.retry.remaining(now) > Duration::ZERO;
+            return if again {
+                self.start_attempt(now, rng)
+            } else {
+                self.finish(Err(error))
+            };
+        }
+        match decision {
+            Decision::Won {
+                valid_until: Some(until),
+                ..
+            } => {
+                self.valid_until = until;
+                if self.spec.fence.is_none() {
+                    let grant = self.grant(None);
+                    return self.finish(Ok(grant));
+                }
+                match self.read.token() {
+                    // Every reply was read before now, so if now is within the validity, each
+                    // node that returned the token held our lock key and the token at some
+                    // instant before its end: on a quorum of them, the token is already where a
+                    // write-back would put it.
+                    Some(f)
+                        if self.read.holders() >= quorum(self.config.nodes.len())
+                            && now < until =>
+                    {
+                        let grant = self.grant(Some(f));
+                        self.finish(Ok(grant))
+                    }
+                    Some(_) => {
+                        let tag = self.tag();
+                        // Must be won before the lock's validity ends; it sets no TTL.
+                        self.fanout
+                            .start(tag, now, self.config.node_timeout, None, Some(until));
+                        self.state = State::WriteBack;
+                        self.advance(now, rng);
+                    }
+                    // Not reached: a won round had a quorum of granting nodes, each with a
+                    // counter.
+                    None => self.lost(
+                        Error::QuorumUnreachable {
+                            quorum: quorum(self.config.nodes.len()),
+                            nodes: self.config.nodes.len(),
+                            failures: Vec::new(),
+                        },
+                        now,
+                        rng,
+                    ),
+                }
+            }
+            _ => {
+                let error = self.fanout.loss(self.config);
+                self.lost(error, now, rng)
+            }
+        }
+    }
+
+    fn grant(&self, fencing_token: Option<u64>) -> Grant {
+        Grant {
+            token: self.token,
+            valid_until: self.valid_until,
+            fencing_token,
+        }
+    }
+
+    /// The current attempt was lost with `error` at `now`.
+    fn lost(&mut self, error: Error, now: Instant, rng: &mut dyn Entropy) {
+        let round = self.fanout.round();
+        let split = round.granted() > 0;
+        self.wake.after(round.votes(), self.token.as_bytes());
+        // Seed 004 step 5: unlock every node, even those that said no or did not answer.
+        self.cleanup = Some(self.token);
+        // Misconfigured nodes stay so: waiting cannot make a quorum.
+        if error.is_config() {
+            return self.finish(Err(error));
+        }
+        let delay =
+            timings::backstop_delay(rng, self.config.retry_delay, self.retry.remaining(now));
+        let Some(backstop) = self.retry.next_attempt(now, delay) else {
+            let error = match self.retry.ended_by() {
+                Some(deadline) => Error::WaitEnded {
+                    deadline,
+                    last: Box::new(error),
+                },
+                None => error,
+            };
+            return self.finish(Err(error));
+        };
+        if !self.subscribed && error.is_contended() {
+            // From now on every release is announced to us; try again at once once the
+            // subscription is confirmed, since a release may have come before it did. This
+            // retry stands for such a release: it is not counted.
+            self.subscribed = true;
+            self.subscribe = true;
+            self.state = State::Subscribing {
+                until: timings::subscribed_by(now, self.config.node_timeout),
+            };
+            return;
+        }
+        if !split {
+            self.quick = 0;
+        } else {
+            self.split_seen = true;
+            // Some nodes granted, too few. Without a fair queue, waiters collided: spread the
+            // next retries over a window that doubles with each split, so they drift apart.
+            // With one, only the head can win anywhere, so the vote split because a release
+            // had not reached every node yet, and its announcement may already be spent:
+            // retry soon without waiting for one, a few times in a row, then wait as after any
+            // other refusal (a lock held on a minority of nodes keeps splitting the vote).
+            self.spread = timings::spread_after_split(self.spread, self.config.retry_delay);
+            if self.fair.is_some() && self.quick < QUICK_SPLIT_RETRIES {
+                self.quick += 1;
+                self.state = State::Pausing {
+                    until: timings::pause_until(rng, self.spread, now, backstop),
+                };
+                return;
+            }
+        }
+        self.state = State::Waiting { backstop };
+        if self.woken {
+            self.on_wake(now, rng);
+        }
+    }
+
+    /// A release that may help was announced while waiting.
+    fn on_wake(&mut self, now: Instant, rng: &mut dyn Entropy) {
+        let State::Waiting { backstop } = self.state else {
+            return;
+        };
+        if self.spread.is_zero() {
+            self.start_attempt(now, rng);
+        } else {
+            self.state = State::Pausing {
+                until: timings::pause_until(rng, self.spread, now, backstop),
+            };
+        }
+    }
+
+    fn finish(&mut self, result: Result<Grant, Error>) {
+        if self.fair.is_some() {
+            // Entries left behind, on nodes that refused or answered after the decision, would
+            // keep this waiter the head there until they expire.
+            self.leave = (0, self.spec.queues());
+        }
+        // Won: nodes that refused still hold the intent. Lost: every node may. Either way it
+        // must not keep readers out any longer.
+        self.withdraw = self.intent_ms > 0;
+        self.unsubscribe = self.subscribed;
+        self.outcome = Some(result);
+        self.state = State::Done;
+    }
+
+    fn cmd<'s>(&'s self, what: &'s What) -> Option<Cmd<'s>> {
+        let waiter = self.waiter.as_bytes();
+        Some(match what {
+            What::Acquire { token } => Cmd::Acquire {
+                ids: AttemptIds {
+                    waiter,
+                    token: token.as_bytes(),
+                },
+                ttl_ms: self.params.ttl_ms,
+                fair: self.fair.as_ref(),
+                intent_ms: self.intent_ms,
+                read: &self.read,
+            },
+            What::Cleanup { token } => Cmd::Cleanup {
+                ids: AttemptIds {
+                    waiter,
+                    token: token.as_bytes(),
+                },
+                // Still waiting: the intent stays. Given up: it is withdrawn after this.
+                intent_ms: self.intent_ms,
+            },
+            What::Leave { key } => Cmd::Leave { waiter, key: *key },
+            What::Withdraw => Cmd::Withdraw { waiter },
+            What::FenceWrite { token, value } => Cmd::FenceWrite {
+                token: token.as_bytes(),
+                value: *value,
+            },
+            _ => return None,
+        })
+    }
+
+    /// What the current fan-out sends.
+    fn fanout_what(&self) -> What {
+        match self.state {
+            State::WriteBack => What::FenceWrite {
+                token: self.token,
+                value: self.read.token().unwrap_or_default(),
+            },
+            _ => What::Acquire { token: self.token },
+        }
+    }
+}
+
+impl WakeFilter {
+    /// Narrows what wakes this waiter to what can help its next attempt, after an attempt with
+    /// `token` that was decided with `votes`: announcements from the nodes that refused it or
+    /// failed, and not those of its own cleanups. A node that granted the attempt, or had not
+    /// answered yet, is not waited for; the other waiters' lost attempts announce their
+    /// cleanups there, and waking for those would make the losers of a split vote wake each
+    /// other for as long as the winner holds the lock.
+    fn after(&mut self, votes: &[Option<Vote>], token: &[u8]) {
+        self.nodes = votes
+            .iter()
+            .enumerate()
+            .filter(|(i, v)| *i < 64 && matches!(v, Some(Vote::No | Vote::Failed(_))))
+            .fold(0, |mask, (i, _)| mask | 1 << i);
+        let mut id = [0; WAKE_ID_LEN];
+        let n = token.len().min(WAKE_ID_LEN);
+        id[..n].copy_from_slice(&token[..n]);
+        if self.own[0] != id {
+            self.own = [id, self.own[0]];
+        }
+    }
+
+    /// Whether `message` from `node` at `now` announces a release worth retrying for.
+    fn wakes(&mut self, node: usize, message: &[u8], now: Instant) -> bool {
+        if node >= 64 || self.nodes & 1 << node == 0 || self.own.iter().any(|o| o[..] == *message) {
+            return false;
+        }
+        // The nodes announce one release within moments of each other. The same name later is
+        // another event: a token is announced by the cleanup of a lost attempt, and again by
+        // its release.
+        let same_event = message.len() <= WAKE_ID_LEN
+            && message == &self.last[..self.last_len]
+            && self
+                .last_at
+                .is_some_and(|t| now.saturating_duration_since(t) < WAKE_EVENT);
+        if !message.is_empty() && same_event {
+            return false;
+        }
+        let n = message.len().min(WAKE_ID_LEN);
+        self.last[..n].copy_from_slice(&message[..n]);
+        // A longer message is nobody's token: it never matches as the same event.
+        self.last_len = if message.len() <= WAKE_ID_LEN { n } else { 0 };
+        self.last_at = Some(now);
+        true
+    }
+}
+
+impl Machine for Acquisition<'_> {
+    type Output = Result<Grant, Error>;
+
+    fn handle_reply(
+        &mut self,
+        node: usize,
+        tag: Tag,
+        reply: &Reply<'_>,
+        now: Instant,
+        rng: &mut dyn Entropy,
+    ) {
+        if tag != self.fanout.tag() || !matches!(self.state, State::Attempt | State::WriteBack) {
+            return;
+        }
+        let what = self.fanout_what();
+        let Some(cmd) = self.cmd(&what) else {
+            return;
+        };
+        let verdict = self.spec.with_op(cmd, |op| op.classify(reply));
+        self.fanout.handle_verdict(node, tag, verdict, now);
+        self.advance(now, rng);
+    }
+
+    fn handle_failure(
+        &mut self,
+        node: usize,
+        tag: Tag,
+        why: NodeErrorKind,
+        now: Instant,
+        rng: &mut dyn Entropy,
+    ) {
+        if !matches!(self.state, State::Attempt | State::WriteBack) {
+            return;
+        }
+        self.fanout.handle_failure(node, tag, why, now);
+        self.advance(now, rng);
+    }
+
+    fn handle_timeout(&mut self, now: Instant, rng: &mut dyn Entropy) {
+        match self.state {
+            State::Attempt | State::WriteBack => {
+                self.fanout.handle_timeout(now);
+                self.advance(now, rng);
+            }
+            State::Subscribing { until } | State::Pausing { until } if now >= until => {
+                self.start_attempt(now, rng)
+            }
+            State::Waiting { backstop } if now >= backstop => {
+                // No release was announced within the retry delay.
+                self.retry.count_retry();
+                self.start_attempt(now, rng);
+            }
+            _ => {}
+        }
+    }
+
+    /// A release announced on `channel`: retried for when it is on one of this lock's wake
+    /// channels, comes from a node that refused or failed the last attempt, is not one of this
+    /// waiter's own cleanups, and is not the same release announced by another node.
+    fn handle_wake(
+        &mut self,
+        node: usize,
+        channel: &[u8],
+        message: &[u8],
+        now: Instant,
+        rng: &mut dyn Entropy,
+    ) {
+        if self.state == State::Done
+            || !self.spec.is_wake_channel(channel)
+            || !self.wake.wakes(node, message, now)
+        {
+            return;
+        }
+        self.woken = true;
+        if let Some(stats) = self.stats {
+            stats.wakeup();
+        }
+        self.on_wake(now, rng);
+    }
+
+    /// Ends the acquisition with [`Error::Cancelled`] at once, wherever it is. An attempt in
+    /// flight is undone on every node (its cleanup goes out behind it on each connection,
+    /// so it lands after the attempt even where the attempt has not been answered yet), a
+    /// fair waiter leaves its queues, a writer withdraws its intent. One whose first attempt
+    /// has not gone out yet sends nothing at all.
+    fn handle_cancel(&mut self, _now: Instant, _rng: &mut dyn Entropy) {
+        if let Some(stats) = self.stats.filter(|_| self.state != State::Done) {
+            stats.cancellation();
+        }
+        match self.state {
+            State::Done => {}
+            State::Attempt | State::WriteBack => {
+                let sent = self.fanout.abandon();
+                if !sent && self.attempts == 1 && self.state == State::Attempt {
+                    // Nothing went out: nothing to undo.
+                    self.outcome = Some(Err(Error::Cancelled));
+                    self.state = State::Done;
+                    return;
+                }
+                // A write-back follows a won attempt: that attempt is undone too. An attempt
+                // not sent yet needs no undoing (the one before it was undone when lost).
+                if sent || self.state == State::WriteBack {
+                    self.cleanup = Some(self.token);
+                }
+                self.finish(Err(Error::Cancelled));
+            }
+            // The last attempt's cleanup went out when it was lost.
+            State::Subscribing { .. } | State::Pausing { .. } | State::Waiting { .. } => {
+                self.finish(Err(Error::Cancelled))
+            }
+        }
+    }
+
+    fn handle_subscribed(&mut self, now: Instant, rng: &mut dyn Entropy) {
+        if let State::Subscribing { .. } = self.state {
+            self.start_attempt(now, rng);
+        }
+    }
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        // The attempt (and its resends) before the cleanup of the attempt it replaces: every
+        // resend of an attempt comes before that attempt's own cleanup.
+        if let Some((to, tag, form)) = self.fanout.poll_transmit() {
+            return Some(Transmit {
+                to,
+                tag: Some(tag),
+                form,
+                what: self.fanout_what(),
+            });
+        }
+        // Replies to these are dropped; scripts go with their body so none needs reading.
+        let discard = |to, what| {
+            Some(Transmit {
+                to,
+                tag: None,
+                form: ScriptForm::Body,
+                what,
+            })
+        };
+        if let Some(token) = self.cleanup.take() {
+            return discard(To::All, What::Cleanup { token });
+        }
+        if self.subscribe {
+            self.subscribe = false;
+            return discard(To::Subscribers, What::Subscribe);
+        }
+        if self.leave.0 < self.leave.1 {
+            self.leave.0 += 1;
+            return discard(
+                To::All,
+                What::Leave {
+                    key: self.leave.0 - 1,
+                },
+            );
+        }
+        if std::mem::take(&mut self.withdraw) {
+            return discard(To::All, What::Withdraw);
+        }
+        if std::mem::take(&mut self.unsubscribe) {
+            return discard(To::Subscribers, What::Unsubscribe);
+        }
+        None
+    }
+
+    fn encode(&self, t: &Transmit, caps: Caps, out: &mut Vec<u8>) -> usize {
+        match t.what {
+            What::Subscribe => self.spec.write_channels(out, b"SUBSCRIBE"),
+            What::Unsubscribe => {
+                self.spec.write_channels(out, b"UNSUBSCRIBE");
+                0
+            }
+            what => match self.cmd(&what) {
+                Some(cmd) => self
+                    .spec
+                    .with_op(cmd, |op| op.encode_for(out, t.form, caps)),
+                None => {
+                    // Not a command of an acquisition: a harmless one keeps the replies in
+                    // step.
+                    resp::encode_command(out, &[b"PING"]);
+                    0
+                }
+            },
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            State::Attempt | State::WriteBack => self.fanout.poll_timeout(),
+            State::Subscribing { until } | State::Pausing { until } => Some(until),
+            State::Waiting { backstop } => Some(backstop),
+            State::Done => None,
+        }
+    }
+
+    fn poll_outcome(&mut self) -> Option<Result<Grant, Error>> {
+        self.outcome.take()
+    }
+}

@@ -1,0 +1,173 @@
+//! The keep-alive schedule of a kept lock, and the decision that it is lost.
+//!
+//! Pure: the keeper thread asks a [`Schedule`] when the next extension is due and what an
+//! extension round's result means, and does the rounds and the waiting itself.
+//!
+//! Each extension resets the lock to the TTL, which gives it a validity of the TTL less the
+//! drift allowance. The next one is due one interval later, or earlier if the validity left
+//! would by then fall below a margin (see [`timings::keep_alive_margin`]); so a lock taken with
+//! a shorter TTL than the one it is kept with is extended at once, and a failed extension
+//! still leaves time for retries. An interval that cannot keep the lock (zero, or not shorter
+//! than the validity an extension gives) is refused up front.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use crate::engine::timing::Timing;
+use crate::engine::timings;
+use crate::error::{Error, InvalidArgument};
+
+/// Keep-alive settings checked against the client: what the keeper works with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Schedule {
+    /// The TTL each extension sets, in whole milliseconds, and the drift allowance.
+    timing: Timing,
+    /// Less than the validity an extension gives, and more than zero.
+    interval: Duration,
+    retry: Duration,
+    /// The validity left below which an extension is due.
+    margin: Duration,
+}
+
+/// The shortest retry delay: a node that fails at once must not make the keeper spin.
+const MIN_RETRY: Duration = Duration::from_millis(1);
+
+impl Schedule {
+    /// Extensions to `timing`'s TTL every `interval` (a third of the TTL if `None`), failed
+    /// ones retried every `retry`, for a client whose per-node timeout is `node_timeout`.
+    /// Refused when the TTL gives no validity, or the interval is zero or not shorter than the
+    /// validity an extension gives.
+    pub fn new(
+        timing: Timing,
+        interval: Option<Duration>,
+        retry: Duration,
+        node_timeout: Duration,
+    ) -> Result<Schedule, InvalidArgument> {
+        let validity = timing
+            .validity(Duration::ZERO)
+            .ok_or(InvalidArgument::TtlBelowDrift {
+                ttl: timing.ttl,
+                drift: timing.drift(),
+            })?;
+        let interval = interval.unwrap_or(timing.ttl / 3);
+        if interval.is_zero() || interval >= validity {
+            return Err(InvalidArgument::KeepAliveInterval { interval, validity });
+        }
+        let retry = retry.clamp(MIN_RETRY, crate::config::MAX_TTL);
+        Ok(Schedule {
+            timing,
+            interval,
+            retry,
+            margin: timings::keep_alive_margin(node_timeout, retry, validity),
+        })
+    }
+
+    /// The TTL each extension sets.
+    pub fn ttl(&self) -> Duration {
+        self.timing.ttl
+    }
+
+    /// When the next extension is due, for a lock with `left` of validity at `now`.
+    pub fn next_due(&self, now: Instant, left: Duration) -> Instant {
+        timings::keep_alive_due(now, self.interval, left, self.margin)
+    }
+
+    /// The most the lock may be valid for once an extension round is sent at `now`, whatever
+    /// comes of it: the nodes may take the new TTL from then on (a round starts at or after
+    /// `now`, so this bound is on the safe side).
+    pub fn cap_from(&self, now: Instant) -> Option<Instant> {
+        self.timing.valid_until(now)
+    }
+
+    /// What an extension round that came to `result` means, with `left` of validity at `now`
+    /// (`None` once it has run out): when to extend next, or why the lock is lost. A failure
+    /// that may pass (nodes unreachable) is retried while the validity lasts; a refusal by the
+    /// quorum, or the validity running out, is a loss.
+    pub fn after_round(
+        &self,
+        result: Result<(), Error>,
+        now: Instant,
+        left: Option<Duration>,
+    ) -> Result<Instant, Error> {
+        let expired = || Error::ValidityExpired {
+            elapsed: Duration::ZERO,
+        };
+        match (result, left) {
+            (Ok(()), Some(left)) => Ok(self.next_due(now, left)),
+            (Err(Error::QuorumUnreachable { .. } | Error::Io(_)), Some(left)) => {
+                Ok(timings::keep_alive_retry(now, self.retry, left))
+            }
+            (Ok(()) | Err(Error::QuorumUnreachable { .. } | Error::Io(_)), None) => Err(expired()),
+            (Err(other), _) => Err(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn timing(ttl_ms: u64) -> Timing {
+        Timing {
+            ttl: Duration::from_millis(ttl_ms),
+            drift_factor: 0.01,
+        }
+    }
+
+    #[test]
+    fn refuses_intervals_that_cannot_keep_the_lock() {
+        let t = timing(1000);
+        assert!(Schedule::new(t, Some(1000 * MS), 100 * MS, 50 * MS).is_err());
+        assert!(Schedule::new(t, Some(Duration::ZERO), 100 * MS, 50 * MS).is_err());
+        assert!(Schedule::new(timing(2), None, 100 * MS, 50 * MS).is_err());
+        assert!(Schedule::new(t, None, 100 * MS, 50 * MS).is_ok());
+    }
+
+    #[test]
+    fn extends_by_the_validity_left_not_only_by_the_interval() {
+        // A 6 s TTL: interval 2 s, margin at least a third of the ~5.9 s validity.
+        let s = Schedule::new(timing(6000), None, 100 * MS, 50 * MS).unwrap();
+        let now = Instant::now();
+        assert_eq!(s.next_due(now, 5900 * MS), now + 2000 * MS);
+        // A lock with 600 ms left is below the margin: due at once.
+        assert_eq!(s.next_due(now, 600 * MS), now);
+    }
+
+    #[test]
+    fn unreachable_nodes_are_retried_while_the_validity_lasts_and_refusals_lose_the_lock() {
+        let s = Schedule::new(timing(3000), None, 100 * MS, 50 * MS).unwrap();
+        let now = Instant::now();
+        let unreachable = || Error::QuorumUnreachable {
+            quorum: 2,
+            nodes: 3,
+            failures: Vec::new(),
+        };
+        assert_eq!(
+            s.after_round(Err(unreachable()), now, Some(50 * MS)),
+            Ok(now + 50 * MS)
+        );
+        assert_eq!(
+            s.after_round(Err(unreachable()), now, Some(500 * MS)),
+            Ok(now + 100 * MS)
+        );
+        assert!(matches!(
+            s.after_round(Err(unreachable()), now, None),
+            Err(Error::ValidityExpired { .. })
+        ));
+        let refused = Error::Contended {
+            refused: 2,
+            nodes: 3,
+            failures: Vec::new(),
+        };
+        assert_eq!(
+            s.after_round(Err(refused.clone()), now, Some(500 * MS)),
+            Err(refused)
+        );
+        assert!(matches!(
+            s.after_round(Ok(()), now, None),
+            Err(Error::ValidityExpired { .. })
+        ));
+    }
+}

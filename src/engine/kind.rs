@@ -1,0 +1,345 @@
+//! Which command each kind of lock sends at each step of its lifecycle, in one place.
+//!
+//! A lock kind is a set of keys ([`Keys`]) and, for a fenced lock, its fence counter. The
+//! state machines ask [`Spec::with_op`] for the [`Op`] of a step ([`Cmd`]): acquire, clean up a
+//! lost attempt, leave the fair queue, withdraw a writer's intent, write the fencing token
+//! back, extend, release. Nothing else in the engine knows which script a kind uses.
+#![forbid(unsafe_code)]
+
+use crate::engine::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
+use crate::engine::fencing::{
+    FairFencedAcquire, FenceRead, FenceWrite, FencedAcquire, FencedWriteAcquire,
+};
+use crate::engine::keys::{self, RwKeys, WAKE_PREFIX};
+use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
+use crate::engine::ops::{Acquire, Extend, Op, Release};
+use crate::engine::rw::{
+    self, FairRwAcquire, ReadAcquire, ReadExtend, SetRelease, WriteAcquire, WriteCleanup,
+    WriteRelease,
+};
+use crate::resp;
+
+/// The keys of a lock, by kind, borrowed from whoever owns them (a guard).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Keys<'a> {
+    /// The mutex on this key.
+    Mutex(&'a [u8]),
+    /// The read side of the read-write lock on `resource`.
+    Read {
+        /// The resource key.
+        resource: &'a [u8],
+        /// Its read-write lock's keys.
+        keys: &'a RwKeys,
+    },
+    /// The write side of the read-write lock on `resource`.
+    Write {
+        /// The resource key.
+        resource: &'a [u8],
+        /// Its read-write lock's keys.
+        keys: &'a RwKeys,
+    },
+    /// Every key of an all-or-none set, sorted, without duplicates.
+    All(&'a [&'a [u8]]),
+}
+
+/// What a lock is: its keys and, for a fenced lock, the key of its fence counter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spec<'a> {
+    /// The keys.
+    pub keys: Keys<'a>,
+    /// The fence counter's key, for a lock that hands out fencing tokens.
+    pub fence: Option<&'a [u8]>,
+}
+
+/// One step of a lock's lifecycle, with the values it needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Cmd<'c> {
+    /// An acquisition attempt.
+    Acquire {
+        /// The attempt's token and the waiter's id.
+        ids: AttemptIds<'c>,
+        /// The TTL in milliseconds.
+        ttl_ms: u64,
+        /// The waiter's place in the fair queue, when it waits in one.
+        fair: Option<&'c FairState>,
+        /// How long a waiting writer's intent lives, in ms; 0 when it leaves none.
+        intent_ms: u64,
+        /// Where a fenced acquire collects the counters it reads.
+        read: &'c FenceRead,
+    },
+    /// Undoes a lost attempt on every node.
+    Cleanup {
+        /// The attempt's token and the waiter's id.
+        ids: AttemptIds<'c>,
+        /// As in [`Cmd::Acquire`]: a waiting writer keeps its intent.
+        intent_ms: u64,
+    },
+    /// A fair waiter leaves the queue of key number `key`.
+    Leave {
+        /// The waiter's id.
+        waiter: &'c [u8],
+        /// Which key's queue (always 0 but for an all-or-none set).
+        key: usize,
+    },
+    /// A writer withdraws its intent.
+    Withdraw {
+        /// The waiter's id, which names the intent.
+        waiter: &'c [u8],
+    },
+    /// Raises the fence counter to `value` where the lock still holds `token`.
+    FenceWrite {
+        /// The holder's token.
+        token: &'c [u8],
+        /// The fencing token.
+        value: u64,
+    },
+    /// Resets the lock's TTL.
+    Extend {
+        /// The holder's token.
+        token: &'c [u8],
+        /// The new TTL in milliseconds.
+        ttl_ms: u64,
+    },
+    /// Releases the lock.
+    Release {
+        /// The holder's token.
+        token: &'c [u8],
+    },
+}
+
+impl<'a> Spec<'a> {
+    /// Whether a waiter of this kind leaves an intent when the policy is write-preferring.
+    pub fn is_writer(&self) -> bool {
+        matches!(self.keys, Keys::Write { .. })
+    }
+
+    /// How many fair queues a waiter of this kind stands in: one per key.
+    pub fn queues(&self) -> usize {
+        match self.keys {
+            Keys::All(keys) => keys.len(),
+            _ => 1,
+        }
+    }
+
+    /// The resource keys whose wake channels announce releases that may free this lock.
+    pub fn resources(&self) -> impl Iterator<Item = &'a [u8]> {
+        let (one, all): (Option<&'a [u8]>, &'a [&'a [u8]]) = match self.keys {
+            Keys::Mutex(key) => (Some(key), &[]),
+            Keys::Read { resource, .. } | Keys::Write { resource, .. } => (Some(resource), &[]),
+            Keys::All(keys) => (None, keys),
+        };
+        one.into_iter().chain(all.iter().copied())
+    }
+
+    /// Whether `channel` is the wake channel of one of this lock's resource keys.
+    pub fn is_wake_channel(&self, channel: &[u8]) -> bool {
+        channel
+            .strip_prefix(WAKE_PREFIX)
+            .is_some_and(|key| self.resources().any(|r| r == key))
+    }
+
+    /// Writes `command` (`SUBSCRIBE` or `UNSUBSCRIBE`) with the wake channel of every resource
+    /// key; returns how many channels that is.
+    pub fn write_channels(&self, out: &mut Vec<u8>, command: &[u8]) -> usize {
+        let count = self.resources().count();
+        resp::write_array_len(out, 1 + count);
+        resp::write_bulk(out, command);
+        for resource in self.resources() {
+            keys::wake_channel(resource).write_bulk(out);
+        }
+        count
+    }
+
+    /// Calls `f` with the command of step `cmd` for this lock.
+    pub fn with_op<R>(&self, cmd: Cmd<'_>, f: impl FnOnce(&dyn Op) -> R) -> R {
+        match cmd {
+            Cmd::Acquire {
+                ids,
+                ttl_ms,
+                fair,
+                intent_ms,
+                read,
+            } => self.with_acquire(ids, ttl_ms, fair, intent_ms, read, f),
+            Cmd::Cleanup { ids, intent_ms } => match self.keys {
+                Keys::Mutex(key) => f(&Release {
+                    key,
+                    token: ids.token,
+                }),
+                Keys::Read { resource, keys } => f(&SetRelease {
+                    resource,
+                    set: keys.readers(),
+                    token: ids.token,
+                }),
+                Keys::Write { resource, keys } => f(&WriteCleanup {
+                    resource,
+                    keys,
+                    ids,
+                    intent_ms,
+                }),
+                Keys::All(keys) => f(&ReleaseAll::new(keys, ids.token)),
+            },
+            Cmd::Leave { waiter, key } => {
+                let leave = match self.keys {
+                    Keys::Mutex(k) => Leave {
+                        resource: k,
+                        keys: QueueKeys::Mutex(k),
+                        kind: b"",
+                        waiter,
+                    },
+                    Keys::Read { resource, keys } => Leave {
+                        resource,
+                        keys: rw::queue_keys(keys),
+                        kind: b"r",
+                        waiter,
+                    },
+                    Keys::Write { resource, keys } => Leave {
+                        resource,
+                        keys: rw::queue_keys(keys),
+                        kind: b"w",
+                        waiter,
+                    },
+                    Keys::All(keys) => {
+                        let k = keys.get(key).copied().unwrap_or_default();
+                        Leave {
+                            resource: k,
+                            keys: QueueKeys::Mutex(k),
+                            kind: b"",
+                            waiter,
+                        }
+                    }
+                };
+                f(&leave)
+            }
+            Cmd::Withdraw { waiter } => {
+                let (resource, set) = match self.keys {
+                    Keys::Read { resource, keys } | Keys::Write { resource, keys } => {
+                        (resource, keys.intents())
+                    }
+                    // Only writers leave intents; the others have none to withdraw.
+                    Keys::Mutex(key) => (key, &[][..]),
+                    Keys::All(keys) => (keys.first().copied().unwrap_or_default(), &[][..]),
+                };
+                f(&SetRelease {
+                    resource,
+                    set,
+                    token: waiter,
+                })
+            }
+            Cmd::FenceWrite { token, value } => f(&FenceWrite {
+                key: self.lock_key(),
+                fence: self.fence.unwrap_or_default(),
+                token,
+                value,
+            }),
+            Cmd::Extend { token, ttl_ms } => match self.keys {
+                Keys::Mutex(key) => f(&Extend { key, token, ttl_ms }),
+                Keys::Read { keys, .. } => f(&ReadExtend {
+                    keys,
+                    token,
+                    ttl_ms,
+                }),
+                Keys::Write { keys, .. } => f(&Extend {
+                    key: keys.writer(),
+                    token,
+                    ttl_ms,
+                }),
+                Keys::All(keys) => f(&ExtendAll {
+                    keys,
+                    token,
+                    ttl_ms,
+                }),
+            },
+            Cmd::Release { token } => match self.keys {
+                Keys::Mutex(key) => f(&Release { key, token }),
+                Keys::Read { resource, keys } => f(&SetRelease {
+                    resource,
+                    set: keys.readers(),
+                    token,
+                }),
+                Keys::Write { resource, keys } => f(&WriteRelease {
+                    resource,
+                    keys,
+                    token,
+                }),
+                Keys::All(keys) => f(&ReleaseAll::new(keys, token)),
+            },
+        }
+    }
+
+    fn with_acquire<R>(
+        &self,
+        ids: AttemptIds<'_>,
+        ttl_ms: u64,
+        fair: Option<&FairState>,
+        intent_ms: u64,
+        read: &FenceRead,
+        f: impl FnOnce(&dyn Op) -> R,
+    ) -> R {
+        let token = ids.token;
+        match (self.keys, fair, self.fence) {
+            (Keys::Mutex(key), None, Some(fence)) => f(&FencedAcquire {
+                key,
+                fence,
+                token,
+                ttl_ms,
+                read,
+            }),
+            (Keys::Mutex(key), Some(fair), Some(fence)) => f(&FairFencedAcquire {
+                key,
+                fence,
+                ids,
+                ttl_ms,
+                fair,
+                read,
+            }),
+            (Keys::Mutex(key), Some(fair), None) => f(&FairAcquire::new(key, ids, ttl_ms, fair)),
+            (Keys::Mutex(key), None, None) => f(&Acquire { key, token, ttl_ms }),
+            (Keys::Read { keys, .. }, Some(fair), _) => {
+                f(&FairRwAcquire::read(keys, ids, ttl_ms, fair))
+            }
+            (Keys::Read { keys, .. }, None, _) => f(&ReadAcquire {
+                keys,
+                token,
+                ttl_ms,
+            }),
+            (Keys::Write { keys, .. }, fair, Some(fence)) => f(&FencedWriteAcquire {
+                keys,
+                fence,
+                ids,
+                ttl_ms,
+                intent_ms,
+                fair,
+                read,
+            }),
+            (Keys::Write { keys, .. }, Some(fair), None) => {
+                f(&FairRwAcquire::write(keys, ids, ttl_ms, intent_ms, fair))
+            }
+            (Keys::Write { keys, .. }, None, None) => f(&WriteAcquire {
+                keys,
+                ids,
+                ttl_ms,
+                intent_ms,
+            }),
+            (Keys::All(keys), Some(fair), _) => f(&FairAcquireAll {
+                keys,
+                ids,
+                ttl_ms,
+                fair,
+            }),
+            (Keys::All(keys), None, _) => f(&AcquireAll {
+                keys,
+                token,
+                ttl_ms,
+            }),
+        }
+    }
+
+    /// The key that holds the holder's token as a string: the one a fence write-back checks.
+    fn lock_key(&self) -> &'a [u8] {
+        match self.keys {
+            Keys::Mutex(key) => key,
+            Keys::Read { keys, .. } | Keys::Write { keys, .. } => keys.writer(),
+            Keys::All(keys) => keys.first().copied().unwrap_or_default(),
+        }
+    }
+}

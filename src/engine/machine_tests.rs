@@ -1,0 +1,435 @@
+//! The engine's state machines under virtual time, driven as a driver or a simulation drives
+//! them: poll the transmits, encode them, feed chosen replies, failures, wake messages and
+//! deadlines back. No socket, no clock, no OS randomness.
+
+use std::time::{Duration, Instant};
+
+use rand_core::SeedableRng;
+
+use crate::config::{Config, RwPolicy};
+use crate::engine::acquire::{Acquisition, Grant, Params};
+use crate::engine::hold::{Hold, HoldRound, Step};
+use crate::engine::keys::{fence_key, RwKeys};
+use crate::engine::kind::{Keys, Spec};
+use crate::engine::machine::{Machine, Tag, To, Transmit, What};
+use crate::engine::ops::{Caps, ScriptForm};
+use crate::engine::round::Round;
+use crate::engine::timing::Timing;
+use crate::error::{Deadline, Error, NodeErrorKind};
+use crate::resp::{self, Limits, Reply, Status, Value};
+use crate::rng::{Jitter, Token};
+use crate::url::NodeAddr;
+
+const MS: Duration = Duration::from_millis(1);
+const TTL_MS: u64 = 10_000;
+
+fn config(nodes: usize, retry_count: u32) -> Config {
+    Config {
+        nodes: (0..nodes)
+            .map(|i| NodeAddr::parse(&format!("127.0.0.1:{}", 7000 + i)).unwrap())
+            .collect(),
+        node_timeout: 50 * MS,
+        connect_timeout: 1000 * MS,
+        retry_count,
+        retry_delay: 50 * MS,
+        wait_timeout: 10_000 * MS,
+        drift_factor: 0.01,
+        fair: false,
+        fair_after: Duration::ZERO,
+        limits: Limits::default(),
+        rw_policy: RwPolicy::ReadPreferring,
+    }
+}
+
+fn params(wait: bool) -> Params {
+    Params {
+        ttl_ms: TTL_MS,
+        timing: Timing {
+            ttl: Duration::from_millis(TTL_MS),
+            drift_factor: 0.01,
+        },
+        wait,
+        fair: false,
+        ticket: 0,
+        spread: Duration::ZERO,
+    }
+}
+
+/// A transmit as it went out: where, with which tag, and its command's arguments.
+#[derive(Debug)]
+struct Sent {
+    to: To,
+    tag: Option<Tag>,
+    form: ScriptForm,
+    what: What,
+    args: Vec<Vec<u8>>,
+}
+
+impl Sent {
+    fn name(&self) -> &[u8] {
+        &self.args[0]
+    }
+}
+
+/// Every transmit `m` has now, encoded for a node without `DELEX`.
+fn sent(m: &mut impl Machine) -> Vec<Sent> {
+    let mut out = Vec::new();
+    while let Some(t) = m.poll_transmit() {
+        out.push(encoded(m, &t));
+    }
+    out
+}
+
+fn encoded(m: &impl Machine, t: &Transmit) -> Sent {
+    let mut bytes = Vec::new();
+    m.encode(t, Caps::default(), &mut bytes);
+    let Ok(Status::Complete((reply, _))) = resp::decode(&bytes, &Limits::default()) else {
+        panic!("not a command: {bytes:?}");
+    };
+    let Value::Array(Some(items)) = reply.to_value() else {
+        panic!("not an array");
+    };
+    let args = items
+        .into_iter()
+        .map(|v| match v {
+            Value::Bulk(Some(b)) => b,
+            other => panic!("not a bulk string: {other:?}"),
+        })
+        .collect();
+    Sent {
+        to: t.to,
+        tag: t.tag,
+        form: t.form,
+        what: t.what,
+        args,
+    }
+}
+
+fn token_of(what: What) -> Token {
+    match what {
+        What::Acquire { token } | What::Cleanup { token } => token,
+        other => panic!("no attempt token in {other:?}"),
+    }
+}
+
+const NIL: Reply<'static> = Reply::Bulk(None);
+const OK: Reply<'static> = Reply::Simple(b"OK");
+
+#[test]
+fn a_free_lock_is_one_transmit_to_every_node_and_won_at_the_quorum() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([1; 32]));
+    let spec = Spec {
+        keys: Keys::Mutex(b"k"),
+        fence: None,
+    };
+    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
+    let out = sent(&mut m);
+    assert_eq!(out.len(), 1, "{out:?}");
+    let (tag, attempt) = (out[0].tag.expect("tagged"), &out[0]);
+    assert_eq!((attempt.to, attempt.name()), (To::All, &b"SET"[..]));
+    let token = token_of(attempt.what);
+    assert_eq!(attempt.args[2], token.as_bytes());
+    assert_eq!(m.poll_timeout(), Some(t0 + config.node_timeout));
+    m.handle_reply(0, tag, &OK, t0 + MS, &mut rng);
+    assert!(m.poll_outcome().is_none());
+    m.handle_reply(2, tag, &OK, t0 + 2 * MS, &mut rng);
+    let grant: Grant = m.poll_outcome().expect("done").expect("won");
+    assert_eq!(grant.token, token);
+    assert!(grant.valid_until < t0 + Duration::from_millis(TTL_MS));
+    // The straggler is read and dropped; nothing else goes out.
+    m.handle_reply(1, tag, &OK, t0 + 3 * MS, &mut rng);
+    assert!(sent(&mut m).is_empty());
+    assert_eq!(m.poll_timeout(), None);
+}
+
+/// Loses an attempt tagged `tag` on every node, refused.
+fn refuse_all(m: &mut Acquisition<'_>, tag: Tag, now: Instant, rng: &mut Jitter) {
+    for node in 0..3 {
+        m.handle_reply(node, tag, &NIL, now, rng);
+    }
+}
+
+#[test]
+fn a_lost_attempt_is_undone_then_retried_with_a_fresh_token_once_subscribed() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([2; 32]));
+    let spec = Spec {
+        keys: Keys::Mutex(b"k"),
+        fence: None,
+    };
+    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
+    let first = sent(&mut m).remove(0);
+    refuse_all(&mut m, first.tag.unwrap(), t0 + MS, &mut rng);
+    let out = sent(&mut m);
+    // Seed 004 step 5, pipelined behind the attempt, with the script's body so that no reply
+    // needs reading; then the subscription to the wake channel.
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!((out[0].to, out[0].tag), (To::All, None));
+    assert_eq!(
+        (out[0].form, out[0].name()),
+        (ScriptForm::Body, &b"EVAL"[..])
+    );
+    assert_eq!(token_of(out[0].what), token_of(first.what));
+    assert_eq!(out[1].to, To::Subscribers);
+    assert_eq!(out[1].args, [&b"SUBSCRIBE"[..], b"redlock-mux:wake:k"]);
+    assert_eq!(m.poll_timeout(), Some(t0 + MS + config.node_timeout));
+    m.handle_subscribed(t0 + 2 * MS, &mut rng);
+    let second = sent(&mut m).remove(0);
+    assert_eq!(second.name(), b"SET");
+    assert_ne!(token_of(second.what), token_of(first.what));
+    assert!(second.tag > first.tag);
+    // A reply to the first attempt that comes late changes nothing.
+    m.handle_reply(0, first.tag.unwrap(), &OK, t0 + 3 * MS, &mut rng);
+    m.handle_reply(0, second.tag.unwrap(), &OK, t0 + 3 * MS, &mut rng);
+    m.handle_reply(1, second.tag.unwrap(), &OK, t0 + 3 * MS, &mut rng);
+    let grant = m.poll_outcome().expect("done").expect("won");
+    assert_eq!(grant.token, token_of(second.what));
+    let out = sent(&mut m);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].args, [&b"UNSUBSCRIBE"[..], b"redlock-mux:wake:k"]);
+}
+
+/// A waiter that lost twice (the second time after subscribing), now waiting for a wake.
+fn waiting<'a>(config: &'a Config, rng: &mut Jitter, t0: Instant) -> (Acquisition<'a>, Sent) {
+    let spec = Spec {
+        keys: Keys::Mutex(b"k"),
+        fence: None,
+    };
+    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let mut m = Acquisition::new(spec, config, params(true), t0, round, rng);
+    let first = sent(&mut m).remove(0);
+    refuse_all(&mut m, first.tag.unwrap(), t0, rng);
+    let _ = sent(&mut m);
+    m.handle_subscribed(t0, rng);
+    let second = sent(&mut m).remove(0);
+    refuse_all(&mut m, second.tag.unwrap(), t0, rng);
+    let cleanup = sent(&mut m);
+    assert_eq!(cleanup.len(), 1);
+    (m, second)
+}
+
+#[test]
+fn only_a_release_on_the_lock_s_channel_from_a_refusing_node_wakes_a_waiter() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([3; 32]));
+    let (mut m, second) = waiting(&config, &mut rng, t0);
+    let second_token = token_of(second.what);
+    let own = &second_token.as_bytes()[..16];
+    let now = t0 + MS;
+    // Its own cleanup's announcement, another lock's channel, a node out of range: no retry.
+    m.handle_wake(0, b"redlock-mux:wake:k", own, now, &mut rng);
+    m.handle_wake(
+        0,
+        b"redlock-mux:wake:other",
+        b"0123456789abcdef",
+        now,
+        &mut rng,
+    );
+    m.handle_wake(
+        70,
+        b"redlock-mux:wake:k",
+        b"0123456789abcdef",
+        now,
+        &mut rng,
+    );
+    assert!(sent(&mut m).is_empty());
+    // Someone else's release: at once.
+    m.handle_wake(1, b"redlock-mux:wake:k", b"0123456789abcdef", now, &mut rng);
+    let third = sent(&mut m);
+    assert_eq!(third.len(), 1, "{third:?}");
+    assert_eq!(third[0].name(), b"SET");
+}
+
+#[test]
+fn only_retries_after_the_backstop_count_and_the_retry_count_ends_the_wait() {
+    let config = config(3, 1);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([4; 32]));
+    let (mut m, _) = waiting(&config, &mut rng, t0);
+    let backstop = m.poll_timeout().expect("a backstop");
+    assert!(
+        backstop >= t0 + 25 * MS && backstop < t0 + 75 * MS,
+        "{backstop:?}"
+    );
+    // Not yet.
+    m.handle_timeout(backstop - MS, &mut rng);
+    assert!(sent(&mut m).is_empty());
+    m.handle_timeout(backstop, &mut rng);
+    let third = sent(&mut m).remove(0);
+    refuse_all(&mut m, third.tag.unwrap(), backstop, &mut rng);
+    let error = m.poll_outcome().expect("done").expect_err("lost");
+    assert_eq!(error.deadline(), Some(Deadline::RetryCount), "{error:?}");
+    assert!(error.is_contended(), "{error}");
+    let out = sent(&mut m);
+    let names: Vec<&[u8]> = out.iter().map(Sent::name).collect();
+    assert_eq!(names, [&b"EVAL"[..], b"UNSUBSCRIBE"], "the cleanup, then");
+}
+
+#[test]
+fn one_attempt_returns_its_own_error_and_a_config_error_ends_a_wait_at_once() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([5; 32]));
+    let spec = Spec {
+        keys: Keys::Mutex(b"k"),
+        fence: None,
+    };
+    let round = || Round::new(3, t0, config.node_timeout, None, None);
+    let mut m = Acquisition::new(spec, &config, params(false), t0, round(), &mut rng);
+    let tag = sent(&mut m)[0].tag.unwrap();
+    refuse_all(&mut m, tag, t0, &mut rng);
+    let error = m.poll_outcome().expect("done").expect_err("lost");
+    assert!(matches!(error, Error::Contended { .. }), "{error:?}");
+
+    let mut m = Acquisition::new(spec, &config, params(true), t0, round(), &mut rng);
+    let tag = sent(&mut m)[0].tag.unwrap();
+    let setup = || NodeErrorKind::Setup {
+        command: "AUTH",
+        cause: Box::new(NodeErrorKind::UnexpectedReply),
+    };
+    m.handle_failure(0, tag, setup(), t0, &mut rng);
+    m.handle_failure(1, tag, setup(), t0, &mut rng);
+    let error = m.poll_outcome().expect("done at once").expect_err("lost");
+    assert!(error.is_config(), "{error:?}");
+}
+
+#[test]
+fn a_node_without_the_script_gets_its_body_before_the_attempt_is_undone() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([6; 32]));
+    let keys = RwKeys::new(b"doc");
+    let spec = Spec {
+        keys: Keys::Read {
+            resource: b"doc",
+            keys: &keys,
+        },
+        fence: None,
+    };
+    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
+    let attempt = sent(&mut m).remove(0);
+    let tag = attempt.tag.unwrap();
+    assert_eq!(attempt.name(), b"EVALSHA");
+    m.handle_reply(
+        2,
+        tag,
+        &Reply::Error(b"NOSCRIPT No matching script"),
+        t0,
+        &mut rng,
+    );
+    m.handle_reply(0, tag, &Reply::Integer(0), t0, &mut rng);
+    m.handle_reply(1, tag, &Reply::Integer(0), t0, &mut rng);
+    // Decided (two refusals), but node 2 is sent the body first, under the same tag, and the
+    // cleanup waits until it has answered.
+    let out = sent(&mut m);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!((out[0].to, out[0].tag), (To::Node(2), Some(tag)));
+    assert_eq!(
+        (out[0].form, out[0].name()),
+        (ScriptForm::Body, &b"EVAL"[..])
+    );
+    m.handle_reply(2, tag, &Reply::Integer(1), t0 + MS, &mut rng);
+    let out = sent(&mut m);
+    assert_eq!(
+        (out[0].to, out[0].tag),
+        (To::All, None),
+        "the cleanup: {out:?}"
+    );
+
+    // A second NOSCRIPT from a node already sent the body is a failure, not another resend.
+    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let mut m = Acquisition::new(spec, &config, params(false), t0, round, &mut rng);
+    let tag = sent(&mut m)[0].tag.unwrap();
+    let noscript = Reply::Error(b"NOSCRIPT No matching script");
+    m.handle_reply(0, tag, &noscript, t0, &mut rng);
+    assert_eq!(sent(&mut m)[0].to, To::Node(0));
+    m.handle_reply(0, tag, &noscript, t0, &mut rng);
+    m.handle_reply(1, tag, &Reply::Integer(0), t0, &mut rng);
+    // Decided, and still open for node 2, which may want the body too.
+    assert!(m.poll_outcome().is_none());
+    m.handle_reply(2, tag, &Reply::Integer(0), t0, &mut rng);
+    assert!(sent(&mut m).iter().all(|s| s.to != To::Node(0)));
+    let error = m.poll_outcome().expect("done").expect_err("lost");
+    let failed: Vec<_> = error.failures().iter().map(|f| (f.node, &f.kind)).collect();
+    assert_eq!(failed, [(0, &NodeErrorKind::UnexpectedReply)], "{error:?}");
+}
+
+#[test]
+fn a_fenced_grant_whose_counters_disagree_is_written_back_before_it_is_given() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([7; 32]));
+    let fence = fence_key(b"ledger");
+    let spec = Spec {
+        keys: Keys::Mutex(b"ledger"),
+        fence: Some(&fence),
+    };
+    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
+    let tag = sent(&mut m)[0].tag.unwrap();
+    m.handle_reply(0, tag, &Reply::Integer(5), t0 + MS, &mut rng);
+    m.handle_reply(1, tag, &Reply::Integer(7), t0 + MS, &mut rng);
+    assert!(m.poll_outcome().is_none(), "7 is on one node only");
+    let out = sent(&mut m);
+    assert_eq!(out.len(), 1, "{out:?}");
+    let write = &out[0];
+    assert!(
+        matches!(write.what, What::FenceWrite { value: 7, .. }),
+        "{write:?}"
+    );
+    assert_ne!(write.tag, Some(tag));
+    m.handle_reply(
+        0,
+        write.tag.unwrap(),
+        &Reply::Integer(1),
+        t0 + 2 * MS,
+        &mut rng,
+    );
+    m.handle_reply(
+        2,
+        write.tag.unwrap(),
+        &Reply::Integer(1),
+        t0 + 2 * MS,
+        &mut rng,
+    );
+    let grant = m.poll_outcome().expect("done").expect("won");
+    assert_eq!(grant.fencing_token, Some(7));
+}
+
+#[test]
+fn a_failed_extend_never_leaves_more_validity_than_the_nodes_may_hold() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([8; 32]));
+    let mut hold = Hold::new(t0 + 9_000 * MS);
+    let spec = Spec {
+        keys: Keys::Mutex(b"k"),
+        fence: None,
+    };
+    let token = Token::from_random([9; 20]);
+    let timing = Timing {
+        ttl: 300 * MS,
+        drift_factor: 0.01,
+    };
+    let step = Step::Extend {
+        ttl_ms: 300,
+        timing,
+    };
+    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let start = t0 + 10 * MS;
+    let mut m: HoldRound<'_> = hold.round(spec, token, &config, step, start, round);
+    let tag = sent(&mut m)[0].tag.unwrap();
+    m.handle_reply(0, tag, &Reply::Integer(1), start + MS, &mut rng);
+    m.handle_timeout(start + config.node_timeout, &mut rng);
+    let error = m.poll_outcome().expect("done").expect_err("no quorum");
+    assert_eq!(error.deadline(), Some(Deadline::NodeTimeout), "{error:?}");
+    drop(m);
+    assert_eq!(hold.valid_until(), timing.valid_until(start).unwrap());
+
+    // Asked for after the validity ended: nothing is sent.
+    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let late = t0 + 10_000 * MS;
+    let mut m = hold.round(spec, token, &config, step, late, round);
+    assert!(sent(&mut m).is_empty());
+    let error = m.poll_outcome().expect("done").expect_err("expired");
+    assert_eq!(error.deadline(), Some(Deadline::Validity));
+}

@@ -1,0 +1,212 @@
+//! The lock algorithms' commands: what each node is sent, and what each reply means.
+//!
+//! An [`Op`] encodes its command for one node and reads that node's reply as a [`Vote`]. Scripts
+//! go out as `EVALSHA` with a digest computed at compile time; a node that answers `NOSCRIPT`
+//! gets the same call again as `EVAL` with the script's body.
+#![forbid(unsafe_code)]
+
+pub use crate::engine::scripts::{Script, EXTEND, RELEASE, SCRIPTS};
+use crate::engine::{keys, Vote};
+use crate::error::NodeErrorKind;
+use crate::resp::{self, Reply, ServerErrorKind};
+
+/// How a script is sent: by digest, or (after `NOSCRIPT`) with its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptForm {
+    /// `EVALSHA digest ...`
+    Sha,
+    /// `EVAL body ...`
+    Body,
+}
+
+/// One argument of a command.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    /// Bytes as they are.
+    Bytes(&'a [u8]),
+    /// A number, sent as its decimal digits.
+    Num(u64),
+    /// The pub/sub channel on which releases of this resource key are announced
+    /// ([`keys::wake_channel`]).
+    Wake(&'a [u8]),
+}
+
+fn write_arg(out: &mut Vec<u8>, arg: Arg<'_>) {
+    match arg {
+        Arg::Bytes(b) => resp::write_bulk(out, b),
+        Arg::Num(n) => resp::write_bulk_u64(out, n),
+        Arg::Wake(key) => keys::wake_channel(key).write_bulk(out),
+    }
+}
+
+/// Writes `EVALSHA`/`EVAL` of `script` with `keys` and `args`.
+pub fn write_eval(
+    out: &mut Vec<u8>,
+    script: &Script,
+    form: ScriptForm,
+    keys: &[&[u8]],
+    args: &[Arg<'_>],
+) {
+    resp::write_array_len(out, 3 + keys.len() + args.len());
+    match form {
+        ScriptForm::Sha => {
+            resp::write_bulk(out, b"EVALSHA");
+            resp::write_bulk(out, &script.sha);
+        }
+        ScriptForm::Body => {
+            resp::write_bulk(out, b"EVAL");
+            resp::write_bulk(out, script.body.as_bytes());
+        }
+    }
+    resp::write_bulk_u64(out, keys.len() as u64);
+    keys.iter().for_each(|k| resp::write_bulk(out, k));
+    args.iter().for_each(|a| write_arg(out, *a));
+}
+
+/// What a reply means to the lock algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// A vote for the round.
+    Vote(Vote),
+    /// The node does not have the script cached: send it again with its body.
+    NoScript,
+}
+
+/// What a node's server offers beyond Redis 7.0, learnt as its connection is set up. Until
+/// the answer arrives, and for servers without it, everything is `false`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// `DELEX key IFEQ value` (Redis 8.4): compare-and-delete without a script.
+    pub delex: bool,
+}
+
+/// A command fanned out to every node.
+pub trait Op {
+    /// Writes the command for one node into `out`. `form` matters only to scripts.
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm);
+    /// Writes the command for a node whose server offers `caps`; ops that can use a newer
+    /// command there override this. Returns how many commands it wrote after the one whose
+    /// reply is the vote (their replies are read and dropped). A `NOSCRIPT` resend always uses
+    /// [`encode`](Op::encode).
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        let _ = caps;
+        self.encode(out, form);
+        0
+    }
+    /// Reads one node's reply.
+    fn classify(&self, reply: &Reply<'_>) -> Verdict;
+}
+
+/// A node failure for an error reply.
+pub fn server_error(message: &[u8]) -> NodeErrorKind {
+    NodeErrorKind::Server {
+        kind: ServerErrorKind::of(message),
+        message: String::from_utf8_lossy(message).into_owned(),
+    }
+}
+
+/// The vote for an error reply: `NOSCRIPT` asks for the body, anything else is a node failure.
+pub fn error_verdict(message: &[u8]) -> Verdict {
+    match ServerErrorKind::of(message) {
+        ServerErrorKind::NoScript => Verdict::NoScript,
+        _ => Verdict::Vote(Vote::Failed(server_error(message))),
+    }
+}
+
+/// The vote for a script that returns 1 for yes and 0 for no.
+pub fn int_verdict(reply: &Reply<'_>) -> Verdict {
+    match reply {
+        Reply::Integer(1) => Verdict::Vote(Vote::Yes),
+        Reply::Integer(0) => Verdict::Vote(Vote::No),
+        Reply::Error(m) => error_verdict(m),
+        _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+    }
+}
+
+/// Mutex acquire: `SET key token NX PX ttl`.
+#[derive(Debug, Clone, Copy)]
+pub struct Acquire<'a> {
+    /// The lock's key.
+    pub key: &'a [u8],
+    /// This attempt's token.
+    pub token: &'a [u8],
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+}
+
+impl Op for Acquire<'_> {
+    fn encode(&self, out: &mut Vec<u8>, _form: ScriptForm) {
+        resp::write_array_len(out, 6);
+        resp::write_bulk(out, b"SET");
+        resp::write_bulk(out, self.key);
+        resp::write_bulk(out, self.token);
+        resp::write_bulk(out, b"NX");
+        resp::write_bulk(out, b"PX");
+        resp::write_bulk_u64(out, self.ttl_ms);
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        match reply {
+            Reply::Simple(b"OK") => Verdict::Vote(Vote::Yes),
+            Reply::Bulk(None) => Verdict::Vote(Vote::No),
+            Reply::Error(m) => error_verdict(m),
+            _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+        }
+    }
+}
+
+/// Mutex release: compare-and-delete. Every integer is an acknowledgement: 0 only means the key
+/// had already expired or was never set on that node.
+#[derive(Debug, Clone, Copy)]
+pub struct Release<'a> {
+    /// The lock's key.
+    pub key: &'a [u8],
+    /// The holder's token.
+    pub token: &'a [u8],
+}
+
+impl Op for Release<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &RELEASE,
+            form,
+            &[self.key],
+            &[Arg::Bytes(self.token), Arg::Wake(self.key)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        match reply {
+            Reply::Integer(0 | 1) => Verdict::Vote(Vote::Yes),
+            other => int_verdict(other),
+        }
+    }
+}
+
+/// Mutex extend: compare-and-PEXPIRE.
+#[derive(Debug, Clone, Copy)]
+pub struct Extend<'a> {
+    /// The lock's key.
+    pub key: &'a [u8],
+    /// The holder's token.
+    pub token: &'a [u8],
+    /// The new TTL in milliseconds.
+    pub ttl_ms: u64,
+}
+
+impl Op for Extend<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &EXTEND,
+            form,
+            &[self.key],
+            &[Arg::Bytes(self.token), Arg::Num(self.ttl_ms)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        int_verdict(reply)
+    }
+}

@@ -1,0 +1,928 @@
+//! The simulated node against a real `redis-server`: the same command bytes, from the real
+//! ops' `encode`, go to both, and the replies must match, so the model cannot drift from Redis.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::local_servers::RedisServer;
+use super::node::Node;
+use super::Rng;
+use crate::engine::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
+use crate::engine::fencing::{
+    FairFencedAcquire, FenceRead, FenceWrite, FencedAcquire, FencedWriteAcquire,
+};
+use crate::engine::keys::fence_key;
+use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
+use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm};
+use crate::engine::rw::{
+    FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
+    WriteRelease,
+};
+use crate::resp::{self, Limits, Status, Value};
+
+/// One blocking connection to the real server.
+struct Real {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Real {
+    fn connect(addr: SocketAddr) -> Real {
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        Real {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    fn call(&mut self, command: &[u8]) -> Value {
+        self.stream.write_all(command).expect("write");
+        self.next()
+    }
+
+    /// The next reply (or pushed message) from the server.
+    fn next(&mut self) -> Value {
+        loop {
+            if let Ok(Status::Complete((r, n))) = resp::decode(&self.buf, &Limits::default()) {
+                let v = r.to_value();
+                self.buf.drain(..n);
+                return v;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).expect("read");
+            assert!(n > 0, "redis-server closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+fn value(bytes: &[u8]) -> Value {
+    match resp::decode(bytes, &Limits::default()) {
+        Ok(Status::Complete((r, n))) if n == bytes.len() => r.to_value(),
+        other => panic!("the simulated node sent an undecodable reply: {other:?}"),
+    }
+}
+
+fn encode(op: &dyn Op, form: ScriptForm) -> Vec<u8> {
+    let mut out = Vec::new();
+    op.encode(&mut out, form);
+    out
+}
+
+fn command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    resp::encode_command(&mut out, args);
+    out
+}
+
+struct Pair {
+    real: Real,
+    sim: Node,
+    compared: usize,
+}
+
+impl Pair {
+    fn new(server: &RedisServer) -> Pair {
+        Pair {
+            real: Real::connect(server.addr()),
+            sim: Node::default(),
+            compared: 0,
+        }
+    }
+
+    /// Sends `cmd` to both and returns both replies. The simulated node's clock is the wall
+    /// clock, which `redis-server` reads too: expiry and the scripts' `TIME` agree to a few ms.
+    fn both(&mut self, cmd: &[u8]) -> (Value, Value) {
+        let real = self.real.call(cmd);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis() as i64;
+        let sim = value(&self.sim.execute(now, cmd));
+        self.compared += 1;
+        (real, sim)
+    }
+
+    fn same(&mut self, cmd: &[u8], what: &str) {
+        let (real, sim) = self.both(cmd);
+        assert_eq!(
+            real, sim,
+            "{what}: redis-server and the simulated node differ"
+        );
+    }
+
+    /// Both error replies of the same kind (Redis appends where in the script it failed), or
+    /// the same reply.
+    fn same_kind(&mut self, cmd: &[u8], what: &str) {
+        match self.both(cmd) {
+            (Value::Error(a), Value::Error(b)) => assert_eq!(
+                a.split(|&c| c == b' ').next(),
+                b.split(|&c| c == b' ').next(),
+                "{what}: {} against {}",
+                String::from_utf8_lossy(&a),
+                String::from_utf8_lossy(&b)
+            ),
+            (real, sim) => assert_eq!(real, sim, "{what}"),
+        }
+    }
+
+    /// `ZSCORE`: both missing, or scores within a second (they come from each side's `TIME`).
+    fn close_score(&mut self, key: &[u8], member: &[u8]) {
+        let score = |v: &Value| match v {
+            Value::Bulk(Some(b)) => Some(
+                std::str::from_utf8(b)
+                    .ok()
+                    .and_then(|s| s.parse::<f64>().ok())
+                    .expect("a score"),
+            ),
+            Value::Bulk(None) => None,
+            other => panic!("ZSCORE reply {other:?}"),
+        };
+        let (real, sim) = self.both(&command(&[b"ZSCORE", key, member]));
+        match (score(&real), score(&sim)) {
+            (Some(a), Some(b)) => assert!((a - b).abs() < 1000.0, "ZSCORE {a} against {b}"),
+            (a, b) => assert_eq!(a, b, "ZSCORE"),
+        }
+    }
+
+    /// `PTTL`: both missing, both without expiry, or both within a second of each other.
+    fn close_ttl(&mut self, key: &[u8]) {
+        match self.both(&command(&[b"PTTL", key])) {
+            (Value::Integer(a), Value::Integer(b)) if a < 0 || b < 0 => assert_eq!(a, b),
+            (Value::Integer(a), Value::Integer(b)) => assert!((a - b).abs() < 1000, "{a} {b}"),
+            other => panic!("PTTL replies {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn simulated_node_answers_like_redis_server() {
+    let server = RedisServer::start().expect("start redis-server");
+    let mut pair = Pair::new(&server);
+    let mut rng = Rng::new(0x5eed);
+    let keys: [&[u8]; 4] = [b"lock:a", b"lock:b", b"lock:c", b"lock:d"];
+    let tokens: [&[u8]; 3] = [
+        b"0000000000000000000000000000000000000001",
+        b"0000000000000000000000000000000000000002",
+        b"ffffffffffffffffffffffffffffffffffffffff",
+    ];
+    // Long TTLs: nothing expires during this phase, so every reply must match exactly.
+    for i in 0..400 {
+        let key = keys[rng.below(4) as usize];
+        let token = tokens[rng.below(3) as usize];
+        let ttl_ms = rng.range(100_000, 200_000);
+        let form = if rng.chance(0.5) {
+            ScriptForm::Sha
+        } else {
+            ScriptForm::Body
+        };
+        let cmd = match rng.below(7) {
+            0 | 1 => encode(&Acquire { key, token, ttl_ms }, form),
+            2 | 3 => encode(&Release { key, token }, form),
+            4 => encode(&Extend { key, token, ttl_ms }, form),
+            5 => command(&[b"GET", key]),
+            _ => {
+                pair.close_ttl(key);
+                continue;
+            }
+        };
+        pair.same(&cmd, &format!("op {i}: {}", String::from_utf8_lossy(&cmd)));
+    }
+    // Sorted sets and type errors, for the read-write lock scripts.
+    for cmd in [
+        command(&[b"ZADD", b"rw:a", b"5", b"x", b"7", b"y"]),
+        command(&[b"ZADD", b"rw:a", b"9", b"x"]),
+        command(&[b"ZCARD", b"rw:a"]),
+        command(&[b"GET", b"rw:a"]),
+        command(&[b"ZREM", b"rw:a", b"x", b"nope"]),
+        command(&[b"ZREM", b"rw:a", b"y"]),
+        command(&[b"EXISTS", b"rw:a"]),
+        command(&[b"SET", b"k", b"v", b"PX", b"0"]),
+        command(&[b"SET", b"k", b"v", b"NX", b"PX", b"x1"]),
+        command(&[b"EVALSHA", b"0123", b"0"]),
+    ] {
+        pair.same(&cmd, &String::from_utf8_lossy(&cmd));
+    }
+    // Expiry, coarsely: 30 ms keys are gone after 300 ms, 60 s keys are not.
+    for (i, key) in keys.iter().enumerate() {
+        pair.same(&command(&[b"DEL", key]), "DEL");
+        let ttl_ms = if i % 2 == 0 { 30 } else { 60_000 };
+        let acquire = Acquire {
+            key,
+            token: tokens[0],
+            ttl_ms,
+        };
+        pair.same(&encode(&acquire, ScriptForm::Sha), "short SET");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for key in keys {
+        pair.same(&command(&[b"GET", key]), "GET after expiry");
+        let extend = Extend {
+            key,
+            token: tokens[0],
+            ttl_ms: 60_000,
+        };
+        pair.same(&encode(&extend, ScriptForm::Sha), "extend after expiry");
+        let release = Release {
+            key,
+            token: tokens[0],
+        };
+        pair.same(&encode(&release, ScriptForm::Sha), "release after expiry");
+        pair.close_ttl(key);
+    }
+    assert!(pair.compared > 400, "{} commands compared", pair.compared);
+    println!("differential: {} commands compared", pair.compared);
+}
+
+/// The scripts of read-write locks, the fair queue, all-or-none sets and fencing, through their
+/// real ops, random sequences with long TTLs first (every reply must match), then expiry.
+#[test]
+fn every_lock_script_answers_like_redis_server() {
+    let server = RedisServer::start().expect("start redis-server");
+    let mut pair = Pair::new(&server);
+    let mut rng = Rng::new(0x5c41);
+    let tokens: [&[u8]; 3] = [
+        b"0000000000000000000000000000000000000001",
+        b"0000000000000000000000000000000000000002",
+        b"ffffffffffffffffffffffffffffffffffffffff",
+    ];
+    let rw = [RwKeys::new(b"doc:a"), RwKeys::new(b"{doc}:b")];
+    let fair_keys: [&[u8]; 2] = [b"job:a", b"{job}:b"];
+    let multi_keys: [&[u8]; 3] = [b"m:a", b"m:b", b"m:c"];
+    let fence_lock: [&[u8]; 2] = [b"f:a", b"f:b"];
+    let fences = [fence_key(fence_lock[0]), fence_key(fence_lock[1])];
+    let writer_fences = [fence_key(rw[0].writer()), fence_key(rw[1].writer())];
+    let mut kinds = [0usize; 26];
+    for i in 0..800 {
+        let t = rng.below(3) as usize;
+        let token = tokens[t];
+        // A waiter's id stays while its attempts' tokens change: any of the three with any.
+        let w = rng.below(3) as usize;
+        let waiter = tokens[w];
+        let ids = AttemptIds { waiter, token };
+        let ttl_ms = rng.range(100_000, 200_000);
+        let long = rng.range(100_000, 200_000);
+        let form = if rng.chance(0.5) {
+            ScriptForm::Sha
+        } else {
+            ScriptForm::Body
+        };
+        let fair_key = fair_keys[rng.below(2) as usize];
+        let f = rng.below(2) as usize;
+        let mask = rng.range(1, 7) as usize;
+        let set: Vec<&[u8]> = (0..3)
+            .filter(|b| mask & (1 << b) != 0)
+            .map(|b| multi_keys[b])
+            .collect();
+        let intent_ms = if rng.chance(0.5) { 0 } else { long };
+        let r = rng.below(2) as usize;
+        let k = &rw[r];
+        let kind = rng.below(26) as usize;
+        kinds[kind] += 1;
+        let cmd = match kind {
+            0 | 1 => encode(
+                &WriteAcquire {
+                    keys: k,
+                    ids,
+                    ttl_ms,
+                    intent_ms,
+                },
+                form,
+            ),
+            2 => encode(
+                &WriteCleanup {
+                    resource: b"doc",
+                    keys: k,
+                    ids,
+                    intent_ms,
+                },
+                form,
+            ),
+            3 => encode(
+                &WriteRelease {
+                    resource: b"doc",
+                    keys: k,
+                    token,
+                },
+                form,
+            ),
+            4 | 5 => encode(
+                &ReadAcquire {
+                    keys: k,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            6 => {
+                let (set, token) = if rng.chance(0.5) {
+                    (k.readers(), token)
+                } else {
+                    (k.intents(), waiter)
+                };
+                encode(
+                    &SetRelease {
+                        resource: b"doc",
+                        set,
+                        token,
+                    },
+                    form,
+                )
+            }
+            7 => encode(
+                &ReadExtend {
+                    keys: k,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            8 => encode(
+                &Extend {
+                    key: k.writer(),
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            9 | 10 => {
+                // Equal tickets are ordered by waiter id, as Redis orders equal scores by
+                // member.
+                let ticket = [7, 7, 3][w] + rng.below(2);
+                let fair = FairState::new(ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
+                encode(&FairAcquire::new(fair_key, ids, ttl_ms, &fair), form)
+            }
+            11 => encode(
+                &Leave {
+                    resource: fair_key,
+                    keys: QueueKeys::Mutex(fair_key),
+                    kind: b"",
+                    waiter,
+                },
+                form,
+            ),
+            12 => encode(
+                &Release {
+                    key: fair_key,
+                    token,
+                },
+                form,
+            ),
+            13 => encode(
+                &AcquireAll {
+                    keys: &set,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            14 => encode(&ReleaseAll::new(&set, token), form),
+            15 => encode(
+                &ExtendAll {
+                    keys: &set,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            16 => encode(
+                &FencedAcquire {
+                    key: fence_lock[f],
+                    fence: &fences[f],
+                    token,
+                    ttl_ms,
+                    read: &FenceRead::new(),
+                },
+                form,
+            ),
+            17 => encode(
+                &FenceWrite {
+                    key: fence_lock[f],
+                    fence: &fences[f],
+                    token,
+                    value: rng.range(0, 40),
+                },
+                form,
+            ),
+            18 => encode(
+                &Release {
+                    key: fence_lock[f],
+                    token,
+                },
+                form,
+            ),
+            19 | 20 => {
+                let ticket = [7, 7, 3][w] + rng.below(2);
+                let fair = FairState::new(ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
+                let op = if kind == 19 {
+                    FairRwAcquire::write(k, ids, ttl_ms, intent_ms, &fair)
+                } else {
+                    FairRwAcquire::read(k, ids, ttl_ms, &fair)
+                };
+                encode(&op, form)
+            }
+            21 => {
+                let ticket = [7, 7, 3][w] + rng.below(2);
+                let fair = FairState::new(ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
+                let op = FairFencedAcquire {
+                    key: fence_lock[f],
+                    fence: &fences[f],
+                    ids,
+                    ttl_ms,
+                    fair: &fair,
+                    read: &FenceRead::new(),
+                };
+                encode(&op, form)
+            }
+            22 | 23 => {
+                let ticket = [7, 7, 3][w] + rng.below(2);
+                let fair = FairState::new(ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
+                let op = FencedWriteAcquire {
+                    keys: k,
+                    fence: &writer_fences[r],
+                    ids,
+                    ttl_ms,
+                    intent_ms,
+                    fair: (kind == 23).then_some(&fair),
+                    read: &FenceRead::new(),
+                };
+                encode(&op, form)
+            }
+            24 => {
+                let ticket = [7, 7, 3][w] + rng.below(2);
+                let fair = FairState::new(ticket, long, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
+                let op = FairAcquireAll {
+                    keys: &set,
+                    ids,
+                    ttl_ms,
+                    fair: &fair,
+                };
+                encode(&op, form)
+            }
+            _ => {
+                // Look at the state: the queue in order, set sizes, counters, expiries, scores.
+                for cmd in [
+                    command(&[b"ZRANGE", &queue_key(fair_key), b"0", b"-1"]),
+                    command(&[b"ZRANGE", &queue_key(multi_keys[0]), b"0", b"-1"]),
+                    command(&[b"ZRANGE", &queue_key(fence_lock[f]), b"0", b"-1"]),
+                    command(&[b"GET", &writer_fences[r]]),
+                    command(&[b"ZCARD", k.readers()]),
+                    command(&[b"ZRANGE", k.queue(), b"0", b"-1"]),
+                    command(&[b"ZCARD", k.intents()]),
+                    command(&[b"GET", k.writer()]),
+                    command(&[b"GET", &fences[f]]),
+                    command(&[b"EXISTS", multi_keys[0], multi_keys[1], multi_keys[2]]),
+                ] {
+                    pair.same(&cmd, &format!("op {i}: {}", String::from_utf8_lossy(&cmd)));
+                }
+                pair.close_score(k.readers(), token);
+                pair.close_score(k.intents(), waiter);
+                pair.close_ttl(k.readers());
+                pair.close_ttl(&queue_key(fair_key));
+                continue;
+            }
+        };
+        pair.same(&cmd, &format!("op {i}: {}", String::from_utf8_lossy(&cmd)));
+    }
+    assert!(kinds.iter().all(|&n| n > 0), "every kind ran: {kinds:?}");
+
+    // Fence counters that are not whole numbers, or exhausted, or written oddly.
+    let read = FenceRead::new();
+    let acquire = |token| FencedAcquire {
+        key: b"fc",
+        fence: b"fc:n",
+        token,
+        ttl_ms: 100_000,
+        read: &read,
+    };
+    for counter in [
+        &b"abc"[..],
+        b"1.5",
+        b"-3",
+        b"9007199254740991",
+        b"0x10",
+        b" 7 ",
+        b"12",
+    ] {
+        pair.same(&command(&[b"DEL", b"fc"]), "DEL");
+        pair.same(&command(&[b"SET", b"fc:n", counter]), "SET");
+        let what = format!("fenced acquire over {}", String::from_utf8_lossy(counter));
+        pair.same_kind(&encode(&acquire(tokens[0]), ScriptForm::Body), &what);
+        let write = FenceWrite {
+            key: b"fc",
+            fence: b"fc:n",
+            token: tokens[0],
+            value: 10,
+        };
+        pair.same_kind(&encode(&write, ScriptForm::Sha), "fence write");
+        pair.same(&command(&[b"GET", b"fc:n"]), "counter after");
+    }
+    // Type errors inside scripts.
+    pair.same(&command(&[b"ZADD", b"fc", b"1", b"x"]), "ZADD");
+    pair.same_kind(
+        &encode(&acquire(tokens[0]), ScriptForm::Sha),
+        "lock key is a set",
+    );
+    pair.same(&command(&[b"SET", b"{rw:t}:r", b"str"]), "SET");
+    let t = RwKeys::new(b"t");
+    let read = ReadAcquire {
+        keys: &t,
+        token: tokens[1],
+        ttl_ms: 1000,
+    };
+    pair.same_kind(&encode(&read, ScriptForm::Sha), "reader set is a string");
+    // A key of a set that someone else turned into another type: extending the set is refused,
+    // and releasing it still frees the keys after that one.
+    let set = [multi_keys[0], multi_keys[1], multi_keys[2]];
+    pair.same(&command(&[b"DEL", set[0], set[1], set[2]]), "DEL");
+    let take = AcquireAll {
+        keys: &set,
+        token: tokens[0],
+        ttl_ms: 100_000,
+    };
+    pair.same(&encode(&take, ScriptForm::Sha), "set taken");
+    pair.same(&command(&[b"DEL", set[1]]), "DEL");
+    pair.same(&command(&[b"ZADD", set[1], b"1", b"x"]), "ZADD");
+    let extend = ExtendAll {
+        keys: &set,
+        token: tokens[0],
+        ttl_ms: 200_000,
+    };
+    pair.same(&encode(&extend, ScriptForm::Body), "extend past a set");
+    pair.close_ttl(set[2]);
+    let release = ReleaseAll::new(&set, tokens[0]);
+    pair.same(&encode(&release, ScriptForm::Sha), "release past a set");
+    pair.same(&command(&[b"EXISTS", set[0], set[1], set[2]]), "EXISTS");
+    pair.same(&encode(&take, ScriptForm::Body), "acquire over a set");
+
+    // Behind a fair queue, a writer's intent holds back only readers outside the queue.
+    pair.same(&command(&[b"FLUSHALL"]), "FLUSHALL");
+    let k = &rw[1];
+    let holder = ReadAcquire {
+        keys: k,
+        token: tokens[0],
+        ttl_ms: 60_000,
+    };
+    pair.same(&encode(&holder, ScriptForm::Sha), "a reader holds");
+    let waiting = WriteAcquire {
+        keys: k,
+        ids: AttemptIds {
+            waiter: tokens[1],
+            token: tokens[0],
+        },
+        ttl_ms: 60_000,
+        intent_ms: 60_000,
+    };
+    pair.same(
+        &encode(&waiting, ScriptForm::Sha),
+        "a writer leaves an intent",
+    );
+    // Its next attempt has a token of its own, and still one intent.
+    let next = WriteAcquire {
+        ids: AttemptIds {
+            waiter: tokens[1],
+            token: tokens[2],
+        },
+        ..waiting
+    };
+    pair.same(&encode(&next, ScriptForm::Sha), "the writer's next attempt");
+    let (real, sim) = pair.both(&command(&[b"ZCARD", k.intents()]));
+    assert_eq!((&real, &sim), (&Value::Integer(1), &Value::Integer(1)));
+    let queue_place = FairState::new(5, 60_000, Duration::ZERO);
+    let fair_reader = |join: bool| {
+        let ids = AttemptIds {
+            waiter: tokens[2],
+            token: tokens[2],
+        };
+        if join {
+            queue_place.on_retry(Duration::ZERO);
+        }
+        let op = FairRwAcquire::read(k, ids, 60_000, &queue_place);
+        encode(&op, ScriptForm::Sha)
+    };
+    let (real, sim) = pair.both(&fair_reader(false));
+    assert_eq!((&real, &sim), (&Value::Integer(0), &Value::Integer(0)));
+    let (real, sim) = pair.both(&fair_reader(true));
+    assert_eq!((&real, &sim), (&Value::Integer(1), &Value::Integer(1)));
+
+    // Expiry: readers, intents and queue entries of 30 ms are gone after 300 ms.
+    pair.same(&command(&[b"FLUSHALL"]), "FLUSHALL");
+    let k = &rw[0];
+    let short = |token| ReadAcquire {
+        keys: k,
+        token,
+        ttl_ms: 30,
+    };
+    pair.same(&encode(&short(tokens[0]), ScriptForm::Sha), "short reader");
+    let waiting_writer = WriteAcquire {
+        keys: k,
+        ids: AttemptIds {
+            waiter: tokens[1],
+            token: tokens[1],
+        },
+        ttl_ms: 60_000,
+        intent_ms: 30,
+    };
+    pair.same(
+        &encode(&waiting_writer, ScriptForm::Sha),
+        "writer leaves an intent",
+    );
+    let queued = |token: &[u8], ticket| {
+        let fair = FairState::new(ticket, 30, Duration::ZERO);
+        let ids = AttemptIds {
+            waiter: token,
+            token,
+        };
+        fair.on_retry(Duration::ZERO);
+        let op = FairAcquire::new(fair_keys[0], ids, 60_000, &fair);
+        encode(&op, ScriptForm::Sha)
+    };
+    pair.same(&command(&[b"SET", fair_keys[0], b"held"]), "SET");
+    pair.same(&queued(tokens[0], 1), "queued");
+    std::thread::sleep(Duration::from_millis(300));
+    let reader_extend = ReadExtend {
+        keys: k,
+        token: tokens[0],
+        ttl_ms: 60_000,
+    };
+    pair.same(
+        &encode(&reader_extend, ScriptForm::Sha),
+        "extend of an expired reader",
+    );
+    pair.same(
+        &encode(&short(tokens[2]), ScriptForm::Sha),
+        "reader after the intent expired",
+    );
+    pair.same(&command(&[b"ZCARD", k.readers()]), "expired reader pruned");
+    pair.same(&command(&[b"DEL", fair_keys[0]]), "DEL");
+    pair.same(&queued(tokens[1], 2), "dead entry pruned");
+    pair.same(
+        &command(&[b"ZRANGE", &queue_key(fair_keys[0]), b"0", b"-1"]),
+        "queue after",
+    );
+    assert!(pair.compared > 800, "{} commands compared", pair.compared);
+    println!(
+        "differential (lock scripts): {} commands compared, by kind {kinds:?}",
+        pair.compared
+    );
+}
+
+/// The mutex fair queue's key of `key`.
+fn queue_key(key: &[u8]) -> Vec<u8> {
+    crate::engine::keys::Derived::MutexQueue.of(key).to_vec()
+}
+
+/// Every key the lock scripts write, and every channel they announce on, is one that
+/// [`KeyNames`](crate::KeyNames) names for its resource; and every key KeyNames names is
+/// written by some lock. Each lock kind's real ops run against a real `redis-server`, which
+/// is asked for its keys after every command, while a pattern subscriber hears every
+/// announcement.
+#[test]
+fn key_names_are_exactly_the_keys_the_locks_write() {
+    use crate::engine::keys::KeyNames;
+    use std::collections::BTreeSet;
+
+    let server = RedisServer::start().expect("start redis-server");
+    let mut real = Real::connect(server.addr());
+    let mut listener = Real::connect(server.addr());
+    listener.call(&command(&[b"PSUBSCRIBE", b"*"]));
+    let (a, b): (&[u8], &[u8]) = (b"t1", b"t2");
+    let ttl_ms = 60_000;
+    let mut seen: BTreeSet<Vec<u8>> = BTreeSet::new();
+    let mut run = |real: &mut Real, cmd: &[u8]| {
+        real.call(cmd);
+        let Value::Array(Some(keys)) = real.call(&command(&[b"KEYS", b"*"])) else {
+            panic!("KEYS did not answer an array");
+        };
+        for key in keys {
+            let Value::Bulk(Some(key)) = key else {
+                panic!("KEYS answered a non-bulk item");
+            };
+            seen.insert(key);
+        }
+    };
+    let resources: [&[u8]; 3] = [b"doc:a", b"{doc}:b", b"a}b"];
+    for r in resources {
+        let ids = AttemptIds {
+            waiter: a,
+            token: a,
+        };
+        // Mutex: acquire, extend, release; cleanup is the same release.
+        run(
+            &mut real,
+            &encode(
+                &Acquire {
+                    key: r,
+                    token: a,
+                    ttl_ms,
+                },
+                ScriptForm::Body,
+            ),
+        );
+        run(
+            &mut real,
+            &encode(
+                &Extend {
+                    key: r,
+                    token: a,
+                    ttl_ms,
+                },
+                ScriptForm::Body,
+            ),
+        );
+        // A fair mutex waiter that joins while the lock is held stays queued.
+        let fair = FairState::new(1, 60_000, Duration::ZERO);
+        fair.on_retry(Duration::ZERO);
+        let ids_b = AttemptIds {
+            waiter: b,
+            token: b,
+        };
+        let fair_op = FairAcquire::new(r, ids_b, ttl_ms, &fair);
+        run(&mut real, &encode(&fair_op, ScriptForm::Body));
+        run(
+            &mut real,
+            &encode(&Release { key: r, token: a }, ScriptForm::Body),
+        );
+        let leave = Leave {
+            resource: r,
+            keys: QueueKeys::Mutex(r),
+            kind: b"",
+            waiter: b,
+        };
+        run(&mut real, &encode(&leave, ScriptForm::Body));
+        // Fenced mutex: the read, then the write-back.
+        let fence = fence_key(r);
+        let read = FenceRead::new();
+        let fenced = FencedAcquire {
+            key: r,
+            fence: &fence,
+            token: a,
+            ttl_ms,
+            read: &read,
+        };
+        run(&mut real, &encode(&fenced, ScriptForm::Body));
+        let write_back = FenceWrite {
+            key: r,
+            fence: &fence,
+            token: a,
+            value: 7,
+        };
+        run(&mut real, &encode(&write_back, ScriptForm::Body));
+        run(
+            &mut real,
+            &encode(&Release { key: r, token: a }, ScriptForm::Body),
+        );
+        // Read-write: a reader, a writer refused with an intent, a fair reader queued behind
+        // the intent, and everything released again.
+        let k = RwKeys::new(r);
+        let reader = ReadAcquire {
+            keys: &k,
+            token: a,
+            ttl_ms,
+        };
+        run(&mut real, &encode(&reader, ScriptForm::Body));
+        let extend = ReadExtend {
+            keys: &k,
+            token: a,
+            ttl_ms,
+        };
+        run(&mut real, &encode(&extend, ScriptForm::Body));
+        let writer = WriteAcquire {
+            keys: &k,
+            ids: ids_b,
+            ttl_ms,
+            intent_ms: 60_000,
+        };
+        run(&mut real, &encode(&writer, ScriptForm::Body));
+        let fair_reader = FairRwAcquire::read(&k, ids, ttl_ms, &fair);
+        run(&mut real, &encode(&fair_reader, ScriptForm::Body));
+        let fair_writer = FairRwAcquire::write(&k, ids_b, ttl_ms, 60_000, &fair);
+        run(&mut real, &encode(&fair_writer, ScriptForm::Body));
+        for (kind, waiter) in [(&b"r"[..], ids.waiter), (b"w", ids_b.waiter)] {
+            let leave = Leave {
+                resource: r,
+                keys: crate::engine::rw::queue_keys(&k),
+                kind,
+                waiter,
+            };
+            run(&mut real, &encode(&leave, ScriptForm::Body));
+        }
+        for (set, token) in [(k.readers(), a), (k.intents(), b)] {
+            let release = SetRelease {
+                resource: r,
+                set,
+                token,
+            };
+            run(&mut real, &encode(&release, ScriptForm::Body));
+        }
+        run(&mut real, &encode(&writer, ScriptForm::Body));
+        let cleanup = WriteCleanup {
+            resource: r,
+            keys: &k,
+            ids: ids_b,
+            intent_ms: 60_000,
+        };
+        run(&mut real, &encode(&cleanup, ScriptForm::Body));
+        run(&mut real, &encode(&writer, ScriptForm::Body));
+        let release = WriteRelease {
+            resource: r,
+            keys: &k,
+            token: b,
+        };
+        run(&mut real, &encode(&release, ScriptForm::Body));
+        // Fenced write lock: the writer key's counter.
+        let writer_fence = fence_key(k.writer());
+        let fenced_writer = FencedWriteAcquire {
+            keys: &k,
+            fence: &writer_fence,
+            ids: ids_b,
+            ttl_ms,
+            intent_ms: 0,
+            fair: None,
+            read: &FenceRead::new(),
+        };
+        run(&mut real, &encode(&fenced_writer, ScriptForm::Body));
+        run(&mut real, &encode(&release, ScriptForm::Body));
+    }
+    // All-or-none over every resource at once.
+    let acquire_all = AcquireAll {
+        keys: &resources,
+        token: a,
+        ttl_ms,
+    };
+    run(&mut real, &encode(&acquire_all, ScriptForm::Body));
+    let extend_all = ExtendAll {
+        keys: &resources,
+        token: a,
+        ttl_ms,
+    };
+    run(&mut real, &encode(&extend_all, ScriptForm::Body));
+    run(
+        &mut real,
+        &encode(&ReleaseAll::new(&resources, a), ScriptForm::Body),
+    );
+
+    let names: Vec<KeyNames> = resources.iter().map(|r| KeyNames::new(r)).collect();
+    let named: BTreeSet<Vec<u8>> = names
+        .iter()
+        .flat_map(|n| n.keys().map(<[u8]>::to_vec))
+        .collect();
+    let show = |set: &BTreeSet<Vec<u8>>| -> Vec<String> {
+        set.iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect()
+    };
+    let unnamed: BTreeSet<Vec<u8>> = seen.difference(&named).cloned().collect();
+    assert!(
+        unnamed.is_empty(),
+        "keys no KeyNames names: {:?}",
+        show(&unnamed)
+    );
+    let unwritten: BTreeSet<Vec<u8>> = named.difference(&seen).cloned().collect();
+    assert!(
+        unwritten.is_empty(),
+        "named but never written: {:?}",
+        show(&unwritten)
+    );
+
+    // Every announcement went to a resource's wake channel, and every resource's was used.
+    listener
+        .stream
+        .write_all(&command(&[b"PING"]))
+        .expect("write");
+    let mut channels: BTreeSet<Vec<u8>> = BTreeSet::new();
+    // The messages already published come first; the PING's reply closes them.
+    loop {
+        let Value::Array(Some(items)) = listener.next() else {
+            panic!("a subscriber got a non-array");
+        };
+        match items.as_slice() {
+            [Value::Bulk(Some(kind)), _, Value::Bulk(Some(channel)), _] if kind == b"pmessage" => {
+                channels.insert(channel.clone());
+            }
+            [Value::Bulk(Some(kind)), ..] if kind == b"pong" => break,
+            other => panic!("a subscriber got {other:?}"),
+        }
+    }
+    let wake: BTreeSet<Vec<u8>> = names.iter().map(|n| n.wake_channel.clone()).collect();
+    assert_eq!(show(&channels), show(&wake));
+}

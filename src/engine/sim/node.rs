@@ -1,0 +1,1141 @@
+//! A simulated Redis node: strings and sorted sets with millisecond expiry, a script cache, and
+//! the lock scripts' semantics written in Rust.
+//!
+//! It reads real RESP commands (the bytes `Op::encode` writes) and answers with real RESP
+//! replies, so the simulation runs the client's own encode and classify code. Only what the
+//! lock algorithms send is modelled; `diff.rs` checks it against a real `redis-server`.
+//!
+//! To model a new script, write its semantics as a [`ScriptFn`] over the node's primitives and
+//! add it to [`SCRIPT_MODELS`]; a test fails while any entry of `scripts::SCRIPTS` has no model.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::engine::ops::{Script, EXTEND, RELEASE};
+use crate::engine::{fair, fencing, multi, rw};
+use crate::resp::{self, Limits, Reply, Status, Value};
+use crate::sha1::sha1_hex;
+
+/// A script's semantics: `(node, KEYS, ARGV) -> reply`. `Err` is an error reply, as a Lua
+/// error raised by `redis.call` (or returned by `redis.error_reply`) would be; effects made
+/// before it stay, as in Redis, which does not roll a script back.
+pub(crate) type ScriptFn = fn(&mut Node, &[&[u8]], &[&[u8]]) -> Result<Value, Value>;
+
+/// Every script the simulation knows, by digest.
+pub(crate) static SCRIPT_MODELS: &[(&Script, ScriptFn)] = &[
+    (&RELEASE, release_script),
+    (&EXTEND, extend_script),
+    (&fair::FAIR_ACQUIRE, fair_acquire_script),
+    (&fair::LEAVE, leave_script),
+    (&rw::WRITE_ACQUIRE, write_acquire_script),
+    (&rw::FAIR_WRITE_ACQUIRE, fair_write_acquire_script),
+    (&rw::FAIR_READ_ACQUIRE, fair_read_acquire_script),
+    (&rw::WRITE_CLEANUP, write_cleanup_script),
+    (&rw::READ_ACQUIRE, read_acquire_script),
+    (&rw::SET_RELEASE, set_release_script),
+    (&rw::READ_EXTEND, read_extend_script),
+    (&multi::ACQUIRE_ALL, acquire_all_script),
+    (&multi::RELEASE_ALL, release_all_script),
+    (&multi::EXTEND_ALL, extend_all_script),
+    (&fencing::FENCED_ACQUIRE, fenced_acquire_script),
+    (&fencing::FAIR_FENCED_ACQUIRE, fair_fenced_acquire_script),
+    (&fencing::FENCED_WRITE_ACQUIRE, fenced_write_acquire_script),
+    (
+        &fencing::FAIR_FENCED_WRITE_ACQUIRE,
+        fair_fenced_write_acquire_script,
+    ),
+    (&multi::FAIR_ACQUIRE_ALL, fair_acquire_all_script),
+    (&fencing::FENCE_WRITE, fence_write_script),
+];
+
+/// A script's `KEYS` and `ARGV`.
+type KeysArgs<'a, 'b> = (&'b [&'a [u8]], &'b [&'a [u8]]);
+
+/// `KEYS[1..=n]` and `ARGV[1..=m]`, or the error Redis raises when a script passes `nil` to
+/// `redis.call`.
+fn need<'a, 'b>(
+    what: &str,
+    keys: &'b [&'a [u8]],
+    n: usize,
+    args: &'b [&'a [u8]],
+    m: usize,
+) -> Result<KeysArgs<'a, 'b>, Value> {
+    if keys.len() < n || args.len() < m {
+        return Err(script_error(&format!(
+            "{what}: {n} KEYS and {m} ARGV are required"
+        )));
+    }
+    Ok((&keys[..n], &args[..m]))
+}
+
+/// Lua's `tonumber` of a script argument, where the script goes on to compare it.
+fn lua_number(what: &str, b: &[u8]) -> Result<f64, Value> {
+    lua_tonumber(b).ok_or_else(|| script_error(&format!("{what}: not a number")))
+}
+
+/// `if get(K) == token then del(K); publish(channel, token[..16]); return 1 else return 0 end`
+fn release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("release", keys, 1, args, 2)?;
+    if node.get(k[0])? == Some(a[0]) {
+        node.del(k[0]);
+        node.publish(a[1], a[0]);
+        Ok(Value::Integer(1))
+    } else {
+        Ok(Value::Integer(0))
+    }
+}
+
+/// `if get(K) == token then return pexpire(K, ttl) else return 0 end`
+fn extend_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("extend", keys, 1, args, 2)?;
+    if node.get(k[0])? == Some(a[0]) {
+        node.pexpire(k[0], a[1])
+    } else {
+        Ok(Value::Integer(0))
+    }
+}
+
+/// `SET key value NX PX ttl` as a script calls it: whether it was set.
+fn set_nx_px(node: &mut Node, key: &[u8], value: &[u8], ttl: &[u8]) -> Result<bool, Value> {
+    match node.set_command(&[key, value, b"NX", b"PX", ttl]) {
+        Value::Error(e) => Err(Value::Error(e)),
+        reply => Ok(reply != Value::Bulk(None)),
+    }
+}
+
+/// `if PTTL(key) < ttl then PEXPIRE(key, ttl) end`
+fn keep_ttl_at_least(node: &mut Node, key: &[u8], ttl: f64) -> Result<(), Value> {
+    if (node.pttl(key) as f64) < ttl {
+        node.pexpire_ms(key, ttl as i64);
+    }
+    Ok(())
+}
+
+/// The queue gate every fair acquire script starts with (`scripts/fair_gate.lua`): the
+/// queue and its expiries are the last two KEYS, waiter id, ticket, entry TTL and join the last
+/// four ARGV, the entry is `kind` followed by the waiter id. `Err(2)`-like refusals come back as `Ok(None)`;
+/// `Ok(Some((entry, queued)))` lets the body run.
+fn fair_gate(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+    kind: &[u8],
+    readers_share: bool,
+) -> Result<Option<(Vec<u8>, bool)>, Value> {
+    let (qk, xk) = (keys[keys.len() - 2], keys[keys.len() - 1]);
+    let n = args.len();
+    let (ticket, ettl, join) = (args[n - 3], args[n - 2], args[n - 1]);
+    let entry = [kind, args[n - 4]].concat();
+    let now = node.now;
+    for dead in node.zrange_by_score(xk, f64::NEG_INFINITY, now as f64)? {
+        node.zrem(qk, &[&dead])?;
+        node.zrem(xk, &[&dead])?;
+    }
+    if join != b"1" && node.zcard(qk)? == 0 {
+        return Ok(Some((entry, false)));
+    }
+    let ettl = lua_number("fair gate", ettl)?;
+    node.zadd(&[qk, ticket, &entry])?;
+    node.zadd_score(xk, now as f64 + ettl, &entry, false)?;
+    keep_ttl_at_least(node, qk, ettl)?;
+    keep_ttl_at_least(node, xk, ettl)?;
+    let ahead: Vec<Vec<u8>> = node
+        .zrange(qk, 0, -1)?
+        .into_iter()
+        .take_while(|e| *e != entry)
+        .collect();
+    let blocked = if readers_share {
+        ahead.iter().any(|e| e.first() == Some(&b'w'))
+    } else {
+        !ahead.is_empty()
+    };
+    Ok((!blocked).then_some((entry, true)))
+}
+
+/// What a fair script answers once the gate let its body run: `won()` takes the entry out of
+/// the queue; `refused()` is 2 when the waiter is queued, else 0.
+fn fair_outcome(
+    node: &mut Node,
+    keys: &[&[u8]],
+    (entry, queued): (Vec<u8>, bool),
+    won: bool,
+) -> Result<Value, Value> {
+    if won {
+        node.zrem(keys[keys.len() - 2], &[&entry])?;
+        node.zrem(keys[keys.len() - 1], &[&entry])?;
+        return Ok(Value::Integer(1));
+    }
+    Ok(Value::Integer(if queued { 2 } else { 0 }))
+}
+
+/// [`fair::FAIR_ACQUIRE`]: KEYS lock, queue, expiries; ARGV token, ttl, waiter, ticket, entry
+/// TTL, join.
+fn fair_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("fair acquire", keys, 3, args, 6)?;
+    let Some(gate) = fair_gate(node, k, a, b"", false)? else {
+        return Ok(Value::Integer(2));
+    };
+    let won = set_nx_px(node, k[0], a[0], a[1])?;
+    fair_outcome(node, k, gate, won)
+}
+
+/// [`rw::FAIR_WRITE_ACQUIRE`]: [`rw::WRITE_ACQUIRE`] behind the gate. KEYS writer, readers,
+/// intents, queue, expiries; ARGV token, ttl, intent ms, waiter, ticket, entry TTL, join.
+fn fair_write_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fair write acquire", keys, 5, args, 7)?;
+    let Some(gate) = fair_gate(node, k, a, b"w", false)? else {
+        return Ok(Value::Integer(2));
+    };
+    let won = write_acquire_body(node, k, a)?;
+    fair_outcome(node, k, gate, won)
+}
+
+/// [`rw::FAIR_READ_ACQUIRE`]: [`rw::READ_ACQUIRE`] behind the gate, readers at the head
+/// sharing. KEYS writer, readers, intents, queue, expiries; ARGV token, ttl, unused, waiter,
+/// ticket, entry TTL, join.
+fn fair_read_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fair read acquire", keys, 5, args, 7)?;
+    let Some(gate) = fair_gate(node, k, a, b"r", true)? else {
+        return Ok(Value::Integer(2));
+    };
+    // A reader the queue let through is not held back by intents.
+    let won = read_acquire_body(node, k, a, !gate.1)?;
+    fair_outcome(node, k, gate, won)
+}
+
+/// [`fair::LEAVE`]: KEYS lock, queue, expiries; ARGV token, wake channel.
+fn leave_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("leave", keys, 3, args, 2)?;
+    let gone = node.zrem(k[1], &[a[0]])?;
+    node.zrem(k[2], &[a[0]])?;
+    if gone == 1 && !node.exists(k[0]) {
+        node.publish(a[1], a[0]);
+    }
+    Ok(Value::Integer(gone))
+}
+
+/// [`rw::WRITE_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl, intent ms, waiter.
+fn write_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("write acquire", keys, 3, args, 4)?;
+    Ok(Value::Integer(i64::from(write_acquire_body(node, k, a)?)))
+}
+
+/// The body of a write acquire: whether it took the writer key.
+fn write_acquire_body(node: &mut Node, k: &[&[u8]], a: &[&[u8]]) -> Result<bool, Value> {
+    let now = node.now as f64;
+    let mut free = !node.exists(k[0]) && !node.exists(k[1]);
+    if !free && !node.exists(k[0]) {
+        node.zrem_range_by_score(k[1], f64::NEG_INFINITY, now)?;
+        free = !node.exists(k[1]);
+    }
+    let intent = lua_number("write acquire", a[2])?;
+    if free {
+        if let Value::Error(e) = node.set_command(&[k[0], a[0], b"px", a[1]]) {
+            return Err(Value::Error(e));
+        }
+        if intent > 0.0 {
+            node.zrem(k[2], &[a[3]])?;
+        }
+        return Ok(true);
+    }
+    if intent > 0.0 {
+        node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
+        node.zadd_score(k[2], now + intent, a[3], false)?;
+        keep_ttl_at_least(node, k[2], intent)?;
+    }
+    Ok(false)
+}
+
+/// [`rw::WRITE_CLEANUP`]: KEYS writer, intents; ARGV token, wake channel, intent ms, waiter.
+fn write_cleanup_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("write cleanup", keys, 2, args, 4)?;
+    if node.get(k[0])? == Some(a[0]) {
+        node.del(k[0]);
+        node.publish(a[1], a[0]);
+    }
+    let intent = lua_number("write cleanup", a[2])?;
+    if intent > 0.0 {
+        node.zadd_score(k[1], node.now as f64 + intent, a[3], false)?;
+        keep_ttl_at_least(node, k[1], intent)?;
+    }
+    Ok(Value::Integer(1))
+}
+
+/// [`rw::READ_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl.
+fn read_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("read acquire", keys, 3, args, 2)?;
+    Ok(Value::Integer(i64::from(read_acquire_body(
+        node, k, a, true,
+    )?)))
+}
+
+/// The body of a read acquire: whether the reader went in.
+fn read_acquire_body(
+    node: &mut Node,
+    k: &[&[u8]],
+    a: &[&[u8]],
+    heed_intents: bool,
+) -> Result<bool, Value> {
+    let now = node.now as f64;
+    if node.exists(k[0]) {
+        return Ok(false);
+    }
+    if heed_intents && node.exists(k[2]) {
+        node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
+        if node.exists(k[2]) {
+            return Ok(false);
+        }
+    }
+    let ttl = lua_number("read acquire", a[1])?;
+    node.zrem_range_by_score(k[1], f64::NEG_INFINITY, now)?;
+    node.zadd_score(k[1], now + ttl, a[0], false)?;
+    keep_ttl_at_least(node, k[1], ttl)?;
+    Ok(true)
+}
+
+/// [`rw::SET_RELEASE`]: KEYS set; ARGV token, wake channel.
+fn set_release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("set release", keys, 1, args, 2)?;
+    if node.zrem(k[0], &[a[0]])? == 1 {
+        node.publish(a[1], a[0]);
+        Ok(Value::Integer(1))
+    } else {
+        Ok(Value::Integer(0))
+    }
+}
+
+/// [`rw::READ_EXTEND`]: KEYS readers; ARGV token, ttl.
+fn read_extend_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("read extend", keys, 1, args, 2)?;
+    let now = node.now as f64;
+    match node.zscore(k[0], a[0])? {
+        Some(s) if s > now => {}
+        _ => return Ok(Value::Integer(0)),
+    }
+    let ttl = lua_number("read extend", a[1])?;
+    node.zadd_score(k[0], now + ttl, a[0], true)?;
+    keep_ttl_at_least(node, k[0], ttl)?;
+    Ok(Value::Integer(1))
+}
+
+/// [`multi::ACQUIRE_ALL`]: KEYS the set; ARGV token, ttl.
+fn acquire_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (_, a) = need("acquire all", keys, 0, args, 2)?;
+    if keys.iter().any(|k| node.exists(k)) {
+        return Ok(Value::Integer(0));
+    }
+    for k in keys {
+        if let Value::Error(e) = node.set_command(&[k, a[0], b"PX", a[1]]) {
+            return Err(Value::Error(e));
+        }
+    }
+    Ok(Value::Integer(1))
+}
+
+/// [`multi::RELEASE_ALL`]: KEYS the set; ARGV token, then each key's wake channel.
+fn release_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (_, a) = need("release all", keys, 0, args, 1)?;
+    let mut n = 0;
+    for (i, k) in keys.iter().enumerate() {
+        // `pcall('get')`: a key of another type is not ours, and does not stop the script.
+        if node.get(k) == Ok(Some(a[0])) {
+            node.del(k);
+            let Some(channel) = args.get(i + 1) else {
+                return Err(script_error(
+                    "release all: a wake channel per key is required",
+                ));
+            };
+            node.publish(channel, a[0]);
+            n += 1;
+        }
+    }
+    Ok(Value::Integer(n))
+}
+
+/// [`multi::EXTEND_ALL`]: KEYS the set; ARGV token, ttl.
+fn extend_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (_, a) = need("extend all", keys, 0, args, 2)?;
+    for k in keys {
+        // `pcall('get')`: a key of another type is not ours.
+        if node.get(k) != Ok(Some(a[0])) {
+            return Ok(Value::Integer(0));
+        }
+    }
+    for k in keys {
+        node.pexpire(k, a[1])?;
+    }
+    Ok(Value::Integer(1))
+}
+
+/// The fence counter at `fence`, checked as `fence_check.lua` does before anything is set.
+fn fence_counter(node: &mut Node, fence: &[u8]) -> Result<f64, Value> {
+    let n = match node.get(fence)? {
+        None => 0.0,
+        Some(f) => match lua_tonumber(f) {
+            Some(n) if n >= 0.0 && n == n.floor() => n,
+            _ => return Err(err("ERR fence counter is not a whole number")),
+        },
+    };
+    if n >= 9_007_199_254_740_991.0 {
+        return Err(err("ERR fence counter exhausted"));
+    }
+    Ok(n)
+}
+
+/// `fence_grant.lua`: the counter `n` at `fence` raised and returned when the attempt `taken`,
+/// else -1.
+fn fence_grant(node: &mut Node, fence: &[u8], n: f64, taken: bool) -> Result<Value, Value> {
+    if !taken {
+        return Ok(Value::Integer(-1));
+    }
+    let n = n as i64 + 1;
+    node.set_command(&[fence, n.to_string().as_bytes()]);
+    Ok(Value::Integer(n))
+}
+
+/// [`fencing::FENCED_ACQUIRE`]: KEYS lock, fence counter; ARGV token, ttl.
+fn fenced_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("fenced acquire", keys, 2, args, 2)?;
+    let n = fence_counter(node, k[1])?;
+    let taken = set_nx_px(node, k[0], a[0], a[1])?;
+    fence_grant(node, k[1], n, taken)
+}
+
+/// [`fencing::FAIR_FENCED_ACQUIRE`]: [`fair::FAIR_ACQUIRE`], fenced. KEYS lock, fence counter,
+/// queue, expiries; ARGV token, ttl, waiter, ticket, entry TTL, join.
+fn fair_fenced_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fair fenced acquire", keys, 4, args, 6)?;
+    let n = fence_counter(node, k[1])?;
+    let taken = match fair_gate(node, k, a, b"", false)? {
+        None => false,
+        Some(gate) => {
+            let won = set_nx_px(node, k[0], a[0], a[1])?;
+            fair_outcome(node, k, gate, won)?;
+            won
+        }
+    };
+    fence_grant(node, k[1], n, taken)
+}
+
+/// [`fencing::FENCED_WRITE_ACQUIRE`]: [`rw::WRITE_ACQUIRE`], fenced on the writer key. KEYS
+/// writer, readers, intents, fence counter; ARGV token, ttl, intent ms, waiter.
+fn fenced_write_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fenced write acquire", keys, 4, args, 4)?;
+    let n = fence_counter(node, k[3])?;
+    let taken = write_acquire_body(node, k, a)?;
+    fence_grant(node, k[3], n, taken)
+}
+
+/// [`fencing::FAIR_FENCED_WRITE_ACQUIRE`]: [`rw::FAIR_WRITE_ACQUIRE`], fenced on the writer
+/// key. KEYS writer, readers, intents, fence counter, queue, expiries; ARGV token, ttl, intent
+/// ms, waiter, ticket, entry TTL, join.
+fn fair_fenced_write_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fair fenced write acquire", keys, 6, args, 7)?;
+    let n = fence_counter(node, k[3])?;
+    let taken = match fair_gate(node, k, a, b"w", false)? {
+        None => false,
+        Some(gate) => {
+            let won = write_acquire_body(node, k, a)?;
+            fair_outcome(node, k, gate, won)?;
+            won
+        }
+    };
+    fence_grant(node, k[3], n, taken)
+}
+
+/// [`multi::FAIR_ACQUIRE_ALL`]: KEYS the set, then each key's queue and expiries in pairs;
+/// ARGV token, ttl, waiter, ticket, entry TTL, join.
+fn fair_acquire_all_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (_, a) = need("fair acquire all", keys, 0, args, 6)?;
+    let n = keys.len() / 3;
+    let (waiter, ticket, join) = (a[2], a[3], a[5]);
+    let ettl = lua_number("fair acquire all", a[4])?;
+    let now = node.now;
+    let (mut queued, mut head) = (false, true);
+    for i in 0..n {
+        let (qk, xk) = (keys[n + 2 * i], keys[n + 2 * i + 1]);
+        for dead in node.zrange_by_score(xk, f64::NEG_INFINITY, now as f64)? {
+            node.zrem(qk, &[&dead])?;
+            node.zrem(xk, &[&dead])?;
+        }
+        if join == b"1" || node.zcard(qk)? > 0 {
+            queued = true;
+            node.zadd(&[qk, ticket, waiter])?;
+            node.zadd_score(xk, now as f64 + ettl, waiter, false)?;
+            keep_ttl_at_least(node, qk, ettl)?;
+            keep_ttl_at_least(node, xk, ettl)?;
+            if node.zrange(qk, 0, -1)?.first().map(Vec::as_slice) != Some(waiter) {
+                head = false;
+            }
+        }
+    }
+    if !head {
+        return Ok(Value::Integer(2));
+    }
+    if keys[..n].iter().any(|k| node.exists(k)) {
+        return Ok(Value::Integer(if queued { 2 } else { 0 }));
+    }
+    for k in &keys[..n] {
+        if let Value::Error(e) = node.set_command(&[k, a[0], b"PX", a[1]]) {
+            return Err(Value::Error(e));
+        }
+    }
+    for i in 0..n {
+        node.zrem(keys[n + 2 * i], &[waiter])?;
+        node.zrem(keys[n + 2 * i + 1], &[waiter])?;
+    }
+    Ok(Value::Integer(1))
+}
+
+/// [`fencing::FENCE_WRITE`]: KEYS lock, fence counter; ARGV token, value.
+fn fence_write_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("fence write", keys, 2, args, 2)?;
+    if node.get(k[0])? != Some(a[0]) {
+        return Ok(Value::Integer(0));
+    }
+    let n = match node.get(k[1])? {
+        None => 0.0,
+        Some(f) => lua_tonumber(f).ok_or_else(|| err("ERR fence counter is not a whole number"))?,
+    };
+    if lua_number("fence write", a[1])? > n {
+        node.set_command(&[k[1], a[1]]);
+    }
+    Ok(Value::Integer(1))
+}
+
+/// Lua 5.1's `tonumber` of a string (`strtod`, or hex after `0x`, surrounding spaces allowed).
+fn lua_tonumber(b: &[u8]) -> Option<f64> {
+    let s = std::str::from_utf8(b)
+        .ok()?
+        .trim_matches(|c: char| c.is_ascii_whitespace());
+    let (neg, digits) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    if let Some(hex) = digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
+        let v = u64::from_str_radix(hex, 16).ok()? as f64;
+        return Some(if neg { -v } else { v });
+    }
+    if digits.is_empty() || digits.starts_with(['+', '-']) {
+        return None;
+    }
+    s.parse::<f64>().ok()
+}
+
+fn script_error(what: &str) -> Value {
+    Value::Error(format!("ERR simulated script: {what}").into_bytes())
+}
+
+fn err(message: &str) -> Value {
+    Value::Error(message.as_bytes().to_vec())
+}
+
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
+
+/// What a key holds.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Data {
+    /// A string.
+    Str(Vec<u8>),
+    /// A sorted set: member to score.
+    ZSet(BTreeMap<Vec<u8>, f64>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Entry {
+    data: Data,
+    /// Absolute expiry on this node's clock, in ms; the key is gone once `now > expire_at`.
+    expire_at: Option<i64>,
+}
+
+/// One simulated Redis node's memory. Crashing it is dropping it.
+#[derive(Debug, Default)]
+pub(crate) struct Node {
+    data: BTreeMap<Vec<u8>, Entry>,
+    scripts: BTreeSet<[u8; 40]>,
+    /// This node's wall clock in ms, set by the caller before each command.
+    now: i64,
+    /// Messages published (release announcements).
+    pub published: u64,
+    /// The messages published and not yet taken by the simulated network: channel, message.
+    pub outbox: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Node {
+    /// Executes one RESP command (an array of bulk strings) at node time `now_ms`, and returns
+    /// the RESP reply.
+    pub fn execute(&mut self, now_ms: i64, command: &[u8]) -> Vec<u8> {
+        self.now = now_ms;
+        let reply = match resp::decode(command, &Limits::default()) {
+            Ok(Status::Complete((Reply::Array(Some(items)), used))) if used == command.len() => {
+                let args: Option<Vec<&[u8]>> = items
+                    .iter()
+                    .map(|r| match r {
+                        Reply::Bulk(Some(b)) => Some(*b),
+                        _ => None,
+                    })
+                    .collect();
+                match args {
+                    Some(args) if !args.is_empty() => self.dispatch(&args),
+                    _ => err("ERR Protocol error: expected an array of bulk strings"),
+                }
+            }
+            _ => err("ERR Protocol error: not one complete command"),
+        };
+        let mut out = Vec::new();
+        reply.encode(&mut out);
+        out
+    }
+
+    /// A restart that reloads the data from disk: only the script cache is lost.
+    pub fn forget_scripts(&mut self) {
+        self.scripts.clear();
+    }
+
+    /// The keys that hold something now (expired ones are not counted).
+    pub fn live_keys(&mut self) -> usize {
+        let now = self.now;
+        self.data
+            .retain(|_, e| e.expire_at.is_none_or(|at| now <= at));
+        self.data.len()
+    }
+
+    fn dispatch(&mut self, args: &[&[u8]]) -> Value {
+        let name = args[0].to_ascii_uppercase();
+        let rest = &args[1..];
+        let arity = |n: usize| -> Result<(), Value> {
+            if rest.len() == n {
+                Ok(())
+            } else {
+                Err(Value::Error(
+                    format!(
+                        "ERR wrong number of arguments for '{}' command",
+                        String::from_utf8_lossy(args[0]).to_ascii_lowercase()
+                    )
+                    .into_bytes(),
+                ))
+            }
+        };
+        let r = match name.as_slice() {
+            b"SET" if rest.len() >= 2 => Ok(self.set_command(rest)),
+            b"GET" => arity(1)
+                .and_then(|()| self.get(rest[0]))
+                .map(|v| Value::Bulk(v.map(<[u8]>::to_vec))),
+            b"DEL" if !rest.is_empty() => Ok(Value::Integer(
+                rest.iter().filter(|k| self.del(k)).count() as i64,
+            )),
+            b"EXISTS" if !rest.is_empty() => Ok(Value::Integer(
+                rest.iter().filter(|k| self.exists(k)).count() as i64,
+            )),
+            b"PEXPIRE" => arity(2).and_then(|()| self.pexpire(rest[0], rest[1])),
+            b"PTTL" => arity(1).map(|()| Value::Integer(self.pttl(rest[0]))),
+            b"PUBLISH" => arity(2).map(|()| {
+                self.outbox.push((rest[0].to_vec(), rest[1].to_vec()));
+                self.published += 1;
+                Value::Integer(0)
+            }),
+            b"ZADD" if rest.len() >= 3 && rest.len() % 2 == 1 => {
+                self.zadd(rest).map(Value::Integer)
+            }
+            b"ZREM" if rest.len() >= 2 => self.zrem(rest[0], &rest[1..]).map(Value::Integer),
+            b"ZCARD" => arity(1).and_then(|()| self.zcard(rest[0]).map(Value::Integer)),
+            b"ZSCORE" => arity(2).and_then(|()| {
+                self.zscore(rest[0], rest[1])
+                    .map(|s| Value::Bulk(s.map(format_score)))
+            }),
+            b"ZRANGE" => arity(3).and_then(|()| {
+                let (Some(start), Some(stop)) = (parse_i64(rest[1]), parse_i64(rest[2])) else {
+                    return Err(err(NOT_INTEGER));
+                };
+                self.zrange(rest[0], start, stop).map(bulk_array)
+            }),
+            b"ZRANGEBYSCORE" => arity(3).and_then(|()| {
+                let (min, max) = score_range(rest[1], rest[2])?;
+                self.zrange_by_score(rest[0], min, max).map(bulk_array)
+            }),
+            b"ZREMRANGEBYSCORE" => arity(3).and_then(|()| {
+                let (min, max) = score_range(rest[1], rest[2])?;
+                self.zrem_range_by_score(rest[0], min, max)
+                    .map(Value::Integer)
+            }),
+            b"EVAL" | b"EVALSHA" if rest.len() >= 2 => Ok(self.eval(name == b"EVAL", rest)),
+            b"SCRIPT" if rest.len() == 2 && rest[0].eq_ignore_ascii_case(b"LOAD") => {
+                let sha = sha1_hex(rest[1]);
+                self.scripts.insert(sha);
+                Ok(Value::Bulk(Some(sha.to_vec())))
+            }
+            b"FLUSHALL" => {
+                self.data.clear();
+                Ok(Value::Simple(b"OK".to_vec()))
+            }
+            b"SET" | b"DEL" | b"EXISTS" | b"ZADD" | b"ZREM" | b"EVAL" | b"EVALSHA" => {
+                arity(usize::MAX).map(|()| Value::Integer(0))
+            }
+            _ => Ok(Value::Error(
+                format!(
+                    "ERR unknown command '{}' in the simulated node",
+                    String::from_utf8_lossy(args[0])
+                )
+                .into_bytes(),
+            )),
+        };
+        r.unwrap_or_else(|e| e)
+    }
+
+    /// `SET key value [NX|XX] [PX ms|EX s]`
+    fn set_command(&mut self, args: &[&[u8]]) -> Value {
+        let (key, value) = (args[0], args[1]);
+        let (mut nx, mut xx, mut px) = (false, false, None);
+        let mut i = 2;
+        while i < args.len() {
+            let opt = args[i].to_ascii_uppercase();
+            match opt.as_slice() {
+                b"NX" if !xx => nx = true,
+                b"XX" if !nx => xx = true,
+                b"PX" | b"EX" if px.is_none() && i + 1 < args.len() => {
+                    i += 1;
+                    let Some(n) = parse_i64(args[i]) else {
+                        return err(NOT_INTEGER);
+                    };
+                    let ms = if opt == b"EX" {
+                        n.checked_mul(1000)
+                    } else {
+                        Some(n)
+                    };
+                    match ms.filter(|&ms| ms > 0) {
+                        Some(ms) => px = Some(ms),
+                        None => return err("ERR invalid expire time in 'set' command"),
+                    }
+                }
+                _ => return err("ERR syntax error"),
+            }
+            i += 1;
+        }
+        let exists = self.entry(key).is_some();
+        if (nx && exists) || (xx && !exists) {
+            return Value::Bulk(None);
+        }
+        self.data.insert(
+            key.to_vec(),
+            Entry {
+                data: Data::Str(value.to_vec()),
+                expire_at: px.map(|ms| self.now.saturating_add(ms)),
+            },
+        );
+        Value::Simple(b"OK".to_vec())
+    }
+
+    fn eval(&mut self, by_body: bool, args: &[&[u8]]) -> Value {
+        let sha = if by_body {
+            let sha = sha1_hex(args[0]);
+            // Redis 7.0 caches the body of every EVAL, so a later EVALSHA finds it.
+            self.scripts.insert(sha);
+            sha
+        } else {
+            let mut sha = [0u8; 40];
+            if args[0].len() == 40 {
+                sha.copy_from_slice(&args[0].to_ascii_lowercase());
+            }
+            if !self.scripts.contains(&sha) {
+                return err("NOSCRIPT No matching script. Please use EVAL.");
+            }
+            sha
+        };
+        let Some(numkeys) = parse_i64(args[1]) else {
+            return err(NOT_INTEGER);
+        };
+        let rest = &args[2..];
+        let Some(numkeys) = usize::try_from(numkeys).ok().filter(|&n| n <= rest.len()) else {
+            return err(if numkeys < 0 {
+                "ERR Number of keys can't be negative"
+            } else {
+                "ERR Number of keys can't be greater than number of args"
+            });
+        };
+        let Some((_, model)) = SCRIPT_MODELS.iter().find(|(s, _)| s.sha == sha) else {
+            return script_error("no model for this script");
+        };
+        model(self, &rest[..numkeys], &rest[numkeys..]).unwrap_or_else(|e| e)
+    }
+
+    /// The live entry at `key`, dropping it first if it has expired.
+    fn entry(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        let now = self.now;
+        if self
+            .data
+            .get(key)
+            .is_some_and(|e| e.expire_at.is_some_and(|at| now > at))
+        {
+            self.data.remove(key);
+        }
+        self.data.get_mut(key)
+    }
+
+    /// `GET`: the string at `key`, or a WRONGTYPE error reply.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<&[u8]>, Value> {
+        match self.entry(key) {
+            None => Ok(None),
+            Some(Entry {
+                data: Data::Str(v), ..
+            }) => Ok(Some(v)),
+            Some(_) => Err(err(WRONGTYPE)),
+        }
+    }
+
+    /// `DEL` of one key: whether it existed.
+    pub fn del(&mut self, key: &[u8]) -> bool {
+        self.entry(key).is_some() && self.data.remove(key).is_some()
+    }
+
+    /// `EXISTS` of one key.
+    pub fn exists(&mut self, key: &[u8]) -> bool {
+        self.entry(key).is_some()
+    }
+
+    /// `PEXPIRE key ms`: 1 if the key exists (a non-positive TTL deletes it), else 0.
+    pub fn pexpire(&mut self, key: &[u8], ms: &[u8]) -> Result<Value, Value> {
+        let ms = parse_i64(ms).ok_or_else(|| err(NOT_INTEGER))?;
+        Ok(Value::Integer(self.pexpire_ms(key, ms)))
+    }
+
+    /// `PEXPIRE` with a number of milliseconds.
+    pub fn pexpire_ms(&mut self, key: &[u8], ms: i64) -> i64 {
+        let now = self.now;
+        match self.entry(key) {
+            None => 0,
+            Some(_) if ms <= 0 => {
+                self.data.remove(key);
+                1
+            }
+            Some(e) => {
+                e.expire_at = Some(now.saturating_add(ms));
+                1
+            }
+        }
+    }
+
+    /// `PTTL key`: -2 if missing, -1 without expiry, else the ms left.
+    pub fn pttl(&mut self, key: &[u8]) -> i64 {
+        let now = self.now;
+        match self.entry(key) {
+            None => -2,
+            Some(Entry {
+                expire_at: None, ..
+            }) => -1,
+            Some(Entry {
+                expire_at: Some(at),
+                ..
+            }) => (*at - now).max(0),
+        }
+    }
+
+    /// What the scripts publish: `message`'s first 16 characters on `channel`, as
+    /// `string.sub(token, 1, 16)` does. The simulated network delivers them to subscribers.
+    pub fn publish(&mut self, channel: &[u8], message: &[u8]) {
+        self.published += 1;
+        let message = &message[..message.len().min(16)];
+        self.outbox.push((channel.to_vec(), message.to_vec()));
+    }
+
+    /// The sorted set at `key` (`None` if missing), or a WRONGTYPE error reply.
+    pub fn zset(&mut self, key: &[u8]) -> Result<Option<&mut BTreeMap<Vec<u8>, f64>>, Value> {
+        match self.entry(key) {
+            None => Ok(None),
+            Some(Entry {
+                data: Data::ZSet(z),
+                ..
+            }) => Ok(Some(z)),
+            Some(_) => Err(err(WRONGTYPE)),
+        }
+    }
+
+    /// The members of the sorted set at `key` in Redis order: by score, then by member.
+    fn ordered(&mut self, key: &[u8]) -> Result<Vec<(Vec<u8>, f64)>, Value> {
+        let mut all: Vec<(Vec<u8>, f64)> = match self.zset(key)? {
+            None => Vec::new(),
+            Some(z) => z.iter().map(|(m, s)| (m.clone(), *s)).collect(),
+        };
+        all.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(all)
+    }
+
+    /// Deletes the sorted set at `key` if it is empty, as Redis does.
+    fn drop_if_empty(&mut self, key: &[u8]) {
+        if matches!(self.zset(key), Ok(Some(z)) if z.is_empty()) {
+            self.data.remove(key);
+        }
+    }
+
+    /// `ZADD key score member [score member ...]`: members newly added.
+    pub fn zadd(&mut self, args: &[&[u8]]) -> Result<i64, Value> {
+        let mut pairs = Vec::new();
+        for p in args[1..].chunks(2) {
+            match std::str::from_utf8(p[0])
+                .ok()
+                .and_then(|s| s.parse::<f64>().ok())
+            {
+                Some(score) if !score.is_nan() => pairs.push((score, p[1])),
+                _ => return Err(err("ERR value is not a valid float")),
+            }
+        }
+        let mut added = 0;
+        for (score, member) in pairs {
+            added += self.zadd_score(args[0], score, member, false)?;
+        }
+        Ok(added)
+    }
+
+    /// `ZADD key [XX] score member`: 1 if the member is new (never with `xx`), else 0.
+    pub fn zadd_score(
+        &mut self,
+        key: &[u8],
+        score: f64,
+        member: &[u8],
+        xx: bool,
+    ) -> Result<i64, Value> {
+        if self.zset(key)?.is_none() {
+            if xx {
+                return Ok(0);
+            }
+            self.data.insert(
+                key.to_vec(),
+                Entry {
+                    data: Data::ZSet(BTreeMap::new()),
+                    expire_at: None,
+                },
+            );
+        }
+        let Some(z) = self.zset(key)? else {
+            return Err(err(WRONGTYPE));
+        };
+        if xx {
+            if let Some(s) = z.get_mut(member) {
+                *s = score;
+            }
+            return Ok(0);
+        }
+        Ok(i64::from(z.insert(member.to_vec(), score).is_none()))
+    }
+
+    /// `ZREM key member...`: members removed; an emptied set is deleted, as in Redis.
+    pub fn zrem(&mut self, key: &[u8], members: &[&[u8]]) -> Result<i64, Value> {
+        let removed = match self.zset(key)? {
+            None => 0,
+            Some(z) => members.iter().filter(|m| z.remove(**m).is_some()).count(),
+        };
+        self.drop_if_empty(key);
+        Ok(removed as i64)
+    }
+
+    /// `ZCARD key`
+    pub fn zcard(&mut self, key: &[u8]) -> Result<i64, Value> {
+        Ok(self.zset(key)?.map_or(0, |z| z.len() as i64))
+    }
+
+    /// `ZSCORE key member`
+    pub fn zscore(&mut self, key: &[u8], member: &[u8]) -> Result<Option<f64>, Value> {
+        Ok(self.zset(key)?.and_then(|z| z.get(member).copied()))
+    }
+
+    /// `ZRANGE key start stop` (ranks from 0, negative from the end).
+    pub fn zrange(&mut self, key: &[u8], start: i64, stop: i64) -> Result<Vec<Vec<u8>>, Value> {
+        let all = self.ordered(key)?;
+        let len = all.len() as i64;
+        let start = if start < 0 {
+            (len + start).max(0)
+        } else {
+            start
+        };
+        let stop = if stop < 0 {
+            len + stop
+        } else {
+            stop.min(len - 1)
+        };
+        if start > stop || start >= len {
+            return Ok(Vec::new());
+        }
+        Ok(all[start as usize..=stop as usize]
+            .iter()
+            .map(|(m, _)| m.clone())
+            .collect())
+    }
+
+    /// `ZRANGEBYSCORE key min max` (both inclusive).
+    pub fn zrange_by_score(
+        &mut self,
+        key: &[u8],
+        min: f64,
+        max: f64,
+    ) -> Result<Vec<Vec<u8>>, Value> {
+        Ok(self
+            .ordered(key)?
+            .into_iter()
+            .filter(|(_, s)| *s >= min && *s <= max)
+            .map(|(m, _)| m)
+            .collect())
+    }
+
+    /// `ZREMRANGEBYSCORE key min max` (both inclusive): members removed.
+    pub fn zrem_range_by_score(&mut self, key: &[u8], min: f64, max: f64) -> Result<i64, Value> {
+        let removed = match self.zset(key)? {
+            None => 0,
+            Some(z) => {
+                let before = z.len();
+                z.retain(|_, s| !(*s >= min && *s <= max));
+                before - z.len()
+            }
+        };
+        self.drop_if_empty(key);
+        Ok(removed as i64)
+    }
+}
+
+/// A score as Redis 7.0 writes it (`%.17g`; whole numbers without a fraction).
+fn format_score(s: f64) -> Vec<u8> {
+    if s.is_infinite() {
+        return if s > 0.0 {
+            b"inf".to_vec()
+        } else {
+            b"-inf".to_vec()
+        };
+    }
+    if s == s.trunc() && s.abs() < 1e17 {
+        format!("{}", s as i64).into_bytes()
+    } else {
+        format!("{s}").into_bytes()
+    }
+}
+
+fn bulk_array(items: Vec<Vec<u8>>) -> Value {
+    Value::Array(Some(
+        items.into_iter().map(|m| Value::Bulk(Some(m))).collect(),
+    ))
+}
+
+/// The bounds of `ZRANGEBYSCORE`: numbers, `-inf` or `+inf` (exclusive bounds are not modelled).
+fn score_range(min: &[u8], max: &[u8]) -> Result<(f64, f64), Value> {
+    let bound = |b: &[u8]| match b {
+        b"-inf" => Some(f64::NEG_INFINITY),
+        b"+inf" | b"inf" => Some(f64::INFINITY),
+        _ => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| !s.is_nan()),
+    };
+    match (bound(min), bound(max)) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(err("ERR min or max is not a float")),
+    }
+}
+
+fn parse_i64(b: &[u8]) -> Option<i64> {
+    let s = std::str::from_utf8(b).ok()?;
+    // Redis accepts no sign but '-', no leading zeros, and no spaces.
+    if s.starts_with('+') || (s.len() > 1 && s.starts_with('0')) || s.starts_with("-0") {
+        return None;
+    }
+    s.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::ops::{self, Acquire, Extend, Op, Release, ScriptForm};
+
+    fn run(node: &mut Node, now: i64, op: &dyn Op, form: ScriptForm) -> Value {
+        let mut cmd = Vec::new();
+        op.encode(&mut cmd, form);
+        let out = node.execute(now, &cmd);
+        match resp::decode(&out, &Limits::default()) {
+            Ok(Status::Complete((r, n))) if n == out.len() => r.to_value(),
+            other => panic!("bad reply {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_script_the_client_loads_has_a_model() {
+        for script in ops::SCRIPTS {
+            assert!(
+                SCRIPT_MODELS.iter().any(|(s, _)| s.sha == script.sha),
+                "no simulated model for script {}",
+                script.body
+            );
+        }
+    }
+
+    #[test]
+    fn lock_ops_with_expiry_and_script_cache() {
+        let mut n = Node::default();
+        let acq = |token: &'static [u8]| Acquire {
+            key: b"k",
+            token,
+            ttl_ms: 100,
+        };
+        let ok = Value::Simple(b"OK".to_vec());
+        assert_eq!(run(&mut n, 1000, &acq(b"a"), ScriptForm::Sha), ok);
+        assert_eq!(
+            run(&mut n, 1050, &acq(b"b"), ScriptForm::Sha),
+            Value::Bulk(None)
+        );
+        assert_eq!(
+            run(&mut n, 1100, &acq(b"b"), ScriptForm::Sha),
+            Value::Bulk(None)
+        );
+        assert_eq!(
+            run(&mut n, 1101, &acq(b"b"), ScriptForm::Sha),
+            ok,
+            "expired"
+        );
+        let rel = Release {
+            key: b"k",
+            token: b"b",
+        };
+        assert!(matches!(
+            run(&mut n, 1102, &rel, ScriptForm::Sha),
+            Value::Error(e) if e.starts_with(b"NOSCRIPT")
+        ));
+        let ext = Extend {
+            key: b"k",
+            token: b"b",
+            ttl_ms: 500,
+        };
+        assert_eq!(run(&mut n, 1102, &ext, ScriptForm::Body), Value::Integer(1));
+        assert_eq!(n.pttl(b"k"), 500);
+        // EVAL cached EXTEND only: RELEASE by digest is still unknown.
+        assert!(matches!(
+            run(&mut n, 1103, &rel, ScriptForm::Sha),
+            Value::Error(e) if e.starts_with(b"NOSCRIPT")
+        ));
+        assert_eq!(run(&mut n, 1103, &rel, ScriptForm::Body), Value::Integer(1));
+        assert_eq!(run(&mut n, 1103, &rel, ScriptForm::Sha), Value::Integer(0));
+        assert_eq!(n.published, 1);
+        assert_eq!(n.live_keys(), 0);
+    }
+}

@@ -1,0 +1,192 @@
+//! Per-call options of a waiting acquisition ([`Acquire`]) and the handle that cancels one
+//! ([`Cancel`]).
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::error::InvalidArgument;
+
+/// The longest per-call timeout, as for the client's settings: a day.
+pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// How one waiting acquisition waits, in place of the client's settings: a timeout or a
+/// deadline, a retry count, and a [`Cancel`] handle. Every option left unset keeps the
+/// client's setting ([`wait_timeout`](crate::ClientBuilder::wait_timeout),
+/// [`retry_count`](crate::ClientBuilder::retry_count)).
+///
+/// Given to the `*_with` calls of every lock kind ([`Client::lock_with`](crate::Client::lock_with),
+/// [`read_lock_with`](crate::Client::read_lock_with), [`write_lock_with`](crate::Client::write_lock_with),
+/// [`lock_all_with`](crate::Client::lock_all_with), [`lock_fenced_with`](crate::Client::lock_fenced_with),
+/// [`write_lock_fenced_with`](crate::Client::write_lock_fenced_with)).
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_mux::Acquire;
+///
+/// let opts = Acquire::new().timeout(Duration::from_millis(250)).retries(3);
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Acquire {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) retries: Option<u32>,
+    pub(crate) cancel: Option<Cancel>,
+}
+
+impl Acquire {
+    /// The client's settings, no cancel handle.
+    pub const fn new() -> Acquire {
+        Acquire {
+            timeout: None,
+            deadline: None,
+            retries: None,
+            cancel: None,
+        }
+    }
+
+    /// The longest this call waits in all, from its first attempt: no attempt starts after it
+    /// (in place of the client's [wait timeout](crate::ClientBuilder::wait_timeout)). Zero
+    /// makes one attempt. At most a day.
+    pub fn timeout(mut self, timeout: Duration) -> Acquire {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// No attempt starts at or after `deadline`. With a [`timeout`](Self::timeout) as well,
+    /// the earlier of the two ends the wait. A deadline already past leaves one attempt, as a
+    /// zero timeout does.
+    pub fn deadline(mut self, deadline: Instant) -> Acquire {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// How many retries may come after a retry delay in which no release was announced (in
+    /// place of the client's [retry count](crate::ClientBuilder::retry_count)); `u32::MAX`
+    /// means no limit.
+    pub fn retries(mut self, count: u32) -> Acquire {
+        self.retries = Some(count);
+        self
+    }
+
+    /// Cancelling `cancel` ends this call with [`Error::Cancelled`](crate::Error::Cancelled),
+    /// at once, from any thread (see [`Cancel`]).
+    pub fn cancel(mut self, cancel: &Cancel) -> Acquire {
+        self.cancel = Some(cancel.clone());
+        self
+    }
+
+    /// Refuses a timeout longer than a day.
+    pub(crate) fn check(&self) -> Result<(), InvalidArgument> {
+        match self.timeout {
+            Some(t) if t > MAX_TIMEOUT => Err(InvalidArgument::BadOption {
+                name: "timeout",
+                reason: "must be at most a day",
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A handle that cancels waiting acquisitions, from any thread.
+///
+/// Give it to one or more calls with [`Acquire::cancel`]; [`cancel`](Cancel::cancel) makes
+/// every one of them that has not got its lock yet return
+/// [`Error::Cancelled`](crate::Error::Cancelled) at once, wherever it is: before its first
+/// attempt, with an attempt in flight, parked waiting for a release or a retry, or in a fair
+/// queue. The thread blocked in the call is woken: it does not wait for its next retry. What
+/// the call had on the nodes is undone on every node: the attempt in flight is released
+/// behind itself (on each connection, after the attempt), its place in a fair queue is left,
+/// a writer's intent is withdrawn. A call that has already won keeps its lock.
+///
+/// A handle stays cancelled: calls given it afterwards return `Cancelled` without sending
+/// anything. Clones share the state; it is cheap to clone.
+#[derive(Clone, Default)]
+pub struct Cancel {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    cancelled: AtomicBool,
+    /// The pollers of the calls waiting with this handle now.
+    wakers: Mutex<Vec<Arc<mio::Waker>>>,
+}
+
+impl Cancel {
+    /// A handle not cancelled yet.
+    pub fn new() -> Cancel {
+        Cancel::default()
+    }
+
+    /// Cancels every call waiting with this handle, now and later. Returns at once.
+    pub fn cancel(&self) {
+        self.inner.cancelled.store(true, Ordering::SeqCst);
+        let wakers = self
+            .inner
+            .wakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for w in wakers.iter() {
+            // A poller that cannot be woken still sees the flag at its next deadline.
+            let _ = w.wake();
+        }
+    }
+
+    /// Whether [`cancel`](Cancel::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Wakes `waker` when cancelled, until the returned registration is dropped. Registered
+    /// before the flag is read, so a cancel is never missed between the two.
+    pub(crate) fn register(&self, waker: &Arc<mio::Waker>) -> Registration<'_> {
+        self.inner
+            .wakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(waker.clone());
+        Registration {
+            cancel: self,
+            waker: waker.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for Cancel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cancel")
+            .field("cancelled", &self.is_cancelled())
+            .finish()
+    }
+}
+
+/// A poller registered with a [`Cancel`]; see [`Cancel::register`].
+pub(crate) struct Registration<'a> {
+    cancel: &'a Cancel,
+    waker: Arc<mio::Waker>,
+}
+
+impl Registration<'_> {
+    /// Whether the handle was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        let mut wakers = self
+            .cancel
+            .inner
+            .wakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = wakers.iter().position(|w| Arc::ptr_eq(w, &self.waker)) {
+            wakers.swap_remove(i);
+        }
+    }
+}
