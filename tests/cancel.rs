@@ -162,17 +162,23 @@ fn cancelled_while_waiting_for_a_release_every_kind() {
         assert!(took < PROMPT, "{kind}: took {took:?}");
         worst = worst.max(took);
         // The holder's locks are untouched; once they are released, nothing is left.
+        // (The last node may get the holder's SET moments after its lock returned.)
         for (i, &addr) in cluster.addrs().iter().enumerate() {
-            assert_eq!(
-                get(addr, b"c:m").as_deref(),
-                Some(m.token()),
+            assert!(
+                eventually(Duration::from_secs(2), || get(addr, b"c:m").as_deref()
+                    == Some(m.token())),
                 "{kind}: node {i}"
             );
         }
         m.release().unwrap();
         w.release().unwrap();
+        // A release returns at the quorum; the last node gets it moments later.
         for (i, &addr) in cluster.addrs().iter().enumerate() {
-            assert_eq!(lock_keys(addr), Vec::<String>::new(), "{kind}: node {i}");
+            assert!(
+                eventually(Duration::from_secs(2), || lock_keys(addr).is_empty()),
+                "{kind}: node {i}: {:?}",
+                lock_keys(addr)
+            );
         }
     }
     eprintln!("cancel while waiting: slowest return {worst:?} after the cancel");
@@ -237,7 +243,9 @@ fn a_cancel_does_not_touch_a_lock_already_won() {
     cancel.cancel();
     assert!(lock.validity() > Duration::ZERO);
     for &addr in &cluster.addrs() {
-        assert_eq!(get(addr, b"c:won").as_deref(), Some(lock.token()));
+        assert!(eventually(Duration::from_secs(2), || get(addr, b"c:won")
+            .as_deref()
+            == Some(lock.token())));
     }
     lock.release().unwrap();
 }

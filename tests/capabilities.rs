@@ -86,7 +86,11 @@ fn fenced_write_locks_hand_out_increasing_tokens_and_exclude_readers_and_writers
     drop(mutex);
     second.release().expect("release");
     for addr in cluster.addrs() {
-        assert_eq!(get(addr, &names.writer), None, "the writer key is left");
+        assert!(
+            eventually(Duration::from_secs(2), || get(addr, &names.writer)
+                .is_none()),
+            "the writer key is left"
+        );
     }
 }
 
@@ -139,7 +143,10 @@ fn served_in_arrival_order(
         "{name}: fencing tokens {tokens:?}"
     );
     for addr in cluster.addrs() {
-        assert_eq!(zcard(addr, queue), 0, "{name}: the queue is left empty");
+        assert!(
+            eventually(Duration::from_secs(2), || zcard(addr, queue) == 0),
+            "{name}: the queue is left"
+        );
     }
 }
 

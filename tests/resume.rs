@@ -30,13 +30,22 @@ fn a_resumed_guard_extends_and_releases_the_lock_of_another_client() {
         "{:?}",
         resumed.validity()
     );
-    for &addr in &cluster.addrs() {
-        assert!(pttl(addr, b"r:m") > 9000);
-    }
+    // On a quorum: the check returns once a quorum has extended, and on the other node the
+    // first holder's own SET (on its own connection) may land after our extension.
+    let extended = cluster
+        .addrs()
+        .iter()
+        .filter(|&&addr| pttl(addr, b"r:m") > 9000)
+        .count();
+    assert!(extended >= 2, "extended on {extended} of 3 nodes");
     resumed.extend(TTL).unwrap();
     resumed.release().unwrap();
+    // The release returns at the quorum; the last node gets it moments later.
     for &addr in &cluster.addrs() {
-        assert_eq!(dbsize(addr), 0);
+        assert!(
+            eventually(Duration::from_secs(2), || dbsize(addr) == 0),
+            "a key was left on {addr}"
+        );
     }
 
     // Read, write and all-or-none locks.
@@ -60,8 +69,12 @@ fn a_resumed_guard_extends_and_releases_the_lock_of_another_client() {
     let s = other.resume_lock_all(["r:b", "r:a"], &t, TTL).unwrap();
     assert_eq!(s.keys().collect::<Vec<_>>(), [&b"r:a"[..], b"r:b"]);
     s.release().unwrap();
+    // The release returns at the quorum; the last node gets it moments later.
     for &addr in &cluster.addrs() {
-        assert_eq!(dbsize(addr), 0);
+        assert!(
+            eventually(Duration::from_secs(2), || dbsize(addr) == 0),
+            "a key was left on {addr}"
+        );
     }
 }
 
