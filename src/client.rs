@@ -56,7 +56,7 @@ struct Inner {
     /// How many threads wait on `returned`.
     waiting: AtomicUsize,
     keeper: KeeperSlot,
-    stats: Recorder,
+    stats: Arc<Recorder>,
 }
 
 impl std::fmt::Debug for Client {
@@ -293,7 +293,7 @@ impl ClientBuilder {
                 returned: Condvar::new(),
                 waiting: AtomicUsize::new(0),
                 keeper: KeeperSlot::new(),
-                stats: Recorder::new(self.nodes.len()),
+                stats: Arc::new(Recorder::new(self.nodes.len())),
             }),
         };
         let first = client.new_driver()?;
@@ -490,7 +490,8 @@ impl Client {
     /// A driver with its connections opened and set up (bounded by the connect timeout).
     fn new_driver(&self) -> Result<Driver, Error> {
         let config = &self.inner.config;
-        let mut driver = Driver::new(config.clone()).map_err(|e| Error::Io(e.kind()))?;
+        let mut driver = Driver::new(config.clone(), self.inner.stats.clone())
+            .map_err(|e| Error::Io(e.kind()))?;
         driver.warm_up(Instant::now() + config.connect_timeout);
         Ok(driver)
     }

@@ -81,7 +81,7 @@ impl Recorder {
         self.rounds[kind as usize][end as usize].fetch_add(1, Relaxed);
     }
 
-    /// Node `node` answered `latency` after its round started.
+    /// Node `node` answered `latency` after its command was queued.
     pub fn reply(&self, node: usize, latency: Duration) {
         if let Some(cell) = self.nodes.get(node) {
             let at = cell.recorded.fetch_add(1, Relaxed) % LATENCY_WINDOW;

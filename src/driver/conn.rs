@@ -115,8 +115,9 @@ impl Setup {
 pub(crate) enum Slot {
     /// A command of the connection's setup.
     Setup(Setup),
-    /// A reply to the transmit tagged `tag` of the machine the driver ran as run `run`.
-    Reply { run: u64, tag: Tag },
+    /// A reply to the transmit tagged `tag` of the machine the driver ran as run `run`, whose
+    /// command was queued at `sent`.
+    Reply { run: u64, tag: Tag, sent: Instant },
     /// A reply nobody waits for (cleanup after a lost round).
     Discard,
     /// A message on a subscriber connection (confirmations and published messages alike).

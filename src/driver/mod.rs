@@ -36,6 +36,7 @@ use crate::error::NodeErrorKind;
 use crate::options::Cancel;
 use crate::resp::Reply;
 use crate::rng::{Entropy, OsEntropy};
+use crate::stats::Recorder;
 use conn::{Conn, Role, Slot};
 
 /// What a driver tells the guards of the rounds it ran: the oldest round whose votes it still
@@ -137,6 +138,8 @@ pub(crate) struct Driver {
     spare: Option<Round>,
     /// Tokens and jitter for the machines this driver runs.
     entropy: OsEntropy,
+    /// The client's statistics: the driver times every reply it reads.
+    stats: Arc<Recorder>,
     /// The spread of retries after split votes that the last contended acquisition ended with:
     /// contention lasts longer than one acquisition, so the next one starts from it.
     pub spread: Duration,
@@ -148,7 +151,7 @@ pub(crate) struct Driver {
 const WAKER: mio::Token = mio::Token(usize::MAX);
 
 impl Driver {
-    pub fn new(config: Arc<Config>) -> io::Result<Driver> {
+    pub fn new(config: Arc<Config>, stats: Arc<Recorder>) -> io::Result<Driver> {
         let n = config.nodes.len();
         Ok(Driver {
             poll: Poll::new()?,
@@ -167,6 +170,7 @@ impl Driver {
             entropy: OsEntropy::new(),
             spread: Duration::ZERO,
             waker: None,
+            stats,
         })
     }
 
@@ -393,7 +397,14 @@ impl Driver {
             return;
         }
         let caps = conn.caps;
-        conn.queue(Slot::Reply { run: id, tag }, |out| m.encode(t, caps, out));
+        conn.queue(
+            Slot::Reply {
+                run: id,
+                tag,
+                sent: now,
+            },
+            |out| m.encode(t, caps, out),
+        );
         // Write now, read later: every node gets its command before any reply is read.
         if let Err(why) = conn.drive(self.poll.registry(), &self.config.limits, false) {
             self.fail(i, why, now, m, id);
@@ -500,9 +511,13 @@ impl Driver {
         let registry = self.poll.registry();
         let conn = &mut self.conns[i];
         let entropy = &mut self.entropy;
+        let stats = &self.stats;
         let mut result = conn.drive(registry, &limits, true).and_then(|()| {
             conn.take_replies(&limits, |slot, reply| {
-                if let Slot::Reply { run, tag } = slot {
+                if let Slot::Reply { run, tag, sent } = slot {
+                    // Every reply is timed, the late ones too: a round decided at the quorum
+                    // must not hide the slowest node's latency.
+                    stats.reply(i, now.saturating_duration_since(sent));
                     // A straggler of an earlier run: nobody waits for it any more.
                     if run == id {
                         m.handle_reply(i, tag, reply, now, entropy);
@@ -573,7 +588,7 @@ impl Driver {
         let owed = self.conns[i].fail(self.poll.registry(), why.clone(), now);
         self.publish();
         for slot in owed {
-            if let Slot::Reply { run, tag } = slot {
+            if let Slot::Reply { run, tag, .. } = slot {
                 if run == id {
                     m.handle_failure(i, tag, why.clone(), now, &mut self.entropy);
                 }

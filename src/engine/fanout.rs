@@ -107,8 +107,8 @@ impl<'a> Fanout<'a> {
         }
         match verdict {
             Verdict::Vote(v) => {
+                // Latency is timed by the driver, which sees every reply, late ones too.
                 if let Some(stats) = self.stats.filter(|_| self.round.is_pending(node)) {
-                    stats.reply(node, now.saturating_duration_since(self.round.start()));
                     if let Vote::Failed(why) = &v {
                         stats.failure(node, why);
                     }
