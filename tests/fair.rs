@@ -97,8 +97,8 @@ fn waiters_from_several_processes_acquire_in_arrival_order() {
         .collect();
     assert_eq!(order, Value::Array(Some(want)));
     for addr in cluster.addrs() {
-        assert_eq!(queue_len(addr, "fifo"), 0, "the queue is left empty");
-        assert_eq!(get(addr, b"fifo"), None, "the lock is free");
+        assert_settles_eq!(queue_len(addr, "fifo"), 0, "the queue is left empty");
+        assert_settles_eq!(get(addr, b"fifo"), None, "the lock is free");
     }
 }
 
@@ -141,7 +141,7 @@ fn a_free_fair_lock_needs_no_queue() {
     let c = fair_client(&cluster.urls(), Duration::from_millis(100));
     let lock = c.try_lock("free", TTL).unwrap();
     for addr in cluster.addrs() {
-        assert_eq!(
+        assert_settles_eq!(
             keys(addr),
             vec![b"free".to_vec()],
             "only the lock key exists"
@@ -149,7 +149,7 @@ fn a_free_fair_lock_needs_no_queue() {
     }
     lock.release().unwrap();
     for addr in cluster.addrs() {
-        assert_eq!(dbsize(addr), 0);
+        assert_settles_eq!(dbsize(addr), 0);
     }
 }
 
@@ -222,7 +222,7 @@ fn consecutive_readers_at_the_head_share_and_later_arrivals_wait_their_turn() {
         "the last reader waited for the writer ahead of it"
     );
     for addr in cluster.addrs() {
-        assert_eq!(rw_queue_len(addr, "doc"), 0);
+        assert_settles_eq!(rw_queue_len(addr, "doc"), 0);
     }
 }
 
@@ -370,8 +370,8 @@ fn the_reader_at_the_head_of_a_fair_queue_gets_a_released_lock_at_once_under_eit
             "{policy:?}: the last reader waited for the writer ahead of it"
         );
         for addr in cluster.addrs() {
-            assert_eq!(rw_queue_len(addr, key), 0, "{policy:?}: the queue is empty");
-            assert_eq!(
+            assert_settles_eq!(rw_queue_len(addr, key), 0, "{policy:?}: the queue is empty");
+            assert_settles_eq!(
                 cmd(addr, &[b"EXISTS", format!("{{rw:{key}}}:wi").as_bytes()]),
                 Value::Integer(0),
                 "{policy:?}: no intent is left"

@@ -96,8 +96,8 @@ fn many_readers_hold_the_lock_at_once_and_exclude_a_writer() {
             .map(|_| client.try_read_lock("doc", TTL).expect("reader"))
             .collect();
         for addr in cluster.addrs() {
-            assert_eq!(zcard(addr, &readers_key("doc")), 4, "N={n}");
-            assert_eq!(get(addr, &writer_key("doc")), None);
+            assert_settles_eq!(zcard(addr, &readers_key("doc")), 4, "N={n}");
+            assert_settles_eq!(get(addr, &writer_key("doc")), None);
         }
         for r in &readers {
             assert!(r.validity() > Duration::from_secs(9));
@@ -112,13 +112,13 @@ fn many_readers_hold_the_lock_at_once_and_exclude_a_writer() {
             r.release().expect("release");
         }
         for addr in cluster.addrs() {
-            assert_eq!(zcard(addr, &readers_key("doc")), 0, "N={n}");
+            assert_settles_eq!(zcard(addr, &readers_key("doc")), 0, "N={n}");
         }
         let w = client
             .try_write_lock("doc", TTL)
             .expect("writer after readers left");
         for addr in cluster.addrs() {
-            assert_eq!(
+            assert_settles_eq!(
                 get(addr, &writer_key("doc")).as_deref(),
                 Some(w.token()),
                 "N={n}"
@@ -143,16 +143,16 @@ fn a_writer_excludes_readers_and_writers_until_released() {
             eventually("the refused reader is gone", || {
                 zcard(addr, &readers_key("doc")) == 0
             });
-            assert_eq!(get(addr, &writer_key("doc")).as_deref(), Some(w.token()));
+            assert_settles_eq!(get(addr, &writer_key("doc")).as_deref(), Some(w.token()));
         }
         w.extend(Duration::from_secs(20)).expect("extend");
         assert!(w.validity() > Duration::from_secs(19));
         for addr in cluster.addrs() {
-            assert!(pttl(addr, &writer_key("doc")) > 19_000);
+            assert_settles!(pttl(addr, &writer_key("doc")) > 19_000);
         }
         w.release().expect("release");
         for addr in cluster.addrs() {
-            assert_eq!(get(addr, &writer_key("doc")), None);
+            assert_settles_eq!(get(addr, &writer_key("doc")), None);
         }
         drop(
             client
@@ -169,6 +169,7 @@ fn readers_score_by_the_node_clock_and_extend_only_themselves() {
     let mut r = client.try_read_lock("doc", TTL).expect("reader");
     let other = client.try_read_lock("doc", TTL).expect("reader");
     for addr in cluster.addrs() {
+        assert_settles_eq!(zcard(addr, &readers_key("doc")), 2);
         let score = match cmd(addr, &[b"ZSCORE", &readers_key("doc"), r.token()]) {
             Value::Bulk(Some(s)) => String::from_utf8_lossy(&s).parse::<i64>().unwrap(),
             v => panic!("no score: {}", show(&v)),
@@ -179,24 +180,24 @@ fn readers_score_by_the_node_clock_and_extend_only_themselves() {
             "score {score} should be the node's clock plus the TTL ({expected})"
         );
         // The set lives at least as long as its longest-lived reader.
-        assert!(pttl(addr, &readers_key("doc")) > 9_000);
+        assert_settles!(pttl(addr, &readers_key("doc")) > 9_000);
     }
     r.extend(Duration::from_secs(30)).expect("extend");
     assert!(r.validity() > Duration::from_secs(29));
     for addr in cluster.addrs() {
-        assert!(pttl(addr, &readers_key("doc")) > 29_000);
+        assert_settles!(pttl(addr, &readers_key("doc")) > 29_000);
         let score_of = |tok: &[u8]| match cmd(addr, &[b"ZSCORE", &readers_key("doc"), tok]) {
             Value::Bulk(Some(s)) => String::from_utf8_lossy(&s).parse::<i64>().unwrap(),
             v => panic!("no score: {}", show(&v)),
         };
-        assert!(score_of(r.token()) - node_ms(addr) > 29_000);
-        assert!(score_of(other.token()) - node_ms(addr) < 10_001);
+        assert_settles!(score_of(r.token()) - node_ms(addr) > 29_000);
+        assert_settles!(score_of(other.token()) - node_ms(addr) < 10_001);
     }
     // A reader that is gone cannot extend.
     let tok = other.token().to_vec();
     other.release().expect("release");
     for addr in cluster.addrs() {
-        assert!(!members(addr, &readers_key("doc")).contains(&tok));
+        assert_settles!(!members(addr, &readers_key("doc")).contains(&tok));
     }
 }
 
@@ -232,7 +233,7 @@ fn expired_readers_do_not_block_a_writer_and_an_abandoned_set_disappears() {
         thread::sleep(short + Duration::from_millis(20));
         for addr in cluster.addrs() {
             eventually("the expired reader is gone", || dbsize(addr) == 0);
-            assert_eq!(pttl(addr, &readers_key("gone")), -2, "N={n}");
+            assert_settles_eq!(pttl(addr, &readers_key("gone")), -2, "N={n}");
         }
     }
 }
@@ -407,7 +408,7 @@ fn read_preferring_writers_leave_no_intent() {
     assert!(client.try_write_lock("p", TTL).unwrap_err().is_contended());
     drop(client.try_read_lock("p", TTL).expect("a second reader"));
     for addr in cluster.addrs() {
-        assert_eq!(pttl(addr, &intents_key("p")), -2);
+        assert_settles_eq!(pttl(addr, &intents_key("p")), -2);
     }
     r.release().expect("release");
 }
@@ -428,7 +429,7 @@ fn closures_release_even_when_they_panic() {
     }));
     assert!(panicked.is_err());
     for addr in cluster.addrs() {
-        assert_eq!(dbsize(addr), 0, "{:?}", keys(addr));
+        assert_settles_eq!(dbsize(addr), 0, "{:?}", keys(addr));
     }
     let n = client
         .write("c", TTL, |w| {

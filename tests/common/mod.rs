@@ -84,6 +84,38 @@ pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// How long [`assert_settles!`] and [`assert_settles_eq!`] wait.
+pub const SETTLE: Duration = Duration::from_secs(2);
+
+/// `assert!` for the state of every node right after a lock call: the call returns once a
+/// quorum answered, and the last node may run its command moments later (a fresh assertion
+/// connection can overtake it on a busy machine). Polls the condition every 5 ms for
+/// [`SETTLE`], then asserts it one last time.
+#[allow(unused_macros)]
+macro_rules! assert_settles {
+    ($cond:expr $(, $($arg:tt)+)?) => {{
+        let deadline = std::time::Instant::now() + $crate::common::SETTLE;
+        while !($cond) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!($cond $(, $($arg)+)?);
+    }};
+}
+pub(crate) use assert_settles;
+
+/// `assert_eq!` that waits for the last node, as [`assert_settles!`] does.
+#[allow(unused_macros)]
+macro_rules! assert_settles_eq {
+    ($left:expr, $right:expr $(, $($arg:tt)+)?) => {{
+        let deadline = std::time::Instant::now() + $crate::common::SETTLE;
+        while ($left) != ($right) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!($left, $right $(, $($arg)+)?);
+    }};
+}
+pub(crate) use assert_settles_eq;
+
 /// All keys (`KEYS *`), sorted.
 pub fn keys(addr: SocketAddr) -> Vec<Vec<u8>> {
     match cmd(addr, &[b"KEYS", b"*"]) {
