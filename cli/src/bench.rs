@@ -31,7 +31,7 @@ use serde_json::json;
 use crate::args::{self, usage, NodesFrom};
 use crate::local_servers::RedisCluster;
 use crate::raw::{Probe, Raw, Target, Tokens};
-use crate::stats::{fmt_duration, ratio, us, Samples, Summary};
+use crate::stats::{failure_kind, fmt_duration, ratio, us, Samples, Summary};
 use crate::Fail;
 
 const HELP: &str = "\
@@ -765,8 +765,10 @@ impl ScaleFigures {
     }
 }
 
-/// Adds `count` failures with message `why`, keeping at most [`REASONS`] messages.
+/// Adds `count` failures with message `why` (read by [`failure_kind`], so that alike failures
+/// count together), keeping at most [`REASONS`] messages.
 fn count_failure(into: &mut BTreeMap<String, u64>, why: String, count: u64) {
+    let why = failure_kind(&why);
     let why = if into.len() >= REASONS && !into.contains_key(&why) {
         "other".to_owned()
     } else {
