@@ -454,7 +454,7 @@ fn main() {
         match arg.as_str() {
             "--quick" => quick = true,
             "-h" | "--help" => {
-                println!("usage: redlock-mux-peers [--quick]\n\nMeasures lock latency of redlock-mux, a raw baseline, rslock, redlock and redsync\nagainst local redis-server processes it starts; prints a Markdown table.");
+                println!("usage: redlock-mux-peers [--quick]\n\nMeasures lock latency of redlock-mux, raw baselines, rslock, redlock and redsync,\nand scale (T = 1, 4, 16, 64 threads on distinct keys: redlock-mux, rawN, rawQ,\nrslock from threads and from tasks), against local redis-server processes it\nstarts; prints Markdown tables. --quick: shorter blocks and cells, one round.");
                 return;
             }
             other => {
