@@ -11,7 +11,7 @@
 //!   baseline with a connection set per thread, returning at the quorum); for each T and each
 //!   client, timed cells of a few seconds: aggregate operations per second, acquire and cycle
 //!   latency, failed calls, connections per node and server CPU per cycle (both from the
-//!   servers' own `INFO`).
+//!   servers themselves: `CLIENT LIST`, `INFO cpu`).
 //!
 //! Whatever is compared runs in alternating blocks, so a change in machine load during the
 //! run hits both alike; their ratio is the figure to watch.
@@ -30,7 +30,7 @@ use serde_json::json;
 
 use crate::args::{self, usage, NodesFrom};
 use crate::local_servers::RedisCluster;
-use crate::raw::{Probe, Raw, Target, Tokens};
+use crate::raw::{Connections, Probe, Raw, Target, Tokens};
 use crate::stats::{failure_kind, fmt_duration, ratio, us, Samples, Summary};
 use crate::Fail;
 
@@ -59,9 +59,9 @@ Modes:
             returning at the quorum. Each cell runs --duration, the two in
             alternating order, --rounds times. Per T and client: ops/s (median
             of the rounds), acquire and cycle p50/p99, failed calls and why,
-            connections per node (INFO clients, without the bench's own probe
-            connection) and server CPU per cycle (INFO cpu, user + sys, summed
-            over the nodes)
+            connections per node and how many of them are pub/sub (CLIENT
+            LIST, without the bench's own probe connection) and server CPU
+            per cycle (INFO cpu, user + sys, summed over the nodes)
   all       every mode above
 
 Nodes: --nodes, else REDLOCK_NODES, names existing servers to use (the keys
@@ -722,6 +722,8 @@ struct ScaleFigures {
     cpu_per_cycle: Vec<f64>,
     /// The most connections any node had from this client during each round.
     conns: Vec<u64>,
+    /// The most of those that were subscribers (pub/sub), during each round.
+    subs: Vec<u64>,
     /// Failed lock or release calls, by message.
     failures: BTreeMap<String, u64>,
 }
@@ -743,6 +745,10 @@ impl ScaleFigures {
         self.conns.iter().copied().max().unwrap_or(0)
     }
 
+    fn subscribers(&self) -> u64 {
+        self.subs.iter().copied().max().unwrap_or(0)
+    }
+
     fn fail(&mut self, why: String) {
         count_failure(&mut self.failures, why, 1);
     }
@@ -759,6 +765,7 @@ impl ScaleFigures {
             "failure_reasons": self.failures,
             "connections_per_node": self.connections(),
             "connections_per_node_rounds": self.conns,
+            "subscriber_connections_per_node": self.subscribers(),
             "server_cpu_us_per_cycle": self.cpu_us_per_cycle(),
             "server_cpu_us_per_cycle_rounds": self.cpu_per_cycle,
         })
@@ -857,12 +864,12 @@ fn bench_threads(
 }
 
 /// Each node's client connections, without the probe's own.
-fn clients(probes: &mut [Probe]) -> Result<Vec<u64>, Fail> {
+fn clients(probes: &mut [Probe]) -> Result<Vec<Connections>, Fail> {
     probes
         .iter_mut()
-        .map(|p| p.clients())
+        .map(|p| p.connections())
         .collect::<io::Result<Vec<_>>>()
-        .map_err(|e| Fail::other(format!("INFO clients: {e}")))
+        .map_err(|e| Fail::other(format!("CLIENT LIST: {e}")))
 }
 
 /// The nodes' CPU time so far, summed.
@@ -887,10 +894,15 @@ struct Cell<'a> {
 impl Cell<'_> {
     /// Runs the cell and adds its figures to `into`. The previous cell's connections are
     /// waited out first (up to a few seconds), so that the count is this client's alone.
-    fn run(&self, probes: &mut [Probe], idle: &[u64], into: &mut ScaleFigures) -> Result<(), Fail> {
+    fn run(
+        &self,
+        probes: &mut [Probe],
+        idle: &[Connections],
+        into: &mut ScaleFigures,
+    ) -> Result<(), Fail> {
         let settle = Instant::now() + Duration::from_secs(3);
         let mut before = clients(probes)?;
-        while before.iter().zip(idle).any(|(b, i)| b > i) && Instant::now() < settle {
+        while before.iter().zip(idle).any(|(b, i)| b.all > i.all) && Instant::now() < settle {
             thread::sleep(Duration::from_millis(20));
             before = clients(probes)?;
         }
@@ -963,18 +975,14 @@ impl Cell<'_> {
         go.wait();
         let start = Instant::now();
         // Connections per node, sampled at a quarter, half and three quarters of the cell.
-        let mut conns = 0;
+        let (mut conns, mut subs) = (0, 0);
         for quarter in 1..=3u32 {
             let at = start + length * quarter / 4;
             thread::sleep(at.saturating_duration_since(Instant::now()));
-            let now = clients(probes)?;
-            let most = now
-                .iter()
-                .zip(&before)
-                .map(|(c, b)| c.saturating_sub(*b))
-                .max()
-                .unwrap_or(0);
-            conns = conns.max(most);
+            for (c, b) in clients(probes)?.iter().zip(&before) {
+                conns = conns.max(c.all.saturating_sub(b.all));
+                subs = subs.max(c.subscribers.saturating_sub(b.subscribers));
+            }
         }
         let mut end = start;
         let mut cycles = 0;
@@ -1003,6 +1011,7 @@ impl Cell<'_> {
             0.0
         });
         into.conns.push(conns);
+        into.subs.push(subs);
         if cycles == 0 && into.failures.is_empty() {
             into.fail("no cycle completed".into());
         }
@@ -1525,12 +1534,12 @@ fn print_threads(
     )?;
     writeln!(
         out,
-        "ops/s: median of the rounds; latencies: every cycle of every round; conns/node: most connections on any node during a cell (not the probe's); cpu/cycle: servers' user+sys CPU over all nodes per cycle (median of the rounds)"
+        "ops/s: median of the rounds; latencies: every cycle of every round; conns/node: most connections on any node during a cell (CLIENT LIST, not the probe's), subs: of which pub/sub; cpu/cycle: servers' user+sys CPU over all nodes per cycle (median of the rounds)"
     )?;
     writeln!(out)?;
     writeln!(
         out,
-        "{:>2} {:>7} {:<6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>10} {:>9}",
+        "{:>2} {:>7} {:<6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>10} {:>4} {:>9}",
         "N",
         "threads",
         "client",
@@ -1541,6 +1550,7 @@ fn print_threads(
         "cyc p99",
         "failed",
         "conns/node",
+        "subs",
         "cpu/cycle"
     )?;
     for t in results.iter_mut() {
@@ -1548,7 +1558,7 @@ fn print_threads(
             let (a, c) = (f.acquire.summary(), f.cycle.summary());
             writeln!(
                 out,
-                "{:>2} {:>7} {:<6} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>7} {:>10} {:>9}",
+                "{:>2} {:>7} {:<6} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>7} {:>10} {:>4} {:>9}",
                 t.n,
                 t.threads,
                 who,
@@ -1559,6 +1569,7 @@ fn print_threads(
                 fmt_duration(c.p99),
                 f.failed(),
                 f.connections(),
+                f.subscribers(),
                 format!("{:.1}µs", f.cpu_us_per_cycle()),
             )?;
         }

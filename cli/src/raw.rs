@@ -16,7 +16,7 @@
 //!   single-caller client (`rawQ`); one per thread is `rawN` of the scale benchmark.
 //!
 //! Also [`Probe`]: one more connection per node, for what the servers say of themselves
-//! (`INFO clients`, `INFO cpu`).
+//! (`CLIENT LIST`, `INFO cpu`).
 //!
 //! Std and `rustix` (for `poll`) only: the baseline of `redlock-mux bench` (its home), and of
 //! the peer benchmark (`benches/peers`), which includes it with
@@ -418,8 +418,8 @@ fn connect_node(target: &Target) -> io::Result<Node> {
     Ok(node)
 }
 
-/// One connection to a node for what the server says of itself: `INFO` sections, read whole.
-/// Its own connection counts in `connected_clients`: [`Probe::clients`] leaves it out.
+/// One connection to a node for what the server says of itself: `INFO` sections and `CLIENT
+/// LIST`, read whole. [`Probe::connections`] leaves its own connection out.
 pub struct Probe {
     node: Node,
 }
@@ -442,10 +442,23 @@ impl Probe {
 
     /// The text of `INFO section`.
     pub fn info(&mut self, section: &str) -> io::Result<String> {
+        self.text(&[b"INFO", section.as_bytes()])
+    }
+
+    /// The server's client connections, not counting this probe's own, from `CLIENT LIST`:
+    /// `(all, subscribers)`, where a subscriber has a channel or pattern subscription.
+    pub fn connections(&mut self) -> io::Result<Connections> {
+        let list = self.text(&[b"CLIENT", b"LIST"])?;
+        Ok(Connections::of(&list))
+    }
+
+    /// Sends a command and reads its bulk string reply as text.
+    fn text(&mut self, command: &[&[u8]]) -> io::Result<String> {
         let mut cmd = Vec::new();
-        write_len(&mut cmd, b'*', 2);
-        write_bulk(&mut cmd, &[b"INFO"]);
-        write_bulk(&mut cmd, &[section.as_bytes()]);
+        write_len(&mut cmd, b'*', command.len());
+        for arg in command {
+            write_bulk(&mut cmd, &[arg]);
+        }
         self.node.stream.write_all(&cmd)?;
         let node = &mut self.node;
         loop {
@@ -461,14 +474,6 @@ impl Probe {
         }
     }
 
-    /// Connections the server has from clients, not counting this probe's own.
-    pub fn clients(&mut self) -> io::Result<u64> {
-        let info = self.info("clients")?;
-        let n: u64 = info_field(&info, "connected_clients")
-            .ok_or_else(|| io::Error::other("INFO clients: no connected_clients"))?;
-        Ok(n.saturating_sub(1))
-    }
-
     /// The server's CPU time so far: `used_cpu_sys` + `used_cpu_user` of `INFO cpu`.
     pub fn cpu(&mut self) -> io::Result<Duration> {
         let info = self.info("cpu")?;
@@ -477,6 +482,40 @@ impl Probe {
         let user: f64 = info_field(&info, "used_cpu_user")
             .ok_or_else(|| io::Error::other("INFO cpu: no used_cpu_user"))?;
         Ok(Duration::from_secs_f64((sys + user).max(0.0)))
+    }
+}
+
+/// A node's client connections, as `CLIENT LIST` shows them, without the probe's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Connections {
+    /// Every client connection.
+    pub all: u64,
+    /// Those subscribed to a channel or pattern (pub/sub connections).
+    pub subscribers: u64,
+}
+
+impl Connections {
+    /// Counts the lines of a `CLIENT LIST` reply; the one that ran `client|list` (the probe's
+    /// own, at the time of the listing) is left out.
+    fn of(list: &str) -> Connections {
+        let mut c = Connections::default();
+        for line in list.lines().filter(|l| !l.trim().is_empty()) {
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            };
+            if matches!(field("cmd"), Some("client|list" | "client")) {
+                continue;
+            }
+            c.all += 1;
+            let subscribed = ["sub", "psub", "ssub"]
+                .iter()
+                .any(|k| field(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) > 0);
+            if subscribed || field("flags").is_some_and(|f| f.contains('P')) {
+                c.subscribers += 1;
+            }
+        }
+        c
     }
 }
 
@@ -575,6 +614,21 @@ mod tests {
         assert_eq!(info_field::<f64>(&text, "x"), Some(1.5));
         assert_eq!(info_field::<u64>(&text, "connected"), None);
         assert!(parse_bulk(b"-ERR no\r\n").is_err());
+    }
+
+    #[test]
+    fn counts_client_list_lines() {
+        let list = "id=3 addr=127.0.0.1:1 fd=8 name= flags=N db=0 sub=0 psub=0 ssub=0 cmd=set\n\
+                    id=4 addr=127.0.0.1:2 fd=9 name= flags=P db=0 sub=2 psub=0 ssub=0 cmd=subscribe\n\
+                    id=5 addr=127.0.0.1:3 fd=10 name= flags=N db=0 sub=0 psub=1 cmd=psubscribe\n\
+                    id=6 addr=127.0.0.1:4 fd=11 name= flags=N db=0 sub=0 psub=0 ssub=0 cmd=client|list\n";
+        assert_eq!(
+            Connections::of(list),
+            Connections {
+                all: 3,
+                subscribers: 2
+            }
+        );
     }
 
     #[test]

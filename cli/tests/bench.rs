@@ -110,8 +110,11 @@ fn bench_scales_over_threads_on_distinct_keys() {
             let conns = f["connections_per_node"].as_u64().unwrap();
             assert!((1..=threads).contains(&conns), "{who}: {f}");
         }
-        // The baseline has one connection per thread on each node, the probe not counted.
+        // The baseline has one connection per thread on each node, the probe not counted, and
+        // no subscriber; nothing here waits, so ours has none either.
         assert_eq!(run["raw_n"]["connections_per_node"], threads, "{run}");
+        assert_eq!(run["raw_n"]["subscriber_connections_per_node"], 0, "{run}");
+        assert_eq!(run["ours"]["subscriber_connections_per_node"], 0, "{run}");
     }
     // Nothing else was measured.
     assert_eq!(report["mutex"], serde_json::json!([]));
@@ -135,12 +138,12 @@ fn bench_scales_over_threads_on_distinct_keys() {
     let rows: Vec<Vec<&str>> = text
         .lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|w| w.len() == 11 && w[0] == "3" && (w[1] == "2" || w[1] == "3"))
+        .filter(|w| w.len() == 12 && w[0] == "3" && (w[1] == "2" || w[1] == "3"))
         .collect();
     assert_eq!(
         rows.len(),
         4,
-        "N, threads, client, ops/s, acq p50, acq p99, cyc p50, cyc p99, failed, conns/node, cpu/cycle:\n{text}"
+        "N, threads, client, ops/s, acq p50, acq p99, cyc p50, cyc p99, failed, conns/node, subs, cpu/cycle:\n{text}"
     );
     for row in &rows {
         assert!(row[2] == "ours" || row[2] == "rawN", "{text}");
