@@ -27,6 +27,24 @@ const CELL_CAP: usize = 1_000_000;
 const WARMUP: usize = 20;
 /// Distinct failure messages kept per cell row; later ones count as "other".
 const REASONS: usize = 6;
+/// The longest an rslock call may take here (it has no timeout of its own): a call that takes
+/// longer counts as failed, so that no cell outlives its length by much.
+const RSLOCK_LIMIT: Duration = Duration::from_secs(5);
+
+/// One rslock try-lock + release, bounded by [`RSLOCK_LIMIT`]: when the lock was acquired, or
+/// why it failed.
+async fn rslock_cycle(manager: &rslock::LockManager, key: &str) -> Result<Instant, String> {
+    let limit = || format!("no answer within {} s", RSLOCK_LIMIT.as_secs());
+    let lock = tokio::time::timeout(RSLOCK_LIMIT, manager.lock(key, TTL))
+        .await
+        .map_err(|_| limit())?
+        .map_err(|e| e.to_string())?;
+    let acquired = Instant::now();
+    tokio::time::timeout(RSLOCK_LIMIT, lock.release())
+        .await
+        .map_err(|_| format!("release: {}", limit()))?;
+    Ok(acquired)
+}
 
 /// The implementations of the scale table, in its order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -401,9 +419,7 @@ fn tasks_cell(
             let key = format!("{key}:{t}");
             rt.spawn(async move {
                 for _ in 0..WARMUP {
-                    if let Ok(lock) = manager.lock(key.as_str(), TTL).await {
-                        lock.release().await;
-                    }
+                    let _ = rslock_cycle(&manager, &key).await;
                 }
                 ready.wait().await;
                 go.wait().await;
@@ -411,14 +427,12 @@ fn tasks_cell(
                 let mut run = Run::default();
                 while run.cycle.len() < per_thread && Instant::now() < deadline {
                     let start = Instant::now();
-                    match manager.lock(key.as_str(), TTL).await {
-                        Ok(lock) => {
-                            let acquired = Instant::now();
-                            lock.release().await;
+                    match rslock_cycle(&manager, &key).await {
+                        Ok(acquired) => {
                             run.acquire.push(acquired - start);
                             run.cycle.push(start.elapsed());
                         }
-                        Err(e) => run.fail(e.to_string()),
+                        Err(why) => run.fail(why),
                     }
                 }
                 run.ended = Some(Instant::now());
@@ -482,12 +496,7 @@ impl Locker {
                 }
                 result
             }
-            Locker::Rslock(rt, m) => {
-                let lock = rt.block_on(m.lock(key, TTL)).map_err(|e| e.to_string())?;
-                let acquired = Instant::now();
-                rt.block_on(lock.release());
-                Ok(acquired)
-            }
+            Locker::Rslock(rt, m) => rt.block_on(rslock_cycle(m, key)),
         }
     }
 }
