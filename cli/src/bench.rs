@@ -7,8 +7,11 @@
 //! - `read`, `write`: read and write locks next to the library's own mutex.
 //! - `handoff`: threads contending for one lock, each holding it for 1 ms; the figure is the
 //!   gap from one thread's release to another's acquire.
-//! - `threads`: T threads on distinct keys, sharing one client; aggregate operations per
-//!   second and cycle latency, at each T.
+//! - `threads`: T threads on distinct keys, sharing one client, next to `rawN` (the raw
+//!   baseline with a connection set per thread, returning at the quorum); for each T and each
+//!   client, timed cells of a few seconds: aggregate operations per second, acquire and cycle
+//!   latency, failed calls, connections per node and server CPU per cycle (both from the
+//!   servers themselves: `CLIENT LIST`, `INFO cpu`).
 //!
 //! Whatever is compared runs in alternating blocks, so a change in machine load during the
 //! run hits both alike; their ratio is the figure to watch.
@@ -16,6 +19,7 @@
 //! Output goes through one writer, so a reader that goes away (`bench | head`) ends the
 //! command quietly.
 
+use std::collections::BTreeMap;
 use std::io::{self, IsTerminal, Write};
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -26,14 +30,15 @@ use serde_json::json;
 
 use crate::args::{self, usage, NodesFrom};
 use crate::local_servers::RedisCluster;
-use crate::raw::{Raw, Target, Tokens};
-use crate::stats::{fmt_duration, ratio, us, Samples, Summary};
+use crate::raw::{Connections, Probe, Raw, Target, Tokens};
+use crate::stats::{failure_kind, fmt_duration, ratio, us, Samples, Summary};
 use crate::Fail;
 
 const HELP: &str = "\
 Usage: redlock-mux bench [--nodes URLS | --instances N] [--iters N]
                          [--mode mutex|read|write|handoff|threads|all]
-                         [--threads T,T,...] [--json]
+                         [--threads T,T,...] [--duration D] [--rounds R]
+                         [--json]
 
 Measures lock latency: acquire, release and the whole cycle (p50, p90, p99,
 p99.9, max), ops/s and a histogram.
@@ -48,9 +53,15 @@ Modes:
             hold 1 ms, release for 3 s each; the figure is the gap from one
             thread starting its release to another's lock returning. Measured
             with plain and with fair (FIFO) clients
-  threads   scale: T threads on distinct keys share one client at the largest
-            N; aggregate ops/s and cycle latency (p50, p99) for each T
-            (default 1, 4, 16 and 64; --iters cycles in all per T)
+  threads   scale at the largest N: T threads loop try-lock + release on
+            distinct keys (default T = 1, 4, 16 and 64), sharing one client,
+            next to rawN: the raw baseline with a connection set per thread,
+            returning at the quorum. Each cell runs --duration, the two in
+            alternating order, --rounds times. Per T and client: ops/s (median
+            of the rounds), acquire and cycle p50/p99, failed calls and why,
+            connections per node and how many of them are pub/sub (CLIENT
+            LIST, without the bench's own probe connection) and server CPU
+            per cycle (INFO cpu, user + sys, summed over the nodes)
   all       every mode above
 
 Nodes: --nodes, else REDLOCK_NODES, names existing servers to use (the keys
@@ -64,10 +75,14 @@ Options:
   --nodes URLS      comma-separated node URLs of servers to use
                     (default: $REDLOCK_NODES)
   --instances N     start N local servers instead (default 5)
-  --iters N         measured cycles per lock kind per N (default 20000)
+  --iters N         measured cycles per lock kind per N (default 20000; not
+                    used by the threads mode, which is timed)
   --mode MODE       mutex, read, write, handoff, threads or all (see above)
   --threads LIST    thread counts for the threads mode, e.g. 1,8,32; implies
                     --mode threads unless --mode is given
+  --duration D      length of one threads-mode cell: seconds (0.5) or with a
+                    unit (500ms, 3s); default 3s, at most 10m
+  --rounds R        rounds of threads-mode cells (default 3, at most 100)
   --json            print every figure as one JSON object on stdout
   -h, --help        this text
 
@@ -87,6 +102,16 @@ const HANDOFF_RUN: Duration = Duration::from_secs(3);
 const HANDOFF_WARMUP: Duration = Duration::from_millis(300);
 /// Thread counts of the threads mode, unless given.
 const THREADS: [usize; 4] = [1, 4, 16, 64];
+/// Length of one threads-mode cell, unless given.
+const CELL: Duration = Duration::from_secs(3);
+/// Rounds of threads-mode cells, unless given.
+const ROUNDS: usize = 3;
+/// Most cycles one threads-mode cell records, whatever its length: bounds its memory.
+const CELL_CAP: usize = 1_000_000;
+/// Unmeasured cycles each thread runs first (connections open, scripts load).
+const CELL_WARMUP: usize = 20;
+/// Distinct failure messages kept per client and T; later ones are counted as "other".
+const REASONS: usize = 8;
 /// Contending threads in the hand-off runs.
 const HANDOFF_THREADS: [usize; 2] = [2, 8];
 /// The hand-off goals: p50 and p99 of the gap.
@@ -120,6 +145,8 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
     let mut iters = 20_000;
     let mut json = false;
     let mut thread_counts = None;
+    let mut cell = CELL;
+    let mut rounds = ROUNDS;
     while let Some(arg) = parser.next()? {
         match arg {
             Long("nodes") => nodes = Some(args::text("--nodes", parser.value()?)?),
@@ -127,6 +154,18 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
             Long("iters") => iters = args::count("--iters", parser.value()?)?,
             Long("mode") => mode = Some(args::text("--mode", parser.value()?)?),
             Long("threads") => thread_counts = Some(counts(parser.value()?)?),
+            Long("duration") => {
+                cell = args::seconds("--duration", parser.value()?)?;
+                if cell.is_zero() || cell > Duration::from_secs(600) {
+                    return Err(usage!("--duration: from 1ms to 10m").into());
+                }
+            }
+            Long("rounds") => {
+                rounds = args::count("--rounds", parser.value()?)?;
+                if rounds > 100 {
+                    return Err(usage!("--rounds: at most 100").into());
+                }
+            }
             Long("json") => json = true,
             Short('h') | Long("help") => return crate::print_text(HELP),
             _ => return Err(arg.unexpected().into()),
@@ -212,11 +251,13 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         }
     }
     if scale {
-        for &threads in &thread_counts {
-            report
-                .threads
-                .push(bench_threads(&urls, threads, iters, &progress)?);
-        }
+        let plan = ScalePlan {
+            cell,
+            rounds,
+            counts: thread_counts,
+        };
+        report.threads = bench_threads(&urls, &plan, &progress)?;
+        report.scale = Some(plan);
     }
     progress.clear();
 
@@ -254,6 +295,8 @@ struct Report {
     rw: Vec<RwResult>,
     handoff: Vec<HandoffResult>,
     threads: Vec<ThreadsResult>,
+    /// How the threads mode ran, if it did.
+    scale: Option<ScalePlan>,
 }
 
 /// The N measured: 1, 3 and 5 where there are that many nodes, and all the nodes.
@@ -502,8 +545,13 @@ fn base_cycles(
 /// The raw baseline on `urls`, read by the library's URL parser: `AUTH` and `SELECT` as they
 /// ask, then nothing but lock commands.
 fn baseline(urls: &[String]) -> Result<Raw, Fail> {
-    let targets = urls
-        .iter()
+    Raw::connect_targets(&targets(urls)?)
+        .map_err(|e| Fail::other(format!("the baseline could not connect: {e}")))
+}
+
+/// The nodes of `urls` as the raw baseline connects to them: `AUTH` and `SELECT` as they ask.
+fn targets(urls: &[String]) -> Result<Vec<Target>, Fail> {
+    urls.iter()
         .map(|url| {
             let url = NodeUrl::parse(url).map_err(|e| usage!("{e}"))?;
             let mut setup = Vec::new();
@@ -521,9 +569,7 @@ fn baseline(urls: &[String]) -> Result<Raw, Fail> {
                 setup,
             })
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    Raw::connect_targets(&targets)
-        .map_err(|e| Fail::other(format!("the baseline could not connect: {e}")))
+        .collect::<Result<Vec<_>, _>>()
 }
 
 /// Contended hand-off figures for one configuration.
@@ -637,84 +683,396 @@ fn bench_handoff(
     Ok(result)
 }
 
-/// Scale figures for one thread count.
-struct ThreadsResult {
-    n: usize,
-    threads: usize,
-    cycles: usize,
-    wall: Duration,
-    cycle: Samples,
-    errors: u64,
+/// How the threads mode runs.
+struct ScalePlan {
+    /// Length of one cell: one client at one T.
+    cell: Duration,
+    /// Cells per client and T; ops/s and CPU per cycle are the median of the rounds.
+    rounds: usize,
+    /// The thread counts.
+    counts: Vec<usize>,
 }
 
-impl ThreadsResult {
-    fn ops_per_sec(&self) -> f64 {
-        let secs = self.wall.as_secs_f64();
-        if secs > 0.0 {
-            self.cycles as f64 / secs
-        } else {
-            0.0
+/// The clients of the threads mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scaler {
+    /// One `Client` shared by every thread.
+    Ours,
+    /// The raw baseline, one connection set per thread, returning at the quorum.
+    RawN,
+}
+
+impl Scaler {
+    fn name(self) -> &'static str {
+        match self {
+            Scaler::Ours => "ours",
+            Scaler::RawN => "rawN",
         }
     }
 }
 
-/// `threads` threads share one client (its pool gives each its own connections) and loop
-/// try-lock → release on a key of their own, `iters` cycles in all. The figures are the
-/// cycles' latencies and the aggregate rate, from the moment all threads start together to
-/// the last one's end.
+/// One client's figures at one T, over every round.
+#[derive(Default)]
+struct ScaleFigures {
+    acquire: Samples,
+    cycle: Samples,
+    /// Operations per second of each round.
+    rates: Vec<f64>,
+    /// Server CPU (user + sys, all nodes) per cycle of each round, in microseconds.
+    cpu_per_cycle: Vec<f64>,
+    /// The most connections any node had from this client during each round.
+    conns: Vec<u64>,
+    /// The most of those that were subscribers (pub/sub), during each round.
+    subs: Vec<u64>,
+    /// Failed lock or release calls, by message.
+    failures: BTreeMap<String, u64>,
+}
+
+impl ScaleFigures {
+    fn failed(&self) -> u64 {
+        self.failures.values().sum()
+    }
+
+    fn ops_per_sec(&self) -> f64 {
+        median(&self.rates)
+    }
+
+    fn cpu_us_per_cycle(&self) -> f64 {
+        median(&self.cpu_per_cycle)
+    }
+
+    fn connections(&self) -> u64 {
+        self.conns.iter().copied().max().unwrap_or(0)
+    }
+
+    fn subscribers(&self) -> u64 {
+        self.subs.iter().copied().max().unwrap_or(0)
+    }
+
+    fn fail(&mut self, why: String) {
+        count_failure(&mut self.failures, why, 1);
+    }
+
+    fn json(&mut self) -> serde_json::Value {
+        json!({
+            "ops_per_sec": self.ops_per_sec(),
+            "ops_per_sec_rounds": self.rates,
+            "cycles": self.cycle.len(),
+            "acquire": summary_json(self.acquire.summary()),
+            "cycle": summary_json(self.cycle.summary()),
+            "cycle_histogram": histogram_json(&self.cycle),
+            "failures": self.failed(),
+            "failure_reasons": self.failures,
+            "connections_per_node": self.connections(),
+            "connections_per_node_rounds": self.conns,
+            "subscriber_connections_per_node": self.subscribers(),
+            "server_cpu_us_per_cycle": self.cpu_us_per_cycle(),
+            "server_cpu_us_per_cycle_rounds": self.cpu_per_cycle,
+        })
+    }
+}
+
+/// Adds `count` failures with message `why` (read by [`failure_kind`], so that alike failures
+/// count together), keeping at most [`REASONS`] messages.
+fn count_failure(into: &mut BTreeMap<String, u64>, why: String, count: u64) {
+    let why = failure_kind(&why);
+    let why = if into.len() >= REASONS && !into.contains_key(&why) {
+        "other".to_owned()
+    } else {
+        why
+    };
+    *into.entry(why).or_insert(0) += count;
+}
+
+/// The median of `values` (the upper one of an even count); 0 when empty.
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Scale figures for one thread count: ours next to rawN.
+struct ThreadsResult {
+    n: usize,
+    threads: usize,
+    ours: ScaleFigures,
+    raw: ScaleFigures,
+}
+
+/// What one thread of a cell measured.
+struct ThreadRun {
+    acquire: Samples,
+    cycle: Samples,
+    failures: BTreeMap<String, u64>,
+    ended: Instant,
+}
+
+/// The threads mode: at every T of the plan, cells of ours and of rawN in alternating order,
+/// `plan.rounds` times, on all the nodes. One probe connection per node reads what the
+/// servers report.
 fn bench_threads(
     urls: &[String],
-    threads: usize,
-    iters: usize,
+    plan: &ScalePlan,
     progress: &Progress,
-) -> Result<ThreadsResult, Fail> {
-    let n = urls.len();
-    let client = Client::builder()
-        .nodes(urls)
-        .build()
-        .map_err(|e| Fail::other(format!("bad nodes: {e}")))?;
-    let per_thread = iters.div_ceil(threads);
-    let label = format!("threads x{threads}");
-    progress.show(&label, 0, 1);
-    let barrier = Arc::new(Barrier::new(threads + 1));
-    let workers: Vec<_> = (0..threads)
-        .map(|t| {
-            let client = client.clone();
-            let barrier = barrier.clone();
-            let key = format!("redlock-mux:bench:threads:{n}:{threads}:{t}");
-            thread::spawn(move || {
-                let mut warmup = Phases::default();
-                ours_cycles(&client, Kind::Mutex, &key, 20, &mut warmup);
-                barrier.wait();
-                let mut phases = Phases::with_capacity(per_thread);
-                ours_cycles(&client, Kind::Mutex, &key, per_thread, &mut phases);
-                (phases.cycle, phases.errors, Instant::now())
-            })
-        })
-        .collect();
-    barrier.wait();
-    let start = Instant::now();
-    let mut result = ThreadsResult {
-        n,
-        threads,
-        cycles: 0,
-        wall: Duration::ZERO,
-        cycle: Samples::with_capacity(per_thread * threads),
-        errors: 0,
-    };
-    let mut end = start;
-    for w in workers {
-        let (cycle, errors, done) = w
-            .join()
-            .map_err(|_| Fail::other("a benchmark thread panicked".into()))?;
-        result.cycle.extend(&cycle);
-        result.errors += errors;
-        end = end.max(done);
+) -> Result<Vec<ThreadsResult>, Fail> {
+    let targets = targets(urls)?;
+    let mut probes = targets
+        .iter()
+        .map(Probe::connect)
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(|e| Fail::other(format!("the probe could not connect: {e}")))?;
+    // Connections the nodes have before anything is measured (other than the probe's).
+    let idle = clients(&mut probes)?;
+    let mut results = Vec::new();
+    let cells = plan.counts.len() * plan.rounds * 2;
+    let mut done = 0;
+    for (i, &threads) in plan.counts.iter().enumerate() {
+        let mut result = ThreadsResult {
+            n: urls.len(),
+            threads,
+            ours: ScaleFigures::default(),
+            raw: ScaleFigures::default(),
+        };
+        for round in 0..plan.rounds {
+            let order = if (round + i) % 2 == 0 {
+                [Scaler::Ours, Scaler::RawN]
+            } else {
+                [Scaler::RawN, Scaler::Ours]
+            };
+            for who in order {
+                progress.show(&format!("{} x{threads}", who.name()), done, cells);
+                let into = match who {
+                    Scaler::Ours => &mut result.ours,
+                    Scaler::RawN => &mut result.raw,
+                };
+                let cell = Cell {
+                    who,
+                    urls,
+                    targets: &targets,
+                    threads,
+                    length: plan.cell,
+                    round,
+                };
+                cell.run(&mut probes, &idle, into)?;
+                done += 1;
+            }
+        }
+        results.push(result);
     }
-    result.cycles = result.cycle.len();
-    result.wall = end - start;
-    progress.show(&label, 1, 1);
-    Ok(result)
+    progress.show("threads", done, cells);
+    Ok(results)
+}
+
+/// Each node's client connections, without the probe's own.
+fn clients(probes: &mut [Probe]) -> Result<Vec<Connections>, Fail> {
+    probes
+        .iter_mut()
+        .map(|p| p.connections())
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(|e| Fail::other(format!("CLIENT LIST: {e}")))
+}
+
+/// The nodes' CPU time so far, summed.
+fn server_cpu(probes: &mut [Probe]) -> Result<Duration, Fail> {
+    probes
+        .iter_mut()
+        .map(|p| p.cpu())
+        .sum::<io::Result<Duration>>()
+        .map_err(|e| Fail::other(format!("INFO cpu: {e}")))
+}
+
+/// One cell of the threads mode: one client, T threads, a fixed length.
+struct Cell<'a> {
+    who: Scaler,
+    urls: &'a [String],
+    targets: &'a [Target],
+    threads: usize,
+    length: Duration,
+    round: usize,
+}
+
+impl Cell<'_> {
+    /// Runs the cell and adds its figures to `into`. The previous cell's connections are
+    /// waited out first (up to a few seconds), so that the count is this client's alone.
+    fn run(
+        &self,
+        probes: &mut [Probe],
+        idle: &[Connections],
+        into: &mut ScaleFigures,
+    ) -> Result<(), Fail> {
+        let settle = Instant::now() + Duration::from_secs(3);
+        let mut before = clients(probes)?;
+        while before.iter().zip(idle).any(|(b, i)| b.all > i.all) && Instant::now() < settle {
+            thread::sleep(Duration::from_millis(20));
+            before = clients(probes)?;
+        }
+        let n = self.urls.len();
+        let threads = self.threads;
+        // Built only for its own cells: a client may connect as it is built.
+        let client = match self.who {
+            Scaler::Ours => Some(
+                Client::builder()
+                    .nodes(self.urls)
+                    .build()
+                    .map_err(|e| Fail::other(format!("bad nodes: {e}")))?,
+            ),
+            Scaler::RawN => None,
+        };
+        let ready = Arc::new(Barrier::new(threads + 1));
+        let go = Arc::new(Barrier::new(threads + 1));
+        let per_thread = (CELL_CAP / threads).max(1);
+        let length = self.length;
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (ready, go) = (ready.clone(), go.clone());
+                let key = format!(
+                    "redlock-mux:bench:threads:{}:{n}:{threads}:{}:{t}",
+                    self.who.name(),
+                    self.round
+                );
+                let mut locker = match &client {
+                    Some(client) => Locker::Ours(client.clone()),
+                    None => Locker::Raw(None, self.targets.to_vec(), Tokens::new()),
+                };
+                thread::spawn(move || {
+                    // Connections open here, before the cell, whatever they cost.
+                    locker.connect();
+                    for _ in 0..CELL_WARMUP {
+                        let _ = locker.cycle(&key);
+                    }
+                    ready.wait();
+                    go.wait();
+                    let deadline = Instant::now() + length;
+                    let mut run = ThreadRun {
+                        acquire: Samples::with_capacity(per_thread.min(1 << 16)),
+                        cycle: Samples::with_capacity(per_thread.min(1 << 16)),
+                        failures: BTreeMap::new(),
+                        ended: Instant::now(),
+                    };
+                    while run.cycle.len() < per_thread && Instant::now() < deadline {
+                        let start = Instant::now();
+                        match locker.cycle(&key) {
+                            Ok(acquired) => {
+                                let released = Instant::now();
+                                run.acquire.push(acquired - start);
+                                run.cycle.push(released - start);
+                            }
+                            Err(why) => {
+                                count_failure(&mut run.failures, why, 1);
+                                if locker.broken() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    run.ended = Instant::now();
+                    run
+                })
+            })
+            .collect();
+        ready.wait();
+        let cpu_before = server_cpu(probes)?;
+        go.wait();
+        let start = Instant::now();
+        // Connections per node, sampled at a quarter, half and three quarters of the cell.
+        let (mut conns, mut subs) = (0, 0);
+        for quarter in 1..=3u32 {
+            let at = start + length * quarter / 4;
+            thread::sleep(at.saturating_duration_since(Instant::now()));
+            for (c, b) in clients(probes)?.iter().zip(&before) {
+                conns = conns.max(c.all.saturating_sub(b.all));
+                subs = subs.max(c.subscribers.saturating_sub(b.subscribers));
+            }
+        }
+        let mut end = start;
+        let mut cycles = 0;
+        for w in workers {
+            let run = w
+                .join()
+                .map_err(|_| Fail::other("a benchmark thread panicked".into()))?;
+            cycles += run.cycle.len();
+            into.acquire.extend(&run.acquire);
+            into.cycle.extend(&run.cycle);
+            for (why, count) in run.failures {
+                count_failure(&mut into.failures, why, count);
+            }
+            end = end.max(run.ended);
+        }
+        let cpu = server_cpu(probes)?.saturating_sub(cpu_before);
+        let wall = (end - start).as_secs_f64();
+        into.rates.push(if wall > 0.0 {
+            cycles as f64 / wall
+        } else {
+            0.0
+        });
+        into.cpu_per_cycle.push(if cycles > 0 {
+            us(cpu) / cycles as f64
+        } else {
+            0.0
+        });
+        into.conns.push(conns);
+        into.subs.push(subs);
+        if cycles == 0 && into.failures.is_empty() {
+            into.fail("no cycle completed".into());
+        }
+        Ok(())
+    }
+}
+
+/// One thread's client in a threads-mode cell.
+enum Locker {
+    /// A clone of the one shared client.
+    Ours(Client),
+    /// The raw baseline: connected in the thread (None until then, or after an I/O error),
+    /// with its nodes and token source.
+    Raw(Option<Raw>, Vec<Target>, Tokens),
+}
+
+impl Locker {
+    fn connect(&mut self) {
+        if let Locker::Raw(raw @ None, targets, _) = self {
+            *raw = Raw::connect_targets(targets).ok().map(Raw::at_quorum);
+        }
+    }
+
+    /// Whether this client can go on after a failure: the raw baseline cannot after an I/O
+    /// error (its connections may hold stray replies).
+    fn broken(&self) -> bool {
+        matches!(self, Locker::Raw(None, _, _))
+    }
+
+    /// One try-lock and release on `key`: when the lock was acquired, or why it failed.
+    fn cycle(&mut self, key: &str) -> Result<Instant, String> {
+        match self {
+            Locker::Ours(client) => {
+                let lock = client.try_lock(key, TTL).map_err(|e| e.to_string())?;
+                let acquired = Instant::now();
+                lock.release().map_err(|e| format!("release: {e}"))?;
+                Ok(acquired)
+            }
+            Locker::Raw(slot, _, tokens) => {
+                let Some(raw) = slot else {
+                    return Err("could not connect".into());
+                };
+                let token = tokens.next_token();
+                let ttl_ms = TTL.as_millis() as u64;
+                let result = match raw.try_acquire(key.as_bytes(), &token, ttl_ms) {
+                    Ok(true) => {
+                        let acquired = Instant::now();
+                        raw.release(key.as_bytes(), &token)
+                            .map(|_| acquired)
+                            .map_err(|e| format!("release: {e}"))
+                    }
+                    Ok(false) => Err("no quorum".to_owned()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if result.as_ref().is_err_and(|e| e != "no quorum") {
+                    *slot = None;
+                }
+                result
+            }
+        }
+    }
 }
 
 /// A one-line progress bar on stderr, only when stderr is a terminal (never in a log file or
@@ -762,8 +1120,8 @@ impl Report {
         if !self.handoff.is_empty() {
             print_handoff(out, origin, &mut self.handoff)?;
         }
-        if !self.threads.is_empty() {
-            print_threads(out, origin, self.iters, &mut self.threads)?;
+        if let Some(plan) = &self.scale {
+            print_threads(out, origin, plan, &mut self.threads)?;
         }
         Ok(())
     }
@@ -823,6 +1181,13 @@ impl Report {
                 })
             })
             .collect();
+        let scale = self.scale.as_ref().map(|plan| {
+            json!({
+                "cell_s": plan.cell.as_secs_f64(),
+                "rounds": plan.rounds,
+                "ours_top_to_t1_ops": scale_ratio(&self.threads).map(|(_, r)| r),
+            })
+        });
         let threads: Vec<serde_json::Value> = self
             .threads
             .iter_mut()
@@ -830,12 +1195,9 @@ impl Report {
                 json!({
                     "n": t.n,
                     "threads": t.threads,
-                    "cycles": t.cycles,
-                    "wall_s": t.wall.as_secs_f64(),
-                    "ops_per_sec": t.ops_per_sec(),
-                    "cycle": summary_json(t.cycle.summary()),
-                    "cycle_histogram": histogram_json(&t.cycle),
-                    "errors": t.errors,
+                    "ratio_ops_ours_to_raw_n": rate_ratio(t.ours.ops_per_sec(), t.raw.ops_per_sec()),
+                    "ours": t.ours.json(),
+                    "raw_n": t.raw.json(),
                 })
             })
             .collect();
@@ -849,6 +1211,7 @@ impl Report {
             "rw": rw,
             "handoff": handoff,
             "threads": threads,
+            "scale": scale,
         })
     }
 }
@@ -1154,36 +1517,119 @@ fn print_handoff(
 fn print_threads(
     out: &mut dyn Write,
     origin: &str,
-    iters: usize,
+    plan: &ScalePlan,
     results: &mut [ThreadsResult],
 ) -> io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "threads on distinct keys, one shared client: {origin}; {iters} try_lock + release cycles in all per T"
+        "threads on distinct keys, try_lock + release in a loop: {origin}; {} per cell, {} round{}, ours and rawN in alternating order",
+        fmt_duration(plan.cell),
+        plan.rounds,
+        if plan.rounds == 1 { "" } else { "s" }
     )?;
     writeln!(
         out,
-        "{:>2}  {:>7}  {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}",
-        "N", "threads", "ops/s", "p50", "p99", "p99.9", "max", "errors"
+        "ours = one redlock_mux::Client shared by the threads; rawN = the raw baseline with a connection set per thread, returning at the quorum"
+    )?;
+    writeln!(
+        out,
+        "ops/s: median of the rounds; latencies: every cycle of every round; conns/node: most connections on any node during a cell (CLIENT LIST, not the probe's), subs: of which pub/sub; cpu/cycle: servers' user+sys CPU over all nodes per cycle (median of the rounds)"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:>2} {:>7} {:<6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>10} {:>4} {:>9}",
+        "N",
+        "threads",
+        "client",
+        "ops/s",
+        "acq p50",
+        "acq p99",
+        "cyc p50",
+        "cyc p99",
+        "failed",
+        "conns/node",
+        "subs",
+        "cpu/cycle"
     )?;
     for t in results.iter_mut() {
-        let ops = t.ops_per_sec();
-        let s = t.cycle.summary();
+        for (who, f) in [("ours", &mut t.ours), ("rawN", &mut t.raw)] {
+            let (a, c) = (f.acquire.summary(), f.cycle.summary());
+            writeln!(
+                out,
+                "{:>2} {:>7} {:<6} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>7} {:>10} {:>4} {:>9}",
+                t.n,
+                t.threads,
+                who,
+                f.ops_per_sec(),
+                fmt_duration(a.p50),
+                fmt_duration(a.p99),
+                fmt_duration(c.p50),
+                fmt_duration(c.p99),
+                f.failed(),
+                f.connections(),
+                f.subscribers(),
+                format!("{:.1}µs", f.cpu_us_per_cycle()),
+            )?;
+        }
+    }
+    writeln!(out)?;
+    writeln!(out, "ratios (ours ÷ rawN: ops/s; cycle p50, p99):")?;
+    for t in results.iter_mut() {
         writeln!(
             out,
-            "{:>2}  {:>7}  {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>6}",
-            t.n,
+            "  T={:<4} ops/s {:.2}x; cycle p50 {:.2}x, p99 {:.2}x",
             t.threads,
-            ops,
-            fmt_duration(s.p50),
-            fmt_duration(s.p99),
-            fmt_duration(s.p999),
-            fmt_duration(s.max),
-            t.errors
+            rate_ratio(t.ours.ops_per_sec(), t.raw.ops_per_sec()),
+            ratio(t.ours.cycle.quantile(0.5), t.raw.cycle.quantile(0.5)),
+            ratio(t.ours.cycle.quantile(0.99), t.raw.cycle.quantile(0.99)),
         )?;
     }
+    if let Some((top, one)) = scale_ratio(results) {
+        writeln!(out, "  ours at T={top} ÷ ours at T=1, ops/s: {one:.2}x")?;
+    }
+    let failed: Vec<_> = results
+        .iter()
+        .flat_map(|t| {
+            [("ours", &t.ours), ("rawN", &t.raw)]
+                .into_iter()
+                .filter(|(_, f)| !f.failures.is_empty())
+                .map(move |(who, f)| (t.threads, who, f))
+        })
+        .collect();
+    if !failed.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "failed calls:")?;
+        for (threads, who, f) in failed {
+            for (why, count) in &f.failures {
+                writeln!(out, "  T={threads} {who}: {count} x {why}")?;
+            }
+        }
+    }
     Ok(())
+}
+
+/// `a / b` for rates; 0 when `b` is zero.
+fn rate_ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+/// Ours at the largest T measured ÷ ours at T = 1, in ops/s, when both were measured: the
+/// largest T and the ratio.
+fn scale_ratio(results: &[ThreadsResult]) -> Option<(usize, f64)> {
+    let one = results.iter().find(|t| t.threads == 1)?;
+    let top = results.iter().max_by_key(|t| t.threads)?;
+    (top.threads > 1).then(|| {
+        (
+            top.threads,
+            rate_ratio(top.ours.ops_per_sec(), one.ours.ops_per_sec()),
+        )
+    })
 }
 
 /// A client's figures: each phase's summary, the cycle histogram, ops/s and errors.

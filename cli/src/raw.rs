@@ -1,13 +1,26 @@
 //! The raw baseline: the least a Redlock client can do on the wire, by hand.
 //!
 //! Blocking `std` sockets with `TCP_NODELAY`, one per node. Acquire writes `SET key token NX PX
-//! ttl` to all N sockets, then reads all N replies; release writes `EVALSHA` of a
-//! compare-and-delete script to all N, then reads all N. The command is encoded once per round
-//! into a reused buffer; nothing is allocated per operation. There is no timeout handling, no
-//! reconnect and no validity arithmetic: it is a floor to measure against, not a client.
+//! ttl` to all N sockets, then reads the replies; release writes `EVALSHA` of a
+//! compare-and-delete script to all N, then reads the replies. The command is encoded once per
+//! round into a reused buffer; nothing is allocated per operation. There is no reconnect and no
+//! validity arithmetic, and a node that does not answer within [`READ_TIMEOUT`] ends the run
+//! with an error: it is a floor to measure against, not a client.
 //!
-//! Std only: the baseline of `redlock-mux bench` (its home), and of the peer benchmark
-//! (`benches/peers`), which includes it with `#[path = "../../../cli/src/raw.rs"] mod raw;`.
+//! Two ways of reading the replies:
+//! - all N ([`Raw::connect`]): the replies are read node after node; the round ends when every
+//!   node has answered;
+//! - at the quorum ([`Raw::at_quorum`]): `poll(2)` on the sockets still owing a reply, and the
+//!   round ends as soon as a quorum said yes (or enough said no that none can be reached). The
+//!   late replies are skipped when the next round reads that node. This is the ideal
+//!   single-caller client (`rawQ`); one per thread is `rawN` of the scale benchmark.
+//!
+//! Also [`Probe`]: one more connection per node, for what the servers say of themselves
+//! (`CLIENT LIST`, `INFO cpu`).
+//!
+//! Std and `rustix` (for `poll`) only: the baseline of `redlock-mux bench` (its home), and of
+//! the peer benchmark (`benches/peers`), which includes it with
+//! `#[path = "../../../cli/src/raw.rs"] mod raw;`.
 
 // Each includer uses a different subset of this API.
 #![allow(dead_code)]
@@ -23,6 +36,13 @@ pub const RELEASE_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then 
 /// Prefix of the channel a release is announced on (followed by the key).
 pub const WAKE_PREFIX: &[u8] = b"redlock-mux:wake:";
 
+/// How long any read waits for a node before the run fails: long next to any reply, so that
+/// a stopped server ends a benchmark instead of hanging it.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most nodes a quorum round polls.
+const MAX_NODES: usize = 64;
+
 /// Replies the baseline understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reply {
@@ -37,27 +57,60 @@ struct Node {
     buf: Vec<u8>,
     /// Bytes of `buf` already consumed.
     start: usize,
+    /// Replies still owed by earlier rounds that returned at the quorum without them: skipped
+    /// before the next reply is taken.
+    stale: usize,
 }
 
 impl Node {
-    /// Reads one reply. Only what lock commands return is parsed; bulk payloads are skipped.
+    fn new(stream: TcpStream) -> Node {
+        Node {
+            stream,
+            buf: Vec::with_capacity(4096),
+            start: 0,
+            stale: 0,
+        }
+    }
+
+    /// The next reply of the current round if it is buffered, after skipping stale ones. Only
+    /// what lock commands return is parsed; bulk payloads are skipped.
+    fn take_reply(&mut self) -> io::Result<Option<Reply>> {
+        loop {
+            let Some((reply, used)) = parse(&self.buf[self.start..])? else {
+                return Ok(None);
+            };
+            self.start += used;
+            if self.start == self.buf.len() {
+                self.buf.clear();
+                self.start = 0;
+            }
+            if self.stale > 0 {
+                self.stale -= 1;
+                continue;
+            }
+            return Ok(Some(reply));
+        }
+    }
+
+    /// One `read` from the socket into the buffer (blocking, up to [`READ_TIMEOUT`]).
+    fn fill(&mut self) -> io::Result<()> {
+        let len = self.buf.len();
+        self.buf.resize(len + 4096, 0);
+        let got = self.stream.read(&mut self.buf[len..]);
+        self.buf.truncate(len + *got.as_ref().unwrap_or(&0));
+        match got? {
+            0 => Err(io::ErrorKind::UnexpectedEof.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads one reply of the current round.
     fn read_reply(&mut self) -> io::Result<Reply> {
         loop {
-            if let Some((reply, used)) = parse(&self.buf[self.start..])? {
-                self.start += used;
-                if self.start == self.buf.len() {
-                    self.buf.clear();
-                    self.start = 0;
-                }
+            if let Some(reply) = self.take_reply()? {
                 return Ok(reply);
             }
-            let len = self.buf.len();
-            self.buf.resize(len + 4096, 0);
-            let got = self.stream.read(&mut self.buf[len..])?;
-            self.buf.truncate(len + got);
-            if got == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
+            self.fill()?;
         }
     }
 }
@@ -140,6 +193,8 @@ pub struct Raw {
     out: Vec<u8>,
     sha: [u8; 40],
     quorum: usize,
+    /// Whether a round returns at the quorum rather than after all N replies.
+    at_quorum: bool,
 }
 
 impl Raw {
@@ -163,28 +218,13 @@ impl Raw {
             out: Vec::with_capacity(512),
             sha: [0; 40],
             quorum: targets.len() / 2 + 1,
+            at_quorum: false,
         };
+        if targets.len() > MAX_NODES {
+            return Err(io::Error::other(format!("at most {MAX_NODES} nodes")));
+        }
         for target in targets {
-            let stream = TcpStream::connect_timeout(&target.addr, Duration::from_secs(1))?;
-            stream.set_nodelay(true)?;
-            let mut node = Node {
-                stream,
-                buf: Vec::with_capacity(4096),
-                start: 0,
-            };
-            for command in &target.setup {
-                let mut out = Vec::new();
-                write_len(&mut out, b'*', command.len());
-                for arg in command {
-                    write_bulk(&mut out, &[arg]);
-                }
-                node.stream.write_all(&out)?;
-                if node.read_reply()? != Reply::Ok {
-                    let name = String::from_utf8_lossy(command.first().map_or(&[][..], |c| c));
-                    return Err(io::Error::other(format!("{}: {name} refused", target.addr)));
-                }
-            }
-            raw.nodes.push(node);
+            raw.nodes.push(connect_node(target)?);
         }
         // The digest comes back as a bulk string; read it raw.
         for node in &mut raw.nodes {
@@ -212,16 +252,92 @@ impl Raw {
         Ok(raw)
     }
 
-    /// Writes `self.out` to every node, then reads every node's reply; returns how many said
-    /// yes by `yes`.
+    /// Makes every round return as soon as its outcome is known (a quorum of yes, or too many
+    /// no for one), instead of after all N replies: the ideal single-caller client.
+    pub fn at_quorum(mut self) -> Raw {
+        self.at_quorum = true;
+        self
+    }
+
+    /// Writes `self.out` to every node, then reads the replies; returns how many said yes by
+    /// `yes` (at the quorum: by the time the outcome was known).
     fn round(&mut self, yes: impl Fn(Reply) -> bool) -> io::Result<usize> {
         for node in &mut self.nodes {
             node.stream.write_all(&self.out)?;
+        }
+        if self.at_quorum {
+            return self.read_to_quorum(yes);
         }
         let mut granted = 0;
         for node in &mut self.nodes {
             if yes(node.read_reply()?) {
                 granted += 1;
+            }
+        }
+        Ok(granted)
+    }
+
+    /// Reads replies as they come, from whichever node has one, until the round's outcome is
+    /// known; the nodes that have not answered by then owe a stale reply.
+    fn read_to_quorum(&mut self, yes: impl Fn(Reply) -> bool) -> io::Result<usize> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let n = self.nodes.len();
+        let mut pending = [true; MAX_NODES];
+        let (mut granted, mut refused) = (0, 0);
+        let decided = |granted: usize, refused: usize| {
+            granted >= self.quorum || refused > n - self.quorum || granted + refused == n
+        };
+        let timeout = Timespec {
+            tv_sec: READ_TIMEOUT.as_secs() as _,
+            tv_nsec: 0,
+        };
+        loop {
+            for (i, node) in self.nodes.iter_mut().enumerate() {
+                if pending[i] {
+                    if let Some(reply) = node.take_reply()? {
+                        pending[i] = false;
+                        if yes(reply) {
+                            granted += 1;
+                        } else {
+                            refused += 1;
+                        }
+                    }
+                }
+            }
+            if decided(granted, refused) {
+                break;
+            }
+            // The sockets still owing a reply, by index; the array is filled to its fixed size
+            // with the first of them (only the first `k` entries are polled).
+            let mut which = [0usize; MAX_NODES];
+            let mut k = 0;
+            for i in (0..n).filter(|&i| pending[i]) {
+                which[k] = i;
+                k += 1;
+            }
+            let mut readable = [false; MAX_NODES];
+            {
+                let nodes = &self.nodes;
+                let mut fds: [PollFd<'_>; MAX_NODES] = std::array::from_fn(|j| {
+                    PollFd::new(&nodes[which[j.min(k - 1)]].stream, PollFlags::IN)
+                });
+                if poll(&mut fds[..k], Some(&timeout))? == 0 {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+                for j in 0..k {
+                    readable[which[j]] = !fds[j].revents().is_empty();
+                }
+            }
+            for (i, node) in self.nodes.iter_mut().enumerate() {
+                if readable[i] {
+                    // The socket is readable: this read does not block.
+                    node.fill()?;
+                }
+            }
+        }
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            if pending[i] {
+                node.stale += 1;
             }
         }
         Ok(granted)
@@ -280,6 +396,164 @@ impl Raw {
     }
 }
 
+/// Connects to one node (with `TCP_NODELAY` and [`READ_TIMEOUT`]) and sends its setup
+/// commands.
+fn connect_node(target: &Target) -> io::Result<Node> {
+    let stream = TcpStream::connect_timeout(&target.addr, Duration::from_secs(1))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(READ_TIMEOUT))?;
+    let mut node = Node::new(stream);
+    for command in &target.setup {
+        let mut out = Vec::new();
+        write_len(&mut out, b'*', command.len());
+        for arg in command {
+            write_bulk(&mut out, &[arg]);
+        }
+        node.stream.write_all(&out)?;
+        if node.read_reply()? != Reply::Ok {
+            let name = String::from_utf8_lossy(command.first().map_or(&[][..], |c| c));
+            return Err(io::Error::other(format!("{}: {name} refused", target.addr)));
+        }
+    }
+    Ok(node)
+}
+
+/// One connection to a node for what the server says of itself: `INFO` sections and `CLIENT
+/// LIST`, read whole. [`Probe::connections`] leaves its own connection out.
+pub struct Probe {
+    node: Node,
+}
+
+impl Probe {
+    /// Connects to `target` (sending its setup commands).
+    pub fn connect(target: &Target) -> io::Result<Probe> {
+        Ok(Probe {
+            node: connect_node(target)?,
+        })
+    }
+
+    /// Connects to a node that needs no setup.
+    pub fn connect_addr(addr: SocketAddr) -> io::Result<Probe> {
+        Probe::connect(&Target {
+            addr,
+            setup: Vec::new(),
+        })
+    }
+
+    /// The text of `INFO section`.
+    pub fn info(&mut self, section: &str) -> io::Result<String> {
+        self.text(&[b"INFO", section.as_bytes()])
+    }
+
+    /// The server's client connections, not counting this probe's own, from `CLIENT LIST`:
+    /// `(all, subscribers)`, where a subscriber has a channel or pattern subscription.
+    pub fn connections(&mut self) -> io::Result<Connections> {
+        let list = self.text(&[b"CLIENT", b"LIST"])?;
+        Ok(Connections::of(&list))
+    }
+
+    /// Sends a command and reads its bulk string reply as text.
+    fn text(&mut self, command: &[&[u8]]) -> io::Result<String> {
+        let mut cmd = Vec::new();
+        write_len(&mut cmd, b'*', command.len());
+        for arg in command {
+            write_bulk(&mut cmd, &[arg]);
+        }
+        self.node.stream.write_all(&cmd)?;
+        let node = &mut self.node;
+        loop {
+            if let Some((text, used)) = parse_bulk(&node.buf[node.start..])? {
+                node.start += used;
+                if node.start == node.buf.len() {
+                    node.buf.clear();
+                    node.start = 0;
+                }
+                return Ok(text);
+            }
+            node.fill()?;
+        }
+    }
+
+    /// The server's CPU time so far: `used_cpu_sys` + `used_cpu_user` of `INFO cpu`.
+    pub fn cpu(&mut self) -> io::Result<Duration> {
+        let info = self.info("cpu")?;
+        let sys: f64 = info_field(&info, "used_cpu_sys")
+            .ok_or_else(|| io::Error::other("INFO cpu: no used_cpu_sys"))?;
+        let user: f64 = info_field(&info, "used_cpu_user")
+            .ok_or_else(|| io::Error::other("INFO cpu: no used_cpu_user"))?;
+        Ok(Duration::from_secs_f64((sys + user).max(0.0)))
+    }
+}
+
+/// A node's client connections, as `CLIENT LIST` shows them, without the probe's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Connections {
+    /// Every client connection.
+    pub all: u64,
+    /// Those subscribed to a channel or pattern (pub/sub connections).
+    pub subscribers: u64,
+}
+
+impl Connections {
+    /// Counts the lines of a `CLIENT LIST` reply; the one that ran `client|list` (the probe's
+    /// own, at the time of the listing) is left out.
+    fn of(list: &str) -> Connections {
+        let mut c = Connections::default();
+        for line in list.lines().filter(|l| !l.trim().is_empty()) {
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            };
+            if matches!(field("cmd"), Some("client|list" | "client")) {
+                continue;
+            }
+            c.all += 1;
+            let subscribed = ["sub", "psub", "ssub"]
+                .iter()
+                .any(|k| field(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) > 0);
+            if subscribed || field("flags").is_some_and(|f| f.contains('P')) {
+                c.subscribers += 1;
+            }
+        }
+        c
+    }
+}
+
+/// The value of `name:value` in an `INFO` text.
+pub fn info_field<T: std::str::FromStr>(info: &str, name: &str) -> Option<T> {
+    info.lines()
+        .filter_map(|l| l.trim_end().split_once(':'))
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+/// One bulk string from the front of `b` as text, with its length; `None` if more bytes are
+/// needed. An error reply is an error.
+fn parse_bulk(b: &[u8]) -> io::Result<Option<(String, usize)>> {
+    let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let line = String::from_utf8_lossy(&b[1..eol]);
+    match b[0] {
+        b'-' => Err(io::Error::other(format!("server error: {line}"))),
+        b'$' => {
+            let len: usize = line
+                .parse()
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad bulk length"))?;
+            let end = eol + 2 + len + 2;
+            if b.len() < end {
+                return Ok(None);
+            }
+            let text = String::from_utf8_lossy(&b[eol + 2..eol + 2 + len]).into_owned();
+            Ok(Some((text, end)))
+        }
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "expected a bulk string",
+        )),
+    }
+}
+
 /// Distinct 40-byte tokens without a system call: a random-ish prefix and a counter, in hex.
 pub struct Tokens {
     seed: u64,
@@ -326,6 +600,53 @@ mod tests {
         assert_eq!(parse(b"$2\r\nab\r\n").unwrap(), Some((Reply::Other, 8)));
         assert_eq!(parse(b"-ERR x\r\n").unwrap(), Some((Reply::Other, 8)));
         assert!(parse(b"?\r\n").is_err());
+    }
+
+    #[test]
+    fn parses_info_text() {
+        let payload = "# Clients\r\nconnected_clients:7\r\nx:1.5\r\n";
+        let reply = format!("${}\r\n{payload}\r\n", payload.len());
+        let reply = reply.as_bytes();
+        assert_eq!(parse_bulk(&reply[..20]).unwrap(), None);
+        let (text, used) = parse_bulk(reply).unwrap().unwrap();
+        assert_eq!(used, reply.len());
+        assert_eq!(info_field::<u64>(&text, "connected_clients"), Some(7));
+        assert_eq!(info_field::<f64>(&text, "x"), Some(1.5));
+        assert_eq!(info_field::<u64>(&text, "connected"), None);
+        assert!(parse_bulk(b"-ERR no\r\n").is_err());
+    }
+
+    #[test]
+    fn counts_client_list_lines() {
+        let list = "id=3 addr=127.0.0.1:1 fd=8 name= flags=N db=0 sub=0 psub=0 ssub=0 cmd=set\n\
+                    id=4 addr=127.0.0.1:2 fd=9 name= flags=P db=0 sub=2 psub=0 ssub=0 cmd=subscribe\n\
+                    id=5 addr=127.0.0.1:3 fd=10 name= flags=N db=0 sub=0 psub=1 cmd=psubscribe\n\
+                    id=6 addr=127.0.0.1:4 fd=11 name= flags=N db=0 sub=0 psub=0 ssub=0 cmd=client|list\n";
+        assert_eq!(
+            Connections::of(list),
+            Connections {
+                all: 3,
+                subscribers: 2
+            }
+        );
+    }
+
+    #[test]
+    fn stale_replies_are_skipped() {
+        let (a, _b) = loopback_pair();
+        let mut node = Node::new(a);
+        node.buf.extend_from_slice(b"$-1\r\n:1\r\n+OK\r\n");
+        node.stale = 2;
+        assert_eq!(node.take_reply().unwrap(), Some(Reply::Ok));
+        assert_eq!(node.stale, 0);
+        assert_eq!(node.take_reply().unwrap(), None);
+    }
+
+    fn loopback_pair() -> (TcpStream, TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (b, _) = listener.accept().unwrap();
+        (a, b)
     }
 
     #[test]

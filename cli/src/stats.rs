@@ -186,6 +186,32 @@ pub fn fmt_duration(d: Duration) -> String {
     }
 }
 
+/// A failure message without what differs from one call to the next, so that alike failures
+/// count together: `unreachable: 3 failed (node 0 (127.0.0.1:6379): timed out; node 2 (…):
+/// timed out)` becomes `unreachable: 3 failed (timed out)`, the distinct reasons of the
+/// parenthesis after the first `" ("`.
+pub fn failure_kind(message: &str) -> String {
+    let (Some(open), Some(close)) = (message.find(" ("), message.rfind(')')) else {
+        return message.to_owned();
+    };
+    if close < open {
+        return message.to_owned();
+    }
+    let mut reasons: Vec<&str> = Vec::new();
+    for part in message[open + 2..close].split("; ") {
+        let reason = part.rsplit(": ").next().unwrap_or(part).trim();
+        if !reasons.contains(&reason) {
+            reasons.push(reason);
+        }
+    }
+    format!(
+        "{} ({}){}",
+        &message[..open],
+        reasons.join(", "),
+        &message[close + 1..]
+    )
+}
+
 /// One bucket of a [`Histogram`]: samples in `[low, high)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HistogramRow {
@@ -264,6 +290,17 @@ mod tests {
         assert_eq!(sum.p99, Duration::from_micros(99));
         assert_eq!(sum.max, Duration::from_micros(100));
         assert_eq!(sum.count, 100);
+    }
+
+    #[test]
+    fn failures_of_one_kind_read_alike() {
+        let a = "release: quorum of 3 out of 5 nodes unreachable: 3 failed (node 0 (127.0.0.1:36463): timed out; node 2 (127.0.0.1:43949): timed out; node 3 (127.0.0.1:44911): io error)";
+        assert_eq!(
+            failure_kind(a),
+            "release: quorum of 3 out of 5 nodes unreachable: 3 failed (timed out, io error)"
+        );
+        assert_eq!(failure_kind("no quorum"), "no quorum");
+        assert_eq!(failure_kind("odd ) (text"), "odd ) (text");
     }
 
     #[test]

@@ -76,40 +76,89 @@ fn bench_reports_json_against_given_nodes() {
 #[test]
 fn bench_scales_over_threads_on_distinct_keys() {
     let cluster = RedisCluster::start(3).expect("start redis-server");
-    let report = bench_json(&cluster, &["--threads", "1,4,16"]);
+    let report = bench_json(
+        &cluster,
+        &["--threads", "1,4", "--duration", "300ms", "--rounds", "2"],
+    );
+    assert_eq!(report["scale"]["rounds"], 2, "{report}");
+    assert_eq!(report["scale"]["cell_s"], 0.3, "{report}");
+    assert!(
+        report["scale"]["ours_top_to_t1_ops"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
     let runs = report["threads"].as_array().expect("threads");
-    assert_eq!(runs.len(), 3, "{report}");
-    for (run, threads) in runs.iter().zip([1, 4, 16]) {
+    assert_eq!(runs.len(), 2, "{report}");
+    for (run, threads) in runs.iter().zip([1u64, 4]) {
         assert_eq!(run["threads"], threads);
         assert_eq!(run["n"], 3);
-        assert_eq!(run["errors"], 0, "{run}");
-        let cycles = run["cycles"].as_u64().unwrap();
-        assert!(cycles >= 200, "{run}");
-        assert_summary(&run["cycle"], cycles);
-        assert!(run["ops_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(run["ratio_ops_ours_to_raw_n"].as_f64().unwrap() > 0.0);
+        for who in ["ours", "raw_n"] {
+            let f = &run[who];
+            assert_eq!(f["failures"], 0, "{who}: {f}");
+            assert_eq!(f["failure_reasons"], serde_json::json!({}), "{who}: {f}");
+            let cycles = f["cycles"].as_u64().unwrap();
+            assert!(cycles >= 10, "{who}: {f}");
+            assert_summary(&f["cycle"], cycles);
+            assert_summary(&f["acquire"], cycles);
+            assert_eq!(f["ops_per_sec_rounds"].as_array().unwrap().len(), 2);
+            assert!(f["ops_per_sec"].as_f64().unwrap() > 0.0, "{who}: {f}");
+            // The servers did some work for every cycle.
+            assert!(
+                f["server_cpu_us_per_cycle"].as_f64().unwrap() > 0.0,
+                "{who}: {f}"
+            );
+            let conns = f["connections_per_node"].as_u64().unwrap();
+            assert!((1..=threads).contains(&conns), "{who}: {f}");
+        }
+        // The baseline has one connection per thread on each node, the probe not counted, and
+        // no subscriber; nothing here waits, so ours has none either.
+        assert_eq!(run["raw_n"]["connections_per_node"], threads, "{run}");
+        assert_eq!(run["raw_n"]["subscriber_connections_per_node"], 0, "{run}");
+        assert_eq!(run["ours"]["subscriber_connections_per_node"], 0, "{run}");
     }
     // Nothing else was measured.
     assert_eq!(report["mutex"], serde_json::json!([]));
-    // The text form has a row per thread count.
-    let out = output(&cluster, &["bench", "--iters", "100", "--threads", "2,3"]);
+
+    // The text form has a row per thread count and client.
+    let out = output(
+        &cluster,
+        &[
+            "bench",
+            "--threads",
+            "2,3",
+            "--duration",
+            "0.2",
+            "--rounds",
+            "1",
+        ],
+    );
     assert!(out.status.success(), "{}", both(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("ops/s"), "{text}");
     let rows: Vec<Vec<&str>> = text
         .lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|w| w.len() == 8 && w[0] == "3" && (w[1] == "2" || w[1] == "3"))
+        .filter(|w| w.len() == 12 && w[0] == "3" && (w[1] == "2" || w[1] == "3"))
         .collect();
     assert_eq!(
         rows.len(),
-        2,
-        "N, threads, ops/s, p50, p99, p99.9, max, errors:\n{text}"
+        4,
+        "N, threads, client, ops/s, acq p50, acq p99, cyc p50, cyc p99, failed, conns/node, subs, cpu/cycle:\n{text}"
     );
-    // A bad list is a usage error.
-    assert_eq!(
-        output(&cluster, &["bench", "--threads", "0"]).status.code(),
-        Some(64)
-    );
+    for row in &rows {
+        assert!(row[2] == "ours" || row[2] == "rawN", "{text}");
+        assert_eq!(row[8], "0", "no failed call:\n{text}");
+    }
+    // No T = 1 measured, so no ratio to it.
+    assert!(!text.contains("÷ ours at T=1"), "{text}");
+    // Bad values are usage errors.
+    for bad in [
+        &["bench", "--threads", "0"][..],
+        &["bench", "--threads", "1", "--duration", "0"],
+        &["bench", "--threads", "1", "--rounds", "0"],
+    ] {
+        assert_eq!(output(&cluster, bad).status.code(), Some(64), "{bad:?}");
+    }
 }
 
 #[test]

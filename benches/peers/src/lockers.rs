@@ -16,8 +16,10 @@ pub const TTL: Duration = Duration::from_secs(10);
 pub enum Kind {
     /// This crate.
     Ours,
-    /// The hand-written floor in `raw.rs`.
+    /// The hand-written floor in `raw.rs`, reading all N replies.
     Raw,
+    /// The same, returning at the quorum (`Raw::at_quorum`): the ideal single caller.
+    RawQ,
     /// `rslock` (async, tokio): one multiplexed connection per node, parallel sends.
     Rslock,
     /// `redlock` (sync): nodes one after another, a new connection per command.
@@ -28,9 +30,10 @@ pub enum Kind {
 
 impl Kind {
     /// Every implementation, in table order.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Ours,
         Kind::Raw,
+        Kind::RawQ,
         Kind::Rslock,
         Kind::Redlock,
         Kind::Redsync,
@@ -41,6 +44,7 @@ impl Kind {
         match self {
             Kind::Ours => "redlock-mux",
             Kind::Raw => "raw",
+            Kind::RawQ => "rawQ",
             Kind::Rslock => "rslock",
             Kind::Redlock => "redlock",
             Kind::Redsync => "redsync",
@@ -88,6 +92,10 @@ impl Locker {
         match kind {
             Kind::Ours => Locker::Ours(redlock_mux::Client::new(&urls).expect("client")),
             Kind::Raw => Locker::Raw(Raw::connect(addrs).expect("raw connect"), Tokens::new()),
+            Kind::RawQ => Locker::Raw(
+                Raw::connect(addrs).expect("raw connect").at_quorum(),
+                Tokens::new(),
+            ),
             Kind::Rslock => {
                 // A current-thread runtime per thread: the lowest latency rslock can have, with
                 // its connection tasks on the thread that awaits them.

@@ -9,8 +9,10 @@
 //! - uncontended acquire, release and acquire+release, at N = 1, 3 and 5;
 //! - hand-off at N = 5: two clients take turns on one key, each holding it 1 ms; the figure is
 //!   the gap from the start of one client's release to the other's acquire returning;
-//! - T threads on distinct keys (T = 1, 2, 8) at N = 5: acquire+release latency per operation
-//!   and aggregate operations per second.
+//! - scale at N = 5 (`scale.rs`): T = 1, 4, 16, 64 threads or tasks on distinct keys, timed
+//!   cells: ops/s, acquire and cycle latency, failed calls, connections per node and server CPU
+//!   per cycle, for redlock-mux (one shared client), rawN, rawQ (T = 1), and rslock (one shared
+//!   `LockManager`, from OS threads and from tokio tasks).
 //!
 //! Implementations run in alternating blocks (the order rotating each round), so drift in the
 //! machine's load spreads over all of them. Each client is warmed up before it is measured.
@@ -20,6 +22,7 @@ mod local_servers;
 mod lockers;
 #[path = "../../../cli/src/raw.rs"]
 mod raw;
+mod scale;
 #[path = "../../../cli/src/stats.rs"]
 mod stats;
 
@@ -49,10 +52,10 @@ struct Plan {
     handoff_slow: usize,
     /// Longest time of one hand-off block.
     handoff_time: Duration,
-    /// Rounds of throughput blocks.
-    tput_rounds: usize,
-    /// Length of one throughput block.
-    tput_time: Duration,
+    /// Rounds of scale cells.
+    scale_rounds: usize,
+    /// Length of one scale cell.
+    scale_cell: Duration,
 }
 
 const FULL: Plan = Plan {
@@ -63,8 +66,8 @@ const FULL: Plan = Plan {
     handoff_fast: 100,
     handoff_slow: 8,
     handoff_time: Duration::from_millis(2500),
-    tput_rounds: 5,
-    tput_time: Duration::from_millis(300),
+    scale_rounds: 3,
+    scale_cell: Duration::from_secs(3),
 };
 
 const QUICK: Plan = Plan {
@@ -75,22 +78,18 @@ const QUICK: Plan = Plan {
     handoff_fast: 50,
     handoff_slow: 4,
     handoff_time: Duration::from_millis(1200),
-    tput_rounds: 3,
-    tput_time: Duration::from_millis(150),
+    scale_rounds: 1,
+    scale_cell: Duration::from_secs(1),
 };
 
 /// The hold time of the hand-off workload.
 const HOLD: Duration = Duration::from_millis(1);
-/// Thread counts of the throughput workload.
-const THREADS: [usize; 3] = [1, 2, 8];
 /// Node counts of the uncontended workloads.
 const NODES: [usize; 3] = [1, 3, 5];
 
 /// One table cell's data.
 enum Cell {
     Latency(Samples),
-    /// Aggregate operations per second.
-    Rate(f64),
 }
 
 struct Row {
@@ -110,10 +109,8 @@ impl Row {
 
     fn samples(&mut self, kind: Kind) -> &mut Samples {
         let cell = self.cells[index(kind)].get_or_insert_with(|| Cell::Latency(Samples::default()));
-        match cell {
-            Cell::Latency(s) => s,
-            Cell::Rate(_) => unreachable!("a latency row"),
-        }
+        let Cell::Latency(s) = cell;
+        s
     }
 }
 
@@ -294,109 +291,11 @@ fn handoff(addrs: &[SocketAddr], plan: &Plan, rows: &mut Vec<Row>) {
     rows.push(row);
 }
 
-/// One throughput block: `threads` clients of `kind`, each on its own key, acquire+release in a
-/// loop for `plan.tput_time`. Returns per-operation latencies, aggregate ops/s and how many
-/// operations failed.
-fn tput_block(
-    kind: Kind,
-    addrs: &[SocketAddr],
-    threads: usize,
-    plan: &Plan,
-) -> (Vec<Duration>, f64, usize) {
-    let ready = Barrier::new(threads);
-    let results = Mutex::new((Vec::new(), 0usize, None::<Instant>, None::<Instant>, 0usize));
-    thread::scope(|s| {
-        for t in 0..threads {
-            let (ready, results) = (&ready, &results);
-            s.spawn(move || {
-                let key = key(kind, &format!("tput:{t}"));
-                let mut locker = Locker::new(kind, addrs);
-                warm_up(&mut locker, &key, 10);
-                let mut lat = Vec::with_capacity(100_000);
-                ready.wait();
-                let start = Instant::now();
-                let end = start + plan.tput_time;
-                let (mut ops, mut failed) = (0, 0);
-                while Instant::now() < end && lat.len() < 1_000_000 {
-                    let t0 = Instant::now();
-                    let done = match locker.try_acquire(&key) {
-                        Some(g) => locker.release(&key, g),
-                        None => false,
-                    };
-                    if done {
-                        lat.push(t0.elapsed());
-                        ops += 1;
-                    } else {
-                        failed += 1;
-                    }
-                }
-                let stopped = Instant::now();
-                let mut r = results.lock().unwrap();
-                r.0.extend(lat);
-                r.1 += ops;
-                r.2 = Some(r.2.map_or(start, |s: Instant| s.min(start)));
-                r.3 = Some(r.3.map_or(stopped, |e: Instant| e.max(stopped)));
-                r.4 += failed;
-            });
-        }
-    });
-    let (lat, ops, start, end, failed) = results.into_inner().unwrap();
-    let wall = match (start, end) {
-        (Some(s), Some(e)) => e - s,
-        _ => Duration::ZERO,
-    };
-    let rate = if wall.is_zero() {
-        0.0
-    } else {
-        ops as f64 / wall.as_secs_f64()
-    };
-    (lat, rate, failed)
-}
-
-fn throughput(addrs: &[SocketAddr], plan: &Plan, rows: &mut Vec<Row>) {
-    let n = addrs.len();
-    for threads in THREADS {
-        eprintln!("throughput, T={threads}, N={n}");
-        let mut lat_row = Row::new(format!("T={threads}: acquire+release, N={n}"));
-        let mut rate_row = Row::new(format!("T={threads}: total ops/s, N={n}"));
-        let mut rates = vec![Vec::new(); Kind::ALL.len()];
-        for round in 0..plan.tput_rounds {
-            for kind in order(round) {
-                let (lat, rate, failed) = tput_block(kind, addrs, threads, plan);
-                lat_row.failures[index(kind)] += failed;
-                let s = lat_row.samples(kind);
-                lat.into_iter().for_each(|d| s.push(d));
-                rates[index(kind)].push(rate);
-            }
-        }
-        for (i, r) in rates.iter_mut().enumerate() {
-            // The median block, so one disturbed block does not decide the figure.
-            r.sort_by(f64::total_cmp);
-            rate_row.cells[i] = r.get(r.len() / 2).map(|&x| Cell::Rate(x));
-        }
-        rows.push(lat_row);
-        rows.push(rate_row);
-    }
-}
-
-/// The figures of one cell: p50 and p99 as durations, or time per operation for a rate.
+/// The figures of one cell: p50 and p99.
 fn figures(cell: &mut Option<Cell>) -> Option<(Duration, Duration)> {
     match cell.as_mut()? {
         Cell::Latency(s) if !s.is_empty() => Some((s.quantile(0.5), s.quantile(0.99))),
         Cell::Latency(_) => None,
-        Cell::Rate(r) if *r > 0.0 => {
-            let per_op = Duration::from_secs_f64(1.0 / *r);
-            Some((per_op, per_op))
-        }
-        Cell::Rate(_) => None,
-    }
-}
-
-fn fmt_rate(r: f64) -> String {
-    if r >= 1000.0 {
-        format!("{:.1}k/s", r / 1000.0)
-    } else {
-        format!("{r:.0}/s")
     }
 }
 
@@ -440,13 +339,11 @@ fn render(rows: &mut [Row]) -> (String, Targets) {
     for row in rows.iter_mut() {
         let figs: Vec<Option<(Duration, Duration)>> = row.cells.iter_mut().map(figures).collect();
         out.push_str(&format!("| {} |", row.name));
-        for (i, cell) in row.cells.iter().enumerate() {
-            let text = match (cell, figs[i]) {
-                (Some(Cell::Rate(r)), _) => fmt_rate(*r),
-                (_, Some((p50, p99))) => format!("{} / {}", fmt_duration(p50), fmt_duration(p99)),
-                _ => "–".into(),
+        for (fig, &failed) in figs.iter().zip(&row.failures) {
+            let text = match fig {
+                Some((p50, p99)) => format!("{} / {}", fmt_duration(*p50), fmt_duration(*p99)),
+                None => "–".into(),
             };
-            let failed = row.failures[i];
             if failed > 0 {
                 out.push_str(&format!(" {text} ({failed} failed) |"));
             } else {
@@ -455,6 +352,7 @@ fn render(rows: &mut [Row]) -> (String, Targets) {
         }
         let ours = figs[index(Kind::Ours)];
         let raw = figs[index(Kind::Raw)];
+        let rawq = figs[index(Kind::RawQ)];
         let r = |f: fn(&(Duration, Duration)) -> Duration, other: Option<(Duration, Duration)>| {
             ours.zip(other)
                 .filter(|(_, t)| !f(t).is_zero())
@@ -489,6 +387,8 @@ fn render(rows: &mut [Row]) -> (String, Targets) {
         match row.name.as_str() {
             "acquire, N=5" => {
                 targets.check("acquire p50, ours ÷ raw", r(p50, raw), 1.0, "×");
+                targets.check("acquire p50, ours ÷ rawQ", r(p50, rawq), 1.05, "×");
+                targets.check("acquire p99, ours ÷ rawQ", r(p99, rawq), 1.05, "×");
                 targets.check("acquire p50, ours ÷ rslock", r(p50, rslock), 1.0 / 1.3, "×");
                 targets.check("acquire p99, ours ÷ rslock", r(p99, rslock), 1.0 / 1.3, "×");
             }
@@ -554,7 +454,7 @@ fn main() {
         match arg.as_str() {
             "--quick" => quick = true,
             "-h" | "--help" => {
-                println!("usage: redlock-mux-peers [--quick]\n\nMeasures lock latency of redlock-mux, a raw baseline, rslock, redlock and redsync\nagainst local redis-server processes it starts; prints a Markdown table.");
+                println!("usage: redlock-mux-peers [--quick]\n\nMeasures lock latency of redlock-mux, raw baselines, rslock, redlock and redsync,\nand scale (T = 1, 4, 16, 64 threads on distinct keys: redlock-mux, rawN, rawQ,\nrslock from threads and from tasks), against local redis-server processes it\nstarts; prints Markdown tables. --quick: shorter blocks and cells, one round.");
                 return;
             }
             other => {
@@ -570,12 +470,12 @@ fn main() {
     let mut rows = Vec::new();
     uncontended(&addrs, plan, &mut rows);
     handoff(&addrs, plan, &mut rows);
-    throughput(&addrs, plan, &mut rows);
+    let mut scale = scale::run(&addrs, plan.scale_cell, plan.scale_rounds);
     let (table, targets) = render(&mut rows);
     let elapsed = started.elapsed();
     println!("Machine: {}", machine());
     println!(
-        "Mode: {}; took {:.0} s. Cells are p50 / p99 (or operations per second); ratios are\nours ÷ theirs in time per operation, so below 1 means redlock-mux is faster.\n",
+        "Mode: {}; took {:.0} s. Cells are p50 / p99; ratios are\nours ÷ theirs in time per operation, so below 1 means redlock-mux is faster.\n",
         if quick { "--quick" } else { "full" },
         elapsed.as_secs_f64()
     );
@@ -585,15 +485,12 @@ fn main() {
         Kind::ALL.map(Kind::name).join(" / ")
     );
     for row in &rows {
-        if row.cells.iter().any(|c| matches!(c, Some(Cell::Rate(_)))) {
-            continue;
-        }
         let counts: Vec<String> = row
             .cells
             .iter()
             .map(|c| match c {
                 Some(Cell::Latency(s)) => s.len().to_string(),
-                _ => "0".into(),
+                None => "0".into(),
             })
             .collect();
         println!("- {}: {}", row.name, counts.join(" / "));
@@ -602,4 +499,5 @@ fn main() {
     for line in &targets.lines {
         println!("{line}");
     }
+    println!("\n{}", scale.render());
 }
