@@ -81,8 +81,9 @@ impl Hold {
         config: &'a Config,
         step: Step,
         now: Instant,
-        round: Round,
+        mut round: Round,
     ) -> HoldRound<'a> {
+        round.set_quorum(spec.quorum(round.nodes()));
         let valid_until = self.valid_until;
         let mut r = HoldRound {
             hold: self,
