@@ -265,7 +265,8 @@ impl<K: Kind> Guard<K> {
     /// of another type), are left alone, and do not stop the release of the others. A fence
     /// counter stays.
     ///
-    /// Returns once a quorum of nodes has answered; the other nodes still get the release.
+    /// Returns once a quorum of nodes has answered (for a [`Permit`], see
+    /// [`Semaphore`](crate::Semaphore)); the other nodes still get the release.
     pub fn release(mut self) -> Result<(), Error> {
         self.held.release()
     }

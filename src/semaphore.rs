@@ -56,6 +56,9 @@ pub use crate::engine::sem::MAX_PERMITS;
 /// | 5 | 4 or more | 5 | 0 | 0 |
 ///
 /// A larger quorum is also safe (it tolerates fewer failures); a smaller one is refused.
+/// An [extend](Guard::extend) needs the quorum too; a [release](Guard::release) returns once
+/// `N − q + 1` nodes acknowledged it, so that fewer than a quorum can still hold the permit
+/// (one node when the quorum is every node), and the other nodes still get it.
 ///
 /// # On the nodes
 ///
@@ -63,7 +66,7 @@ pub use crate::engine::sem::MAX_PERMITS;
 /// with one; see [`KeyNames`](crate::KeyNames)): holder tokens scored by their expiry in ms on
 /// that node's clock, and a marker member `=` scored by `−k`. An acquire prunes the expired
 /// holders and admits when fewer than `k` are left; the set lives as long as its
-/// longest-lived holder. A client that asks with another number of permits while the set
+/// longest-lived holder, and the release of its last live holder deletes it. A client that asks with another number of permits while the set
 /// exists is refused by that node with a [`NodeErrorKind::Setup`](crate::NodeErrorKind::Setup)
 /// failure (`command` `semaphore`), which ends the acquisition with [`Error::Config`] when too
 /// few nodes are left for a quorum: clients that disagreed on `k` would together admit more

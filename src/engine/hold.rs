@@ -83,7 +83,10 @@ impl Hold {
         now: Instant,
         mut round: Round,
     ) -> HoldRound<'a> {
-        round.set_quorum(spec.quorum(round.nodes()));
+        round.set_quorum(match step {
+            Step::Extend { .. } => spec.quorum(round.nodes()),
+            Step::Release => spec.release_quorum(round.nodes()),
+        });
         let valid_until = self.valid_until;
         let mut r = HoldRound {
             hold: self,

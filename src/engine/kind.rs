@@ -18,7 +18,7 @@ use crate::engine::rw::{
     self, FairRwAcquire, ReadAcquire, ReadExtend, SetRelease, WriteAcquire, WriteCleanup,
     WriteRelease,
 };
-use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend};
+use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend, SemRelease};
 use crate::resp;
 
 /// The keys of a lock, by kind, borrowed from whoever owns them (a guard).
@@ -135,6 +135,16 @@ impl<'a> Spec<'a> {
         }
     }
 
+    /// How many nodes of `nodes` must acknowledge a release: the majority, but for a
+    /// semaphore `nodes − quorum + 1`, enough that fewer than a quorum can still hold the
+    /// permit (with a quorum of every node, one acknowledgement does).
+    pub fn release_quorum(&self, nodes: usize) -> usize {
+        match self.keys {
+            Keys::Semaphore { quorum, .. } => (nodes + 1).saturating_sub(quorum).max(1),
+            _ => quorum(nodes),
+        }
+    }
+
     /// How many fair queues a waiter of this kind stands in: one per key.
     pub fn queues(&self) -> usize {
         match self.keys {
@@ -201,9 +211,9 @@ impl<'a> Spec<'a> {
                     intent_ms,
                 }),
                 Keys::All(keys) => f(&ReleaseAll::new(keys, ids.token)),
-                Keys::Semaphore { resource, keys, .. } => f(&SetRelease {
+                Keys::Semaphore { resource, keys, .. } => f(&SemRelease {
                     resource,
-                    set: keys.holders(),
+                    holders: keys.holders(),
                     token: ids.token,
                 }),
             },
@@ -306,9 +316,9 @@ impl<'a> Spec<'a> {
                     token,
                 }),
                 Keys::All(keys) => f(&ReleaseAll::new(keys, token)),
-                Keys::Semaphore { resource, keys, .. } => f(&SetRelease {
+                Keys::Semaphore { resource, keys, .. } => f(&SemRelease {
                     resource,
-                    set: keys.holders(),
+                    holders: keys.holders(),
                     token,
                 }),
             },

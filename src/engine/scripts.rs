@@ -129,6 +129,11 @@ pub static SEM_ACQUIRE: Script = Script::new(concat!(
 pub static FAIR_SEM_ACQUIRE: Script =
     Script::new(concat!(fair_gate!("", "false"), lua!("sem_acquire.lua")));
 
+/// A semaphore holder's release (and a lost attempt's cleanup), deleting the set with its
+/// last live holder: `sem_release.lua`.
+pub static SEM_RELEASE: Script =
+    Script::new(concat!(lua!("node_now.lua"), lua!("sem_release.lua")));
+
 /// The live holders of a semaphore on one node: `sem_count.lua`.
 pub static SEM_COUNT: Script = Script::new(concat!(lua!("node_now.lua"), lua!("sem_count.lua")));
 
@@ -223,6 +228,7 @@ pub static SCRIPTS: &[&Script] = &[
     &SEM_ACQUIRE,
     &FAIR_SEM_ACQUIRE,
     &SEM_COUNT,
+    &SEM_RELEASE,
 ];
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use crate::engine::keys::SemKeys;
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{error_verdict, int_verdict, write_eval, Arg, Caps, Op, ScriptForm};
 use crate::engine::ops::{server_error, Verdict};
-pub use crate::engine::scripts::{FAIR_SEM_ACQUIRE, SEM_ACQUIRE, SEM_COUNT};
+pub use crate::engine::scripts::{FAIR_SEM_ACQUIRE, SEM_ACQUIRE, SEM_COUNT, SEM_RELEASE};
 use crate::engine::Vote;
 use crate::error::{InvalidArgument, NodeErrorKind};
 use crate::resp::Reply;
@@ -157,6 +157,37 @@ fn classify_acquire(reply: &Reply<'_>, other: impl Fn(&Reply<'_>) -> Verdict) ->
             }))
         }
         other_reply => other(other_reply),
+    }
+}
+
+/// Semaphore release, and cleanup of a lost attempt; see [`SEM_RELEASE`]. Every integer is an
+/// acknowledgement: 0 only means the token was not there.
+#[derive(Debug, Clone, Copy)]
+pub struct SemRelease<'a> {
+    /// The resource key, whose wake channel announces the release.
+    pub resource: &'a [u8],
+    /// The holders key.
+    pub holders: &'a [u8],
+    /// The holder's token.
+    pub token: &'a [u8],
+}
+
+impl Op for SemRelease<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &SEM_RELEASE,
+            form,
+            &[self.holders],
+            &[Arg::Bytes(self.token), Arg::Wake(self.resource)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        match reply {
+            Reply::Integer(0 | 1) => Verdict::Vote(Vote::Yes),
+            other => int_verdict(other),
+        }
     }
 }
 
@@ -396,6 +427,29 @@ mod tests {
         assert!(check(2, 5, 6).is_err());
         assert!(check(2, 5, 0).is_err());
         assert!(check(2, 5, 5).is_ok());
+    }
+
+    #[test]
+    fn rounds_take_the_semaphores_quorum_and_releases_need_only_break_it() {
+        use crate::engine::kind::{Keys, Spec};
+        let keys = SemKeys::new(b"k");
+        let spec = |quorum| Spec {
+            keys: Keys::Semaphore {
+                resource: b"k",
+                keys: &keys,
+                capacity: 2,
+                quorum,
+            },
+            fence: None,
+        };
+        assert_eq!(spec(4).quorum(5), 4);
+        assert_eq!(spec(4).release_quorum(5), 2);
+        assert_eq!(spec(3).release_quorum(3), 1);
+        let mutex = Spec {
+            keys: Keys::Mutex(b"k"),
+            fence: None,
+        };
+        assert_eq!((mutex.quorum(5), mutex.release_quorum(5)), (3, 3));
     }
 
     #[test]

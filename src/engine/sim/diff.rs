@@ -20,7 +20,7 @@ use crate::engine::rw::{
     FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
     WriteRelease,
 };
-use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend, SEM_COUNT};
+use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend, SemRelease, SEM_COUNT};
 use crate::resp::{self, Limits, Status, Value};
 
 /// One blocking connection to the real server.
@@ -562,12 +562,13 @@ fn every_lock_script_answers_like_redis_server() {
                 pair.same(&encode(&op, form), &what);
             }
             4 => {
-                let op = SetRelease {
+                let op = SemRelease {
                     resource: b"sem",
-                    set: s.holders(),
+                    holders: s.holders(),
                     token,
                 };
                 pair.same(&encode(&op, form), &what);
+                pair.same(&command(&[b"EXISTS", s.holders()]), &what);
             }
             5 => {
                 let op = Leave {
@@ -989,9 +990,9 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             waiter: b,
         };
         run(&mut real, &encode(&leave, ScriptForm::Body));
-        let release = SetRelease {
+        let release = SemRelease {
             resource: r,
-            set: s.holders(),
+            holders: s.holders(),
             token: a,
         };
         run(&mut real, &encode(&release, ScriptForm::Body));

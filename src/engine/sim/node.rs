@@ -48,6 +48,7 @@ pub(crate) static SCRIPT_MODELS: &[(&Script, ScriptFn)] = &[
     (&sem::SEM_ACQUIRE, sem_acquire_script),
     (&sem::FAIR_SEM_ACQUIRE, fair_sem_acquire_script),
     (&sem::SEM_COUNT, sem_count_script),
+    (&sem::SEM_RELEASE, sem_release_script),
 ];
 
 /// A script's `KEYS` and `ARGV`.
@@ -236,6 +237,20 @@ fn live_holders(node: &mut Node, key: &[u8], after: f64) -> Result<i64, Value> {
     Ok(node
         .zset(key)?
         .map_or(0, |z| z.values().filter(|s| **s > after).count() as i64))
+}
+
+/// [`sem::SEM_RELEASE`]: KEYS holders; ARGV token, wake channel.
+fn sem_release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("semaphore release", keys, 1, args, 2)?;
+    if node.zrem(k[0], &[a[0]])? == 0 {
+        return Ok(Value::Integer(0));
+    }
+    let now = node.now as f64;
+    if live_holders(node, k[0], now)? == 0 {
+        node.del(k[0]);
+    }
+    node.publish(a[1], a[0]);
+    Ok(Value::Integer(1))
 }
 
 /// [`sem::SEM_COUNT`]: KEYS holders.
