@@ -1627,6 +1627,25 @@ redlock_mux_result redlock_mux_client_resume_write_lock(const redlock_mux_client
 redlock_mux_result redlock_mux_client_resume_lock_all(const redlock_mux_client *client, const uint8_t *const *keys, const size_t *key_lens, size_t count, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_multi_lock **out);
 
 /**
+ * `redlock_mux_client_acquire_permit`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_with`.
+ */
+redlock_mux_result redlock_mux_client_acquire_permit_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint32_t permits, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_permit **out);
+
+/**
+ * Rebuilds the handle of a permit of the semaphore of `permits` permits on a key, held with
+ * a token (see `redlock_mux_client_resume_lock`): an extend round checks that a quorum of
+ * nodes still admits it.
+ *
+ * # Safety
+ * As for `redlock_mux_client_resume_lock`.
+ */
+redlock_mux_result redlock_mux_client_resume_permit(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint32_t permits, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_permit **out);
+
+/**
  * Writes to `*out` what the client's locks have been doing since it was built (shared with
  * every lock taken through it): acquisition rounds won, contended and unreachable per lock
  * kind, wake-ups, retries and cancellations, and how many nodes `redlock_mux_client_node_stats`

@@ -3213,6 +3213,56 @@ pub unsafe extern "C" fn redlock_mux_client_resume_lock_all(
     }
 }
 
+/// `redlock_mux_client_acquire_permit`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_with`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_acquire_permit_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    permits: u32,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_permit,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.semaphore(k, permits)?.acquire_with(t, o))
+        })
+    }
+}
+
+/// Rebuilds the handle of a permit of the semaphore of `permits` permits on a key, held with
+/// a token (see `redlock_mux_client_resume_lock`): an extend round checks that a quorum of
+/// nodes still admits it.
+///
+/// # Safety
+/// As for `redlock_mux_client_resume_lock`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_resume_permit(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    permits: u32,
+    token: *const u8,
+    token_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_permit,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_token(token, token_len, |tok| {
+                c.semaphore(k, permits)?.resume(tok, t)
+            })
+        })
+    }
+}
+
 fn round_stats(r: &RoundStats) -> redlock_mux_round_stats {
     redlock_mux_round_stats {
         won: r.won,

@@ -1712,6 +1712,7 @@ static void test_semaphores(redlock_mux_client *client, int count) {
     static const uint8_t key[] = "c-api-sem";
     redlock_mux_permit *p1 = NULL, *p2 = NULL, *p3 = SENTINEL(redlock_mux_permit, 0);
     redlock_mux_kept_lock *k = NULL;
+    redlock_mux_acquire_options opts = {0};
     redlock_mux_stats s;
     uint8_t t1[REDLOCK_MUX_TOKEN_LEN], t2[REDLOCK_MUX_TOKEN_LEN];
     const uint8_t *got = NULL;
@@ -1759,6 +1760,25 @@ static void test_semaphores(redlock_mux_client *client, int count) {
     CHECK_OK(redlock_mux_permit_validity_ms(p1, &ms));
     CHECK(ms > 10000 && ms <= 20000);
     CHECK_RESULT(redlock_mux_permit_extend(NULL, 5), REDLOCK_MUX_NULL_PARAMETER);
+    /* A waiting call with its own timeout gives up on the full semaphore. */
+    opts.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
+    opts.timeout_ms = 100;
+    CHECK_RESULT(redlock_mux_client_acquire_permit_with(client, key, 9, 2, 10000, &opts, &p3),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(p3 == SENTINEL(redlock_mux_permit, 0));
+    /* A permit's token rebuilds its handle (as another process would). */
+    p3 = NULL;
+    CHECK_OK(redlock_mux_client_resume_permit(client, key, 9, 2, t2, sizeof t2, 10000, &p3));
+    CHECK_OK(redlock_mux_permit_token(p3, t1, sizeof t1, &n));
+    CHECK(memcmp(t1, t2, n) == 0);
+    CHECK_RESULT(redlock_mux_client_resume_permit(client, key, 9, 2, t2, 3, 10000, &p3),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_OK(redlock_mux_permit_release(p3));
+    redlock_mux_permit_free(p3);
+    /* The permit is gone already: freeing its first handle releases nothing more. */
+    redlock_mux_permit_free(p2);
+    p2 = NULL;
+    CHECK_OK(redlock_mux_client_try_acquire_permit(client, key, 9, 2, 10000, &p2));
 
     /* A released permit is free again; a kept one stays held. */
     CHECK_OK(redlock_mux_permit_release(p1));
