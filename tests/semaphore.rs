@@ -15,7 +15,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::*;
 use history::{History, Kind, Op};
 use redlock_mux::resp::Value;
-use redlock_mux::{Acquire, Client, Error, InvalidArgument, KeyNames, NodeErrorKind};
+use redlock_mux::{
+    Acquire, Cancel, Client, Error, InvalidArgument, KeepAlive, KeyNames, NodeErrorKind,
+};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -193,6 +195,35 @@ fn clients_that_disagree_on_the_permits_get_a_config_error() {
         }
     )));
     assert!(e.to_string().contains("3 permits, not 2"), "{e}");
+}
+
+#[test]
+fn a_kept_permit_outlives_its_ttl_and_a_waiter_can_be_cancelled() {
+    let cluster = RedisCluster::start(3).expect("cluster");
+    let c = client(cluster.urls());
+    let sem = c.semaphore("kept", 1).unwrap();
+    let ttl = Duration::from_millis(600);
+    let kept = sem
+        .try_acquire(ttl)
+        .unwrap()
+        .keep_alive(KeepAlive::new(ttl))
+        .map_err(|e| e.error)
+        .unwrap();
+    thread::sleep(Duration::from_millis(1500));
+    assert!(!kept.is_lost());
+    assert!(sem.try_acquire(TTL).unwrap_err().is_contended());
+    // A waiter, cancelled from another thread, leaves nothing behind.
+    let cancel = Cancel::new();
+    let waiter = {
+        let (sem, cancel) = (sem.clone(), cancel.clone());
+        thread::spawn(move || sem.acquire_with(TTL, &Acquire::new().cancel(&cancel)))
+    };
+    thread::sleep(Duration::from_millis(200));
+    cancel.cancel();
+    assert!(matches!(waiter.join().unwrap(), Err(Error::Cancelled)));
+    kept.release().unwrap();
+    assert_eq!(sem.available().unwrap(), 1);
+    assert!(c.stats().cancellations >= 1);
 }
 
 #[test]
