@@ -253,6 +253,13 @@ typedef struct redlock_mux_lock redlock_mux_lock;
 typedef struct redlock_mux_multi_lock redlock_mux_multi_lock;
 
 /**
+ * One held permit of a counting semaphore. Made by `redlock_mux_client_acquire_permit` or
+ * `redlock_mux_client_try_acquire_permit`, freed by `redlock_mux_permit_free` (which releases
+ * it first if it is still held).
+ */
+typedef struct redlock_mux_permit redlock_mux_permit;
+
+/**
  * A held read lock (shared with other readers). Made by `redlock_mux_client_read_lock` or
  * `redlock_mux_client_try_read_lock`, freed by `redlock_mux_read_lock_free` (which releases it
  * first if it is still held).
@@ -353,6 +360,10 @@ typedef struct {
    * Acquisition rounds of fenced write locks.
    */
   redlock_mux_round_stats fenced_write;
+  /**
+   * Acquisition rounds of semaphore permits.
+   */
+  redlock_mux_round_stats semaphore;
   /**
    * Release announcements that woke a waiter for a retry.
    */
@@ -1236,6 +1247,127 @@ redlock_mux_result redlock_mux_fenced_write_lock_release(redlock_mux_fenced_writ
 void redlock_mux_fenced_write_lock_free(redlock_mux_fenced_write_lock *lock);
 
 /**
+ * Writes to `*out_quorum` how many nodes must admit a holder of a semaphore of `permits`
+ * permits over this client's N nodes: the smallest quorum that makes `permits + 1` holders
+ * impossible, `floor(permits * N / (permits + 1)) + 1` (the Redlock majority for 1 permit).
+ * Acquires stop once more than `N - quorum` nodes are down. `REDLOCK_MUX_INVALID_ARGUMENT`
+ * for 0 permits or more than the library allows.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `out_quorum` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_semaphore_quorum(const redlock_mux_client *client, uint32_t permits, size_t *out_quorum);
+
+/**
+ * One attempt to take one of the `permits` permits of the semaphore on the `key_len` bytes
+ * at `key` for `ttl_ms` milliseconds, without retrying. At most `permits` holders hold a
+ * permit at once, over a quorum of `redlock_mux_semaphore_quorum` nodes. On success writes a
+ * new handle to `*out`; `REDLOCK_MUX_CONTENDED` means every permit is taken;
+ * `REDLOCK_MUX_INVALID_ARGUMENT` for 0 permits; `REDLOCK_MUX_CONFIG` when the nodes' semaphore
+ * on the key was created with another number of permits.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_try_acquire_permit(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint32_t permits, uint64_t ttl_ms, redlock_mux_permit **out);
+
+/**
+ * Like `redlock_mux_client_try_acquire_permit`, waiting as the client's retry count and wait
+ * timeout allow; a release of a permit wakes the waiters at once.
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_acquire_permit(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint32_t permits, uint64_t ttl_ms, redlock_mux_permit **out);
+
+/**
+ * Writes to `*out_available` an estimate of the free permits of the semaphore of `permits`
+ * permits on the `key_len` bytes at `key`, for monitoring: how many acquisitions would win
+ * one after the other if nothing else changed (a node that does not answer counts as full).
+ *
+ * # Safety
+ * `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+ * `out_available` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_client_semaphore_available(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint32_t permits, uint32_t *out_available);
+
+/**
+ * Like `redlock_mux_lock_extend`, for a permit: succeeds only if a quorum of nodes still
+ * admits it.
+ *
+ * # Safety
+ * `lock` is NULL or a live permit used by no other thread.
+ */
+redlock_mux_result redlock_mux_permit_extend(redlock_mux_permit *lock, uint64_t ttl_ms);
+
+/**
+ * Like `redlock_mux_lock_validity_ms`, for a permit.
+ *
+ * # Safety
+ * `lock` is NULL or a live permit not being changed by another thread; `out_ms` is NULL or
+ * writable.
+ */
+redlock_mux_result redlock_mux_permit_validity_ms(const redlock_mux_permit *lock, uint64_t *out_ms);
+
+/**
+ * Like `redlock_mux_lock_token`, for a permit: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
+ * bytes of ASCII hex.
+ *
+ * # Safety
+ * `lock` is NULL or a live permit not being changed by another thread; `buf` is NULL or
+ * points to `buf_len` writable bytes; `out_n` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_permit_token(const redlock_mux_permit *lock, uint8_t *buf, size_t buf_len, size_t *out_n);
+
+/**
+ * Like `redlock_mux_read_lock_key`, for a permit: the semaphore's resource key.
+ *
+ * # Safety
+ * `lock` is NULL or a live permit not being changed by another thread; `out_key` and
+ * `out_len` are NULL or writable.
+ */
+redlock_mux_result redlock_mux_permit_key(const redlock_mux_permit *lock, const uint8_t **out_key, size_t *out_len);
+
+/**
+ * Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+ * leave the permit in `lock`), for a permit.
+ *
+ * # Safety
+ * `lock` is NULL or a live permit used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_permit_keep_alive(redlock_mux_permit *lock, uint64_t ttl_ms, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_keep_alive_with_callback`, for a permit: `on_lost` is called with
+ * `user_data` once, on the keeper thread, if the permit is lost.
+ *
+ * # Safety
+ * As for `redlock_mux_permit_keep_alive`; `on_lost` is NULL or a function that may be called,
+ * from another thread, with `user_data`, until the kept lock is released or freed.
+ */
+redlock_mux_result redlock_mux_permit_keep_alive_with_callback(redlock_mux_permit *lock, uint64_t ttl_ms, redlock_mux_lost_callback on_lost, void *user_data, redlock_mux_kept_lock **out);
+
+/**
+ * Like `redlock_mux_lock_release`, for a permit: the permit is given back and waiters are
+ * woken; afterwards the handle is released whatever the result, and must still be freed.
+ *
+ * # Safety
+ * `lock` is NULL or a live permit used by no other thread.
+ */
+redlock_mux_result redlock_mux_permit_release(redlock_mux_permit *lock);
+
+/**
+ * Frees a permit handle, releasing it first, best effort, if it is still held. NULL is a
+ * no-op.
+ *
+ * # Safety
+ * `lock` is NULL or a permit not yet freed, which no other thread is using.
+ */
+void redlock_mux_permit_free(redlock_mux_permit *lock);
+
+/**
  * Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
  * milliseconds every `ttl_ms / 3`, and sooner when the validity left runs low, until the kept
  * lock is released or freed, or the lock is lost. On success writes a new kept lock to `*out`.
@@ -1493,6 +1625,25 @@ redlock_mux_result redlock_mux_client_resume_write_lock(const redlock_mux_client
  * bytes.
  */
 redlock_mux_result redlock_mux_client_resume_lock_all(const redlock_mux_client *client, const uint8_t *const *keys, const size_t *key_lens, size_t count, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_multi_lock **out);
+
+/**
+ * `redlock_mux_client_acquire_permit`, waiting as `*options` says (see
+ * `redlock_mux_client_lock_with`).
+ *
+ * # Safety
+ * As for `redlock_mux_client_lock_with`.
+ */
+redlock_mux_result redlock_mux_client_acquire_permit_with(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint32_t permits, uint64_t ttl_ms, const redlock_mux_acquire_options *options, redlock_mux_permit **out);
+
+/**
+ * Rebuilds the handle of a permit of the semaphore of `permits` permits on a key, held with
+ * a token (see `redlock_mux_client_resume_lock`): an extend round checks that a quorum of
+ * nodes still admits it.
+ *
+ * # Safety
+ * As for `redlock_mux_client_resume_lock`.
+ */
+redlock_mux_result redlock_mux_client_resume_permit(const redlock_mux_client *client, const uint8_t *key, size_t key_len, uint32_t permits, const uint8_t *token, size_t token_len, uint64_t ttl_ms, redlock_mux_permit **out);
 
 /**
  * Writes to `*out` what the client's locks have been doing since it was built (shared with

@@ -276,6 +276,27 @@ pub enum InvalidArgument {
     },
     /// An all-or-none lock was asked for no keys.
     NoKeys,
+    /// A semaphore was asked for no permits (it could never be held), or for more than
+    /// `max`.
+    BadPermits {
+        /// The permits asked for.
+        permits: u32,
+        /// The cap.
+        max: u32,
+    },
+    /// A semaphore's quorum would let more holders than its permits in at once (or is more
+    /// than the nodes): `(permits + 1)·quorum` must exceed `permits·nodes`. See
+    /// [`Semaphore`](crate::Semaphore).
+    UnsafeQuorum {
+        /// The semaphore's permits.
+        permits: u32,
+        /// How many nodes the client talks to.
+        nodes: usize,
+        /// The quorum asked for.
+        quorum: usize,
+        /// The smallest safe quorum, `⌊permits·nodes / (permits + 1)⌋ + 1`.
+        min: usize,
+    },
     /// A token given to a `resume_*` call is not one this library makes: 40 lowercase hex
     /// characters.
     BadToken,
@@ -334,6 +355,19 @@ impl fmt::Display for InvalidArgument {
             }
             InvalidArgument::BadUrl { url, reason } => write!(f, "bad node URL {url:?}: {reason}"),
             InvalidArgument::NoKeys => f.write_str("no keys were given"),
+            InvalidArgument::BadPermits { permits, max } => {
+                write!(f, "a semaphore needs 1 to {max} permits, not {permits}")
+            }
+            InvalidArgument::UnsafeQuorum {
+                permits,
+                nodes,
+                quorum,
+                min,
+            } => write!(
+                f,
+                "a quorum of {quorum} of {nodes} nodes would let more than {permits} holders \
+                 into a {permits}-permit semaphore; it needs {min} to {nodes}"
+            ),
             InvalidArgument::BadToken => f.write_str("a lock token is 40 lowercase hex characters"),
             InvalidArgument::DuplicateKey { key } => write!(
                 f,
@@ -400,6 +434,10 @@ pub enum NodeErrorKind {
     /// missing permissions, or a server that is not Redis. Nothing else was sent on that
     /// connection. Transient refusals (`LOADING`, `BUSY`, too many clients) are not this
     /// kind; they are [`Server`](NodeErrorKind::Server) failures, retried as usual.
+    ///
+    /// A node whose [`Semaphore`](crate::Semaphore) on a key was created with another number
+    /// of permits fails a semaphore acquire with this kind too (`command` is `semaphore`):
+    /// clients that disagree on the permits are misconfigured, and waiting does not fix it.
     Setup {
         /// The setup command that failed: `AUTH`, `SELECT`, `SCRIPT LOAD` or `COMMAND INFO`.
         command: &'static str,

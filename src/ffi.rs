@@ -49,7 +49,7 @@ use std::time::Duration;
 use crate::kind::{Fenced, Kind, OneKey};
 use crate::{
     Acquire, Cancel, Client, ClientBuilder, Deadline, Error, FencedLock, FencedWriteLock, Guard,
-    InvalidArgument, KeepAlive, KeptLock, Lock, MultiLock, NodeStats, ReadLock, RoundStats,
+    InvalidArgument, KeepAlive, KeptLock, Lock, MultiLock, NodeStats, Permit, ReadLock, RoundStats,
     RwPolicy, WriteLock, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS,
 };
 
@@ -188,6 +188,13 @@ pub struct redlock_mux_fenced_lock {
 /// (which releases it first if it is still held).
 pub struct redlock_mux_fenced_write_lock {
     held: Option<FencedWriteLock>,
+}
+
+/// One held permit of a counting semaphore. Made by `redlock_mux_client_acquire_permit` or
+/// `redlock_mux_client_try_acquire_permit`, freed by `redlock_mux_permit_free` (which releases
+/// it first if it is still held).
+pub struct redlock_mux_permit {
+    held: Option<Permit>,
 }
 
 /// A lock of any kind extended in the background by its client's keeper thread. Made from a
@@ -838,6 +845,7 @@ guard_handles! {
     redlock_mux_multi_lock: MultiLock;
     redlock_mux_fenced_lock: FencedLock;
     redlock_mux_fenced_write_lock: FencedWriteLock;
+    redlock_mux_permit: Permit;
 }
 
 impl Handle for redlock_mux_kept_lock {
@@ -2334,6 +2342,231 @@ pub unsafe extern "C" fn redlock_mux_fenced_write_lock_free(
     boundary_void(|| unsafe { free_handle(lock) })
 }
 
+// Counting semaphores.
+
+/// Writes to `*out_quorum` how many nodes must admit a holder of a semaphore of `permits`
+/// permits over this client's N nodes: the smallest quorum that makes `permits + 1` holders
+/// impossible, `floor(permits * N / (permits + 1)) + 1` (the Redlock majority for 1 permit).
+/// Acquires stop once more than `N - quorum` nodes are down. `REDLOCK_MUX_INVALID_ARGUMENT`
+/// for 0 permits or more than the library allows.
+///
+/// # Safety
+/// `client` is NULL or a live client; `out_quorum` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_semaphore_quorum(
+    client: *const redlock_mux_client,
+    permits: u32,
+    out_quorum: *mut usize,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe {
+            (
+                arg_ref(client, "client")?,
+                Out::new(out_quorum, "out_quorum")?,
+            )
+        };
+        out.write(handle.client.semaphore("q", permits)?.quorum());
+        Ok(())
+    })
+}
+
+/// One attempt to take one of the `permits` permits of the semaphore on the `key_len` bytes
+/// at `key` for `ttl_ms` milliseconds, without retrying. At most `permits` holders hold a
+/// permit at once, over a quorum of `redlock_mux_semaphore_quorum` nodes. On success writes a
+/// new handle to `*out`; `REDLOCK_MUX_CONTENDED` means every permit is taken;
+/// `REDLOCK_MUX_INVALID_ARGUMENT` for 0 permits; `REDLOCK_MUX_CONFIG` when the nodes' semaphore
+/// on the key was created with another number of permits.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_try_acquire_permit(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    permits: u32,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_permit,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.semaphore(k, permits)?.try_acquire(t)
+        })
+    }
+}
+
+/// Like `redlock_mux_client_try_acquire_permit`, waiting as the client's retry count and wait
+/// timeout allow; a release of a permit wakes the waiters at once.
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_acquire_permit(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    permits: u32,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_permit,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            c.semaphore(k, permits)?.acquire(t)
+        })
+    }
+}
+
+/// Writes to `*out_available` an estimate of the free permits of the semaphore of `permits`
+/// permits on the `key_len` bytes at `key`, for monitoring: how many acquisitions would win
+/// one after the other if nothing else changed (a node that does not answer counts as full).
+///
+/// # Safety
+/// `client` is NULL or a live client; `key` is NULL or points to `key_len` readable bytes;
+/// `out_available` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_semaphore_available(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    permits: u32,
+    out_available: *mut u32,
+) -> redlock_mux_result {
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, key, out) = unsafe {
+            (
+                arg_ref(client, "client")?,
+                arg_key(key, key_len, "key")?,
+                Out::new(out_available, "out_available")?,
+            )
+        };
+        out.write(handle.client.semaphore(key, permits)?.available()?);
+        Ok(())
+    })
+}
+
+/// Like `redlock_mux_lock_extend`, for a permit: succeeds only if a quorum of nodes still
+/// admits it.
+///
+/// # Safety
+/// `lock` is NULL or a live permit used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_permit_extend(
+    lock: *mut redlock_mux_permit,
+    ttl_ms: u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promise.
+    unsafe { extend(lock, ttl_ms) }
+}
+
+/// Like `redlock_mux_lock_validity_ms`, for a permit.
+///
+/// # Safety
+/// `lock` is NULL or a live permit not being changed by another thread; `out_ms` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_permit_validity_ms(
+    lock: *const redlock_mux_permit,
+    out_ms: *mut u64,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { validity(lock, out_ms) }
+}
+
+/// Like `redlock_mux_lock_token`, for a permit: this holder's token, `REDLOCK_MUX_TOKEN_LEN`
+/// bytes of ASCII hex.
+///
+/// # Safety
+/// `lock` is NULL or a live permit not being changed by another thread; `buf` is NULL or
+/// points to `buf_len` writable bytes; `out_n` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_permit_token(
+    lock: *const redlock_mux_permit,
+    buf: *mut u8,
+    buf_len: usize,
+    out_n: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { token(lock, buf, buf_len, out_n) }
+}
+
+/// Like `redlock_mux_read_lock_key`, for a permit: the semaphore's resource key.
+///
+/// # Safety
+/// `lock` is NULL or a live permit not being changed by another thread; `out_key` and
+/// `out_len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_permit_key(
+    lock: *const redlock_mux_permit,
+    out_key: *mut *const u8,
+    out_len: *mut usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { key(lock, out_key, out_len) }
+}
+
+/// Like `redlock_mux_lock_keep_alive` (the same ownership rules, and the same refusals, which
+/// leave the permit in `lock`), for a permit.
+///
+/// # Safety
+/// `lock` is NULL or a live permit used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_permit_keep_alive(
+    lock: *mut redlock_mux_permit,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive(lock, ttl_ms, None, out) }
+}
+
+/// Like `redlock_mux_lock_keep_alive_with_callback`, for a permit: `on_lost` is called with
+/// `user_data` once, on the keeper thread, if the permit is lost.
+///
+/// # Safety
+/// As for `redlock_mux_permit_keep_alive`; `on_lost` is NULL or a function that may be called,
+/// from another thread, with `user_data`, until the kept lock is released or freed.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_permit_keep_alive_with_callback(
+    lock: *mut redlock_mux_permit,
+    ttl_ms: u64,
+    on_lost: redlock_mux_lost_callback,
+    user_data: *mut c_void,
+    out: *mut *mut redlock_mux_kept_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { keep_alive_calling(lock, ttl_ms, on_lost, user_data, out) }
+}
+
+/// Like `redlock_mux_lock_release`, for a permit: the permit is given back and waiters are
+/// woken; afterwards the handle is released whatever the result, and must still be freed.
+///
+/// # Safety
+/// `lock` is NULL or a live permit used by no other thread.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_permit_release(
+    lock: *mut redlock_mux_permit,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promise.
+    unsafe { release(lock) }
+}
+
+/// Frees a permit handle, releasing it first, best effort, if it is still held. NULL is a
+/// no-op.
+///
+/// # Safety
+/// `lock` is NULL or a permit not yet freed, which no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_permit_free(lock: *mut redlock_mux_permit) {
+    // SAFETY: forwarded caller promise.
+    boundary_void(|| unsafe { free_handle(lock) })
+}
+
 // Kept locks: locks of any kind, extended by the client's keeper thread.
 
 /// Hands the mutex held by `lock` to the client's keeper thread, which extends it to `ttl_ms`
@@ -2573,6 +2806,8 @@ pub struct redlock_mux_stats {
     pub fenced_mutex: redlock_mux_round_stats,
     /// Acquisition rounds of fenced write locks.
     pub fenced_write: redlock_mux_round_stats,
+    /// Acquisition rounds of semaphore permits.
+    pub semaphore: redlock_mux_round_stats,
     /// Release announcements that woke a waiter for a retry.
     pub wakeups: u64,
     /// Attempts after an acquisition's first.
@@ -2978,6 +3213,56 @@ pub unsafe extern "C" fn redlock_mux_client_resume_lock_all(
     }
 }
 
+/// `redlock_mux_client_acquire_permit`, waiting as `*options` says (see
+/// `redlock_mux_client_lock_with`).
+///
+/// # Safety
+/// As for `redlock_mux_client_lock_with`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_acquire_permit_with(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    permits: u32,
+    ttl_ms: u64,
+    options: *const redlock_mux_acquire_options,
+    out: *mut *mut redlock_mux_permit,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_options(options, |o| c.semaphore(k, permits)?.acquire_with(t, o))
+        })
+    }
+}
+
+/// Rebuilds the handle of a permit of the semaphore of `permits` permits on a key, held with
+/// a token (see `redlock_mux_client_resume_lock`): an extend round checks that a quorum of
+/// nodes still admits it.
+///
+/// # Safety
+/// As for `redlock_mux_client_resume_lock`.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_resume_permit(
+    client: *const redlock_mux_client,
+    key: *const u8,
+    key_len: usize,
+    permits: u32,
+    token: *const u8,
+    token_len: usize,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_permit,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        acquire(client, key, key_len, ttl_ms, out, |c, k, t| {
+            with_token(token, token_len, |tok| {
+                c.semaphore(k, permits)?.resume(tok, t)
+            })
+        })
+    }
+}
+
 fn round_stats(r: &RoundStats) -> redlock_mux_round_stats {
     redlock_mux_round_stats {
         won: r.won,
@@ -3010,6 +3295,7 @@ pub unsafe extern "C" fn redlock_mux_client_stats(
             all: round_stats(&s.kinds.all),
             fenced_mutex: round_stats(&s.kinds.fenced_mutex),
             fenced_write: round_stats(&s.kinds.fenced_write),
+            semaphore: round_stats(&s.kinds.semaphore),
             wakeups: s.wakeups,
             retries: s.retries,
             cancellations: s.cancellations,

@@ -18,7 +18,7 @@ use crate::driver::Pending;
 use crate::engine::acquire::{Acquisition, Grant, Params};
 use crate::engine::hold::{Hold, Step};
 use crate::engine::keys::fence_key;
-use crate::engine::keys::RwKeys;
+use crate::engine::keys::{RwKeys, SemKeys};
 use crate::engine::kind::{Keys, Spec};
 use crate::engine::timings::WaitLimits;
 use crate::error::{Error, InvalidArgument};
@@ -67,6 +67,8 @@ pub mod kind {
         /// The write side of a read-write lock with fencing tokens:
         /// [`FencedWriteLock`](crate::FencedWriteLock).
         FencedWrite: OneKey, Fenced;
+        /// One permit of a counting semaphore: [`Permit`](crate::Permit).
+        Semaphore: OneKey;
     }
 }
 
@@ -191,6 +193,12 @@ pub type FencedLock = Guard<kind::FencedMutex>;
 /// counter.
 pub type FencedWriteLock = Guard<kind::FencedWrite>;
 
+/// One permit of a [`Semaphore`](crate::Semaphore)
+/// ([`Semaphore::acquire`](crate::Semaphore::acquire)): at most
+/// [`permits`](Guard::permits) permits of the resource are held at once until
+/// [`validity`](Guard::validity) runs out.
+pub type Permit = Guard<kind::Semaphore>;
+
 impl<K: Kind> fmt::Debug for Guard<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.held.fmt(f)
@@ -198,7 +206,7 @@ impl<K: Kind> fmt::Debug for Guard<K> {
 }
 
 impl<K: Kind> Guard<K> {
-    fn new(held: Held) -> Guard<K> {
+    pub(crate) fn new(held: Held) -> Guard<K> {
         Guard {
             held,
             kind: PhantomData,
@@ -213,6 +221,11 @@ impl<K: Kind> Guard<K> {
     /// The client this lock was taken with.
     pub(crate) fn client(&self) -> &Client {
         &self.held.client
+    }
+
+    /// The lock.
+    pub(crate) fn held(&self) -> &Held {
+        &self.held
     }
 
     /// This holder's token: 160 bits from the OS random source, as 40 hex characters. It is
@@ -252,7 +265,8 @@ impl<K: Kind> Guard<K> {
     /// of another type), are left alone, and do not stop the release of the others. A fence
     /// counter stays.
     ///
-    /// Returns once a quorum of nodes has answered; the other nodes still get the release.
+    /// Returns once a quorum of nodes has answered (for a [`Permit`], see
+    /// [`Semaphore`](crate::Semaphore)); the other nodes still get the release.
     pub fn release(mut self) -> Result<(), Error> {
         self.held.release()
     }
@@ -282,14 +296,14 @@ impl<K: Fenced> Guard<K> {
 
 /// Which side of a read-write lock is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
+pub(crate) enum Side {
     Read,
     Write,
 }
 
 /// A lock's keys, owned by its guard.
 #[derive(Debug)]
-enum Owned {
+pub(crate) enum Owned {
     /// A mutex's key.
     Mutex(KeyBuf),
     /// One side of the read-write lock on `resource`.
@@ -300,6 +314,13 @@ enum Owned {
     },
     /// Every key of an all-or-none set, sorted.
     All(Vec<Vec<u8>>),
+    /// A permit of the semaphore on `resource`.
+    Sem {
+        resource: Vec<u8>,
+        keys: SemKeys,
+        permits: u32,
+        quorum: usize,
+    },
 }
 
 impl Owned {
@@ -321,6 +342,17 @@ impl Owned {
                 let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
                 f(Keys::All(&refs))
             }
+            Owned::Sem {
+                resource,
+                keys,
+                permits,
+                quorum,
+            } => f(Keys::Semaphore {
+                resource,
+                keys,
+                capacity: *permits,
+                quorum: *quorum,
+            }),
         }
     }
 }
@@ -344,7 +376,7 @@ pub(crate) struct Held {
 impl Held {
     /// Acquires the lock with keys `owned` (and fence counter `fence`) for `ttl`, retrying
     /// while `wait` and the client's budget allow.
-    fn acquire(
+    pub(crate) fn acquire(
         client: &Client,
         owned: Owned,
         fence: Option<Vec<u8>>,
@@ -405,7 +437,12 @@ impl Held {
 
     /// Rebuilds the lock with keys `owned` held with `token` elsewhere (see
     /// [`Client::resume_lock`]): an extend round to `ttl` checks that a quorum still holds it.
-    fn resume(client: &Client, owned: Owned, token: &[u8], ttl: Duration) -> Result<Held, Error> {
+    pub(crate) fn resume(
+        client: &Client,
+        owned: Owned,
+        token: &[u8],
+        ttl: Duration,
+    ) -> Result<Held, Error> {
         let token = Token::parse(token).ok_or(InvalidArgument::BadToken)?;
         let (ttl_ms, timing) = client.timing(ttl)?;
         let mut held = Held {
@@ -433,8 +470,18 @@ impl Held {
     pub fn key(&self) -> &[u8] {
         match &self.owned {
             Owned::Mutex(key) => key.as_slice(),
-            Owned::Rw { resource, .. } => resource,
+            Owned::Rw { resource, .. } | Owned::Sem { resource, .. } => resource,
             Owned::All(keys) => keys.first().map_or(&[], Vec::as_slice),
+        }
+    }
+
+    /// A semaphore's permits and quorum (`None` for the other kinds).
+    pub fn semaphore(&self) -> Option<(u32, usize)> {
+        match &self.owned {
+            Owned::Sem {
+                permits, quorum, ..
+            } => Some((*permits, *quorum)),
+            _ => None,
         }
     }
 
@@ -524,14 +571,14 @@ fn wall_micros() -> u64 {
 }
 
 /// The client's settings, for the calls without options.
-const NO_OPTIONS: Acquire = Acquire::new();
+pub(crate) const NO_OPTIONS: Acquire = Acquire::new();
 
 /// Keys up to this length live inside the guard, so taking a lock allocates nothing.
 const INLINE_KEY: usize = 64;
 
 /// A lock's key: inline when short, on the heap otherwise.
 #[derive(Clone)]
-enum KeyBuf {
+pub(crate) enum KeyBuf {
     Inline { len: u8, bytes: [u8; INLINE_KEY] },
     Heap(Box<[u8]>),
 }

@@ -48,6 +48,7 @@ mod keeper;
 mod options;
 pub mod resp;
 mod rng;
+mod semaphore;
 mod sha1;
 mod stats;
 mod url;
@@ -56,9 +57,12 @@ pub use client::{Client, ClientBuilder};
 pub use config::{RwPolicy, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS, MAX_NODES, MAX_TTL};
 pub use engine::KeyNames;
 pub use error::{Deadline, Error, InvalidArgument, NodeErrorKind, NodeFailure};
-pub use guard::{kind, FencedLock, FencedWriteLock, Guard, Lock, MultiLock, ReadLock, WriteLock};
+pub use guard::{
+    kind, FencedLock, FencedWriteLock, Guard, Lock, MultiLock, Permit, ReadLock, WriteLock,
+};
 pub use keepalive::{KeepAlive, KeepAliveError, KeptLock, Lost};
 pub use options::{Acquire, Cancel};
+pub use semaphore::{Semaphore, MAX_PERMITS};
 pub use stats::{KindStats, NodeFailures, NodeStats, RoundStats, Stats, LATENCY_WINDOW};
 pub use url::NodeUrl;
 

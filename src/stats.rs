@@ -16,7 +16,7 @@ use crate::error::NodeErrorKind;
 pub const LATENCY_WINDOW: usize = 128;
 
 /// The kinds of lock, in the order of [`Stats::kinds`].
-const KINDS: usize = 6;
+const KINDS: usize = 7;
 /// The kinds of node failure, in the order of [`NodeFailures`]' fields.
 const FAILURE_KINDS: usize = 8;
 
@@ -29,6 +29,7 @@ pub(crate) enum KindIndex {
     All = 3,
     FencedMutex = 4,
     FencedWrite = 5,
+    Semaphore = 6,
 }
 
 /// How an acquisition round ended.
@@ -138,6 +139,7 @@ impl Recorder {
                 all: rounds(3),
                 fenced_mutex: rounds(4),
                 fenced_write: rounds(5),
+                semaphore: rounds(6),
             },
             nodes: self.nodes.iter().map(NodeCell::snapshot).collect(),
             wakeups: self.wakeups.load(Relaxed),
@@ -211,6 +213,8 @@ pub struct KindStats {
     pub fenced_mutex: RoundStats,
     /// [`FencedWriteLock`](crate::FencedWriteLock).
     pub fenced_write: RoundStats,
+    /// [`Permit`](crate::Permit) of a [`Semaphore`](crate::Semaphore).
+    pub semaphore: RoundStats,
 }
 
 /// How a lock kind's acquisition rounds ended.

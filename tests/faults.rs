@@ -160,6 +160,7 @@ fn contender(
             Kind::Mutex => client.lock(KEY, TTL).map(Held::Mutex),
             Kind::Read => client.read_lock(KEY, TTL).map(Held::Read),
             Kind::Write => client.write_lock(KEY, TTL).map(Held::Write),
+            Kind::Permit { .. } => unreachable!("no semaphore here"),
         };
         let Ok(held) = held else {
             continue;

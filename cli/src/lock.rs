@@ -1,4 +1,4 @@
-//! The lock `run` holds: every use `run` makes of the library is here (the client, the three
+//! The lock `run` holds: every use `run` makes of the library is here (the client, the four
 //! lock kinds, keep-alive, and what their errors mean as exit statuses).
 
 use std::ffi::OsString;
@@ -40,6 +40,8 @@ pub enum Kind {
     Read,
     /// The exclusive side of the read-write lock.
     Write,
+    /// One permit of the semaphore of this many permits.
+    Permit(u32),
 }
 
 /// What `run` asks for.
@@ -171,6 +173,20 @@ pub fn acquire(
                 .keep_alive(keep())
                 .map_err(refused)?
         }
+        Kind::Permit(permits) => {
+            let sem = client
+                .semaphore(key, permits)
+                .map_err(|e| not_acquired(request, &e))?;
+            let permit = if once {
+                sem.try_acquire(ttl)
+            } else {
+                sem.acquire(ttl)
+            };
+            permit
+                .map_err(|e| not_acquired(request, &e))?
+                .keep_alive(keep())
+                .map_err(refused)?
+        }
     };
     Ok(Held {
         kept,
@@ -240,6 +256,12 @@ impl Releasable for redlock_mux::Lock {
 }
 
 impl Releasable for redlock_mux::ReadLock {
+    fn release_now(self) {
+        let _ = self.release();
+    }
+}
+
+impl Releasable for redlock_mux::Permit {
     fn release_now(self) {
         let _ = self.release();
     }

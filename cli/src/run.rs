@@ -34,9 +34,17 @@ Options:
   --write              take the exclusive write lock of KEY's read-write lock
                        (it excludes --read and other --write runs; the mutex,
                        taken without --read or --write, is another lock)
-  --fair               wait in a first-come, first-served queue; with --read
-                       or --write too (readers at the head of the queue share
-                       the lock)
+  --permits K          take one of K permits of KEY's counting semaphore: up
+                       to K runs with --permits K on KEY hold it at the same
+                       time (the semaphore is another lock than the mutex and
+                       the read-write lock of KEY). Every run on KEY must give
+                       the same K; one with another K exits 78. The quorum is
+                       floor(K*N/(K+1))+1 of the N nodes, so that K+1 holders
+                       are impossible: with K >= 2 and 3 nodes, every node
+                       must be up
+  --fair               wait in a first-come, first-served queue; with --read,
+                       --write or --permits too (readers at the head of the
+                       queue share the lock)
   -h, --help           this text
 Durations are written like 250ms, 10s or 2m.
 
@@ -47,9 +55,11 @@ Exit status:
   76        the lock was lost while CMD ran: CMD's process group got SIGTERM,
             and SIGKILL after the grace period
   78        a node refused the connection setup (wrong password or user, a
-            database the server does not have, not a Redis server); reported
-            at once, without waiting
-  64        usage error, such as a --ttl too short to be kept alive
+            database the server does not have, not a Redis server), or
+            --permits differs from the K the semaphore on KEY was created
+            with; reported at once, without waiting
+  64        usage error, such as a --ttl too short to be kept alive, or
+            --permits 0
   126, 127  CMD could not be started / was not found
 
 CMD runs in a process group of its own, with default signal handling, an empty
@@ -157,6 +167,7 @@ fn parse(argv: Vec<OsString>) -> Result<Option<(Request, Duration, Vec<OsString>
     let mut conflict_code = EXIT_NOT_ACQUIRED;
     let (mut read, mut write, mut fair, mut no_wait) = (false, false, false, false);
     let mut key = None;
+    let mut permits = None;
     let mut command = Vec::new();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -179,6 +190,12 @@ fn parse(argv: Vec<OsString>) -> Result<Option<(Request, Duration, Vec<OsString>
             Long("read") => read = true,
             Long("write") => write = true,
             Long("fair") => fair = true,
+            Long("permits") => {
+                let text = args::text("--permits", parser.value()?)?;
+                permits = Some(text.parse::<u32>().map_err(|_| {
+                    usage!("--permits: {text:?} is not a number of permits (1 or more)")
+                })?);
+            }
             Short('h') | Long("help") => return crate::print_text(HELP).map(|_| None),
             Value(value) if key.is_none() => key = Some(args::text("KEY", value)?),
             Value(program) => {
@@ -196,9 +213,15 @@ fn parse(argv: Vec<OsString>) -> Result<Option<(Request, Duration, Vec<OsString>
     if read && write {
         return Err(usage!("give --read or --write, not both").into());
     }
-    let kind = match (read, write) {
-        (true, _) => Kind::Read,
-        (_, true) => Kind::Write,
+    if permits.is_some() && (read || write) {
+        return Err(
+            usage!("--permits takes a semaphore's permit: not with --read or --write").into(),
+        );
+    }
+    let kind = match (read, write, permits) {
+        (_, _, Some(k)) => Kind::Permit(k),
+        (true, _, _) => Kind::Read,
+        (_, true, _) => Kind::Write,
         _ => Kind::Mutex,
     };
     let request = Request {

@@ -74,6 +74,22 @@ fn bench_reports_json_against_given_nodes() {
 }
 
 #[test]
+fn bench_measures_the_semaphore_next_to_the_mutex() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let report = bench_json(&cluster, &["--mode", "semaphore"]);
+    let runs = report["rw"].as_array().expect("rw");
+    // N = 1 and 3.
+    assert_eq!(runs.len(), 2, "{report}");
+    for rw in runs {
+        let sem = &rw["semaphore"];
+        assert_eq!(sem["figures"]["errors"], 0, "{rw}");
+        assert_eq!(rw["mutex"]["errors"], 0, "{rw}");
+        assert_summary(&sem["figures"]["acquire"], 200);
+        assert!(sem["ratio_to_mutex_p50"]["acquire"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
 fn bench_scales_over_threads_on_distinct_keys() {
     let cluster = RedisCluster::start(3).expect("start redis-server");
     let report = bench_json(

@@ -1,7 +1,7 @@
 //! The `redlock-mux` binary against real redis-server processes: `run` excludes, times out,
 //! stops its command when the lock is lost, keeps short locks alive, passes signals on and
-//! survives a killed holder; `--read` runs share, `--write` runs exclude them, `--fair` runs
-//! queue in arrival order; `inspect` shows the holder, readers and queue; every command has
+//! survives a killed holder; `--read` runs share, `--write` runs exclude them, `--permits K`
+//! runs hold at most K at once, `--fair` runs queue in arrival order; `inspect` shows the holder, readers and queue; every command has
 //! `--help`.
 
 mod support;
@@ -414,6 +414,70 @@ fn read_runs_overlap_and_write_runs_exclude_them() {
                 "a writer overlapped another run:\n{text}"
             );
         }
+    }
+}
+
+/// `--permits 2` runs: at most two commands at once, and two do run together; a run that
+/// disagrees on the permits exits 78 at once, and `--permits 0` is a usage error.
+#[test]
+fn permit_runs_hold_at_most_k_at_once() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let log = temp_file("permits.log");
+    let script = format!(
+        "echo start $1 >> '{0}'; sleep 0.2; echo end $1 >> '{0}'",
+        log.display()
+    );
+    let args = ["--ttl", "2s", "--wait", "30s", "--permits", "2"];
+    let mut children: Vec<Child> = (0..6)
+        .map(|i| spawn_run(&cluster, &args, &script, &format!("p{i}")))
+        .collect();
+    for child in &mut children {
+        assert!(wait_at_most(child, Duration::from_secs(40)).success());
+    }
+    let text = fs::read_to_string(&log).expect("log");
+    let _ = fs::remove_file(&log);
+    assert_eq!(text.lines().count(), 12, "{text}");
+    // Appends land in time order: count the commands running after each line.
+    let (mut running, mut most) = (0i32, 0i32);
+    for line in text.lines() {
+        running += if line.starts_with("start ") { 1 } else { -1 };
+        most = most.max(running);
+    }
+    assert_eq!(most, 2, "at most and at least two at once:\n{text}");
+
+    let client = client(&cluster);
+    let held = client
+        .semaphore(KEY, 3)
+        .and_then(|s| s.try_acquire(Duration::from_secs(10)))
+        .expect("permit");
+    let start = Instant::now();
+    let out = output(
+        &cluster,
+        &["run", "--permits", "2", "--wait", "20s", KEY, "--", "true"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("3 permits, not 2"), "{stderr}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "waited out --wait"
+    );
+    held.release().expect("release");
+    for bad in [
+        &["--permits", "0"][..],
+        &["--permits", "x"],
+        &["--permits", "2", "--read"],
+    ] {
+        let out = output(
+            &cluster,
+            &[&["run"][..], bad, &[KEY, "--", "true"]].concat(),
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{bad:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 

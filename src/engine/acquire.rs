@@ -182,9 +182,10 @@ impl<'a> Acquisition<'a> {
         params: Params,
         limits: &WaitLimits,
         now: Instant,
-        round: Round,
+        mut round: Round,
         rng: &mut dyn Entropy,
     ) -> Acquisition<'a> {
+        round.set_quorum(spec.quorum(round.nodes()));
         let token = rng.token();
         let fair = params.fair.then(|| {
             FairState::new(
@@ -270,6 +271,7 @@ impl<'a> Acquisition<'a> {
             (Keys::Write { .. }, false) => KindIndex::Write,
             (Keys::Write { .. }, true) => KindIndex::FencedWrite,
             (Keys::All(_), _) => KindIndex::All,
+            (Keys::Semaphore { .. }, _) => KindIndex::Semaphore,
         }
     }
 

@@ -81,8 +81,12 @@ impl Hold {
         config: &'a Config,
         step: Step,
         now: Instant,
-        round: Round,
+        mut round: Round,
     ) -> HoldRound<'a> {
+        round.set_quorum(match step {
+            Step::Extend { .. } => spec.quorum(round.nodes()),
+            Step::Release => spec.release_quorum(round.nodes()),
+        });
         let valid_until = self.valid_until;
         let mut r = HoldRound {
             hold: self,

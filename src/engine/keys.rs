@@ -121,6 +121,13 @@ pub enum Derived {
     /// is [`Derived::Fence`] of [`Derived::Writer`]: the writer key always has a hash tag, so
     /// the counter is `FENCE_PREFIX ++` the writer key, in its slot.
     WriterFence,
+    /// The semaphore: holder tokens scored by their expiry, in ms on the node's clock, and
+    /// the marker member `=` scored by minus the per-node capacity.
+    Semaphore,
+    /// The semaphore's fair queue: waiters' ids scored by ticket.
+    SemQueue,
+    /// The semaphore's fair queue entries scored by their expiry.
+    SemQueueExpiries,
     /// The pub/sub channel on which releases are announced (a channel, not a key).
     Wake,
 }
@@ -128,7 +135,7 @@ pub enum Derived {
 impl Derived {
     /// Every derived name.
     #[cfg(test)]
-    pub const ALL: [Derived; 10] = [
+    pub const ALL: [Derived; 13] = [
         Derived::MutexQueue,
         Derived::MutexQueueExpiries,
         Derived::Writer,
@@ -138,6 +145,9 @@ impl Derived {
         Derived::RwQueueExpiries,
         Derived::Fence,
         Derived::WriterFence,
+        Derived::Semaphore,
+        Derived::SemQueue,
+        Derived::SemQueueExpiries,
         Derived::Wake,
     ];
 
@@ -163,6 +173,12 @@ impl Derived {
             (Derived::Fence, _) => (FENCE_PREFIX, b""),
             (Derived::WriterFence, true) => (FENCE_PREFIX, b":rw:w"),
             (Derived::WriterFence, false) => (b"redlock-mux:fence:{rw:", b"}:w"),
+            (Derived::Semaphore, true) => (b"", b":sem"),
+            (Derived::Semaphore, false) => (b"{sem:", b"}:s"),
+            (Derived::SemQueue, true) => (b"", b":sem:q"),
+            (Derived::SemQueue, false) => (b"{sem:", b"}:sq"),
+            (Derived::SemQueueExpiries, true) => (b"", b":sem:qx"),
+            (Derived::SemQueueExpiries, false) => (b"{sem:", b"}:sqx"),
             (Derived::Wake, _) => (WAKE_PREFIX, b""),
         };
         Name { head, key, tail }
@@ -243,6 +259,54 @@ impl RwKeys {
     }
 }
 
+/// The keys of one semaphore on resource `K`, built once per semaphore: its holders, its fair
+/// queue and the queue's expiries (see the module's table).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SemKeys {
+    buf: Vec<u8>,
+    /// Where each name ends in `buf`: holders, queue, queue expiries.
+    ends: [usize; 3],
+}
+
+impl SemKeys {
+    /// The keys for resource `key`, in one allocation.
+    pub fn new(key: &[u8]) -> SemKeys {
+        let names = [
+            Derived::Semaphore,
+            Derived::SemQueue,
+            Derived::SemQueueExpiries,
+        ]
+        .map(|d| d.of(key));
+        let mut buf = Vec::with_capacity(names.iter().map(|n| n.len()).sum());
+        let mut ends = [0; 3];
+        for (end, name) in ends.iter_mut().zip(names) {
+            name.extend_into(&mut buf);
+            *end = buf.len();
+        }
+        SemKeys { buf, ends }
+    }
+
+    fn name(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.buf[start..self.ends[i]]
+    }
+
+    /// The holders: tokens scored by their expiry, in ms on the node's clock.
+    pub fn holders(&self) -> &[u8] {
+        self.name(0)
+    }
+
+    /// The fair queue: waiters' ids scored by ticket.
+    pub fn queue(&self) -> &[u8] {
+        self.name(1)
+    }
+
+    /// The fair queue's entries scored by their expiry, in ms on the node's clock.
+    pub fn queue_expiries(&self) -> &[u8] {
+        self.name(2)
+    }
+}
+
 /// The Redis keys this library keeps for one resource key `K`, and the channel it announces
 /// releases on, for tools that look at them (such as `redlock-mux inspect`).
 ///
@@ -254,6 +318,8 @@ impl RwKeys {
 /// | read-write fair queue, its expiries | `K:rw:q`, `K:rw:qx` | `{rw:K}:q`, `{rw:K}:qx` |
 /// | fence counter | `redlock-mux:fence:K` | `redlock-mux:fence:{K}` (`redlock-mux:fence:K` if `K` contains `}`) |
 /// | writer's fence counter (fenced write lock) | `redlock-mux:fence:K:rw:w` | `redlock-mux:fence:{rw:K}:w` |
+/// | semaphore holders | `K:sem` | `{sem:K}:s` |
+/// | semaphore fair queue, its expiries | `K:sem:q`, `K:sem:qx` | `{sem:K}:sq`, `{sem:K}:sqx` |
 /// | wake channel (pub/sub) | `redlock-mux:wake:K` | `redlock-mux:wake:K` |
 ///
 ///
@@ -285,6 +351,13 @@ pub struct KeyNames {
     pub fence: Vec<u8>,
     /// The fenced write lock's counter (the writer key's), kept like `fence`.
     pub writer_fence: Vec<u8>,
+    /// The semaphore's holders: their tokens scored by their expiry in ms on the node's
+    /// clock, and the member `=` scored by minus the number of permits.
+    pub semaphore: Vec<u8>,
+    /// The semaphore's fair queue: waiters' ids scored by ticket.
+    pub semaphore_queue: Vec<u8>,
+    /// The semaphore's fair queue entries scored by their expiry.
+    pub semaphore_queue_expiries: Vec<u8>,
     /// The pub/sub channel on which releases of the resource are announced (not a key).
     pub wake_channel: Vec<u8>,
 }
@@ -304,12 +377,15 @@ impl KeyNames {
             rw_queue_expiries: name(Derived::RwQueueExpiries),
             fence: name(Derived::Fence),
             writer_fence: name(Derived::WriterFence),
+            semaphore: name(Derived::Semaphore),
+            semaphore_queue: name(Derived::SemQueue),
+            semaphore_queue_expiries: name(Derived::SemQueueExpiries),
             wake_channel: name(Derived::Wake),
         }
     }
 
     /// Every key, without the wake channel (which is not a key).
-    pub fn keys(&self) -> [&[u8]; 10] {
+    pub fn keys(&self) -> [&[u8]; 13] {
         [
             &self.mutex,
             &self.mutex_queue,
@@ -321,6 +397,9 @@ impl KeyNames {
             &self.rw_queue_expiries,
             &self.fence,
             &self.writer_fence,
+            &self.semaphore,
+            &self.semaphore_queue,
+            &self.semaphore_queue_expiries,
         ]
     }
 }

@@ -10,13 +10,15 @@ use crate::engine::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
 use crate::engine::fencing::{
     FairFencedAcquire, FenceRead, FenceWrite, FencedAcquire, FencedWriteAcquire,
 };
-use crate::engine::keys::{self, RwKeys, WAKE_PREFIX};
+use crate::engine::keys::{self, RwKeys, SemKeys, WAKE_PREFIX};
 use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::{Acquire, Extend, Op, Release};
+use crate::engine::round::quorum;
 use crate::engine::rw::{
     self, FairRwAcquire, ReadAcquire, ReadExtend, SetRelease, WriteAcquire, WriteCleanup,
     WriteRelease,
 };
+use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend, SemRelease};
 use crate::resp;
 
 /// The keys of a lock, by kind, borrowed from whoever owns them (a guard).
@@ -40,6 +42,17 @@ pub(crate) enum Keys<'a> {
     },
     /// Every key of an all-or-none set, sorted, without duplicates.
     All(&'a [&'a [u8]]),
+    /// A counting semaphore on `resource`.
+    Semaphore {
+        /// The resource key.
+        resource: &'a [u8],
+        /// Its keys.
+        keys: &'a SemKeys,
+        /// How many holders each node admits.
+        capacity: u32,
+        /// How many nodes must admit a holder.
+        quorum: usize,
+    },
 }
 
 /// What a lock is: its keys and, for a fenced lock, the key of its fence counter.
@@ -113,6 +126,25 @@ impl<'a> Spec<'a> {
         matches!(self.keys, Keys::Write { .. })
     }
 
+    /// How many nodes of `nodes` must grant (or extend, or acknowledge) this lock: the
+    /// majority, but for a semaphore, whose quorum depends on its permits.
+    pub fn quorum(&self, nodes: usize) -> usize {
+        match self.keys {
+            Keys::Semaphore { quorum, .. } => quorum,
+            _ => quorum(nodes),
+        }
+    }
+
+    /// How many nodes of `nodes` must acknowledge a release: the majority, but for a
+    /// semaphore `nodes − quorum + 1`, enough that fewer than a quorum can still hold the
+    /// permit (with a quorum of every node, one acknowledgement does).
+    pub fn release_quorum(&self, nodes: usize) -> usize {
+        match self.keys {
+            Keys::Semaphore { quorum, .. } => (nodes + 1).saturating_sub(quorum).max(1),
+            _ => quorum(nodes),
+        }
+    }
+
     /// How many fair queues a waiter of this kind stands in: one per key.
     pub fn queues(&self) -> usize {
         match self.keys {
@@ -125,7 +157,9 @@ impl<'a> Spec<'a> {
     pub fn resources(&self) -> impl Iterator<Item = &'a [u8]> {
         let (one, all): (Option<&'a [u8]>, &'a [&'a [u8]]) = match self.keys {
             Keys::Mutex(key) => (Some(key), &[]),
-            Keys::Read { resource, .. } | Keys::Write { resource, .. } => (Some(resource), &[]),
+            Keys::Read { resource, .. }
+            | Keys::Write { resource, .. }
+            | Keys::Semaphore { resource, .. } => (Some(resource), &[]),
             Keys::All(keys) => (None, keys),
         };
         one.into_iter().chain(all.iter().copied())
@@ -177,6 +211,11 @@ impl<'a> Spec<'a> {
                     intent_ms,
                 }),
                 Keys::All(keys) => f(&ReleaseAll::new(keys, ids.token)),
+                Keys::Semaphore { resource, keys, .. } => f(&SemRelease {
+                    resource,
+                    holders: keys.holders(),
+                    token: ids.token,
+                }),
             },
             Cmd::Leave { waiter, key } => {
                 let leave = match self.keys {
@@ -198,6 +237,16 @@ impl<'a> Spec<'a> {
                         kind: b"w",
                         waiter,
                     },
+                    Keys::Semaphore { resource, keys, .. } => Leave {
+                        resource,
+                        keys: QueueKeys::Named {
+                            lock: keys.holders(),
+                            queue: keys.queue(),
+                            expiries: keys.queue_expiries(),
+                        },
+                        kind: b"",
+                        waiter,
+                    },
                     Keys::All(keys) => {
                         let k = keys.get(key).copied().unwrap_or_default();
                         Leave {
@@ -216,7 +265,7 @@ impl<'a> Spec<'a> {
                         (resource, keys.intents())
                     }
                     // Only writers leave intents; the others have none to withdraw.
-                    Keys::Mutex(key) => (key, &[][..]),
+                    Keys::Mutex(key) | Keys::Semaphore { resource: key, .. } => (key, &[][..]),
                     Keys::All(keys) => (keys.first().copied().unwrap_or_default(), &[][..]),
                 };
                 f(&SetRelease {
@@ -248,6 +297,11 @@ impl<'a> Spec<'a> {
                     token,
                     ttl_ms,
                 }),
+                Keys::Semaphore { keys, .. } => f(&SemExtend {
+                    holders: keys.holders(),
+                    token,
+                    ttl_ms,
+                }),
             },
             Cmd::Release { token } => match self.keys {
                 Keys::Mutex(key) => f(&Release { key, token }),
@@ -262,6 +316,11 @@ impl<'a> Spec<'a> {
                     token,
                 }),
                 Keys::All(keys) => f(&ReleaseAll::new(keys, token)),
+                Keys::Semaphore { resource, keys, .. } => f(&SemRelease {
+                    resource,
+                    holders: keys.holders(),
+                    token,
+                }),
             },
         }
     }
@@ -331,6 +390,19 @@ impl<'a> Spec<'a> {
                 token,
                 ttl_ms,
             }),
+            (Keys::Semaphore { keys, capacity, .. }, Some(fair), _) => f(&FairSemAcquire {
+                keys,
+                ids,
+                ttl_ms,
+                capacity,
+                fair,
+            }),
+            (Keys::Semaphore { keys, capacity, .. }, None, _) => f(&SemAcquire {
+                keys,
+                token,
+                ttl_ms,
+                capacity,
+            }),
         }
     }
 
@@ -340,6 +412,7 @@ impl<'a> Spec<'a> {
             Keys::Mutex(key) => key,
             Keys::Read { keys, .. } | Keys::Write { keys, .. } => keys.writer(),
             Keys::All(keys) => keys.first().copied().unwrap_or_default(),
+            Keys::Semaphore { keys, .. } => keys.holders(),
         }
     }
 }

@@ -77,6 +77,8 @@ pub(crate) enum What {
     Subscribe,
     /// Leaves the lock's wake channels.
     Unsubscribe,
+    /// Counts a semaphore's live holders.
+    Count,
 }
 
 /// One lock operation as a state machine (see the module docs for the call order).

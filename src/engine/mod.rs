@@ -38,6 +38,7 @@ mod retry;
 mod round;
 pub(crate) mod rw;
 pub(crate) mod scripts;
+pub(crate) mod sem;
 #[cfg(test)]
 mod sim;
 mod timing;

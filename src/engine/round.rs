@@ -122,6 +122,13 @@ impl Round {
         self.quorum
     }
 
+    /// Sets the votes needed to win from the next [`reset`](Self::reset) on (clamped to
+    /// `1..=nodes`): the majority for every kind of lock but a semaphore, whose quorum
+    /// depends on its permits.
+    pub fn set_quorum(&mut self, quorum: usize) {
+        self.quorum = quorum.clamp(1, self.votes.len().max(1));
+    }
+
     /// When the round started.
     pub fn start(&self) -> Instant {
         self.start

@@ -116,6 +116,27 @@ pub static SET_RELEASE: Script = Script::new(lua!("set_release.lua"));
 pub static READ_EXTEND: Script =
     Script::new(concat!(lua!("node_now.lua"), lua!("read_extend.lua")));
 
+/// Semaphore acquire: one of the node's slots, refused when they are all taken:
+/// `sem_acquire.lua`.
+pub static SEM_ACQUIRE: Script = Script::new(concat!(
+    lua!("node_now.lua"),
+    lua!("no_queue.lua"),
+    lua!("sem_acquire.lua"),
+));
+
+/// [`SEM_ACQUIRE`] behind the fair queue's gate (only the head may go); 2 is a refusal that
+/// left the waiter queued.
+pub static FAIR_SEM_ACQUIRE: Script =
+    Script::new(concat!(fair_gate!("", "false"), lua!("sem_acquire.lua")));
+
+/// A semaphore holder's release (and a lost attempt's cleanup), deleting the set with its
+/// last live holder: `sem_release.lua`.
+pub static SEM_RELEASE: Script =
+    Script::new(concat!(lua!("node_now.lua"), lua!("sem_release.lua")));
+
+/// The live holders of a semaphore on one node: `sem_count.lua`.
+pub static SEM_COUNT: Script = Script::new(concat!(lua!("node_now.lua"), lua!("sem_count.lua")));
+
 /// All-or-none acquire of a set of keys: `acquire_all.lua`.
 pub static ACQUIRE_ALL: Script = Script::new(lua!("acquire_all.lua"));
 
@@ -204,6 +225,10 @@ pub static SCRIPTS: &[&Script] = &[
     &FAIR_FENCED_WRITE_ACQUIRE,
     &FAIR_ACQUIRE_ALL,
     &FENCE_WRITE,
+    &SEM_ACQUIRE,
+    &FAIR_SEM_ACQUIRE,
+    &SEM_COUNT,
+    &SEM_RELEASE,
 ];
 
 #[cfg(test)]

@@ -1708,6 +1708,98 @@ static void test_stats(int count, char **urls) {
     redlock_mux_client_free(c);
 }
 
+static void test_semaphores(redlock_mux_client *client, int count) {
+    static const uint8_t key[] = "c-api-sem";
+    redlock_mux_permit *p1 = NULL, *p2 = NULL, *p3 = SENTINEL(redlock_mux_permit, 0);
+    redlock_mux_kept_lock *k = NULL;
+    redlock_mux_acquire_options opts = {0};
+    redlock_mux_stats s;
+    uint8_t t1[REDLOCK_MUX_TOKEN_LEN], t2[REDLOCK_MUX_TOKEN_LEN];
+    const uint8_t *got = NULL;
+    size_t n = 0, q = 0;
+    uint64_t ms = 0;
+    uint32_t available = 99;
+
+    /* The smallest safe quorum: floor(k * N / (k + 1)) + 1. */
+    CHECK_OK(redlock_mux_semaphore_quorum(client, 1, &q));
+    CHECK(q == (size_t)count / 2 + 1);
+    CHECK_OK(redlock_mux_semaphore_quorum(client, 2, &q));
+    CHECK(q == (size_t)(2 * count / 3 + 1));
+    CHECK_RESULT(redlock_mux_semaphore_quorum(client, 0, &q), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_semaphore_quorum(NULL, 2, &q), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_semaphore_quorum(client, 2, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_acquire_permit(client, key, 9, 0, 1000, &p3),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_client_acquire_permit(NULL, key, 9, 2, 1000, &p3),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_acquire_permit(client, key, 9, 2, 1000, NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(p3 == SENTINEL(redlock_mux_permit, 0));
+
+    /* Two permits, then none left. */
+    CHECK_OK(redlock_mux_client_semaphore_available(client, key, 9, 2, &available));
+    CHECK(available == 2);
+    CHECK_OK(redlock_mux_client_try_acquire_permit(client, key, 9, 2, 10000, &p1));
+    CHECK_OK(redlock_mux_client_acquire_permit(client, key, 9, 2, 10000, &p2));
+    CHECK_RESULT(redlock_mux_client_try_acquire_permit(client, key, 9, 2, 10000, &p3),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(p3 == SENTINEL(redlock_mux_permit, 0));
+    CHECK_OK(redlock_mux_client_semaphore_available(client, key, 9, 2, &available));
+    CHECK(available == 0);
+    /* A client that disagrees on the permits is misconfigured, not contended. */
+    CHECK_RESULT(redlock_mux_client_try_acquire_permit(client, key, 9, 3, 10000, &p3),
+                 REDLOCK_MUX_CONFIG);
+    CHECK(p3 == SENTINEL(redlock_mux_permit, 0));
+
+    CHECK_OK(redlock_mux_permit_token(p1, t1, sizeof t1, &n));
+    CHECK_OK(redlock_mux_permit_token(p2, t2, sizeof t2, &n));
+    CHECK(n == REDLOCK_MUX_TOKEN_LEN && memcmp(t1, t2, n) != 0);
+    CHECK_OK(redlock_mux_permit_key(p1, &got, &n));
+    CHECK(n == 9 && memcmp(got, key, n) == 0);
+    CHECK_OK(redlock_mux_permit_extend(p1, 20000));
+    CHECK_OK(redlock_mux_permit_validity_ms(p1, &ms));
+    CHECK(ms > 10000 && ms <= 20000);
+    CHECK_RESULT(redlock_mux_permit_extend(NULL, 5), REDLOCK_MUX_NULL_PARAMETER);
+    /* A waiting call with its own timeout gives up on the full semaphore. */
+    opts.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
+    opts.timeout_ms = 100;
+    CHECK_RESULT(redlock_mux_client_acquire_permit_with(client, key, 9, 2, 10000, &opts, &p3),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(p3 == SENTINEL(redlock_mux_permit, 0));
+    /* A permit's token rebuilds its handle (as another process would). */
+    p3 = NULL;
+    CHECK_OK(redlock_mux_client_resume_permit(client, key, 9, 2, t2, sizeof t2, 10000, &p3));
+    CHECK_OK(redlock_mux_permit_token(p3, t1, sizeof t1, &n));
+    CHECK(memcmp(t1, t2, n) == 0);
+    CHECK_RESULT(redlock_mux_client_resume_permit(client, key, 9, 2, t2, 3, 10000, &p3),
+                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_OK(redlock_mux_permit_release(p3));
+    redlock_mux_permit_free(p3);
+    /* The permit is gone already: freeing its first handle releases nothing more. */
+    redlock_mux_permit_free(p2);
+    p2 = NULL;
+    CHECK_OK(redlock_mux_client_try_acquire_permit(client, key, 9, 2, 10000, &p2));
+
+    /* A released permit is free again; a kept one stays held. */
+    CHECK_OK(redlock_mux_permit_release(p1));
+    CHECK_RESULT(redlock_mux_permit_release(p1), REDLOCK_MUX_RELEASED);
+    redlock_mux_permit_free(p1);
+    CHECK_OK(redlock_mux_client_semaphore_available(client, key, 9, 2, &available));
+    CHECK(available == 1);
+    CHECK_OK(redlock_mux_permit_keep_alive(p2, 2000, &k));
+    CHECK_RESULT(redlock_mux_permit_validity_ms(p2, &ms), REDLOCK_MUX_RELEASED);
+    redlock_mux_permit_free(p2);
+    p1 = NULL;
+    CHECK_OK(redlock_mux_client_try_acquire_permit(client, key, 9, 2, 10000, &p1));
+    CHECK_OK(redlock_mux_kept_lock_release(k));
+    redlock_mux_kept_lock_free(k);
+    redlock_mux_permit_free(p1);
+    redlock_mux_permit_free(NULL);
+
+    CHECK_OK(redlock_mux_client_stats(client, &s));
+    CHECK(s.semaphore.won >= 3 && s.semaphore.contended >= 1);
+}
+
 int main(int argc, char **argv) {
     redlock_mux_client *client;
     if (argc < 2) {
@@ -1740,6 +1832,7 @@ int main(int argc, char **argv) {
     test_per_call_timeout(client, argc - 1, argv + 1);
     test_resume(client, argc - 1, argv + 1);
     test_stats(argc - 1, argv + 1);
+    test_semaphores(client, argc - 1);
 
     redlock_mux_client_free(client);
     printf("%d passed, 0 failed\n", checks_run);

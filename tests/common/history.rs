@@ -15,7 +15,10 @@
 //! - **lost updates** of a read-modify-write counter kept per key: every [`Increment`] read a
 //!   value and wrote it plus one; increments minus the counter's growth were lost;
 //! - **fencing** order: the fencing tokens of exclusive grants strictly increase in grant order;
-//! - **writes outside the window**: an increment written when its writer no longer held the key.
+//! - **writes outside the window**: an increment written when its writer no longer held the key;
+//! - **more than k holders**: a semaphore of `k` permits ([`Kind::Permit`]) held by more than
+//!   `k` windows at some instant. Permit windows are checked only against each other (a
+//!   semaphore's keys are its own).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -31,13 +34,31 @@ pub enum Kind {
     Read,
     /// The exclusive side of a read-write lock.
     Write,
+    /// One permit of a semaphore of `permits` permits.
+    Permit {
+        /// How many holders the semaphore admits at once.
+        permits: u32,
+    },
 }
 
 impl Kind {
     /// Whether this kind excludes every other holder of its key.
     pub fn exclusive(self) -> bool {
-        !matches!(self, Kind::Read)
+        !matches!(self, Kind::Read | Kind::Permit { .. })
     }
+}
+
+/// A stretch of time in which a semaphore had more holders than permits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Excess {
+    /// The semaphore's key.
+    pub key: Vec<u8>,
+    /// Its permits.
+    pub permits: u32,
+    /// The most holders at once in the stretch.
+    pub holders: usize,
+    /// When it began.
+    pub at: Duration,
 }
 
 /// One lock operation, granted or not.
@@ -90,6 +111,9 @@ pub struct Increment {
     pub op: usize,
 }
 
+/// A semaphore's window starts (`true`) and ends, by time.
+type Events = Vec<(Duration, bool)>;
+
 /// Everything recorded in one run.
 #[derive(Debug, Default, Clone)]
 pub struct History {
@@ -131,13 +155,20 @@ pub struct Report {
     pub fencing_violations: usize,
     /// Increments written outside their writer's window.
     pub writes_outside: usize,
+    /// Stretches of time in which a semaphore had more than its permits' holders.
+    pub excess: Vec<Excess>,
+    /// The most permit holders seen at once on any one semaphore.
+    pub max_holders: usize,
 }
 
 impl Report {
     /// Overlaps plus lost updates plus fencing violations. Writes outside the window are a
     /// cause, not a violation by themselves: they show up as lost updates when they hurt.
     pub fn violations(&self) -> u64 {
-        self.overlaps.len() as u64 + self.lost_updates + self.fencing_violations as u64
+        self.overlaps.len() as u64
+            + self.lost_updates
+            + self.fencing_violations as u64
+            + self.excess.len() as u64
     }
 
     /// Adds another run's findings to this one (op indices are then no longer meaningful).
@@ -149,6 +180,8 @@ impl Report {
         self.lost_updates += other.lost_updates;
         self.fencing_violations += other.fencing_violations;
         self.writes_outside += other.writes_outside;
+        self.excess.extend(other.excess.iter().cloned());
+        self.max_holders = self.max_holders.max(other.max_holders);
     }
 }
 
@@ -165,6 +198,24 @@ impl fmt::Display for Report {
             self.fencing_violations,
             self.writes_outside
         )?;
+        if self.max_holders > 0 || !self.excess.is_empty() {
+            write!(
+                f,
+                ", {} instants with more holders than permits (most holders at once: {})",
+                self.excess.len(),
+                self.max_holders
+            )?;
+        }
+        for e in self.excess.iter().take(3) {
+            write!(
+                f,
+                "\n  {} holders of the {}-permit semaphore {:?} at {:?}",
+                e.holders,
+                e.permits,
+                String::from_utf8_lossy(&e.key),
+                e.at
+            )?;
+        }
         for o in self.overlaps.iter().take(3) {
             write!(
                 f,
@@ -208,10 +259,44 @@ impl History {
             ..Report::default()
         };
         let mut by_key: BTreeMap<&[u8], Vec<(Duration, Duration, usize)>> = BTreeMap::new();
+        let mut permits: BTreeMap<&[u8], (u32, Events)> = BTreeMap::new();
         for (i, op) in self.ops.iter().enumerate() {
             if let Some((start, end)) = op.window() {
-                by_key.entry(&op.key).or_default().push((start, end, i));
                 report.windows += 1;
+                if let Kind::Permit { permits: k } = op.kind {
+                    let entry = permits.entry(&op.key).or_insert((k, Vec::new()));
+                    entry.0 = entry.0.min(k);
+                    // Ends sort before starts at the same instant: touching windows do not
+                    // overlap.
+                    entry.1.push((start, true));
+                    entry.1.push((end, false));
+                    continue;
+                }
+                by_key.entry(&op.key).or_default().push((start, end, i));
+            }
+        }
+        for (key, (k, mut events)) in permits {
+            events.sort();
+            let mut holders = 0usize;
+            for (at, starts) in events {
+                if starts {
+                    holders += 1;
+                    report.max_holders = report.max_holders.max(holders);
+                    if holders == k as usize + 1 {
+                        report.excess.push(Excess {
+                            key: key.to_vec(),
+                            permits: k,
+                            holders,
+                            at,
+                        });
+                    } else if holders > k as usize + 1 {
+                        if let Some(e) = report.excess.last_mut() {
+                            e.holders = e.holders.max(holders);
+                        }
+                    }
+                } else {
+                    holders -= 1;
+                }
             }
         }
         for (key, mut windows) in by_key {
@@ -352,6 +437,33 @@ mod tests {
         h.increments.push(inc(1, 1, 15, a));
         let r = h.check();
         assert_eq!((r.lost_updates, r.writes_outside), (1, 1));
+    }
+
+    #[test]
+    fn a_semaphore_admits_at_most_its_permits_at_any_instant() {
+        let two = Kind::Permit { permits: 2 };
+        let mut h = History::default();
+        h.push(op(1, two, 0, 10));
+        h.push(op(2, two, 5, 15));
+        // Starts as the first ends: still two.
+        h.push(op(3, two, 10, 20));
+        let r = h.check();
+        assert_eq!((r.violations(), r.max_holders), (0, 2), "{r}");
+        h.push(op(4, two, 12, 13));
+        h.push(op(5, two, 12, 13));
+        let r = h.check();
+        assert_eq!(r.excess.len(), 1, "{r}");
+        assert_eq!((r.excess[0].holders, r.excess[0].at), (4, ms(12)));
+        assert_eq!(r.violations(), 1);
+        // Another semaphore's holders, and exclusive kinds, do not count.
+        let mut h = History::default();
+        h.push(op(1, two, 0, 10));
+        h.push(op(2, Kind::Mutex, 0, 10));
+        let mut other = op(3, two, 0, 10);
+        other.key = b"other".to_vec();
+        h.push(other);
+        h.push(op(4, two, 0, 10));
+        assert_eq!(h.check().violations(), 0);
     }
 
     #[test]

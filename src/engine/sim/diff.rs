@@ -12,13 +12,15 @@ use crate::engine::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
 use crate::engine::fencing::{
     FairFencedAcquire, FenceRead, FenceWrite, FencedAcquire, FencedWriteAcquire,
 };
-use crate::engine::keys::fence_key;
+use crate::engine::keys::{fence_key, SemKeys};
 use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
+use crate::engine::ops::write_eval;
 use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm};
 use crate::engine::rw::{
     FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
     WriteRelease,
 };
+use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend, SemRelease, SEM_COUNT};
 use crate::resp::{self, Limits, Status, Value};
 
 /// One blocking connection to the real server.
@@ -505,6 +507,97 @@ fn every_lock_script_answers_like_redis_server() {
     }
     assert!(kinds.iter().all(|&n| n > 0), "every kind ran: {kinds:?}");
 
+    // Semaphores: acquires with a capacity that sometimes disagrees with the marker, fair
+    // waiters, extends, releases, leaves and counts.
+    let sems = [SemKeys::new(b"sem:a"), SemKeys::new(b"{sem}:b")];
+    let mut sem_kinds = [0usize; 7];
+    for i in 0..400 {
+        let token = tokens[rng.below(3) as usize];
+        let w = rng.below(3) as usize;
+        let ids = AttemptIds {
+            waiter: tokens[w],
+            token,
+        };
+        let s = &sems[rng.below(2) as usize];
+        let ttl_ms = rng.range(100_000, 200_000);
+        let capacity = if rng.chance(0.9) { 2 } else { 3 };
+        let form = if rng.chance(0.5) {
+            ScriptForm::Sha
+        } else {
+            ScriptForm::Body
+        };
+        let kind = rng.below(7) as usize;
+        sem_kinds[kind] += 1;
+        let what = format!("semaphore op {i} ({kind})");
+        match kind {
+            0 | 1 => {
+                let op = SemAcquire {
+                    keys: s,
+                    token,
+                    ttl_ms,
+                    capacity,
+                };
+                pair.same_kind(&encode(&op, form), &what);
+            }
+            2 => {
+                let fair = FairState::new([7, 7, 3][w] + rng.below(2), ttl_ms, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
+                let op = FairSemAcquire {
+                    keys: s,
+                    ids,
+                    ttl_ms,
+                    capacity,
+                    fair: &fair,
+                };
+                pair.same_kind(&encode(&op, form), &what);
+            }
+            3 => {
+                let op = SemExtend {
+                    holders: s.holders(),
+                    token,
+                    ttl_ms,
+                };
+                pair.same(&encode(&op, form), &what);
+            }
+            4 => {
+                let op = SemRelease {
+                    resource: b"sem",
+                    holders: s.holders(),
+                    token,
+                };
+                pair.same(&encode(&op, form), &what);
+                pair.same(&command(&[b"EXISTS", s.holders()]), &what);
+            }
+            5 => {
+                let op = Leave {
+                    resource: b"sem",
+                    keys: QueueKeys::Named {
+                        lock: s.holders(),
+                        queue: s.queue(),
+                        expiries: s.queue_expiries(),
+                    },
+                    kind: b"",
+                    waiter: tokens[w],
+                };
+                pair.same(&encode(&op, form), &what);
+            }
+            _ => {
+                let mut count = Vec::new();
+                write_eval(&mut count, &SEM_COUNT, form, &[s.holders()], &[]);
+                pair.same(&count, &what);
+                pair.same(&command(&[b"ZRANGE", s.queue(), b"0", b"-1"]), &what);
+                pair.same(&command(&[b"ZSCORE", s.holders(), b"="]), &what);
+                pair.close_ttl(s.holders());
+            }
+        }
+    }
+    assert!(
+        sem_kinds.iter().all(|&n| n > 0),
+        "every kind ran: {sem_kinds:?}"
+    );
+
     // Fence counters that are not whole numbers, or exhausted, or written oddly.
     let read = FenceRead::new();
     let acquire = |token| FencedAcquire {
@@ -861,6 +954,47 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             read: &FenceRead::new(),
         };
         run(&mut real, &encode(&fenced_writer, ScriptForm::Body));
+        run(&mut real, &encode(&release, ScriptForm::Body));
+        // Semaphore: a holder, its extend, a fair waiter queued behind the one permit, the
+        // count, and everything released again.
+        let s = SemKeys::new(r);
+        let holder = SemAcquire {
+            keys: &s,
+            token: a,
+            ttl_ms,
+            capacity: 1,
+        };
+        run(&mut real, &encode(&holder, ScriptForm::Body));
+        let extend = SemExtend {
+            holders: s.holders(),
+            token: a,
+            ttl_ms,
+        };
+        run(&mut real, &encode(&extend, ScriptForm::Body));
+        let fair_waiter = FairSemAcquire {
+            keys: &s,
+            ids: ids_b,
+            ttl_ms,
+            capacity: 1,
+            fair: &fair,
+        };
+        run(&mut real, &encode(&fair_waiter, ScriptForm::Body));
+        let leave = Leave {
+            resource: r,
+            keys: QueueKeys::Named {
+                lock: s.holders(),
+                queue: s.queue(),
+                expiries: s.queue_expiries(),
+            },
+            kind: b"",
+            waiter: b,
+        };
+        run(&mut real, &encode(&leave, ScriptForm::Body));
+        let release = SemRelease {
+            resource: r,
+            holders: s.holders(),
+            token: a,
+        };
         run(&mut real, &encode(&release, ScriptForm::Body));
     }
     // All-or-none over every resource at once.

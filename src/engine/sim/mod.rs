@@ -58,7 +58,7 @@ use crate::config::{Config, RwPolicy};
 use crate::engine::acquire::{Acquisition, Grant, Params};
 use crate::engine::hold::{Hold, HoldRound, Step};
 use crate::engine::keepalive::Schedule;
-use crate::engine::keys::{fence_key, RwKeys};
+use crate::engine::keys::{fence_key, RwKeys, SemKeys};
 use crate::engine::kind::{Keys, Spec};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::Caps;
@@ -138,11 +138,20 @@ pub(crate) enum Locks {
     FencedWrite,
     /// All-or-none sets of keys, mixed with mutexes on single keys of the same sets.
     All,
+    /// Counting semaphores of 2 or 3 permits, with the smallest safe quorum.
+    Semaphore,
+    /// Counting semaphores with the naive majority quorum (and capacity k per node), which
+    /// admits more than k holders: a broken assumption.
+    NaiveSemaphore,
 }
 
 impl Locks {
     fn fenced(self) -> bool {
         matches!(self, Locks::Fenced | Locks::FencedWrite)
+    }
+
+    fn semaphore(self) -> bool {
+        matches!(self, Locks::Semaphore | Locks::NaiveSemaphore)
     }
 }
 
@@ -179,6 +188,9 @@ struct Settings {
     fair: f64,
     /// Nodes whose connection setup is refused (a wrong password, say).
     refused: usize,
+    /// A semaphore's permits, and the quorum its clients use.
+    permits: u32,
+    quorum: usize,
     /// Mean gap between fault events, in ns; 0 for none.
     fault_gap: u64,
     horizon: u64,
@@ -215,16 +227,29 @@ impl Settings {
             keep: 0.25,
             fair: if rng.chance(0.5) { 0.5 } else { 0.0 },
             refused: 0,
+            permits: 1,
+            quorum: nodes / 2 + 1,
             fault_gap: rng.range(ttl_ms / 2, 3 * ttl_ms) * MS,
             horizon: 1500 * MS,
             cycles: rng.range(3, 8) as u32,
         };
+        if locks.semaphore() {
+            // Enough clients on one key to fill every permit and want more.
+            p.permits = rng.range(2, 3) as u32;
+            p.quorum = if locks == Locks::NaiveSemaphore {
+                nodes / 2 + 1
+            } else {
+                crate::engine::sem::safe_quorum(p.permits, nodes)
+            };
+            p.keys = 1;
+            p.clients = rng.range(u64::from(p.permits) + 1, u64::from(p.permits) + 3) as usize;
+        }
         if rng.chance(0.1) {
             // A minority refused (the lock works on the others), or too many for a quorum
             // (nothing is granted, and every wait ends with a configuration error, not with
             // contention or the wait's budget).
-            let quorum = nodes / 2 + 1;
-            p.refused = if rng.chance(0.5) {
+            let quorum = p.quorum;
+            p.refused = if rng.chance(0.5) && quorum < nodes {
                 1
             } else {
                 nodes - quorum + 1
@@ -256,6 +281,10 @@ impl Settings {
             }
             Scenario::ForgetfulRestart => {
                 p.fault_gap = ttl_ms * MS;
+                p.refused = 0;
+            }
+            Scenario::UncheckedPause if locks.semaphore() => {
+                p.pause = 0.5;
                 p.refused = 0;
             }
             Scenario::UncheckedPause => {
@@ -504,6 +533,7 @@ enum Side {
     Mutex,
     Read,
     Write,
+    Permit,
 }
 
 /// The machine a client is driving, if any.
@@ -704,6 +734,7 @@ struct Arena {
     rw: Vec<RwKeys>,
     fences: Vec<Vec<u8>>,
     write_fences: Vec<Vec<u8>>,
+    sems: Vec<SemKeys>,
 }
 
 struct World<'a> {
@@ -792,6 +823,7 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
         configs,
         fences: keys.iter().map(|k| fence_key(k)).collect(),
         write_fences: rw.iter().map(|k| fence_key(k.writer())).collect(),
+        sems: keys.iter().map(|k| SemKeys::new(k)).collect(),
         keys,
         rw,
     };
@@ -1724,11 +1756,26 @@ impl<'a> World<'a> {
                 (Side::Mutex, spec, keys)
             }
             Locks::All => (Side::Mutex, mutex(arena, key, None), vec![key]),
+            Locks::Semaphore | Locks::NaiveSemaphore => {
+                let spec = Spec {
+                    keys: Keys::Semaphore {
+                        resource: &arena.keys[key],
+                        keys: &arena.sems[key],
+                        capacity: self.p.permits,
+                        quorum: self.p.quorum,
+                    },
+                    fence: None,
+                };
+                (Side::Permit, spec, vec![key])
+            }
         };
         let kind = match side {
             Side::Mutex => Kind::Mutex,
             Side::Read => Kind::Read,
             Side::Write => Kind::Write,
+            Side::Permit => Kind::Permit {
+                permits: self.p.permits,
+            },
         };
         let invoke = Duration::from_nanos(self.now);
         let ops = keys
@@ -1813,7 +1860,7 @@ impl<'a> World<'a> {
 
     /// The acquisition of client `c`'s cycle is over.
     fn acquired(&mut self, c: usize, outcome: Result<Grant, Error>) {
-        let refused_quorum = self.p.nodes - self.p.refused < self.p.nodes / 2 + 1;
+        let refused_quorum = self.p.nodes - self.p.refused < self.p.quorum;
         let wait = self.clients[c].cycle.as_ref().is_some_and(|cy| cy.wait);
         let grant = match outcome {
             Ok(grant) => grant,
@@ -1986,7 +2033,7 @@ impl<'a> World<'a> {
             self.log(format_args!("client {c} finds its validity gone"));
             return self.start_release(c);
         }
-        if side != Side::Read {
+        if matches!(side, Side::Mutex | Side::Write) {
             let held = self.held(c);
             let read = held.read.clone();
             let after_lost = held.lost_extend;

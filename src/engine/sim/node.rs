@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::engine::ops::{Script, EXTEND, RELEASE};
-use crate::engine::{fair, fencing, multi, rw};
+use crate::engine::{fair, fencing, multi, rw, sem};
 use crate::resp::{self, Limits, Reply, Status, Value};
 use crate::sha1::sha1_hex;
 
@@ -45,6 +45,10 @@ pub(crate) static SCRIPT_MODELS: &[(&Script, ScriptFn)] = &[
     ),
     (&multi::FAIR_ACQUIRE_ALL, fair_acquire_all_script),
     (&fencing::FENCE_WRITE, fence_write_script),
+    (&sem::SEM_ACQUIRE, sem_acquire_script),
+    (&sem::FAIR_SEM_ACQUIRE, fair_sem_acquire_script),
+    (&sem::SEM_COUNT, sem_count_script),
+    (&sem::SEM_RELEASE, sem_release_script),
 ];
 
 /// A script's `KEYS` and `ARGV`.
@@ -176,6 +180,84 @@ fn fair_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Resul
     };
     let won = set_nx_px(node, k[0], a[0], a[1])?;
     fair_outcome(node, k, gate, won)
+}
+
+/// [`sem::SEM_ACQUIRE`]: KEYS holders; ARGV token, ttl, capacity.
+fn sem_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("semaphore acquire", keys, 1, args, 3)?;
+    Ok(Value::Integer(i64::from(sem_acquire_body(node, k, a)?)))
+}
+
+/// [`sem::FAIR_SEM_ACQUIRE`]: [`sem::SEM_ACQUIRE`] behind the gate, only the head going.
+/// KEYS holders, queue, expiries; ARGV token, ttl, capacity, waiter, ticket, entry TTL, join.
+fn fair_sem_acquire_script(
+    node: &mut Node,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Result<Value, Value> {
+    let (k, a) = need("fair semaphore acquire", keys, 3, args, 7)?;
+    let Some(gate) = fair_gate(node, k, a, b"", false)? else {
+        return Ok(Value::Integer(2));
+    };
+    let won = sem_acquire_body(node, k, a)?;
+    fair_outcome(node, k, gate, won)
+}
+
+/// The body of a semaphore acquire: whether the holder went in.
+fn sem_acquire_body(node: &mut Node, k: &[&[u8]], a: &[&[u8]]) -> Result<bool, Value> {
+    let cap = lua_number("semaphore acquire", a[2])?;
+    let mark = node.zscore(k[0], b"=")?;
+    if let Some(m) = mark {
+        if -m != cap {
+            return Err(Value::Error(
+                format!(
+                    "ERR redlock-mux semaphore has {} permits, not {}",
+                    -m as i64, cap as i64
+                )
+                .into_bytes(),
+            ));
+        }
+    }
+    let now = node.now as f64;
+    node.zrem_range_by_score(k[0], f64::MIN_POSITIVE, now)?;
+    if live_holders(node, k[0], 0.0)? as f64 >= cap {
+        return Ok(false);
+    }
+    let ttl = lua_number("semaphore acquire", a[1])?;
+    node.zadd_score(k[0], now + ttl, a[0], false)?;
+    if mark.is_none() {
+        node.zadd_score(k[0], -cap, b"=", false)?;
+    }
+    keep_ttl_at_least(node, k[0], ttl)?;
+    Ok(true)
+}
+
+/// `ZCOUNT key (after +inf`.
+fn live_holders(node: &mut Node, key: &[u8], after: f64) -> Result<i64, Value> {
+    Ok(node
+        .zset(key)?
+        .map_or(0, |z| z.values().filter(|s| **s > after).count() as i64))
+}
+
+/// [`sem::SEM_RELEASE`]: KEYS holders; ARGV token, wake channel.
+fn sem_release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("semaphore release", keys, 1, args, 2)?;
+    if node.zrem(k[0], &[a[0]])? == 0 {
+        return Ok(Value::Integer(0));
+    }
+    let now = node.now as f64;
+    if live_holders(node, k[0], now)? == 0 {
+        node.del(k[0]);
+    }
+    node.publish(a[1], a[0]);
+    Ok(Value::Integer(1))
+}
+
+/// [`sem::SEM_COUNT`]: KEYS holders.
+fn sem_count_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, _) = need("semaphore count", keys, 1, args, 0)?;
+    let now = node.now as f64;
+    Ok(Value::Integer(live_holders(node, k[0], now)?))
 }
 
 /// [`rw::FAIR_WRITE_ACQUIRE`]: [`rw::WRITE_ACQUIRE`] behind the gate. KEYS writer, readers,

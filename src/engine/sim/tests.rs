@@ -180,6 +180,60 @@ fn every_lock_kind_within_the_model() {
     }
 }
 
+/// Semaphores of 2 or 3 permits with the smallest safe quorum, under every fault within the
+/// model (and in calm runs, every waiter gets a permit): never more holders than permits at
+/// any instant, while the permits are really shared.
+#[test]
+fn semaphores_within_the_model() {
+    let test = "semaphores_within_the_model";
+    for (scenario, seeds) in [(Scenario::Model, LOCK_SEEDS), (Scenario::Calm, CALM_SEEDS)] {
+        let Some(sum) = within(scenario, Locks::Semaphore, seeds, test) else {
+            continue;
+        };
+        let s = &sum.stats;
+        assert!(sum.report.max_holders >= 2, "{}", sum.report);
+        if scenario == Scenario::Model {
+            require(
+                s,
+                &[
+                    ("crashes", s.crashes),
+                    ("partitions", s.partitions),
+                    ("lost replies", s.lost_replies),
+                    ("fair grants", s.fair_grants),
+                    ("kept locks", s.kept),
+                    ("lost extends", s.lost_extends),
+                    ("configuration errors", s.config_errors),
+                ],
+            );
+        } else {
+            require(s, &[("fair grants", s.fair_grants), ("wakes", s.wakes)]);
+        }
+    }
+}
+
+/// The obvious semaphore, a majority quorum over nodes that admit k holders each, lets more
+/// than k clients hold a permit at once under partitions and lost messages: the checker must
+/// see it.
+#[test]
+fn the_naive_majority_semaphore_admits_more_than_k_holders() {
+    if let Some(seed) = replay_seed() {
+        run_locks(seed, Scenario::Model, Locks::NaiveSemaphore, true);
+        return;
+    }
+    let sum = until(Scenario::Model, Locks::NaiveSemaphore, |r| {
+        !r.excess.is_empty()
+    });
+    println!(
+        "NaiveSemaphore, Model: {}\nchecker: {}",
+        sum.stats, sum.report
+    );
+    if let Some(&seed) = sum.failing.first() {
+        let hint = replay_hint(seed, Scenario::Model, Locks::NaiveSemaphore, "the_naive");
+        println!("e.g. {hint}");
+    }
+    assert!(!sum.report.excess.is_empty(), "{}", sum.report);
+}
+
 /// With no fault at all, every waiter gets its lock (fair or not, read- or write-preferring,
 /// however many wake-ups it takes) and no kept lock is lost.
 #[test]
@@ -329,6 +383,8 @@ fn first_violation() {
         "Fenced" => Locks::Fenced,
         "FencedWrite" => Locks::FencedWrite,
         "All" => Locks::All,
+        "Semaphore" => Locks::Semaphore,
+        "NaiveSemaphore" => Locks::NaiveSemaphore,
         other => panic!("no locks {other}"),
     };
     for seed in 0..seed_count(10_000) {

@@ -1,0 +1,229 @@
+//! The counting semaphore over N independent masters: [`Client::semaphore`] and its handle.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use crate::client::Client;
+use crate::config::check_key;
+use crate::engine::keys::SemKeys;
+use crate::engine::sem::{self, Census};
+use crate::error::Error;
+use crate::guard::{kind, Guard, Held, Owned, Permit, NO_OPTIONS};
+use crate::options::Acquire;
+
+pub use crate::engine::sem::MAX_PERMITS;
+
+/// A counting semaphore on one resource key: at most [`permits`](Semaphore::permits) holders
+/// of a [`Permit`] at any instant, over the client's N independent Redis masters
+/// ([`Client::semaphore`]).
+///
+/// # Why it is safe, and what that costs
+///
+/// Each node admits at most `c` live holders of the resource (its capacity; here always
+/// `c = k`, the permits), and a client holds a permit when `q` nodes (the
+/// [quorum](Semaphore::quorum)) admitted its token within the validity, exactly as a mutex
+/// holder holds its lock on a majority: the same TTL, drift allowance and validity, the same
+/// cleanup of a lost attempt on every node, entries expiring on each node's own clock.
+///
+/// `k + 1` simultaneous holders would need `(k + 1)·q` admissions, and the nodes have only
+/// `c·N` slots. So **`k + 1` holders are impossible iff `(k + 1)·q > c·N`**, under Redlock's
+/// timing assumptions (bounded clock drift, and a node that restarts without its data stays
+/// out for a TTL). With `c = k` the smallest safe quorum is
+///
+/// `q = ⌊k·N / (k + 1)⌋ + 1`
+///
+/// which is what [`Client::semaphore`] uses. For `k = 1` it is the Redlock majority
+/// `⌊N/2⌋ + 1`: the mutex is the special case. `k` holders fit with every node up, as
+/// `k·q ≤ k·N`.
+///
+/// The obvious design, the majority quorum with `c = k`, is **unsafe for `k ≥ 2`**: with
+/// `N = 5`, `k = 2` and `q = 3`, three clients can each be admitted by 3 nodes, since
+/// 9 admissions fit in 5 × 2 = 10 slots. [`with_quorum`](Semaphore::with_quorum) refuses
+/// such a quorum with [`InvalidArgument::UnsafeQuorum`](crate::InvalidArgument::UnsafeQuorum).
+///
+/// The price is availability. Acquires (and extends) need `q` nodes, so they stop once more
+/// than `N − q` nodes are down ([`tolerated_failures`](Semaphore::tolerated_failures)). While
+/// `d` nodes are down, at most `min(k, ⌊k·(N − d) / q⌋)` permits can be held at once
+/// ([`usable_permits`](Semaphore::usable_permits)):
+///
+/// | N | k | q | nodes that may fail | usable permits with 1 node down |
+/// |---|---|---|---|---|
+/// | 3 | 1 | 2 | 1 | 1 |
+/// | 3 | 2 or more | 3 | 0 | 0 |
+/// | 5 | 1 | 3 | 2 | 1 |
+/// | 5 | 2 | 4 | 1 | 2 (0 with 2 down) |
+/// | 5 | 3 | 4 | 1 | 3 (0 with 2 down) |
+/// | 5 | 4 or more | 5 | 0 | 0 |
+///
+/// A larger quorum is also safe (it tolerates fewer failures); a smaller one is refused.
+/// An [extend](Guard::extend) needs the quorum too; a [release](Guard::release) returns once
+/// `N − q + 1` nodes acknowledged it, so that fewer than a quorum can still hold the permit
+/// (one node when the quorum is every node), and the other nodes still get it.
+///
+/// # On the nodes
+///
+/// Each node keeps one sorted set (`{sem:K}:s` for a key `K` without a hash tag, `K:sem`
+/// with one; see [`KeyNames`](crate::KeyNames)): holder tokens scored by their expiry in ms on
+/// that node's clock, and a marker member `=` scored by `−k`. An acquire prunes the expired
+/// holders and admits when fewer than `k` are left; the set lives as long as its
+/// longest-lived holder, and the release of its last live holder deletes it. A client that asks with another number of permits while the set
+/// exists is refused by that node with a [`NodeErrorKind::Setup`](crate::NodeErrorKind::Setup)
+/// failure (`command` `semaphore`), which ends the acquisition with [`Error::Config`] when too
+/// few nodes are left for a quorum: clients that disagreed on `k` would together admit more
+/// holders than either allows. Releases are announced on the key's wake channel, so waiters
+/// retry at once.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_mux::Client;
+///
+/// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+/// let client = Client::new(nodes.split(','))?;
+/// // At most 2 backups at once across the fleet.
+/// let backups = client.semaphore("backups", 2)?;
+/// println!("quorum {} of {} nodes", backups.quorum(), client.nodes());
+/// let permit = backups.acquire(Duration::from_secs(30))?;
+/// // ... run one backup within permit.validity() ...
+/// permit.release()?;
+/// # Ok::<(), redlock_mux::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    client: Client,
+    key: Vec<u8>,
+    permits: u32,
+    quorum: usize,
+}
+
+impl Client {
+    /// The counting semaphore of `permits` permits on `key`, with the smallest safe quorum
+    /// (see [`Semaphore`]). Nothing is sent.
+    ///
+    /// Refused with [`InvalidArgument::BadPermits`](crate::InvalidArgument::BadPermits) when
+    /// `permits` is 0 or more than [`MAX_PERMITS`], and as every lock call refuses a bad
+    /// key.
+    pub fn semaphore(&self, key: impl AsRef<[u8]>, permits: u32) -> Result<Semaphore, Error> {
+        let key = key.as_ref();
+        check_key(key)?;
+        let quorum = sem::safe_quorum(permits.min(MAX_PERMITS), self.nodes());
+        sem::check(permits, self.nodes(), quorum)?;
+        Ok(Semaphore {
+            client: self.clone(),
+            key: key.to_vec(),
+            permits,
+            quorum,
+        })
+    }
+}
+
+impl Semaphore {
+    /// This semaphore with quorum `quorum` instead of the smallest safe one: a larger quorum
+    /// is safe too, and tolerates fewer node failures. Refused with
+    /// [`InvalidArgument::UnsafeQuorum`](crate::InvalidArgument::UnsafeQuorum) when
+    /// `(permits + 1)·quorum ≤ permits·nodes` (more than `permits` holders could be admitted)
+    /// or `quorum` is more than the nodes.
+    pub fn with_quorum(mut self, quorum: usize) -> Result<Semaphore, Error> {
+        sem::check(self.permits, self.client.nodes(), quorum)?;
+        self.quorum = quorum;
+        Ok(self)
+    }
+
+    /// The resource key.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// How many holders may hold a permit at once.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// How many nodes must admit a holder: `⌊permits·N / (permits + 1)⌋ + 1` unless set with
+    /// [`with_quorum`](Semaphore::with_quorum).
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    /// How many nodes may be down while permits can still be acquired: `N − quorum`.
+    pub fn tolerated_failures(&self) -> usize {
+        self.client.nodes() - self.quorum
+    }
+
+    /// How many permits can be held at once while `down` nodes are down:
+    /// `min(permits, ⌊permits·(N − down) / quorum⌋)`.
+    pub fn usable_permits(&self, down: usize) -> u32 {
+        sem::usable_permits(self.permits, self.client.nodes(), self.quorum, down)
+    }
+
+    /// One attempt to take a permit for `ttl`, without retrying. Fails with
+    /// [`Error::Contended`] when too few nodes have a free slot.
+    pub fn try_acquire(&self, ttl: Duration) -> Result<Permit, Error> {
+        self.take(ttl, false, &NO_OPTIONS)
+    }
+
+    /// Takes a permit for `ttl`, retrying as [`Client::lock`] does: at once when a release
+    /// of the key is announced, after a jittered retry delay otherwise, until the client's
+    /// wait timeout. With [`fair`](crate::ClientBuilder::fair) set, waiters queue in arrival
+    /// order.
+    pub fn acquire(&self, ttl: Duration) -> Result<Permit, Error> {
+        self.take(ttl, true, &NO_OPTIONS)
+    }
+
+    /// [`acquire`](Semaphore::acquire), waiting as `opts` says (see
+    /// [`Client::lock_with`]).
+    pub fn acquire_with(&self, ttl: Duration, opts: &Acquire) -> Result<Permit, Error> {
+        self.take(ttl, true, opts)
+    }
+
+    /// Rebuilds the guard of a permit held with `token` elsewhere, and extends it to `ttl`;
+    /// see [`Client::resume_lock`] for the check and its safety caveat.
+    pub fn resume(&self, token: impl AsRef<[u8]>, ttl: Duration) -> Result<Permit, Error> {
+        Held::resume(&self.client, self.owned(), token.as_ref(), ttl).map(Guard::new)
+    }
+
+    /// An estimate of the free permits, for monitoring: how many acquisitions would win one
+    /// after the other if nothing else changed. Each needs a quorum of nodes with a free slot,
+    /// so that is the `quorum`-th largest number of free slots over the nodes, a node that is
+    /// down or does not answer within the node timeout counting as full. Holders that expired
+    /// count as gone; the cleanups of lost attempts in flight may still count.
+    pub fn available(&self) -> Result<u32, Error> {
+        let keys = SemKeys::new(&self.key);
+        let config = self.client.config();
+        self.client.with_driver(|driver| {
+            let mut census = Census::new(
+                keys.holders(),
+                self.permits,
+                self.quorum,
+                config.nodes.len(),
+                Instant::now(),
+                config.node_timeout,
+            );
+            driver.drive(&mut census)
+        })
+    }
+
+    fn owned(&self) -> Owned {
+        Owned::Sem {
+            resource: self.key.clone(),
+            keys: SemKeys::new(&self.key),
+            permits: self.permits,
+            quorum: self.quorum,
+        }
+    }
+
+    fn take(&self, ttl: Duration, wait: bool, opts: &Acquire) -> Result<Permit, Error> {
+        Held::acquire(&self.client, self.owned(), None, ttl, wait, opts).map(Guard::new)
+    }
+}
+
+impl Guard<kind::Semaphore> {
+    /// How many holders the semaphore admits at once.
+    pub fn permits(&self) -> u32 {
+        self.held().semaphore().map_or(0, |(k, _)| k)
+    }
+
+    /// How many nodes admitted this holder, at least (the semaphore's quorum).
+    pub fn quorum(&self) -> usize {
+        self.held().semaphore().map_or(0, |(_, q)| q)
+    }
+}
