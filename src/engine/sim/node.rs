@@ -344,11 +344,7 @@ fn downgrade_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<V
 }
 
 /// [`rw::DOWNGRADE_UNDO`]: KEYS writer, readers; ARGV token, wake channel.
-fn downgrade_undo_script(
-    node: &mut Node,
-    keys: &[&[u8]],
-    args: &[&[u8]],
-) -> Result<Value, Value> {
+fn downgrade_undo_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
     let (k, a) = need("downgrade undo", keys, 2, args, 2)?;
     let mut n = node.zrem(k[1], &[a[0]])?;
     if node.get(k[0])? == Some(a[0]) {
