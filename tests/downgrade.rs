@@ -137,11 +137,11 @@ fn the_downgrade_round_is_won_exactly_with_a_quorum_and_a_lost_one_leaves_nothin
                 );
                 let writer = client.write_lock(&k, TTL).expect("write lock");
                 let token = writer.token().to_vec();
-                for i in 0..bad {
+                for (server, &addr) in cluster.servers.iter().zip(&addrs).take(bad) {
                     if frozen {
-                        cluster.servers[i].pause().expect("pause");
+                        server.pause().expect("pause");
                     } else {
-                        cmd(addrs[i], &[b"DEL", &writer_key(&k)]);
+                        cmd(addr, &[b"DEL", &writer_key(&k)]);
                     }
                 }
                 let result = writer.downgrade();
