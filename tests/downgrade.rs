@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use history::{History, Kind, Op};
 use redlock_mux::resp::Value;
-use redlock_mux::{Client, Error};
+use redlock_mux::{Client, Error, KeepAlive};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -84,6 +84,29 @@ fn a_downgrade_keeps_the_token_and_moves_it_from_the_writer_key_to_the_readers()
         )));
     }
     client.try_write_lock("doc", TTL).expect("free again");
+
+    // Kept alive as any read lock is; an invalid TTL is refused, and the write lock released.
+    let reader = client
+        .write_lock("kept", TTL)
+        .expect("write lock")
+        .downgrade()
+        .expect("downgrade");
+    let kept = reader
+        .keep_alive(KeepAlive::new(Duration::from_secs(2)))
+        .expect("keep-alive");
+    assert!(!kept.is_lost());
+    assert!(client.try_write_lock("kept", TTL).is_err());
+    kept.release().expect("release");
+    let writer = client.write_lock("bad-ttl", TTL).expect("write lock");
+    assert!(matches!(
+        writer.downgrade_for(Duration::ZERO),
+        Err(Error::InvalidArgument(_))
+    ));
+    client
+        .try_write_lock("bad-ttl", TTL)
+        .expect("released after the refusal")
+        .release()
+        .expect("release");
 
     let writer = client.write_lock_fenced("fenced", TTL).expect("fenced");
     assert!(writer.fencing_token() >= 1);
