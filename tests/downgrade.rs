@@ -32,7 +32,7 @@ fn client(cluster: &RedisCluster, node_timeout: Duration) -> Client {
         .node_timeout(node_timeout)
         .retry_delay(Duration::from_millis(10))
         .retry_count(1000)
-        .wait_timeout(Duration::from_secs(5))
+        .wait_timeout(Duration::from_secs(20))
         .build()
         .expect("client")
 }
@@ -148,7 +148,7 @@ fn a_writer_key_left_on_a_node_the_downgrade_missed_goes_with_the_read_lock() {
 fn the_downgrade_round_is_won_exactly_with_a_quorum_and_a_lost_one_leaves_nothing() {
     for n in [3usize, 5] {
         let cluster = RedisCluster::start(n).expect("cluster");
-        let client = client(&cluster, Duration::from_millis(200));
+        let client = client(&cluster, Duration::from_millis(500));
         let addrs = cluster.addrs();
         let quorum = n / 2 + 1;
         for frozen in [false, true] {

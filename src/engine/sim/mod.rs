@@ -21,8 +21,8 @@
 //! Every client records its grants in a [`History`], and increments a per-key counter while
 //! it believes it holds the lock; the shared checker (`tests/common/history.rs`) looks for
 //! overlapping windows, lost updates and fencing tokens out of order. Lock kinds: the mutex,
-//! read and write locks, all-or-none sets (mixed with single keys), fenced mutexes and fenced
-//! write locks; clients wait or try once, in fair queues or not, read- or write-preferring;
+//! read and write locks (writers downgrading to readers now and then), all-or-none sets (mixed
+//! with single keys), fenced mutexes and fenced write locks; clients wait or try once, in fair queues or not, read- or write-preferring;
 //! holders extend with any TTL (shorter ones too) and go on working after a failed extend
 //! while the guard's validity lasts, or keep their lock alive with a keeper.
 //!
