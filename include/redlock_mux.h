@@ -894,6 +894,26 @@ redlock_mux_result redlock_mux_write_lock_keep_alive_with_callback(redlock_mux_w
 redlock_mux_result redlock_mux_write_lock_release(redlock_mux_write_lock *lock);
 
 /**
+ * Turns a write lock into a read lock on the same resource without ever leaving it unlocked
+ * (see `WriteLock::downgrade` in the Rust API): one round, atomic on each node, that adds our
+ * reader and then drops our writer key. Other readers may join at once; no writer gets in
+ * between. `ttl_ms` is the read lock's TTL; 0 keeps the TTL the lock was taken (or last
+ * extended) with.
+ *
+ * On success writes a new read lock to `*out`, with the same token; free it with
+ * `redlock_mux_read_lock_free`. Whatever the result, the write lock's handle is empty
+ * afterwards and must still be freed. On failure (`REDLOCK_MUX_CONTENDED`: the write lock
+ * was lost on too many nodes; `REDLOCK_MUX_QUORUM_UNREACHABLE`; an expired validity; an
+ * invalid TTL) the round was undone on every node and **nothing is held**: neither the write
+ * lock nor a read lock. There is no upgrade (read to write): two readers upgrading at once
+ * would wait for each other.
+ *
+ * # Safety
+ * `lock` is NULL or a live write lock used by no other thread; `out` is NULL or writable.
+ */
+redlock_mux_result redlock_mux_write_lock_downgrade(redlock_mux_write_lock *lock, uint64_t ttl_ms, redlock_mux_read_lock **out);
+
+/**
  * Frees a write lock handle, releasing it first, best effort, if it is still held. NULL is a
  * no-op.
  *
@@ -1236,6 +1256,16 @@ redlock_mux_result redlock_mux_fenced_write_lock_keep_alive_with_callback(redloc
  * `lock` is NULL or a live fenced write lock used by no other thread.
  */
 redlock_mux_result redlock_mux_fenced_write_lock_release(redlock_mux_fenced_write_lock *lock);
+
+/**
+ * Like `redlock_mux_write_lock_downgrade`, for a write lock with a fencing token (the read
+ * lock has none).
+ *
+ * # Safety
+ * `lock` is NULL or a live fenced write lock used by no other thread; `out` is NULL or
+ * writable.
+ */
+redlock_mux_result redlock_mux_fenced_write_lock_downgrade(redlock_mux_fenced_write_lock *lock, uint64_t ttl_ms, redlock_mux_read_lock **out);
 
 /**
  * Frees a fenced write lock handle, releasing it first, best effort, if it is still held.

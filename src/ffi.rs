@@ -46,7 +46,7 @@ use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::kind::{Fenced, Kind, OneKey};
+use crate::kind::{Fenced, Kind, OneKey, Writer};
 use crate::{
     Acquire, Cancel, Client, ClientBuilder, Deadline, Error, FencedLock, FencedWriteLock, Guard,
     InvalidArgument, KeepAlive, KeptLock, Lock, MultiLock, NodeStats, Permit, ReadLock, RoundStats,
@@ -1026,6 +1026,33 @@ unsafe fn release<H: Handle>(lock: *mut H) -> redlock_mux_result {
     })
 }
 
+/// The body of every `_downgrade`: afterwards the write lock's handle is empty whatever the
+/// result; on success the read lock is a new handle in `*out`.
+///
+/// # Safety
+/// `lock` is NULL or a live handle used by no other thread; `out` is NULL or writable.
+unsafe fn downgrade<H, K>(
+    lock: *mut H,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_read_lock,
+) -> redlock_mux_result
+where
+    H: Handle<Lock = Guard<K>>,
+    K: Writer,
+{
+    boundary(|| {
+        // SAFETY: forwarded caller promises.
+        let (handle, out) = unsafe { (arg_mut(lock, H::ARG)?, Out::new(out, "out")?) };
+        let guard = handle.slot_mut().take().ok_or_else(released)?;
+        let reader = match ttl_ms {
+            0 => guard.downgrade(),
+            ms => guard.downgrade_for(millis(ms)),
+        }?;
+        out.write(into_handle(redlock_mux_read_lock::new(reader)));
+        Ok(())
+    })
+}
+
 /// The locks on one resource key: guards of one-key kinds, and kept locks (whose key is a
 /// set's first).
 trait OneKeyed {
@@ -1664,6 +1691,32 @@ pub unsafe extern "C" fn redlock_mux_write_lock_release(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promise.
     unsafe { release(lock) }
+}
+
+/// Turns a write lock into a read lock on the same resource without ever leaving it unlocked
+/// (see `WriteLock::downgrade` in the Rust API): one round, atomic on each node, that adds our
+/// reader and then drops our writer key. Other readers may join at once; no writer gets in
+/// between. `ttl_ms` is the read lock's TTL; 0 keeps the TTL the lock was taken (or last
+/// extended) with.
+///
+/// On success writes a new read lock to `*out`, with the same token; free it with
+/// `redlock_mux_read_lock_free`. Whatever the result, the write lock's handle is empty
+/// afterwards and must still be freed. On failure (`REDLOCK_MUX_CONTENDED`: the write lock
+/// was lost on too many nodes; `REDLOCK_MUX_QUORUM_UNREACHABLE`; an expired validity; an
+/// invalid TTL) the round was undone on every node and **nothing is held**: neither the write
+/// lock nor a read lock. There is no upgrade (read to write): two readers upgrading at once
+/// would wait for each other.
+///
+/// # Safety
+/// `lock` is NULL or a live write lock used by no other thread; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_write_lock_downgrade(
+    lock: *mut redlock_mux_write_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_read_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { downgrade(lock, ttl_ms, out) }
 }
 
 /// Frees a write lock handle, releasing it first, best effort, if it is still held. NULL is a
@@ -2327,6 +2380,22 @@ pub unsafe extern "C" fn redlock_mux_fenced_write_lock_release(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promise.
     unsafe { release(lock) }
+}
+
+/// Like `redlock_mux_write_lock_downgrade`, for a write lock with a fencing token (the read
+/// lock has none).
+///
+/// # Safety
+/// `lock` is NULL or a live fenced write lock used by no other thread; `out` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_fenced_write_lock_downgrade(
+    lock: *mut redlock_mux_fenced_write_lock,
+    ttl_ms: u64,
+    out: *mut *mut redlock_mux_read_lock,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe { downgrade(lock, ttl_ms, out) }
 }
 
 /// Frees a fenced write lock handle, releasing it first, best effort, if it is still held.

@@ -42,6 +42,10 @@ pub mod kind {
     /// [`fencing_token`](crate::Guard::fencing_token).
     pub trait Fenced: OneKey {}
 
+    /// The write side of a read-write lock, fenced or not: its guard has
+    /// [`downgrade`](crate::Guard::downgrade).
+    pub trait Writer: OneKey {}
+
     macro_rules! kinds {
         ($($(#[$doc:meta])* $name:ident: $($trait:ident),*;)*) => {$(
             $(#[$doc])*
@@ -59,20 +63,20 @@ pub mod kind {
         /// The read side of a read-write lock: [`ReadLock`](crate::ReadLock).
         Read: OneKey;
         /// The write side of a read-write lock: [`WriteLock`](crate::WriteLock).
-        Write: OneKey;
+        Write: OneKey, Writer;
         /// Every key of a set, or none: [`MultiLock`](crate::MultiLock).
         All: ;
         /// The mutex with fencing tokens: [`FencedLock`](crate::FencedLock).
         FencedMutex: OneKey, Fenced;
         /// The write side of a read-write lock with fencing tokens:
         /// [`FencedWriteLock`](crate::FencedWriteLock).
-        FencedWrite: OneKey, Fenced;
+        FencedWrite: OneKey, Fenced, Writer;
         /// One permit of a counting semaphore: [`Permit`](crate::Permit).
         Semaphore: OneKey;
     }
 }
 
-use kind::{Fenced, Kind, OneKey};
+use kind::{Fenced, Kind, OneKey, Writer};
 
 /// A held lock of kind `K`. Dropping it releases it, best effort; call
 /// [`release`](Guard::release) to see whether that worked.
@@ -294,11 +298,87 @@ impl<K: Fenced> Guard<K> {
     }
 }
 
+impl<K: Writer> Guard<K> {
+    /// Turns this write lock into a read lock on the same resource, for the TTL the lock was
+    /// taken (or last extended) with, without ever leaving the resource unlocked: other readers
+    /// may join at once, and no writer gets in between. See
+    /// [`downgrade_for`](Guard::downgrade_for) to give the read lock another TTL.
+    ///
+    /// # How
+    ///
+    /// One round, one atomic script per node: where the writer key still holds our token, the
+    /// reader entry goes into the lock's reader set (with the same token, scored by its expiry
+    /// on the node's own clock, as every reader's is), and then the writer key is deleted. A
+    /// node where the writer key does not hold the token (it expired, or never got it) changes
+    /// nothing and counts as refusing. Readers waiting for the write lock are woken, and join.
+    ///
+    /// The round is bounded as [`extend`](Guard::extend) is: it must be won on a quorum before
+    /// the write lock's validity ends, and the read lock is then valid for the TTL less the
+    /// time the round took and the drift allowance, from the round's start. In between, every
+    /// node of the quorum held either our writer key or our reader, so no writer could be
+    /// granted anywhere in a quorum. The token stays the same; a fencing token does not carry
+    /// over (read locks have none).
+    ///
+    /// # When it fails
+    ///
+    /// A lost round is undone on every node, as a lost acquisition is: the reader entry and
+    /// the writer key holding our token are removed. The caller then holds **nothing**: the
+    /// write lock is gone too. The error is the one an extend would give:
+    /// [`Error::Contended`] when too many nodes no longer held the write lock (it expired or
+    /// was lost), [`Error::QuorumUnreachable`] when too many nodes failed or did not answer in
+    /// time, [`Error::ValidityExpired`] when the write lock's validity had already ended (the
+    /// lock is released then), and an invalid TTL is refused (and the write lock released).
+    ///
+    /// # Keep-alive
+    ///
+    /// A [`KeptLock`](crate::KeptLock) does not know its kind, and offers no downgrade:
+    /// downgrade the guard first, then hand the read lock to the keeper with
+    /// [`keep_alive`](Guard::keep_alive).
+    ///
+    /// # Why there is no upgrade
+    ///
+    /// The other way round (read to write) is not offered. Two readers that both ask to
+    /// upgrade each wait for the other's read lock to go, and neither lets go of its own: a
+    /// deadlock, which only the TTLs would end. Release the read lock and take the write lock
+    /// instead, and read the resource again under it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlock_mux::Client;
+    ///
+    /// // For example ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"].
+    /// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+    /// let client = Client::new(nodes.split(','))?;
+    /// let writer = client.write_lock("catalog", Duration::from_secs(10))?;
+    /// // ... rebuild the catalog ...
+    /// let reader = writer.downgrade()?;
+    /// // ... publish it, while other readers may read it too and no writer can change it ...
+    /// reader.release()?;
+    /// # Ok::<(), redlock_mux::Error>(())
+    /// ```
+    pub fn downgrade(self) -> Result<ReadLock, Error> {
+        self.downgrade_ttl(None)
+    }
+
+    /// [`downgrade`](Guard::downgrade), with a TTL of `ttl` for the read lock.
+    pub fn downgrade_for(self, ttl: Duration) -> Result<ReadLock, Error> {
+        self.downgrade_ttl(Some(ttl))
+    }
+
+    fn downgrade_ttl(self, ttl: Option<Duration>) -> Result<ReadLock, Error> {
+        let mut held = self.held;
+        held.downgrade(ttl)?;
+        Ok(Guard::new(held))
+    }
+}
+
 /// Which side of a read-write lock is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Side {
     Read,
     Write,
+    /// The read side, held by a downgraded write lock (see [`Keys::Downgraded`]).
+    Downgraded,
 }
 
 /// A lock's keys, owned by its guard.
@@ -338,6 +418,11 @@ impl Owned {
                 resource,
                 keys,
             } => f(Keys::Write { resource, keys }),
+            Owned::Rw {
+                side: Side::Downgraded,
+                resource,
+                keys,
+            } => f(Keys::Downgraded { resource, keys }),
             Owned::All(keys) => {
                 let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
                 f(Keys::All(&refs))
@@ -367,6 +452,9 @@ pub(crate) struct Held {
     token: Token,
     fencing_token: Option<u64>,
     hold: Hold,
+    /// The TTL last asked for (by the acquisition, or the last extend that won): what a
+    /// downgrade gives the read lock unless told otherwise.
+    ttl: Duration,
     /// The acquisition's run, while replies of it may be in flight: the release and the
     /// extensions go out behind them (see `Client::take_driver`).
     after: Pending,
@@ -430,6 +518,7 @@ impl Held {
             token: grant.token,
             fencing_token: grant.fencing_token,
             hold: Hold::new(grant.valid_until),
+            ttl,
             after,
             released: false,
         })
@@ -453,6 +542,7 @@ impl Held {
             fencing_token: None,
             // Only bounds the check: the round's own validity is what the lock gets.
             hold: Hold::new(Instant::now() + ttl),
+            ttl,
             after: Pending::NONE,
             released: false,
         };
@@ -516,7 +606,41 @@ impl Held {
     /// Runs an extend round to `ttl` (see [`Guard::extend`]).
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let (ttl_ms, timing) = self.client.timing(ttl)?;
-        self.round(Step::Extend { ttl_ms, timing })
+        self.round(Step::Extend { ttl_ms, timing })?;
+        self.ttl = ttl;
+        Ok(())
+    }
+
+    /// Runs the downgrade round of a write lock to a read lock for `ttl` (the lock's own TTL
+    /// when `None`); see [`Guard::downgrade`]. Won: this is now the read lock. Otherwise
+    /// nothing is held (the round's undo went to every node, or, when no round could be run,
+    /// the undo goes out on drop).
+    fn downgrade(&mut self, ttl: Option<Duration>) -> Result<(), Error> {
+        let ttl = ttl.unwrap_or(self.ttl);
+        let checked = self.client.timing(ttl).map_err(Error::from);
+        let mut ran = false;
+        let result = checked.and_then(|(ttl_ms, timing)| {
+            let step = Step::Downgrade { ttl_ms, timing };
+            self.round_then(step, || ran = true)
+        });
+        if let Owned::Rw { side, .. } = &mut self.owned {
+            // From here on, a release (on drop too) undoes both the reader entry and any writer
+            // key left with the token.
+            *side = Side::Downgraded;
+        }
+        match result {
+            Ok(()) => {
+                self.fence = None;
+                self.fencing_token = None;
+                self.ttl = ttl;
+                Ok(())
+            }
+            Err(e) => {
+                // The machine sent its undo to every node; otherwise the drop does.
+                self.released = ran;
+                Err(e)
+            }
+        }
     }
 
     /// Runs the release round (see [`Guard::release`]); nothing is done on drop afterwards.
@@ -527,6 +651,12 @@ impl Held {
 
     /// Runs a round of `step` on a driver that sends it behind the acquisition's late replies.
     fn round(&mut self, step: Step) -> Result<(), Error> {
+        self.round_then(step, || {})
+    }
+
+    /// [`round`](Self::round), calling `started` once the round's machine is made (something
+    /// may be sent from then on).
+    fn round_then(&mut self, step: Step, started: impl FnOnce()) -> Result<(), Error> {
         let Held {
             client,
             owned,
@@ -545,6 +675,7 @@ impl Held {
             client.with_driver_after(after, |driver| {
                 let round = driver.take_round();
                 let mut m = hold.round(spec, *token, config, step, Instant::now(), round);
+                started();
                 m.record_to(client.recorder());
                 let result = driver.drive(&mut m);
                 driver.put_round(m.into_round());

@@ -37,7 +37,7 @@ use crate::Fail;
 
 const HELP: &str = "\
 Usage: redlock-mux bench [--nodes URLS | --instances N] [--iters N]
-                         [--mode mutex|read|write|semaphore|handoff|threads|all]
+                         [--mode mutex|read|write|semaphore|downgrade|handoff|threads|all]
                          [--threads T,T,...] [--duration D] [--rounds R]
                          [--json]
 
@@ -52,6 +52,9 @@ Modes:
   write     write locks next to the mutex, likewise
   semaphore permits of a 2-permit semaphore next to the mutex, likewise (its
             quorum is floor(2N/3)+1: 4 of 5 nodes, where the mutex needs 3)
+  downgrade a write lock's downgrade to a read lock next to a mutex extend
+            (each one round on held locks), in alternating blocks, at the
+            same N
   handoff   contended hand-off at the largest N: 2, then 8 threads loop lock,
             hold 1 ms, release for 3 s each; the figure is the gap from one
             thread starting its release to another's lock returning. Measured
@@ -80,7 +83,7 @@ Options:
   --instances N     start N local servers instead (default 5)
   --iters N         measured cycles per lock kind per N (default 20000; not
                     used by the threads mode, which is timed)
-  --mode MODE       mutex, read, write, semaphore, handoff, threads or all
+  --mode MODE       mutex, read, write, semaphore, downgrade, handoff, threads or all
                     (see above)
   --threads LIST    thread counts for the threads mode, e.g. 1,8,32; implies
                     --mode threads unless --mode is given
@@ -126,6 +129,8 @@ const RW_TARGET: f64 = 1.1;
 const SEM_TARGET: f64 = 1.2;
 /// The permits of the semaphore measured.
 const SEM_PERMITS: u32 = 2;
+/// The downgrade goal: its p50 within this factor of a mutex extend's.
+const DOWNGRADE_TARGET: f64 = 1.2;
 
 /// A lock kind measured against the mutex.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,6 +207,7 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         "read" => (false, &[Kind::Read], false, false),
         "write" => (false, &[Kind::Write], false, false),
         "semaphore" => (false, &[Kind::Semaphore], false, false),
+        "downgrade" => (false, &[], false, false),
         "handoff" => (false, &[], true, false),
         "threads" => (false, &[], false, true),
         "all" => (
@@ -212,6 +218,7 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         ),
         other => return Err(usage!("--mode: unknown mode {other:?}").into()),
     };
+    let downgrade = matches!(mode.as_str(), "downgrade" | "all");
     let thread_counts = thread_counts.unwrap_or_else(|| THREADS.to_vec());
     if nodes.is_some() && instances.is_some() {
         return Err(usage!("give either --nodes or --instances, not both").into());
@@ -263,6 +270,11 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         }
         if !rw_kinds.is_empty() {
             report.rw.push(bench_rw(nodes, iters, rw_kinds, &progress)?);
+        }
+        if downgrade {
+            report
+                .downgrade
+                .push(bench_downgrade(nodes, iters, &progress)?);
         }
     }
     if handoff {
@@ -317,6 +329,7 @@ struct Report {
     iters: usize,
     mutex: Vec<MutexResult>,
     rw: Vec<RwResult>,
+    downgrade: Vec<DowngradeResult>,
     handoff: Vec<HandoffResult>,
     threads: Vec<ThreadsResult>,
     /// How the threads mode ran, if it did.
@@ -496,6 +509,150 @@ fn bench_rw(
         progress.show(&label, done, iters);
     }
     Ok(RwResult { n, kinds: measured })
+}
+
+/// Downgrade figures at one N, next to a mutex extend measured in the same run.
+struct DowngradeResult {
+    n: usize,
+    /// `WriteLock::downgrade` of a held write lock.
+    downgrade: Samples,
+    /// `Lock::extend` of a held mutex, to the same TTL.
+    extend: Samples,
+    errors: u64,
+}
+
+/// Alternating blocks of: take a mutex, time its extend, release it; take a write lock, time
+/// its downgrade, release the read lock. Both timed operations are one round on a held lock.
+fn bench_downgrade(
+    urls: &[String],
+    iters: usize,
+    progress: &Progress,
+) -> Result<DowngradeResult, Fail> {
+    let n = urls.len();
+    let client = Client::builder()
+        .nodes(urls)
+        .build()
+        .map_err(|e| Fail::other(format!("bad nodes: {e}")))?;
+    let mutex_key = format!("redlock-mux:bench:extend:{n}");
+    let rw_key = format!("redlock-mux:bench:downgrade:{n}");
+    let mut r = DowngradeResult {
+        n,
+        downgrade: Samples::with_capacity(iters),
+        extend: Samples::with_capacity(iters),
+        errors: 0,
+    };
+    let extends = |count: usize, into: &mut Samples, errors: &mut u64| {
+        for _ in 0..count {
+            let Ok(mut lock) = client.try_lock(&mutex_key, TTL) else {
+                *errors += 1;
+                continue;
+            };
+            let start = Instant::now();
+            let ok = lock.extend(TTL).is_ok();
+            let took = start.elapsed();
+            if ok && lock.release().is_ok() {
+                into.push(took);
+            } else {
+                *errors += 1;
+            }
+        }
+    };
+    let downgrades = |count: usize, into: &mut Samples, errors: &mut u64| {
+        for _ in 0..count {
+            let Ok(writer) = client.try_write_lock(&rw_key, TTL) else {
+                *errors += 1;
+                continue;
+            };
+            let start = Instant::now();
+            let reader = writer.downgrade();
+            let took = start.elapsed();
+            match reader.map(|r| r.release()) {
+                Ok(Ok(())) => into.push(took),
+                _ => *errors += 1,
+            }
+        }
+    };
+    let warmup = (iters / 10).clamp(100, 2000);
+    let (mut scratch, mut ignored) = (Samples::default(), 0);
+    extends(warmup, &mut scratch, &mut ignored);
+    downgrades(warmup, &mut scratch, &mut ignored);
+    let mut done = 0;
+    let mut block = 0usize;
+    while done < iters {
+        let count = BLOCK.min(iters - done);
+        if block % 2 == 0 {
+            extends(count, &mut r.extend, &mut r.errors);
+            downgrades(count, &mut r.downgrade, &mut r.errors);
+        } else {
+            downgrades(count, &mut r.downgrade, &mut r.errors);
+            extends(count, &mut r.extend, &mut r.errors);
+        }
+        done += count;
+        block += 1;
+        progress.show(&format!("downgrade N={n}"), done, iters);
+    }
+    Ok(r)
+}
+
+fn print_downgrade(
+    out: &mut dyn Write,
+    origin: &str,
+    iters: usize,
+    results: &mut [DowngradeResult],
+) -> io::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "write-to-read downgrade next to a mutex extend: {origin}; {iters} of each per N, in alternating blocks of {BLOCK}"
+    )?;
+    writeln!(
+        out,
+        "downgrade = WriteLock::downgrade of a held write lock; extend = Lock::extend of a held mutex; ratio = downgrade / extend"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:>2}  {:>13} {:>10} {:>7}   {:>13} {:>10} {:>7} {:>6}",
+        "N",
+        "downgrade p50",
+        "extend p50",
+        "ratio",
+        "downgrade p99",
+        "extend p99",
+        "ratio",
+        "errors"
+    )?;
+    for r in results.iter_mut() {
+        let (d, e) = (r.downgrade.summary(), r.extend.summary());
+        writeln!(
+            out,
+            "{:>2}  {:>13} {:>10} {:>6.3}x   {:>13} {:>10} {:>6.3}x {:>6}",
+            r.n,
+            fmt_duration(d.p50),
+            fmt_duration(e.p50),
+            ratio(d.p50, e.p50),
+            fmt_duration(d.p99),
+            fmt_duration(e.p99),
+            ratio(d.p99, e.p99),
+            r.errors,
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "goal: downgrade p50 within {DOWNGRADE_TARGET}x of a mutex extend's at N=5"
+    )?;
+    for r in results.iter_mut() {
+        let q = ratio(r.downgrade.quantile(0.5), r.extend.quantile(0.5));
+        writeln!(
+            out,
+            "  N={}: downgrade p50 {:.3}x [{}]",
+            r.n,
+            q,
+            met(q <= DOWNGRADE_TARGET)
+        )?;
+    }
+    Ok(())
 }
 
 /// `count` try-acquire and release cycles of `kind` on `key`, recorded into `into`.
@@ -1146,6 +1303,9 @@ impl Report {
         if !self.rw.is_empty() {
             print_rw(out, origin, iters, &mut self.rw)?;
         }
+        if !self.downgrade.is_empty() {
+            print_downgrade(out, origin, iters, &mut self.downgrade)?;
+        }
         if !self.handoff.is_empty() {
             print_handoff(out, origin, &mut self.handoff)?;
         }
@@ -1193,6 +1353,20 @@ impl Report {
                 serde_json::Value::Object(fields)
             })
             .collect();
+        let downgrade: Vec<serde_json::Value> = self
+            .downgrade
+            .iter_mut()
+            .map(|r| {
+                json!({
+                    "n": r.n,
+                    "downgrade": summary_json(r.downgrade.summary()),
+                    "extend": summary_json(r.extend.summary()),
+                    "ratio_p50": ratio(r.downgrade.quantile(0.5), r.extend.quantile(0.5)),
+                    "ratio_p99": ratio(r.downgrade.quantile(0.99), r.extend.quantile(0.99)),
+                    "errors": r.errors,
+                })
+            })
+            .collect();
         let handoff: Vec<serde_json::Value> = self
             .handoff
             .iter_mut()
@@ -1238,6 +1412,7 @@ impl Report {
             "ttl_ms": TTL.as_millis() as u64,
             "mutex": mutex,
             "rw": rw,
+            "downgrade": downgrade,
             "handoff": handoff,
             "threads": threads,
             "scale": scale,

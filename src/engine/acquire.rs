@@ -267,7 +267,7 @@ impl<'a> Acquisition<'a> {
         match (self.spec.keys, self.spec.fence.is_some()) {
             (Keys::Mutex(_), false) => KindIndex::Mutex,
             (Keys::Mutex(_), true) => KindIndex::FencedMutex,
-            (Keys::Read { .. }, _) => KindIndex::Read,
+            (Keys::Read { .. } | Keys::Downgraded { .. }, _) => KindIndex::Read,
             (Keys::Write { .. }, false) => KindIndex::Write,
             (Keys::Write { .. }, true) => KindIndex::FencedWrite,
             (Keys::All(_), _) => KindIndex::All,

@@ -11,6 +11,15 @@
 //! however long it was before. The validity becomes the earlier of its old end and
 //! `start + ttl − drift`. When nothing was sent (the validity had already ended), it is
 //! unchanged.
+//!
+//! A downgrade turns a write lock into a read lock with the same token: one round, one atomic
+//! script per node (add the reader entry, then delete the writer key, where the writer key
+//! still holds the token). It is bounded as an extend is: it must be won before the write
+//! lock's validity ends, and a won one gives the read lock `ttl` less the time the round took
+//! and the drift allowance, from the round's start. A lost one (or one asked for once the
+//! validity has ended, which sends no downgrade) is undone on every node, as a lost acquire
+//! is: the undo goes out to every node behind the round, removes the reader entry and the
+//! writer key holding the token, and the holder holds nothing afterwards.
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
@@ -18,8 +27,8 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::engine::fanout::Fanout;
 use crate::engine::kind::{Cmd, Spec};
-use crate::engine::machine::{Machine, Tag, Transmit, What};
-use crate::engine::ops::Caps;
+use crate::engine::machine::{Machine, Tag, To, Transmit, What};
+use crate::engine::ops::{Caps, ScriptForm};
 use crate::engine::round::{Decision, Round};
 use crate::engine::timing::Timing;
 use crate::engine::timings;
@@ -48,6 +57,15 @@ pub(crate) enum Step {
     /// Releases the lock on every node, whether or not that node granted it; the round is won
     /// when a quorum has acknowledged.
     Release,
+    /// Turns a write lock into a read lock with the same token and a TTL of `ttl_ms`
+    /// (`timing` built on it); the round must be won before the write lock's validity ends.
+    /// A lost one is undone on every node.
+    Downgrade {
+        /// The read lock's TTL in milliseconds.
+        ttl_ms: u64,
+        /// See `ttl_ms`.
+        timing: Timing,
+    },
 }
 
 impl Hold {
@@ -84,7 +102,7 @@ impl Hold {
         mut round: Round,
     ) -> HoldRound<'a> {
         round.set_quorum(match step {
-            Step::Extend { .. } => spec.quorum(round.nodes()),
+            Step::Extend { .. } | Step::Downgrade { .. } => spec.quorum(round.nodes()),
             Step::Release => spec.release_quorum(round.nodes()),
         });
         let valid_until = self.valid_until;
@@ -95,16 +113,20 @@ impl Hold {
             config,
             step,
             fanout: Fanout::new(round),
+            undo: false,
             outcome: None,
         };
         let node_timeout = config.node_timeout;
         match step {
-            Step::Extend { .. } if now >= valid_until => {
+            Step::Extend { .. } | Step::Downgrade { .. } if now >= valid_until => {
+                // A write lock past its validity may still be on some nodes: a downgrade
+                // that cannot be made still releases it.
+                r.undo = matches!(step, Step::Downgrade { .. });
                 r.outcome = Some(Err(Error::ValidityExpired {
                     elapsed: Duration::ZERO,
                 }));
             }
-            Step::Extend { timing, .. } => {
+            Step::Extend { timing, .. } | Step::Downgrade { timing, .. } => {
                 r.fanout
                     .start(1, now, node_timeout, Some(timing), Some(valid_until))
             }
@@ -124,6 +146,8 @@ pub(crate) struct HoldRound<'a> {
     config: &'a Config,
     step: Step,
     fanout: Fanout<'a>,
+    /// A lost downgrade's undo, to send to every node.
+    undo: bool,
     outcome: Option<Result<(), Error>>,
 }
 
@@ -152,6 +176,10 @@ impl<'a> HoldRound<'a> {
                 ttl_ms,
             },
             Step::Release => What::Release { token: self.token },
+            Step::Downgrade { ttl_ms, .. } => What::Downgrade {
+                token: self.token,
+                ttl_ms,
+            },
         }
     }
 
@@ -160,6 +188,7 @@ impl<'a> HoldRound<'a> {
         match self.step {
             Step::Extend { ttl_ms, .. } => Cmd::Extend { token, ttl_ms },
             Step::Release => Cmd::Release { token },
+            Step::Downgrade { ttl_ms, .. } => Cmd::Downgrade { token, ttl_ms },
         }
     }
 
@@ -190,6 +219,23 @@ impl<'a> HoldRound<'a> {
             }
             (Step::Release, Decision::Won { .. }) => true,
             (Step::Release, _) => false,
+            (
+                Step::Downgrade { .. },
+                Decision::Won {
+                    valid_until: Some(until),
+                    ..
+                },
+            ) => {
+                // The read lock's validity, from the round's start: the write lock's is over.
+                self.hold.valid_until = until;
+                true
+            }
+            (Step::Downgrade { .. }, _) => {
+                // Undone everywhere: nothing is held any more.
+                self.hold.cap(self.fanout.round().start());
+                self.undo = true;
+                false
+            }
         };
         self.outcome = Some(if won {
             Ok(())
@@ -236,18 +282,34 @@ impl Machine for HoldRound<'_> {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
-        let (to, tag, form) = self.fanout.poll_transmit()?;
-        Some(Transmit {
-            to,
-            tag: Some(tag),
-            form,
-            what: self.what(),
+        if let Some((to, tag, form)) = self.fanout.poll_transmit() {
+            return Some(Transmit {
+                to,
+                tag: Some(tag),
+                form,
+                what: self.what(),
+            });
+        }
+        // Behind the round on every connection, so it lands after the downgrade even where
+        // that has not been answered yet. Its replies are dropped; it goes with its body so
+        // none needs reading.
+        std::mem::take(&mut self.undo).then_some(Transmit {
+            to: To::All,
+            tag: None,
+            form: ScriptForm::Body,
+            what: What::DowngradeUndo { token: self.token },
         })
     }
 
     fn encode(&self, t: &Transmit, caps: Caps, out: &mut Vec<u8>) -> usize {
+        let cmd = match t.what {
+            What::DowngradeUndo { .. } => Cmd::DowngradeUndo {
+                token: self.token.as_bytes(),
+            },
+            _ => self.cmd(),
+        };
         self.spec
-            .with_op(self.cmd(), |op| op.encode_for(out, t.form, caps))
+            .with_op(cmd, |op| op.encode_for(out, t.form, caps))
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

@@ -3,7 +3,7 @@
 //! A lock kind is a set of keys ([`Keys`]) and, for a fenced lock, its fence counter. The
 //! state machines ask [`Spec::with_op`] for the [`Op`] of a step ([`Cmd`]): acquire, clean up a
 //! lost attempt, leave the fair queue, withdraw a writer's intent, write the fencing token
-//! back, extend, release. Nothing else in the engine knows which script a kind uses.
+//! back, extend, release, downgrade a write lock to a read lock (and undo a lost downgrade). Nothing else in the engine knows which script a kind uses.
 #![forbid(unsafe_code)]
 
 use crate::engine::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
@@ -14,12 +14,15 @@ use crate::engine::keys::{self, RwKeys, SemKeys, WAKE_PREFIX};
 use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::{Acquire, Extend, Op, Release};
 use crate::engine::round::quorum;
+use crate::engine::ops::{ScriptForm, Verdict};
 use crate::engine::rw::{
-    self, FairRwAcquire, ReadAcquire, ReadExtend, SetRelease, WriteAcquire, WriteCleanup,
-    WriteRelease,
+    self, Downgrade, DowngradeUndo, FairRwAcquire, ReadAcquire, ReadExtend, SetRelease,
+    WriteAcquire, WriteCleanup, WriteRelease,
 };
 use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend, SemRelease};
-use crate::resp;
+use crate::engine::Vote;
+use crate::error::NodeErrorKind;
+use crate::resp::{self, Reply};
 
 /// The keys of a lock, by kind, borrowed from whoever owns them (a guard).
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +55,17 @@ pub(crate) enum Keys<'a> {
         capacity: u32,
         /// How many nodes must admit a holder.
         quorum: usize,
+    },
+    /// The read side of the read-write lock on `resource`, held by a write lock that was
+    /// downgraded: its reader entries are in the reader set (as [`Keys::Read`]'s are made by
+    /// the read acquire scripts), and nodes the downgrade did not reach may still hold the
+    /// writer key with the same token. It extends as a reader does, and its release removes
+    /// both (the downgrade's undo), so a writer key left behind goes with it.
+    Downgraded {
+        /// The resource key.
+        resource: &'a [u8],
+        /// Its read-write lock's keys.
+        keys: &'a RwKeys,
     },
 }
 
@@ -118,6 +132,34 @@ pub(crate) enum Cmd<'c> {
         /// The holder's token.
         token: &'c [u8],
     },
+    /// A write lock becomes a read lock with the same token (see [`Downgrade`]).
+    Downgrade {
+        /// The writer's token.
+        token: &'c [u8],
+        /// The reader's TTL in milliseconds.
+        ttl_ms: u64,
+    },
+    /// Undoes a lost downgrade on every node (see [`DowngradeUndo`]).
+    DowngradeUndo {
+        /// The writer's token.
+        token: &'c [u8],
+    },
+}
+
+/// What a lock that is not a write lock is sent for a downgrade step. Never sent: only a
+/// write lock's guard offers the downgrade. Should it be, a `PING` keeps the replies in step,
+/// and every node fails its vote.
+#[derive(Debug, Clone, Copy)]
+struct NotAWriteLock;
+
+impl Op for NotAWriteLock {
+    fn encode(&self, out: &mut Vec<u8>, _form: ScriptForm) {
+        resp::encode_command(out, &[b"PING"]);
+    }
+
+    fn classify(&self, _reply: &Reply<'_>) -> Verdict {
+        Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply))
+    }
 }
 
 impl<'a> Spec<'a> {
@@ -159,7 +201,8 @@ impl<'a> Spec<'a> {
             Keys::Mutex(key) => (Some(key), &[]),
             Keys::Read { resource, .. }
             | Keys::Write { resource, .. }
-            | Keys::Semaphore { resource, .. } => (Some(resource), &[]),
+            | Keys::Semaphore { resource, .. }
+            | Keys::Downgraded { resource, .. } => (Some(resource), &[]),
             Keys::All(keys) => (None, keys),
         };
         one.into_iter().chain(all.iter().copied())
@@ -199,11 +242,13 @@ impl<'a> Spec<'a> {
                     key,
                     token: ids.token,
                 }),
-                Keys::Read { resource, keys } => f(&SetRelease {
-                    resource,
-                    set: keys.readers(),
-                    token: ids.token,
-                }),
+                Keys::Read { resource, keys } | Keys::Downgraded { resource, keys } => {
+                    f(&SetRelease {
+                        resource,
+                        set: keys.readers(),
+                        token: ids.token,
+                    })
+                }
                 Keys::Write { resource, keys } => f(&WriteCleanup {
                     resource,
                     keys,
@@ -225,7 +270,7 @@ impl<'a> Spec<'a> {
                         kind: b"",
                         waiter,
                     },
-                    Keys::Read { resource, keys } => Leave {
+                    Keys::Read { resource, keys } | Keys::Downgraded { resource, keys } => Leave {
                         resource,
                         keys: rw::queue_keys(keys),
                         kind: b"r",
@@ -261,9 +306,9 @@ impl<'a> Spec<'a> {
             }
             Cmd::Withdraw { waiter } => {
                 let (resource, set) = match self.keys {
-                    Keys::Read { resource, keys } | Keys::Write { resource, keys } => {
-                        (resource, keys.intents())
-                    }
+                    Keys::Read { resource, keys }
+                    | Keys::Write { resource, keys }
+                    | Keys::Downgraded { resource, keys } => (resource, keys.intents()),
                     // Only writers leave intents; the others have none to withdraw.
                     Keys::Mutex(key) | Keys::Semaphore { resource: key, .. } => (key, &[][..]),
                     Keys::All(keys) => (keys.first().copied().unwrap_or_default(), &[][..]),
@@ -282,7 +327,7 @@ impl<'a> Spec<'a> {
             }),
             Cmd::Extend { token, ttl_ms } => match self.keys {
                 Keys::Mutex(key) => f(&Extend { key, token, ttl_ms }),
-                Keys::Read { keys, .. } => f(&ReadExtend {
+                Keys::Read { keys, .. } | Keys::Downgraded { keys, .. } => f(&ReadExtend {
                     keys,
                     token,
                     ttl_ms,
@@ -321,6 +366,30 @@ impl<'a> Spec<'a> {
                     holders: keys.holders(),
                     token,
                 }),
+                Keys::Downgraded { resource, keys } => f(&DowngradeUndo {
+                    resource,
+                    keys,
+                    token,
+                }),
+            },
+            Cmd::Downgrade { token, ttl_ms } => match self.keys {
+                Keys::Write { resource, keys } => f(&Downgrade {
+                    resource,
+                    keys,
+                    token,
+                    ttl_ms,
+                }),
+                _ => f(&NotAWriteLock),
+            },
+            Cmd::DowngradeUndo { token } => match self.keys {
+                Keys::Write { resource, keys } | Keys::Downgraded { resource, keys } => {
+                    f(&DowngradeUndo {
+                        resource,
+                        keys,
+                        token,
+                    })
+                }
+                _ => f(&NotAWriteLock),
             },
         }
     }
@@ -353,10 +422,10 @@ impl<'a> Spec<'a> {
             }),
             (Keys::Mutex(key), Some(fair), None) => f(&FairAcquire::new(key, ids, ttl_ms, fair)),
             (Keys::Mutex(key), None, None) => f(&Acquire { key, token, ttl_ms }),
-            (Keys::Read { keys, .. }, Some(fair), _) => {
+            (Keys::Read { keys, .. } | Keys::Downgraded { keys, .. }, Some(fair), _) => {
                 f(&FairRwAcquire::read(keys, ids, ttl_ms, fair))
             }
-            (Keys::Read { keys, .. }, None, _) => f(&ReadAcquire {
+            (Keys::Read { keys, .. } | Keys::Downgraded { keys, .. }, None, _) => f(&ReadAcquire {
                 keys,
                 token,
                 ttl_ms,
@@ -410,7 +479,9 @@ impl<'a> Spec<'a> {
     fn lock_key(&self) -> &'a [u8] {
         match self.keys {
             Keys::Mutex(key) => key,
-            Keys::Read { keys, .. } | Keys::Write { keys, .. } => keys.writer(),
+            Keys::Read { keys, .. } | Keys::Write { keys, .. } | Keys::Downgraded { keys, .. } => {
+                keys.writer()
+            }
             Keys::All(keys) => keys.first().copied().unwrap_or_default(),
             Keys::Semaphore { keys, .. } => keys.holders(),
         }

@@ -73,6 +73,10 @@ pub(crate) enum What {
     Extend { token: Token, ttl_ms: u64 },
     /// Releases the lock held with `token`.
     Release { token: Token },
+    /// Turns the write lock held with `token` into a read lock with the same token.
+    Downgrade { token: Token, ttl_ms: u64 },
+    /// Undoes a lost downgrade of the write lock held with `token`.
+    DowngradeUndo { token: Token },
     /// Subscribes to the lock's wake channels.
     Subscribe,
     /// Leaves the lock's wake channels.

@@ -433,3 +433,188 @@ fn a_failed_extend_never_leaves_more_validity_than_the_nodes_may_hold() {
     let error = m.poll_outcome().expect("done").expect_err("expired");
     assert_eq!(error.deadline(), Some(Deadline::Validity));
 }
+
+/// A write lock's downgrade round on `keys`, started at `start`, for a lock valid until
+/// `valid_until`.
+fn downgrade_round<'a>(
+    hold: &'a mut Hold,
+    keys: &'a RwKeys,
+    config: &'a Config,
+    token: Token,
+    start: Instant,
+) -> HoldRound<'a> {
+    let spec = Spec {
+        keys: Keys::Write {
+            resource: b"doc",
+            keys,
+        },
+        fence: None,
+    };
+    let timing = Timing {
+        ttl: 300 * MS,
+        drift_factor: 0.01,
+    };
+    let step = Step::Downgrade {
+        ttl_ms: 300,
+        timing,
+    };
+    let round = Round::new(config.nodes.len(), start, config.node_timeout, None, None);
+    hold.round(spec, token, config, step, start, round)
+}
+
+#[test]
+fn a_won_downgrade_gives_the_read_lock_its_validity_from_the_round_start() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([10; 32]));
+    let keys = RwKeys::new(b"doc");
+    let token = Token::from_random([3; 20]);
+    let mut hold = Hold::new(t0 + 9_000 * MS);
+    let start = t0 + 10 * MS;
+    let mut m = downgrade_round(&mut hold, &keys, &config, token, start);
+    let out = sent(&mut m);
+    assert_eq!(out.len(), 1, "one transmit: {out:?}");
+    let d = &out[0];
+    assert_eq!((d.to, d.name()), (To::All, &b"EVALSHA"[..]));
+    assert!(matches!(d.what, What::Downgrade { ttl_ms: 300, .. }));
+    // EVALSHA sha 2 writer readers token ttl wake
+    assert_eq!(d.args[3], keys.writer());
+    assert_eq!(d.args[4], keys.readers());
+    assert_eq!(d.args[5], token.as_bytes());
+    assert_eq!(d.args[6], b"300");
+    let tag = d.tag.unwrap();
+    m.handle_reply(1, tag, &Reply::Integer(1), start + MS, &mut rng);
+    m.handle_reply(0, tag, &Reply::Integer(0), start + MS, &mut rng);
+    assert!(m.poll_outcome().is_none());
+    m.handle_reply(2, tag, &Reply::Integer(1), start + 2 * MS, &mut rng);
+    m.poll_outcome().expect("done").expect("won");
+    assert!(sent(&mut m).is_empty(), "nothing to undo");
+    drop(m);
+    let timing = Timing {
+        ttl: 300 * MS,
+        drift_factor: 0.01,
+    };
+    // Within the usual bounds: at most ttl − drift from the round's start, less the round.
+    let bound = timing.valid_until(start).unwrap();
+    assert!(hold.valid_until() <= bound && hold.valid_until() > start);
+    assert!(
+        hold.valid_until() < t0 + 9_000 * MS,
+        "the write lock's is gone"
+    );
+}
+
+#[test]
+fn a_lost_downgrade_is_undone_on_every_node_and_leaves_nothing_held() {
+    let config = config(5, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([11; 32]));
+    let keys = RwKeys::new(b"doc");
+    let token = Token::from_random([4; 20]);
+    for yes in 0..=5usize {
+        let mut hold = Hold::new(t0 + 9_000 * MS);
+        let start = t0 + 10 * MS;
+        let mut m = downgrade_round(&mut hold, &keys, &config, token, start);
+        let tag = sent(&mut m)[0].tag.unwrap();
+        // `yes` nodes downgrade, two refuse (the writer key expired there), the rest fail.
+        for node in 0..5 {
+            let now = start + MS;
+            if node < yes {
+                m.handle_reply(node, tag, &Reply::Integer(1), now, &mut rng);
+            } else if node < yes + 2 {
+                m.handle_reply(node, tag, &Reply::Integer(0), now, &mut rng);
+            } else {
+                m.handle_failure(node, tag, NodeErrorKind::Timeout, now, &mut rng);
+            }
+        }
+        let out = sent(&mut m);
+        let result = m.poll_outcome().expect("every node answered");
+        if yes >= 3 {
+            assert!(result.is_ok(), "{yes} of 5: {result:?}");
+            assert!(out.is_empty());
+            continue;
+        }
+        let error = result.expect_err("no quorum");
+        if yes + 2 >= 5 - 2 {
+            // Refusals outnumber what a quorum could still use: contention (the lock is lost).
+            assert!(
+                matches!(
+                    error,
+                    Error::Contended { .. } | Error::QuorumUnreachable { .. }
+                ),
+                "{error:?}"
+            );
+        }
+        assert_eq!(out.len(), 1, "{yes} of 5: the undo only: {out:?}");
+        let undo = &out[0];
+        assert_eq!((undo.to, undo.tag), (To::All, None));
+        assert_eq!((undo.form, undo.name()), (ScriptForm::Body, &b"EVAL"[..]));
+        assert!(matches!(undo.what, What::DowngradeUndo { .. }));
+        assert_eq!(
+            &undo.args[3..],
+            [
+                keys.writer().to_vec(),
+                keys.readers().to_vec(),
+                token.as_bytes().to_vec(),
+                b"redlock-mux:wake:doc".to_vec(),
+            ]
+        );
+        drop(m);
+        assert!(hold.validity(start) == Duration::ZERO, "nothing is held");
+    }
+
+    // Asked for after the write lock's validity ended: no downgrade goes out, only the undo.
+    let mut hold = Hold::new(t0 + 5 * MS);
+    let mut m = downgrade_round(&mut hold, &keys, &config, token, t0 + 10 * MS);
+    let out = sent(&mut m);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert!(matches!(out[0].what, What::DowngradeUndo { .. }));
+    let error = m.poll_outcome().expect("done").expect_err("expired");
+    assert_eq!(error.deadline(), Some(Deadline::Validity));
+}
+
+#[test]
+fn a_downgraded_read_lock_extends_as_a_reader_and_its_release_removes_both_entries() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([12; 32]));
+    let keys = RwKeys::new(b"doc");
+    let token = Token::from_random([5; 20]);
+    let spec = Spec {
+        keys: Keys::Downgraded {
+            resource: b"doc",
+            keys: &keys,
+        },
+        fence: None,
+    };
+    let mut hold = Hold::new(t0 + 9_000 * MS);
+    let step = Step::Extend {
+        ttl_ms: 300,
+        timing: Timing {
+            ttl: 300 * MS,
+            drift_factor: 0.01,
+        },
+    };
+    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let mut m = hold.round(spec, token, &config, step, t0, round);
+    let ext = sent(&mut m).remove(0);
+    assert_eq!(ext.args[3], keys.readers(), "a reader's extend: {ext:?}");
+    for node in 0..3 {
+        m.handle_reply(node, ext.tag.unwrap(), &Reply::Integer(1), t0, &mut rng);
+    }
+    m.poll_outcome().expect("done").expect("won");
+    drop(m);
+    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let mut m = hold.round(spec, token, &config, Step::Release, t0, round);
+    let rel = sent(&mut m).remove(0);
+    // The undo's script: the reader entry, and a writer key a node may still hold.
+    assert_eq!(
+        &rel.args[3..5],
+        [keys.writer().to_vec(), keys.readers().to_vec()]
+    );
+    assert_eq!(
+        rel.args[1],
+        crate::engine::rw::DOWNGRADE_UNDO.sha.to_vec(),
+        "{rel:?}"
+    );
+    for node in 0..2 {
+        m.handle_reply(node, rel.tag.unwrap(), &Reply::Integer(0), t0, &mut rng);
+    }
+    m.poll_outcome().expect("done").expect("acknowledged");
+}

@@ -42,8 +42,8 @@ use crate::engine::keys;
 pub use crate::engine::keys::RwKeys;
 use crate::engine::ops::{int_verdict, write_eval, Arg, Caps, Op, ScriptForm, Verdict, RELEASE};
 pub use crate::engine::scripts::{
-    FAIR_READ_ACQUIRE, FAIR_WRITE_ACQUIRE, READ_ACQUIRE, READ_EXTEND, SET_RELEASE, WRITE_ACQUIRE,
-    WRITE_CLEANUP,
+    DOWNGRADE, DOWNGRADE_UNDO, FAIR_READ_ACQUIRE, FAIR_WRITE_ACQUIRE, READ_ACQUIRE, READ_EXTEND,
+    SET_RELEASE, WRITE_ACQUIRE, WRITE_CLEANUP,
 };
 use crate::engine::Vote;
 use crate::resp::{self, Reply};
@@ -253,6 +253,68 @@ impl Op for ReadExtend<'_> {
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         int_verdict(reply)
+    }
+}
+
+/// Write-to-read downgrade; see [`DOWNGRADE`]. The reader's entry goes into the reader set,
+/// scored on the node's clock, with the writer's token, and the writer key goes, in one atomic
+/// step per node.
+#[derive(Debug, Clone, Copy)]
+pub struct Downgrade<'a> {
+    /// The resource key, whose wake channel announces that readers may join.
+    pub resource: &'a [u8],
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// The writer's token, which becomes the reader's.
+    pub token: &'a [u8],
+    /// The reader's TTL in milliseconds.
+    pub ttl_ms: u64,
+}
+
+impl Op for Downgrade<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &DOWNGRADE,
+            form,
+            &[self.keys.writer(), self.keys.readers()],
+            &[
+                Arg::Bytes(self.token),
+                Arg::Num(self.ttl_ms),
+                Arg::Wake(self.resource),
+            ],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        int_verdict(reply)
+    }
+}
+
+/// Undo of a lost downgrade; see [`DOWNGRADE_UNDO`]. Every integer is an acknowledgement.
+#[derive(Debug, Clone, Copy)]
+pub struct DowngradeUndo<'a> {
+    /// The resource key, whose wake channel announces the release.
+    pub resource: &'a [u8],
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// The token of the writer, and of the reader it was to become.
+    pub token: &'a [u8],
+}
+
+impl Op for DowngradeUndo<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        write_eval(
+            out,
+            &DOWNGRADE_UNDO,
+            form,
+            &[self.keys.writer(), self.keys.readers()],
+            &[Arg::Bytes(self.token), Arg::Wake(self.resource)],
+        );
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        ack_verdict(reply)
     }
 }
 

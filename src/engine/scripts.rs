@@ -136,6 +136,13 @@ pub static SEM_RELEASE: Script =
 
 /// The live holders of a semaphore on one node: `sem_count.lua`.
 pub static SEM_COUNT: Script = Script::new(concat!(lua!("node_now.lua"), lua!("sem_count.lua")));
+/// A writer becomes a reader of the same read-write lock, atomically on each node:
+/// `downgrade.lua`.
+pub static DOWNGRADE: Script = Script::new(concat!(lua!("node_now.lua"), lua!("downgrade.lua")));
+
+/// Undoes a lost downgrade: removes the reader entry and the writer key holding the token:
+/// `downgrade_undo.lua`.
+pub static DOWNGRADE_UNDO: Script = Script::new(lua!("downgrade_undo.lua"));
 
 /// All-or-none acquire of a set of keys: `acquire_all.lua`.
 pub static ACQUIRE_ALL: Script = Script::new(lua!("acquire_all.lua"));
@@ -216,6 +223,8 @@ pub static SCRIPTS: &[&Script] = &[
     &READ_ACQUIRE,
     &SET_RELEASE,
     &READ_EXTEND,
+    &DOWNGRADE,
+    &DOWNGRADE_UNDO,
     &ACQUIRE_ALL,
     &RELEASE_ALL,
     &EXTEND_ALL,

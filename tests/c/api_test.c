@@ -1798,6 +1798,70 @@ static void test_semaphores(redlock_mux_client *client, int count) {
 
     CHECK_OK(redlock_mux_client_stats(client, &s));
     CHECK(s.semaphore.won >= 3 && s.semaphore.contended >= 1);
+/* A write lock becomes a read lock with the same token, without letting a writer in; a lost
+ * downgrade leaves nothing held, and the handle empty. */
+static void test_downgrade(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-down";
+    static const uint8_t lost_key[] = "c-api-down-lost";
+    static const uint8_t lost_writer[] = "{rw:c-api-down-lost}:w";
+    static const uint8_t fenced_key[] = "c-fenced-write"; /* test_fenced_write_locks' counter */
+    redlock_mux_write_lock *w = NULL, *w2 = SENTINEL(redlock_mux_write_lock, 1);
+    redlock_mux_fenced_write_lock *fw = NULL;
+    redlock_mux_read_lock *r = SENTINEL(redlock_mux_read_lock, 0), *other = NULL;
+    uint8_t t1[REDLOCK_MUX_TOKEN_LEN], t2[REDLOCK_MUX_TOKEN_LEN];
+    size_t n = 0;
+    uint64_t ms = 0;
+    int i;
+
+    CHECK_RESULT(redlock_mux_write_lock_downgrade(NULL, 0, &r), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_client_try_write_lock(client, key, sizeof key - 1, 10000, &w));
+    CHECK_RESULT(redlock_mux_write_lock_downgrade(w, 0, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(r == SENTINEL(redlock_mux_read_lock, 0));
+    CHECK_OK(redlock_mux_write_lock_token(w, t1, sizeof t1, &n));
+
+    /* Won: the same token, the lock's own TTL, readers join, writers stay out. */
+    CHECK_OK(redlock_mux_write_lock_downgrade(w, 0, &r));
+    CHECK(r != SENTINEL(redlock_mux_read_lock, 0));
+    CHECK_OK(redlock_mux_read_lock_token(r, t2, sizeof t2, &n));
+    CHECK(n == REDLOCK_MUX_TOKEN_LEN && memcmp(t1, t2, n) == 0);
+    CHECK_OK(redlock_mux_read_lock_validity_ms(r, &ms));
+    CHECK(ms > 9000 && ms <= 10000);
+    CHECK_OK(redlock_mux_client_try_read_lock(client, key, sizeof key - 1, 10000, &other));
+    CHECK_RESULT(redlock_mux_client_try_write_lock(client, key, sizeof key - 1, 10000, &w2),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(w2 == SENTINEL(redlock_mux_write_lock, 1));
+    /* The write lock's handle is empty: only free it. */
+    CHECK_RESULT(redlock_mux_write_lock_downgrade(w, 0, &r), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_write_lock_release(w), REDLOCK_MUX_RELEASED);
+    redlock_mux_write_lock_free(w);
+    CHECK_OK(redlock_mux_read_lock_release(other));
+    redlock_mux_read_lock_free(other);
+    CHECK_OK(redlock_mux_read_lock_release(r));
+    redlock_mux_read_lock_free(r);
+
+    /* Lost: the writer key went on every node. Nothing is held afterwards. */
+    w = NULL;
+    r = SENTINEL(redlock_mux_read_lock, 0);
+    CHECK_OK(redlock_mux_client_try_write_lock(client, lost_key, sizeof lost_key - 1, 10000, &w));
+    for (i = 0; i < count; i++) {
+        redis_del(urls[i], lost_writer, sizeof lost_writer - 1);
+    }
+    CHECK_RESULT(redlock_mux_write_lock_downgrade(w, 0, &r), REDLOCK_MUX_CONTENDED);
+    CHECK(r == SENTINEL(redlock_mux_read_lock, 0));
+    CHECK_RESULT(redlock_mux_write_lock_release(w), REDLOCK_MUX_RELEASED);
+    redlock_mux_write_lock_free(w);
+    w = NULL;
+    CHECK_OK(redlock_mux_client_try_write_lock(client, lost_key, sizeof lost_key - 1, 10000, &w));
+    redlock_mux_write_lock_free(w);
+
+    /* A fenced write lock downgrades too, for the TTL asked for. */
+    CHECK_OK(redlock_mux_client_write_lock_fenced(client, fenced_key, sizeof fenced_key - 1, 10000,
+                                                  &fw));
+    CHECK_OK(redlock_mux_fenced_write_lock_downgrade(fw, 3000, &r));
+    CHECK_OK(redlock_mux_read_lock_validity_ms(r, &ms));
+    CHECK(ms > 0 && ms <= 3000);
+    redlock_mux_fenced_write_lock_free(fw);
+    redlock_mux_read_lock_free(r);
 }
 
 int main(int argc, char **argv) {
@@ -1833,6 +1897,7 @@ int main(int argc, char **argv) {
     test_resume(client, argc - 1, argv + 1);
     test_stats(argc - 1, argv + 1);
     test_semaphores(client, argc - 1);
+    test_downgrade(client, argc - 1, argv + 1);
 
     redlock_mux_client_free(client);
     printf("%d passed, 0 failed\n", checks_run);

@@ -17,8 +17,8 @@ use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::write_eval;
 use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm};
 use crate::engine::rw::{
-    FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease, WriteAcquire, WriteCleanup,
-    WriteRelease,
+    Downgrade, DowngradeUndo, FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease,
+    WriteAcquire, WriteCleanup, WriteRelease,
 };
 use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend, SemRelease, SEM_COUNT};
 use crate::resp::{self, Limits, Status, Value};
@@ -258,7 +258,7 @@ fn every_lock_script_answers_like_redis_server() {
     let fence_lock: [&[u8]; 2] = [b"f:a", b"f:b"];
     let fences = [fence_key(fence_lock[0]), fence_key(fence_lock[1])];
     let writer_fences = [fence_key(rw[0].writer()), fence_key(rw[1].writer())];
-    let mut kinds = [0usize; 26];
+    let mut kinds = [0usize; 29];
     for i in 0..800 {
         let t = rng.below(3) as usize;
         let token = tokens[t];
@@ -283,7 +283,7 @@ fn every_lock_script_answers_like_redis_server() {
         let intent_ms = if rng.chance(0.5) { 0 } else { long };
         let r = rng.below(2) as usize;
         let k = &rw[r];
-        let kind = rng.below(26) as usize;
+        let kind = rng.below(29) as usize;
         kinds[kind] += 1;
         let cmd = match kind {
             0 | 1 => encode(
@@ -480,6 +480,23 @@ fn every_lock_script_answers_like_redis_server() {
                 };
                 encode(&op, form)
             }
+            25 | 26 => encode(
+                &Downgrade {
+                    resource: b"doc",
+                    keys: k,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            27 => encode(
+                &DowngradeUndo {
+                    resource: b"doc",
+                    keys: k,
+                    token,
+                },
+                form,
+            ),
             _ => {
                 // Look at the state: the queue in order, set sizes, counters, expiries, scores.
                 for cmd in [

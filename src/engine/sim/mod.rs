@@ -21,8 +21,8 @@
 //! Every client records its grants in a [`History`], and increments a per-key counter while
 //! it believes it holds the lock; the shared checker (`tests/common/history.rs`) looks for
 //! overlapping windows, lost updates and fencing tokens out of order. Lock kinds: the mutex,
-//! read and write locks, all-or-none sets (mixed with single keys), fenced mutexes and fenced
-//! write locks; clients wait or try once, in fair queues or not, read- or write-preferring;
+//! read and write locks (writers downgrading to readers now and then), all-or-none sets (mixed
+//! with single keys), fenced mutexes and fenced write locks; clients wait or try once, in fair queues or not, read- or write-preferring;
 //! holders extend with any TTL (shorter ones too) and go on working after a failed extend
 //! while the guard's validity lasts, or keep their lock alive with a keeper.
 //!
@@ -348,6 +348,9 @@ pub(crate) struct Stats {
     pub keeper_rounds: u64,
     pub slow_keepers: u64,
     pub kept_lost: u64,
+    /// Write locks downgraded to read locks, and downgrade rounds lost (undone).
+    pub downgrades: u64,
+    pub lost_downgrades: u64,
 }
 
 impl Stats {
@@ -388,7 +391,9 @@ impl Stats {
             kept,
             keeper_rounds,
             slow_keepers,
-            kept_lost
+            kept_lost,
+            downgrades,
+            lost_downgrades
         );
     }
 
@@ -419,7 +424,7 @@ impl fmt::Display for Stats {
              {} subscriber resets, {} wakes lost ({} delivered), {} setup refusals in {} runs \
              ({} configuration errors), {} slow keepers; {} shared reads, {} writer intents, \
              {} fence write-backs; {} extends ({} shorter, {} lost, {} writes after a lost one); \
-             {} kept locks ({} keeper rounds, {} lost)",
+             {} kept locks ({} keeper rounds, {} lost); {} downgrades ({} lost)",
             self.seeds,
             self.events,
             self.attempts,
@@ -453,7 +458,9 @@ impl fmt::Display for Stats {
             self.writes_after_lost_extend,
             self.kept,
             self.keeper_rounds,
-            self.kept_lost
+            self.kept_lost,
+            self.downgrades,
+            self.lost_downgrades
         )
     }
 }
@@ -553,6 +560,11 @@ enum Purpose {
     /// The keeper extends a kept lock.
     Keep,
     Release,
+    /// The holder of a write lock downgrades it to a read lock; the round started at `at`
+    /// (virtual ns).
+    Downgrade {
+        at: u64,
+    },
 }
 
 /// The lock a cycle takes, and what it holds once granted.
@@ -2056,6 +2068,22 @@ impl<'a> World<'a> {
         if steps == 0 || !self.valid(c) {
             return self.start_release(c);
         }
+        if !kept && side == Side::Write && self.rng.chance(0.3) {
+            // The writer goes on as a reader: any TTL, as for an extend. Its write window ends
+            // as the round starts (it writes no more); its read window starts there.
+            let ttl = self.p.ttl_ms;
+            let ttl_ms = self.rng.range((ttl / 4).max(10), 2 * ttl);
+            let ops = self.clients[c].cycle.as_ref().expect("a cycle").ops.clone();
+            for op in ops {
+                self.history.ops[op].release = Some(Duration::from_nanos(self.now));
+            }
+            self.log(format_args!("client {c} downgrades for {ttl_ms} ms"));
+            let step = Step::Downgrade {
+                ttl_ms,
+                timing: self.timing(ttl_ms),
+            };
+            return self.start_round(c, step, Purpose::Downgrade { at: self.now });
+        }
         if !kept && self.rng.chance(0.4) {
             // Any TTL, a shorter one than the lock's too.
             let ttl = self.p.ttl_ms;
@@ -2176,6 +2204,9 @@ impl<'a> World<'a> {
         if purpose == Purpose::Release {
             return self.end_cycle(c);
         }
+        if let Purpose::Downgrade { at } = purpose {
+            return self.downgraded(c, at, result, hold);
+        }
         if purpose == Purpose::Keep && result.is_err() {
             self.stats.lost_extends += 1;
         }
@@ -2216,8 +2247,57 @@ impl<'a> World<'a> {
                     }
                 }
             }
-            Purpose::Release => unreachable!(),
+            Purpose::Release | Purpose::Downgrade { .. } => unreachable!(),
         }
+    }
+
+    /// Client `c`'s downgrade round, started at `at`, is over: won, the cycle goes on as a
+    /// reader with the same token; lost, it was undone on every node and nothing is held.
+    fn downgraded(&mut self, c: usize, at: u64, result: Result<(), Error>, hold: Hold) {
+        if let Err(e) = result {
+            self.stats.lost_downgrades += 1;
+            self.log(format_args!("client {c}'s downgrade is lost: {e}"));
+            if self.scenario == Scenario::Calm {
+                self.failures
+                    .push(format!("a downgrade in a calm run was lost: {e}"));
+            }
+            return self.end_cycle(c);
+        }
+        self.stats.downgrades += 1;
+        let steps = self.rng.range(1, 3) as u32;
+        let cycle = self.clients[c].cycle.as_mut().expect("a cycle");
+        let Keys::Write { resource, keys } = cycle.spec.keys else {
+            unreachable!("only a write lock downgrades");
+        };
+        cycle.spec = Spec {
+            keys: Keys::Downgraded { resource, keys },
+            fence: None,
+        };
+        cycle.side = Side::Read;
+        let key = cycle.keys[0];
+        let held = cycle.held.as_mut().expect("held");
+        held.hold = hold;
+        held.steps = steps;
+        held.reading = true;
+        held.lost_extend = false;
+        // The read window starts with the round: every node of its quorum held our writer key
+        // or our reader from then on.
+        let op = self.history.push(history::Op {
+            client: c as u64,
+            kind: Kind::Read,
+            key: key_name(key),
+            invoke: Duration::from_nanos(at),
+            ok: Some(Duration::from_nanos(at)),
+            fence: None,
+            valid_until: Some(hold.valid_until() - self.base),
+            release: None,
+        });
+        let cycle = self.clients[c].cycle.as_mut().expect("a cycle");
+        cycle.ops = vec![op];
+        if self.held(c).release_wanted || !self.valid(c) {
+            return self.start_release(c);
+        }
+        self.next_step(c);
     }
 
     fn end_cycle(&mut self, c: usize) {

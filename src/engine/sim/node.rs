@@ -33,6 +33,8 @@ pub(crate) static SCRIPT_MODELS: &[(&Script, ScriptFn)] = &[
     (&rw::READ_ACQUIRE, read_acquire_script),
     (&rw::SET_RELEASE, set_release_script),
     (&rw::READ_EXTEND, read_extend_script),
+    (&rw::DOWNGRADE, downgrade_script),
+    (&rw::DOWNGRADE_UNDO, downgrade_undo_script),
     (&multi::ACQUIRE_ALL, acquire_all_script),
     (&multi::RELEASE_ALL, release_all_script),
     (&multi::EXTEND_ALL, extend_all_script),
@@ -405,6 +407,36 @@ fn read_extend_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result
     node.zadd_score(k[0], now + ttl, a[0], true)?;
     keep_ttl_at_least(node, k[0], ttl)?;
     Ok(Value::Integer(1))
+}
+
+/// [`rw::DOWNGRADE`]: KEYS writer, readers; ARGV token, ttl, wake channel.
+fn downgrade_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("downgrade", keys, 2, args, 3)?;
+    if node.get(k[0])? != Some(a[0]) {
+        return Ok(Value::Integer(0));
+    }
+    let now = node.now as f64;
+    let ttl = lua_number("downgrade", a[1])?;
+    node.del(k[0]);
+    node.del(k[1]);
+    node.zadd_score(k[1], now + ttl, a[0], false)?;
+    keep_ttl_at_least(node, k[1], ttl)?;
+    node.publish(a[2], a[0]);
+    Ok(Value::Integer(1))
+}
+
+/// [`rw::DOWNGRADE_UNDO`]: KEYS writer, readers; ARGV token, wake channel.
+fn downgrade_undo_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
+    let (k, a) = need("downgrade undo", keys, 2, args, 2)?;
+    let mut n = node.zrem(k[1], &[a[0]])?;
+    if node.get(k[0])? == Some(a[0]) {
+        node.del(k[0]);
+        n += 1;
+    }
+    if n > 0 {
+        node.publish(a[1], a[0]);
+    }
+    Ok(Value::Integer(n))
 }
 
 /// [`multi::ACQUIRE_ALL`]: KEYS the set; ARGV token, ttl.

@@ -156,7 +156,12 @@ fn every_lock_kind_within_the_model() {
                 }
                 require(
                     s,
-                    &[("shared reads", s.shared_reads), ("intents", s.intents)],
+                    &[
+                        ("shared reads", s.shared_reads),
+                        ("intents", s.intents),
+                        ("downgrades", s.downgrades),
+                        ("lost downgrades", s.lost_downgrades),
+                    ],
                 );
             }
             Locks::All => require(s, &[("set grants", s.set_grants)]),
@@ -252,6 +257,9 @@ fn calm_runs_are_live() {
                 ("kept locks", s.kept),
             ],
         );
+        if locks == Locks::ReadWrite {
+            require(s, &[("downgrades", s.downgrades)]);
+        }
     }
 }
 
