@@ -372,3 +372,28 @@ fn waiting_readers_join_right_after_the_downgrade() {
     assert!(reader.validity() > Duration::ZERO);
     reader.release().expect("release");
 }
+
+/// A downgrade adds our reader and never removes another one. A node may hold a live reader
+/// beside our writer key for a moment: a writer on a Redis 8 node is refused by a reader in the
+/// reader set only after its `SET NX` went in (the reader, from before an upgrade or from a
+/// client on the Lua path, votes first; the writer's key then comes out as cleanup). Dropping
+/// that reader's entry would free the node under it.
+#[test]
+fn a_downgrade_leaves_other_readers_in_place() {
+    let cluster = RedisCluster::start(3).expect("cluster");
+    let client = client(&cluster, Duration::from_millis(500));
+    let writer = client.write_lock("kept", TTL).expect("write lock");
+    for addr in cluster.addrs() {
+        assert_settles!(holds(addr, "kept", writer.token()));
+        // Live for ever, as far as this test goes.
+        cmd(addr, &[b"ZADD", &readers_key("kept"), b"+inf", b"other"]);
+    }
+    let reader = writer.downgrade().expect("downgrade");
+    for addr in cluster.addrs() {
+        assert_settles!(has_member(addr, &readers_key("kept"), reader.token()));
+        assert!(
+            has_member(addr, &readers_key("kept"), b"other"),
+            "the other reader was dropped on {addr}"
+        );
+    }
+}

@@ -13,8 +13,8 @@ use crate::engine::fencing::{
 use crate::engine::keys::{self, RwKeys, SemKeys, WAKE_PREFIX};
 use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::{Acquire, Extend, Op, Release};
-use crate::engine::round::quorum;
 use crate::engine::ops::{ScriptForm, Verdict};
+use crate::engine::round::quorum;
 use crate::engine::rw::{
     self, Downgrade, DowngradeUndo, FairRwAcquire, ReadAcquire, ReadExtend, SetRelease,
     WriteAcquire, WriteCleanup, WriteRelease,

@@ -11,15 +11,16 @@
 -- (it expired, or was never set on this node): then nothing changed.
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
 local ttl = tonumber(ARGV[2])
--- While our writer key is here, no reader is live here: a writer only goes in where every
--- reader has expired, and no reader goes in beside a writer. So the reader set holds expired
--- entries at most, and is replaced by one with our reader alone (scored by its expiry on this
--- node's clock, as read_acquire.lua scores every reader, with the set's TTL the reader's).
--- The writer key goes in the same DEL: the script is atomic, so no other command sees the node
--- between the reader going in and the writer key going out, whatever their order here.
-redis.call('del', KEYS[1], KEYS[2])
+-- The writer key goes and our reader comes in one atomic step: no other command sees the node
+-- in between, whatever their order here. Our reader joins the set beside any other entry, as
+-- read_acquire.lua adds readers: the set is not replaced. A node may hold a live reader beside
+-- our writer key for a moment (a Redis 8 writer's SET NX goes in before its EXISTS on the set
+-- finds a reader there, and its key comes out only with the cleanup of that refused vote), and
+-- dropping that reader's entry would free the node under it. The set lives at least as long
+-- as its longest-lived reader (scored by its expiry on this node's clock).
+redis.call('del', KEYS[1])
 redis.call('zadd', KEYS[2], node_now() + ttl, ARGV[1])
-redis.call('pexpire', KEYS[2], ttl)
+if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end
 -- Waiting readers may join now. A waiting writer woken by this only finds our reader in place
 -- and is refused. Best effort, as in release.lua.
 redis.pcall('publish', ARGV[3], string.sub(ARGV[1], 1, 16))

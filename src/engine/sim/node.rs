@@ -418,7 +418,6 @@ fn downgrade_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<V
     let now = node.now as f64;
     let ttl = lua_number("downgrade", a[1])?;
     node.del(k[0]);
-    node.del(k[1]);
     node.zadd_score(k[1], now + ttl, a[0], false)?;
     keep_ttl_at_least(node, k[1], ttl)?;
     node.publish(a[2], a[0]);
