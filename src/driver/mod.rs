@@ -1045,7 +1045,9 @@ impl Core {
         c.run = NO_RUN;
         c.events.clear();
         c.data.clear();
-        if self.leader == Some(slot) {
+        // A leader steps down; a caller woken to lead that finished without leading passes
+        // the wake-up on, so that parked callers are never left without a leader.
+        if self.leader == Some(slot) || self.leader.is_none() {
             self.leader = None;
             if let Some(next) = self
                 .mail
