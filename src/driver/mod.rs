@@ -133,6 +133,7 @@ struct Caller {
     chans: Vec<usize>,
     /// Kept with the slot between operations, so the next one reuses them.
     entropy: Option<OsEntropy>,
+    wakeups: Vec<Thread>,
     round: Option<Round>,
     spread: Duration,
 }
@@ -150,6 +151,7 @@ impl Caller {
             await_subscribed: false,
             chans: Vec::new(),
             entropy: None,
+            wakeups: Vec::new(),
             round: None,
             spread: Duration::ZERO,
         }
@@ -250,6 +252,24 @@ impl Mail {
             c.await_subscribed = false;
             self.post(slot, run, Event::Subscribed);
         }
+    }
+
+    /// Collects into `out` the threads of every caller posted to and parked, except `me`, to
+    /// be unparked once the lock is let go (so that they do not wake only to block on it).
+    fn take_wakeups(&mut self, me: usize, out: &mut Vec<Thread>) {
+        for k in 0..self.notify.len() {
+            let slot = self.notify[k];
+            let Some(c) = self.callers.get_mut(slot) else {
+                continue;
+            };
+            c.notified = false;
+            if slot != me && c.parked {
+                if let Some(t) = &c.thread {
+                    out.push(t.clone());
+                }
+            }
+        }
+        self.notify.clear();
     }
 
     /// Unparks every caller posted to, except `me`.
@@ -360,9 +380,11 @@ impl Shared {
         let c = &mut core.mail.callers[slot];
         c.thread = Some(thread::current());
         let entropy = c.entropy.take().unwrap_or_else(OsEntropy::new);
+        let wakeups = std::mem::take(&mut c.wakeups);
         Session {
             shared: self,
             slot,
+            wakeups,
             entropy: Some(entropy),
             round: c.round.take(),
             spread: c.spread,
@@ -376,6 +398,7 @@ impl Shared {
         mut core: MutexGuard<'a, Core>,
         slot: usize,
         timeout: Duration,
+        wakeups: &mut Vec<Thread>,
     ) -> MutexGuard<'a, Core> {
         if core.leader.is_none() {
             core.leader = Some(slot);
@@ -398,8 +421,15 @@ impl Shared {
             let mut core = self.lock();
             core.service_events(&mut poller, Instant::now());
             core.poll = Some(poller);
-            core.mail.flush(slot);
-            core
+            core.mail.take_wakeups(slot, wakeups);
+            if wakeups.is_empty() {
+                return core;
+            }
+            drop(core);
+            for t in wakeups.drain(..) {
+                t.unpark();
+            }
+            self.lock()
         } else {
             core.mail.callers[slot].parked = true;
             drop(core);
@@ -415,6 +445,8 @@ impl Shared {
 pub(crate) struct Session<'a> {
     shared: &'a Shared,
     slot: usize,
+    /// The threads this caller, as the leader, unparks after dispatching.
+    wakeups: Vec<Thread>,
     entropy: Option<OsEntropy>,
     round: Option<Round>,
     /// The spread of retries after split votes that the last contended acquisition ended with:
@@ -511,7 +543,7 @@ impl Session<'_> {
                 continue;
             }
             drained = false;
-            core = shared.wait(core, slot, deadline - now);
+            core = shared.wait(core, slot, deadline - now, &mut self.wakeups);
         };
         core.finish(slot, run);
         drop(core);
@@ -526,6 +558,7 @@ impl Drop for Session<'_> {
         let mut core = self.shared.lock();
         let c = &mut core.mail.callers[self.slot];
         c.entropy = self.entropy.take();
+        c.wakeups = std::mem::take(&mut self.wakeups);
         c.round = self.round.take();
         c.spread = self.spread;
         c.thread = None;
