@@ -1,4 +1,4 @@
-//! [`Client`] and its [`ClientBuilder`]: the settings, the pool of drivers, and the keeper
+//! [`Client`] and its [`ClientBuilder`]: the settings, the shared driver, and the keeper
 //! thread's slot. The calls that take locks are with the guard they return (`guard`).
 #![forbid(unsafe_code)]
 

@@ -540,7 +540,7 @@ struct HandoffResult {
     errors: u64,
 }
 
-/// `threads` threads, each with its own clone of one client (so its own connections), loop
+/// `threads` threads, each with its own clone of one client (sharing its connections), loop
 /// lock → hold [`HANDOFF_HOLD`] → release for [`HANDOFF_RUN`]. Every grant's acquire and
 /// release instants are taken from the one monotonic clock; sorted by acquire, each grant to
 /// another thread than the previous holder gives one gap: its acquire minus the previous
@@ -658,7 +658,7 @@ impl ThreadsResult {
     }
 }
 
-/// `threads` threads share one client (its pool gives each its own connections) and loop
+/// `threads` threads share one client (and its one connection per node) and loop
 /// try-lock → release on a key of their own, `iters` cycles in all. The figures are the
 /// cycles' latencies and the aggregate rate, from the moment all threads start together to
 /// the last one's end.
