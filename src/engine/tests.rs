@@ -327,7 +327,11 @@ fn the_node_timeout_counts_from_the_write_and_the_validity_from_the_start() {
     round.handle_vote(2, Vote::Yes, t0 + MS);
     assert_eq!(round.poll_timeout(), Some(t0 + 90 * MS));
     round.handle_timeout(t0 + 60 * MS);
-    assert_eq!(round.decision(), None, "nodes 0 and 1 were written 20 ms ago");
+    assert_eq!(
+        round.decision(),
+        None,
+        "nodes 0 and 1 were written 20 ms ago"
+    );
     assert_eq!(round.poll_timeout(), Some(t0 + 90 * MS));
     round.handle_vote(0, Vote::Yes, t0 + 70 * MS);
     match round.decision() {
