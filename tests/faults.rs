@@ -430,9 +430,12 @@ impl Proxied {
     ) -> history::Report {
         let counter = Counter::new(dir);
         let clock = Clock::start();
-        // The contender processes take the mutex; read-write runs are threads only.
+        // The contender processes take the mutex; read-write runs, and runs with many threads
+        // (which load the machine enough already), are threads only.
         let children = match locks {
-            Locks::Mutex => spawn_processes(&self.urls(), clock, &counter, dir),
+            Locks::Mutex if threads <= THREADS => {
+                spawn_processes(&self.urls(), clock, &counter, dir)
+            }
             _ => Vec::new(),
         };
         let workers = contenders_sharing(

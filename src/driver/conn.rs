@@ -255,6 +255,14 @@ impl Conn {
         self.owed.len()
     }
 
+    /// When the oldest reply still owed to a caller was queued, if any is owed.
+    pub fn oldest_reply_since(&self) -> Option<Instant> {
+        self.owed.iter().find_map(|s| match s {
+            Slot::Reply { sent, .. } => Some(*sent),
+            _ => None,
+        })
+    }
+
     /// Makes sure a socket exists, starting a connect (with its setup queued) if the node is
     /// down and its backoff has passed. Checks that a pending connect is not overdue and that the
     /// connection is not wedged.

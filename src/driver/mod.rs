@@ -535,6 +535,7 @@ impl Session<'_> {
                     // What came but was not dispatched yet is no timeout.
                     drained = true;
                     core.read_all(now);
+                    core.reset_overdue(now);
                     core.mail.flush(slot);
                     continue;
                 }
@@ -804,6 +805,24 @@ impl Core {
             }
             if self.subs[i].is_up() {
                 self.service_subscriber(i, now);
+            }
+        }
+    }
+
+    /// Resets every command connection whose oldest owed reply is overdue (its command was
+    /// queued a node timeout ago or more, and every connection was just read). Redis answers
+    /// every command of a connection in order and TCP loses nothing, so such a connection is
+    /// wedged, or something between us and the node drops replies: then every later reply
+    /// would be matched to the wrong command. Every reply it owed fails, for its owner, and the
+    /// next command reconnects.
+    fn reset_overdue(&mut self, now: Instant) {
+        let timeout = self.config.node_timeout;
+        for i in 0..self.conns.len() {
+            let overdue = self.conns[i]
+                .oldest_reply_since()
+                .is_some_and(|sent| now.saturating_duration_since(sent) >= timeout);
+            if overdue {
+                self.fail(i, NodeErrorKind::Timeout, now);
             }
         }
     }
