@@ -67,6 +67,11 @@ use conn::{Conn, Role, Slot};
 /// The run id that no operation gets: a free caller slot has it.
 const NO_RUN: u64 = 0;
 
+/// A command connection whose oldest owed reply is this many node timeouts late is reset.
+const WEDGED: u32 = 4;
+/// ... and at least this late.
+const WEDGED_MIN: Duration = Duration::from_millis(200);
+
 /// The poll token of the shared [`Waker`]: no connection has it.
 const WAKER: mio::Token = mio::Token(usize::MAX);
 
@@ -809,14 +814,21 @@ impl Core {
         }
     }
 
-    /// Resets every command connection whose oldest owed reply is overdue (its command was
-    /// queued a node timeout ago or more, and every connection was just read). Redis answers
+    /// Resets every command connection whose oldest owed reply is long overdue (its command
+    /// was queued [`WEDGED`] node timeouts ago, at least [`WEDGED_MIN`], and every connection
+    /// was just read). A reply that is only late is read and dropped when it comes, as every
+    /// late reply is: a loaded machine must not reset connections, and so fail every caller's
+    /// replies on them, at each late reply. Redis answers
     /// every command of a connection in order and TCP loses nothing, so such a connection is
     /// wedged, or something between us and the node drops replies: then every later reply
     /// would be matched to the wrong command. Every reply it owed fails, for its owner, and the
     /// next command reconnects.
     fn reset_overdue(&mut self, now: Instant) {
-        let timeout = self.config.node_timeout;
+        let timeout = self
+            .config
+            .node_timeout
+            .saturating_mul(WEDGED)
+            .max(WEDGED_MIN);
         for i in 0..self.conns.len() {
             let overdue = self.conns[i]
                 .oldest_reply_since()
