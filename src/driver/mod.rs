@@ -562,6 +562,12 @@ impl Session<'_> {
 impl Drop for Session<'_> {
     fn drop(&mut self) {
         let mut core = self.shared.lock();
+        // An operation that unwound (a panic) did not finish: it must not stay the leader, or
+        // keep its channels and mailbox.
+        let run = core.mail.callers[self.slot].run;
+        if run != NO_RUN {
+            core.finish(self.slot, run);
+        }
         let c = &mut core.mail.callers[self.slot];
         c.entropy = self.entropy.take();
         c.wakeups = std::mem::take(&mut self.wakeups);
