@@ -1,13 +1,12 @@
-//! [`Client`] and its [`ClientBuilder`]: the settings, the pool of drivers, and the keeper
+//! [`Client`] and its [`ClientBuilder`]: the settings, the shared driver, and the keeper
 //! thread's slot. The calls that take locks are with the guard they return (`guard`).
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, RwPolicy, MAX_NODES, MAX_TTL};
-use crate::driver::{Driver, Pending};
+use crate::driver::{Session, Shared};
 use crate::engine::{quorum, Retry, Timing};
 use crate::error::{Error, InvalidArgument};
 use crate::keeper::KeeperSlot;
@@ -19,17 +18,13 @@ use crate::url::NodeAddr;
 /// overflow the clock arithmetic if near `Duration::MAX`.
 const MAX_OPTION_DURATION: Duration = Duration::from_secs(24 * 3600);
 
-/// Most idle drivers kept for reuse; more threads than this still work, they just connect anew.
-const MAX_IDLE_DRIVERS: usize = 64;
-
-/// How often a release waiting for its acquisition's driver checks whether that round has
-/// been settled by the thread using it.
-const SETTLE_POLL: Duration = Duration::from_micros(200);
-
 /// A Redlock client over N independent Redis masters.
 ///
-/// Cheap to clone; clones share configuration and idle connections. Each thread that locks
-/// concurrently gets its own connections to every node, so threads never wait on each other.
+/// Cheap to clone; clones share configuration and connections. A client keeps one pipelined
+/// connection per node, shared by every thread that uses it (and one subscriber connection
+/// per node for wake-ups): concurrent lock calls are written behind each other and their
+/// replies matched to them in order, and a thread waiting for its replies polls for the others
+/// too, so no thread of its own runs the I/O.
 ///
 /// ```
 /// use std::time::Duration;
@@ -50,11 +45,7 @@ pub struct Client {
 
 struct Inner {
     config: Arc<Config>,
-    pool: Mutex<Vec<Driver>>,
-    /// Signalled when a driver goes back to the pool while a release waits for it.
-    returned: Condvar,
-    /// How many threads wait on `returned`.
-    waiting: AtomicUsize,
+    driver: Shared,
     keeper: KeeperSlot,
     stats: Arc<Recorder>,
 }
@@ -286,18 +277,18 @@ impl ClientBuilder {
             limits: Limits::default(),
             rw_policy: self.rw_policy,
         });
+        let stats = Arc::new(Recorder::new(self.nodes.len()));
+        let driver = Shared::new(config.clone(), stats.clone()).map_err(|e| Error::Io(e.kind()))?;
+        driver.warm_up(Instant::now() + config.connect_timeout);
         let client = Client {
             inner: Arc::new(Inner {
                 config,
-                pool: Mutex::new(Vec::new()),
-                returned: Condvar::new(),
-                waiting: AtomicUsize::new(0),
+                driver,
                 keeper: KeeperSlot::new(),
-                stats: Arc::new(Recorder::new(self.nodes.len())),
+                stats,
             }),
         };
-        let first = client.new_driver()?;
-        let refused = first.setup_failures();
+        let refused = client.inner.driver.setup_failures();
         if !refused.is_empty() {
             return Err(Error::Config {
                 failures: refused
@@ -306,12 +297,6 @@ impl ClientBuilder {
                     .collect(),
             });
         }
-        client
-            .inner
-            .pool
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(first);
         Ok(client)
     }
 }
@@ -404,95 +389,9 @@ impl Client {
         Ok((ttl_ms, timing))
     }
 
-    /// Runs `f` with a driver of this client's pool, made on demand.
-    pub(crate) fn with_driver<R>(&self, f: impl FnOnce(&mut Driver) -> R) -> Result<R, Error> {
-        self.with_driver_after(&Pending::NONE, f)
-    }
-
-    /// Runs `f` with a driver whose commands cannot overtake the votes of `after` still in
-    /// flight (see [`take_driver`](Self::take_driver)).
-    pub(crate) fn with_driver_after<R>(
-        &self,
-        after: &Pending,
-        f: impl FnOnce(&mut Driver) -> R,
-    ) -> Result<R, Error> {
-        let mut driver = match self.take_driver(after) {
-            Some(d) => d,
-            None => self.new_driver()?,
-        };
-        let r = f(&mut driver);
-        let mut pool = self
-            .inner
-            .pool
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // A driver that still owes votes is kept: a guard may need its connections.
-        if pool.len() < MAX_IDLE_DRIVERS || driver.owes_votes() {
-            pool.push(driver);
-        }
-        drop(pool);
-        if self.inner.waiting.load(Ordering::SeqCst) > 0 {
-            self.inner.returned.notify_all();
-        }
-        Ok(r)
-    }
-
-    /// A driver from the pool for commands that must come after the votes of round `after`
-    /// (a guard's release or extension after its acquisition), or `None` if the pool is empty.
-    ///
-    /// Redis orders commands only within a connection. While some vote of `after` is still
-    /// owed, the commands go on the driver that sent it, queued behind it on the same
-    /// connections: that driver is taken from the pool if it is idle there. If another thread
-    /// is using it (and reading the stragglers as it polls), this waits until the round is
-    /// settled or the driver comes back, but no longer than the node timeout from the round's
-    /// start: a vote that late was counted as failed, and its node as one outside the quorum.
-    ///
-    /// What is guaranteed: a release or extension never overtakes a vote of its acquisition
-    /// that is still owed on a live connection, unless that vote is older than the node
-    /// timeout and its driver busy elsewhere. A vote lost with its connection (a reset, an I/O
-    /// error) counts as settled: if its command still reaches the server, it can land after
-    /// the release on that one node, outside the quorum, and lapse with its TTL.
-    fn take_driver(&self, after: &Pending) -> Option<Driver> {
-        let mut pool = self
-            .inner
-            .pool
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(start) = after.unsettled_since() {
-            let deadline = start + self.inner.config.node_timeout;
-            while !after.settled() {
-                if let Some(i) = pool.iter().position(|d| d.ran(after)) {
-                    return Some(pool.remove(i));
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    break;
-                }
-                self.inner.waiting.fetch_add(1, Ordering::SeqCst);
-                pool = self
-                    .inner
-                    .returned
-                    .wait_timeout(pool, (deadline - now).min(SETTLE_POLL))
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
-                self.inner.waiting.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        // The most recently used driver that owes nothing; one that owes is best left for the
-        // guards of its rounds, and taken only when every driver owes.
-        let i = pool
-            .iter()
-            .rposition(|d| !d.owes_votes())
-            .or(pool.len().checked_sub(1))?;
-        Some(pool.remove(i))
-    }
-
-    /// A driver with its connections opened and set up (bounded by the connect timeout).
-    fn new_driver(&self) -> Result<Driver, Error> {
-        let config = &self.inner.config;
-        let mut driver = Driver::new(config.clone(), self.inner.stats.clone())
-            .map_err(|e| Error::Io(e.kind()))?;
-        driver.warm_up(Instant::now() + config.connect_timeout);
-        Ok(driver)
+    /// Runs `f` with a session of this client's shared driver.
+    pub(crate) fn with_driver<R>(&self, f: impl FnOnce(&mut Session<'_>) -> R) -> Result<R, Error> {
+        let mut session = self.inner.driver.session();
+        Ok(f(&mut session))
     }
 }

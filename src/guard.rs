@@ -14,7 +14,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::client::Client;
 use crate::config::{check_key, checked_keys};
-use crate::driver::Pending;
 use crate::engine::acquire::{Acquisition, Grant, Params};
 use crate::engine::hold::{Hold, Step};
 use crate::engine::keys::fence_key;
@@ -455,9 +454,6 @@ pub(crate) struct Held {
     /// The TTL last asked for (by the acquisition, or the last extend that won): what a
     /// downgrade gives the read lock unless told otherwise.
     ttl: Duration,
-    /// The acquisition's run, while replies of it may be in flight: the release and the
-    /// extensions go out behind them (see `Client::take_driver`).
-    after: Pending,
     released: bool,
 }
 
@@ -480,7 +476,7 @@ impl Held {
             deadline: opts.deadline,
             retry_count: opts.retries.unwrap_or(config.retry_count),
         };
-        let (grant, after) = owned.with_keys(|keys| {
+        let grant = owned.with_keys(|keys| {
             let spec = Spec {
                 keys,
                 fence: fence.as_deref(),
@@ -508,7 +504,7 @@ impl Held {
                 let result = driver.drive_cancellable(&mut m, opts.cancel.as_ref());
                 driver.spread = m.learnt_spread();
                 driver.put_round(m.into_round());
-                result.map(|grant: Grant| (grant, driver.pending()))
+                result.map(|grant: Grant| grant)
             })?
         })?;
         Ok(Held {
@@ -519,7 +515,6 @@ impl Held {
             fencing_token: grant.fencing_token,
             hold: Hold::new(grant.valid_until),
             ttl,
-            after,
             released: false,
         })
     }
@@ -543,7 +538,6 @@ impl Held {
             // Only bounds the check: the round's own validity is what the lock gets.
             hold: Hold::new(Instant::now() + ttl),
             ttl,
-            after: Pending::NONE,
             released: false,
         };
         match held.round(Step::Extend { ttl_ms, timing }) {
@@ -649,7 +643,8 @@ impl Held {
         self.round(Step::Release)
     }
 
-    /// Runs a round of `step` on a driver that sends it behind the acquisition's late replies.
+    /// Runs a round of `step`. It goes out on the same connections as the acquisition, after
+    /// it: it can never overtake the acquisition's command on any node.
     fn round(&mut self, step: Step) -> Result<(), Error> {
         self.round_then(step, || {})
     }
@@ -663,7 +658,6 @@ impl Held {
             fence,
             token,
             hold,
-            after,
             ..
         } = self;
         let config = client.config();
@@ -672,7 +666,7 @@ impl Held {
                 keys,
                 fence: fence.as_deref(),
             };
-            client.with_driver_after(after, |driver| {
+            client.with_driver(|driver| {
                 let round = driver.take_round();
                 let mut m = hold.round(spec, *token, config, step, Instant::now(), round);
                 started();

@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -112,8 +112,17 @@ pub struct Cancel {
 #[derive(Default)]
 struct Inner {
     cancelled: AtomicBool,
-    /// The pollers of the calls waiting with this handle now.
-    wakers: Mutex<Vec<Arc<mio::Waker>>>,
+    /// Who to wake when cancelled: the operations running with this handle.
+    wakers: Mutex<Vec<Registered>>,
+    next_id: AtomicU64,
+}
+
+/// One operation waiting with a handle: the poll its thread may be blocked in (as the leader of
+/// its client's driver), and the thread itself (parked, as a follower).
+struct Registered {
+    id: u64,
+    waker: Option<Arc<mio::Waker>>,
+    thread: std::thread::Thread,
 }
 
 impl Cancel {
@@ -132,7 +141,10 @@ impl Cancel {
             .unwrap_or_else(PoisonError::into_inner);
         for w in wakers.iter() {
             // A poller that cannot be woken still sees the flag at its next deadline.
-            let _ = w.wake();
+            if let Some(waker) = &w.waker {
+                let _ = waker.wake();
+            }
+            w.thread.unpark();
         }
     }
 
@@ -141,18 +153,20 @@ impl Cancel {
         self.inner.cancelled.load(Ordering::SeqCst)
     }
 
-    /// Wakes `waker` when cancelled, until the returned registration is dropped. Registered
-    /// before the flag is read, so a cancel is never missed between the two.
-    pub(crate) fn register(&self, waker: &Arc<mio::Waker>) -> Registration<'_> {
+    /// Wakes `waker` and unparks `thread` when cancelled, until the returned registration is
+    /// dropped. Registered before the flag is read, so a cancel is never missed between the two.
+    pub(crate) fn register(
+        &self,
+        waker: Option<Arc<mio::Waker>>,
+        thread: std::thread::Thread,
+    ) -> Registration<'_> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         self.inner
             .wakers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(waker.clone());
-        Registration {
-            cancel: self,
-            waker: waker.clone(),
-        }
+            .push(Registered { id, waker, thread });
+        Registration { cancel: self, id }
     }
 }
 
@@ -167,14 +181,7 @@ impl fmt::Debug for Cancel {
 /// A poller registered with a [`Cancel`]; see [`Cancel::register`].
 pub(crate) struct Registration<'a> {
     cancel: &'a Cancel,
-    waker: Arc<mio::Waker>,
-}
-
-impl Registration<'_> {
-    /// Whether the handle was cancelled.
-    pub fn is_cancelled(&self) -> bool {
-        self.cancel.is_cancelled()
-    }
+    id: u64,
 }
 
 impl Drop for Registration<'_> {
@@ -185,7 +192,7 @@ impl Drop for Registration<'_> {
             .wakers
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(i) = wakers.iter().position(|w| Arc::ptr_eq(w, &self.waker)) {
+        if let Some(i) = wakers.iter().position(|w| w.id == self.id) {
             wakers.swap_remove(i);
         }
     }

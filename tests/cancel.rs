@@ -252,3 +252,52 @@ fn a_cancel_does_not_touch_a_lock_already_won() {
     }
     lock.release().unwrap();
 }
+
+/// Several waiters share one client: one of them polls for all (the leader) while the others
+/// are parked. Cancelling each, the parked ones included, makes it return at once, and the
+/// ones left waiting still get the lock once it is released.
+#[test]
+fn cancelled_waiters_sharing_a_client_return_at_once_leader_or_parked() {
+    let cluster = RedisCluster::start(3).unwrap();
+    // A long retry delay: only the cancel (or a release) can end a wait in time.
+    let client = Client::builder()
+        .nodes(cluster.urls())
+        .retry_delay(Duration::from_secs(5))
+        .wait_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let holder = client.lock("c:shared", TTL).unwrap();
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, cancel) = (client.clone(), Cancel::new());
+            let opts = Acquire::new().cancel(&cancel);
+            let t = thread::spawn(move || {
+                let r = client
+                    .lock_with("c:shared", TTL, &opts)
+                    .map(|l| l.release());
+                (Instant::now(), r)
+            });
+            (cancel, t)
+        })
+        .collect();
+    // Every waiter has tried once and waits: one leads, the others are parked.
+    thread::sleep(Duration::from_millis(300));
+    let mut waiters = waiters.into_iter();
+    for (cancel, t) in waiters.by_ref().take(3) {
+        let at = Instant::now();
+        cancel.cancel();
+        let (returned, r) = t.join().unwrap();
+        assert_eq!(r.unwrap_err(), Error::Cancelled);
+        let took = returned.saturating_duration_since(at);
+        assert!(took < PROMPT, "a cancelled waiter took {took:?} to return");
+    }
+    // The last one is still waiting, and gets the lock at the release.
+    holder.release().unwrap();
+    for (_, t) in waiters {
+        let (_, r) = t.join().unwrap();
+        assert!(matches!(r, Ok(Ok(()))), "{r:?}");
+    }
+    for addr in cluster.addrs() {
+        eventually(Duration::from_secs(3), || lock_keys(addr).is_empty());
+    }
+}

@@ -216,8 +216,26 @@ fn contenders(
     overstay: bool,
     first_id: u64,
 ) -> Vec<thread::JoinHandle<History>> {
+    contenders_sharing(
+        urls, locks, clock, counter, until, overstay, first_id, THREADS,
+    )
+}
+
+/// Runs `threads` contenders in this process until `until`, all sharing one client (and so
+/// its one connection per node).
+#[allow(clippy::too_many_arguments)]
+fn contenders_sharing(
+    urls: &[String],
+    locks: Locks,
+    clock: Clock,
+    counter: &Counter,
+    until: Duration,
+    overstay: bool,
+    first_id: u64,
+    threads: u64,
+) -> Vec<thread::JoinHandle<History>> {
     let client = client(urls.to_vec(), locks);
-    (0..THREADS)
+    (0..threads)
         .map(|i| {
             let (client, counter) = (client.clone(), counter.clone());
             thread::spawn(move || {
@@ -399,14 +417,38 @@ impl Proxied {
 
     /// Contenders taking `locks` while [`rotate`](Self::rotate) applies `fault`, checked.
     fn contend(&self, what: &str, locks: Locks, fault: ProxyFault, dir: &Path) -> history::Report {
+        self.contend_sharing(what, locks, fault, dir, THREADS)
+    }
+
+    /// Like [`contend`](Self::contend), with `threads` threads sharing this process's client.
+    fn contend_sharing(
+        &self,
+        what: &str,
+        locks: Locks,
+        fault: ProxyFault,
+        dir: &Path,
+        threads: u64,
+    ) -> history::Report {
         let counter = Counter::new(dir);
         let clock = Clock::start();
-        // The contender processes take the mutex; read-write runs are threads only.
+        // The contender processes take the mutex; read-write runs, and runs with many threads
+        // (which load the machine enough already), are threads only.
         let children = match locks {
-            Locks::Mutex => spawn_processes(&self.urls(), clock, &counter, dir),
+            Locks::Mutex if threads <= THREADS => {
+                spawn_processes(&self.urls(), clock, &counter, dir)
+            }
             _ => Vec::new(),
         };
-        let workers = contenders(&self.urls(), locks, clock, &counter, RUN_FOR, false, 0);
+        let workers = contenders_sharing(
+            &self.urls(),
+            locks,
+            clock,
+            &counter,
+            RUN_FOR,
+            false,
+            0,
+            threads,
+        );
         let faults = self.rotate(clock, fault);
         let extra = join_processes(children);
         check(what, workers, extra, &counter, faults, &self.servers())
@@ -425,6 +467,38 @@ fn no_overlap_or_lost_update_under_network_faults() {
     ] {
         proxied.contend(&format!("{fault:?}"), Locks::Mutex, fault, &dir);
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Sixteen threads share each client, so each connection carries many callers' commands at
+/// once: a delayed, blackholed or reset link, or replies dropped on it, must never hand one
+/// caller's reply to another (a reconnect fails every reply the connection owed, for its
+/// owner), and the locks still exclude.
+#[test]
+fn sixteen_threads_sharing_each_client_under_network_faults() {
+    let proxied = Proxied::start();
+    let dir = temp_dir("shared");
+    for fault in [
+        ProxyFault::Delay,
+        ProxyFault::DropReplies,
+        ProxyFault::Reset,
+    ] {
+        proxied.contend_sharing(
+            &format!("16 threads, {fault:?}"),
+            Locks::Mutex,
+            fault,
+            &dir,
+            16,
+        );
+    }
+    let what = "16 threads, read-write under Reset";
+    let policy = RwPolicy::WritePreferring;
+    let report =
+        proxied.contend_sharing(what, Locks::ReadWrite(policy), ProxyFault::Reset, &dir, 16);
+    assert!(
+        report.windows > report.increments,
+        "{what}: no reader got in: {report}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -772,7 +772,7 @@ struct HandoffResult {
     errors: u64,
 }
 
-/// `threads` threads, each with its own clone of one client (so its own connections), loop
+/// `threads` threads, each with its own clone of one client (sharing its connections), loop
 /// lock → hold [`HANDOFF_HOLD`] → release for [`HANDOFF_RUN`]. Every grant's acquire and
 /// release instants are taken from the one monotonic clock; sorted by acquire, each grant to
 /// another thread than the previous holder gives one gap: its acquire minus the previous

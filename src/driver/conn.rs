@@ -25,8 +25,9 @@ use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Reply, ServerErrorKind, Status};
 use crate::url::NodeAddr;
 
-/// How many replies a connection may owe before it is presumed wedged and reset.
-const MAX_OWED: usize = 256;
+/// How many replies a connection may owe before it is presumed wedged and reset. Every thread
+/// of a client shares the connection, so this allows for many callers' commands in flight.
+const MAX_OWED: usize = 4096;
 /// Read granularity; also the first size of the input buffer.
 const READ_CHUNK: usize = 16 * 1024;
 /// Reconnect backoff bounds.
@@ -115,9 +116,14 @@ impl Setup {
 pub(crate) enum Slot {
     /// A command of the connection's setup.
     Setup(Setup),
-    /// A reply to the transmit tagged `tag` of the machine the driver ran as run `run`, whose
-    /// command was queued at `sent`.
-    Reply { run: u64, tag: Tag, sent: Instant },
+    /// A reply to the transmit tagged `tag` of the machine the driver runs as run `run` for
+    /// the caller in slot `caller`, whose command was queued at `sent`.
+    Reply {
+        run: u64,
+        caller: u32,
+        tag: Tag,
+        sent: Instant,
+    },
     /// A reply nobody waits for (cleanup after a lost round).
     Discard,
     /// A message on a subscriber connection (confirmations and published messages alike).
@@ -161,6 +167,9 @@ pub(crate) struct Conn {
     inp_pos: usize,
     inp_end: usize,
     owed: VecDeque<Slot>,
+    /// How many of the slots at the back of `owed` were queued but are not known to be
+    /// written yet (see [`take_written`](Conn::take_written)).
+    unwritten: usize,
     /// How many setup replies are still owed; they come first in `owed`. While any is,
     /// queued commands wait in `held`.
     setup_owed: usize,
@@ -189,7 +198,8 @@ impl Conn {
             inp: Vec::new(),
             inp_pos: 0,
             inp_end: 0,
-            owed: VecDeque::with_capacity(8),
+            owed: VecDeque::with_capacity(64),
+            unwritten: 0,
             setup_owed: 0,
             held: Vec::new(),
             backoff: BACKOFF_MIN,
@@ -245,20 +255,12 @@ impl Conn {
         self.owed.len()
     }
 
-    /// The oldest run with a reply still owed here: replies come in order, so that is the
-    /// first such reply in the queue.
-    pub fn oldest_reply(&self) -> Option<u64> {
+    /// When the oldest reply still owed to a caller was queued, if any is owed.
+    pub fn oldest_reply_since(&self) -> Option<Instant> {
         self.owed.iter().find_map(|s| match s {
-            Slot::Reply { run, .. } => Some(*run),
+            Slot::Reply { sent, .. } => Some(*sent),
             _ => None,
         })
-    }
-
-    /// Whether a reply of run `id` is still owed.
-    pub fn owes_run(&self, id: u64) -> bool {
-        self.owed
-            .iter()
-            .any(|s| matches!(s, Slot::Reply { run, .. } if *run == id))
     }
 
     /// Makes sure a socket exists, starting a connect (with its setup queued) if the node is
@@ -352,6 +354,20 @@ impl Conn {
         self.owed.push_back(slot);
         for _ in 0..extra {
             self.owed.push_back(Slot::Discard);
+        }
+        self.unwritten += 1 + extra;
+    }
+
+    /// Once everything queued has been written to the socket, hands every slot queued since
+    /// the last call to `f`, oldest first: their commands have left.
+    pub fn take_written(&mut self, mut f: impl FnMut(&Slot)) {
+        if self.unwritten == 0 || self.has_pending_output() || !self.held.is_empty() {
+            return;
+        }
+        let n = self.unwritten.min(self.owed.len());
+        self.unwritten = 0;
+        for slot in self.owed.iter().skip(self.owed.len() - n) {
+            f(slot);
         }
     }
 
@@ -455,12 +471,15 @@ impl Conn {
 
     /// Forgets every command held behind an unanswered setup, and the replies they would owe:
     /// none of it was sent, and none of it will be.
+    #[allow(dead_code)]
     pub fn drop_held(&mut self) {
         self.held.clear();
         self.owed.truncate(self.setup_owed);
+        self.unwritten = 0;
     }
 
-    /// Decodes every complete reply and hands each, with the slot it answers, to `handle`.
+    /// Decodes every complete reply and hands each, with the slot it answers and its bytes as
+    /// received, to `handle`.
     /// The last setup reply releases the commands held behind it: the caller must
     /// [`drive`](Self::drive) again afterwards when [`has_pending_output`](Self::has_pending_output).
     ///
@@ -469,7 +488,7 @@ impl Conn {
     pub fn take_replies(
         &mut self,
         limits: &Limits,
-        mut handle: impl FnMut(Slot, &Reply<'_>),
+        mut handle: impl FnMut(Slot, &Reply<'_>, &[u8]),
     ) -> Result<(), NodeErrorKind> {
         loop {
             let input = &self.inp[self.inp_pos..self.inp_end];
@@ -479,7 +498,10 @@ impl Conn {
             match resp::decode(input, limits) {
                 Ok(Status::Complete((reply, used))) => {
                     let slot = match (self.owed.pop_front(), self.role) {
-                        (Some(slot), _) => slot,
+                        (Some(slot), _) => {
+                            self.unwritten = self.unwritten.min(self.owed.len());
+                            slot
+                        }
                         (None, Role::Subscriber) => Slot::Push,
                         (None, Role::Commands) => return Err(NodeErrorKind::UnexpectedReply),
                     };
@@ -500,7 +522,7 @@ impl Conn {
                             self.held.clear();
                         }
                     }
-                    handle(slot, &reply);
+                    handle(slot, &reply, &input[..used]);
                     self.inp_pos += used;
                 }
                 Ok(Status::Partial) => break,
@@ -552,6 +574,7 @@ impl Conn {
         };
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
         self.last_error = Some(why);
+        self.unwritten = 0;
         std::mem::take(&mut self.owed)
     }
 

@@ -1,32 +1,57 @@
-//! The thin mio driver: it pumps bytes and time for an engine state machine
-//! ([`Machine`]), and knows nothing of lock kinds.
+//! The thin mio driver: it pumps bytes and time for engine state machines ([`Machine`]), and
+//! knows nothing of lock kinds.
 //!
-//! One persistent connection per node; every transmit to all nodes is written to all N
-//! sockets before any reply is read; replies are matched to the transmits' tags in order and
-//! fed to the machine as they arrive, with node failures, wake messages (on subscriber
-//! connections, opened on the first subscription) and deadlines. What is I/O stays here:
-//! connects, the connection setup that gates every command (`conn`), buffers, reconnects with
-//! backoff, and the order of commands across runs.
+//! A client has one [`Shared`] driver, used by all its threads at once: one pipelined command
+//! connection per node, and one subscriber connection per node for wake-ups. What is I/O stays
+//! here: connects, the connection setup that gates every command (`conn`), buffers, reconnects
+//! with backoff, and the order of commands.
 //!
-//! A driver is used by one thread at a time; the client keeps a pool of them so that threads
-//! run their locks in parallel, each over its own connections.
+//! # Callers, leader and followers
 //!
-//! A round is decided at the quorum, while the replies of the other nodes may still be on
-//! their way: they are read (and dropped) later, by whichever thread uses the driver next.
-//! Redis orders commands only within one connection, so a guard remembers the run that won it
-//! as a [`Pending`]; its release and extensions go out on that very driver's connections,
-//! behind the run's stragglers, until every reply of the run has been read (see
-//! `Client::take_driver`).
+//! Each thread running a lock operation is a caller ([`Session`]), with a mailbox in the shared
+//! core. A caller writes its own commands, at once, to each node's connection: commands of
+//! concurrent callers are pipelined behind each other, and a connection owes its replies in
+//! order, so each queued slot names the caller (and its run) the reply goes to.
+//!
+//! Nobody runs a thread of their own for I/O. A caller that must wait becomes the leader if
+//! there is none: it polls for everyone, reads every connection that is ready, and posts each
+//! reply, failure, wake message and confirmation to its owner's mailbox, unparking the owner.
+//! The other callers park until their mailbox has something or their deadline passes. When the
+//! leader's own operation is over it steps down and unparks one parked caller, which leads
+//! from then on. With a single caller there is no hand-off at all: it leads, and its system
+//! calls are those of a private connection set.
+//!
+//! # Deadlines
+//!
+//! A command may wait in its connection's output behind other callers' (or behind a setup).
+//! The machine is told when it was written ([`Machine::handle_written`]), so that the node's
+//! timeout counts from then, while the lock's validity still counts from the round's start.
+//! Before a caller acts on a passed deadline, every connection is read once more, so that a
+//! reply that came but was not dispatched yet is never taken for a timeout.
+//!
+//! # Order
+//!
+//! A guard's release and extensions go out on the same connections as its acquisition, after
+//! it: Redis runs the commands of one connection in order, so they can never overtake the
+//! acquisition's command on any node. A reconnect fails every slot still owed on the broken
+//! connection, for its owner; nothing is ever matched to a reply of another connection.
+//!
+//! # Wake-ups
+//!
+//! Subscriptions are counted per channel: the first caller of a channel subscribes the
+//! subscriber connections to it, the last one unsubscribes them. A published message goes to
+//! the callers of its channel only. A caller is told it is subscribed once every confirmation
+//! owed for its channels on every node has come (or that node's subscriber connection failed).
 #![forbid(unsafe_code)]
 
 mod conn;
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll, Waker};
+use mio::{Events, Poll, Registry, Waker};
 
 use crate::config::Config;
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
@@ -34,228 +59,416 @@ use crate::engine::ops::Caps;
 use crate::engine::Round;
 use crate::error::NodeErrorKind;
 use crate::options::Cancel;
-use crate::resp::Reply;
-use crate::rng::{Entropy, OsEntropy};
+use crate::resp::{self, Reply, Status};
+use crate::rng::OsEntropy;
 use crate::stats::Recorder;
 use conn::{Conn, Role, Slot};
 
-/// What a driver tells the guards of the rounds it ran: the oldest round whose votes it still
-/// owes, `u64::MAX` when it owes none. Updated as replies are read, connections fail and held
-/// commands are dropped.
-#[derive(Debug)]
-struct Progress {
-    owed_from: AtomicU64,
-}
-
-/// The round that won a guard's lock, while some of its votes may still be in flight: the
-/// guard's release or extension must not overtake them. Empty once they have all been read.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Pending(Option<PendingRound>);
-
-#[derive(Debug, Clone)]
-struct PendingRound {
-    /// The driver that ran the round.
-    progress: Arc<Progress>,
-    round: u64,
-    start: Instant,
-}
-
-impl Pending {
-    /// Nothing in flight: any driver will do.
-    pub const NONE: Pending = Pending(None);
-
-    /// True when every vote of the round has been read, or lost with its connection (or the
-    /// driver is gone): commands sent now, on any connection, come after them.
-    pub fn settled(&self) -> bool {
-        self.0
-            .as_ref()
-            .is_none_or(|p| p.progress.owed_from.load(Ordering::Acquire) > p.round)
-    }
-
-    /// When the round started, unless it is settled.
-    pub fn unsettled_since(&self) -> Option<Instant> {
-        self.0.as_ref().filter(|_| !self.settled()).map(|p| p.start)
-    }
-}
-/// A driver used by nobody yet: its replies and wake messages are read and dropped.
-struct Idle;
-
-impl Machine for Idle {
-    type Output = ();
-
-    fn handle_reply(&mut self, _: usize, _: Tag, _: &Reply<'_>, _: Instant, _: &mut dyn Entropy) {}
-
-    fn handle_failure(
-        &mut self,
-        _: usize,
-        _: Tag,
-        _: NodeErrorKind,
-        _: Instant,
-        _: &mut dyn Entropy,
-    ) {
-    }
-
-    fn handle_timeout(&mut self, _: Instant, _: &mut dyn Entropy) {}
-
-    fn poll_transmit(&mut self) -> Option<Transmit> {
-        None
-    }
-
-    fn encode(&self, _: &Transmit, _: Caps, _: &mut Vec<u8>) -> usize {
-        0
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        None
-    }
-
-    fn poll_outcome(&mut self) -> Option<()> {
-        Some(())
-    }
-}
-
-/// The run id that no machine gets: replies owed to it belong to nobody.
+/// The run id that no operation gets: a free caller slot has it.
 const NO_RUN: u64 = 0;
 
-pub(crate) struct Driver {
-    poll: Poll,
-    events: Events,
-    ready: Vec<usize>,
-    conns: Vec<Conn>,
-    /// Subscriber connections, one per node, opened on the first subscription: node `i` has
-    /// poll token `n + i`.
-    subs: Vec<Conn>,
-    /// The confirmations owed for the subscriptions sent on `subs`.
-    confirmations: Confirmations,
+/// A command connection whose oldest owed reply is this many node timeouts late is reset.
+const WEDGED: u32 = 4;
+/// ... and at least this late.
+const WEDGED_MIN: Duration = Duration::from_millis(200);
+
+/// The poll token of the shared [`Waker`]: no connection has it.
+const WAKER: mio::Token = mio::Token(usize::MAX);
+
+/// A client's connections, shared by every thread that uses it.
+pub(crate) struct Shared {
+    core: Mutex<Core>,
     config: Arc<Config>,
-    /// The id of the last machine run (see [`drive`](Self::drive)).
-    run_id: u64,
-    /// When the last round of the last run started.
-    run_start: Instant,
-    /// Shared with the guards of the runs this driver won.
-    progress: Arc<Progress>,
-    /// A finished round's storage, reused so a round costs no allocation.
-    spare: Option<Round>,
-    /// Tokens and jitter for the machines this driver runs.
-    entropy: OsEntropy,
-    /// The client's statistics: the driver times every reply it reads.
-    stats: Arc<Recorder>,
-    /// The spread of retries after split votes that the last contended acquisition ended with:
-    /// contention lasts longer than one acquisition, so the next one starts from it.
-    pub spread: Duration,
-    /// Wakes this driver's poll when a [`Cancel`] handle is cancelled; made on first use.
+    /// Wakes the leader's poll when a [`Cancel`] handle is cancelled.
     waker: Option<Arc<Waker>>,
 }
 
-/// The poll token of the driver's [`Waker`]: no connection has it.
-const WAKER: mio::Token = mio::Token(usize::MAX);
+/// The poller, held by the leader while it polls.
+struct Poller {
+    poll: Poll,
+    events: Events,
+    ready: Vec<usize>,
+}
 
-impl Driver {
-    pub fn new(config: Arc<Config>, stats: Arc<Recorder>) -> io::Result<Driver> {
-        let n = config.nodes.len();
-        Ok(Driver {
-            poll: Poll::new()?,
-            events: Events::with_capacity(n.max(4) * 2),
-            ready: Vec::with_capacity(n * 2),
-            conns: (0..n).map(|i| Conn::new(i, Role::Commands)).collect(),
-            subs: Vec::new(),
-            confirmations: Confirmations::default(),
-            config,
-            run_id: NO_RUN,
-            run_start: Instant::now(),
-            progress: Arc::new(Progress {
-                owed_from: AtomicU64::new(u64::MAX),
-            }),
-            spare: None,
-            entropy: OsEntropy::new(),
+struct Core {
+    /// The poller, while nobody polls with it.
+    poll: Option<Poller>,
+    /// Registers the connections with the poller, from any thread, while the leader polls.
+    registry: Registry,
+    /// The caller slot of the leader, if any.
+    leader: Option<usize>,
+    /// Command connections: node `i` has poll token `i`.
+    conns: Vec<Conn>,
+    /// Subscriber connections: node `i` has poll token `n + i`.
+    subs: Vec<Conn>,
+    channels: Vec<Channel>,
+    mail: Mail,
+    free: Vec<usize>,
+    next_run: u64,
+    /// Where subscription commands are written before they are read back for their channels.
+    scratch: Vec<u8>,
+    config: Arc<Config>,
+    /// The client's statistics: the driver times every reply it reads.
+    stats: Arc<Recorder>,
+}
+
+/// The callers' mailboxes.
+struct Mail {
+    callers: Vec<Caller>,
+    /// Callers posted to since they were last unparked.
+    notify: Vec<usize>,
+}
+
+/// One caller slot: a thread running an operation, or free (reused by the next one).
+struct Caller {
+    /// The operation it runs; [`NO_RUN`] when free. Slots owed to an earlier run are dropped.
+    run: u64,
+    thread: Option<Thread>,
+    parked: bool,
+    /// Already in [`Mail::notify`].
+    notified: bool,
+    events: Vec<Event>,
+    /// The bytes of the replies and messages in `events`.
+    data: Vec<u8>,
+    /// Confirmations still owed for its subscriptions.
+    awaiting: usize,
+    /// It waits to be told its subscriptions are confirmed.
+    await_subscribed: bool,
+    /// The channels it holds a reference to.
+    chans: Vec<usize>,
+    /// Kept with the slot between operations, so the next one reuses them.
+    entropy: Option<OsEntropy>,
+    wakeups: Vec<Thread>,
+    round: Option<Round>,
+    spread: Duration,
+}
+
+impl Caller {
+    fn new() -> Caller {
+        Caller {
+            run: NO_RUN,
+            thread: None,
+            parked: false,
+            notified: false,
+            events: Vec::with_capacity(16),
+            data: Vec::with_capacity(256),
+            awaiting: 0,
+            await_subscribed: false,
+            chans: Vec::new(),
+            entropy: None,
+            wakeups: Vec::new(),
+            round: None,
             spread: Duration::ZERO,
-            waker: None,
-            stats,
+        }
+    }
+}
+
+/// What the leader (or the caller itself) posts to a caller's mailbox.
+#[derive(Debug)]
+enum Event {
+    Reply {
+        node: usize,
+        tag: Tag,
+        start: usize,
+        end: usize,
+    },
+    Failure {
+        node: usize,
+        tag: Tag,
+        why: NodeErrorKind,
+    },
+    Written {
+        node: usize,
+        tag: Tag,
+        at: Instant,
+    },
+    Wake {
+        node: usize,
+        channel: (usize, usize),
+        message: (usize, usize),
+    },
+    Subscribed,
+}
+
+/// A wake channel the subscriber connections are (being) subscribed to.
+struct Channel {
+    name: Vec<u8>,
+    /// Callers holding it; unsubscribed when this drops to zero.
+    refs: usize,
+    /// The callers (slot, run) to wake on a message.
+    waiters: Vec<(usize, u64)>,
+    /// Per node, confirmations owed for the SUBSCRIBE commands sent.
+    owed: Vec<u32>,
+    /// Per node, the callers (slot, run) waiting for those confirmations.
+    awaiting: Vec<Vec<(usize, u64)>>,
+}
+
+impl Mail {
+    /// The mailbox of the caller in `slot` if it still runs `run`.
+    fn to(&mut self, slot: usize, run: u64) -> Option<&mut Caller> {
+        let c = self.callers.get_mut(slot).filter(|c| c.run == run)?;
+        if !c.notified {
+            c.notified = true;
+            self.notify.push(slot);
+        }
+        Some(c)
+    }
+
+    fn post(&mut self, slot: usize, run: u64, event: Event) {
+        if let Some(c) = self.to(slot, run) {
+            c.events.push(event);
+        }
+    }
+
+    fn post_reply(&mut self, slot: usize, run: u64, node: usize, tag: Tag, raw: &[u8]) {
+        if let Some(c) = self.to(slot, run) {
+            let start = c.data.len();
+            c.data.extend_from_slice(raw);
+            c.events.push(Event::Reply {
+                node,
+                tag,
+                start,
+                end: c.data.len(),
+            });
+        }
+    }
+
+    fn post_wake(&mut self, slot: usize, run: u64, node: usize, channel: &[u8], message: &[u8]) {
+        if let Some(c) = self.to(slot, run) {
+            let a = c.data.len();
+            c.data.extend_from_slice(channel);
+            let b = c.data.len();
+            c.data.extend_from_slice(message);
+            c.events.push(Event::Wake {
+                node,
+                channel: (a, b),
+                message: (b, c.data.len()),
+            });
+        }
+    }
+
+    /// One confirmation the caller waited for has come (or will not).
+    fn confirmed(&mut self, slot: usize, run: u64) {
+        let Some(c) = self.callers.get_mut(slot).filter(|c| c.run == run) else {
+            return;
+        };
+        c.awaiting = c.awaiting.saturating_sub(1);
+        if c.awaiting == 0 && c.await_subscribed {
+            c.await_subscribed = false;
+            self.post(slot, run, Event::Subscribed);
+        }
+    }
+
+    /// Collects into `out` the threads of every caller posted to and parked, except `me`, to
+    /// be unparked once the lock is let go (so that they do not wake only to block on it).
+    fn take_wakeups(&mut self, me: usize, out: &mut Vec<Thread>) {
+        for k in 0..self.notify.len() {
+            let slot = self.notify[k];
+            let Some(c) = self.callers.get_mut(slot) else {
+                continue;
+            };
+            c.notified = false;
+            if slot != me && c.parked {
+                if let Some(t) = &c.thread {
+                    out.push(t.clone());
+                }
+            }
+        }
+        self.notify.clear();
+    }
+
+    /// Unparks every caller posted to, except `me`.
+    fn flush(&mut self, me: usize) {
+        for k in 0..self.notify.len() {
+            let slot = self.notify[k];
+            let Some(c) = self.callers.get_mut(slot) else {
+                continue;
+            };
+            c.notified = false;
+            if slot != me && c.parked {
+                if let Some(t) = &c.thread {
+                    t.unpark();
+                }
+            }
+        }
+        self.notify.clear();
+    }
+}
+
+impl Shared {
+    pub fn new(config: Arc<Config>, stats: Arc<Recorder>) -> io::Result<Shared> {
+        let n = config.nodes.len();
+        let poll = Poll::new()?;
+        let registry = poll.registry().try_clone()?;
+        let waker = Waker::new(poll.registry(), WAKER).ok().map(Arc::new);
+        Ok(Shared {
+            core: Mutex::new(Core {
+                poll: Some(Poller {
+                    poll,
+                    events: Events::with_capacity(64.max(n * 4)),
+                    ready: Vec::with_capacity(64.max(n * 4)),
+                }),
+                registry,
+                leader: None,
+                conns: (0..n).map(|i| Conn::new(i, Role::Commands)).collect(),
+                subs: (0..n).map(|i| Conn::new(n + i, Role::Subscriber)).collect(),
+                channels: Vec::new(),
+                mail: Mail {
+                    callers: Vec::new(),
+                    notify: Vec::new(),
+                },
+                free: Vec::new(),
+                next_run: NO_RUN + 1,
+                scratch: Vec::new(),
+                config: config.clone(),
+                stats,
+            }),
+            config,
+            waker,
         })
     }
 
-    /// Opens every connection that is due and waits, until `deadline` at the most, for each to
-    /// be set up (or to fail), so the first rounds do not spend their per-node timeout on TCP
-    /// and setup. Nodes that are down only count against the quorum later; nodes whose setup
-    /// was refused are listed by [`setup_failures`](Self::setup_failures).
-    pub fn warm_up(&mut self, deadline: Instant) {
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Opens every command connection and waits, until `deadline` at the most, for each to be
+    /// set up (or to fail), so the first rounds do not spend their per-node timeout on TCP and
+    /// setup. Nodes that are down only count against the quorum later; nodes whose setup was
+    /// refused are listed by [`setup_failures`](Self::setup_failures).
+    pub fn warm_up(&self, deadline: Instant) {
+        let mut core = self.lock();
         let now = Instant::now();
-        for i in 0..self.conns.len() {
-            if !self.conns[i].can_send(now) {
-                continue;
-            }
-            if let Err(why) = self.conns[i].prepare(
-                self.poll.registry(),
-                &self.config.nodes[i],
-                now,
-                self.config.connect_timeout,
-            ) {
-                self.conns[i].fail(self.poll.registry(), why, now);
-            }
+        for i in 0..core.conns.len() {
+            let _ = core.prepare(i, now);
         }
         // Nothing reconnects here: a connection that went down has had its one try.
         let settled = |c: &Conn| c.is_down() || (c.is_ready() && c.owed() == 0);
-        while !self.conns.iter().all(settled) {
+        while !core.conns.iter().all(settled) {
             let now = Instant::now();
             if now >= deadline {
                 return;
             }
-            self.wait(deadline - now, &mut Idle, NO_RUN);
+            let Some(mut poller) = core.poll.take() else {
+                return;
+            };
+            drop(core);
+            let _ = poller.poll.poll(&mut poller.events, Some(deadline - now));
+            core = self.lock();
+            core.service_events(&mut poller, Instant::now());
+            core.poll = Some(poller);
+            core.mail.flush(usize::MAX);
         }
     }
 
     /// The nodes whose last connection was closed because its setup was refused (see
     /// [`NodeErrorKind::Setup`]), with the reason.
     pub fn setup_failures(&self) -> Vec<(usize, NodeErrorKind)> {
-        self.conns
+        self.lock()
+            .conns
             .iter()
             .enumerate()
             .filter_map(|(i, c)| Some((i, c.setup_error()?.clone())))
             .collect()
     }
 
-    /// The last run, for the guard it won: empty when all its replies have been read.
-    pub fn pending(&self) -> Pending {
-        if self.progress.owed_from.load(Ordering::Relaxed) > self.run_id {
-            return Pending::NONE;
+    /// A caller slot for this thread, for one or more operations in a row.
+    pub fn session(&self) -> Session<'_> {
+        let mut core = self.lock();
+        let slot = match core.free.pop() {
+            Some(s) => s,
+            None => {
+                core.mail.callers.push(Caller::new());
+                core.mail.callers.len() - 1
+            }
+        };
+        let c = &mut core.mail.callers[slot];
+        c.thread = Some(thread::current());
+        let entropy = c.entropy.take().unwrap_or_else(OsEntropy::new);
+        let wakeups = std::mem::take(&mut c.wakeups);
+        Session {
+            shared: self,
+            slot,
+            wakeups,
+            entropy: Some(entropy),
+            round: c.round.take(),
+            spread: c.spread,
         }
-        Pending(Some(PendingRound {
-            progress: self.progress.clone(),
-            round: self.run_id,
-            start: self.run_start,
-        }))
     }
 
-    /// Whether `pending` is a run of this driver.
-    pub fn ran(&self, pending: &Pending) -> bool {
-        pending
-            .0
-            .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(&p.progress, &self.progress))
+    /// Waits at most `timeout` for input: the leader (this caller, if nobody leads) polls and
+    /// dispatches for everyone; a follower parks until posted to.
+    fn wait<'a>(
+        &'a self,
+        mut core: MutexGuard<'a, Core>,
+        slot: usize,
+        timeout: Duration,
+        wakeups: &mut Vec<Thread>,
+    ) -> MutexGuard<'a, Core> {
+        if core.leader.is_none() {
+            core.leader = Some(slot);
+        }
+        if core.leader == Some(slot) {
+            let Some(mut poller) = core.poll.take() else {
+                // Cannot happen: only the leader takes the poller, and puts it back.
+                drop(core);
+                thread::sleep(timeout.min(Duration::from_millis(1)));
+                return self.lock();
+            };
+            drop(core);
+            if let Err(e) = poller.poll.poll(&mut poller.events, Some(timeout)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    // The poller itself failed; nothing can be read. Sleep out the timeout
+                    // rather than spin, and let the deadlines decide.
+                    thread::sleep(timeout);
+                }
+            }
+            let mut core = self.lock();
+            core.service_events(&mut poller, Instant::now());
+            core.poll = Some(poller);
+            core.mail.take_wakeups(slot, wakeups);
+            if wakeups.is_empty() {
+                return core;
+            }
+            drop(core);
+            for t in wakeups.drain(..) {
+                t.unpark();
+            }
+            self.lock()
+        } else {
+            core.mail.callers[slot].parked = true;
+            drop(core);
+            thread::park_timeout(timeout);
+            let mut core = self.lock();
+            core.mail.callers[slot].parked = false;
+            core
+        }
     }
+}
 
-    /// Whether replies of some run are still owed on this driver's connections.
-    pub fn owes_votes(&self) -> bool {
-        self.progress.owed_from.load(Ordering::Relaxed) != u64::MAX
-    }
+/// One thread's use of a [`Shared`] driver: a caller slot, with what its operations reuse.
+pub(crate) struct Session<'a> {
+    shared: &'a Shared,
+    slot: usize,
+    /// The threads this caller, as the leader, unparks after dispatching.
+    wakeups: Vec<Thread>,
+    entropy: Option<OsEntropy>,
+    round: Option<Round>,
+    /// The spread of retries after split votes that the last contended acquisition ended with:
+    /// contention lasts longer than one acquisition, so the next one starts from it.
+    pub spread: Duration,
+}
 
-    /// Publishes the oldest run still owed a reply.
-    fn publish(&self) {
-        let oldest = self.conns.iter().filter_map(Conn::oldest_reply).min();
-        self.progress
-            .owed_from
-            .store(oldest.unwrap_or(u64::MAX), Ordering::Release);
-    }
-
-    /// Storage for a machine's rounds over this driver's nodes. Give it back with
+impl Session<'_> {
+    /// Storage for a machine's rounds over the client's nodes. Give it back with
     /// [`put_round`](Self::put_round) so the next machine reuses it.
     pub fn take_round(&mut self) -> Round {
-        match self.spare.take() {
+        match self.round.take() {
             Some(r) => r,
             None => Round::new(
-                self.conns.len(),
+                self.shared.config.nodes.len(),
                 Instant::now(),
-                self.config.node_timeout,
+                self.shared.config.node_timeout,
                 None,
                 None,
             ),
@@ -264,112 +477,214 @@ impl Driver {
 
     /// Returns a round's storage for reuse.
     pub fn put_round(&mut self, round: Round) {
-        self.spare = Some(round);
+        self.round = Some(round);
     }
 
-    /// What the machines this driver runs draw their tokens and jitter from.
+    /// What the machines of this session draw their tokens and jitter from.
     pub fn entropy(&mut self) -> &mut OsEntropy {
-        &mut self.entropy
+        self.entropy.get_or_insert_with(OsEntropy::new)
     }
 
     /// Runs `m` until it has its outcome: sends what it transmits, feeds it every reply, node
-    /// failure, wake message and deadline, and returns its outcome.
-    ///
-    /// Replies owed from earlier runs on the same connections are read and dropped first, in
-    /// order, as they arrive. Once `m` is done, commands still held behind a connection's
-    /// setup are dropped (they were never sent, and must not go out late, when nobody counts
-    /// their replies), and what is queued is flushed, within the node timeout.
+    /// failure, write, wake message and deadline, and returns its outcome.
     pub fn drive<M: Machine>(&mut self, m: &mut M) -> M::Output {
         self.drive_cancellable(m, None)
     }
 
     /// Like [`drive`](Self::drive); when `cancel` is cancelled, `m` is told at once
-    /// ([`Machine::handle_cancel`]), even while this thread is parked in the poll: the handle
-    /// wakes it through this driver's [`Waker`], registered with the handle for the run.
+    /// ([`Machine::handle_cancel`]), even while this thread is parked or polling.
     pub fn drive_cancellable<M: Machine>(
         &mut self,
         m: &mut M,
         cancel: Option<&Cancel>,
     ) -> M::Output {
-        self.run_id += 1;
-        let id = self.run_id;
-        self.confirmations.awaited = false;
-        let waker = match cancel {
-            Some(_) => self.waker(),
-            None => None,
-        };
-        // Without a waker (the system refused one), the flag is still read at every deadline.
-        let registration = cancel.zip(waker).map(|(c, w)| c.register(&w));
+        let shared = self.shared;
+        let slot = self.slot;
+        let mut entropy = self.entropy.take().unwrap_or_else(OsEntropy::new);
+        let node_timeout = shared.config.node_timeout;
+        let mut core = shared.lock();
+        let run = core.next_run;
+        core.next_run += 1;
+        {
+            let c = &mut core.mail.callers[slot];
+            c.run = run;
+            c.events.clear();
+            c.data.clear();
+            c.awaiting = 0;
+            c.await_subscribed = false;
+        }
+        // Without a waker (the system refused one), the flag is still read at every wake-up.
+        let registration = cancel.map(|c| c.register(shared.waker.clone(), thread::current()));
         let mut cancelled = false;
+        let mut drained = false;
         let outcome = loop {
             let now = Instant::now();
-            if !cancelled
-                && (registration.as_ref().is_some_and(|r| r.is_cancelled())
-                    || cancel.is_some_and(Cancel::is_cancelled))
-            {
+            if !cancelled && cancel.is_some_and(Cancel::is_cancelled) {
                 cancelled = true;
-                m.handle_cancel(now, &mut self.entropy);
+                m.handle_cancel(now, &mut entropy);
             }
-            self.send(m, id, now);
+            core.deliver(slot, m, &mut entropy, now);
+            core.send(slot, run, m, &mut entropy, now);
+            core.mail.flush(slot);
+            if !core.mail.callers[slot].events.is_empty() {
+                continue;
+            }
             if let Some(outcome) = m.poll_outcome() {
                 break outcome;
             }
             // A machine that is not done always has a deadline; should one not, it still gets
             // its input.
-            let deadline = m
-                .poll_timeout()
-                .unwrap_or_else(|| now + self.config.node_timeout);
+            let deadline = m.poll_timeout().unwrap_or(now + node_timeout);
             if now >= deadline {
-                m.handle_timeout(now, &mut self.entropy);
+                if !drained {
+                    // What came but was not dispatched yet is no timeout.
+                    drained = true;
+                    core.read_all(now);
+                    core.reset_overdue(now);
+                    core.mail.flush(slot);
+                    continue;
+                }
+                drained = false;
+                m.handle_timeout(now, &mut entropy);
                 continue;
             }
-            self.wait(deadline - now, m, id);
+            drained = false;
+            core = shared.wait(core, slot, deadline - now, &mut self.wakeups);
         };
-        for c in &mut self.conns {
-            if !c.is_ready() && c.owes_run(id) {
-                c.drop_held();
-            }
-        }
-        if self.conns.iter().any(Conn::has_pending_output) {
-            self.flush_until(Instant::now() + self.config.node_timeout);
-        }
+        core.finish(slot, run);
+        drop(core);
         drop(registration);
-        self.publish();
+        self.entropy = Some(entropy);
         outcome
     }
+}
 
-    /// This driver's waker, made on first use.
-    fn waker(&mut self) -> Option<Arc<Waker>> {
-        if self.waker.is_none() {
-            self.waker = Waker::new(self.poll.registry(), WAKER).ok().map(Arc::new);
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        let mut core = self.shared.lock();
+        // An operation that unwound (a panic) did not finish: it must not stay the leader, or
+        // keep its channels and mailbox.
+        let run = core.mail.callers[self.slot].run;
+        if run != NO_RUN {
+            core.finish(self.slot, run);
         }
-        self.waker.clone()
+        let c = &mut core.mail.callers[self.slot];
+        c.entropy = self.entropy.take();
+        c.wakeups = std::mem::take(&mut self.wakeups);
+        c.round = self.round.take();
+        c.spread = self.spread;
+        c.thread = None;
+        core.free.push(self.slot);
+    }
+}
+
+impl Core {
+    /// Makes sure node `i`'s command connection has a socket (connecting if due); a failure
+    /// fails the connection and everything it owed.
+    fn prepare(&mut self, i: usize, now: Instant) -> Result<(), NodeErrorKind> {
+        let conn = &mut self.conns[i];
+        if let Err(why) = conn.prepare(
+            &self.registry,
+            &self.config.nodes[i],
+            now,
+            self.config.connect_timeout,
+        ) {
+            self.fail(i, why.clone(), now);
+            return Err(why);
+        }
+        Ok(())
+    }
+
+    /// Feeds the caller in `slot` everything in its mailbox.
+    fn deliver<M: Machine>(
+        &mut self,
+        slot: usize,
+        m: &mut M,
+        entropy: &mut OsEntropy,
+        now: Instant,
+    ) {
+        let limits = self.config.limits;
+        let c = &mut self.mail.callers[slot];
+        if c.events.is_empty() {
+            return;
+        }
+        let data = &c.data;
+        for e in c.events.drain(..) {
+            match e {
+                Event::Reply {
+                    node,
+                    tag,
+                    start,
+                    end,
+                } => match resp::decode(&data[start..end], &limits) {
+                    Ok(Status::Complete((reply, _))) => {
+                        m.handle_reply(node, tag, &reply, now, entropy)
+                    }
+                    // Decoded once already when it was read: cannot happen.
+                    _ => m.handle_failure(node, tag, NodeErrorKind::UnexpectedReply, now, entropy),
+                },
+                Event::Failure { node, tag, why } => m.handle_failure(node, tag, why, now, entropy),
+                Event::Written { node, tag, at } => m.handle_written(node, tag, at),
+                Event::Wake {
+                    node,
+                    channel,
+                    message,
+                } => m.handle_wake(
+                    node,
+                    &data[channel.0..channel.1],
+                    &data[message.0..message.1],
+                    now,
+                    entropy,
+                ),
+                Event::Subscribed => m.handle_subscribed(now, entropy),
+            }
+        }
+        c.data.clear();
     }
 
     /// Sends every transmit `m` has.
-    fn send<M: Machine>(&mut self, m: &mut M, id: u64, now: Instant) {
+    fn send<M: Machine>(
+        &mut self,
+        slot: usize,
+        run: u64,
+        m: &mut M,
+        entropy: &mut OsEntropy,
+        now: Instant,
+    ) {
         while let Some(t) = m.poll_transmit() {
             match t.to {
                 To::All => {
-                    if t.tag.is_some() {
-                        // A round starts: its replies are what a guard's commands must follow.
-                        self.run_start = now;
-                    }
                     for i in 0..self.conns.len() {
-                        self.send_to(i, &t, m, id, now);
+                        self.send_to(i, &t, m, slot, run, entropy, now);
                     }
                 }
-                To::Node(i) if i < self.conns.len() => self.send_to(i, &t, m, id, now),
+                To::Node(i) if i < self.conns.len() => {
+                    self.send_to(i, &t, m, slot, run, entropy, now)
+                }
                 To::Node(_) => {}
-                To::Subscribers => self.send_subscribers(&t, m, now),
+                To::Subscribers => match t.what {
+                    What::Unsubscribe => self.unsubscribe(slot, run),
+                    _ => self.subscribe(&t, m, slot, run, now),
+                },
             }
         }
     }
 
-    /// Sends `t` to node `i`'s command connection. A tagged transmit that cannot be sent is a
-    /// failure of that node, at once; an untagged one (a cleanup) goes only where something of
-    /// ours can be: to a connection that is up, or still owes replies.
-    fn send_to<M: Machine>(&mut self, i: usize, t: &Transmit, m: &mut M, id: u64, now: Instant) {
+    /// Sends `t` to node `i`'s command connection, behind whatever other callers queued there.
+    /// A tagged transmit that cannot be sent is a failure of that node, at once; an untagged
+    /// one (a cleanup) goes only where something of ours can be: to a connection that is up,
+    /// or still owes replies.
+    #[allow(clippy::too_many_arguments)]
+    fn send_to<M: Machine>(
+        &mut self,
+        i: usize,
+        t: &Transmit,
+        m: &mut M,
+        slot: usize,
+        run: u64,
+        entropy: &mut OsEntropy,
+        now: Instant,
+    ) {
         let conn = &mut self.conns[i];
         let Some(tag) = t.tag else {
             if !conn.can_send(now) || conn.owed() == 0 && !conn.is_up() {
@@ -378,104 +693,94 @@ impl Driver {
             }
             let caps = conn.caps;
             conn.queue(Slot::Discard, |out| m.encode(t, caps, out));
-            self.service(i, now, m, id);
+            self.write(i, now, Some((slot, run, &mut *m)));
             return;
         };
         if !conn.can_send(now) {
             let why = conn.down_reason();
-            m.handle_failure(i, tag, why, now, &mut self.entropy);
+            m.handle_failure(i, tag, why, now, entropy);
             return;
         }
-        if let Err(why) = conn.prepare(
-            self.poll.registry(),
-            &self.config.nodes[i],
-            now,
-            self.config.connect_timeout,
-        ) {
-            conn.fail(self.poll.registry(), why.clone(), now);
-            m.handle_failure(i, tag, why, now, &mut self.entropy);
+        if let Err(why) = self.prepare(i, now) {
+            m.handle_failure(i, tag, why, now, entropy);
             return;
         }
+        let conn = &mut self.conns[i];
         let caps = conn.caps;
         conn.queue(
             Slot::Reply {
-                run: id,
+                run,
+                caller: slot as u32,
                 tag,
                 sent: now,
             },
             |out| m.encode(t, caps, out),
         );
         // Write now, read later: every node gets its command before any reply is read.
-        if let Err(why) = conn.drive(self.poll.registry(), &self.config.limits, false) {
-            self.fail(i, why, now, m, id);
+        self.write(i, now, Some((slot, run, m)));
+    }
+
+    /// Writes what node `i`'s command connection has queued, and tells the owners of the
+    /// commands that left (`me`, the caller writing, directly).
+    fn write<M: Machine>(&mut self, i: usize, now: Instant, me: Option<(usize, u64, &mut M)>) {
+        let limits = self.config.limits;
+        let conn = &mut self.conns[i];
+        if let Err(why) = conn.drive(&self.registry, &limits, false) {
+            self.fail(i, why, now);
+            return;
+        }
+        let mail = &mut self.mail;
+        let mut me = me;
+        conn.take_written(|s| {
+            if let Slot::Reply {
+                run, caller, tag, ..
+            } = *s
+            {
+                match &mut me {
+                    Some((slot, my_run, m)) if *slot == caller as usize && *my_run == run => {
+                        m.handle_written(i, tag, now)
+                    }
+                    _ => mail.post(
+                        caller as usize,
+                        run,
+                        Event::Written {
+                            node: i,
+                            tag,
+                            at: now,
+                        },
+                    ),
+                }
+            }
+        });
+    }
+
+    /// Closes node `i`'s command connection and fails every reply it still owed, for its
+    /// owner.
+    fn fail(&mut self, i: usize, why: NodeErrorKind, now: Instant) {
+        let owed = self.conns[i].fail(&self.registry, why.clone(), now);
+        for slot in owed {
+            if let Slot::Reply {
+                run, caller, tag, ..
+            } = slot
+            {
+                self.mail.post(
+                    caller as usize,
+                    run,
+                    Event::Failure {
+                        node: i,
+                        tag,
+                        why: why.clone(),
+                    },
+                );
+            }
         }
     }
 
-    /// Sends `t` on every subscriber connection that can take it, opening them on first use.
-    /// A subscription's confirmations are counted, and `m` told when they are all in (at once
-    /// when none could be sent, or all came while it was being sent).
-    fn send_subscribers<M: Machine>(&mut self, t: &Transmit, m: &mut M, now: Instant) {
+    /// Services every connection that the poller reported ready.
+    fn service_events(&mut self, poller: &mut Poller, now: Instant) {
         let n = self.conns.len();
-        let mut now = now;
-        if self.subs.is_empty() {
-            self.subs = (0..n).map(|i| Conn::new(n + i, Role::Subscriber)).collect();
-            self.confirmations = Confirmations::new(n);
-            // A new connection may connect from the instant it was made.
-            now = Instant::now();
-        }
-        // A node may confirm before the next one is written to: those count too.
-        self.confirmations.awaited = false;
-        let mut sent = false;
-        for i in 0..n {
-            let sub = &mut self.subs[i];
-            if !sub.can_send(now) {
-                continue;
-            }
-            if let Err(why) = sub.prepare(
-                self.poll.registry(),
-                &self.config.nodes[i],
-                now,
-                self.config.connect_timeout,
-            ) {
-                sub.fail(self.poll.registry(), why, now);
-                self.confirmations.lost(i);
-                continue;
-            }
-            let caps = sub.caps;
-            let mut count = 0;
-            sub.queue_unmatched(|out| count = m.encode(t, caps, out));
-            self.confirmations.sent(i, count);
-            sent |= count > 0;
-            self.service_subscriber(i, now, m);
-        }
-        if t.what == What::Subscribe && !self.confirmations.await_sent(sent) {
-            m.handle_subscribed(now, &mut self.entropy);
-        }
-    }
-
-    /// Services I/O until every queued write is on the wire, or `deadline` passes.
-    fn flush_until(&mut self, deadline: Instant) {
-        while self.conns.iter().any(Conn::has_pending_output) {
-            let now = Instant::now();
-            if now >= deadline {
-                return;
-            }
-            self.wait(deadline - now, &mut Idle, NO_RUN);
-        }
-    }
-
-    /// Waits for readiness at most `timeout`, and services every connection that is ready.
-    fn wait<M: Machine>(&mut self, timeout: Duration, m: &mut M, id: u64) {
-        if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
-            if e.kind() != io::ErrorKind::Interrupted {
-                // The poller itself failed; nothing can be read. Sleep out the timeout rather
-                // than spin, and let the machine's deadlines decide.
-                std::thread::sleep(timeout);
-            }
-        }
-        self.ready.clear();
-        let n = self.conns.len();
-        for e in self.events.iter() {
+        poller.ready.clear();
+        for e in poller.events.iter() {
             if e.token() == WAKER {
                 // A cancel: the caller's loop reads the handle.
                 continue;
@@ -492,36 +797,76 @@ impl Driver {
                     conn.hung_up();
                 }
             }
-            self.ready.push(token);
+            poller.ready.push(token);
         }
-        let now = Instant::now();
-        for k in 0..self.ready.len() {
-            let token = self.ready[k];
+        for k in 0..poller.ready.len() {
+            let token = poller.ready[k];
             match token.checked_sub(n) {
-                None => self.service(token, now, m, id),
-                Some(i) => self.service_subscriber(i, now, m),
+                None => self.service(token, now),
+                Some(i) => self.service_subscriber(i, now),
             }
         }
     }
 
-    /// Does whatever I/O node `i`'s command connection allows, and hands the replies of run
-    /// `id` to `m`.
-    fn service<M: Machine>(&mut self, i: usize, now: Instant, m: &mut M, id: u64) {
+    /// Reads every connection that is up, whether the poller reported it or not.
+    fn read_all(&mut self, now: Instant) {
+        for i in 0..self.conns.len() {
+            if self.conns[i].is_up() {
+                self.service(i, now);
+            }
+            if self.subs[i].is_up() {
+                self.service_subscriber(i, now);
+            }
+        }
+    }
+
+    /// Resets every command connection whose oldest owed reply is long overdue (its command
+    /// was queued [`WEDGED`] node timeouts ago, at least [`WEDGED_MIN`], and every connection
+    /// was just read). A reply that is only late is read and dropped when it comes, as every
+    /// late reply is: a loaded machine must not reset connections, and so fail every caller's
+    /// replies on them, at each late reply. Redis answers
+    /// every command of a connection in order and TCP loses nothing, so such a connection is
+    /// wedged, or something between us and the node drops replies: then every later reply
+    /// would be matched to the wrong command. Every reply it owed fails, for its owner, and the
+    /// next command reconnects.
+    fn reset_overdue(&mut self, now: Instant) {
+        let timeout = self
+            .config
+            .node_timeout
+            .saturating_mul(WEDGED)
+            .max(WEDGED_MIN);
+        for i in 0..self.conns.len() {
+            let overdue = self.conns[i]
+                .oldest_reply_since()
+                .is_some_and(|sent| now.saturating_duration_since(sent) >= timeout);
+            if overdue {
+                self.fail(i, NodeErrorKind::Timeout, now);
+            }
+        }
+    }
+
+    /// Does whatever I/O node `i`'s command connection allows, and posts each reply to its
+    /// owner.
+    fn service(&mut self, i: usize, now: Instant) {
         let limits = self.config.limits;
-        let registry = self.poll.registry();
+        let registry = &self.registry;
         let conn = &mut self.conns[i];
-        let entropy = &mut self.entropy;
+        let mail = &mut self.mail;
         let stats = &self.stats;
         let mut result = conn.drive(registry, &limits, true).and_then(|()| {
-            conn.take_replies(&limits, |slot, reply| {
-                if let Slot::Reply { run, tag, sent } = slot {
+            conn.take_replies(&limits, |slot, _, raw| {
+                if let Slot::Reply {
+                    run,
+                    caller,
+                    tag,
+                    sent,
+                } = slot
+                {
                     // Every reply is timed, the late ones too: a round decided at the quorum
                     // must not hide the slowest node's latency.
                     stats.reply(i, now.saturating_duration_since(sent));
-                    // A straggler of an earlier run: nobody waits for it any more.
-                    if run == id {
-                        m.handle_reply(i, tag, reply, now, entropy);
-                    }
+                    // A straggler of a finished run: nobody waits for it any more.
+                    mail.post_reply(caller as usize, run, i, tag, raw);
                 }
             })
         });
@@ -529,41 +874,67 @@ impl Driver {
             // The setup was answered: send what was held behind it.
             result = conn.drive(registry, &limits, false);
         }
-        if let Err(why) = result {
-            self.fail(i, why, now, m, id);
+        match result {
+            Ok(()) => conn.take_written(|s| {
+                if let Slot::Reply {
+                    run, caller, tag, ..
+                } = *s
+                {
+                    mail.post(
+                        caller as usize,
+                        run,
+                        Event::Written {
+                            node: i,
+                            tag,
+                            at: now,
+                        },
+                    );
+                }
+            }),
+            Err(why) => self.fail(i, why, now),
         }
-        self.publish();
     }
 
     /// Does whatever I/O node `i`'s subscriber connection allows: confirmations are counted,
-    /// messages handed to `m`.
-    fn service_subscriber<M: Machine>(&mut self, i: usize, now: Instant, m: &mut M) {
+    /// messages posted to the callers of their channel.
+    fn service_subscriber(&mut self, i: usize, now: Instant) {
         let limits = self.config.limits;
-        let registry = self.poll.registry();
-        let Some(sub) = self.subs.get_mut(i) else {
-            return;
-        };
-        let entropy = &mut self.entropy;
-        let confirmations = &mut self.confirmations;
+        let registry = &self.registry;
+        let sub = &mut self.subs[i];
+        let mail = &mut self.mail;
+        let channels = &mut self.channels;
         let mut result = sub.drive(registry, &limits, true).and_then(|()| {
-            sub.take_replies(&limits, |_, reply| {
+            sub.take_replies(&limits, |_, reply, _| {
                 let Reply::Array(Some(items)) = reply else {
                     return;
                 };
-                match (items.first(), items.get(1), items.get(2)) {
-                    (
-                        Some(Reply::Bulk(Some(b"message"))),
-                        Some(Reply::Bulk(Some(channel))),
-                        message,
-                    ) => {
-                        let message = match message {
+                let (Some(Reply::Bulk(Some(kind))), Some(Reply::Bulk(Some(name)))) =
+                    (items.first(), items.get(1))
+                else {
+                    return;
+                };
+                let Some(ch) = channels.iter_mut().find(|c| c.name == *name) else {
+                    return;
+                };
+                match *kind {
+                    b"message" => {
+                        let message = match items.get(2) {
                             Some(Reply::Bulk(Some(m))) => *m,
                             _ => &[],
                         };
-                        m.handle_wake(i, channel, message, now, entropy);
+                        for &(slot, run) in &ch.waiters {
+                            mail.post_wake(slot, run, i, name, message);
+                        }
                     }
-                    (Some(Reply::Bulk(Some(b"subscribe"))), _, _) if confirmations.confirmed(i) => {
-                        m.handle_subscribed(now, entropy);
+                    b"subscribe" => {
+                        if let Some(owed) = ch.owed.get_mut(i) {
+                            *owed = owed.saturating_sub(1);
+                            if *owed == 0 {
+                                for (slot, run) in ch.awaiting[i].drain(..) {
+                                    mail.confirmed(slot, run);
+                                }
+                            }
+                        }
                     }
                     _ => {}
                 }
@@ -574,187 +945,191 @@ impl Driver {
             result = sub.drive(registry, &limits, false);
         }
         if let Err(why) = result {
-            // A lost subscriber only costs wake-ups: the retry delay is the backstop. Its
-            // confirmations will not come.
-            sub.fail(registry, why, now);
-            if self.confirmations.lost(i) {
-                m.handle_subscribed(now, &mut self.entropy);
+            self.fail_subscriber(i, why, now);
+        }
+    }
+
+    /// Closes node `i`'s subscriber connection. A lost subscriber only costs wake-ups (the
+    /// retry delay is the backstop); its confirmations will not come, so nobody waits for
+    /// them. The next subscription reconnects it, and resubscribes every live channel.
+    fn fail_subscriber(&mut self, i: usize, why: NodeErrorKind, now: Instant) {
+        self.subs[i].fail(&self.registry, why, now);
+        for ch in &mut self.channels {
+            ch.owed[i] = 0;
+            for (slot, run) in ch.awaiting[i].drain(..) {
+                self.mail.confirmed(slot, run);
             }
         }
     }
 
-    /// Closes node `i`'s connection and tells `m` of every reply of run `id` it still owed.
-    fn fail<M: Machine>(&mut self, i: usize, why: NodeErrorKind, now: Instant, m: &mut M, id: u64) {
-        let owed = self.conns[i].fail(self.poll.registry(), why.clone(), now);
-        self.publish();
-        for slot in owed {
-            if let Slot::Reply { run, tag, .. } = slot {
-                if run == id {
-                    m.handle_failure(i, tag, why.clone(), now, &mut self.entropy);
+    /// Subscribes the caller to the channels `m` writes for `t`: the channels nobody held yet
+    /// are subscribed to on every subscriber connection that can take it. The caller is told
+    /// it is subscribed once every confirmation owed for its channels has come.
+    fn subscribe<M: Machine>(
+        &mut self,
+        t: &Transmit,
+        m: &mut M,
+        slot: usize,
+        run: u64,
+        now: Instant,
+    ) {
+        let n = self.subs.len();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        m.encode(t, Caps::default(), &mut scratch);
+        let limits = self.config.limits;
+        let mut rest = &scratch[..];
+        while let Ok(Status::Complete((Reply::Array(Some(items)), used))) =
+            resp::decode(rest, &limits)
+        {
+            rest = &rest[used..];
+            for item in items.iter().skip(1) {
+                let Reply::Bulk(Some(name)) = item else {
+                    continue;
+                };
+                let idx = match self.channels.iter().position(|c| c.name == *name) {
+                    Some(idx) => idx,
+                    None => {
+                        let reusable = self
+                            .channels
+                            .iter()
+                            .position(|c| c.refs == 0 && c.owed.iter().all(|&o| o == 0));
+                        let fresh = Channel {
+                            name: name.to_vec(),
+                            refs: 0,
+                            waiters: Vec::new(),
+                            owed: vec![0; n],
+                            awaiting: (0..n).map(|_| Vec::new()).collect(),
+                        };
+                        match reusable {
+                            Some(k) => {
+                                self.channels[k] = fresh;
+                                k
+                            }
+                            None => {
+                                self.channels.push(fresh);
+                                self.channels.len() - 1
+                            }
+                        }
+                    }
+                };
+                if self.mail.callers[slot].chans.contains(&idx) {
+                    continue;
+                }
+                self.mail.callers[slot].chans.push(idx);
+                let ch = &mut self.channels[idx];
+                ch.refs += 1;
+                ch.waiters.push((slot, run));
+                if ch.refs == 1 {
+                    for i in 0..n {
+                        self.subscribe_on(i, Some(idx), now);
+                    }
+                }
+                let ch = &mut self.channels[idx];
+                for i in 0..n {
+                    if ch.owed[i] > 0 {
+                        ch.awaiting[i].push((slot, run));
+                        self.mail.callers[slot].awaiting += 1;
+                    }
+                }
+            }
+        }
+        self.scratch = scratch;
+        let c = &mut self.mail.callers[slot];
+        if c.awaiting == 0 {
+            c.await_subscribed = false;
+            self.mail.post(slot, run, Event::Subscribed);
+        } else {
+            c.await_subscribed = true;
+        }
+    }
+
+    /// Subscribes node `i`'s subscriber connection to channel `idx`, connecting it first if it
+    /// is down and due (then every live channel is subscribed to).
+    fn subscribe_on(&mut self, i: usize, idx: Option<usize>, now: Instant) {
+        let sub = &mut self.subs[i];
+        if !sub.can_send(now) {
+            return;
+        }
+        let fresh = sub.is_down();
+        if let Err(why) = sub.prepare(
+            &self.registry,
+            &self.config.nodes[i],
+            now,
+            self.config.connect_timeout,
+        ) {
+            self.fail_subscriber(i, why, now);
+            return;
+        }
+        for (k, ch) in self.channels.iter_mut().enumerate() {
+            let wanted = if fresh { ch.refs > 0 } else { Some(k) == idx };
+            if wanted {
+                sub.queue_unmatched(|out| {
+                    resp::encode_command(out, &[b"SUBSCRIBE", &ch.name]);
+                });
+                ch.owed[i] += 1;
+            }
+        }
+        if let Err(why) = sub.drive(&self.registry, &self.config.limits, false) {
+            self.fail_subscriber(i, why, now);
+        }
+    }
+
+    /// Drops the caller's references to its channels; those nobody holds any more are
+    /// unsubscribed from.
+    fn unsubscribe(&mut self, slot: usize, run: u64) {
+        let c = &mut self.mail.callers[slot];
+        c.await_subscribed = false;
+        c.awaiting = 0;
+        while let Some(idx) = self.mail.callers[slot].chans.pop() {
+            let ch = &mut self.channels[idx];
+            ch.refs = ch.refs.saturating_sub(1);
+            ch.waiters.retain(|&w| w != (slot, run));
+            for a in &mut ch.awaiting {
+                a.retain(|&w| w != (slot, run));
+            }
+            if ch.refs > 0 {
+                continue;
+            }
+            for i in 0..self.subs.len() {
+                let sub = &mut self.subs[i];
+                if sub.is_up() {
+                    let name = &self.channels[idx].name;
+                    sub.queue_unmatched(|out| {
+                        resp::encode_command(out, &[b"UNSUBSCRIBE", name]);
+                    });
+                    if let Err(why) = sub.drive(&self.registry, &self.config.limits, false) {
+                        self.fail_subscriber(i, why, Instant::now());
+                    }
                 }
             }
         }
     }
-}
 
-/// The confirmations owed for the subscriptions sent on the subscriber connections, one count
-/// per connection. A connection confirms in order, so a late confirmation of an earlier
-/// subscription counts for that one, and confirmations read while a subscription is still
-/// being sent to the other nodes count for it.
-#[derive(Debug, Default)]
-struct Confirmations {
-    /// Per subscriber connection, the confirmations still owed.
-    owed: Vec<usize>,
-    /// The machine of this run waits for the subscription sent last.
-    awaited: bool,
-}
-
-impl Confirmations {
-    /// Nothing owed on `n` connections.
-    fn new(n: usize) -> Confirmations {
-        Confirmations {
-            owed: vec![0; n],
-            awaited: false,
-        }
-    }
-
-    /// Connection `i` was sent a subscription that it confirms `count` times.
-    fn sent(&mut self, i: usize, count: usize) {
-        if let Some(owed) = self.owed.get_mut(i) {
-            *owed += count;
-        }
-    }
-
-    /// The subscription is sent (`sent`: to at least one connection). Returns whether its
-    /// confirmations are still to come; if so, [`confirmed`](Self::confirmed) or
-    /// [`lost`](Self::lost) says when they are all in.
-    fn await_sent(&mut self, sent: bool) -> bool {
-        self.awaited = sent && self.owed.iter().any(|&c| c > 0);
-        self.awaited
-    }
-
-    /// Connection `i` confirmed a subscription. Returns whether the awaited one is now
-    /// confirmed everywhere.
-    fn confirmed(&mut self, i: usize) -> bool {
-        if let Some(owed) = self.owed.get_mut(i) {
-            *owed = owed.saturating_sub(1);
-        }
-        self.settle()
-    }
-
-    /// Connection `i` failed: what it owed will not come. Returns whether the awaited
-    /// subscription is now confirmed on every other connection.
-    fn lost(&mut self, i: usize) -> bool {
-        if let Some(owed) = self.owed.get_mut(i) {
-            *owed = 0;
-        }
-        self.settle()
-    }
-
-    fn settle(&mut self) -> bool {
-        let done = self.awaited && self.owed.iter().all(|&c| c == 0);
-        if done {
-            self.awaited = false;
-        }
-        done
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        // Nothing more will be read here: nobody should wait for it.
-        self.progress.owed_from.store(u64::MAX, Ordering::Release);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Confirmations;
-
-    /// Sends one subscription of `channels` channels to `nodes` nodes, with the confirmations
-    /// read between the sends (`early[i]` for node `i`, as the driver reads right after writing
-    /// to a node); returns whether the machine is told it is subscribed, and when: `Some(0)` at
-    /// the end of the sends, `Some(k)` at the k-th confirmation read afterwards.
-    fn subscribe(
-        c: &mut Confirmations,
-        nodes: usize,
-        channels: usize,
-        early: &[usize],
-    ) -> Option<usize> {
-        let mut told = None;
-        for i in 0..nodes {
-            c.sent(i, channels);
-            for _ in 0..early.get(i).copied().unwrap_or(0) {
-                assert!(!c.confirmed(i), "told before the subscription was sent");
-            }
-        }
-        if !c.await_sent(true) {
-            return Some(0);
-        }
-        let mut k = 0;
-        for i in 0..nodes {
-            let late = channels - early.get(i).copied().unwrap_or(0);
-            for _ in 0..late {
-                k += 1;
-                if c.confirmed(i) {
-                    assert!(told.is_none(), "told twice");
-                    told = Some(k);
+    /// The caller's operation is over: its channels are let go, its mailbox closed (replies
+    /// still owed to it are dropped when they come), and a leader steps down, handing over to
+    /// a parked caller.
+    fn finish(&mut self, slot: usize, run: u64) {
+        self.unsubscribe(slot, run);
+        let c = &mut self.mail.callers[slot];
+        c.run = NO_RUN;
+        c.events.clear();
+        c.data.clear();
+        // A leader steps down; a caller woken to lead that finished without leading passes
+        // the wake-up on, so that parked callers are never left without a leader.
+        if self.leader == Some(slot) || self.leader.is_none() {
+            self.leader = None;
+            if let Some(next) = self
+                .mail
+                .callers
+                .iter()
+                .find(|c| c.parked && c.run != NO_RUN)
+            {
+                if let Some(t) = &next.thread {
+                    t.unpark();
                 }
             }
         }
-        told
-    }
-
-    /// A node that confirms before the subscription is written to the next node: its
-    /// confirmation counts. These were lost, and the waiter sat out the node timeout before
-    /// its next attempt.
-    #[test]
-    fn a_confirmation_read_while_sending_counts() {
-        let mut c = Confirmations::new(5);
-        assert_eq!(subscribe(&mut c, 5, 1, &[1, 0, 1]), Some(3));
-        // Every node confirmed while it was being sent: subscribed at once.
-        assert_eq!(subscribe(&mut c, 5, 1, &[1, 1, 1, 1, 1]), Some(0));
-        // Several channels per node.
-        assert_eq!(subscribe(&mut c, 5, 2, &[2, 1]), Some(7));
-    }
-
-    /// A confirmation of an earlier subscription, read late on a reused connection, counts for
-    /// that one, not for the next.
-    #[test]
-    fn a_late_confirmation_counts_for_its_own_subscription() {
-        let mut c = Confirmations::new(3);
-        for i in 0..3 {
-            c.sent(i, 1);
-        }
-        assert!(c.await_sent(true));
-        // The machine went on without it (the confirmation deadline passed), and the next
-        // acquisition on this driver subscribes again.
-        c.awaited = false;
-        for i in 0..3 {
-            c.sent(i, 1);
-        }
-        assert!(c.await_sent(true));
-        // The first subscription's confirmations, then the second's.
-        for i in 0..3 {
-            assert!(!c.confirmed(i));
-        }
-        assert!(!c.confirmed(0));
-        assert!(!c.confirmed(1));
-        assert!(c.confirmed(2));
-    }
-
-    /// A failed subscriber connection owes nothing: the others' confirmations suffice.
-    #[test]
-    fn a_failed_connection_owes_nothing() {
-        let mut c = Confirmations::new(3);
-        for i in 0..3 {
-            c.sent(i, 1);
-        }
-        assert!(c.await_sent(true));
-        assert!(!c.confirmed(0));
-        assert!(!c.confirmed(2));
-        assert!(c.lost(1));
-        // Nothing sent anywhere: nothing to wait for.
-        assert!(!c.await_sent(false));
+        self.mail.flush(slot);
     }
 }

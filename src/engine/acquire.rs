@@ -610,6 +610,12 @@ impl Machine for Acquisition<'_> {
         self.advance(now, rng);
     }
 
+    fn handle_written(&mut self, node: usize, tag: Tag, at: Instant) {
+        if matches!(self.state, State::Attempt | State::WriteBack) {
+            self.fanout.handle_written(node, tag, at);
+        }
+    }
+
     fn handle_timeout(&mut self, now: Instant, rng: &mut dyn Entropy) {
         match self.state {
             State::Attempt | State::WriteBack => {

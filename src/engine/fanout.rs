@@ -129,6 +129,13 @@ impl<'a> Fanout<'a> {
         }
     }
 
+    /// Node `node` was written this fan-out's command at `at` (see [`Round::handle_written`]).
+    pub fn handle_written(&mut self, node: usize, tag: Tag, at: Instant) {
+        if tag == self.tag {
+            self.round.handle_written(node, at);
+        }
+    }
+
     /// Node `node` will not answer this fan-out's command.
     pub fn handle_failure(&mut self, node: usize, tag: Tag, why: NodeErrorKind, now: Instant) {
         if tag == self.tag {

@@ -276,6 +276,10 @@ impl Machine for HoldRound<'_> {
         self.advance(now);
     }
 
+    fn handle_written(&mut self, node: usize, tag: Tag, at: Instant) {
+        self.fanout.handle_written(node, tag, at);
+    }
+
     fn handle_timeout(&mut self, now: Instant, _rng: &mut dyn Entropy) {
         self.fanout.handle_timeout(now);
         self.advance(now);

@@ -49,7 +49,12 @@ pub enum Decision {
 #[derive(Debug)]
 pub struct Round {
     start: Instant,
+    node_timeout: Duration,
+    /// The latest of the per-node deadlines.
     node_deadline: Instant,
+    /// Per node, when it counts as failed if it has not answered: the per-node timeout from
+    /// the start, or from when its command was written (see [`handle_written`](Self::handle_written)).
+    deadlines: Vec<Instant>,
     /// When the lock this round creates would stop being valid.
     valid_until: Option<Instant>,
     /// The round must be won strictly before this: the new validity, and for an extend also the
@@ -78,7 +83,9 @@ impl Round {
     ) -> Round {
         let mut round = Round {
             start,
+            node_timeout,
             node_deadline: timings::node_deadline(start, node_timeout),
+            deadlines: Vec::with_capacity(nodes),
             valid_until: None,
             finish_by: hold_until,
             quorum: quorum(nodes),
@@ -89,6 +96,7 @@ impl Round {
             decision: None,
         };
         round.votes.resize(nodes, None);
+        round.deadlines.resize(nodes, round.node_deadline);
         round.reset(start, node_timeout, timing, hold_until);
         round
     }
@@ -102,7 +110,10 @@ impl Round {
         hold_until: Option<Instant>,
     ) {
         self.start = start;
+        self.node_timeout = node_timeout;
         self.node_deadline = timings::node_deadline(start, node_timeout);
+        let deadline = self.node_deadline;
+        self.deadlines.iter_mut().for_each(|d| *d = deadline);
         (self.valid_until, self.finish_by) = timings::round_validity(start, timing, hold_until);
         self.votes.iter_mut().for_each(|v| *v = None);
         self.yes = 0;
@@ -134,7 +145,7 @@ impl Round {
         self.start
     }
 
-    /// When nodes that have not answered count as failed.
+    /// When the last node that has not answered counts as failed.
     pub fn node_deadline(&self) -> Instant {
         self.node_deadline
     }
@@ -191,19 +202,46 @@ impl Round {
         self.evaluate(now);
     }
 
-    /// Applies the deadlines that have passed by `now`: nodes silent past the per-node timeout
-    /// fail with [`NodeErrorKind::Timeout`], and the round expires once the validity is gone.
+    /// Node `node`'s command left for the node at `at` (it may have waited behind other
+    /// callers' commands): its per-node timeout counts from then, so that time spent queued in
+    /// the client is never taken for the node's slowness. The validity still counts from the
+    /// round's start.
+    pub fn handle_written(&mut self, node: usize, at: Instant) {
+        let Some(d) = self.deadlines.get_mut(node) else {
+            return;
+        };
+        let from_write = timings::node_deadline(at, self.node_timeout);
+        if from_write > *d {
+            *d = from_write;
+            self.node_deadline = self.node_deadline.max(from_write);
+        }
+    }
+
+    /// Applies the deadlines that have passed by `now`: nodes silent past their per-node
+    /// timeout fail with [`NodeErrorKind::Timeout`], and the round expires once the validity is
+    /// gone.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.decision.is_some() {
             return;
         }
-        if now >= self.node_deadline {
-            for v in self.votes.iter_mut().filter(|v| v.is_none()) {
+        for (v, d) in self.votes.iter_mut().zip(&self.deadlines) {
+            if v.is_none() && now >= *d {
                 *v = Some(Vote::Failed(NodeErrorKind::Timeout));
                 self.failed += 1;
             }
         }
         self.evaluate(now);
+    }
+
+    /// The earliest per-node deadline of a node that has not answered.
+    fn next_node_deadline(&self) -> Instant {
+        self.votes
+            .iter()
+            .zip(&self.deadlines)
+            .filter(|(v, _)| v.is_none())
+            .map(|(_, d)| *d)
+            .min()
+            .unwrap_or(self.node_deadline)
     }
 
     /// The next instant at which [`handle_timeout`](Self::handle_timeout) has work to do, or
@@ -213,7 +251,7 @@ impl Round {
         if self.decision.is_some() {
             return None;
         }
-        Some(timings::earliest(self.finish_by, self.node_deadline))
+        Some(timings::earliest(self.finish_by, self.next_node_deadline()))
     }
 
     fn evaluate(&mut self, now: Instant) {

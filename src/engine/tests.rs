@@ -303,3 +303,42 @@ fn key_names_are_documented_and_share_the_slot() {
     // An empty tag is no tag.
     assert_eq!(KeyNames::new(b"a{}b").mutex_queue, b"{a{}b}:q");
 }
+
+/// A command that waited in the client's queue before it was written: its node's timeout
+/// counts from the write, while the validity still counts from the round's start.
+#[test]
+fn the_node_timeout_counts_from_the_write_and_the_validity_from_the_start() {
+    let t0 = Instant::now();
+    let mut round = Round::new(3, t0, 50 * MS, Some(timing(100)), None);
+    // Node 0's command left 40 ms after the round started; the others' at once.
+    round.handle_written(0, t0 + 40 * MS);
+    round.handle_written(1, t0);
+    assert_eq!(round.poll_timeout(), Some(t0 + 50 * MS));
+    round.handle_timeout(t0 + 60 * MS);
+    assert!(round.is_pending(0), "node 0 was written 20 ms ago");
+    assert!(!round.is_pending(1) && !round.is_pending(2));
+    assert_eq!(round.decision(), Some(Decision::Unreachable));
+
+    // A round that can still win: node 0 answers yes within its own timeout, past the
+    // others' deadline, and the validity is the TTL less the time since the start.
+    let mut round = Round::new(3, t0, 50 * MS, Some(timing(100)), None);
+    round.handle_written(0, t0 + 40 * MS);
+    round.handle_written(1, t0 + 40 * MS);
+    round.handle_vote(2, Vote::Yes, t0 + MS);
+    assert_eq!(round.poll_timeout(), Some(t0 + 90 * MS));
+    round.handle_timeout(t0 + 60 * MS);
+    assert_eq!(
+        round.decision(),
+        None,
+        "nodes 0 and 1 were written 20 ms ago"
+    );
+    assert_eq!(round.poll_timeout(), Some(t0 + 90 * MS));
+    round.handle_vote(0, Vote::Yes, t0 + 70 * MS);
+    match round.decision() {
+        Some(Decision::Won {
+            valid_until: Some(until),
+            ..
+        }) => assert!(until <= t0 + 100 * MS, "validity counts from the start"),
+        other => panic!("{other:?}"),
+    }
+}
