@@ -1798,6 +1798,8 @@ static void test_semaphores(redlock_mux_client *client, int count) {
 
     CHECK_OK(redlock_mux_client_stats(client, &s));
     CHECK(s.semaphore.won >= 3 && s.semaphore.contended >= 1);
+}
+
 /* A write lock becomes a read lock with the same token, without letting a writer in; a lost
  * downgrade leaves nothing held, and the handle empty. */
 static void test_downgrade(redlock_mux_client *client, int count, char **urls) {
