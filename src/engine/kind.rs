@@ -14,8 +14,8 @@ use crate::engine::keys::{self, RwKeys, WAKE_PREFIX};
 use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::{Acquire, Extend, Op, Release};
 use crate::engine::rw::{
-    self, FairRwAcquire, ReadAcquire, ReadExtend, SetRelease, WriteAcquire, WriteCleanup,
-    WriteRelease,
+    self, FairRwAcquire, ReadAcquire, ReadExtend, ReadRelease, SetRelease, WriteAcquire,
+    WriteCleanup, WriteRelease,
 };
 use crate::resp;
 
@@ -64,6 +64,10 @@ pub(crate) enum Cmd<'c> {
         fair: Option<&'c FairState>,
         /// How long a waiting writer's intent lives, in ms; 0 when it leaves none.
         intent_ms: u64,
+        /// The read-write policy lets a plain (unfair, unfenced) read or write go without Lua
+        /// on a node that has hash-field expiry: the policy is read-preferring, so readers need
+        /// not heed writers' intents (see `engine::rw`, "Native nodes").
+        native: bool,
         /// Where a fenced acquire collects the counters it reads.
         read: &'c FenceRead,
     },
@@ -158,16 +162,17 @@ impl<'a> Spec<'a> {
                 ttl_ms,
                 fair,
                 intent_ms,
+                native,
                 read,
-            } => self.with_acquire(ids, ttl_ms, fair, intent_ms, read, f),
+            } => self.with_acquire(ids, ttl_ms, fair, intent_ms, native, read, f),
             Cmd::Cleanup { ids, intent_ms } => match self.keys {
                 Keys::Mutex(key) => f(&Release {
                     key,
                     token: ids.token,
                 }),
-                Keys::Read { resource, keys } => f(&SetRelease {
+                Keys::Read { resource, keys } => f(&ReadRelease {
                     resource,
-                    set: keys.readers(),
+                    keys,
                     token: ids.token,
                 }),
                 Keys::Write { resource, keys } => f(&WriteCleanup {
@@ -251,9 +256,9 @@ impl<'a> Spec<'a> {
             },
             Cmd::Release { token } => match self.keys {
                 Keys::Mutex(key) => f(&Release { key, token }),
-                Keys::Read { resource, keys } => f(&SetRelease {
+                Keys::Read { resource, keys } => f(&ReadRelease {
                     resource,
-                    set: keys.readers(),
+                    keys,
                     token,
                 }),
                 Keys::Write { resource, keys } => f(&WriteRelease {
@@ -266,12 +271,14 @@ impl<'a> Spec<'a> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn with_acquire<R>(
         &self,
         ids: AttemptIds<'_>,
         ttl_ms: u64,
         fair: Option<&FairState>,
         intent_ms: u64,
+        native: bool,
         read: &FenceRead,
         f: impl FnOnce(&dyn Op) -> R,
     ) -> R {
@@ -301,6 +308,7 @@ impl<'a> Spec<'a> {
                 keys,
                 token,
                 ttl_ms,
+                native,
             }),
             (Keys::Write { keys, .. }, fair, Some(fence)) => f(&FencedWriteAcquire {
                 keys,

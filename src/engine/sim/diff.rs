@@ -315,6 +315,7 @@ fn every_lock_script_answers_like_redis_server() {
                     keys: k,
                     token,
                     ttl_ms,
+                    native: false,
                 },
                 form,
             ),
@@ -548,6 +549,7 @@ fn every_lock_script_answers_like_redis_server() {
         keys: &t,
         token: tokens[1],
         ttl_ms: 1000,
+        native: false,
     };
     pair.same_kind(&encode(&read, ScriptForm::Sha), "reader set is a string");
     // A key of a set that someone else turned into another type: extending the set is refused,
@@ -581,6 +583,7 @@ fn every_lock_script_answers_like_redis_server() {
         keys: k,
         token: tokens[0],
         ttl_ms: 60_000,
+        native: false,
     };
     pair.same(&encode(&holder, ScriptForm::Sha), "a reader holds");
     let waiting = WriteAcquire {
@@ -631,6 +634,7 @@ fn every_lock_script_answers_like_redis_server() {
         keys: k,
         token,
         ttl_ms: 30,
+        native: false,
     };
     pair.same(&encode(&short(tokens[0]), ScriptForm::Sha), "short reader");
     let waiting_writer = WriteAcquire {
@@ -798,6 +802,7 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             keys: &k,
             token: a,
             ttl_ms,
+            native: false,
         };
         run(&mut real, &encode(&reader, ScriptForm::Body));
         let extend = ReadExtend {
