@@ -15,7 +15,7 @@ use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::{Acquire, Extend, Op, Release};
 use crate::engine::rw::{
     self, FairRwAcquire, ReadAcquire, ReadExtend, ReadRelease, SetRelease, WriteAcquire,
-    WriteCleanup, WriteRelease,
+    WriteCleanup, WriteExtend, WriteRelease,
 };
 use crate::resp;
 
@@ -243,8 +243,8 @@ impl<'a> Spec<'a> {
                     token,
                     ttl_ms,
                 }),
-                Keys::Write { keys, .. } => f(&Extend {
-                    key: keys.writer(),
+                Keys::Write { keys, .. } => f(&WriteExtend {
+                    keys,
                     token,
                     ttl_ms,
                 }),

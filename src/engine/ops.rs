@@ -210,7 +210,14 @@ impl Op for Extend<'_> {
         );
     }
 
+    /// `WRONGTYPE`: the key holds something else (a read-write lock's reader hash), so not
+    /// our token.
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
-        int_verdict(reply)
+        match reply {
+            Reply::Error(m) if ServerErrorKind::of(m) == ServerErrorKind::WrongType => {
+                Verdict::Vote(Vote::No)
+            }
+            other => int_verdict(other),
+        }
     }
 }

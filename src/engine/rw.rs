@@ -40,7 +40,9 @@
 use crate::engine::fair::{AttemptIds, FairState, QueueKeys};
 use crate::engine::keys;
 pub use crate::engine::keys::RwKeys;
-use crate::engine::ops::{int_verdict, write_eval, Arg, Caps, Op, ScriptForm, Verdict, RELEASE};
+use crate::engine::ops::{
+    int_verdict, write_eval, Arg, Caps, Extend, Op, ScriptForm, Verdict, RELEASE,
+};
 pub use crate::engine::scripts::{
     FAIR_READ_ACQUIRE, FAIR_WRITE_ACQUIRE, READ_ACQUIRE, READ_EXTEND, SET_RELEASE, WRITE_ACQUIRE,
     WRITE_CLEANUP,
@@ -132,6 +134,65 @@ fn native_write_verdict(items: &[Reply<'_>]) -> Verdict {
 /// reader hash where a writer string was looked for, or the other way round).
 fn is_wrong_type(reply: &Reply<'_>) -> bool {
     matches!(reply, Reply::Error(m) if ServerErrorKind::of(m) == ServerErrorKind::WrongType)
+}
+
+/// Writer extend: the mutex's compare-and-`PEXPIRE` ([`EXTEND`]) on the writer key. On a native
+/// node it is voted on together with `EXISTS R` in one transaction (`MULTI`, the script by its
+/// body, `EXISTS R`, `EXEC`): extended, and no reader set there. A native writer's `SET` may
+/// have gone through on a node that refused it because of a reader set (see the module's
+/// "Native nodes"); such a node must not count for the writer later either.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteExtend<'a> {
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// The writer's token.
+    pub token: &'a [u8],
+    /// The new TTL in milliseconds.
+    pub ttl_ms: u64,
+}
+
+impl WriteExtend<'_> {
+    fn script(&self) -> Extend<'_> {
+        Extend {
+            key: self.keys.writer(),
+            token: self.token,
+            ttl_ms: self.ttl_ms,
+        }
+    }
+}
+
+impl Op for WriteExtend<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        self.script().encode(out, form);
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        if !caps.hsetex {
+            self.encode(out, form);
+            return 0;
+        }
+        resp::encode_command(out, &[b"MULTI"]);
+        self.script().encode(out, ScriptForm::Body);
+        resp::encode_command(out, &[b"EXISTS", self.keys.readers()]);
+        resp::encode_command(out, &[b"EXEC"]);
+        3
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        let Reply::Array(Some(items)) = reply else {
+            return self.script().classify(reply);
+        };
+        match items.as_slice() {
+            [Reply::Integer(1), Reply::Integer(0)] => Verdict::Vote(Vote::Yes),
+            [Reply::Integer(_), Reply::Integer(_)] => Verdict::Vote(Vote::No),
+            // The script's `GET` on a reader hash: nothing of ours there.
+            [e, Reply::Integer(_)] if is_wrong_type(e) => Verdict::Vote(Vote::No),
+            [Reply::Error(m), _] | [_, Reply::Error(m)] => {
+                Verdict::Vote(Vote::Failed(crate::engine::ops::server_error(m)))
+            }
+            _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+        }
+    }
 }
 
 /// Cleanup after a lost write attempt; see [`WRITE_CLEANUP`].
@@ -658,6 +719,36 @@ mod tests {
         out.clear();
         assert_eq!(wp.encode_for(&mut out, ScriptForm::Sha, native()), 0);
         assert!(out.starts_with(b"*10\r\n$7\r\nEVALSHA\r\n"));
+    }
+
+    #[test]
+    fn a_native_writer_extends_only_where_no_reader_set_is() {
+        let keys = RwKeys::new(b"k");
+        let op = WriteExtend {
+            keys: &keys,
+            token: b"t",
+            ttl_ms: 500,
+        };
+        let mut out = Vec::new();
+        assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, native()), 3);
+        assert!(out.starts_with(b"*1\r\n$5\r\nMULTI\r\n*6\r\n$4\r\nEVAL\r\n"));
+        assert!(out.ends_with(b"*2\r\n$6\r\nEXISTS\r\n$8\r\n{rw:k}:r\r\n*1\r\n$4\r\nEXEC\r\n"));
+        let exec = |a, b| Reply::Array(Some(vec![a, b]));
+        let wrong = Reply::Error(b"WRONGTYPE Operation against a key");
+        let (yes, no) = (Verdict::Vote(Vote::Yes), Verdict::Vote(Vote::No));
+        assert_eq!(
+            op.classify(&exec(Reply::Integer(1), Reply::Integer(0))),
+            yes
+        );
+        assert_eq!(op.classify(&exec(Reply::Integer(1), Reply::Integer(1))), no);
+        assert_eq!(op.classify(&exec(Reply::Integer(0), Reply::Integer(0))), no);
+        assert_eq!(op.classify(&exec(wrong.clone(), Reply::Integer(0))), no);
+        // The script alone elsewhere.
+        assert_eq!(op.classify(&Reply::Integer(1)), yes);
+        assert_eq!(op.classify(&wrong), no);
+        out.clear();
+        assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, Caps::default()), 0);
+        assert!(out.starts_with(b"*6\r\n$7\r\nEVALSHA\r\n"));
     }
 
     #[test]
