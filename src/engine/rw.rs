@@ -35,6 +35,80 @@
 //! would wait for the writer while the queue makes the writer wait for the reader. So
 //! [`FAIR_READ_ACQUIRE`] ignores intents for a reader the queue lets through, and only a reader
 //! outside the queue (one that did not join an empty queue) heeds them.
+//!
+//! # Native nodes (Redis 8)
+//!
+//! A node whose server has hash-field expiry (`HSETEX`, Redis 8.0; detected per node when its
+//! connection is set up, with `COMMAND INFO DELEX HSETEX`) is *native*. There the
+//! read-preferring lock, unfair and unfenced, sends no script:
+//!
+//! - **reader**: `HSETEX W PX ttl FIELDS 1 token 1`. Readers are fields of a hash at the
+//!   writer key `W` itself, each with its own expiry on the node's clock. A writer's string at
+//!   `W` makes it `WRONGTYPE`: a refusal.
+//! - **writer**: `MULTI`, `HRANDFIELD W`, `SET W token NX PX ttl`, `EXISTS R`, `EXEC`. A grant
+//!   only when the `SET` went through and the reader set `R` does not exist. `HRANDFIELD` deletes
+//!   the expired fields of a reader hash (the server keeps a hash whose fields all expired until
+//!   its expiry cycle or a field access removes it, and `SET NX` would fail on it meanwhile).
+//! - **reader extend**: `MULTI`, `HPEXPIRE W ttl FIELDS 1 token`, [`READ_EXTEND`] on `R`,
+//!   `EXEC`; **reader release**: `HDEL W token`, `ZREM R token`, `PUBLISH`. A reader's entry may
+//!   be in either place on a native node (a hash field, or a member of `R` if it joined through
+//!   a script or before the node was upgraded), so both are addressed and no guard has to
+//!   remember which representation each node used. Neither brings back an entry that is gone.
+//! - **writer extend**: `MULTI`, [`EXTEND`](crate::engine::ops::EXTEND) on `W`, `EXISTS R`,
+//!   `EXEC`: extended only where no reader set exists. Writer release and cleanup are the
+//!   usual token-checked deletes; on a reader hash they meet `WRONGTYPE`: nothing of ours.
+//!
+//! Everything else keeps the scripts, on native nodes too: the fair queue, the write-preferring
+//! policy (its readers must heed intents, which a native reader does not read), fencing, and
+//! every node without `HSETEX`. `MULTI` is needed for the writer: in a plain pipeline another
+//! client's commands may run between `SET` and `EXISTS`, and if `W` expired in between, the
+//! `EXISTS` would vouch for a `W` that is someone else's by then.
+//!
+//! ## Why a writer and a reader (or two writers) never both hold, whatever the mix
+//!
+//! Say a node *admits* a holder from an instant at which it answered yes to it (acquire or
+//! extend) until the holder's entry there expires or is deleted. Entries are deleted only by
+//! their holder's release (after it stopped relying on the lock), by its cleanup of an attempt
+//! it lost, or by expiry; so a holder that still relies on the lock is admitted wherever its
+//! entry lives. On one node, whatever mix of representations it holds (a string or a reader
+//! hash at `W`; a sorted set `R` written by scripts, by 7.x before an upgrade, or loaded from an
+//! AOF):
+//!
+//! 1. *A writer is admitted only at an instant when `W` is its string and no reader entry
+//!    exists.* The native writer's `EXEC` sets `W` and sees no `R` atomically (a string at `W`
+//!    excludes a hash there); its extend checks that `W` holds its token and that `R` does not
+//!    exist, atomically. The write script sets `W` only when `W` does not exist (a reader hash
+//!    exists while any field lives) and `R` has no live member.
+//! 2. *While a writer's string is at `W`, no reader entry is created on the node.* `HSETEX` on
+//!    a string is `WRONGTYPE`; the read scripts refuse whenever `W` exists, of any type.
+//!    Extends never create entries.
+//! 3. *While any reader entry lives, no writer's string is set with a yes.* A live field keeps
+//!    the hash at `W`, so `SET NX` fails and the write script refuses; a live member keeps `R`,
+//!    so the native writer's vote (and extend) is a refusal and the write script refuses.
+//! 4. *Two writers are never admitted at once:* `W` holds one string; `SET NX` and the write
+//!    script take it only when it does not exist.
+//!
+//! By 1 and 2, from the instant a writer is admitted until its string goes, the node admits no
+//! reader; by 3, no reader admitted earlier is still admitted at that instant. So on every
+//! node, a writer's admission overlaps no other holder's. A holder relies on the lock only
+//! within the validity it measured from before its round began, which is shorter than its
+//! entries live on the majority that answered yes (the drift allowance), so it is admitted on
+//! a majority for as long as it relies on the lock. Two majorities of the same N nodes share a
+//! node, and no node admits a writer beside anyone else: a writer never relies on the lock
+//! while a reader or another writer does, for any mix of 7.x and 8.x nodes.
+//!
+//! A native writer's `SET` that went through beside a reader set leaves its string at `W` on a
+//! node that refused it. That string only keeps readers out (2); the writer's extend refuses
+//! there (1), and its release or cleanup deletes it, as they do for any writer.
+//!
+//! ## What mixing costs, not safety
+//!
+//! A script reader refuses while a reader hash is at `W` (it sees `W` exist), and a native
+//! writer refuses while `R` exists, even with only expired members (`R` itself expires with its
+//! longest-lived member). Clients that mix fair or write-preferring locks with plain
+//! read-preferring ones on the same resource therefore wait for each other's readers more
+//! often on native nodes; and native readers do not heed writers' intents, so the
+//! write-preferring policy's promise only holds among clients that all use it.
 #![forbid(unsafe_code)]
 
 use crate::engine::fair::{AttemptIds, FairState, QueueKeys};
