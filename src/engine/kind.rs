@@ -174,6 +174,7 @@ impl<'a> Spec<'a> {
                     resource,
                     keys,
                     token: ids.token,
+                    announce: false,
                 }),
                 Keys::Write { resource, keys } => f(&WriteCleanup {
                     resource,
@@ -260,6 +261,7 @@ impl<'a> Spec<'a> {
                     resource,
                     keys,
                     token,
+                    announce: true,
                 }),
                 Keys::Write { resource, keys } => f(&WriteRelease {
                     resource,

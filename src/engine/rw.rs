@@ -50,10 +50,12 @@
 //!   the expired fields of a reader hash (the server keeps a hash whose fields all expired until
 //!   its expiry cycle or a field access removes it, and `SET NX` would fail on it meanwhile).
 //! - **reader extend**: `MULTI`, `HPEXPIRE W ttl FIELDS 1 token`, [`READ_EXTEND`] on `R`,
-//!   `EXEC`; **reader release**: `HDEL W token`, `ZREM R token`, `PUBLISH`. A reader's entry may
-//!   be in either place on a native node (a hash field, or a member of `R` if it joined through
-//!   a script or before the node was upgraded), so both are addressed and no guard has to
-//!   remember which representation each node used. Neither brings back an entry that is gone.
+//!   `EXEC`; **reader release**: `HDEL W token`, `ZREM R token`, `PUBLISH` (a lost attempt's
+//!   cleanup announces nothing: without a script the announcement cannot depend on whether
+//!   anything was removed). A reader's entry may be in either place on a native node (a hash
+//!   field, or a member of `R` if it joined through a script or before the node was upgraded),
+//!   so both are addressed and no guard has to remember which representation each node used.
+//!   Neither brings back an entry that was deleted.
 //! - **writer extend**: `MULTI`, [`EXTEND`](crate::engine::ops::EXTEND) on `W`, `EXISTS R`,
 //!   `EXEC`: extended only where no reader set exists. Writer release and cleanup are the
 //!   usual token-checked deletes; on a reader hash they meet `WRONGTYPE`: nothing of ours.
@@ -67,12 +69,16 @@
 //! ## Why a writer and a reader (or two writers) never both hold, whatever the mix
 //!
 //! Say a node *admits* a holder from an instant at which it answered yes to it (acquire or
-//! extend) until the holder's entry there expires or is deleted. Entries are deleted only by
-//! their holder's release (after it stopped relying on the lock), by its cleanup of an attempt
-//! it lost, or by expiry; so a holder that still relies on the lock is admitted wherever its
-//! entry lives. On one node, whatever mix of representations it holds (a string or a reader
-//! hash at `W`; a sorted set `R` written by scripts, by 7.x before an upgrade, or loaded from an
-//! AOF):
+//! extend) until the holder's entry there is deleted. An entry is deleted by its holder's
+//! release (after it stopped relying on the lock), by its cleanup of an attempt it lost, or
+//! after it expired: a `PX` string at once, a sorted-set member when a write script prunes it or
+//! the set expires, a hash field when a command deletes it (`HRANDFIELD` deletes every expired
+//! field, `HDEL` one) or the server's expiry cycle does. Until then an expired entry is still
+//! *there*: Redis 8.2's `HPEXPIRE` even gives such a field a new expiry. That is harmless,
+//! because an entry that is there keeps writers out exactly as a live one does, so a holder
+//! relying on the lock is admitted wherever its entry is. On one node, whatever mix of
+//! representations it holds (a string or a reader hash at `W`; a sorted set `R` written by
+//! scripts, by 7.x before an upgrade, or loaded from an AOF):
 //!
 //! 1. *A writer is admitted only at an instant when `W` is its string and no reader entry
 //!    exists.* The native writer's `EXEC` sets `W` and sees no `R` atomically (a string at `W`
@@ -82,14 +88,15 @@
 //! 2. *While a writer's string is at `W`, no reader entry is created on the node.* `HSETEX` on
 //!    a string is `WRONGTYPE`; the read scripts refuse whenever `W` exists, of any type.
 //!    Extends never create entries.
-//! 3. *While any reader entry lives, no writer's string is set with a yes.* A live field keeps
-//!    the hash at `W`, so `SET NX` fails and the write script refuses; a live member keeps `R`,
-//!    so the native writer's vote (and extend) is a refusal and the write script refuses.
+//! 3. *While any reader entry is there, no writer's string is set with a yes.* A field keeps
+//!    the hash at `W`, so `SET NX` fails (unless `HRANDFIELD` deleted it first, expired) and
+//!    the write script refuses; a member keeps `R`, so the native writer's vote (and extend) is
+//!    a refusal, and the write script refuses unless it pruned it, expired.
 //! 4. *Two writers are never admitted at once:* `W` holds one string; `SET NX` and the write
 //!    script take it only when it does not exist.
 //!
 //! By 1 and 2, from the instant a writer is admitted until its string goes, the node admits no
-//! reader; by 3, no reader admitted earlier is still admitted at that instant. So on every
+//! reader; by 1 and 3, no reader admitted earlier is still admitted at that instant. So on every
 //! node, a writer's admission overlaps no other holder's. A holder relies on the lock only
 //! within the validity it measured from before its round began, which is shorter than its
 //! entries live on the majority that answered yes (the drift allowance), so it is admitted on
@@ -424,7 +431,12 @@ impl Op for ReadAcquire<'_> {
 /// Reader release, and the cleanup of a lost read attempt: the reader's token leaves the reader
 /// set ([`SET_RELEASE`]). On a native node it leaves both places a reader can be there, the
 /// hash at the writer key and the reader set (a reader that joined before the node was
-/// upgraded, or through a script): `HDEL W token`, `ZREM R token`, then the announcement.
+/// upgraded, or through a script): `HDEL W token`, `ZREM R token`, then, for a release, the
+/// announcement.
+///
+/// Without a script the announcement cannot depend on whether anything was removed, so a
+/// cleanup makes none: waiters that lose wake each other with their cleanups otherwise, and
+/// retry and lose again, without end.
 #[derive(Debug, Clone, Copy)]
 pub struct ReadRelease<'a> {
     /// The resource key, whose wake channel announces the release.
@@ -433,6 +445,8 @@ pub struct ReadRelease<'a> {
     pub keys: &'a RwKeys,
     /// The reader's token.
     pub token: &'a [u8],
+    /// A release (announced on a native node), not the cleanup of a lost attempt.
+    pub announce: bool,
 }
 
 impl Op for ReadRelease<'_> {
@@ -453,6 +467,9 @@ impl Op for ReadRelease<'_> {
         // `HDEL` on a writer's string is `WRONGTYPE`: nothing of ours there, and dropped.
         resp::encode_command(out, &[b"HDEL", self.keys.writer(), self.token]);
         resp::encode_command(out, &[b"ZREM", self.keys.readers(), self.token]);
+        if !self.announce {
+            return 1;
+        }
         write_publish(out, self.resource, self.token);
         2
     }
@@ -890,6 +907,7 @@ mod tests {
             resource: b"k",
             keys: &keys,
             token: b"t",
+            announce: true,
         };
         out.clear();
         assert_eq!(rel.encode_for(&mut out, ScriptForm::Sha, native()), 2);
@@ -897,6 +915,14 @@ mod tests {
             .starts_with(b"*3\r\n$4\r\nHDEL\r\n$8\r\n{rw:k}:w\r\n$1\r\nt\r\n*3\r\n$4\r\nZREM\r\n"));
         assert_eq!(rel.classify(&Reply::Integer(2)), yes);
         assert_eq!(rel.classify(&wrong), yes);
+        // A cleanup announces nothing.
+        out.clear();
+        let cleanup = ReadRelease {
+            announce: false,
+            ..rel
+        };
+        assert_eq!(cleanup.encode_for(&mut out, ScriptForm::Sha, native()), 1);
+        assert!(!out.windows(7).any(|w| w == b"PUBLISH"));
         out.clear();
         assert_eq!(
             rel.encode_for(&mut out, ScriptForm::Sha, Caps::default()),

@@ -156,7 +156,13 @@ fn every_lock_kind_within_the_model() {
                 }
                 require(
                     s,
-                    &[("shared reads", s.shared_reads), ("intents", s.intents)],
+                    &[
+                        ("shared reads", s.shared_reads),
+                        ("intents", s.intents),
+                        ("runs mixing Redis 7 and 8", s.mixed_runs),
+                        ("upgrades to Redis 8", s.upgrades),
+                        ("commands without Lua", s.native_commands),
+                    ],
                 );
             }
             Locks::All => require(s, &[("set grants", s.set_grants)]),
