@@ -43,7 +43,7 @@ pub(crate) enum Setup {
     Select,
     /// `SCRIPT LOAD`: a refusal (ACLs) is tolerated, EVALSHA then falls back to EVAL.
     ScriptLoad,
-    /// `COMMAND INFO DELEX`, whose answer sets [`Conn::caps`]; a refusal is tolerated.
+    /// `COMMAND INFO DELEX HSETEX`, whose answer sets [`Conn::caps`]; a refusal is tolerated.
     Caps,
 }
 
@@ -325,8 +325,9 @@ impl Conn {
                 resp::encode_command(&mut self.out, &[b"SCRIPT", b"LOAD", script.body.as_bytes()]);
                 self.owed.push_back(Slot::Setup(Setup::ScriptLoad));
             }
-            // Redis 8.4 has DELEX; older servers answer with a nil entry, and ACLs with an error.
-            resp::encode_command(&mut self.out, &[b"COMMAND", b"INFO", b"DELEX"]);
+            // Redis 8.4 has DELEX and 8.0 HSETEX; older servers answer with a nil entry for
+            // each command they lack, and ACLs with an error.
+            resp::encode_command(&mut self.out, &[b"COMMAND", b"INFO", b"DELEX", b"HSETEX"]);
             self.owed.push_back(Slot::Setup(Setup::Caps));
         }
         self.setup_owed = self.owed.len();
@@ -347,15 +348,15 @@ impl Conn {
         encode(self.queue_buf());
     }
 
-    /// Queues commands written by `encode`: the first one's reply is for `slot`; `encode`
-    /// returns how many more it wrote, whose replies are owed too, and dropped.
+    /// Queues commands written by `encode`: the last one's reply is for `slot`; `encode`
+    /// returns how many it wrote before that one, whose replies are owed too, and dropped.
     pub fn queue(&mut self, slot: Slot, encode: impl FnOnce(&mut Vec<u8>) -> usize) {
-        let extra = encode(self.queue_buf());
-        self.owed.push_back(slot);
-        for _ in 0..extra {
+        let before = encode(self.queue_buf());
+        for _ in 0..before {
             self.owed.push_back(Slot::Discard);
         }
-        self.unwritten += 1 + extra;
+        self.owed.push_back(slot);
+        self.unwritten += 1 + before;
     }
 
     /// Once everything queued has been written to the socket, hands every slot queued since
@@ -508,7 +509,7 @@ impl Conn {
                     if let Slot::Setup(step) = slot {
                         step.check(&reply)?;
                         if step == Setup::Caps {
-                            self.caps.delex = crate::engine::rw::delex_supported(&reply);
+                            self.caps = crate::engine::rw::caps_of(&reply);
                         }
                         self.setup_owed = self.setup_owed.saturating_sub(1);
                         if self.setup_owed == 0 && !self.held.is_empty() {

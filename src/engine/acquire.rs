@@ -494,6 +494,7 @@ impl<'a> Acquisition<'a> {
                 ttl_ms: self.params.ttl_ms,
                 fair: self.fair.as_ref(),
                 intent_ms: self.intent_ms,
+                native: matches!(self.config.rw_policy, RwPolicy::ReadPreferring),
                 read: &self.read,
             },
             What::Cleanup { token } => Cmd::Cleanup {

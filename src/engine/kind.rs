@@ -16,8 +16,8 @@ use crate::engine::ops::{Acquire, Extend, Op, Release};
 use crate::engine::ops::{ScriptForm, Verdict};
 use crate::engine::round::quorum;
 use crate::engine::rw::{
-    self, Downgrade, DowngradeUndo, FairRwAcquire, ReadAcquire, ReadExtend, SetRelease,
-    WriteAcquire, WriteCleanup, WriteRelease,
+    self, Downgrade, DowngradeUndo, FairRwAcquire, ReadAcquire, ReadExtend, ReadRelease,
+    SetRelease, WriteAcquire, WriteCleanup, WriteExtend, WriteRelease,
 };
 use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend, SemRelease};
 use crate::engine::Vote;
@@ -91,6 +91,10 @@ pub(crate) enum Cmd<'c> {
         fair: Option<&'c FairState>,
         /// How long a waiting writer's intent lives, in ms; 0 when it leaves none.
         intent_ms: u64,
+        /// The read-write policy lets a plain (unfair, unfenced) read or write go without Lua
+        /// on a node that has hash-field expiry: the policy is read-preferring, so readers need
+        /// not heed writers' intents (see `engine::rw`, "Native nodes").
+        native: bool,
         /// Where a fenced acquire collects the counters it reads.
         read: &'c FenceRead,
     },
@@ -235,20 +239,25 @@ impl<'a> Spec<'a> {
                 ttl_ms,
                 fair,
                 intent_ms,
+                native,
                 read,
-            } => self.with_acquire(ids, ttl_ms, fair, intent_ms, read, f),
+            } => self.with_acquire(ids, ttl_ms, fair, intent_ms, native, read, f),
             Cmd::Cleanup { ids, intent_ms } => match self.keys {
                 Keys::Mutex(key) => f(&Release {
                     key,
                     token: ids.token,
                 }),
-                Keys::Read { resource, keys } | Keys::Downgraded { resource, keys } => {
-                    f(&SetRelease {
-                        resource,
-                        set: keys.readers(),
-                        token: ids.token,
-                    })
-                }
+                Keys::Read { resource, keys } => f(&ReadRelease {
+                    resource,
+                    keys,
+                    token: ids.token,
+                    announce: false,
+                }),
+                Keys::Downgraded { resource, keys } => f(&SetRelease {
+                    resource,
+                    set: keys.readers(),
+                    token: ids.token,
+                }),
                 Keys::Write { resource, keys } => f(&WriteCleanup {
                     resource,
                     keys,
@@ -332,8 +341,8 @@ impl<'a> Spec<'a> {
                     token,
                     ttl_ms,
                 }),
-                Keys::Write { keys, .. } => f(&Extend {
-                    key: keys.writer(),
+                Keys::Write { keys, .. } => f(&WriteExtend {
+                    keys,
                     token,
                     ttl_ms,
                 }),
@@ -350,10 +359,11 @@ impl<'a> Spec<'a> {
             },
             Cmd::Release { token } => match self.keys {
                 Keys::Mutex(key) => f(&Release { key, token }),
-                Keys::Read { resource, keys } => f(&SetRelease {
+                Keys::Read { resource, keys } => f(&ReadRelease {
                     resource,
-                    set: keys.readers(),
+                    keys,
                     token,
+                    announce: true,
                 }),
                 Keys::Write { resource, keys } => f(&WriteRelease {
                     resource,
@@ -394,12 +404,14 @@ impl<'a> Spec<'a> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn with_acquire<R>(
         &self,
         ids: AttemptIds<'_>,
         ttl_ms: u64,
         fair: Option<&FairState>,
         intent_ms: u64,
+        native: bool,
         read: &FenceRead,
         f: impl FnOnce(&dyn Op) -> R,
     ) -> R {
@@ -429,6 +441,7 @@ impl<'a> Spec<'a> {
                 keys,
                 token,
                 ttl_ms,
+                native,
             }),
             (Keys::Write { keys, .. }, fair, Some(fence)) => f(&FencedWriteAcquire {
                 keys,

@@ -150,9 +150,10 @@ pub(crate) trait Machine {
     #[must_use]
     fn poll_transmit(&mut self) -> Option<Transmit>;
 
-    /// Writes `t` for a node whose server offers `caps`. For a command, returns how many more
-    /// commands it wrote after the one whose reply carries the tag (their replies are read and
-    /// dropped); for a subscription, how many confirmations each node sends.
+    /// Writes `t` for a node whose server offers `caps`. For a command, returns how many
+    /// commands it wrote before the last one, whose reply carries the tag (the replies to
+    /// those before it are read and dropped); for a subscription, how many confirmations each
+    /// node sends.
     fn encode(&self, t: &Transmit, caps: Caps, out: &mut Vec<u8>) -> usize;
 
     /// When [`handle_timeout`](Self::handle_timeout) has work to do; `None` once over.

@@ -78,6 +78,9 @@ pub enum Verdict {
 pub struct Caps {
     /// `DELEX key IFEQ value` (Redis 8.4): compare-and-delete without a script.
     pub delex: bool,
+    /// Hash-field expiry with `HSETEX` (Redis 8.0): the read-preferring read-write lock goes
+    /// without Lua there (see `engine::rw`, "Native nodes").
+    pub hsetex: bool,
 }
 
 /// A command fanned out to every node.
@@ -85,8 +88,9 @@ pub trait Op {
     /// Writes the command for one node into `out`. `form` matters only to scripts.
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm);
     /// Writes the command for a node whose server offers `caps`; ops that can use a newer
-    /// command there override this. Returns how many commands it wrote after the one whose
-    /// reply is the vote (their replies are read and dropped). A `NOSCRIPT` resend always uses
+    /// command there override this. Returns how many commands it wrote before the last one,
+    /// whose reply is the vote (the replies to those before it are read and dropped: a
+    /// `MULTI` ... `EXEC` block is voted on by its `EXEC`). A `NOSCRIPT` resend always uses
     /// [`encode`](Op::encode).
     fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         let _ = caps;
@@ -206,7 +210,14 @@ impl Op for Extend<'_> {
         );
     }
 
+    /// `WRONGTYPE`: the key holds something else (a read-write lock's reader hash), so not
+    /// our token.
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
-        int_verdict(reply)
+        match reply {
+            Reply::Error(m) if ServerErrorKind::of(m) == ServerErrorKind::WrongType => {
+                Verdict::Vote(Vote::No)
+            }
+            other => int_verdict(other),
+        }
     }
 }

@@ -35,18 +35,102 @@
 //! would wait for the writer while the queue makes the writer wait for the reader. So
 //! [`FAIR_READ_ACQUIRE`] ignores intents for a reader the queue lets through, and only a reader
 //! outside the queue (one that did not join an empty queue) heeds them.
+//!
+//! # Native nodes (Redis 8)
+//!
+//! A node whose server has hash-field expiry (`HSETEX`, Redis 8.0; detected per node when its
+//! connection is set up, with `COMMAND INFO DELEX HSETEX`) is *native*. There the
+//! read-preferring lock, unfair and unfenced, sends no script:
+//!
+//! - **reader**: `HSETEX W PX ttl FIELDS 1 token 1`. Readers are fields of a hash at the
+//!   writer key `W` itself, each with its own expiry on the node's clock. A writer's string at
+//!   `W` makes it `WRONGTYPE`: a refusal.
+//! - **writer**: `MULTI`, `HRANDFIELD W`, `SET W token NX PX ttl`, `EXISTS R`, `EXEC`. A grant
+//!   only when the `SET` went through and the reader set `R` does not exist. `HRANDFIELD` deletes
+//!   the expired fields of a reader hash (the server keeps a hash whose fields all expired until
+//!   its expiry cycle or a field access removes it, and `SET NX` would fail on it meanwhile).
+//! - **reader extend**: `MULTI`, `HPEXPIRE W ttl FIELDS 1 token`, [`READ_EXTEND`] on `R`,
+//!   `EXEC`; **reader release**: `HDEL W token`, `ZREM R token`, `PUBLISH` (a lost attempt's
+//!   cleanup announces nothing: without a script the announcement cannot depend on whether
+//!   anything was removed). A reader's entry may be in either place on a native node (a hash
+//!   field, or a member of `R` if it joined through a script or before the node was upgraded),
+//!   so both are addressed and no guard has to remember which representation each node used.
+//!   Neither brings back an entry that was deleted.
+//! - **writer extend**: `MULTI`, [`EXTEND`](crate::engine::ops::EXTEND) on `W`, `EXISTS R`,
+//!   `EXEC`: extended only where no reader set exists. Writer release and cleanup are the
+//!   usual token-checked deletes; on a reader hash they meet `WRONGTYPE`: nothing of ours.
+//!
+//! Everything else keeps the scripts, on native nodes too: the fair queue, the write-preferring
+//! policy (its readers must heed intents, which a native reader does not read), fencing, and
+//! every node without `HSETEX`. `MULTI` is needed for the writer: in a plain pipeline another
+//! client's commands may run between `SET` and `EXISTS`, and if `W` expired in between, the
+//! `EXISTS` would vouch for a `W` that is someone else's by then.
+//!
+//! ## Why a writer and a reader (or two writers) never both hold, whatever the mix
+//!
+//! Say a node *admits* a holder from an instant at which it answered yes to it (acquire or
+//! extend) until the holder's entry there is deleted. An entry is deleted by its holder's
+//! release (after it stopped relying on the lock), by its cleanup of an attempt it lost, or
+//! after it expired: a `PX` string at once, a sorted-set member when a write script prunes it or
+//! the set expires, a hash field when a command deletes it (`HRANDFIELD` deletes every expired
+//! field, `HDEL` one) or the server's expiry cycle does. Until then an expired entry is still
+//! *there*: Redis 8.2's `HPEXPIRE` even gives such a field a new expiry. That is harmless,
+//! because an entry that is there keeps writers out exactly as a live one does, so a holder
+//! relying on the lock is admitted wherever its entry is. On one node, whatever mix of
+//! representations it holds (a string or a reader hash at `W`; a sorted set `R` written by
+//! scripts, by 7.x before an upgrade, or loaded from an AOF):
+//!
+//! 1. *A writer is admitted only at an instant when `W` is its string and no reader entry
+//!    exists.* The native writer's `EXEC` sets `W` and sees no `R` atomically (a string at `W`
+//!    excludes a hash there); its extend checks that `W` holds its token and that `R` does not
+//!    exist, atomically. The write script sets `W` only when `W` does not exist (a reader hash
+//!    exists while any field lives) and `R` has no live member.
+//! 2. *While a writer's string is at `W`, no reader entry is created on the node.* `HSETEX` on
+//!    a string is `WRONGTYPE`; the read scripts refuse whenever `W` exists, of any type.
+//!    Extends never create entries.
+//! 3. *While any reader entry is there, no writer's string is set with a yes.* A field keeps
+//!    the hash at `W`, so `SET NX` fails (unless `HRANDFIELD` deleted it first, expired) and
+//!    the write script refuses; a member keeps `R`, so the native writer's vote (and extend) is
+//!    a refusal, and the write script refuses unless it pruned it, expired.
+//! 4. *Two writers are never admitted at once:* `W` holds one string; `SET NX` and the write
+//!    script take it only when it does not exist.
+//!
+//! By 1 and 2, from the instant a writer is admitted until its string goes, the node admits no
+//! reader; by 1 and 3, no reader admitted earlier is still admitted at that instant. So on every
+//! node, a writer's admission overlaps no other holder's. A holder relies on the lock only
+//! within the validity it measured from before its round began, which is shorter than its
+//! entries live on the majority that answered yes (the drift allowance), so it is admitted on
+//! a majority for as long as it relies on the lock. Two majorities of the same N nodes share a
+//! node, and no node admits a writer beside anyone else: a writer never relies on the lock
+//! while a reader or another writer does, for any mix of 7.x and 8.x nodes.
+//!
+//! A native writer's `SET` that went through beside a reader set leaves its string at `W` on a
+//! node that refused it. That string only keeps readers out (2); the writer's extend refuses
+//! there (1), and its release or cleanup deletes it, as they do for any writer.
+//!
+//! ## What mixing costs, not safety
+//!
+//! A script reader refuses while a reader hash is at `W` (it sees `W` exist), and a native
+//! writer refuses while `R` exists, even with only expired members (`R` itself expires with its
+//! longest-lived member). Clients that mix fair or write-preferring locks with plain
+//! read-preferring ones on the same resource therefore wait for each other's readers more
+//! often on native nodes; and native readers do not heed writers' intents, so the
+//! write-preferring policy's promise only holds among clients that all use it.
 #![forbid(unsafe_code)]
 
 use crate::engine::fair::{AttemptIds, FairState, QueueKeys};
 use crate::engine::keys;
 pub use crate::engine::keys::RwKeys;
-use crate::engine::ops::{int_verdict, write_eval, Arg, Caps, Op, ScriptForm, Verdict, RELEASE};
+use crate::engine::ops::{
+    int_verdict, write_eval, Arg, Caps, Extend, Op, ScriptForm, Verdict, RELEASE,
+};
 pub use crate::engine::scripts::{
     DOWNGRADE, DOWNGRADE_UNDO, FAIR_READ_ACQUIRE, FAIR_WRITE_ACQUIRE, READ_ACQUIRE, READ_EXTEND,
     SET_RELEASE, WRITE_ACQUIRE, WRITE_CLEANUP,
 };
 use crate::engine::Vote;
-use crate::resp::{self, Reply};
+use crate::error::NodeErrorKind;
+use crate::resp::{self, Reply, ServerErrorKind};
 
 /// Write acquire; see [`WRITE_ACQUIRE`].
 #[derive(Debug, Clone, Copy)]
@@ -78,8 +162,117 @@ impl Op for WriteAcquire<'_> {
         );
     }
 
+    /// On a native node (see the module's "Native nodes"), a read-preferring writer goes
+    /// without Lua: `MULTI`, `HRANDFIELD W`, `SET W token NX PX ttl`, `EXISTS R`, `EXEC`, voted
+    /// on by `EXEC`. `HRANDFIELD` deletes the expired fields of a reader hash at `W` first (a
+    /// hash whose fields all expired would otherwise still exist, and refuse the `SET`, until
+    /// the server's expiry cycle deletes it); on a writer's string it is a harmless
+    /// `WRONGTYPE`.
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        if !caps.hsetex || self.intent_ms > 0 {
+            self.encode(out, form);
+            return 0;
+        }
+        let k = self.keys;
+        resp::encode_command(out, &[b"MULTI"]);
+        resp::encode_command(out, &[b"HRANDFIELD", k.writer()]);
+        resp::write_array_len(out, 6);
+        resp::write_bulk(out, b"SET");
+        resp::write_bulk(out, k.writer());
+        resp::write_bulk(out, self.ids.token);
+        resp::write_bulk(out, b"NX");
+        resp::write_bulk(out, b"PX");
+        resp::write_bulk_u64(out, self.ttl_ms);
+        resp::encode_command(out, &[b"EXISTS", k.readers()]);
+        resp::encode_command(out, &[b"EXEC"]);
+        4
+    }
+
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
-        int_verdict(reply)
+        match reply {
+            // `HRANDFIELD`'s answer (a field, nil, or `WRONGTYPE`) says nothing about the vote.
+            Reply::Array(Some(items)) if !items.is_empty() => native_write_verdict(&items[1..]),
+            other => int_verdict(other),
+        }
+    }
+}
+
+/// The vote of a native writer's `EXEC`: `[SET's reply, EXISTS R's reply]`. A grant only when
+/// the writer key was set and no reader set exists; a writer key set beside a reader set is a
+/// refusal (see the module's "Native nodes" for why it may stay until the writer lets go).
+fn native_write_verdict(items: &[Reply<'_>]) -> Verdict {
+    match items {
+        [Reply::Simple(b"OK"), Reply::Integer(0)] => Verdict::Vote(Vote::Yes),
+        [Reply::Simple(b"OK") | Reply::Bulk(None), Reply::Integer(_)] => Verdict::Vote(Vote::No),
+        [Reply::Error(m), _] | [_, Reply::Error(m)] => {
+            Verdict::Vote(Vote::Failed(crate::engine::ops::server_error(m)))
+        }
+        _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+    }
+}
+
+/// Whether `reply` is a `WRONGTYPE` error: the key holds the other side's representation (a
+/// reader hash where a writer string was looked for, or the other way round).
+fn is_wrong_type(reply: &Reply<'_>) -> bool {
+    matches!(reply, Reply::Error(m) if ServerErrorKind::of(m) == ServerErrorKind::WrongType)
+}
+
+/// Writer extend: the mutex's compare-and-`PEXPIRE` ([`EXTEND`]) on the writer key. On a native
+/// node it is voted on together with `EXISTS R` in one transaction (`MULTI`, the script by its
+/// body, `EXISTS R`, `EXEC`): extended, and no reader set there. A native writer's `SET` may
+/// have gone through on a node that refused it because of a reader set (see the module's
+/// "Native nodes"); such a node must not count for the writer later either.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteExtend<'a> {
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// The writer's token.
+    pub token: &'a [u8],
+    /// The new TTL in milliseconds.
+    pub ttl_ms: u64,
+}
+
+impl WriteExtend<'_> {
+    fn script(&self) -> Extend<'_> {
+        Extend {
+            key: self.keys.writer(),
+            token: self.token,
+            ttl_ms: self.ttl_ms,
+        }
+    }
+}
+
+impl Op for WriteExtend<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        self.script().encode(out, form);
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        if !caps.hsetex {
+            self.encode(out, form);
+            return 0;
+        }
+        resp::encode_command(out, &[b"MULTI"]);
+        self.script().encode(out, ScriptForm::Body);
+        resp::encode_command(out, &[b"EXISTS", self.keys.readers()]);
+        resp::encode_command(out, &[b"EXEC"]);
+        3
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        let Reply::Array(Some(items)) = reply else {
+            return self.script().classify(reply);
+        };
+        match items.as_slice() {
+            [Reply::Integer(1), Reply::Integer(0)] => Verdict::Vote(Vote::Yes),
+            [Reply::Integer(_), Reply::Integer(_)] => Verdict::Vote(Vote::No),
+            // The script's `GET` on a reader hash: nothing of ours there.
+            [e, Reply::Integer(_)] if is_wrong_type(e) => Verdict::Vote(Vote::No),
+            [Reply::Error(m), _] | [_, Reply::Error(m)] => {
+                Verdict::Vote(Vote::Failed(crate::engine::ops::server_error(m)))
+            }
+            _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+        }
     }
 }
 
@@ -122,7 +315,7 @@ impl Op for WriteCleanup<'_> {
 /// acknowledgement.
 ///
 /// `DELEX` cannot announce the release itself, so a `PUBLISH` on the wake channel is pipelined
-/// right behind it.
+/// right behind it, and its reply (which comes after `DELEX` was done) is the acknowledgement.
 #[derive(Debug, Clone, Copy)]
 pub struct WriteRelease<'a> {
     /// The resource key, whose wake channel announces the release.
@@ -152,10 +345,7 @@ impl Op for WriteRelease<'_> {
         resp::encode_command(out, &[b"DELEX", self.keys.writer(), b"IFEQ", self.token]);
         // `DELEX` is no script, so the announcement follows it in the same write. It is made
         // even when nothing was deleted; a waiter woken for nothing only retries once.
-        resp::write_array_len(out, 3);
-        resp::write_bulk(out, b"PUBLISH");
-        keys::wake_channel(self.resource).write_bulk(out);
-        resp::write_bulk(out, &self.token[..self.token.len().min(16)]);
+        write_publish(out, self.resource, self.token);
         1
     }
 
@@ -164,10 +354,22 @@ impl Op for WriteRelease<'_> {
     }
 }
 
-/// Every integer acknowledges a release: 0 only means there was nothing of ours on that node.
+/// `PUBLISH` of a release of `token` on `resource`'s wake channel, for a release made without
+/// a script; sent even when nothing was released (a waiter woken for nothing only retries once).
+fn write_publish(out: &mut Vec<u8>, resource: &[u8], token: &[u8]) {
+    resp::write_array_len(out, 3);
+    resp::write_bulk(out, b"PUBLISH");
+    keys::wake_channel(resource).write_bulk(out);
+    resp::write_bulk(out, &token[..token.len().min(16)]);
+}
+
+/// Every integer acknowledges a release: 0 only means there was nothing of ours on that node
+/// (and a `PUBLISH` behind a release without a script counts its listeners). `WRONGTYPE` too:
+/// the key holds the other side's representation, so nothing of ours is there.
 fn ack_verdict(reply: &Reply<'_>) -> Verdict {
     match reply {
-        Reply::Integer(0 | 1) => Verdict::Vote(Vote::Yes),
+        Reply::Integer(n) if *n >= 0 => Verdict::Vote(Vote::Yes),
+        r if is_wrong_type(r) => Verdict::Vote(Vote::Yes),
         other => int_verdict(other),
     }
 }
@@ -181,6 +383,9 @@ pub struct ReadAcquire<'a> {
     pub token: &'a [u8],
     /// TTL in milliseconds.
     pub ttl_ms: u64,
+    /// The policy lets this reader ignore writers' intents, so on a native node it goes
+    /// without Lua.
+    pub native: bool,
 }
 
 impl Op for ReadAcquire<'_> {
@@ -195,8 +400,82 @@ impl Op for ReadAcquire<'_> {
         );
     }
 
+    /// On a native node: `HSETEX W PX ttl FIELDS 1 token 1`, the reader as a field of a hash
+    /// at the writer key, with its own expiry.
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        if !caps.hsetex || !self.native {
+            self.encode(out, form);
+            return 0;
+        }
+        resp::write_array_len(out, 8);
+        resp::write_bulk(out, b"HSETEX");
+        resp::write_bulk(out, self.keys.writer());
+        resp::write_bulk(out, b"PX");
+        resp::write_bulk_u64(out, self.ttl_ms);
+        resp::write_bulk(out, b"FIELDS");
+        resp::write_bulk(out, b"1");
+        resp::write_bulk(out, self.token);
+        resp::write_bulk(out, b"1");
+        0
+    }
+
+    /// `WRONGTYPE` (the writer key holds a writer's token) refuses a native reader.
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        if is_wrong_type(reply) {
+            return Verdict::Vote(Vote::No);
+        }
         int_verdict(reply)
+    }
+}
+
+/// Reader release, and the cleanup of a lost read attempt: the reader's token leaves the reader
+/// set ([`SET_RELEASE`]). On a native node it leaves both places a reader can be there, the
+/// hash at the writer key and the reader set (a reader that joined before the node was
+/// upgraded, or through a script): `HDEL W token`, `ZREM R token`, then, for a release, the
+/// announcement.
+///
+/// Without a script the announcement cannot depend on whether anything was removed, so a
+/// cleanup makes none: waiters that lose wake each other with their cleanups otherwise, and
+/// retry and lose again, without end.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadRelease<'a> {
+    /// The resource key, whose wake channel announces the release.
+    pub resource: &'a [u8],
+    /// The lock's keys.
+    pub keys: &'a RwKeys,
+    /// The reader's token.
+    pub token: &'a [u8],
+    /// A release (announced on a native node), not the cleanup of a lost attempt.
+    pub announce: bool,
+}
+
+impl Op for ReadRelease<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        SetRelease {
+            resource: self.resource,
+            set: self.keys.readers(),
+            token: self.token,
+        }
+        .encode(out, form);
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        if !caps.hsetex {
+            self.encode(out, form);
+            return 0;
+        }
+        // `HDEL` on a writer's string is `WRONGTYPE`: nothing of ours there, and dropped.
+        resp::encode_command(out, &[b"HDEL", self.keys.writer(), self.token]);
+        resp::encode_command(out, &[b"ZREM", self.keys.readers(), self.token]);
+        if !self.announce {
+            return 1;
+        }
+        write_publish(out, self.resource, self.token);
+        2
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        ack_verdict(reply)
     }
 }
 
@@ -251,8 +530,52 @@ impl Op for ReadExtend<'_> {
         );
     }
 
+    /// On a native node the reader may be in either place (see [`ReadRelease`]), so both are
+    /// extended in one transaction: `MULTI`, `HPEXPIRE W ttl FIELDS 1 token`, the script on the
+    /// reader set (by its body, so that no `NOSCRIPT` can hide inside the `EXEC`), `EXEC`.
+    /// Neither brings back a reader that is gone.
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        if !caps.hsetex {
+            self.encode(out, form);
+            return 0;
+        }
+        resp::encode_command(out, &[b"MULTI"]);
+        resp::write_array_len(out, 6);
+        resp::write_bulk(out, b"HPEXPIRE");
+        resp::write_bulk(out, self.keys.writer());
+        resp::write_bulk_u64(out, self.ttl_ms);
+        resp::write_bulk(out, b"FIELDS");
+        resp::write_bulk(out, b"1");
+        resp::write_bulk(out, self.token);
+        self.encode(out, ScriptForm::Body);
+        resp::encode_command(out, &[b"EXEC"]);
+        3
+    }
+
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
-        int_verdict(reply)
+        let Reply::Array(Some(items)) = reply else {
+            return int_verdict(reply);
+        };
+        // `[HPEXPIRE's [1] when the field was there and got the TTL, the script's 1 when the
+        // set member was]`: extended when either was.
+        match items.as_slice() {
+            [hash, set] => {
+                let in_hash = matches!(hash, Reply::Array(Some(c)) if matches!(c.as_slice(), [Reply::Integer(1)]));
+                if in_hash || matches!(set, Reply::Integer(1)) {
+                    return Verdict::Vote(Vote::Yes);
+                }
+                match (hash, set) {
+                    (Reply::Error(m), _) if !is_wrong_type(hash) => {
+                        Verdict::Vote(Vote::Failed(crate::engine::ops::server_error(m)))
+                    }
+                    (_, Reply::Error(m)) => {
+                        Verdict::Vote(Vote::Failed(crate::engine::ops::server_error(m)))
+                    }
+                    _ => Verdict::Vote(Vote::No),
+                }
+            }
+            _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+        }
     }
 }
 
@@ -413,16 +736,19 @@ pub fn queue_keys(keys: &RwKeys) -> QueueKeys<'_> {
     }
 }
 
-/// Whether a `COMMAND INFO DELEX` reply says the server has `DELEX`: Redis answers with one
-/// entry per name asked, a nil one for an unknown command.
-pub fn delex_supported(reply: &Reply<'_>) -> bool {
-    matches!(reply, Reply::Array(Some(items)) if matches!(items.first(), Some(Reply::Array(Some(_)))))
+/// What a `COMMAND INFO DELEX HSETEX` reply says the server has: Redis answers with one entry
+/// per name asked, a nil one for an unknown command. An error (ACLs) means neither.
+pub fn caps_of(reply: &Reply<'_>) -> Caps {
+    let known = |i: usize| matches!(reply, Reply::Array(Some(items)) if matches!(items.get(i), Some(Reply::Array(Some(_)))));
+    Caps {
+        delex: known(0),
+        hsetex: known(1),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::NodeErrorKind;
 
     fn unexpected() -> Verdict {
         Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply))
@@ -437,11 +763,12 @@ mod tests {
             token: b"t",
         };
         let mut out = Vec::new();
-        // DELEX, then the announcement it cannot make itself: one more reply to drop.
-        assert_eq!(
-            op.encode_for(&mut out, ScriptForm::Sha, Caps { delex: true }),
-            1
-        );
+        // DELEX, then the announcement it cannot make itself, whose reply is the vote.
+        let caps = Caps {
+            delex: true,
+            ..Caps::default()
+        };
+        assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, caps), 1);
         assert_eq!(
             out,
             &b"*4\r\n$5\r\nDELEX\r\n$8\r\n{rw:k}:w\r\n$4\r\nIFEQ\r\n$1\r\nt\r\n\
@@ -452,18 +779,217 @@ mod tests {
         assert!(out.starts_with(b"*6\r\n$7\r\nEVALSHA\r\n"));
         assert_eq!(op.classify(&Reply::Integer(0)), Verdict::Vote(Vote::Yes));
         assert_eq!(op.classify(&Reply::Integer(1)), Verdict::Vote(Vote::Yes));
+        // A PUBLISH counts its listeners.
+        assert_eq!(op.classify(&Reply::Integer(3)), Verdict::Vote(Vote::Yes));
         assert_eq!(op.classify(&Reply::Simple(b"OK")), unexpected());
     }
 
     #[test]
-    fn command_info_tells_whether_delex_exists() {
-        // Redis 7.0 answers `*1\r\n$-1\r\n`.
-        assert!(!delex_supported(&Reply::Array(Some(vec![Reply::Bulk(
-            None
-        )]))));
-        assert!(delex_supported(&Reply::Array(Some(vec![Reply::Array(
-            Some(vec![Reply::Bulk(Some(b"delex"))])
-        )]))));
-        assert!(!delex_supported(&Reply::Error(b"ERR unknown command")));
+    fn command_info_tells_whether_delex_and_hsetex_exist() {
+        let entry = |name: &'static [u8]| Reply::Array(Some(vec![Reply::Bulk(Some(name))]));
+        // Redis 7.0 answers `*2\r\n$-1\r\n$-1\r\n`.
+        assert_eq!(
+            caps_of(&Reply::Array(Some(vec![
+                Reply::Bulk(None),
+                Reply::Bulk(None)
+            ]))),
+            Caps::default()
+        );
+        // Redis 8.2 has HSETEX, not DELEX.
+        assert_eq!(
+            caps_of(&Reply::Array(Some(vec![
+                Reply::Bulk(None),
+                entry(b"hsetex")
+            ]))),
+            Caps {
+                delex: false,
+                hsetex: true
+            }
+        );
+        assert_eq!(
+            caps_of(&Reply::Array(Some(vec![entry(b"delex"), entry(b"hsetex")]))),
+            Caps {
+                delex: true,
+                hsetex: true
+            }
+        );
+        assert_eq!(
+            caps_of(&Reply::Error(b"ERR unknown command")),
+            Caps::default()
+        );
+    }
+
+    fn native() -> Caps {
+        Caps {
+            delex: false,
+            hsetex: true,
+        }
+    }
+
+    #[test]
+    fn a_native_writer_is_one_transaction_voted_on_by_exec() {
+        let keys = RwKeys::new(b"k");
+        let ids = AttemptIds {
+            waiter: b"t",
+            token: b"t",
+        };
+        let op = WriteAcquire {
+            keys: &keys,
+            ids,
+            ttl_ms: 500,
+            intent_ms: 0,
+        };
+        let mut out = Vec::new();
+        assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, native()), 4);
+        assert_eq!(
+            out,
+            &b"*1\r\n$5\r\nMULTI\r\n*2\r\n$10\r\nHRANDFIELD\r\n$8\r\n{rw:k}:w\r\n\
+               *6\r\n$3\r\nSET\r\n$8\r\n{rw:k}:w\r\n$1\r\nt\r\n$2\r\nNX\r\n$2\r\nPX\r\n$3\r\n500\r\n\
+               *2\r\n$6\r\nEXISTS\r\n$8\r\n{rw:k}:r\r\n*1\r\n$4\r\nEXEC\r\n"[..]
+        );
+        let exec = |a, b| Reply::Array(Some(vec![Reply::Bulk(None), a, b]));
+        let yes = Verdict::Vote(Vote::Yes);
+        let no = Verdict::Vote(Vote::No);
+        assert_eq!(
+            op.classify(&exec(Reply::Simple(b"OK"), Reply::Integer(0))),
+            yes
+        );
+        // Set beside a reader set: refused.
+        assert_eq!(
+            op.classify(&exec(Reply::Simple(b"OK"), Reply::Integer(1))),
+            no
+        );
+        assert_eq!(op.classify(&exec(Reply::Bulk(None), Reply::Integer(0))), no);
+        assert_eq!(op.classify(&exec(Reply::Bulk(None), Reply::Integer(1))), no);
+        assert_eq!(op.classify(&Reply::Array(Some(vec![]))), unexpected());
+        // The Lua form's replies mean what they did.
+        assert_eq!(op.classify(&Reply::Integer(1)), yes);
+        // A write-preferring writer leaves intents: always the script.
+        let wp = WriteAcquire {
+            intent_ms: 100,
+            ..op
+        };
+        out.clear();
+        assert_eq!(wp.encode_for(&mut out, ScriptForm::Sha, native()), 0);
+        assert!(out.starts_with(b"*10\r\n$7\r\nEVALSHA\r\n"));
+    }
+
+    #[test]
+    fn a_native_writer_extends_only_where_no_reader_set_is() {
+        let keys = RwKeys::new(b"k");
+        let op = WriteExtend {
+            keys: &keys,
+            token: b"t",
+            ttl_ms: 500,
+        };
+        let mut out = Vec::new();
+        assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, native()), 3);
+        assert!(out.starts_with(b"*1\r\n$5\r\nMULTI\r\n*6\r\n$4\r\nEVAL\r\n"));
+        assert!(out.ends_with(b"*2\r\n$6\r\nEXISTS\r\n$8\r\n{rw:k}:r\r\n*1\r\n$4\r\nEXEC\r\n"));
+        let exec = |a, b| Reply::Array(Some(vec![a, b]));
+        let wrong = Reply::Error(b"WRONGTYPE Operation against a key");
+        let (yes, no) = (Verdict::Vote(Vote::Yes), Verdict::Vote(Vote::No));
+        assert_eq!(
+            op.classify(&exec(Reply::Integer(1), Reply::Integer(0))),
+            yes
+        );
+        assert_eq!(op.classify(&exec(Reply::Integer(1), Reply::Integer(1))), no);
+        assert_eq!(op.classify(&exec(Reply::Integer(0), Reply::Integer(0))), no);
+        assert_eq!(op.classify(&exec(wrong.clone(), Reply::Integer(0))), no);
+        // The script alone elsewhere.
+        assert_eq!(op.classify(&Reply::Integer(1)), yes);
+        assert_eq!(op.classify(&wrong), no);
+        out.clear();
+        assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, Caps::default()), 0);
+        assert!(out.starts_with(b"*6\r\n$7\r\nEVALSHA\r\n"));
+    }
+
+    #[test]
+    fn a_native_reader_is_a_hash_field_and_wrongtype_refuses_it() {
+        let keys = RwKeys::new(b"k");
+        let op = ReadAcquire {
+            keys: &keys,
+            token: b"t",
+            ttl_ms: 500,
+            native: true,
+        };
+        let mut out = Vec::new();
+        assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, native()), 0);
+        assert_eq!(
+            out,
+            &b"*8\r\n$6\r\nHSETEX\r\n$8\r\n{rw:k}:w\r\n$2\r\nPX\r\n$3\r\n500\r\n\
+               $6\r\nFIELDS\r\n$1\r\n1\r\n$1\r\nt\r\n$1\r\n1\r\n"[..]
+        );
+        assert_eq!(op.classify(&Reply::Integer(1)), Verdict::Vote(Vote::Yes));
+        assert_eq!(
+            op.classify(&Reply::Error(b"WRONGTYPE Operation against a key")),
+            Verdict::Vote(Vote::No)
+        );
+        // Not native by policy, or on 7.x: the script.
+        for (op, caps) in [
+            (
+                ReadAcquire {
+                    native: false,
+                    ..op
+                },
+                native(),
+            ),
+            (op, Caps::default()),
+        ] {
+            out.clear();
+            assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, caps), 0);
+            assert!(out.starts_with(b"*8\r\n$7\r\nEVALSHA\r\n"));
+        }
+    }
+
+    #[test]
+    fn a_reader_on_a_native_node_is_extended_and_released_in_both_places() {
+        let keys = RwKeys::new(b"k");
+        let ext = ReadExtend {
+            keys: &keys,
+            token: b"t",
+            ttl_ms: 500,
+        };
+        let mut out = Vec::new();
+        assert_eq!(ext.encode_for(&mut out, ScriptForm::Sha, native()), 3);
+        assert!(out.starts_with(b"*1\r\n$5\r\nMULTI\r\n*6\r\n$8\r\nHPEXPIRE\r\n"));
+        assert!(out.ends_with(b"*1\r\n$4\r\nEXEC\r\n"));
+        let exec = |a, b| Reply::Array(Some(vec![a, b]));
+        let field = |n| Reply::Array(Some(vec![Reply::Integer(n)]));
+        let wrong = Reply::Error(b"WRONGTYPE Operation against a key");
+        let yes = Verdict::Vote(Vote::Yes);
+        let no = Verdict::Vote(Vote::No);
+        assert_eq!(ext.classify(&exec(field(1), Reply::Integer(0))), yes);
+        assert_eq!(ext.classify(&exec(field(-2), Reply::Integer(1))), yes);
+        assert_eq!(ext.classify(&exec(field(-2), Reply::Integer(0))), no);
+        assert_eq!(ext.classify(&exec(wrong.clone(), Reply::Integer(0))), no);
+        assert_eq!(ext.classify(&Reply::Integer(1)), yes);
+
+        let rel = ReadRelease {
+            resource: b"k",
+            keys: &keys,
+            token: b"t",
+            announce: true,
+        };
+        out.clear();
+        assert_eq!(rel.encode_for(&mut out, ScriptForm::Sha, native()), 2);
+        assert!(out
+            .starts_with(b"*3\r\n$4\r\nHDEL\r\n$8\r\n{rw:k}:w\r\n$1\r\nt\r\n*3\r\n$4\r\nZREM\r\n"));
+        assert_eq!(rel.classify(&Reply::Integer(2)), yes);
+        assert_eq!(rel.classify(&wrong), yes);
+        // A cleanup announces nothing.
+        out.clear();
+        let cleanup = ReadRelease {
+            announce: false,
+            ..rel
+        };
+        assert_eq!(cleanup.encode_for(&mut out, ScriptForm::Sha, native()), 1);
+        assert!(!out.windows(7).any(|w| w == b"PUBLISH"));
+        out.clear();
+        assert_eq!(
+            rel.encode_for(&mut out, ScriptForm::Sha, Caps::default()),
+            0
+        );
+        assert!(out.starts_with(b"*6\r\n$7\r\nEVALSHA\r\n"));
     }
 }

@@ -22,7 +22,11 @@
 //! crate makes no raw libc calls.
 //!
 //! The `redis-server` binary is looked up in `PATH`, or taken from the
-//! `REDLOCK_MUX_REDIS_SERVER` environment variable when that is set.
+//! `REDLOCK_MUX_REDIS_SERVER` environment variable when that is set. A server
+//! may also be started with a binary of its own ([`RedisServer::start_program`],
+//! [`RedisCluster::start_programs`]) and restarted with another on the same
+//! data ([`RedisServer::restart_as`]), for quorums that mix Redis versions:
+//! [`redis7_program`] and [`redis8_program`] name the two versions CI has.
 
 // Each includer (the CLI, the integration tests, the benches) uses a
 // different subset of this API; what one of them leaves unused is not dead.
@@ -40,6 +44,10 @@ use std::time::{Duration, Instant};
 
 /// Environment variable that overrides the `redis-server` binary to run.
 pub const REDIS_SERVER_ENV: &str = "REDLOCK_MUX_REDIS_SERVER";
+
+/// Environment variable naming a Redis 8 `redis-server`, for tests that mix versions; when it
+/// is unset, the one `.ci/install` caches (see `.ci/redis8`) is used if it is there.
+pub const REDIS8_SERVER_ENV: &str = "REDLOCK_MUX_REDIS8_SERVER";
 
 /// How long a starting server may take to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -62,9 +70,24 @@ pub struct RedisServer {
     dir: PathBuf,
     extra_args: Vec<String>,
     paused: Cell<bool>,
+    /// The binary this server runs; `None` for the default ([`REDIS_SERVER_ENV`] or `PATH`).
+    program: Option<PathBuf>,
 }
 
 impl RedisServer {
+    /// Starts `program` (a `redis-server` binary) as [`start_with`](Self::start_with) does.
+    pub fn start_program(program: &Path, extra_args: &[&str]) -> io::Result<RedisServer> {
+        Self::start_inner(Some(program.to_path_buf()), extra_args)
+    }
+
+    /// Restarts the server on the same port and directory (so that AOF/RDB data is reloaded)
+    /// with another binary: an upgrade (or downgrade) in place. A running server is killed
+    /// first, by its PID.
+    pub fn restart_as(&mut self, program: &Path) -> io::Result<()> {
+        self.program = Some(program.to_path_buf());
+        self.restart()
+    }
+
     /// Starts a server without persistence (`--save "" --appendonly no`).
     pub fn start() -> io::Result<RedisServer> {
         Self::start_with(&[])
@@ -74,6 +97,10 @@ impl RedisServer {
     /// arguments override earlier ones, e.g. `["--requirepass", "pw"]` or
     /// `["--appendonly", "yes", "--appendfsync", "always"]`.
     pub fn start_with(extra_args: &[&str]) -> io::Result<RedisServer> {
+        Self::start_inner(None, extra_args)
+    }
+
+    fn start_inner(program: Option<PathBuf>, extra_args: &[&str]) -> io::Result<RedisServer> {
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
@@ -93,6 +120,7 @@ impl RedisServer {
                 dir,
                 extra_args: extra_args.clone(),
                 paused: Cell::new(false),
+                program: program.clone(),
             };
             match server.spawn_and_wait() {
                 Ok(()) => return Ok(server),
@@ -219,7 +247,10 @@ impl RedisServer {
     /// Spawns `redis-server` for `self.port`/`self.dir` and waits until it
     /// answers. On error the child may still be set; the caller kills it.
     fn spawn_and_wait(&mut self) -> io::Result<()> {
-        let program = redis_server_program();
+        let program = match &self.program {
+            Some(p) => p.to_string_lossy().into_owned(),
+            None => redis_server_program(),
+        };
         let port = self.port.to_string();
         let logfile = self.dir.join("redis.log");
         // Fatal configuration errors only go to stderr: keep them in a file
@@ -334,6 +365,19 @@ impl RedisCluster {
         Ok(RedisCluster { servers })
     }
 
+    /// Starts one server per entry of `programs`, each with its own binary (`None`: the
+    /// default), without persistence.
+    pub fn start_programs(programs: &[Option<&Path>]) -> io::Result<Self> {
+        let servers = programs
+            .iter()
+            .map(|p| match p {
+                Some(p) => RedisServer::start_program(p, &[]),
+                None => RedisServer::start(),
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(RedisCluster { servers })
+    }
+
     /// `redis://127.0.0.1:port` of every server.
     pub fn urls(&self) -> Vec<String> {
         self.servers.iter().map(RedisServer::url).collect()
@@ -399,6 +443,27 @@ fn redis_server_program() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "redis-server".to_string())
+}
+
+/// Debian's Redis 7.0: `redis-server` on `PATH`, whatever [`REDIS_SERVER_ENV`] says.
+pub fn redis7_program() -> PathBuf {
+    PathBuf::from("redis-server")
+}
+
+/// A Redis 8 `redis-server`: [`REDIS8_SERVER_ENV`], or the 8.2 binary `.ci/install` caches
+/// (`$REDLOCK_MUX_CACHE`, `$XDG_CACHE_HOME/redlock-mux` or `~/.cache/redlock-mux`, then
+/// `redis-8.2.3/redis-server`); `None` when there is none.
+pub fn redis8_program() -> Option<PathBuf> {
+    let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(p) = env(REDIS8_SERVER_ENV) {
+        return Some(PathBuf::from(p));
+    }
+    let cache = env("REDLOCK_MUX_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| env("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("redlock-mux")))
+        .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache/redlock-mux")))?;
+    let bin = cache.join("redis-8.2.3/redis-server");
+    bin.is_file().then_some(bin)
 }
 
 /// A port that was free a moment ago (bind to port 0, read it, release it).

@@ -17,8 +17,8 @@ use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::write_eval;
 use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm};
 use crate::engine::rw::{
-    Downgrade, DowngradeUndo, FairRwAcquire, ReadAcquire, ReadExtend, RwKeys, SetRelease,
-    WriteAcquire, WriteCleanup, WriteRelease,
+    Downgrade, DowngradeUndo, FairRwAcquire, ReadAcquire, ReadExtend, ReadRelease, RwKeys,
+    SetRelease, WriteAcquire, WriteCleanup, WriteExtend, WriteRelease,
 };
 use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend, SemRelease, SEM_COUNT};
 use crate::resp::{self, Limits, Status, Value};
@@ -317,6 +317,7 @@ fn every_lock_script_answers_like_redis_server() {
                     keys: k,
                     token,
                     ttl_ms,
+                    native: false,
                 },
                 form,
             ),
@@ -658,6 +659,7 @@ fn every_lock_script_answers_like_redis_server() {
         keys: &t,
         token: tokens[1],
         ttl_ms: 1000,
+        native: false,
     };
     pair.same_kind(&encode(&read, ScriptForm::Sha), "reader set is a string");
     // A key of a set that someone else turned into another type: extending the set is refused,
@@ -691,6 +693,7 @@ fn every_lock_script_answers_like_redis_server() {
         keys: k,
         token: tokens[0],
         ttl_ms: 60_000,
+        native: false,
     };
     pair.same(&encode(&holder, ScriptForm::Sha), "a reader holds");
     let waiting = WriteAcquire {
@@ -741,6 +744,7 @@ fn every_lock_script_answers_like_redis_server() {
         keys: k,
         token,
         ttl_ms: 30,
+        native: false,
     };
     pair.same(&encode(&short(tokens[0]), ScriptForm::Sha), "short reader");
     let waiting_writer = WriteAcquire {
@@ -908,6 +912,7 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             keys: &k,
             token: a,
             ttl_ms,
+            native: false,
         };
         run(&mut real, &encode(&reader, ScriptForm::Body));
         let extend = ReadExtend {
@@ -1076,4 +1081,286 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
     }
     let wake: BTreeSet<Vec<u8>> = names.iter().map(|n| n.wake_channel.clone()).collect();
     assert_eq!(show(&channels), show(&wake));
+}
+
+/// The Redis 8 server for the hash-field commands: the one the suite runs against when it has
+/// `HSETEX`, else the cached 8.2 binary; `None` (the test then says it skipped) without one.
+/// Active expiry is turned off (`DEBUG SET-ACTIVE-EXPIRE 0`) so that expired hash fields go
+/// only when a command touches them, as in the model without a lag: the replies are then
+/// deterministic.
+fn redis8_server() -> Option<RedisServer> {
+    let args = ["--enable-debug-command", "local"];
+    let server = RedisServer::start_with(&args).expect("start redis-server");
+    let has_hsetex = |s: &RedisServer| {
+        matches!(Real::connect(s.addr()).call(&command(&[b"COMMAND", b"INFO", b"HSETEX"])),
+            Value::Array(Some(items)) if matches!(items.first(), Some(Value::Array(Some(_)))))
+    };
+    let server = if has_hsetex(&server) {
+        server
+    } else {
+        let program = super::local_servers::redis8_program()?;
+        RedisServer::start_program(&program, &args).expect("start Redis 8")
+    };
+    let off = Real::connect(server.addr()).call(&command(&[b"DEBUG", b"SET-ACTIVE-EXPIRE", b"0"]));
+    assert_eq!(off, Value::Simple(b"OK".to_vec()));
+    Some(server)
+}
+
+impl Pair {
+    /// Sends one write of several commands (a pipeline, a `MULTI` block) to both and returns
+    /// every reply of each.
+    fn both_all(&mut self, bytes: &[u8]) -> (Vec<Value>, Vec<Value>) {
+        let commands = super::commands(bytes);
+        self.real.stream.write_all(bytes).expect("write");
+        let real: Vec<Value> = commands.iter().map(|_| self.real.next()).collect();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis() as i64;
+        let sim = self
+            .sim
+            .execute_all(now, &commands)
+            .iter()
+            .map(|r| value(r))
+            .collect();
+        self.compared += commands.len();
+        (real, sim)
+    }
+
+    /// Every reply the same, errors by their kind (scripts add where they failed), and a
+    /// random field (`HRANDFIELD`) only as present or not.
+    fn same_all(&mut self, bytes: &[u8], what: &str) {
+        let (real, sim) = self.both_all(bytes);
+        assert_eq!(real.len(), sim.len(), "{what}");
+        for (r, s) in real.iter().zip(&sim) {
+            assert!(
+                alike(r, s, bytes.starts_with(b"*1\r\n$5\r\nMULTI")),
+                "{what}: redis-server {real:?} against the simulated node {sim:?}"
+            );
+        }
+    }
+
+    /// `HPTTL key FIELDS 1 field`: the same code, or both within a second of each other.
+    fn close_field_ttl(&mut self, key: &[u8], field: &[u8]) {
+        let (real, sim) = self.both(&command(&[b"HPTTL", key, b"FIELDS", b"1", field]));
+        match (&real, &sim) {
+            (Value::Array(Some(a)), Value::Array(Some(b))) => match (&a[..], &b[..]) {
+                ([Value::Integer(a)], [Value::Integer(b)]) if *a < 0 || *b < 0 => {
+                    assert_eq!(a, b)
+                }
+                ([Value::Integer(a)], [Value::Integer(b)]) => {
+                    assert!((a - b).abs() < 1000, "HPTTL {a} against {b}")
+                }
+                _ => panic!("HPTTL {real:?} against {sim:?}"),
+            },
+            (a, b) => assert_eq!(a, b, "HPTTL"),
+        }
+    }
+}
+
+/// Two replies alike: equal, errors of one kind, and within a transaction's answer, a
+/// `HRANDFIELD` field as present on both or neither (Redis picks one at random).
+fn alike(real: &Value, sim: &Value, in_multi: bool) -> bool {
+    match (real, sim) {
+        (Value::Error(a), Value::Error(b)) => {
+            a.split(|&c| c == b' ').next() == b.split(|&c| c == b' ').next()
+        }
+        (Value::Array(Some(a)), Value::Array(Some(b))) if in_multi => {
+            a.len() == b.len()
+                && a.iter().zip(b).enumerate().all(|(i, (x, y))| match (x, y) {
+                    (Value::Bulk(Some(_)), Value::Bulk(Some(_))) if i == 0 => true,
+                    _ => alike(x, y, false),
+                })
+        }
+        (a, b) => a == b,
+    }
+}
+
+/// The commands a read-write lock sends to a Redis 8 node (readers as hash fields with their
+/// own expiry, the writer's `MULTI` block, extends and releases that reach both
+/// representations) and the scripts beside them, through the real ops with the node's
+/// capabilities, against Redis 8.2: every reply must match; then field expiry.
+#[test]
+fn native_read_write_commands_answer_like_redis_8() {
+    let Some(server) = redis8_server() else {
+        eprintln!(
+            "native_read_write_commands_answer_like_redis_8: skipped, no Redis 8 redis-server \
+             (run `bash .ci/install`, or set {})",
+            super::local_servers::REDIS8_SERVER_ENV
+        );
+        return;
+    };
+    let native = crate::engine::ops::Caps {
+        delex: false,
+        hsetex: true,
+    };
+    let encode_for = |op: &dyn Op, form: ScriptForm| {
+        let mut out = Vec::new();
+        op.encode_for(&mut out, form, native);
+        out
+    };
+    let mut pair = Pair::new(&server);
+    let mut rng = Rng::new(0x8a5e);
+    let tokens: [&[u8]; 3] = [
+        b"0000000000000000000000000000000000000001",
+        b"0000000000000000000000000000000000000002",
+        b"ffffffffffffffffffffffffffffffffffffffff",
+    ];
+    let rw = [RwKeys::new(b"doc:a"), RwKeys::new(b"{doc}:b")];
+    let mut kinds = [0usize; 12];
+    // Long TTLs: nothing expires in this phase.
+    for i in 0..600 {
+        let token = tokens[rng.below(3) as usize];
+        let ids = AttemptIds {
+            waiter: tokens[rng.below(3) as usize],
+            token,
+        };
+        let ttl_ms = rng.range(100_000, 200_000);
+        let form = if rng.chance(0.5) {
+            ScriptForm::Sha
+        } else {
+            ScriptForm::Body
+        };
+        let k = &rw[rng.below(2) as usize];
+        let kind = rng.below(12) as usize;
+        kinds[kind] += 1;
+        let read = |native| ReadAcquire {
+            keys: k,
+            token,
+            ttl_ms,
+            native,
+        };
+        let cmd = match kind {
+            0 | 1 => encode_for(&read(true), form),
+            2 => encode_for(&read(false), form),
+            3 | 4 => encode_for(
+                &WriteAcquire {
+                    keys: k,
+                    ids,
+                    ttl_ms,
+                    intent_ms: 0,
+                },
+                form,
+            ),
+            5 => encode_for(
+                &ReadExtend {
+                    keys: k,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            6 => encode_for(
+                &ReadRelease {
+                    resource: b"doc",
+                    keys: k,
+                    token,
+                    announce: rng.chance(0.5),
+                },
+                form,
+            ),
+            7 => encode_for(
+                &WriteExtend {
+                    keys: k,
+                    token,
+                    ttl_ms,
+                },
+                form,
+            ),
+            8 => encode_for(
+                &WriteRelease {
+                    resource: b"doc",
+                    keys: k,
+                    token,
+                },
+                form,
+            ),
+            9 => encode_for(
+                &WriteCleanup {
+                    resource: b"doc",
+                    keys: k,
+                    ids,
+                    intent_ms: 0,
+                },
+                form,
+            ),
+            10 => command(&[b"EXISTS", k.writer(), k.readers()]),
+            _ => {
+                pair.close_field_ttl(k.writer(), token);
+                continue;
+            }
+        };
+        pair.same_all(&cmd, &format!("op {i}: {}", String::from_utf8_lossy(&cmd)));
+    }
+    assert!(kinds.iter().all(|&n| n > 20), "{kinds:?}");
+    // Hash-field expiry, coarsely: 30 ms readers are gone after 300 ms, 60 s ones are not; a
+    // hash whose fields all expired still exists until a command touches its fields.
+    let k = RwKeys::new(b"exp");
+    let (short, long) = (tokens[0], tokens[1]);
+    for (key, ttl) in [
+        (b"exp:one".as_slice(), 30),
+        (k.writer(), 30),
+        (k.writer(), 60_000),
+    ] {
+        let token = if ttl == 30 { short } else { long };
+        pair.same_all(
+            &command(&[
+                b"HSETEX",
+                key,
+                b"PX",
+                ttl.to_string().as_bytes(),
+                b"FIELDS",
+                b"1",
+                token,
+                b"1",
+            ]),
+            "short and long readers",
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for cmd in [
+        command(&[b"EXISTS", b"exp:one"]),
+        command(&[b"SET", b"exp:one", b"w", b"NX", b"PX", b"60000"]),
+        command(&[b"HRANDFIELD", b"exp:one"]),
+        command(&[b"EXISTS", b"exp:one"]),
+        command(&[
+            b"HPEXPIRE",
+            k.writer(),
+            b"60000",
+            b"FIELDS",
+            b"2",
+            short,
+            long,
+        ]),
+        command(&[b"HDEL", k.writer(), short, long]),
+        command(&[b"HPEXPIRE", k.writer(), b"60000", b"FIELDS", b"1", long]),
+        command(&[b"EXISTS", k.writer()]),
+    ] {
+        pair.same_all(&cmd, &String::from_utf8_lossy(&cmd));
+    }
+    // A writer after the last reader expired: `HRANDFIELD` clears the hash in the same
+    // transaction, and the `SET` goes through.
+    pair.same_all(
+        &command(&[
+            b"HSETEX", b"exp:two", b"PX", b"30", b"FIELDS", b"1", short, b"1",
+        ]),
+        "reader",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut block = Vec::new();
+    for c in [
+        command(&[b"MULTI"]),
+        command(&[b"HRANDFIELD", b"exp:two"]),
+        command(&[b"SET", b"exp:two", long, b"NX", b"PX", b"60000"]),
+        command(&[b"EXISTS", b"exp:two:r"]),
+        command(&[b"EXEC"]),
+    ] {
+        block.extend_from_slice(&c);
+    }
+    pair.same_all(&block, "a writer after the readers expired");
+    pair.same_all(&command(&[b"GET", b"exp:two"]), "the writer's string");
+    println!(
+        "differential (Redis 8): {} commands compared",
+        pair.compared
+    );
 }

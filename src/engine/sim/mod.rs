@@ -191,6 +191,11 @@ struct Settings {
     /// A semaphore's permits, and the quorum its clients use.
     permits: u32,
     quorum: usize,
+    /// Which nodes run Redis 8 (hash-field expiry), drawn apart from the rest (see
+    /// [`Settings::versions`]).
+    native: Vec<bool>,
+    /// Chance that a restart of a Redis 7 node upgrades it to Redis 8 on its persisted data.
+    upgrade: f64,
     /// Mean gap between fault events, in ns; 0 for none.
     fault_gap: u64,
     horizon: u64,
@@ -229,6 +234,8 @@ impl Settings {
             refused: 0,
             permits: 1,
             quorum: nodes / 2 + 1,
+            native: vec![false; nodes],
+            upgrade: 0.0,
             fault_gap: rng.range(ttl_ms / 2, 3 * ttl_ms) * MS,
             horizon: 1500 * MS,
             cycles: rng.range(3, 8) as u32,
@@ -298,6 +305,31 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// Draws the nodes' server versions from their own generator, so that the rest of a seed's
+    /// run is what it was before versions were drawn: a third of the seeds run Redis 7 only, a
+    /// third Redis 8 only, a third a mix, in which restarts may upgrade a node.
+    fn versions(&mut self, seed: u64) {
+        let mut rng = Rng::new(seed ^ 0x8e15_8e15_8e15_8e15);
+        match rng.below(3) {
+            0 => {}
+            1 => self.native = vec![true; self.nodes],
+            _ => {
+                self.native = (0..self.nodes).map(|_| rng.chance(0.5)).collect();
+                self.upgrade = 0.5;
+            }
+        }
+    }
+}
+
+/// A node's memory as the simulation runs it: a hash whose fields all expired is deleted by
+/// the expiry cycle 20 ms later, unless a field access deletes it first.
+fn node_memory() -> Node {
+    let mut node = Node::default();
+    node.hash_expiry_lag = Some(20);
+    node
+}
+
 /// Faults and work, counted over one or many runs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Stats {
@@ -351,6 +383,11 @@ pub(crate) struct Stats {
     /// Write locks downgraded to read locks, and downgrade rounds lost (undone).
     pub downgrades: u64,
     pub lost_downgrades: u64,
+    /// Runs whose quorum mixed Redis 7 and Redis 8 nodes, upgrades of a node to Redis 8 on
+    /// its data, and commands sent without Lua to Redis 8 nodes (`HSETEX`, `MULTI` blocks).
+    pub mixed_runs: u64,
+    pub upgrades: u64,
+    pub native_commands: u64,
 }
 
 impl Stats {
@@ -393,7 +430,10 @@ impl Stats {
             slow_keepers,
             kept_lost,
             downgrades,
-            lost_downgrades
+            lost_downgrades,
+            mixed_runs,
+            upgrades,
+            native_commands
         );
     }
 
@@ -424,7 +464,8 @@ impl fmt::Display for Stats {
              {} subscriber resets, {} wakes lost ({} delivered), {} setup refusals in {} runs \
              ({} configuration errors), {} slow keepers; {} shared reads, {} writer intents, \
              {} fence write-backs; {} extends ({} shorter, {} lost, {} writes after a lost one); \
-             {} kept locks ({} keeper rounds, {} lost); {} downgrades ({} lost)",
+             {} kept locks ({} keeper rounds, {} lost); {} downgrades ({} lost); {} runs mixing \
+             Redis 7 and 8 nodes, {} upgrades, {} commands without Lua",
             self.seeds,
             self.events,
             self.attempts,
@@ -460,7 +501,10 @@ impl fmt::Display for Stats {
             self.keeper_rounds,
             self.kept_lost,
             self.downgrades,
-            self.lost_downgrades
+            self.lost_downgrades,
+            self.mixed_runs,
+            self.upgrades,
+            self.native_commands
         )
     }
 }
@@ -468,6 +512,8 @@ impl fmt::Display for Stats {
 /// A simulated node and its clock.
 struct SimNode {
     mem: Node,
+    /// Redis 8: hash-field expiry, so the read-preferring lock goes without Lua here.
+    native: bool,
     up: bool,
     /// Messages sent before this instant were on connections the crash reset.
     crashed_at: u64,
@@ -804,7 +850,8 @@ fn key_name(k: usize) -> Vec<u8> {
 /// Runs one seed of `scenario` with clients that take `locks`.
 pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool) -> Outcome {
     let mut rng = Rng::new(seed);
-    let p = Settings::draw(&mut rng, scenario, locks);
+    let mut p = Settings::draw(&mut rng, scenario, locks);
+    p.versions(seed);
     let addrs: Vec<NodeAddr> = (0..p.nodes)
         .map(|i| NodeAddr::parse(&format!("127.0.0.1:{}", 7000 + i)).expect("an address"))
         .collect();
@@ -879,7 +926,8 @@ fn run_world<'a>(
     };
     let nodes = (0..p.nodes)
         .map(|i| SimNode {
-            mem: Node::default(),
+            mem: node_memory(),
+            native: p.native[i],
             up: true,
             crashed_at: 0,
             offset: rng.range(1 << 40, 1 << 41) as i64,
@@ -910,6 +958,7 @@ fn run_world<'a>(
             }
         })
         .collect();
+    let mixed = p.native.contains(&true) && p.native.contains(&false);
     let mut w = World {
         scenario,
         blocked: vec![vec![false; p.nodes]; p.clients],
@@ -929,6 +978,7 @@ fn run_world<'a>(
         stats: Stats {
             seeds: 1,
             refused_runs: u64::from(!refused.is_empty()),
+            mixed_runs: u64::from(mixed),
             ..Stats::default()
         },
         failures: Vec::new(),
@@ -1355,7 +1405,11 @@ impl<'a> World<'a> {
             }
         }
         let mut bytes = Vec::new();
-        m.encode(t, Caps::default(), &mut bytes);
+        let caps = Caps {
+            delex: false,
+            hsetex: self.nodes[n].native,
+        };
+        m.encode(t, caps, &mut bytes);
         let conn = &mut self.clients[c].conns[n];
         let slot = t.tag.map(|tag| (run, tag));
         if let Some(s) = slot {
@@ -1411,15 +1465,17 @@ impl<'a> World<'a> {
             self.stats.late_commands += 1;
         }
         let now_ms = n.clock_ms(self.now);
-        let mut first = None;
-        for (i, command) in commands(bytes).into_iter().enumerate() {
-            let reply = self.nodes[node].mem.execute(now_ms, command);
-            if i == 0 {
-                first = Some(reply);
-            }
+        if bytes.starts_with(b"*8\r\n$6\r\nHSETEX") || bytes.starts_with(b"*1\r\n$5\r\nMULTI") {
+            self.stats.native_commands += 1;
         }
+        // One write runs at once on the node (a `MULTI` ... `EXEC` in it too); the last reply
+        // is the vote.
+        let last = self.nodes[node]
+            .mem
+            .execute_all(now_ms, &commands(bytes))
+            .pop();
         self.publish(node);
-        let (Some((run, tag)), Some(reply), true) = (slot, first, live) else {
+        let (Some((run, tag)), Some(reply), true) = (slot, last, live) else {
             return;
         };
         if self.rng.chance(self.p.reply_loss) {
@@ -1623,13 +1679,24 @@ impl<'a> World<'a> {
                 self.stats.crashes += 1;
                 // Within the model, fencing runs on nodes that persist every acknowledged write
                 // (AOF, `appendfsync always`): a restart keeps the data, not the script cache.
-                let persistent = self.p.locks.fenced() && self.scenario == Scenario::Model;
+                let mut persistent = self.p.locks.fenced() && self.scenario == Scenario::Model;
+                // An upgrade to Redis 8 reloads the data the Redis 7 node persisted (AOF):
+                // readers in sorted sets, while new ones become hash fields there.
+                if !self.nodes[node].native
+                    && self.p.upgrade > 0.0
+                    && self.rng.chance(self.p.upgrade)
+                {
+                    self.log(format_args!("node {node} is upgraded to Redis 8"));
+                    self.nodes[node].native = true;
+                    self.stats.upgrades += 1;
+                    persistent = true;
+                }
                 {
                     let n = &mut self.nodes[node];
                     if persistent {
                         n.mem.forget_scripts();
                     } else {
-                        n.mem = Node::default();
+                        n.mem = node_memory();
                     }
                     n.subs.clear();
                     n.crashed_at = self.now;

@@ -1,5 +1,14 @@
-//! A simulated Redis node: strings and sorted sets with millisecond expiry, a script cache, and
-//! the lock scripts' semantics written in Rust.
+//! A simulated Redis node: strings, sorted sets and hashes with millisecond expiry (per key,
+//! and per hash field as Redis 8 has it), `MULTI`/`EXEC`, a script cache, and the lock scripts'
+//! semantics written in Rust.
+//!
+//! Hash fields expire as in Redis 8.2: reads (`HPTTL`) skip an expired field, `HRANDFIELD`
+//! deletes every expired field (and the hash, if none is left), `HPEXPIRE` and `HDEL` act on an
+//! expired field that is still there as on a live one, and a hash whose fields all expired
+//! still exists for key-level commands (`EXISTS`, `SET NX`, `GET`'s `WRONGTYPE`) until a
+//! command deletes its fields or the server's expiry cycle removes it:
+//! [`Node::hash_expiry_lag`] ms after its last field expired (never, when `None`, as a server
+//! with active expiry turned off).
 //!
 //! It reads real RESP commands (the bytes `Op::encode` writes) and answers with real RESP
 //! replies, so the simulation runs the client's own encode and classify code. Only what the
@@ -679,6 +688,17 @@ pub(crate) enum Data {
     Str(Vec<u8>),
     /// A sorted set: member to score.
     ZSet(BTreeMap<Vec<u8>, f64>),
+    /// A hash: field to value and the field's own expiry (absolute ms on the node's clock; the
+    /// field is gone once `now > at`).
+    Hash(Fields),
+}
+
+/// A hash's fields: field to value and expiry.
+type Fields = BTreeMap<Vec<u8>, (Vec<u8>, Option<i64>)>;
+
+/// Whether a hash field with expiry `at` has expired at `now`.
+fn field_expired(at: Option<i64>, now: i64) -> bool {
+    at.is_some_and(|at| now > at)
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -699,6 +719,9 @@ pub(crate) struct Node {
     pub published: u64,
     /// The messages published and not yet taken by the simulated network: channel, message.
     pub outbox: Vec<(Vec<u8>, Vec<u8>)>,
+    /// How long after its last field expired the expiry cycle deletes a hash nobody touched;
+    /// `None`: never (active expiry off).
+    pub hash_expiry_lag: Option<i64>,
 }
 
 impl Node {
@@ -706,7 +729,49 @@ impl Node {
     /// the RESP reply.
     pub fn execute(&mut self, now_ms: i64, command: &[u8]) -> Vec<u8> {
         self.now = now_ms;
-        let reply = match resp::decode(command, &Limits::default()) {
+        let mut out = Vec::new();
+        self.run(command).encode(&mut out);
+        out
+    }
+
+    /// Executes the commands of one write, in order and with nothing in between (as one
+    /// client's pipeline reaches a real server: `MULTI` ... `EXEC` runs at once), at node time
+    /// `now_ms`, and returns each reply. `MULTI` queues what follows (answering `QUEUED`) until
+    /// `EXEC`, which answers with the array of their replies.
+    pub fn execute_all(&mut self, now_ms: i64, commands: &[&[u8]]) -> Vec<Vec<u8>> {
+        self.now = now_ms;
+        let mut queued: Option<Vec<&[u8]>> = None;
+        commands
+            .iter()
+            .map(|&command| {
+                let name = command_name(command);
+                let reply = match (&mut queued, name.as_slice()) {
+                    (None, b"MULTI") => {
+                        queued = Some(Vec::new());
+                        Value::Simple(b"OK".to_vec())
+                    }
+                    (Some(_), b"MULTI") => err("ERR MULTI calls can not be nested"),
+                    (None, b"EXEC") => err("ERR EXEC without MULTI"),
+                    (Some(_), b"EXEC") => {
+                        let batch = queued.take().unwrap_or_default();
+                        Value::Array(Some(batch.into_iter().map(|c| self.run(c)).collect()))
+                    }
+                    (Some(batch), _) => {
+                        batch.push(command);
+                        Value::Simple(b"QUEUED".to_vec())
+                    }
+                    (None, _) => self.run(command),
+                };
+                let mut out = Vec::new();
+                reply.encode(&mut out);
+                out
+            })
+            .collect()
+    }
+
+    /// Decodes and runs one command.
+    fn run(&mut self, command: &[u8]) -> Value {
+        match resp::decode(command, &Limits::default()) {
             Ok(Status::Complete((Reply::Array(Some(items)), used))) if used == command.len() => {
                 let args: Option<Vec<&[u8]>> = items
                     .iter()
@@ -721,10 +786,7 @@ impl Node {
                 }
             }
             _ => err("ERR Protocol error: not one complete command"),
-        };
-        let mut out = Vec::new();
-        reply.encode(&mut out);
-        out
+        }
     }
 
     /// A restart that reloads the data from disk: only the script cache is lost.
@@ -735,8 +797,13 @@ impl Node {
     /// The keys that hold something now (expired ones are not counted).
     pub fn live_keys(&mut self) -> usize {
         let now = self.now;
-        self.data
-            .retain(|_, e| e.expire_at.is_none_or(|at| now <= at));
+        self.data.retain(|_, e| {
+            let fields_live = match &e.data {
+                Data::Hash(h) => h.values().any(|(_, at)| !field_expired(*at, now)),
+                _ => true,
+            };
+            fields_live && e.expire_at.is_none_or(|at| now <= at)
+        });
         self.data.len()
     }
 
@@ -797,6 +864,16 @@ impl Node {
                 let (min, max) = score_range(rest[1], rest[2])?;
                 self.zrem_range_by_score(rest[0], min, max)
                     .map(Value::Integer)
+            }),
+            b"HSETEX" if rest.len() >= 6 => self.hsetex(rest),
+            b"HPEXPIRE" if rest.len() >= 5 => self.hpexpire(rest),
+            b"HPTTL" if rest.len() >= 4 => self.hpttl(rest),
+            b"HDEL" if rest.len() >= 2 => self.hdel(rest[0], &rest[1..]).map(Value::Integer),
+            b"HRANDFIELD" => arity(1).and_then(|()| self.hrandfield(rest[0])),
+            b"HLEN" => arity(1).and_then(|()| {
+                Ok(Value::Integer(
+                    self.hash(rest[0])?.map_or(0, |h| h.len() as i64),
+                ))
             }),
             b"EVAL" | b"EVALSHA" if rest.len() >= 2 => Ok(self.eval(name == b"EVAL", rest)),
             b"SCRIPT" if rest.len() == 2 && rest[0].eq_ignore_ascii_case(b"LOAD") => {
@@ -898,17 +975,171 @@ impl Node {
         model(self, &rest[..numkeys], &rest[numkeys..]).unwrap_or_else(|e| e)
     }
 
-    /// The live entry at `key`, dropping it first if it has expired.
+    /// The live entry at `key`, dropping it first if it has expired (for a hash whose fields
+    /// all expired: once the expiry cycle would have deleted it).
     fn entry(&mut self, key: &[u8]) -> Option<&mut Entry> {
         let now = self.now;
-        if self
-            .data
-            .get(key)
-            .is_some_and(|e| e.expire_at.is_some_and(|at| now > at))
-        {
+        let lag = self.hash_expiry_lag;
+        if self.data.get(key).is_some_and(|e| {
+            e.expire_at.is_some_and(|at| now > at)
+                || match (&e.data, lag) {
+                    // (Empty only for a moment, while `HSETEX` creates it.)
+                    (Data::Hash(h), Some(lag)) => {
+                        !h.is_empty()
+                            && h.values()
+                                .all(|(_, at)| at.is_some_and(|at| now > at.saturating_add(lag)))
+                    }
+                    _ => false,
+                }
+        }) {
             self.data.remove(key);
         }
         self.data.get_mut(key)
+    }
+
+    /// The hash at `key` (`None` if missing), or a WRONGTYPE error reply. Expired fields may
+    /// still be in it: field accesses drop them.
+    fn hash(&mut self, key: &[u8]) -> Result<Option<&mut Fields>, Value> {
+        match self.entry(key) {
+            None => Ok(None),
+            Some(Entry {
+                data: Data::Hash(h),
+                ..
+            }) => Ok(Some(h)),
+            Some(_) => Err(err(WRONGTYPE)),
+        }
+    }
+
+    /// Whether `field` is in the hash at `key`, expired or not: Redis 8.2's `HPEXPIRE` and
+    /// `HDEL` act on an expired field the server has not deleted yet as on a live one.
+    fn field_present(&mut self, key: &[u8], field: &[u8]) -> Result<bool, Value> {
+        Ok(self.hash(key)?.is_some_and(|h| h.contains_key(field)))
+    }
+
+    /// `FIELDS n f1 .. fn` at the end of a hash-field command: the fields, or a syntax error.
+    fn fields<'c>(args: &[&'c [u8]], pairs: bool) -> Result<Vec<&'c [u8]>, Value> {
+        let n = match args {
+            [fields, n, ..] if fields.eq_ignore_ascii_case(b"FIELDS") => parse_i64(n)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| err("ERR Parameter `numFields` should be greater than 0"))?
+                as usize,
+            _ => return Err(err("ERR syntax error")),
+        };
+        let rest = &args[2..];
+        if rest.len() != if pairs { 2 * n } else { n } {
+            return Err(err("ERR wrong number of arguments"));
+        }
+        Ok(rest.to_vec())
+    }
+
+    /// `HSETEX key PX ms FIELDS n field value ...` (the only form the locks send): 1.
+    fn hsetex(&mut self, args: &[&[u8]]) -> Result<Value, Value> {
+        let key = args[0];
+        if !args[1].eq_ignore_ascii_case(b"PX") {
+            return Err(err("ERR syntax error"));
+        }
+        let ms = parse_i64(args[2])
+            .filter(|&ms| ms > 0)
+            .ok_or_else(|| err("ERR invalid expire time, must be >= 0 and <= 2^48"))?;
+        let pairs = Self::fields(&args[3..], true)?;
+        let at = self.now.saturating_add(ms);
+        if self.hash(key)?.is_none() {
+            self.data.insert(
+                key.to_vec(),
+                Entry {
+                    data: Data::Hash(BTreeMap::new()),
+                    expire_at: None,
+                },
+            );
+        }
+        let h = self.hash(key)?.ok_or_else(|| err(WRONGTYPE))?;
+        for p in pairs.chunks(2) {
+            h.insert(p[0].to_vec(), (p[1].to_vec(), Some(at)));
+        }
+        Ok(Value::Integer(1))
+    }
+
+    /// `HPEXPIRE key ms FIELDS n field ...`: per field, -2 when it is not there, 1 when its
+    /// expiry was set, 2 when `ms` is 0 and it was deleted. As in Redis 8.2, a field that
+    /// expired but was not deleted yet gets the new expiry too (see `engine::rw` for why that
+    /// is harmless).
+    fn hpexpire(&mut self, args: &[&[u8]]) -> Result<Value, Value> {
+        let key = args[0];
+        let ms = parse_i64(args[1])
+            .filter(|&ms| ms >= 0)
+            .ok_or_else(|| err("ERR invalid expire time, must be >= 0 and <= 2^48"))?;
+        let fields = Self::fields(&args[2..], false)?;
+        self.hash(key)?;
+        let at = self.now.saturating_add(ms);
+        let mut codes = Vec::new();
+        for f in fields {
+            let code = if !self.field_present(key, f)? {
+                -2
+            } else if ms == 0 {
+                self.hdel(key, &[f])?;
+                2
+            } else {
+                if let Some(entry) = self.hash(key)?.and_then(|h| h.get_mut(f)) {
+                    entry.1 = Some(at);
+                }
+                1
+            };
+            codes.push(Value::Integer(code));
+        }
+        Ok(Value::Array(Some(codes)))
+    }
+
+    /// `HPTTL key FIELDS n field ...`: per field, -2 when it is not there or expired (which
+    /// deletes nothing), -1 without expiry, else the ms left.
+    fn hpttl(&mut self, args: &[&[u8]]) -> Result<Value, Value> {
+        let key = args[0];
+        let fields = Self::fields(&args[1..], false)?;
+        self.hash(key)?;
+        let now = self.now;
+        let mut out = Vec::new();
+        for f in fields {
+            let code = match self.hash(key)?.and_then(|h| h.get(f)) {
+                Some((_, at)) if field_expired(*at, now) => -2,
+                Some((_, Some(at))) => (*at - now).max(0),
+                Some((_, None)) => -1,
+                None => -2,
+            };
+            out.push(Value::Integer(code));
+        }
+        Ok(Value::Array(Some(out)))
+    }
+
+    /// `HDEL key field ...`: fields deleted (an expired one not deleted yet counts, as in
+    /// Redis 8.2); an emptied hash is deleted.
+    pub fn hdel(&mut self, key: &[u8], fields: &[&[u8]]) -> Result<i64, Value> {
+        let mut deleted = 0;
+        for f in fields {
+            if self.field_present(key, f)? {
+                if let Some(h) = self.hash(key)? {
+                    h.remove(*f);
+                    deleted += 1;
+                    if h.is_empty() {
+                        self.data.remove(key);
+                    }
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// `HRANDFIELD key`: drops every expired field first (and the hash, if none is left), then
+    /// answers a field (here the first; Redis picks one at random) or nil.
+    fn hrandfield(&mut self, key: &[u8]) -> Result<Value, Value> {
+        let now = self.now;
+        let Some(h) = self.hash(key)? else {
+            return Ok(Value::Bulk(None));
+        };
+        h.retain(|_, (_, at)| !field_expired(*at, now));
+        let first = h.keys().next().cloned();
+        if first.is_none() {
+            self.data.remove(key);
+        }
+        Ok(Value::Bulk(first))
     }
 
     /// `GET`: the string at `key`, or a WRONGTYPE error reply.
@@ -1165,6 +1396,17 @@ fn score_range(min: &[u8], max: &[u8]) -> Result<(f64, f64), Value> {
     match (bound(min), bound(max)) {
         (Some(a), Some(b)) => Ok((a, b)),
         _ => Err(err("ERR min or max is not a float")),
+    }
+}
+
+/// A command's name, upper-cased (empty if it is not an array of bulk strings).
+fn command_name(command: &[u8]) -> Vec<u8> {
+    match resp::decode(command, &Limits::default()) {
+        Ok(Status::Complete((Reply::Array(Some(items)), _))) => match items.first() {
+            Some(Reply::Bulk(Some(name))) => name.to_ascii_uppercase(),
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
     }
 }
 

@@ -161,6 +161,9 @@ fn every_lock_kind_within_the_model() {
                         ("intents", s.intents),
                         ("downgrades", s.downgrades),
                         ("lost downgrades", s.lost_downgrades),
+                        ("runs mixing Redis 7 and 8", s.mixed_runs),
+                        ("upgrades to Redis 8", s.upgrades),
+                        ("commands without Lua", s.native_commands),
                     ],
                 );
             }
