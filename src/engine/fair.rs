@@ -144,12 +144,13 @@ impl FairState {
         resp::write_bulk(out, if self.join.get() { b"1" } else { b"0" });
     }
 
-    /// Reads a fair script's reply: 2 is a refusal that left this waiter queued. Whether it
-    /// is queued is not tracked: a node that answers after the round was decided may have
-    /// queued it unseen, so every fair acquisition leaves every queue when it is done.
+    /// Reads a fair script's reply: `2 + rank` is a refusal that left this waiter queued
+    /// behind `rank` others (see [`queued_rank`]). Whether it is queued is not tracked: a node
+    /// that answers after the round was decided may have queued it unseen, so every fair
+    /// acquisition leaves every queue when it is done.
     pub fn classify(&self, reply: &Reply<'_>) -> Verdict {
         match reply {
-            Reply::Integer(2) => Verdict::Vote(Vote::No),
+            Reply::Integer(n) if *n >= 2 => Verdict::Vote(Vote::No),
             other => int_verdict(other),
         }
     }
@@ -160,6 +161,30 @@ impl FairState {
         if waited >= self.join_after {
             self.join.set(true);
         }
+    }
+}
+
+/// The rank a fair acquire script's reply gives: how many queue entries must leave before this
+/// waiter may pass the gate on that node (see `scripts/fair_gate.lua`). The scripts answer 1
+/// (taken: rank 0), 0 (refused, not queued: rank 0) or `2 + rank` (refused, queued behind
+/// `rank` others; 2 is the head, refused by the lock). `None` for anything else. The replies
+/// of the scripts before ranks (0, 1, 2) read the same, and no rank is read as a grant.
+pub fn queued_rank(reply: &Reply<'_>) -> Option<u32> {
+    match *reply {
+        Reply::Integer(0 | 1) => Some(0),
+        Reply::Integer(n) if n >= 2 => Some(u32::try_from(n - 2).unwrap_or(u32::MAX)),
+        _ => None,
+    }
+}
+
+/// The rank a fenced fair acquire script's reply gives: a counter (a grant) is rank 0, a
+/// refusal is `-1 - rank` (`-1` for the head, or a waiter that is not queued). `None` for
+/// anything else.
+pub fn fenced_queued_rank(reply: &Reply<'_>) -> Option<u32> {
+    match *reply {
+        Reply::Integer(n) if n >= 1 => Some(0),
+        Reply::Integer(n) if n <= -1 => Some(u32::try_from(-1 - n).unwrap_or(u32::MAX)),
+        _ => None,
     }
 }
 
@@ -208,6 +233,10 @@ impl Op for FairAcquire<'_> {
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         self.fair.classify(reply)
+    }
+
+    fn queue_rank(&self, reply: &Reply<'_>) -> Option<u32> {
+        queued_rank(reply)
     }
 }
 
@@ -272,5 +301,29 @@ mod tests {
         assert_eq!(op.classify(&Reply::Integer(0)), Verdict::Vote(Vote::No));
         assert_eq!(op.classify(&Reply::Integer(1)), Verdict::Vote(Vote::Yes));
         assert_eq!(op.classify(&Reply::Integer(2)), Verdict::Vote(Vote::No));
+        assert_eq!(op.classify(&Reply::Integer(9)), Verdict::Vote(Vote::No));
+        assert!(matches!(
+            op.classify(&Reply::Integer(-1)),
+            Verdict::Vote(Vote::Failed(_))
+        ));
+    }
+
+    #[test]
+    fn replies_give_ranks() {
+        assert_eq!(queued_rank(&Reply::Integer(1)), Some(0));
+        assert_eq!(queued_rank(&Reply::Integer(0)), Some(0));
+        assert_eq!(queued_rank(&Reply::Integer(2)), Some(0));
+        assert_eq!(queued_rank(&Reply::Integer(7)), Some(5));
+        assert_eq!(queued_rank(&Reply::Integer(-1)), None);
+        assert_eq!(queued_rank(&Reply::Error(b"ERR x")), None);
+        assert_eq!(fenced_queued_rank(&Reply::Integer(12)), Some(0));
+        assert_eq!(fenced_queued_rank(&Reply::Integer(-1)), Some(0));
+        assert_eq!(fenced_queued_rank(&Reply::Integer(-4)), Some(3));
+        assert_eq!(fenced_queued_rank(&Reply::Integer(0)), None);
+        assert_eq!(
+            queued_rank(&Reply::Integer(i64::MAX)),
+            Some(u32::MAX),
+            "a huge rank saturates"
+        );
     }
 }
