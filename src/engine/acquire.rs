@@ -468,6 +468,32 @@ impl<'a> Acquisition<'a> {
         self.fair.is_none() || self.ranks.ahead(quorum(self.config.nodes.len())) == 0
     }
 
+    /// Records the rank that `node`'s `reply` to the current attempt gives, even one that comes
+    /// after the round was decided: if it shows that a release already announced may let this
+    /// waiter in, it retries now.
+    fn record_rank(
+        &mut self,
+        node: usize,
+        what: &What,
+        reply: &Reply<'_>,
+        now: Instant,
+        rng: &mut dyn Entropy,
+    ) {
+        let Some(cmd) = self.cmd(what) else {
+            return;
+        };
+        let Some(rank) = self.spec.with_op(cmd, |op| op.queue_rank(reply)) else {
+            return;
+        };
+        let was_next = self.is_next();
+        self.ranks.record(node, rank);
+        if matches!(self.state, State::Waiting { .. }) && self.woken && !was_next && self.is_next()
+        {
+            self.count_wakeup();
+            self.on_wake(now, rng);
+        }
+    }
+
     fn count_wakeup(&self) {
         if let Some(stats) = self.stats {
             stats.wakeup();
@@ -606,15 +632,8 @@ impl Machine for Acquisition<'_> {
             return;
         }
         let what = self.fanout_what();
-        let Some(cmd) = self.cmd(&what) else {
-            return;
-        };
         if self.fair.is_some() && self.state != State::WriteBack {
-            // The attempt's rank on this node, even from a reply that comes after the round
-            // was decided.
-            if let Some(rank) = self.spec.with_op(cmd, |op| op.queue_rank(reply)) {
-                self.ranks.record(node, rank);
-            }
+            self.record_rank(node, &what, reply, now, rng);
         }
         if !matches!(self.state, State::Attempt | State::WriteBack) {
             return;
@@ -652,9 +671,9 @@ impl Machine for Acquisition<'_> {
                 self.start_attempt(now, rng)
             }
             State::Waiting { backstop } if now >= backstop => {
-                // No release was announced within the retry delay; or a fair waiter counted
-                // releases and did not retry for them yet, since the queue is moving it does
-                // not count.
+                // No release was announced within the retry delay: this retry counts against
+                // the retry count. Or a fair waiter let the releases announced pass, still
+                // behind others: the queue is moving, and it does not count.
                 if !self.woken {
                     self.retry.count_retry();
                 }

@@ -15,6 +15,13 @@
 //! the lock is free there. A waiter that dies stops refreshing its entries, which expire on
 //! each node's clock after the entry TTL; the next waiter then becomes the head.
 //!
+//! A refused waiter is told its rank on each node: how many entries ahead of it must leave
+//! first (for a reader, those up to the last writer ahead; the readers at the front share, and
+//! all have rank 0). It then lets that many releases pass before it tries again, so that at a
+//! release only the head (or the heads) retries, not every waiter ([`Ranks`]). Its backstop
+//! retry remains, so a lost announcement or an entry that expired unannounced costs it one
+//! retry delay, never its place.
+//!
 //! An acquirer joins the queue when it is non-empty, or once it has waited longer than the
 //! client's `fair_after` interval; while the queue is empty and the lock free, a fair acquire
 //! costs the same single round as an unfair one. Tickets come from client wall clocks, so

@@ -525,11 +525,15 @@ fn a_late_reply_lowers_the_rank_and_an_unknown_rank_retries_at_every_release() {
         m.handle_reply(node, tag, &queued_at(spec, rank), t0 + MS, &mut rng);
     }
     let _ = sent(&mut m);
-    // A node that answers after the decision says rank 1: now 1 on a quorum.
-    m.handle_reply(3, tag, &queued_at(spec, 1), t0 + 2 * MS, &mut rng);
-    m.handle_wake(1, WAKE_K, b"aaaaaaaaaaaaaaaa", t0 + 3 * MS, &mut rng);
+    // One release: 4 to go, it keeps waiting.
+    m.handle_wake(1, WAKE_K, b"aaaaaaaaaaaaaaaa", t0 + 2 * MS, &mut rng);
+    assert!(sent(&mut m).is_empty());
+    // A node that answers after the decision says rank 1: now 1 on a quorum, and that
+    // release was it: it retries at once.
+    m.handle_reply(3, tag, &queued_at(spec, 1), t0 + 3 * MS, &mut rng);
     let third = sent(&mut m);
     assert_eq!(third.len(), 1, "{third:?}");
+    assert_eq!(third[0].name(), b"EVALSHA");
 
     // Ranks from too few nodes (the others failed): it retries at the first release.
     let tag = third[0].tag.unwrap();
