@@ -9,8 +9,12 @@
 //!   channels (a release may have come before the subscription did);
 //! - when a release is announced by a node that refused or failed the last attempt (not one
 //!   of the waiter's own cleanups), after a short random pause if waiters have been colliding;
+//!   in a fair queue, only once as many releases were announced as the last attempt's rank
+//!   said were ahead of it (see [`Ranks`]): only the head retries at a release;
 //! - after a jittered [retry delay](crate::ClientBuilder::retry_delay) (the backstop) when no
-//!   release is announced; only these retries count against the retry count;
+//!   release is announced, or when a fair waiter still counts releases; only the retries after
+//!   a backstop with no release announced since the last attempt count against the retry
+//!   count;
 //! - soon, a few times in a row, after a split vote in a fair queue.
 //!
 //! No attempt starts at or after the wait timeout. A fair waiter keeps one id (its first
@@ -23,7 +27,7 @@
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, RwPolicy};
-use crate::engine::fair::{AttemptIds, FairState};
+use crate::engine::fair::{AttemptIds, FairState, Ranks};
 use crate::engine::fanout::Fanout;
 use crate::engine::fencing::FenceRead;
 use crate::engine::kind::{Cmd, Keys, Spec};
@@ -127,6 +131,8 @@ pub(crate) struct Acquisition<'a> {
     token: Token,
     attempts: u32,
     fair: Option<FairState>,
+    /// A fair waiter's place in line, as its last attempt learnt it.
+    ranks: Ranks,
     intent_ms: u64,
     read: FenceRead,
     fanout: Fanout<'a>,
@@ -212,6 +218,7 @@ impl<'a> Acquisition<'a> {
             token,
             attempts: 0,
             fair,
+            ranks: Ranks::new(),
             intent_ms,
             read: FenceRead::new(),
             fanout: Fanout::new(round),
@@ -293,6 +300,7 @@ impl<'a> Acquisition<'a> {
         }
         self.attempts += 1;
         self.woken = false;
+        self.ranks.clear();
         // The counters read count only for the token they were read with.
         self.read.clear();
         let tag = self.tag();
@@ -450,8 +458,47 @@ impl<'a> Acquisition<'a> {
             }
         }
         self.state = State::Waiting { backstop };
-        if self.woken {
+        if self.woken && self.is_next() {
+            self.count_wakeup();
             self.on_wake(now, rng);
+        }
+    }
+
+    /// Whether a release may let this waiter in: always, but for a fair waiter that still
+    /// expects releases ahead of it.
+    fn is_next(&self) -> bool {
+        self.fair.is_none() || self.ranks.ahead(quorum(self.config.nodes.len())) == 0
+    }
+
+    /// Records the rank that `node`'s `reply` to the current attempt gives, even one that comes
+    /// after the round was decided: if it shows that a release already announced may let this
+    /// waiter in, it retries now.
+    fn record_rank(
+        &mut self,
+        node: usize,
+        what: &What,
+        reply: &Reply<'_>,
+        now: Instant,
+        rng: &mut dyn Entropy,
+    ) {
+        let Some(cmd) = self.cmd(what) else {
+            return;
+        };
+        let Some(rank) = self.spec.with_op(cmd, |op| op.queue_rank(reply)) else {
+            return;
+        };
+        let was_next = self.is_next();
+        self.ranks.record(node, rank);
+        if matches!(self.state, State::Waiting { .. }) && self.woken && !was_next && self.is_next()
+        {
+            self.count_wakeup();
+            self.on_wake(now, rng);
+        }
+    }
+
+    fn count_wakeup(&self) {
+        if let Some(stats) = self.stats {
+            stats.wakeup();
         }
     }
 
@@ -584,10 +631,16 @@ impl Machine for Acquisition<'_> {
         now: Instant,
         rng: &mut dyn Entropy,
     ) {
-        if tag != self.fanout.tag() || !matches!(self.state, State::Attempt | State::WriteBack) {
+        if tag != self.fanout.tag() || matches!(self.state, State::Done) {
             return;
         }
         let what = self.fanout_what();
+        if self.fair.is_some() && self.state != State::WriteBack {
+            self.record_rank(node, &what, reply, now, rng);
+        }
+        if !matches!(self.state, State::Attempt | State::WriteBack) {
+            return;
+        }
         let Some(cmd) = self.cmd(&what) else {
             return;
         };
@@ -627,8 +680,12 @@ impl Machine for Acquisition<'_> {
                 self.start_attempt(now, rng)
             }
             State::Waiting { backstop } if now >= backstop => {
-                // No release was announced within the retry delay.
-                self.retry.count_retry();
+                // No release was announced within the retry delay: this retry counts against
+                // the retry count. Or a fair waiter let the releases announced pass, still
+                // behind others: the queue is moving, and it does not count.
+                if !self.woken {
+                    self.retry.count_retry();
+                }
                 self.start_attempt(now, rng);
             }
             _ => {}
@@ -637,7 +694,8 @@ impl Machine for Acquisition<'_> {
 
     /// A release announced on `channel`: retried for when it is on one of this lock's wake
     /// channels, comes from a node that refused or failed the last attempt, is not one of this
-    /// waiter's own cleanups, and is not the same release announced by another node.
+    /// waiter's own cleanups, and is not the same release announced by another node; and for
+    /// a fair waiter, when it is the last of the releases its rank said were ahead of it.
     fn handle_wake(
         &mut self,
         node: usize,
@@ -653,10 +711,13 @@ impl Machine for Acquisition<'_> {
             return;
         }
         self.woken = true;
-        if let Some(stats) = self.stats {
-            stats.wakeup();
+        if self.fair.is_some() {
+            self.ranks.release_seen(message);
         }
-        self.on_wake(now, rng);
+        if matches!(self.state, State::Waiting { .. }) && self.is_next() {
+            self.count_wakeup();
+            self.on_wake(now, rng);
+        }
     }
 
     /// Ends the acquisition with [`Error::Cancelled`] at once, wherever it is. An attempt in

@@ -15,6 +15,13 @@
 //! the lock is free there. A waiter that dies stops refreshing its entries, which expire on
 //! each node's clock after the entry TTL; the next waiter then becomes the head.
 //!
+//! A refused waiter is told its rank on each node: how many entries ahead of it must leave
+//! first (for a reader, those up to the last writer ahead; the readers at the front share, and
+//! all have rank 0). It then lets that many releases pass before it tries again, so that at a
+//! release only the head (or the heads) retries, not every waiter ([`Ranks`]). Its backstop
+//! retry remains, so a lost announcement or an entry that expired unannounced costs it one
+//! retry delay, never its place.
+//!
 //! An acquirer joins the queue when it is non-empty, or once it has waited longer than the
 //! client's `fair_after` interval; while the queue is empty and the lock free, a fair acquire
 //! costs the same single round as an unfair one. Tickets come from client wall clocks, so
@@ -31,6 +38,7 @@
 use std::cell::Cell;
 use std::time::Duration;
 
+use crate::config::MAX_NODES;
 use crate::engine::keys::{self, Derived};
 use crate::engine::ops::{int_verdict, Op, Script, ScriptForm, Verdict};
 pub use crate::engine::scripts::{FAIR_ACQUIRE, LEAVE};
@@ -144,12 +152,13 @@ impl FairState {
         resp::write_bulk(out, if self.join.get() { b"1" } else { b"0" });
     }
 
-    /// Reads a fair script's reply: 2 is a refusal that left this waiter queued. Whether it
-    /// is queued is not tracked: a node that answers after the round was decided may have
-    /// queued it unseen, so every fair acquisition leaves every queue when it is done.
+    /// Reads a fair script's reply: `2 + rank` is a refusal that left this waiter queued
+    /// behind `rank` others (see [`queued_rank`]). Whether it is queued is not tracked: a node
+    /// that answers after the round was decided may have queued it unseen, so every fair
+    /// acquisition leaves every queue when it is done.
     pub fn classify(&self, reply: &Reply<'_>) -> Verdict {
         match reply {
-            Reply::Integer(2) => Verdict::Vote(Vote::No),
+            Reply::Integer(n) if *n >= 2 => Verdict::Vote(Vote::No),
             other => int_verdict(other),
         }
     }
@@ -160,6 +169,135 @@ impl FairState {
         if waited >= self.join_after {
             self.join.set(true);
         }
+    }
+}
+
+/// The rank a fair acquire script's reply gives: how many queue entries must leave before this
+/// waiter may pass the gate on that node (see `scripts/fair_gate.lua`). The scripts answer 1
+/// (taken: rank 0), 0 (refused, not queued: rank 0) or `2 + rank` (refused, queued behind
+/// `rank` others; 2 is the head, refused by the lock). `None` for anything else. The replies
+/// of the scripts before ranks (0, 1, 2) read the same, and no rank is read as a grant.
+pub fn queued_rank(reply: &Reply<'_>) -> Option<u32> {
+    match *reply {
+        Reply::Integer(0 | 1) => Some(0),
+        Reply::Integer(n) if n >= 2 => Some(u32::try_from(n - 2).unwrap_or(u32::MAX)),
+        _ => None,
+    }
+}
+
+/// The rank a fenced fair acquire script's reply gives: a counter (a grant) is rank 0, a
+/// refusal is `-1 - rank` (`-1` for the head, or a waiter that is not queued). `None` for
+/// anything else.
+pub fn fenced_queued_rank(reply: &Reply<'_>) -> Option<u32> {
+    match *reply {
+        Reply::Integer(n) if n >= 1 => Some(0),
+        Reply::Integer(n) if n <= -1 => Some(u32::try_from(-1 - n).unwrap_or(u32::MAX)),
+        _ => None,
+    }
+}
+
+/// How many announcements of recent releases a waiter remembers, so that one release, which
+/// every node announces, lowers its rank once.
+const RECENT_RELEASES: usize = 4;
+
+/// What a fair waiter knows of its place in line: the rank each node gave its last attempt,
+/// and the releases announced since that attempt started.
+///
+/// Every node orders the same waiters alike, and every entry ahead of a waiter leaves only by
+/// taking the lock (then releasing it: one announcement), by leaving (announced when the lock
+/// is free) or by expiring (not announced). So after `r` releases a waiter whose rank was `r`
+/// on a quorum of nodes is probably the head there, and until then its attempts cannot win: it
+/// waits for them rather than retry at each release, and only the head (or the heads: readers
+/// at the front) retries. The estimate errs low: releases of holders that never queued, and the
+/// cleanups of other waiters, count as well; a waiter that thinks itself the head too early
+/// retries once more and learns its rank again. An entry that leaves unannounced makes the
+/// estimate too high: then the waiter's backstop retry (see `acquire`), which it does not count
+/// against the retry count, learns the true rank. A rank that is not known on a quorum counts
+/// as 0: such a waiter behaves as every waiter did before ranks, and retries at each release.
+#[derive(Debug)]
+pub struct Ranks {
+    /// Rank per node (bit `i` of `known` says whether node `i` gave one).
+    ranks: [u16; MAX_NODES],
+    known: u64,
+    /// Releases announced since the attempt started.
+    seen: u32,
+    /// The last releases counted, each announced by every node: the first 16 characters of
+    /// their tokens (and how many of them), most recent first.
+    recent: [([u8; RECENT_ID_LEN], u8); RECENT_RELEASES],
+}
+
+/// How many characters of a token an announcement carries (see
+/// [`WAKE_PREFIX`](crate::engine::keys::WAKE_PREFIX)).
+const RECENT_ID_LEN: usize = 16;
+
+impl Default for Ranks {
+    fn default() -> Self {
+        Ranks::new()
+    }
+}
+
+impl Ranks {
+    /// Nothing known.
+    pub const fn new() -> Ranks {
+        Ranks {
+            ranks: [0; MAX_NODES],
+            known: 0,
+            seen: 0,
+            recent: [([0; RECENT_ID_LEN], 0); RECENT_RELEASES],
+        }
+    }
+
+    /// A new attempt starts: its replies will say the rank again.
+    pub fn clear(&mut self) {
+        self.known = 0;
+        self.seen = 0;
+    }
+
+    /// Node `node` answered the current attempt with `rank`.
+    pub fn record(&mut self, node: usize, rank: u32) {
+        if node < MAX_NODES {
+            self.ranks[node] = u16::try_from(rank).unwrap_or(u16::MAX);
+            self.known |= 1 << node;
+        }
+    }
+
+    /// A release was announced with `message` (the start of the released token): it lowers
+    /// the rank by one, unless it is a release already counted (announced by another node).
+    /// Returns whether it counted.
+    pub fn release_seen(&mut self, message: &[u8]) -> bool {
+        if !message.is_empty() && message.len() <= RECENT_ID_LEN {
+            let same = |(id, len): &([u8; RECENT_ID_LEN], u8)| {
+                usize::from(*len) == message.len() && id[..message.len()] == *message
+            };
+            if self.recent.iter().any(same) {
+                return false;
+            }
+            self.recent.copy_within(..RECENT_RELEASES - 1, 1);
+            let mut id = [0; RECENT_ID_LEN];
+            id[..message.len()].copy_from_slice(message);
+            self.recent[0] = (id, message.len() as u8);
+        }
+        self.seen = self.seen.saturating_add(1);
+        true
+    }
+
+    /// How many more releases this waiter expects before its attempts can win: the rank it
+    /// has on `quorum` nodes (the `quorum`-th smallest it was given) less the releases seen
+    /// since. 0 (try at the next release) when fewer than `quorum` nodes gave one.
+    pub fn ahead(&self, quorum: usize) -> u32 {
+        if quorum == 0 || (self.known.count_ones() as usize) < quorum {
+            return 0;
+        }
+        let mut known = [0u16; MAX_NODES];
+        let mut n = 0;
+        for (i, &rank) in self.ranks.iter().enumerate() {
+            if self.known & 1 << i != 0 {
+                known[n] = rank;
+                n += 1;
+            }
+        }
+        let (_, kth, _) = known[..n].select_nth_unstable(quorum - 1);
+        u32::from(*kth).saturating_sub(self.seen)
     }
 }
 
@@ -208,6 +346,10 @@ impl Op for FairAcquire<'_> {
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         self.fair.classify(reply)
+    }
+
+    fn queue_rank(&self, reply: &Reply<'_>) -> Option<u32> {
+        queued_rank(reply)
     }
 }
 
@@ -272,5 +414,64 @@ mod tests {
         assert_eq!(op.classify(&Reply::Integer(0)), Verdict::Vote(Vote::No));
         assert_eq!(op.classify(&Reply::Integer(1)), Verdict::Vote(Vote::Yes));
         assert_eq!(op.classify(&Reply::Integer(2)), Verdict::Vote(Vote::No));
+        assert_eq!(op.classify(&Reply::Integer(9)), Verdict::Vote(Vote::No));
+        assert!(matches!(
+            op.classify(&Reply::Integer(-1)),
+            Verdict::Vote(Vote::Failed(_))
+        ));
+    }
+
+    #[test]
+    fn replies_give_ranks() {
+        assert_eq!(queued_rank(&Reply::Integer(1)), Some(0));
+        assert_eq!(queued_rank(&Reply::Integer(0)), Some(0));
+        assert_eq!(queued_rank(&Reply::Integer(2)), Some(0));
+        assert_eq!(queued_rank(&Reply::Integer(7)), Some(5));
+        assert_eq!(queued_rank(&Reply::Integer(-1)), None);
+        assert_eq!(queued_rank(&Reply::Error(b"ERR x")), None);
+        assert_eq!(fenced_queued_rank(&Reply::Integer(12)), Some(0));
+        assert_eq!(fenced_queued_rank(&Reply::Integer(-1)), Some(0));
+        assert_eq!(fenced_queued_rank(&Reply::Integer(-4)), Some(3));
+        assert_eq!(fenced_queued_rank(&Reply::Integer(0)), None);
+        assert_eq!(
+            queued_rank(&Reply::Integer(i64::MAX)),
+            Some(u32::MAX),
+            "a huge rank saturates"
+        );
+    }
+
+    #[test]
+    fn the_rank_is_the_quorum_th_smallest_less_the_releases_seen() {
+        let mut r = Ranks::new();
+        assert_eq!(r.ahead(3), 0, "nothing known");
+        r.record(0, 4);
+        r.record(1, 2);
+        assert_eq!(r.ahead(3), 0, "known on too few nodes");
+        r.record(3, 3);
+        assert_eq!(r.ahead(3), 4);
+        // A late reply from the last node lowers it.
+        r.record(4, 1);
+        assert_eq!(r.ahead(3), 3);
+        // One release, announced by every node, counts once; another counts too.
+        assert!(r.release_seen(b"aaaaaaaaaaaaaaaa"));
+        assert!(!r.release_seen(b"aaaaaaaaaaaaaaaa"));
+        assert_eq!(r.ahead(3), 2);
+        assert!(r.release_seen(b"bbbbbbbbbbbbbbbb"));
+        // An announcement with no name cannot be told apart: each counts.
+        assert!(r.release_seen(b""));
+        assert_eq!(r.ahead(3), 0);
+        assert!(r.release_seen(b"cccccccccccccccc"));
+        assert_eq!(r.ahead(3), 0, "never below 0");
+        // A new attempt forgets the ranks and the count, not the releases already counted.
+        r.clear();
+        assert_eq!(r.ahead(1), 0);
+        r.record(2, 1);
+        assert_eq!(r.ahead(1), 1);
+        assert!(!r.release_seen(b"bbbbbbbbbbbbbbbb"));
+        assert_eq!(r.ahead(1), 1);
+        // Ranks past what is kept saturate; nodes past the most a client has are ignored.
+        r.record(5, u32::MAX);
+        r.record(MAX_NODES, 0);
+        assert_eq!(r.ahead(2), u32::from(u16::MAX));
     }
 }

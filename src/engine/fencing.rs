@@ -35,14 +35,14 @@
 //! read-write lock ([`FencedWriteAcquire`], on the writer key). Its acquire script is its plain
 //! one made a function `attempt()` between `fence_check.lua` and `fence_grant.lua` (see
 //! `scripts.rs`), which raise and return [`fence_key`](crate::engine::keys::fence_key)'s counter on success and return `-1` on
-//! refusal; its op classifies replies with [`classify_fenced`]; and after a won round the
+//! refusal (`-1 - rank` for a fair waiter queued behind others); its op classifies replies with [`classify_fenced`]; and after a won round the
 //! acquisition runs [`FenceWrite`] for [`FenceRead::token`] before the validity ends, unless
 //! [`FenceRead::holders`] is already a quorum.
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
 
-use crate::engine::fair::{write_eval_head, AttemptIds, FairState};
+use crate::engine::fair::{fenced_queued_rank, write_eval_head, AttemptIds, FairState};
 use crate::engine::keys::{Derived, RwKeys};
 use crate::engine::ops::{error_verdict, int_verdict, write_eval, Arg, Op, ScriptForm, Verdict};
 use crate::engine::rw::write_fair_keys;
@@ -127,6 +127,15 @@ pub fn classify_fenced(reply: &Reply<'_>, read: &FenceRead) -> Verdict {
     }
 }
 
+/// Reads the reply of a fenced acquire script behind a fair queue: as [`classify_fenced`], and
+/// `-1 - rank`, the refusal of a waiter queued behind `rank` others, is a refusal too.
+pub fn classify_fair_fenced(reply: &Reply<'_>, read: &FenceRead) -> Verdict {
+    match reply {
+        Reply::Integer(n) if *n < -1 => Verdict::Vote(Vote::No),
+        other => classify_fenced(other, read),
+    }
+}
+
 /// Mutex acquire that also raises and reads the fence counter: [`FENCED_ACQUIRE`].
 #[derive(Debug, Clone, Copy)]
 pub struct FencedAcquire<'a> {
@@ -159,8 +168,8 @@ impl Op for FencedAcquire<'_> {
 }
 
 /// A fair mutex acquire that also raises and reads the fence counter:
-/// [`FAIR_FENCED_ACQUIRE`]. Only the head of the mutex's fair queue may win; every refusal is
-/// `-1`, queued or not.
+/// [`FAIR_FENCED_ACQUIRE`]. Only the head of the mutex's fair queue may win; a refusal is `-1`,
+/// or `-1 - rank` for a waiter queued behind `rank` others.
 #[derive(Debug, Clone, Copy)]
 pub struct FairFencedAcquire<'a> {
     /// The lock's key.
@@ -188,13 +197,18 @@ impl Op for FairFencedAcquire<'_> {
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
-        classify_fenced(reply, self.read)
+        classify_fair_fenced(reply, self.read)
+    }
+
+    fn queue_rank(&self, reply: &Reply<'_>) -> Option<u32> {
+        fenced_queued_rank(reply)
     }
 }
 
 /// A write acquire that also raises and reads the fence counter of the writer key:
 /// [`FENCED_WRITE_ACQUIRE`], or [`FAIR_FENCED_WRITE_ACQUIRE`] behind the read-write lock's
-/// fair queue. Every refusal is `-1`.
+/// fair queue. A refusal is `-1`, or behind the fair queue `-1 - rank` for a writer queued
+/// behind `rank` others.
 #[derive(Debug, Clone, Copy)]
 pub struct FencedWriteAcquire<'a> {
     /// The lock's keys.
@@ -236,7 +250,14 @@ impl Op for FencedWriteAcquire<'_> {
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
-        classify_fenced(reply, self.read)
+        match self.fair {
+            Some(_) => classify_fair_fenced(reply, self.read),
+            None => classify_fenced(reply, self.read),
+        }
+    }
+
+    fn queue_rank(&self, reply: &Reply<'_>) -> Option<u32> {
+        self.fair.and_then(|_| fenced_queued_rank(reply))
     }
 }
 
@@ -299,6 +320,35 @@ mod tests {
                 Verdict::Vote(Vote::Failed(_))
             ));
         }
+        // Behind a fair queue, -1 - rank is a refusal; a counter is still a grant.
+        let fair = FairState::new(1, 100, std::time::Duration::ZERO);
+        let queued = FairFencedAcquire {
+            key: b"k",
+            fence: b"f",
+            ids: AttemptIds {
+                waiter: b"w",
+                token: b"t",
+            },
+            ttl_ms: 10,
+            fair: &fair,
+            read: &read,
+        };
+        assert_eq!(
+            queued.classify(&Reply::Integer(-3)),
+            Verdict::Vote(Vote::No)
+        );
+        assert_eq!(
+            queued.classify(&Reply::Integer(-1)),
+            Verdict::Vote(Vote::No)
+        );
+        assert_eq!(
+            queued.classify(&Reply::Integer(9)),
+            Verdict::Vote(Vote::Yes)
+        );
+        assert!(matches!(
+            queued.classify(&Reply::Integer(0)),
+            Verdict::Vote(Vote::Failed(_))
+        ));
         assert!(matches!(
             op.classify(&Reply::Error(b"NOSCRIPT No matching script")),
             Verdict::NoScript

@@ -618,3 +618,202 @@ fn a_downgraded_read_lock_extends_as_a_reader_and_its_release_removes_both_entri
     }
     m.poll_outcome().expect("done").expect("acknowledged");
 }
+
+/// A fair waiter on five nodes (quorum 3), subscribed, whose second attempt (tagged as
+/// returned) is out: `spec`'s first attempt was refused without queueing.
+fn fair_second_attempt<'a>(
+    spec: Spec<'a>,
+    config: &'a Config,
+    rng: &mut Jitter,
+    t0: Instant,
+) -> (Acquisition<'a>, Tag) {
+    let p = Params {
+        fair: true,
+        ticket: 1,
+        ..params(true)
+    };
+    let round = Round::new(5, t0, config.node_timeout, None, None);
+    let mut m = Acquisition::new(spec, config, p, t0, round, rng);
+    let first = sent(&mut m).remove(0);
+    let refused = if spec.fence.is_some() { -1 } else { 0 };
+    for node in 0..5 {
+        m.handle_reply(node, first.tag.unwrap(), &Reply::Integer(refused), t0, rng);
+    }
+    let _ = sent(&mut m);
+    m.handle_subscribed(t0, rng);
+    let second = sent(&mut m).remove(0);
+    assert_eq!(second.name(), b"EVALSHA");
+    (m, second.tag.unwrap())
+}
+
+/// A fair refusal at `rank` as `spec`'s script answers it.
+fn queued_at(spec: Spec<'_>, rank: i64) -> Reply<'static> {
+    if spec.fence.is_some() {
+        Reply::Integer(-1 - rank)
+    } else {
+        Reply::Integer(2 + rank)
+    }
+}
+
+const WAKE_K: &[u8] = b"redlock-mux:wake:k";
+
+#[test]
+fn a_fair_waiter_lets_as_many_releases_pass_as_its_rank_on_a_quorum() {
+    let fence = fence_key(b"k");
+    for fenced in [false, true] {
+        let spec = Spec {
+            keys: Keys::Mutex(b"k"),
+            fence: fenced.then_some(&fence[..]),
+        };
+        let config = config(5, 5);
+        let (t0, mut rng) = (Instant::now(), Jitter::from_seed([9; 32]));
+        let (mut m, tag) = fair_second_attempt(spec, &config, &mut rng, t0);
+        // Ranks 2, 2, 3, 5 and 1: it is third or better on three nodes.
+        for (node, rank) in [2, 2, 3, 5, 1].into_iter().enumerate() {
+            m.handle_reply(node, tag, &queued_at(spec, rank), t0 + MS, &mut rng);
+        }
+        assert!(m.poll_outcome().is_none());
+        assert_eq!(sent(&mut m).len(), 1, "the cleanup");
+        let now = t0 + 2 * MS;
+        // The first release, announced by every node, counts once: no retry.
+        for node in 0..5 {
+            m.handle_wake(node, WAKE_K, b"aaaaaaaaaaaaaaaa", now, &mut rng);
+        }
+        assert!(sent(&mut m).is_empty(), "fenced {fenced}");
+        // The second: now it may be the head.
+        m.handle_wake(1, WAKE_K, b"bbbbbbbbbbbbbbbb", now + MS, &mut rng);
+        let third = sent(&mut m);
+        assert_eq!(third.len(), 1, "{third:?}");
+        assert_eq!(third[0].name(), b"EVALSHA");
+        // At the head (2, or -1 when fenced) it retries at the next release.
+        let tag = third[0].tag.unwrap();
+        for node in 0..5 {
+            m.handle_reply(node, tag, &queued_at(spec, 0), now + MS, &mut rng);
+        }
+        let _ = sent(&mut m);
+        m.handle_wake(0, WAKE_K, b"cccccccccccccccc", now + 2 * MS, &mut rng);
+        assert_eq!(sent(&mut m).len(), 1, "the head retries at once");
+    }
+}
+
+#[test]
+fn a_late_reply_lowers_the_rank_and_an_unknown_rank_retries_at_every_release() {
+    let spec = Spec {
+        keys: Keys::Mutex(b"k"),
+        fence: None,
+    };
+    let config = config(5, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([10; 32]));
+    let (mut m, tag) = fair_second_attempt(spec, &config, &mut rng, t0);
+    // Three refusals decide the round: rank 5 on a quorum.
+    for (node, rank) in [(0, 5), (1, 1), (2, 1)] {
+        m.handle_reply(node, tag, &queued_at(spec, rank), t0 + MS, &mut rng);
+    }
+    let _ = sent(&mut m);
+    // One release: 4 to go, it keeps waiting.
+    m.handle_wake(1, WAKE_K, b"aaaaaaaaaaaaaaaa", t0 + 2 * MS, &mut rng);
+    assert!(sent(&mut m).is_empty());
+    // A node that answers after the decision says rank 1: now 1 on a quorum, and that
+    // release was it: it retries at once.
+    m.handle_reply(3, tag, &queued_at(spec, 1), t0 + 3 * MS, &mut rng);
+    let third = sent(&mut m);
+    assert_eq!(third.len(), 1, "{third:?}");
+    assert_eq!(third[0].name(), b"EVALSHA");
+
+    // Ranks from too few nodes (the others failed): it retries at the first release.
+    let tag = third[0].tag.unwrap();
+    let now = t0 + 4 * MS;
+    m.handle_reply(0, tag, &queued_at(spec, 6), now, &mut rng);
+    m.handle_reply(1, tag, &queued_at(spec, 6), now, &mut rng);
+    for node in 2..5 {
+        m.handle_failure(node, tag, NodeErrorKind::Timeout, now, &mut rng);
+    }
+    assert!(m.poll_outcome().is_none());
+    let _ = sent(&mut m);
+    m.handle_wake(0, WAKE_K, b"bbbbbbbbbbbbbbbb", now + MS, &mut rng);
+    assert_eq!(sent(&mut m).len(), 1);
+}
+
+#[test]
+fn a_fair_waiter_behind_others_retries_at_the_backstop_and_counts_it_only_without_releases() {
+    let spec = Spec {
+        keys: Keys::Mutex(b"k"),
+        fence: None,
+    };
+    let config = config(5, 1);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([11; 32]));
+    let (mut m, tag) = fair_second_attempt(spec, &config, &mut rng, t0);
+    for node in 0..5 {
+        m.handle_reply(node, tag, &queued_at(spec, 3), t0, &mut rng);
+    }
+    let _ = sent(&mut m);
+    // One release of the three ahead: it keeps waiting...
+    m.handle_wake(0, WAKE_K, b"aaaaaaaaaaaaaaaa", t0 + MS, &mut rng);
+    assert!(sent(&mut m).is_empty());
+    // ...until its backstop (the other releases were never announced), which does not count:
+    // the queue was moving.
+    let backstop = m.poll_timeout().expect("a backstop");
+    m.handle_timeout(backstop, &mut rng);
+    let third = sent(&mut m).remove(0);
+    for node in 0..5 {
+        m.handle_reply(
+            node,
+            third.tag.unwrap(),
+            &queued_at(spec, 1),
+            backstop,
+            &mut rng,
+        );
+    }
+    assert!(m.poll_outcome().is_none(), "the retry count is not spent");
+    let _ = sent(&mut m);
+    // No release at all before the next backstop: that retry counts, and ends the wait.
+    let backstop = m.poll_timeout().expect("a backstop");
+    m.handle_timeout(backstop, &mut rng);
+    let fourth = sent(&mut m).remove(0);
+    for node in 0..5 {
+        m.handle_reply(
+            node,
+            fourth.tag.unwrap(),
+            &queued_at(spec, 1),
+            backstop,
+            &mut rng,
+        );
+    }
+    let error = m.poll_outcome().expect("done").expect_err("lost");
+    assert_eq!(error.deadline(), Some(Deadline::RetryCount), "{error:?}");
+    // It leaves the queue.
+    let names: Vec<Vec<u8>> = sent(&mut m)
+        .into_iter()
+        .map(|s| s.args[0].clone())
+        .collect();
+    assert_eq!(
+        names,
+        [&b"EVAL"[..], b"EVAL", b"UNSUBSCRIBE"],
+        "cleanup, leave, then"
+    );
+}
+
+#[test]
+fn a_fair_waiter_cancelled_while_it_counts_releases_leaves_the_queue() {
+    let spec = Spec {
+        keys: Keys::Mutex(b"k"),
+        fence: None,
+    };
+    let config = config(5, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([12; 32]));
+    let (mut m, tag) = fair_second_attempt(spec, &config, &mut rng, t0);
+    for node in 0..5 {
+        m.handle_reply(node, tag, &queued_at(spec, 4), t0, &mut rng);
+    }
+    let _ = sent(&mut m);
+    m.handle_wake(0, WAKE_K, b"aaaaaaaaaaaaaaaa", t0 + MS, &mut rng);
+    assert!(sent(&mut m).is_empty());
+    m.handle_cancel(t0 + 2 * MS, &mut rng);
+    assert!(matches!(m.poll_outcome(), Some(Err(Error::Cancelled))));
+    let out = sent(&mut m);
+    assert!(
+        out.iter().any(|s| matches!(s.what, What::Leave { .. })),
+        "{out:?}"
+    );
+    assert_eq!(m.poll_timeout(), None);
+}

@@ -82,6 +82,10 @@ impl Op for FairAcquireAll<'_> {
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         self.fair.classify(reply)
     }
+
+    fn queue_rank(&self, reply: &Reply<'_>) -> Option<u32> {
+        crate::engine::fair::queued_rank(reply)
+    }
 }
 
 /// Release of a set. Every integer is an acknowledgement: fewer keys than the set's only means

@@ -99,6 +99,13 @@ pub trait Op {
     }
     /// Reads one node's reply.
     fn classify(&self, reply: &Reply<'_>) -> Verdict;
+    /// For an acquire behind a fair queue: the waiter's rank that one node's reply gives (how
+    /// many entries ahead of it must leave before it may pass; see `Ranks` in the engine's
+    /// `fair` module). `None` for every other op, and for a reply without one.
+    fn queue_rank(&self, reply: &Reply<'_>) -> Option<u32> {
+        let _ = reply;
+        None
+    }
 }
 
 /// A node failure for an error reply.

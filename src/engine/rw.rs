@@ -711,6 +711,10 @@ impl Op for FairRwAcquire<'_> {
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         self.fair.classify(reply)
     }
+
+    fn queue_rank(&self, reply: &Reply<'_>) -> Option<u32> {
+        crate::engine::fair::queued_rank(reply)
+    }
 }
 
 /// Writes the KEYS of a fair read-write acquire script: writer, readers, intents, the fence

@@ -72,7 +72,7 @@ pub static RELEASE: Script = Script::new(lua!("release.lua"));
 pub static EXTEND: Script = Script::new(lua!("extend.lua"));
 
 /// Fair mutex acquire: the fair gate, then `fair_acquire.lua`. Returns 1 (taken), 0 (refused,
-/// not queued) or 2 (refused, queued).
+/// not queued) or 2 + rank (refused, queued behind `rank` others; see `fair_gate.lua`).
 pub static FAIR_ACQUIRE: Script =
     Script::new(concat!(fair_gate!("", "false"), lua!("fair_acquire.lua")));
 
@@ -87,7 +87,8 @@ pub static WRITE_ACQUIRE: Script = Script::new(concat!(
     lua!("write_acquire.lua"),
 ));
 
-/// [`WRITE_ACQUIRE`] behind the fair queue's gate; 2 is a refusal that left the writer queued.
+/// [`WRITE_ACQUIRE`] behind the fair queue's gate; 2 + rank is a refusal that left the writer
+/// queued behind `rank` others.
 pub static FAIR_WRITE_ACQUIRE: Script =
     Script::new(concat!(fair_gate!("w", "false"), lua!("write_acquire.lua")));
 
@@ -100,7 +101,8 @@ pub static READ_ACQUIRE: Script = Script::new(concat!(
 ));
 
 /// [`READ_ACQUIRE`] behind the fair queue's gate, where readers at the head share and a reader
-/// the queue lets through ignores intents; 2 is a refusal that left the reader queued.
+/// the queue lets through ignores intents; 2 + rank is a refusal that left the reader queued
+/// behind `rank` others (those up to the last writer ahead of it).
 pub static FAIR_READ_ACQUIRE: Script =
     Script::new(concat!(fair_gate!("r", "true"), lua!("read_acquire.lua")));
 
@@ -178,7 +180,8 @@ pub static FENCED_ACQUIRE: Script =
     Script::new(fenced!(2, lua!("no_queue.lua"), lua!("fair_acquire.lua")));
 
 /// [`FAIR_ACQUIRE`], fenced. KEYS lock, fence counter, queue, expiries; ARGV token, ttl,
-/// waiter, ticket, entry TTL, join. Returns the counter (1 or more) or -1.
+/// waiter, ticket, entry TTL, join. Returns the counter (1 or more), or -1 - rank (`-1` when not
+/// queued, or at the head).
 pub static FAIR_FENCED_ACQUIRE: Script = Script::new(fenced!(
     2,
     "local kind, readers_share = '', false\n",
@@ -193,7 +196,7 @@ pub static FENCED_WRITE_ACQUIRE: Script =
 
 /// [`FAIR_WRITE_ACQUIRE`], fenced on the writer key. KEYS writer, readers, intents, fence
 /// counter, queue, expiries; ARGV token, ttl, intent ms, waiter, ticket, entry TTL, join.
-/// Returns the counter (1 or more) or -1.
+/// Returns the counter (1 or more), or -1 - rank (`-1` when not queued, or at the head).
 pub static FAIR_FENCED_WRITE_ACQUIRE: Script = Script::new(fenced!(
     4,
     "local kind, readers_share = 'w', false\n",
@@ -202,7 +205,8 @@ pub static FAIR_FENCED_WRITE_ACQUIRE: Script = Script::new(fenced!(
 ));
 
 /// All-or-none acquire behind the fair queue of every key of the set:
-/// `fair_acquire_all.lua`. Returns 1, 0 or 2 as [`FAIR_ACQUIRE`] does.
+/// `fair_acquire_all.lua`. Returns 1, 0 or 2 + rank as [`FAIR_ACQUIRE`] does (the rank: the most
+/// entries ahead of the waiter in any of its queues).
 pub static FAIR_ACQUIRE_ALL: Script =
     Script::new(concat!(lua!("node_now.lua"), lua!("fair_acquire_all.lua")));
 

@@ -141,6 +141,10 @@ impl Op for FairSemAcquire<'_> {
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
         classify_acquire(reply, |r| self.fair.classify(r))
     }
+
+    fn queue_rank(&self, reply: &Reply<'_>) -> Option<u32> {
+        crate::engine::fair::queued_rank(reply)
+    }
 }
 
 /// The error a node answers when its semaphore was created with another capacity.

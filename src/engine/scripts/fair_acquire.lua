@@ -12,6 +12,7 @@
 -- ARGV[3..6]  (fair only) waiter id, ticket, entry TTL in ms, join: read by the gate
 --
 -- Answers 1 when the lock was taken (and a fair waiter left the queue), 0 when it was refused
--- without queueing, 2 when it was refused and the waiter is (still) queued.
+-- without queueing, 2 + rank when it was refused and the waiter is (still) queued behind
+-- `rank` others (see fair_gate.lua).
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return won() end
 return refused()

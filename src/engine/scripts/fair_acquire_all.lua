@@ -19,12 +19,14 @@
 -- ARGV[6]  join: '1' to join even empty queues, '0' to join only non-empty ones
 --
 -- Returns 1 when every key was taken (and the waiter left every queue), 0 when refused without
--- queueing anywhere, 2 when refused with the waiter queued somewhere.
+-- queueing anywhere, 2 + rank when refused with the waiter queued somewhere, where the rank is
+-- the most entries ahead of it in any of its queues (as in fair_gate.lua: 2 is a queued
+-- waiter at the head of every queue it stands in, refused by a held key).
 local n = #KEYS / 3
 local m = ARGV[3]
 local ettl = tonumber(ARGV[5])
 local qnow = node_now()
-local queued, head = false, true
+local queued, rank = false, 0
 for i = 1, n do
   local qk, xk = KEYS[n + 2 * i - 1], KEYS[n + 2 * i]
   -- As in fair_gate.lua: prune dead waiters, then join (or refresh) where the queue is not
@@ -40,11 +42,12 @@ for i = 1, n do
     redis.call('zadd', xk, qnow + ettl, m)
     if redis.call('pttl', qk) < ettl then redis.call('pexpire', qk, ettl) end
     if redis.call('pttl', xk) < ettl then redis.call('pexpire', xk, ettl) end
-    if redis.call('zrank', qk, m) > 0 then head = false end
+    local r = redis.call('zrank', qk, m)
+    if r > rank then rank = r end
   end
 end
 -- Not the head of some queue: someone ahead goes first.
-if not head then return 2 end
+if rank > 0 then return 2 + rank end
 for i = 1, n do
   if redis.call('exists', KEYS[i]) == 1 then
     if queued then return 2 end

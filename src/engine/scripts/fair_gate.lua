@@ -13,12 +13,18 @@
 -- ARGV[#ARGV - 1]  the entry TTL in ms
 -- ARGV[#ARGV]      '1' to join even an empty queue, '0' to join only a non-empty one
 --
--- It refuses with 2 unless everyone ahead of this waiter may go first, and then lets the
--- script's body run. It defines for the body:
+-- It refuses with 2 + rank unless everyone ahead of this waiter may go first, and then lets
+-- the script's body run. The rank is how many entries ahead of this waiter must leave the
+-- queue before it may pass: for a mutex or a writer, every entry ahead; for a reader, every
+-- entry up to and including the last writer ahead (the readers at the front, "the heads",
+-- have rank 0). A client learns from it how many releases to let pass before it tries again.
+-- Answers 0 and 1 keep their meaning (refused without queueing, taken), and 2 is still a
+-- refusal that left the waiter queued, at the head. It defines for the body:
 --   queued     whether this waiter is in the queue now;
 --   won()      takes this waiter out of the queue and answers 1;
---   refused()  answers 2 when this waiter is queued (the client keeps waiting in line), and 0
---              when it is not.
+--   refused()  answers 2 (rank 0: this waiter may pass the gate, the lock is what refuses it)
+--              when this waiter is queued (the client keeps waiting in line), and 0 when it
+--              is not.
 local m = kind .. ARGV[#ARGV - 3]
 local qk, xk = KEYS[#KEYS - 1], KEYS[#KEYS]
 local ettl = tonumber(ARGV[#ARGV - 1])
@@ -54,9 +60,11 @@ if ARGV[#ARGV] == '1' or redis.call('zcard', qk) > 0 then
   -- Equal tickets are ordered by member, so every node orders the same waiters alike.
   local rank = redis.call('zrank', qk, m)
   if rank > 0 then
-    if not readers_share then return 2 end
-    for _, e in ipairs(redis.call('zrange', qk, 0, rank - 1)) do
-      if string.sub(e, 1, 1) == 'w' then return 2 end
+    if not readers_share then return 2 + rank end
+    -- A reader waits for the last writer ahead of it, and for everyone ahead of that writer.
+    local ahead = redis.call('zrange', qk, 0, rank - 1)
+    for i = #ahead, 1, -1 do
+      if string.sub(ahead[i], 1, 1) == 'w' then return 2 + i end
     end
   end
 end

@@ -11,8 +11,8 @@
 -- ARGV[3]  (fair only) unused, so that the gate's arguments sit where a writer's do
 -- ARGV[4..7]  (fair only) waiter id, ticket, entry TTL, join, read by the gate
 --
--- Returns 1 when the reader went in, 0 when refused, and (fair only) 2 when refused with the
--- reader queued.
+-- Returns 1 when the reader went in, 0 when refused, and (fair only) 2 + rank when refused
+-- with the reader queued (see fair_gate.lua).
 local now
 if redis.call('exists', KEYS[1], KEYS[3]) > 0 then
   -- A writer holds the lock.

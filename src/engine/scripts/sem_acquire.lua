@@ -10,8 +10,8 @@
 -- ARGV[3]  the capacity: how many live holders this node admits
 -- ARGV[4..7]  (fair only) waiter id, ticket, entry TTL, join, read by the gate
 --
--- Returns 1 when the holder went in, 0 when every slot is taken, and (fair only) 2 when
--- refused with the waiter queued. Fails when the semaphore was created here with another
+-- Returns 1 when the holder went in, 0 when every slot is taken, and (fair only) 2 + rank when
+-- refused with the waiter queued (see fair_gate.lua). Fails when the semaphore was created here with another
 -- capacity: clients that disagree on it would together admit more holders than either allows.
 local cap = tonumber(ARGV[3])
 local mark = redis.call('zscore', KEYS[1], '=')

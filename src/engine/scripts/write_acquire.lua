@@ -15,8 +15,8 @@
 -- ARGV[4]  the waiter id, which names this writer's intent
 -- ARGV[5..7]  (fair only) ticket, entry TTL, join, read by the gate
 --
--- Returns 1 when the writer key was taken, 0 when refused, and (fair only) 2 when refused
--- with the writer queued.
+-- Returns 1 when the writer key was taken, 0 when refused, and (fair only) 2 + rank when
+-- refused with the writer queued (see fair_gate.lua).
 local now
 local free = redis.call('exists', KEYS[1], KEYS[2]) == 0
 -- Readers but no writer: the readers may all have expired. A reader set only disappears once

@@ -800,6 +800,131 @@ fn every_lock_script_answers_like_redis_server() {
     );
 }
 
+/// A queued fair waiter is told its rank: how many entries ahead of it must leave before it may
+/// pass (for a reader, those up to the last writer ahead), by every fair script, the same by
+/// the model as by Redis.
+#[test]
+fn fair_refusals_carry_the_rank_like_redis_server() {
+    let server = RedisServer::start().expect("start redis-server");
+    let mut pair = Pair::new(&server);
+    let ids = |waiter: &'static [u8]| AttemptIds {
+        waiter,
+        token: waiter,
+    };
+    let joined = |ticket| {
+        let fair = FairState::new(ticket, 60_000, Duration::ZERO);
+        fair.on_retry(Duration::ZERO);
+        fair
+    };
+    let check = |pair: &mut Pair, cmd: Vec<u8>, want: i64, what: &str| {
+        let (real, sim) = pair.both(&cmd);
+        assert_eq!(
+            (&real, &sim),
+            (&Value::Integer(want), &Value::Integer(want)),
+            "{what}"
+        );
+    };
+    let waiters: [&'static [u8]; 5] = [b"w1", b"w2", b"w3", b"w4", b"w5"];
+
+    // A held mutex: the head is refused by the lock (2), the others by the queue (2 + rank).
+    let key: &[u8] = b"rank:m";
+    pair.same(&command(&[b"SET", key, b"held"]), "SET");
+    for (i, w) in waiters[..3].iter().enumerate() {
+        let fair = joined(i as u64 + 1);
+        let op = FairAcquire::new(key, ids(w), 60_000, &fair);
+        check(
+            &mut pair,
+            encode(&op, ScriptForm::Body),
+            2 + i as i64,
+            "mutex",
+        );
+    }
+    // Asking again (by digest now that the server has the script) keeps the place.
+    let fair = joined(3);
+    let op = FairAcquire::new(key, ids(waiters[2]), 60_000, &fair);
+    check(&mut pair, encode(&op, ScriptForm::Sha), 4, "mutex again");
+
+    // The fenced mutex: -1 - rank.
+    let key: &[u8] = b"rank:f";
+    let fence = fence_key(key);
+    pair.same(&command(&[b"SET", key, b"held"]), "SET");
+    let read = FenceRead::new();
+    for (i, w) in waiters[..3].iter().enumerate() {
+        let fair = joined(i as u64 + 1);
+        let op = FairFencedAcquire {
+            key,
+            fence: &fence,
+            ids: ids(w),
+            ttl_ms: 60_000,
+            fair: &fair,
+            read: &read,
+        };
+        check(
+            &mut pair,
+            encode(&op, ScriptForm::Body),
+            -1 - i as i64,
+            "fenced",
+        );
+    }
+
+    // A read-write lock held by a writer; queue w1 r2 r3 w4 r5: a reader waits for the last
+    // writer ahead of it and everyone ahead of that writer.
+    let k = RwKeys::new(b"rank:rw");
+    pair.same(&command(&[b"SET", k.writer(), b"held"]), "SET");
+    let want = [2, 3, 3, 5, 6];
+    for (i, w) in waiters.iter().enumerate() {
+        let fair = joined(i as u64 + 1);
+        let cmd = if i == 0 || i == 3 {
+            encode(
+                &FairRwAcquire::write(&k, ids(w), 60_000, 0, &fair),
+                ScriptForm::Body,
+            )
+        } else {
+            encode(
+                &FairRwAcquire::read(&k, ids(w), 60_000, &fair),
+                ScriptForm::Body,
+            )
+        };
+        check(&mut pair, cmd, want[i], "read-write");
+    }
+    // The fenced writer at the back: behind all five.
+    let fence = fence_key(k.writer());
+    let fair = joined(9);
+    let op = FencedWriteAcquire {
+        keys: &k,
+        fence: &fence,
+        ids: ids(b"w9"),
+        ttl_ms: 60_000,
+        intent_ms: 0,
+        fair: Some(&fair),
+        read: &read,
+    };
+    check(
+        &mut pair,
+        encode(&op, ScriptForm::Body),
+        -6,
+        "fenced writer",
+    );
+
+    // A set: its rank is the most entries ahead of it in any of its queues.
+    let (a, b): (&[u8], &[u8]) = (b"rank:s:a", b"rank:s:b");
+    pair.same(&command(&[b"SET", a, b"held"]), "SET");
+    for (i, w) in waiters[..2].iter().enumerate() {
+        let fair = joined(i as u64 + 1);
+        let op = FairAcquire::new(a, ids(w), 60_000, &fair);
+        pair.same(&encode(&op, ScriptForm::Body), "queue on a");
+    }
+    let set = [a, b];
+    let fair = joined(5);
+    let op = FairAcquireAll {
+        keys: &set,
+        ids: ids(b"s"),
+        ttl_ms: 60_000,
+        fair: &fair,
+    };
+    check(&mut pair, encode(&op, ScriptForm::Body), 2 + 2, "set");
+}
+
 /// The mutex fair queue's key of `key`.
 fn queue_key(key: &[u8]) -> Vec<u8> {
     crate::engine::keys::Derived::MutexQueue.of(key).to_vec()

@@ -127,15 +127,16 @@ fn keep_ttl_at_least(node: &mut Node, key: &[u8], ttl: f64) -> Result<(), Value>
 
 /// The queue gate every fair acquire script starts with (`scripts/fair_gate.lua`): the
 /// queue and its expiries are the last two KEYS, waiter id, ticket, entry TTL and join the last
-/// four ARGV, the entry is `kind` followed by the waiter id. `Err(2)`-like refusals come back as `Ok(None)`;
-/// `Ok(Some((entry, queued)))` lets the body run.
+/// four ARGV, the entry is `kind` followed by the waiter id. A refusal comes back as
+/// `Ok(Err(rank))`, the script answering `2 + rank`; `Ok(Ok((entry, queued)))` lets the body
+/// run.
 fn fair_gate(
     node: &mut Node,
     keys: &[&[u8]],
     args: &[&[u8]],
     kind: &[u8],
     readers_share: bool,
-) -> Result<Option<(Vec<u8>, bool)>, Value> {
+) -> Result<Result<(Vec<u8>, bool), i64>, Value> {
     let (qk, xk) = (keys[keys.len() - 2], keys[keys.len() - 1]);
     let n = args.len();
     let (ticket, ettl, join) = (args[n - 3], args[n - 2], args[n - 1]);
@@ -146,7 +147,7 @@ fn fair_gate(
         node.zrem(xk, &[&dead])?;
     }
     if join != b"1" && node.zcard(qk)? == 0 {
-        return Ok(Some((entry, false)));
+        return Ok(Ok((entry, false)));
     }
     let ettl = lua_number("fair gate", ettl)?;
     node.zadd(&[qk, ticket, &entry])?;
@@ -158,16 +159,30 @@ fn fair_gate(
         .into_iter()
         .take_while(|e| *e != entry)
         .collect();
-    let blocked = if readers_share {
-        ahead.iter().any(|e| e.first() == Some(&b'w'))
+    // How many entries ahead must leave first: all of them, or for a reader those up to and
+    // including the last writer ahead.
+    let rank = if readers_share {
+        ahead
+            .iter()
+            .rposition(|e| e.first() == Some(&b'w'))
+            .map_or(0, |i| i + 1)
     } else {
-        !ahead.is_empty()
+        ahead.len()
     };
-    Ok((!blocked).then_some((entry, true)))
+    Ok(if rank == 0 {
+        Ok((entry, true))
+    } else {
+        Err(rank as i64)
+    })
+}
+
+/// The answer of a fair script that the gate refused: `2 + rank`.
+fn queued_behind(rank: i64) -> Value {
+    Value::Integer(2 + rank)
 }
 
 /// What a fair script answers once the gate let its body run: `won()` takes the entry out of
-/// the queue; `refused()` is 2 when the waiter is queued, else 0.
+/// the queue; `refused()` is 2 (queued at rank 0) when the waiter is queued, else 0.
 fn fair_outcome(
     node: &mut Node,
     keys: &[&[u8]],
@@ -186,8 +201,9 @@ fn fair_outcome(
 /// TTL, join.
 fn fair_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
     let (k, a) = need("fair acquire", keys, 3, args, 6)?;
-    let Some(gate) = fair_gate(node, k, a, b"", false)? else {
-        return Ok(Value::Integer(2));
+    let gate = match fair_gate(node, k, a, b"", false)? {
+        Ok(gate) => gate,
+        Err(rank) => return Ok(queued_behind(rank)),
     };
     let won = set_nx_px(node, k[0], a[0], a[1])?;
     fair_outcome(node, k, gate, won)
@@ -207,8 +223,9 @@ fn fair_sem_acquire_script(
     args: &[&[u8]],
 ) -> Result<Value, Value> {
     let (k, a) = need("fair semaphore acquire", keys, 3, args, 7)?;
-    let Some(gate) = fair_gate(node, k, a, b"", false)? else {
-        return Ok(Value::Integer(2));
+    let gate = match fair_gate(node, k, a, b"", false)? {
+        Ok(gate) => gate,
+        Err(rank) => return Ok(queued_behind(rank)),
     };
     let won = sem_acquire_body(node, k, a)?;
     fair_outcome(node, k, gate, won)
@@ -279,8 +296,9 @@ fn fair_write_acquire_script(
     args: &[&[u8]],
 ) -> Result<Value, Value> {
     let (k, a) = need("fair write acquire", keys, 5, args, 7)?;
-    let Some(gate) = fair_gate(node, k, a, b"w", false)? else {
-        return Ok(Value::Integer(2));
+    let gate = match fair_gate(node, k, a, b"w", false)? {
+        Ok(gate) => gate,
+        Err(rank) => return Ok(queued_behind(rank)),
     };
     let won = write_acquire_body(node, k, a)?;
     fair_outcome(node, k, gate, won)
@@ -295,8 +313,9 @@ fn fair_read_acquire_script(
     args: &[&[u8]],
 ) -> Result<Value, Value> {
     let (k, a) = need("fair read acquire", keys, 5, args, 7)?;
-    let Some(gate) = fair_gate(node, k, a, b"r", true)? else {
-        return Ok(Value::Integer(2));
+    let gate = match fair_gate(node, k, a, b"r", true)? {
+        Ok(gate) => gate,
+        Err(rank) => return Ok(queued_behind(rank)),
     };
     // A reader the queue let through is not held back by intents.
     let won = read_acquire_body(node, k, a, !gate.1)?;
@@ -511,6 +530,21 @@ fn fence_counter(node: &mut Node, fence: &[u8]) -> Result<f64, Value> {
     Ok(n)
 }
 
+/// `fence_grant.lua` after a fair `attempt()` that answered `attempt`: a queued refusal at
+/// `2 + rank` is `-1 - rank`.
+fn fence_grant_after(
+    node: &mut Node,
+    fence: &[u8],
+    n: f64,
+    attempt: Value,
+) -> Result<Value, Value> {
+    match attempt {
+        Value::Integer(1) => fence_grant(node, fence, n, true),
+        Value::Integer(a) if a > 2 => Ok(Value::Integer(1 - a)),
+        _ => fence_grant(node, fence, n, false),
+    }
+}
+
 /// `fence_grant.lua`: the counter `n` at `fence` raised and returned when the attempt `taken`,
 /// else -1.
 fn fence_grant(node: &mut Node, fence: &[u8], n: f64, taken: bool) -> Result<Value, Value> {
@@ -539,15 +573,14 @@ fn fair_fenced_acquire_script(
 ) -> Result<Value, Value> {
     let (k, a) = need("fair fenced acquire", keys, 4, args, 6)?;
     let n = fence_counter(node, k[1])?;
-    let taken = match fair_gate(node, k, a, b"", false)? {
-        None => false,
-        Some(gate) => {
+    let attempt = match fair_gate(node, k, a, b"", false)? {
+        Err(rank) => queued_behind(rank),
+        Ok(gate) => {
             let won = set_nx_px(node, k[0], a[0], a[1])?;
-            fair_outcome(node, k, gate, won)?;
-            won
+            fair_outcome(node, k, gate, won)?
         }
     };
-    fence_grant(node, k[1], n, taken)
+    fence_grant_after(node, k[1], n, attempt)
 }
 
 /// [`fencing::FENCED_WRITE_ACQUIRE`]: [`rw::WRITE_ACQUIRE`], fenced on the writer key. KEYS
@@ -573,15 +606,14 @@ fn fair_fenced_write_acquire_script(
 ) -> Result<Value, Value> {
     let (k, a) = need("fair fenced write acquire", keys, 6, args, 7)?;
     let n = fence_counter(node, k[3])?;
-    let taken = match fair_gate(node, k, a, b"w", false)? {
-        None => false,
-        Some(gate) => {
+    let attempt = match fair_gate(node, k, a, b"w", false)? {
+        Err(rank) => queued_behind(rank),
+        Ok(gate) => {
             let won = write_acquire_body(node, k, a)?;
-            fair_outcome(node, k, gate, won)?;
-            won
+            fair_outcome(node, k, gate, won)?
         }
     };
-    fence_grant(node, k[3], n, taken)
+    fence_grant_after(node, k[3], n, attempt)
 }
 
 /// [`multi::FAIR_ACQUIRE_ALL`]: KEYS the set, then each key's queue and expiries in pairs;
@@ -596,7 +628,7 @@ fn fair_acquire_all_script(
     let (waiter, ticket, join) = (a[2], a[3], a[5]);
     let ettl = lua_number("fair acquire all", a[4])?;
     let now = node.now;
-    let (mut queued, mut head) = (false, true);
+    let (mut queued, mut rank) = (false, 0);
     for i in 0..n {
         let (qk, xk) = (keys[n + 2 * i], keys[n + 2 * i + 1]);
         for dead in node.zrange_by_score(xk, f64::NEG_INFINITY, now as f64)? {
@@ -609,13 +641,16 @@ fn fair_acquire_all_script(
             node.zadd_score(xk, now as f64 + ettl, waiter, false)?;
             keep_ttl_at_least(node, qk, ettl)?;
             keep_ttl_at_least(node, xk, ettl)?;
-            if node.zrange(qk, 0, -1)?.first().map(Vec::as_slice) != Some(waiter) {
-                head = false;
-            }
+            let r = node
+                .zrange(qk, 0, -1)?
+                .iter()
+                .position(|e| e.as_slice() == waiter)
+                .unwrap_or(0);
+            rank = rank.max(r);
         }
     }
-    if !head {
-        return Ok(Value::Integer(2));
+    if rank > 0 {
+        return Ok(queued_behind(rank as i64));
     }
     if keys[..n].iter().any(|k| node.exists(k)) {
         return Ok(Value::Integer(if queued { 2 } else { 0 }));
