@@ -30,9 +30,20 @@ else
   now = node_now()
 end
 local ttl = tonumber(ARGV[2])
--- Prune expired readers, add this one scored by its expiry on this node's clock, and keep the
--- set's TTL at least as long as its longest-lived reader, so an abandoned set disappears.
-redis.call('zremrangebyscore', KEYS[2], '-inf', now)
+-- Add this reader, scored by its expiry on this node's clock, and keep the set's TTL at least as
+-- long as its longest-lived reader, so an abandoned set disappears.
 redis.call('zadd', KEYS[2], now + ttl, ARGV[1])
-if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end
+-- PEXPIRE NX (Redis 7.0 and later) answers 1 when the set had no TTL: this reader just created
+-- it, so it holds nothing to prune and its TTL is this reader's. Otherwise prune the expired
+-- readers, then lengthen the TTL if this reader outlives it: by PEXPIRE GT where NX answered 0,
+-- and where the server knows neither option (NX is refused: an error), by comparing the PTTL.
+local fresh = redis.pcall('pexpire', KEYS[2], ttl, 'NX')
+if fresh ~= 1 then
+  redis.call('zremrangebyscore', KEYS[2], '-inf', now)
+  if fresh == 0 then
+    redis.call('pexpire', KEYS[2], ttl, 'GT')
+  elseif redis.call('pttl', KEYS[2]) < ttl then
+    redis.call('pexpire', KEYS[2], ttl)
+  end
+end
 return won()
