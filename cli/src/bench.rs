@@ -4,7 +4,9 @@
 //! - `mutex`: the mutex next to the raw baseline ([`crate::raw`]), the least a Redlock client
 //!   can do on the wire: `SET key token NX PX ttl` written to all N blocking sockets, then all N
 //!   replies read; release by a compare-and-delete script sent the same way.
-//! - `read`, `write`: read and write locks next to the library's own mutex.
+//! - `read`, `write`: read and write locks next to `rawQ-rw` ([`crate::raw::RawQRw`], the ideal
+//!   client of seed 000's read-write lock: its scripts by `EVALSHA` to all N sockets at once,
+//!   returning at the quorum) and to the library's own mutex.
 //! - `handoff`: threads contending for one lock, each holding it for 1 ms; the figure is the
 //!   gap from one thread's release to another's acquire.
 //! - `threads`: T threads on distinct keys, sharing one client; aggregate operations per
@@ -26,7 +28,7 @@ use serde_json::json;
 
 use crate::args::{self, usage, NodesFrom};
 use crate::local_servers::RedisCluster;
-use crate::raw::{Raw, Target, Tokens};
+use crate::raw::{Raw, RawQRw, Side, Target, Tokens};
 use crate::stats::{fmt_duration, ratio, us, Samples, Summary};
 use crate::Fail;
 
@@ -42,8 +44,11 @@ Modes:
   mutex     (default) the mutex next to a raw baseline (SET NX PX to all N
             sockets, then all N replies; release by compare-and-delete), in
             alternating blocks, at N = 1, 3 and 5
-  read      read locks next to the mutex, in alternating blocks, at the same N
-  write     write locks next to the mutex, likewise
+  read      read locks next to rawQ-rw (seed 000's read acquire script by
+            EVALSHA to all N sockets at once, returning at the quorum; release
+            by ZREM and an announcement) and to the mutex, in rotating blocks, at the same N
+  write     write locks likewise (seed 000's write acquire script; release by
+            compare-and-delete)
   handoff   contended hand-off at the largest N: 2, then 8 threads loop lock,
             hold 1 ms, release for 3 s each; the figure is the gap from one
             thread starting its release to another's lock returning. Measured
@@ -91,8 +96,12 @@ const THREADS: [usize; 4] = [1, 4, 16, 64];
 const HANDOFF_THREADS: [usize; 2] = [2, 8];
 /// The hand-off goals: p50 and p99 of the gap.
 const HANDOFF_TARGET: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(5));
-/// The read-write goal: read and write within this factor of the mutex.
+/// The read-write goal where the server runs no Lua for them (Redis 8.2 and later): read and
+/// write within this factor of the mutex.
 const RW_TARGET: f64 = 1.1;
+/// The read-write goal on Redis 7, where both run a script: read and write within this factor of
+/// `rawQ-rw`, the ideal client of the seed's scripts.
+const RW_RAW_TARGET: f64 = 1.05;
 
 /// A lock kind measured against the mutex.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -380,11 +389,23 @@ pub(crate) fn node_stats_json(n: &redlock_mux::NodeStats) -> serde_json::Value {
     })
 }
 
-/// Read and/or write lock figures at one N, next to the mutex measured in the same run.
+/// Read and/or write lock figures at one N, next to `rawQ-rw` and the mutex measured in the
+/// same run.
 struct RwResult {
     n: usize,
     /// The mutex first, then each kind measured.
     kinds: Vec<(Kind, Phases)>,
+    /// `rawQ-rw` for each kind measured, in the order of `kinds[1..]`.
+    raw: Vec<Phases>,
+}
+
+/// Who runs one block of a read-write benchmark.
+#[derive(Debug, Clone, Copy)]
+enum RwClient {
+    /// The library: `kinds[i]`.
+    Ours(usize),
+    /// `rawQ-rw`, as the kind `kinds[i + 1]`.
+    Raw(usize),
 }
 
 fn bench_rw(
@@ -398,16 +419,56 @@ fn bench_rw(
         .nodes(urls)
         .build()
         .map_err(|e| Fail::other(format!("bad nodes: {e}")))?;
+    let mut raw = RawQRw::connect_targets(&targets(urls)?)
+        .map_err(|e| Fail::other(format!("rawQ-rw could not connect: {e}")))?;
+    let mut tokens = Tokens::new();
     let mut measured: Vec<(Kind, Phases)> = std::iter::once(Kind::Mutex)
         .chain(kinds.iter().copied())
         .map(|k| (k, Phases::with_capacity(iters)))
         .collect();
+    let mut raw_measured: Vec<Phases> =
+        kinds.iter().map(|_| Phases::with_capacity(iters)).collect();
     // One key per kind: a read and a write lock on one key share keys on the nodes.
     let key = |k: Kind| format!("redlock-mux:bench:rw:{}:{n}", k.name());
-    let mut scratch = Phases::default();
+    let raw_keys = |k: Kind| {
+        (
+            format!("redlock-mux:bench:rawq-rw:{}:{n}:r", k.name()),
+            format!("redlock-mux:bench:rawq-rw:{}:{n}:w", k.name()),
+        )
+    };
+    let clients: Vec<RwClient> = (0..measured.len())
+        .map(RwClient::Ours)
+        .chain((0..kinds.len()).map(RwClient::Raw))
+        .collect();
+    let mut run = |who: RwClient,
+                   count: usize,
+                   scratch: bool,
+                   measured: &mut [(Kind, Phases)],
+                   raw_measured: &mut [Phases]|
+     -> Result<(), Fail> {
+        let mut sink = Phases::default();
+        match who {
+            RwClient::Ours(i) => {
+                let (kind, into) = &mut measured[i];
+                let into = if scratch { &mut sink } else { into };
+                ours_cycles(&client, *kind, &key(*kind), count, into);
+            }
+            RwClient::Raw(i) => {
+                let kind = kinds[i];
+                let into = if scratch {
+                    &mut sink
+                } else {
+                    &mut raw_measured[i]
+                };
+                let (r, w) = raw_keys(kind);
+                raw_rw_cycles(&mut raw, &mut tokens, kind, (&r, &w), count, into)?;
+            }
+        }
+        Ok(())
+    };
     let warmup = (iters / 10).clamp(100, 2000);
-    for (kind, _) in &measured {
-        ours_cycles(&client, *kind, &key(*kind), warmup, &mut scratch);
+    for &who in &clients {
+        run(who, warmup, true, &mut measured, &mut raw_measured)?;
     }
     let label = format!(
         "{} N={n}",
@@ -417,17 +478,61 @@ fn bench_rw(
     let mut block = 0usize;
     while done < iters {
         let count = BLOCK.min(iters - done);
-        // Rotate which kind goes first, so none always follows another.
-        let len = measured.len();
+        // Rotate which client goes first, so none always follows another.
+        let len = clients.len();
         for i in 0..len {
-            let (kind, into) = &mut measured[(block + i) % len];
-            ours_cycles(&client, *kind, &key(*kind), count, into);
+            run(
+                clients[(block + i) % len],
+                count,
+                false,
+                &mut measured,
+                &mut raw_measured,
+            )?;
         }
         done += count;
         block += 1;
         progress.show(&label, done, iters);
     }
-    Ok(RwResult { n, kinds: measured })
+    Ok(RwResult {
+        n,
+        kinds: measured,
+        raw: raw_measured,
+    })
+}
+
+/// `count` cycles of `rawQ-rw` as `kind` (read or write) on the keys `(r, w)`: acquire, then
+/// release.
+fn raw_rw_cycles(
+    raw: &mut RawQRw,
+    tokens: &mut Tokens,
+    kind: Kind,
+    (r, w): (&str, &str),
+    count: usize,
+    into: &mut Phases,
+) -> Result<(), Fail> {
+    let side = if kind == Kind::Read {
+        Side::Read
+    } else {
+        Side::Write
+    };
+    let ttl_ms = TTL.as_millis() as u64;
+    let (r, w) = (r.as_bytes(), w.as_bytes());
+    for _ in 0..count {
+        let start = Instant::now();
+        let token = tokens.next_token();
+        let won = raw
+            .try_acquire(side, r, w, &token, ttl_ms)
+            .map_err(|e| Fail::other(format!("rawQ-rw acquire: {e}")))?;
+        let acquired = Instant::now();
+        if won {
+            raw.release(side, r, w, &token)
+                .map_err(|e| Fail::other(format!("rawQ-rw release: {e}")))?;
+            into.record(start, acquired, Instant::now());
+        } else {
+            into.errors += 1;
+        }
+    }
+    Ok(())
 }
 
 /// `count` try-acquire and release cycles of `kind` on `key`, recorded into `into`.
@@ -499,11 +604,16 @@ fn base_cycles(
     Ok(())
 }
 
-/// The raw baseline on `urls`, read by the library's URL parser: `AUTH` and `SELECT` as they
-/// ask, then nothing but lock commands.
+/// The raw baseline on `urls`.
 fn baseline(urls: &[String]) -> Result<Raw, Fail> {
-    let targets = urls
-        .iter()
+    Raw::connect_targets(&targets(urls)?)
+        .map_err(|e| Fail::other(format!("the baseline could not connect: {e}")))
+}
+
+/// The nodes of `urls` for the hand-written clients, read by the library's URL parser: `AUTH`
+/// and `SELECT` as they ask, then nothing but lock commands.
+fn targets(urls: &[String]) -> Result<Vec<Target>, Fail> {
+    urls.iter()
         .map(|url| {
             let url = NodeUrl::parse(url).map_err(|e| usage!("{e}"))?;
             let mut setup = Vec::new();
@@ -521,9 +631,7 @@ fn baseline(urls: &[String]) -> Result<Raw, Fail> {
                 setup,
             })
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    Raw::connect_targets(&targets)
-        .map_err(|e| Fail::other(format!("the baseline could not connect: {e}")))
+        .collect()
 }
 
 /// Contended hand-off figures for one configuration.
@@ -792,13 +900,16 @@ impl Report {
                 let base = &mut first[0].1;
                 let mut fields = serde_json::Map::new();
                 fields.insert("n".into(), json!(r.n));
-                for (kind, phases) in rest.iter_mut() {
+                for ((kind, phases), raw) in rest.iter_mut().zip(r.raw.iter_mut()) {
                     fields.insert(
                         kind.name().into(),
                         json!({
                             "figures": phases_json(phases),
                             "ratio_to_mutex_p50": phase_ratios(0.5, phases, base),
                             "ratio_to_mutex_p99": phase_ratios(0.99, phases, base),
+                            "ratio_to_rawq_rw_p50": phase_ratios(0.5, phases, raw),
+                            "ratio_to_rawq_rw_p99": phase_ratios(0.99, phases, raw),
+                            "rawq_rw": phases_json(raw),
                         }),
                     );
                 }
@@ -1015,55 +1126,104 @@ fn print_rw(
     writeln!(out)?;
     writeln!(
         out,
-        "read-write locks, uncontended, next to the mutex: {origin}; {iters} cycles per kind per N, in rotating blocks of {BLOCK}"
+        "read-write locks, uncontended, next to rawQ-rw and the mutex: {origin}; {iters} cycles per client per N, in rotating blocks of {BLOCK}"
     )?;
     writeln!(
         out,
-        "each cycle: try_read_lock / try_write_lock / try_lock, then release; ratio = kind / mutex"
+        "each cycle: try_read_lock / try_write_lock / try_lock, then release; rawQ-rw = seed 000's acquire script by EVALSHA to all N sockets, returning at the quorum (release: ZREM / compare-and-delete, each announced as ours are)"
     )?;
+    writeln!(out, "ratios: kind / rawQ-rw, kind / mutex")?;
     for r in results.iter_mut() {
         let (first, rest) = r.kinds.split_at_mut(1);
         let mutex = &mut first[0].1;
-        for (kind, phases) in rest.iter_mut() {
+        for ((kind, phases), raw) in rest.iter_mut().zip(r.raw.iter_mut()) {
             writeln!(out)?;
             writeln!(
                 out,
-                "{:>2}  {:<8} {:>10} {:>10} {:>7}   {:>10} {:>10} {:>7}",
+                "{:>2}  {:<8} {:>10} {:>11} {:>7} {:>10} {:>7}   {:>10} {:>11} {:>7} {:>10} {:>7}",
                 "N",
                 "op",
                 format!("{} p50", kind.name()),
+                "rawQ-rw p50",
+                "ratio",
                 "mutex p50",
                 "ratio",
                 format!("{} p99", kind.name()),
+                "rawQ-rw p99",
+                "ratio",
                 "mutex p99",
                 "ratio"
             )?;
-            print_ratio_rows(out, r.n, phases, mutex)?;
+            for (name, o, q, m) in [
+                (
+                    "acquire",
+                    &mut phases.acquire,
+                    &mut raw.acquire,
+                    &mut mutex.acquire,
+                ),
+                (
+                    "release",
+                    &mut phases.release,
+                    &mut raw.release,
+                    &mut mutex.release,
+                ),
+                ("cycle", &mut phases.cycle, &mut raw.cycle, &mut mutex.cycle),
+            ] {
+                let (o, q, m) = (o.summary(), q.summary(), m.summary());
+                writeln!(
+                    out,
+                    "{:>2}  {:<8} {:>10} {:>11} {:>6.3}x {:>10} {:>6.3}x   {:>10} {:>11} {:>6.3}x {:>10} {:>6.3}x",
+                    r.n,
+                    name,
+                    fmt_duration(o.p50),
+                    fmt_duration(q.p50),
+                    ratio(o.p50, q.p50),
+                    fmt_duration(m.p50),
+                    ratio(o.p50, m.p50),
+                    fmt_duration(o.p99),
+                    fmt_duration(q.p99),
+                    ratio(o.p99, q.p99),
+                    fmt_duration(m.p99),
+                    ratio(o.p99, m.p99),
+                )?;
+            }
         }
     }
     writeln!(out)?;
-    print_detail_header(out, "kind")?;
+    print_detail_header(out, "client")?;
     for r in results.iter_mut() {
         for (kind, phases) in r.kinds.iter_mut() {
             print_detail_rows(out, r.n, kind.name(), phases)?;
         }
+        for ((kind, _), raw) in r.kinds[1..].iter().zip(r.raw.iter_mut()) {
+            let who = if *kind == Kind::Read {
+                "rawQ-r"
+            } else {
+                "rawQ-w"
+            };
+            print_detail_rows(out, r.n, who, raw)?;
+        }
     }
     writeln!(out)?;
     writeln!(
         out,
-        "goal: read and write acquire and cycle p50 within {RW_TARGET}x of the mutex at N=5"
+        "goals: on Redis 7, read and write acquire p50 within {RW_RAW_TARGET}x of rawQ-rw at N=5; \
+         where the server offers a path without Lua, within {RW_TARGET}x of the mutex"
     )?;
     for r in results.iter_mut() {
         let (first, rest) = r.kinds.split_at_mut(1);
         let mutex = &mut first[0].1;
-        for (kind, phases) in rest.iter_mut() {
+        for ((kind, phases), raw) in rest.iter_mut().zip(r.raw.iter_mut()) {
+            let q = ratio(phases.acquire.quantile(0.5), raw.acquire.quantile(0.5));
             let a = ratio(phases.acquire.quantile(0.5), mutex.acquire.quantile(0.5));
             let c = ratio(phases.cycle.quantile(0.5), mutex.cycle.quantile(0.5));
             writeln!(
                 out,
-                "  N={} {:<5}: acquire p50 {:.3}x [{}], cycle p50 {:.3}x [{}]",
+                "  N={} {:<5}: acquire p50 {:.3}x rawQ-rw [{}], {:.3}x mutex [{}]; cycle p50 {:.3}x mutex [{}]",
                 r.n,
                 kind.name(),
+                q,
+                met(q <= RW_RAW_TARGET),
                 a,
                 met(a <= RW_TARGET),
                 c,
