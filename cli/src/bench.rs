@@ -46,7 +46,8 @@ Modes:
             alternating blocks, at N = 1, 3 and 5
   read      read locks next to rawQ-rw (seed 000's read acquire script by
             EVALSHA to all N sockets at once, returning at the quorum; release
-            by ZREM and an announcement) and to the mutex, in rotating blocks, at the same N
+            by ZREM and an announcement) and to the mutex, in rotating blocks,
+            at the largest N (5 by default)
   write     write locks likewise (seed 000's write acquire script; release by
             compare-and-delete)
   handoff   contended hand-off at the largest N: 2, then 8 threads loop lock,
@@ -62,8 +63,9 @@ Nodes: --nodes, else REDLOCK_NODES, names existing servers to use (the keys
 it writes start with redlock-mux:bench:). Without either, or with
 --instances, it starts N local redis-server processes (default 5) on free
 loopback ports, with temporary directories and no persistence, and stops them
-on exit. N = 1, 3 and 5 are measured (those not above the number of nodes, and
-the number of nodes itself), on the first N nodes.
+on exit. The mutex is measured at N = 1, 3 and 5 (those not above the number of
+nodes, and the number of nodes itself), on the first N nodes; read and write
+locks at the number of nodes.
 
 Options:
   --nodes URLS      comma-separated node URLs of servers to use
@@ -207,7 +209,8 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         if mutex {
             report.mutex.push(bench_mutex(nodes, iters, &progress)?);
         }
-        if !rw_kinds.is_empty() {
+        // Read-write locks at the largest N only (5 by default), where the targets are.
+        if !rw_kinds.is_empty() && n == urls.len() {
             report.rw.push(bench_rw(nodes, iters, rw_kinds, &progress)?);
         }
     }
