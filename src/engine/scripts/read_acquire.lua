@@ -13,8 +13,13 @@
 --
 -- Returns 1 when the reader went in, 0 when refused, and (fair only) 2 when refused with the
 -- reader queued.
+-- One EXISTS tells what is there: it counts a key once per mention, so the writer key and the
+-- intents (named twice) add 2 each and the readers 1. Even: no reader set; 2 or more: a writer
+-- or intents.
+local there = redis.call('exists', KEYS[1], KEYS[1], KEYS[3], KEYS[3], KEYS[2])
+local readers = there % 2 == 1
 local now
-if redis.call('exists', KEYS[1], KEYS[3]) > 0 then
+if there >= 2 then
   -- A writer holds the lock.
   if redis.call('exists', KEYS[1]) == 1 then return refused() end
   now = node_now()
@@ -31,19 +36,14 @@ else
 end
 local ttl = tonumber(ARGV[2])
 -- Add this reader, scored by its expiry on this node's clock, and keep the set's TTL at least as
--- long as its longest-lived reader, so an abandoned set disappears.
+-- long as its longest-lived reader, so an abandoned set disappears. A set this reader creates
+-- holds nothing to prune and takes this reader's TTL. In a set that was there, prune the
+-- expired readers first (this one, added after, is never among them, so the set stays).
 redis.call('zadd', KEYS[2], now + ttl, ARGV[1])
--- PEXPIRE NX (Redis 7.0 and later) answers 1 when the set had no TTL: this reader just created
--- it, so it holds nothing to prune and its TTL is this reader's. Otherwise prune the expired
--- readers, then lengthen the TTL if this reader outlives it: by PEXPIRE GT where NX answered 0,
--- and where the server knows neither option (NX is refused: an error), by comparing the PTTL.
-local fresh = redis.pcall('pexpire', KEYS[2], ttl, 'NX')
-if fresh ~= 1 then
+if not readers then
+  redis.call('pexpire', KEYS[2], ttl)
+else
   redis.call('zremrangebyscore', KEYS[2], '-inf', now)
-  if fresh == 0 then
-    redis.call('pexpire', KEYS[2], ttl, 'GT')
-  elseif redis.call('pttl', KEYS[2]) < ttl then
-    redis.call('pexpire', KEYS[2], ttl)
-  end
+  if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end
 end
 return won()

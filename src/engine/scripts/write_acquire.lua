@@ -34,20 +34,12 @@ if free then
   return won()
 end
 -- Write-preferring: leave (or refresh) this writer's intent, so new readers are refused here
--- while the readers in place drain. Keep the set's TTL at least as long as its longest-lived
--- member, so an abandoned set disappears on its own, and prune expired intents unless this
--- one just created the set: as read_acquire.lua does for readers.
+-- while the readers in place drain. Prune expired intents, and keep the set's TTL at least as
+-- long as its longest-lived member, so an abandoned set disappears on its own.
 if intent > 0 then
   if not now then now = node_now() end
+  redis.call('zremrangebyscore', KEYS[3], '-inf', now)
   redis.call('zadd', KEYS[3], now + intent, ARGV[4])
-  local fresh = redis.pcall('pexpire', KEYS[3], intent, 'NX')
-  if fresh ~= 1 then
-    redis.call('zremrangebyscore', KEYS[3], '-inf', now)
-    if fresh == 0 then
-      redis.call('pexpire', KEYS[3], intent, 'GT')
-    elseif redis.call('pttl', KEYS[3]) < intent then
-      redis.call('pexpire', KEYS[3], intent)
-    end
-  end
+  if redis.call('pttl', KEYS[3]) < intent then redis.call('pexpire', KEYS[3], intent) end
 end
 return refused()
