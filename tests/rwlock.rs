@@ -237,6 +237,45 @@ fn expired_readers_do_not_block_a_writer_and_an_abandoned_set_disappears() {
     }
 }
 
+#[test]
+fn a_joining_reader_prunes_expired_readers_and_never_shortens_the_set() {
+    let cluster = RedisCluster::start(3).expect("redis");
+    let client = client(&cluster, RwPolicy::ReadPreferring);
+    let short = Duration::from_millis(300);
+    // A reader that dies without releasing creates the set, with its own TTL.
+    let dead = client.try_read_lock("doc", short).expect("reader");
+    let dead_token = dead.token().to_vec();
+    std::mem::forget(dead);
+    // A longer reader joins the set that is there: the set's TTL grows to cover it.
+    let long = client
+        .try_read_lock("doc", Duration::from_secs(30))
+        .expect("reader");
+    for addr in cluster.addrs() {
+        eventually("every node holds both readers", || {
+            zcard(addr, &readers_key("doc")) == 2
+        });
+        assert!(pttl(addr, &readers_key("doc")) > 29_000);
+    }
+    thread::sleep(short + Duration::from_millis(20));
+    // A shorter reader joins later: the expired one is pruned, and the set's TTL stays the
+    // longest reader's.
+    let third = client.try_read_lock("doc", TTL).expect("reader");
+    for addr in cluster.addrs() {
+        eventually("every node pruned the expired reader", || {
+            let m = members(addr, &readers_key("doc"));
+            m.len() == 2 && !m.contains(&dead_token)
+        });
+        let m = members(addr, &readers_key("doc"));
+        assert!(m.contains(&long.token().to_vec()) && m.contains(&third.token().to_vec()));
+        assert!(pttl(addr, &readers_key("doc")) > 28_000);
+    }
+    third.release().expect("release");
+    long.release().expect("release");
+    for addr in cluster.addrs() {
+        eventually("the set is gone", || dbsize(addr) == 0);
+    }
+}
+
 /// Sets a conflicting holder on the first `k` nodes: a foreign writer (against a reader) or
 /// a foreign live reader (against a writer).
 fn foreign_holder(addrs: &[SocketAddr], k: usize, against_write: bool) {
