@@ -14,10 +14,5 @@ if not s or tonumber(s) <= now then return 0 end
 local ttl = tonumber(ARGV[2])
 -- XX: only update, never add.
 redis.call('zadd', KEYS[1], 'XX', now + ttl, ARGV[1])
--- Keep the set's TTL at least as long as this reader: PEXPIRE GT (Redis 7.0 and later) in one
--- call, or, where the server refuses the option, by comparing the PTTL.
-if type(redis.pcall('pexpire', KEYS[1], ttl, 'GT')) ~= 'number'
-  and redis.call('pttl', KEYS[1]) < ttl then
-  redis.call('pexpire', KEYS[1], ttl)
-end
+if redis.call('pttl', KEYS[1]) < ttl then redis.call('pexpire', KEYS[1], ttl) end
 return 1
