@@ -38,7 +38,8 @@ local ttl = tonumber(ARGV[2])
 -- Add this reader, scored by its expiry on this node's clock, and keep the set's TTL at least as
 -- long as its longest-lived reader, so an abandoned set disappears. A set this reader creates
 -- holds nothing to prune and takes this reader's TTL. In a set that was there, prune the
--- expired readers first (this one, added after, is never among them, so the set stays).
+-- expired readers (this one, just added with a positive TTL, is never among them, so the set
+-- stays).
 redis.call('zadd', KEYS[2], now + ttl, ARGV[1])
 if not readers then
   redis.call('pexpire', KEYS[2], ttl)
