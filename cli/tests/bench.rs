@@ -71,6 +71,18 @@ fn bench_reports_json_against_given_nodes() {
     assert_eq!(rw["mutex"]["errors"], 0, "{rw}");
     assert_summary(&rw["read"]["figures"]["cycle"], 200);
     assert!(rw["read"]["ratio_to_mutex_p50"]["cycle"].as_f64().unwrap() > 0.0);
+    // Next to rawQ-rw, the ideal client of the seed's scripts, for reads and for writes.
+    let write = bench_json(&cluster, &["--mode", "write"]);
+    for (report, kind) in [(&report, "read"), (&write, "write")] {
+        let fig = &report["rw"][0][kind];
+        assert_eq!(fig["rawq_rw"]["errors"], 0, "{kind}: {fig}");
+        assert_summary(&fig["rawq_rw"]["acquire"], 200);
+        assert_summary(&fig["rawq_rw"]["cycle"], 200);
+        assert!(
+            fig["ratio_to_rawq_rw_p50"]["acquire"].as_f64().unwrap() > 0.0,
+            "{kind}: {fig}"
+        );
+    }
 }
 
 #[test]
