@@ -98,7 +98,15 @@ fn bench_measures_the_semaphore_next_to_the_mutex() {
         assert_eq!(rw["mutex"]["errors"], 0, "{rw}");
         assert_summary(&sem["figures"]["acquire"], 200);
         assert!(sem["ratio_to_mutex_p50"]["acquire"].as_f64().unwrap() > 0.0);
+        // rawQ-rw is for read and write locks only.
+        assert!(sem.get("rawq_rw").is_none(), "{rw}");
     }
+    // Read and write locks are measured at the largest N only, next to rawQ-rw.
+    let report = bench_json(&cluster, &["--mode", "read"]);
+    let runs = report["rw"].as_array().expect("rw");
+    assert_eq!(runs.len(), 1, "{report}");
+    assert_eq!(runs[0]["n"], 3, "{report}");
+    assert_summary(&runs[0]["read"]["rawq_rw"]["acquire"], 200);
 }
 
 #[test]
