@@ -311,6 +311,44 @@ fn expired_readers_do_not_block_a_writer_and_an_abandoned_set_disappears() {
     }
 }
 
+#[test]
+fn a_joining_reader_prunes_expired_readers_and_never_shortens_the_set() {
+    let cluster = RedisCluster::start(3).expect("redis");
+    let client = client(&cluster, RwPolicy::ReadPreferring);
+    let short = Duration::from_millis(300);
+    // A reader that dies without releasing creates the readers, with its own TTL.
+    let dead = client.try_read_lock("doc", short).expect("reader");
+    let dead_token = dead.token().to_vec();
+    std::mem::forget(dead);
+    // A longer reader joins the readers that are there: they last long enough to cover it.
+    let long = client
+        .try_read_lock("doc", Duration::from_secs(30))
+        .expect("reader");
+    for addr in cluster.addrs() {
+        eventually("every node holds both readers", || {
+            reader_count(addr, "doc") == 2
+        });
+        assert_settles!(readers_pttl(addr, "doc") > 29_000);
+    }
+    thread::sleep(short + Duration::from_millis(20));
+    // A shorter reader joins later: the expired one is pruned, and the readers still last as
+    // long as the longest one.
+    let third = client.try_read_lock("doc", TTL).expect("reader");
+    for addr in cluster.addrs() {
+        eventually("every node pruned the expired reader", || {
+            reader_count(addr, "doc") == 2 && reader_expiry(addr, "doc", &dead_token).is_none()
+        });
+        assert_settles!(reader_expiry(addr, "doc", long.token()).is_some());
+        assert_settles!(reader_expiry(addr, "doc", third.token()).is_some());
+        assert_settles!(readers_pttl(addr, "doc") > 28_000);
+    }
+    third.release().expect("release");
+    long.release().expect("release");
+    for addr in cluster.addrs() {
+        eventually("the readers are gone", || dbsize(addr) == 0);
+    }
+}
+
 /// Sets a conflicting holder on the first `k` nodes: a foreign writer (against a reader) or
 /// a foreign live reader (against a writer).
 fn foreign_holder(addrs: &[SocketAddr], k: usize, against_write: bool) {

@@ -71,6 +71,18 @@ fn bench_reports_json_against_given_nodes() {
     assert_eq!(rw["mutex"]["errors"], 0, "{rw}");
     assert_summary(&rw["read"]["figures"]["cycle"], 200);
     assert!(rw["read"]["ratio_to_mutex_p50"]["cycle"].as_f64().unwrap() > 0.0);
+    // Next to rawQ-rw, the ideal client of the seed's scripts, for reads and for writes.
+    let write = bench_json(&cluster, &["--mode", "write"]);
+    for (report, kind) in [(&report, "read"), (&write, "write")] {
+        let fig = &report["rw"][0][kind];
+        assert_eq!(fig["rawq_rw"]["errors"], 0, "{kind}: {fig}");
+        assert_summary(&fig["rawq_rw"]["acquire"], 200);
+        assert_summary(&fig["rawq_rw"]["cycle"], 200);
+        assert!(
+            fig["ratio_to_rawq_rw_p50"]["acquire"].as_f64().unwrap() > 0.0,
+            "{kind}: {fig}"
+        );
+    }
 }
 
 #[test]
@@ -86,7 +98,15 @@ fn bench_measures_the_semaphore_next_to_the_mutex() {
         assert_eq!(rw["mutex"]["errors"], 0, "{rw}");
         assert_summary(&sem["figures"]["acquire"], 200);
         assert!(sem["ratio_to_mutex_p50"]["acquire"].as_f64().unwrap() > 0.0);
+        // rawQ-rw is for read and write locks only.
+        assert!(sem.get("rawq_rw").is_none(), "{rw}");
     }
+    // Read and write locks are measured at the largest N only, next to rawQ-rw.
+    let report = bench_json(&cluster, &["--mode", "read"]);
+    let runs = report["rw"].as_array().expect("rw");
+    assert_eq!(runs.len(), 1, "{report}");
+    assert_eq!(runs[0]["n"], 3, "{report}");
+    assert_summary(&runs[0]["read"]["rawq_rw"]["acquire"], 200);
 }
 
 #[test]

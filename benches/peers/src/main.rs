@@ -13,6 +13,9 @@
 //!   cells: ops/s, acquire and cycle latency, failed calls, connections per node and server CPU
 //!   per cycle, for redlock-mux (one shared client), rawN, rawQ (T = 1), and rslock (one shared
 //!   `LockManager`, from OS threads and from tokio tasks).
+//! - read and write locks, uncontended, at N = 5: redlock-mux next to `rawQ-rw`
+//!   ([`raw::RawQRw`]), the ideal client of seed 000's read-write scripts (none of the
+//!   published crates has read-write locks).
 //!
 //! Implementations run in alternating blocks (the order rotating each round), so drift in the
 //! machine's load spreads over all of them. Each client is warmed up before it is measured.
@@ -454,7 +457,7 @@ fn main() {
         match arg.as_str() {
             "--quick" => quick = true,
             "-h" | "--help" => {
-                println!("usage: redlock-mux-peers [--quick]\n\nMeasures lock latency of redlock-mux, raw baselines, rslock, redlock and redsync,\nand scale (T = 1, 4, 16, 64 threads on distinct keys: redlock-mux, rawN, rawQ,\nrslock from threads and from tasks), against local redis-server processes it\nstarts; prints Markdown tables. --quick: shorter blocks and cells, one round.");
+                println!("usage: redlock-mux-peers [--quick]\n\nMeasures lock latency of redlock-mux, raw baselines, rslock, redlock and redsync,\nread and write locks next to rawQ-rw (N = 5),\nand scale (T = 1, 4, 16, 64 threads on distinct keys: redlock-mux, rawN, rawQ,\nrslock from threads and from tasks), against local redis-server processes it\nstarts; prints Markdown tables. --quick: shorter blocks and cells, one round.");
                 return;
             }
             other => {
@@ -470,6 +473,7 @@ fn main() {
     let mut rows = Vec::new();
     uncontended(&addrs, plan, &mut rows);
     handoff(&addrs, plan, &mut rows);
+    let rw_table = read_write(&addrs, plan);
     let mut scale = scale::run(&addrs, plan.scale_cell, plan.scale_rounds);
     let (table, targets) = render(&mut rows);
     let elapsed = started.elapsed();
@@ -499,5 +503,127 @@ fn main() {
     for line in &targets.lines {
         println!("{line}");
     }
+    println!("\n{rw_table}");
     println!("\n{}", scale.render());
+}
+
+/// Read and write locks at N = 5, uncontended: redlock-mux next to `rawQ-rw`, in alternating
+/// blocks. Returns a Markdown table (p50 / p99, and ours ÷ rawQ-rw) with the targets.
+fn read_write(addrs: &[SocketAddr], plan: &Plan) -> String {
+    use raw::{RawQRw, Side, Target, Tokens};
+    eprintln!("read-write, N={}", addrs.len());
+    let client = redlock_mux::Client::builder()
+        .nodes(addrs.iter().map(|a| format!("redis://{a}")))
+        .build()
+        .expect("client");
+    let targets: Vec<Target> = addrs
+        .iter()
+        .map(|&addr| Target {
+            addr,
+            setup: Vec::new(),
+        })
+        .collect();
+    let mut rawq = RawQRw::connect_targets(&targets).expect("rawQ-rw connects");
+    let mut tokens = Tokens::new();
+    let ttl_ms = lockers::TTL.as_millis() as u64;
+    // [side][ours, rawQ-rw][acquire, release, acquire+release]
+    let mut samples: [[[Samples; 3]; 2]; 2] = Default::default();
+    let mut failures = [[0usize; 2]; 2];
+    let sides = [(Side::Read, "read"), (Side::Write, "write")];
+    for round in 0..plan.rounds + 1 {
+        // The first round warms up and is not kept.
+        let keep = round > 0;
+        for (si, &(side, name)) in sides.iter().enumerate() {
+            for who in [(round % 2), 1 - (round % 2)] {
+                let end = Instant::now() + plan.block_time;
+                for _ in 0..plan.block_iters {
+                    if Instant::now() >= end {
+                        break;
+                    }
+                    let t0 = Instant::now();
+                    let ok = if who == 0 {
+                        let key = format!("bench:redlock-mux:rw:{name}");
+                        match side {
+                            Side::Read => client.try_read_lock(&key, lockers::TTL).map(|g| {
+                                let t1 = Instant::now();
+                                (t1, g.release().is_ok())
+                            }),
+                            Side::Write => client.try_write_lock(&key, lockers::TTL).map(|g| {
+                                let t1 = Instant::now();
+                                (t1, g.release().is_ok())
+                            }),
+                        }
+                        .ok()
+                    } else {
+                        let (r, w) = (
+                            format!("bench:rawq-rw:{name}:r"),
+                            format!("bench:rawq-rw:{name}:w"),
+                        );
+                        let token = tokens.next_token();
+                        match rawq.try_acquire(side, r.as_bytes(), w.as_bytes(), &token, ttl_ms) {
+                            Ok(true) => {
+                                let t1 = Instant::now();
+                                let released =
+                                    rawq.release(side, r.as_bytes(), w.as_bytes(), &token);
+                                Some((t1, released.is_ok()))
+                            }
+                            _ => None,
+                        }
+                    };
+                    let t2 = Instant::now();
+                    match ok {
+                        Some((t1, true)) if keep => {
+                            let s = &mut samples[si][who];
+                            s[0].push(t1 - t0);
+                            s[1].push(t2 - t1);
+                            s[2].push(t2 - t0);
+                        }
+                        Some((_, true)) => {}
+                        _ => failures[si][who] += 1,
+                    }
+                }
+            }
+        }
+    }
+    let mut out = String::from(
+        "Read-write locks, uncontended, N = 5: redlock-mux next to rawQ-rw (seed 000's acquire scripts by EVALSHA\nto all N sockets at once, returning at the quorum). Cells are p50 / p99.\n\n| workload | redlock-mux | rawQ-rw | ours ÷ rawQ-rw |\n|---|---:|---:|---:|\n",
+    );
+    let mut goals = String::from("\nTargets (N = 5, Redis 7: acquire p50 ≤ 1.05× rawQ-rw):\n");
+    let r = |a: Duration, b: Duration| (!b.is_zero()).then(|| ratio(a, b));
+    let mut fails = String::from("\n");
+    for (si, &(_, name)) in sides.iter().enumerate() {
+        let [ours, base] = &mut samples[si];
+        for (pi, what) in ["acquire", "release", "acquire+release"].iter().enumerate() {
+            let (o, b) = (&mut ours[pi], &mut base[pi]);
+            let (o50, o99, b50, b99) = (
+                o.quantile(0.5),
+                o.quantile(0.99),
+                b.quantile(0.5),
+                b.quantile(0.99),
+            );
+            out.push_str(&format!(
+                "| {name} {what} | {} / {} | {} / {} | {} |\n",
+                fmt_duration(o50),
+                fmt_duration(o99),
+                fmt_duration(b50),
+                fmt_duration(b99),
+                fmt_ratio(r(o50, b50), r(o99, b99)),
+            ));
+            if pi == 0 {
+                let v = r(o50, b50);
+                goals.push_str(&match v {
+                    Some(v) => format!(
+                        "- {name} acquire p50, ours ÷ rawQ-rw: {v:.3}× {}\n",
+                        if v <= 1.05 { "met" } else { "NOT met" }
+                    ),
+                    None => format!("- {name} acquire p50: no figure\n"),
+                });
+            }
+        }
+        fails.push_str(&format!(
+            "Failed cycles ({name}, redlock-mux / rawQ-rw): {} / {}\n",
+            failures[si][0], failures[si][1]
+        ));
+    }
+    out + &fails + &goals
 }

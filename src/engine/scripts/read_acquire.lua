@@ -13,8 +13,13 @@
 --
 -- Returns 1 when the reader went in, 0 when refused, and (fair only) 2 + rank when refused
 -- with the reader queued (see fair_gate.lua).
+-- One EXISTS tells what is there: it counts a key once per mention, so the writer key and the
+-- intents (named twice) add 2 each and the readers 1. Even: no reader set; 2 or more: a writer
+-- or intents.
+local there = redis.call('exists', KEYS[1], KEYS[1], KEYS[3], KEYS[3], KEYS[2])
+local readers = there % 2 == 1
 local now
-if redis.call('exists', KEYS[1], KEYS[3]) > 0 then
+if there >= 2 then
   -- A writer holds the lock.
   if redis.call('exists', KEYS[1]) == 1 then return refused() end
   now = node_now()
@@ -30,9 +35,16 @@ else
   now = node_now()
 end
 local ttl = tonumber(ARGV[2])
--- Prune expired readers, add this one scored by its expiry on this node's clock, and keep the
--- set's TTL at least as long as its longest-lived reader, so an abandoned set disappears.
-redis.call('zremrangebyscore', KEYS[2], '-inf', now)
+-- Add this reader, scored by its expiry on this node's clock, and keep the set's TTL at least as
+-- long as its longest-lived reader, so an abandoned set disappears. A set this reader creates
+-- holds nothing to prune and takes this reader's TTL. In a set that was there, prune the
+-- expired readers (this one, just added with a positive TTL, is never among them, so the set
+-- stays).
 redis.call('zadd', KEYS[2], now + ttl, ARGV[1])
-if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end
+if not readers then
+  redis.call('pexpire', KEYS[2], ttl)
+else
+  redis.call('zremrangebyscore', KEYS[2], '-inf', now)
+  if redis.call('pttl', KEYS[2]) < ttl then redis.call('pexpire', KEYS[2], ttl) end
+end
 return won()
