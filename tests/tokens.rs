@@ -127,7 +127,7 @@ fn eval_parts(args: &Args) -> Option<(&Args, &Args)> {
 }
 
 /// Which lock kind a waiter takes, and how to read its attempts off a node.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Mutex,
     Read,
@@ -154,6 +154,18 @@ impl Kind {
                     .then(|| args[2].clone())
             }
             Kind::Read | Kind::Write => {
+                // On Redis 8 without Lua: a reader is a field of a hash at the writer key
+                // (`HSETEX W PX ttl FIELDS 1 token 1`), a writer's `SET W token NX PX ttl`.
+                let writer = format!("{{rw:{}}}:w", self.key()).into_bytes();
+                let native: &[u8] = if self == Kind::Read {
+                    b"HSETEX"
+                } else {
+                    b"SET"
+                };
+                if args.len() >= 3 && args[0].eq_ignore_ascii_case(native) && args[1] == writer {
+                    let at = if self == Kind::Read { 6 } else { 2 };
+                    return args.get(at).cloned();
+                }
                 // Fair or not: the writer key, then the reader set.
                 let (keys, argv) = eval_parts(args)?;
                 let writer = format!("{{rw:{}}}:w", self.key()).into_bytes();
