@@ -471,10 +471,19 @@ fn probe(url: &NodeUrl, names: &Names, timeout: Duration) -> Result<Node, Failur
             queue += n.max(0) as usize;
         }
     }
+    // On Redis 8 the read-preferring lock keeps its readers as fields of a hash at the writer
+    // key, each with its own expiry; readers in the set come from the other paths.
+    let mut writer = string_slot(&mut conn, &names.writer)?;
+    let mut readers = scored(&mut conn, &names.readers, now_ms)?;
+    if matches!(&writer, Slot::Other { kind } if kind == "hash") {
+        writer = Slot::Free;
+        readers.extend(hash_readers(&mut conn, &names.writer)?);
+        readers.sort_by_key(|m| m.left_ms);
+    }
     Ok(Node {
         mutex: string_slot(&mut conn, &names.mutex)?,
-        writer: string_slot(&mut conn, &names.writer)?,
-        readers: scored(&mut conn, &names.readers, now_ms)?,
+        writer,
+        readers,
         intents: scored(&mut conn, &names.intents, now_ms)?,
         queue,
     })
@@ -507,6 +516,31 @@ fn string_slot(conn: &mut NodeConn, key: &[u8]) -> Result<Slot, Failure> {
         }
         _ => Ok(Slot::Other { kind }),
     }
+}
+
+/// The fields of a hash whose fields expire on their own (Redis 8 readers), with the ms each has
+/// left (`HPTTL`); a field without an expiry counts as not expiring.
+fn hash_readers(conn: &mut NodeConn, key: &[u8]) -> Result<Vec<Member>, Failure> {
+    let fields = match conn.call(&[b"HKEYS", key])? {
+        Value::Array(Some(fields)) => fields,
+        _ => return Ok(Vec::new()),
+    };
+    let mut readers = Vec::with_capacity(fields.len());
+    for field in fields {
+        let Value::Bulk(Some(token)) = field else {
+            continue;
+        };
+        let left_ms = match conn.call(&[b"HPTTL", key, b"FIELDS", b"1", &token])? {
+            Value::Array(Some(v)) => match v.first() {
+                Some(Value::Integer(ms)) if *ms >= 0 => *ms,
+                Some(Value::Integer(-1)) => i64::MAX,
+                _ => continue,
+            },
+            _ => continue,
+        };
+        readers.push(Member { token, left_ms });
+    }
+    Ok(readers)
 }
 
 /// The members of a sorted set scored by node-clock expiry, soonest to expire first.
