@@ -9,9 +9,13 @@
 //! # Callers, leader and followers
 //!
 //! Each thread running a lock operation is a caller ([`Session`]), with a mailbox in the shared
-//! core. A caller writes its own commands, at once, to each node's connection: commands of
-//! concurrent callers are pipelined behind each other, and a connection owes its replies in
-//! order, so each queued slot names the caller (and its run) the reply goes to.
+//! core. A caller queues its commands on each node's connection: commands of concurrent
+//! callers are pipelined behind each other, and a connection owes its replies in order, so
+//! each queued slot names the caller (and its run) the reply goes to. A caller that leads, or
+//! finds no leader, writes them at once; while another caller leads, they are left for the
+//! leader, which writes everything queued on a connection in one system call before it polls
+//! again (its poll is woken for that), so that Redis reads concurrent callers' commands in
+//! batches.
 //!
 //! Nobody runs a thread of their own for I/O. A caller that must wait becomes the leader if
 //! there is none: it polls for everyone, reads every connection that is ready, and posts each
@@ -72,6 +76,9 @@ const WEDGED: u32 = 4;
 /// ... and at least this late.
 const WEDGED_MIN: Duration = Duration::from_millis(200);
 
+/// Tells the caller that writes a command that it has left: `(node, tag, at)`.
+type Written<'a> = dyn FnMut(usize, Tag, Instant) + 'a;
+
 /// The poll token of the shared [`Waker`]: no connection has it.
 const WAKER: mio::Token = mio::Token(usize::MAX);
 
@@ -97,6 +104,11 @@ struct Core {
     registry: Registry,
     /// The caller slot of the leader, if any.
     leader: Option<usize>,
+    /// Wakes the leader's poll (shared with [`Shared::waker`]): a follower that queued
+    /// commands for the leader to write uses it.
+    waker: Option<Arc<Waker>>,
+    /// The leader's poll was woken for queued commands since it last started polling.
+    nudged: bool,
     /// Command connections: node `i` has poll token `i`.
     conns: Vec<Conn>,
     /// Subscriber connections: node `i` has poll token `n + i`.
@@ -214,6 +226,14 @@ impl Mail {
         Some(c)
     }
 
+    /// Posts without unparking: for news that only moves the caller's deadline later (a
+    /// write), which it reads when it wakes anyway.
+    fn post_quiet(&mut self, slot: usize, run: u64, event: Event) {
+        if let Some(c) = self.callers.get_mut(slot).filter(|c| c.run == run) {
+            c.events.push(event);
+        }
+    }
+
     fn post(&mut self, slot: usize, run: u64, event: Event) {
         if let Some(c) = self.to(slot, run) {
             c.events.push(event);
@@ -310,6 +330,8 @@ impl Shared {
                 }),
                 registry,
                 leader: None,
+                waker: waker.clone(),
+                nudged: false,
                 conns: (0..n).map(|i| Conn::new(i, Role::Commands)).collect(),
                 subs: (0..n).map(|i| Conn::new(n + i, Role::Subscriber)).collect(),
                 channels: Vec::new(),
@@ -409,12 +431,23 @@ impl Shared {
             core.leader = Some(slot);
         }
         if core.leader == Some(slot) {
+            // What followers queued since the last poll goes out now, one write per node.
+            core.flush_queued(Instant::now());
+            if !core.mail.notify.is_empty() {
+                // A write failed: its owners hear of it now, not after the poll.
+                if !core.mail.callers[slot].events.is_empty() {
+                    core.mail.flush(slot);
+                    return core;
+                }
+                core.mail.flush(slot);
+            }
             let Some(mut poller) = core.poll.take() else {
                 // Cannot happen: only the leader takes the poller, and puts it back.
                 drop(core);
                 thread::sleep(timeout.min(Duration::from_millis(1)));
                 return self.lock();
             };
+            core.nudged = false;
             drop(core);
             if let Err(e) = poller.poll.poll(&mut poller.events, Some(timeout)) {
                 if e.kind() != io::ErrorKind::Interrupted {
@@ -693,7 +726,13 @@ impl Core {
             }
             let caps = conn.caps;
             conn.queue(Slot::Discard, |out| m.encode(t, caps, out));
-            self.write(i, now, Some((slot, run, &mut *m)));
+            if !self.leave_to_leader(slot) {
+                self.write(
+                    i,
+                    now,
+                    Some((slot, run, &mut |n, tag, at| m.handle_written(n, tag, at))),
+                );
+            }
             return;
         };
         if !conn.can_send(now) {
@@ -716,13 +755,51 @@ impl Core {
             },
             |out| m.encode(t, caps, out),
         );
+        if self.leave_to_leader(slot) {
+            return;
+        }
         // Write now, read later: every node gets its command before any reply is read.
-        self.write(i, now, Some((slot, run, m)));
+        self.write(
+            i,
+            now,
+            Some((slot, run, &mut |n, tag, at| m.handle_written(n, tag, at))),
+        );
+    }
+
+    /// True when another caller leads: then the commands the caller in `slot` just queued
+    /// are left in the connection's output, and the leader writes everything queued on each
+    /// connection in one system call before it polls again (waking its poll if it is in
+    /// it), so that concurrent callers' commands reach each node in batches. A caller that
+    /// leads, or finds no leader, writes at once.
+    fn leave_to_leader(&mut self, slot: usize) -> bool {
+        match (self.leader, &self.waker) {
+            (Some(leader), Some(waker)) if leader != slot => {
+                // The poller is out: the leader polls, or is about to, or has just come back
+                // (then the wake-up only makes its next poll return at once).
+                if self.poll.is_none() && !self.nudged {
+                    self.nudged = true;
+                    if waker.wake().is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Writes what the followers left queued on every command connection.
+    fn flush_queued(&mut self, now: Instant) {
+        for i in 0..self.conns.len() {
+            if self.conns[i].has_pending_output() {
+                self.write(i, now, None);
+            }
+        }
     }
 
     /// Writes what node `i`'s command connection has queued, and tells the owners of the
     /// commands that left (`me`, the caller writing, directly).
-    fn write<M: Machine>(&mut self, i: usize, now: Instant, me: Option<(usize, u64, &mut M)>) {
+    fn write(&mut self, i: usize, now: Instant, me: Option<(usize, u64, &mut Written<'_>)>) {
         let limits = self.config.limits;
         let conn = &mut self.conns[i];
         if let Err(why) = conn.drive(&self.registry, &limits, false) {
@@ -737,10 +814,10 @@ impl Core {
             } = *s
             {
                 match &mut me {
-                    Some((slot, my_run, m)) if *slot == caller as usize && *my_run == run => {
-                        m.handle_written(i, tag, now)
+                    Some((slot, my_run, written)) if *slot == caller as usize && *my_run == run => {
+                        written(i, tag, now)
                     }
-                    _ => mail.post(
+                    _ => mail.post_quiet(
                         caller as usize,
                         run,
                         Event::Written {
@@ -880,7 +957,7 @@ impl Core {
                     run, caller, tag, ..
                 } = *s
                 {
-                    mail.post(
+                    mail.post_quiet(
                         caller as usize,
                         run,
                         Event::Written {
@@ -1118,6 +1195,8 @@ impl Core {
         // A leader steps down; a caller woken to lead that finished without leading passes
         // the wake-up on, so that parked callers are never left without a leader.
         if self.leader == Some(slot) || self.leader.is_none() {
+            // Nobody writes for the followers once the leader is gone.
+            self.flush_queued(Instant::now());
             self.leader = None;
             if let Some(next) = self
                 .mail
