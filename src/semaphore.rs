@@ -36,7 +36,7 @@ pub use crate::engine::sem::MAX_PERMITS;
 /// `⌊N/2⌋ + 1`: the mutex is the special case. `k` holders fit with every node up, as
 /// `k·q ≤ k·N`.
 ///
-/// The obvious design, the majority quorum with `c = k`, is **unsafe for `k ≥ 2`**: with
+/// The obvious design, the majority quorum with `c = k`, **admits too many holders for `k ≥ 2`**: with
 /// `N = 5`, `k = 2` and `q = 3`, three clients can each be admitted by 3 nodes, since
 /// 9 admissions fit in 5 × 2 = 10 slots. [`with_quorum`](Semaphore::with_quorum) refuses
 /// such a quorum with [`InvalidArgument::UnsafeQuorum`](crate::InvalidArgument::UnsafeQuorum).

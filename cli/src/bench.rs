@@ -33,7 +33,7 @@ use serde_json::json;
 
 use crate::args::{self, usage, NodesFrom};
 use crate::local_servers::RedisCluster;
-use crate::raw::{Connections, Probe, Raw, RawQRw, Side, Target, Tokens};
+use crate::raw::{raw_cycle, Connections, Probe, Raw, RawQRw, Side, Target, Tokens};
 use crate::stats::{failure_kind, fmt_duration, ratio, us, Samples, Summary};
 use crate::Fail;
 
@@ -1372,25 +1372,7 @@ impl Locker {
                 Ok(acquired)
             }
             Locker::Raw(slot, _, tokens) => {
-                let Some(raw) = slot else {
-                    return Err("could not connect".into());
-                };
-                let token = tokens.next_token();
-                let ttl_ms = TTL.as_millis() as u64;
-                let result = match raw.try_acquire(key.as_bytes(), &token, ttl_ms) {
-                    Ok(true) => {
-                        let acquired = Instant::now();
-                        raw.release(key.as_bytes(), &token)
-                            .map(|_| acquired)
-                            .map_err(|e| format!("release: {e}"))
-                    }
-                    Ok(false) => Err("no quorum".to_owned()),
-                    Err(e) => Err(e.to_string()),
-                };
-                if result.as_ref().is_err_and(|e| e != "no quorum") {
-                    *slot = None;
-                }
-                result
+                raw_cycle(slot, tokens, key.as_bytes(), TTL.as_millis() as u64)
             }
         }
     }

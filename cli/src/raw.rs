@@ -840,6 +840,35 @@ impl RawQRw {
     }
 }
 
+/// One try-lock and release of the raw client in `slot` on `key`, with a fresh token: when the
+/// lock was acquired, or why the cycle failed. An I/O error empties `slot` (the connections are
+/// no longer in step); "no quorum" is contention and keeps it.
+pub fn raw_cycle(
+    slot: &mut Option<Raw>,
+    tokens: &mut Tokens,
+    key: &[u8],
+    ttl_ms: u64,
+) -> Result<Instant, String> {
+    let Some(raw) = slot else {
+        return Err("could not connect".into());
+    };
+    let token = tokens.next_token();
+    let result = match raw.try_acquire(key, &token, ttl_ms) {
+        Ok(true) => {
+            let acquired = Instant::now();
+            raw.release(key, &token)
+                .map(|_| acquired)
+                .map_err(|e| format!("release: {e}"))
+        }
+        Ok(false) => Err("no quorum".to_owned()),
+        Err(e) => Err(e.to_string()),
+    };
+    if result.as_ref().is_err_and(|e| e != "no quorum") {
+        *slot = None;
+    }
+    result
+}
+
 /// Distinct 40-byte tokens without a system call: a random-ish prefix and a counter, in hex.
 pub struct Tokens {
     seed: u64,

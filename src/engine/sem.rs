@@ -10,7 +10,7 @@
 //!   smallest safe quorum is `q = ⌊k·N / (k + 1)⌋ + 1` ([`safe_quorum`]); `k = 1` gives the
 //!   Redlock majority `⌊N/2⌋ + 1`.
 //! - **Liveness.** `k` holders fit when every node is up: `k·q ≤ c·N` holds for any `q ≤ N`.
-//! - **The trap.** The "majority" quorum with `c = k` is unsafe for `k ≥ 2`: with `N = 5`,
+//! - **The trap.** The "majority" quorum with `c = k` admits too many holders for `k ≥ 2`: with `N = 5`,
 //!   `k = 2`, `q = 3`, three holders take 9 of the 10 slots. [`check`] refuses it.
 //!
 //! A node's holders are a sorted set of tokens scored by their expiry on that node's own clock

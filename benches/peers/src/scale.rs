@@ -16,7 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::lockers::TTL;
-use crate::raw::{Connections, Probe, Raw, Tokens};
+use crate::raw::{raw_cycle, Connections, Probe, Raw, Tokens};
 use crate::stats::{failure_kind, fmt_duration, ratio, Samples};
 
 /// Thread counts measured.
@@ -477,24 +477,7 @@ impl Locker {
                 Ok(acquired)
             }
             Locker::Raw(slot, tokens) => {
-                let Some(raw) = slot else {
-                    return Err("could not connect".into());
-                };
-                let token = tokens.next_token();
-                let result = match raw.try_acquire(key.as_bytes(), &token, TTL.as_millis() as u64) {
-                    Ok(true) => {
-                        let acquired = Instant::now();
-                        raw.release(key.as_bytes(), &token)
-                            .map(|_| acquired)
-                            .map_err(|e| format!("release: {e}"))
-                    }
-                    Ok(false) => Err("no quorum".to_owned()),
-                    Err(e) => Err(e.to_string()),
-                };
-                if result.as_ref().is_err_and(|e| e != "no quorum") {
-                    *slot = None;
-                }
-                result
+                raw_cycle(slot, tokens, key.as_bytes(), TTL.as_millis() as u64)
             }
             Locker::Rslock(rt, m) => rt.block_on(rslock_cycle(m, key)),
         }
