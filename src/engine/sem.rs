@@ -417,7 +417,7 @@ mod tests {
     }
 
     #[test]
-    fn unsafe_or_unusable_configurations_are_refused() {
+    fn unsound_or_unusable_configurations_are_refused() {
         // The naive majority: N = 5, k = 2, q = 3 admits 3 holders.
         assert!(matches!(
             check(2, 5, 3),
