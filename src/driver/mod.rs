@@ -20,10 +20,13 @@
 //! Nobody runs a thread of their own for I/O. A caller that must wait becomes the leader if
 //! there is none: it polls for everyone, reads every connection that is ready, and posts each
 //! reply, failure, wake message and confirmation to its owner's mailbox, unparking the owner.
-//! The other callers park until their mailbox has something or their deadline passes. When the
-//! leader's own operation is over it steps down and unparks one parked caller, which leads
-//! from then on. With a single caller there is no hand-off at all: it leads, and its system
-//! calls are those of a private connection set.
+//! The other callers park until their mailbox has what their machine needs to move on (the
+//! replies that can decide its round, [`Machine::replies_wanted`], or any failure, error reply
+//! or wake message) or their deadline passes: one wake-up per round, not one per reply. When
+//! the leader's own operation is over it steps down. A caller that is running takes over when
+//! it next waits; if every caller is parked, the leader unparks one, which leads from then on.
+//! With a single caller there is no hand-off at all: it leads, and its system calls are those
+//! of a private connection set.
 //!
 //! # Deadlines
 //!
@@ -139,6 +142,10 @@ struct Caller {
     parked: bool,
     /// Already in [`Mail::notify`].
     notified: bool,
+    /// Replies its machine wants before it is worth unparking ([`Machine::replies_wanted`]).
+    wanted: usize,
+    /// Replies posted since it last read its mailbox, without unparking it.
+    held: usize,
     events: Vec<Event>,
     /// The bytes of the replies and messages in `events`.
     data: Vec<u8>,
@@ -162,6 +169,8 @@ impl Caller {
             thread: None,
             parked: false,
             notified: false,
+            wanted: 1,
+            held: 0,
             events: Vec::with_capacity(16),
             data: Vec::with_capacity(256),
             awaiting: 0,
@@ -240,16 +249,24 @@ impl Mail {
         }
     }
 
+    /// Posts a reply. The owner is unparked once it has as many as its machine wants, or at
+    /// an error reply (which may ask for more than a vote: a `NOSCRIPT` is answered with the
+    /// script's body at once).
     fn post_reply(&mut self, slot: usize, run: u64, node: usize, tag: Tag, raw: &[u8]) {
-        if let Some(c) = self.to(slot, run) {
-            let start = c.data.len();
-            c.data.extend_from_slice(raw);
-            c.events.push(Event::Reply {
-                node,
-                tag,
-                start,
-                end: c.data.len(),
-            });
+        let Some(c) = self.callers.get_mut(slot).filter(|c| c.run == run) else {
+            return;
+        };
+        let start = c.data.len();
+        c.data.extend_from_slice(raw);
+        c.events.push(Event::Reply {
+            node,
+            tag,
+            start,
+            end: c.data.len(),
+        });
+        c.held += 1;
+        if c.held >= c.wanted || raw.first() == Some(&b'-') {
+            self.to(slot, run);
         }
     }
 
@@ -289,6 +306,7 @@ impl Mail {
             };
             c.notified = false;
             if slot != me && c.parked {
+                c.parked = false;
                 if let Some(t) = &c.thread {
                     out.push(t.clone());
                 }
@@ -306,6 +324,7 @@ impl Mail {
             };
             c.notified = false;
             if slot != me && c.parked {
+                c.parked = false;
                 if let Some(t) = &c.thread {
                     t.unpark();
                 }
@@ -425,6 +444,7 @@ impl Shared {
         mut core: MutexGuard<'a, Core>,
         slot: usize,
         timeout: Duration,
+        wanted: usize,
         wakeups: &mut Vec<Thread>,
     ) -> MutexGuard<'a, Core> {
         if core.leader.is_none() {
@@ -469,7 +489,14 @@ impl Shared {
             }
             self.lock()
         } else {
-            core.mail.callers[slot].parked = true;
+            let c = &mut core.mail.callers[slot];
+            c.parked = true;
+            c.wanted = wanted.max(1);
+            if c.held >= c.wanted {
+                // Posted to while it was not parked: enough is here already.
+                c.parked = false;
+                return core;
+            }
             drop(core);
             thread::park_timeout(timeout);
             let mut core = self.lock();
@@ -582,10 +609,14 @@ impl Session<'_> {
                 continue;
             }
             drained = false;
-            core = shared.wait(core, slot, deadline - now, &mut self.wakeups);
+            let wanted = m.replies_wanted();
+            core = shared.wait(core, slot, deadline - now, wanted, &mut self.wakeups);
         };
-        core.finish(slot, run);
+        let next = core.finish(slot, run);
         drop(core);
+        if let Some(t) = next {
+            t.unpark();
+        }
         drop(registration);
         self.entropy = Some(entropy);
         outcome
@@ -598,9 +629,9 @@ impl Drop for Session<'_> {
         // An operation that unwound (a panic) did not finish: it must not stay the leader, or
         // keep its channels and mailbox.
         let run = core.mail.callers[self.slot].run;
-        if run != NO_RUN {
-            core.finish(self.slot, run);
-        }
+        let next = (run != NO_RUN)
+            .then(|| core.finish(self.slot, run))
+            .flatten();
         let c = &mut core.mail.callers[self.slot];
         c.entropy = self.entropy.take();
         c.wakeups = std::mem::take(&mut self.wakeups);
@@ -608,6 +639,10 @@ impl Drop for Session<'_> {
         c.spread = self.spread;
         c.thread = None;
         core.free.push(self.slot);
+        drop(core);
+        if let Some(t) = next {
+            t.unpark();
+        }
     }
 }
 
@@ -638,6 +673,7 @@ impl Core {
     ) {
         let limits = self.config.limits;
         let c = &mut self.mail.callers[slot];
+        c.held = 0;
         if c.events.is_empty() {
             return;
         }
@@ -1184,31 +1220,35 @@ impl Core {
     }
 
     /// The caller's operation is over: its channels are let go, its mailbox closed (replies
-    /// still owed to it are dropped when they come), and a leader steps down, handing over to
-    /// a parked caller.
-    fn finish(&mut self, slot: usize, run: u64) {
+    /// still owed to it are dropped when they come), and a leader steps down. If every other
+    /// caller is parked, one of them must lead from now on: its thread is returned, to be
+    /// unparked once the lock is let go. A caller that runs (or was just unparked) will wait
+    /// or finish soon, and so take over or pass it on: it needs no extra wake-up.
+    #[must_use]
+    fn finish(&mut self, slot: usize, run: u64) -> Option<Thread> {
         self.unsubscribe(slot, run);
         let c = &mut self.mail.callers[slot];
         c.run = NO_RUN;
         c.events.clear();
         c.data.clear();
+        c.held = 0;
+        let mut next = None;
         // A leader steps down; a caller woken to lead that finished without leading passes
         // the wake-up on, so that parked callers are never left without a leader.
         if self.leader == Some(slot) || self.leader.is_none() {
             // Nobody writes for the followers once the leader is gone.
             self.flush_queued(Instant::now());
             self.leader = None;
-            if let Some(next) = self
-                .mail
-                .callers
-                .iter()
-                .find(|c| c.parked && c.run != NO_RUN)
-            {
-                if let Some(t) = &next.thread {
-                    t.unpark();
+            let active = |c: &Caller| c.run != NO_RUN;
+            let running = self.mail.callers.iter().any(|c| active(c) && !c.parked);
+            if !running {
+                if let Some(c) = self.mail.callers.iter_mut().find(|c| active(c) && c.parked) {
+                    c.parked = false;
+                    next = c.thread.clone();
                 }
             }
         }
         self.mail.flush(slot);
+        next
     }
 }

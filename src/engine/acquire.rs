@@ -649,6 +649,16 @@ impl Machine for Acquisition<'_> {
         self.advance(now, rng);
     }
 
+    fn replies_wanted(&self) -> usize {
+        // A fair waiter reads its rank from every reply.
+        match self.state {
+            State::Attempt | State::WriteBack if self.fair.is_none() => {
+                self.fanout.replies_wanted()
+            }
+            _ => 1,
+        }
+    }
+
     fn handle_failure(
         &mut self,
         node: usize,

@@ -129,6 +129,17 @@ impl<'a> Fanout<'a> {
         }
     }
 
+    /// How many more replies can change what this fan-out does (see
+    /// [`Machine::replies_wanted`](crate::engine::machine::Machine::replies_wanted)): each one
+    /// while a command is unsent or a `NOSCRIPT` is being served, else the votes that can
+    /// decide the round.
+    pub fn replies_wanted(&self) -> usize {
+        if self.unsent || (self.resend | self.resent) != 0 {
+            return 1;
+        }
+        self.round.votes_to_decide()
+    }
+
     /// Node `node` was written this fan-out's command at `at` (see [`Round::handle_written`]).
     pub fn handle_written(&mut self, node: usize, tag: Tag, at: Instant) {
         if tag == self.tag {

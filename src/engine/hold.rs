@@ -285,6 +285,13 @@ impl Machine for HoldRound<'_> {
         self.advance(now);
     }
 
+    fn replies_wanted(&self) -> usize {
+        match self.outcome {
+            Some(_) => 1,
+            None => self.fanout.replies_wanted(),
+        }
+    }
+
     fn poll_transmit(&mut self) -> Option<Transmit> {
         if let Some((to, tag, form)) = self.fanout.poll_transmit() {
             return Some(Transmit {

@@ -121,6 +121,15 @@ pub(crate) trait Machine {
     /// The instant from [`poll_timeout`](Self::poll_timeout) has passed.
     fn handle_timeout(&mut self, now: Instant, rng: &mut dyn Entropy);
 
+    /// How many more replies the machine needs before one of them can change what it does:
+    /// a driver serving many callers may hold its replies back until that many have come.
+    /// An error reply, a failure, a wake message, a cancel and every deadline still reach it
+    /// at once. The default, 1, asks for each reply as it comes.
+    #[must_use]
+    fn replies_wanted(&self) -> usize {
+        1
+    }
+
     /// Node `node` published `message` on `channel`, a channel this machine subscribed to.
     fn handle_wake(
         &mut self,

@@ -183,6 +183,19 @@ impl Round {
         })
     }
 
+    /// How many more votes can decide the round at the earliest (1 once it is decided): the
+    /// fewer of the grants still missing for the quorum and the refusals or failures still
+    /// missing for a loss.
+    pub fn votes_to_decide(&self) -> usize {
+        if self.decision.is_some() {
+            return 1;
+        }
+        let n = self.votes.len();
+        let to_win = self.quorum.saturating_sub(self.yes);
+        let to_lose = (n - self.quorum + 1).saturating_sub(self.no + self.failed);
+        to_win.min(to_lose).max(1)
+    }
+
     /// Records what `node` said. A second vote from the same node, or a node out of range, is
     /// ignored. Votes after the decision are recorded (so cleanup knows who answered) but do not
     /// change it.

@@ -99,11 +99,27 @@ fn every_pattern_of_outcomes_for_one_to_five_nodes() {
             let (want, step, refused) = expected(&pattern);
             let mut round = Round::new(n, t0, node_timeout, Some(timing(10_000)), None);
             let mut decided_at_step = None;
+            // (votes so far, votes_to_decide then), while undecided.
+            let mut hints = Vec::new();
+            let mut votes = 0;
             for (i, p) in pattern.iter().enumerate() {
                 let Some(v) = vote(*p) else { continue };
+                if round.decision().is_none() {
+                    hints.push((votes, round.votes_to_decide()));
+                }
                 let now = t0 + MS * (i as u32 + 1);
                 round.handle_vote(i, v, now);
+                votes += 1;
                 if decided_at_step.is_none() && round.decision().is_some() {
+                    // A driver that holds replies back until `votes_to_decide` have come
+                    // never holds back the one that decides.
+                    for &(before, hint) in &hints {
+                        assert!(
+                            votes - before >= hint,
+                            "{pattern:?}: decided {} votes after a hint of {hint}",
+                            votes - before
+                        );
+                    }
                     decided_at_step = Some(i);
                     if let Some(Decision::Won { valid_until, at }) = round.decision() {
                         assert_eq!(at, now);
@@ -158,6 +174,22 @@ fn returns_on_quorum_without_waiting_for_stragglers() {
     round.handle_timeout(t0 + 60 * MS);
     assert_eq!(round.decision(), Some(d));
     assert_eq!(round.votes()[1], Some(Vote::No));
+}
+
+#[test]
+fn votes_to_decide_counts_the_nearer_of_a_win_and_a_loss() {
+    let t0 = Instant::now();
+    let mut round = Round::new(5, t0, 50 * MS, Some(timing(1000)), None);
+    assert_eq!(round.votes_to_decide(), 3);
+    round.handle_vote(0, Vote::Yes, t0 + MS);
+    assert_eq!(round.votes_to_decide(), 2);
+    round.handle_vote(1, Vote::No, t0 + MS);
+    round.handle_vote(2, Vote::Failed(NodeErrorKind::Timeout), t0 + MS);
+    // Two grants to win, one refusal or failure to lose.
+    assert_eq!(round.votes_to_decide(), 1);
+    round.handle_vote(3, Vote::No, t0 + MS);
+    assert_eq!(round.decision(), Some(Decision::Contended));
+    assert_eq!(round.votes_to_decide(), 1);
 }
 
 #[test]
