@@ -1,9 +1,12 @@
 //! Threads sharing one client, each locking and releasing a key of its own, against five real
 //! redis-server processes: an acquisition returns at the quorum while its last commands are
 //! still in flight, and the release that follows must never be overtaken by them, whichever
-//! connections carry it. No spurious contention, and no key left behind.
+//! connections carry it. No spurious contention, and no key left behind, even with a node too
+//! slow for the load and a client dropped right after its last release.
 
 mod common;
+#[path = "common/fault_proxy.rs"]
+mod fault_proxy;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -127,4 +130,48 @@ fn releases_are_never_overtaken_by_their_own_acquisitions() {
             "{phase}: {other} failed try_locks and {release_errors} failed releases"
         );
     }
+}
+
+#[test]
+fn a_node_too_slow_for_the_load_is_not_sent_more_than_it_can_answer() {
+    // Node 4 sits behind a proxy that holds every chunk 20 ms each way: it answers far fewer
+    // commands per second than the other four. Every round is won at the quorum without it,
+    // so nothing slows the callers down to its pace.
+    let cluster = RedisCluster::start(5).expect("start redis-server");
+    let addrs = cluster.addrs();
+    let proxy = fault_proxy::FaultProxy::start(addrs[4], Duration::from_millis(20)).expect("proxy");
+    proxy.set(fault_proxy::ProxyFault::Delay);
+    let mut urls = cluster.urls();
+    urls[4] = proxy.url();
+    let client = Client::builder().nodes(urls).build().expect("client");
+    let counts = run_phase(&client, 16, "slow-node");
+    let locked = counts.locked.load(Ordering::Relaxed);
+    let contended = counts.contended.load(Ordering::Relaxed);
+    let other = counts.other_errors.load(Ordering::Relaxed);
+    let release_errors = counts.release_errors.load(Ordering::Relaxed);
+    eprintln!(
+        "slow node: {locked} locked, {contended} contended, {other} other errors, \
+         {release_errors} failed releases"
+    );
+    assert!(locked > 0, "nothing was locked");
+    // Whatever the slow node was sent, it gets the releases after the acquisitions, and it
+    // runs them: had its connection been given up with commands unanswered, the keys they
+    // set would stay there for the whole TTL. The client goes away at once, as a program that
+    // ends after its last release does: the releases still owed to the slow node must not be
+    // lost with it.
+    drop(client);
+    let clean = eventually(Duration::from_secs(5), || {
+        addrs.iter().all(|&addr| dbsize(addr) == 0)
+    });
+    let left = leftovers(&addrs);
+    assert!(
+        clean,
+        "{} keys left behind after every lock was released:\n{}",
+        left.len(),
+        left.join("\n")
+    );
+    assert_eq!(
+        contended, 0,
+        "{contended} try_locks refused as held elsewhere"
+    );
 }

@@ -506,6 +506,27 @@ impl Shared {
     }
 }
 
+impl Drop for Shared {
+    /// Closing a socket with replies unread resets its connection, and the node then drops
+    /// whatever of ours it had not read yet. A release returns at its quorum while slower
+    /// nodes may still be working through a backlog: a program that ends right after its last
+    /// release would lose what they were owed, and leave its keys there for the whole TTL. So
+    /// the connections are closed only once they owe nothing, or once the oldest reply owed
+    /// would count as wedged ([`WEDGED`] node timeouts, at least [`WEDGED_MIN`]).
+    fn drop(&mut self) {
+        let limit = self
+            .config
+            .node_timeout
+            .saturating_mul(WEDGED)
+            .max(WEDGED_MIN);
+        let deadline = Instant::now() + limit;
+        self.core
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .settle(deadline);
+    }
+}
+
 /// One thread's use of a [`Shared`] driver: a caller slot, with what its operations reuse.
 pub(crate) struct Session<'a> {
     shared: &'a Shared,
@@ -776,6 +797,14 @@ impl Core {
             m.handle_failure(i, tag, why, now, entropy);
             return;
         }
+        if matches!(t.what, What::Acquire { .. }) && self.lagging(i, now) {
+            // Behind a backlog that is already past the node timeout, a new acquisition would
+            // only time out, and deepen the backlog: callers that win at the quorum without
+            // this node would otherwise send it more than it can answer, without end. It
+            // counts as timed out at once; releases and cleanups still go.
+            m.handle_failure(i, tag, NodeErrorKind::Timeout, now, entropy);
+            return;
+        }
         if let Err(why) = self.prepare(i, now) {
             m.handle_failure(i, tag, why, now, entropy);
             return;
@@ -800,6 +829,22 @@ impl Core {
             now,
             Some((slot, run, &mut |n, tag, at| m.handle_written(n, tag, at))),
         );
+    }
+
+    /// Whether node `i`'s command connection still owes a reply to a command queued more than
+    /// the node timeout ago, once what has come was read.
+    fn lagging(&mut self, i: usize, now: Instant) -> bool {
+        let timeout = self.config.node_timeout;
+        let late = |c: &Conn| {
+            c.oldest_reply_since()
+                .is_some_and(|sent| now.saturating_duration_since(sent) >= timeout)
+        };
+        if !late(&self.conns[i]) {
+            return false;
+        }
+        // The replies may be here, unread: nobody polls while no caller waits.
+        self.service(i, now);
+        late(&self.conns[i])
     }
 
     /// True when another caller leads: then the commands the caller in `slot` just queued
@@ -887,6 +932,29 @@ impl Core {
                 );
             }
         }
+    }
+
+    /// Writes what is queued and reads what is owed on every command connection, until none
+    /// owes anything or `deadline` passes.
+    fn settle(&mut self, deadline: Instant) {
+        self.flush_queued(Instant::now());
+        let Some(mut poller) = self.poll.take() else {
+            return;
+        };
+        let busy = |c: &Conn| !c.is_down() && (c.owed() > 0 || c.has_pending_output());
+        while self.conns.iter().any(busy) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            if let Err(e) = poller.poll.poll(&mut poller.events, Some(deadline - now)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    break;
+                }
+            }
+            self.service_events(&mut poller, Instant::now());
+        }
+        self.poll = Some(poller);
     }
 
     /// Services every connection that the poller reported ready.
