@@ -122,6 +122,9 @@ struct Core {
     next_run: u64,
     /// Where subscription commands are written before they are read back for their channels.
     scratch: Vec<u8>,
+    /// The last command encoded for every node, with the capabilities it was encoded for and
+    /// the replies owed before its own: the next node with the same capabilities gets a copy.
+    encoded: Encoded,
     config: Arc<Config>,
     /// The client's statistics: the driver times every reply it reads.
     stats: Arc<Recorder>,
@@ -222,6 +225,39 @@ struct Channel {
     owed: Vec<u32>,
     /// Per node, the callers (slot, run) waiting for those confirmations.
     awaiting: Vec<Vec<(usize, u64)>>,
+}
+
+/// One transmit's bytes, encoded once for all the nodes that share capabilities.
+#[derive(Default)]
+struct Encoded {
+    bytes: Vec<u8>,
+    /// For what the bytes were encoded, and how many replies come before the command's own;
+    /// `None` when nothing valid is held.
+    for_caps: Option<(Caps, usize)>,
+}
+
+impl Encoded {
+    /// Appends to `out` the transmit's bytes for `caps`: a copy of the last encoding if it was
+    /// for the same capabilities, else a fresh one by `encode`, kept for the next node.
+    fn write(
+        &mut self,
+        caps: Caps,
+        out: &mut Vec<u8>,
+        encode: impl FnOnce(&mut Vec<u8>) -> usize,
+    ) -> usize {
+        if let Some((c, before)) = self.for_caps {
+            if c == caps {
+                out.extend_from_slice(&self.bytes);
+                return before;
+            }
+        }
+        let start = out.len();
+        let before = encode(out);
+        self.bytes.clear();
+        self.bytes.extend_from_slice(&out[start..]);
+        self.for_caps = Some((caps, before));
+        before
+    }
 }
 
 impl Mail {
@@ -361,6 +397,7 @@ impl Shared {
                 free: Vec::new(),
                 next_run: NO_RUN + 1,
                 scratch: Vec::new(),
+                encoded: Encoded::default(),
                 config: config.clone(),
                 stats,
             }),
@@ -742,6 +779,7 @@ impl Core {
         now: Instant,
     ) {
         while let Some(t) = m.poll_transmit() {
+            self.encoded.for_caps = None;
             match t.to {
                 To::All => {
                     for i in 0..self.conns.len() {
@@ -782,7 +820,10 @@ impl Core {
                 return;
             }
             let caps = conn.caps;
-            conn.queue(Slot::Discard, |out| m.encode(t, caps, out));
+            let encoded = &mut self.encoded;
+            conn.queue(Slot::Discard, |out| {
+                encoded.write(caps, out, |out| m.encode(t, caps, out))
+            });
             if !self.leave_to_leader(slot) {
                 self.write(
                     i,
@@ -811,6 +852,7 @@ impl Core {
         }
         let conn = &mut self.conns[i];
         let caps = conn.caps;
+        let encoded = &mut self.encoded;
         conn.queue(
             Slot::Reply {
                 run,
@@ -818,7 +860,7 @@ impl Core {
                 tag,
                 sent: now,
             },
-            |out| m.encode(t, caps, out),
+            |out| encoded.write(caps, out, |out| m.encode(t, caps, out)),
         );
         if self.leave_to_leader(slot) {
             return;
