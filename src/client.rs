@@ -28,8 +28,9 @@ const MAX_OPTION_DURATION: Duration = Duration::from_secs(24 * 3600);
 ///
 /// A release returns once a quorum of nodes answered; the other nodes may still be working
 /// through their commands. Dropping the last handle to a client therefore waits until every
-/// node has answered what it was sent, for at most four node timeouts (and at least 200 ms),
-/// so that a program that ends right after a release does not take it away from a slow node.
+/// node has answered what it was sent, for four node timeouts at most (or 200 ms if that is
+/// longer), so that a program that ends right after a release does not take it away from a
+/// slow node.
 ///
 /// ```
 /// use std::time::Duration;
