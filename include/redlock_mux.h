@@ -609,7 +609,10 @@ redlock_mux_result redlock_mux_client_builder_set_rw_policy(redlock_mux_client_b
 redlock_mux_result redlock_mux_client_builder_build(const redlock_mux_client_builder *builder, redlock_mux_client **out);
 
 /**
- * Frees a client. NULL is a no-op. Locks taken through it stay usable.
+ * Frees a client. NULL is a no-op. Locks taken through it stay usable. Freeing the last
+ * handle (the client, or the last lock taken through it) waits until every node has answered
+ * what it was sent, for four node timeouts at most (200 ms if that is longer), so that a
+ * release that returned at its quorum still reaches the slower nodes.
  *
  * # Safety
  * `client` is NULL or a client not yet freed, which no other thread is using.

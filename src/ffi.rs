@@ -796,7 +796,10 @@ pub unsafe extern "C" fn redlock_mux_client_builder_build(
     })
 }
 
-/// Frees a client. NULL is a no-op. Locks taken through it stay usable.
+/// Frees a client. NULL is a no-op. Locks taken through it stay usable. Freeing the last
+/// handle (the client, or the last lock taken through it) waits until every node has answered
+/// what it was sent, for four node timeouts at most (200 ms if that is longer), so that a
+/// release that returned at its quorum still reaches the slower nodes.
 ///
 /// # Safety
 /// `client` is NULL or a client not yet freed, which no other thread is using.
