@@ -215,6 +215,16 @@ pub struct Target {
     pub setup: Vec<Vec<Vec<u8>>>,
 }
 
+impl Target {
+    /// A node at `addr` that needs no setup.
+    pub fn plain(addr: SocketAddr) -> Target {
+        Target {
+            addr,
+            setup: Vec::new(),
+        }
+    }
+}
+
 /// The raw baseline over N nodes.
 pub struct Raw {
     nodes: Vec<Node>,
@@ -228,13 +238,7 @@ pub struct Raw {
 impl Raw {
     /// Connects to every node (with `TCP_NODELAY`) and loads the release script.
     pub fn connect(addrs: &[SocketAddr]) -> io::Result<Raw> {
-        let targets: Vec<Target> = addrs
-            .iter()
-            .map(|&addr| Target {
-                addr,
-                setup: Vec::new(),
-            })
-            .collect();
+        let targets: Vec<Target> = addrs.iter().copied().map(Target::plain).collect();
         Raw::connect_targets(&targets)
     }
 
@@ -442,10 +446,7 @@ impl Probe {
 
     /// Connects to a node that needs no setup.
     pub fn connect_addr(addr: SocketAddr) -> io::Result<Probe> {
-        Probe::connect(&Target {
-            addr,
-            setup: Vec::new(),
-        })
+        Probe::connect(&Target::plain(addr))
     }
 
     /// The text of `INFO section`.

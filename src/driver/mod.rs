@@ -335,24 +335,17 @@ impl Mail {
     /// Collects into `out` the threads of every caller posted to and parked, except `me`, to
     /// be unparked once the lock is let go (so that they do not wake only to block on it).
     fn take_wakeups(&mut self, me: usize, out: &mut Vec<Thread>) {
-        for k in 0..self.notify.len() {
-            let slot = self.notify[k];
-            let Some(c) = self.callers.get_mut(slot) else {
-                continue;
-            };
-            c.notified = false;
-            if slot != me && c.parked {
-                c.parked = false;
-                if let Some(t) = &c.thread {
-                    out.push(t.clone());
-                }
-            }
-        }
-        self.notify.clear();
+        self.drain_notified(me, |t| out.push(t.clone()));
     }
 
     /// Unparks every caller posted to, except `me`.
     fn flush(&mut self, me: usize) {
+        self.drain_notified(me, Thread::unpark);
+    }
+
+    /// Empties [`notify`](Self::notify), handing `wake` the thread of each caller in it that
+    /// is parked (but `me`), now marked as not parked.
+    fn drain_notified(&mut self, me: usize, mut wake: impl FnMut(&Thread)) {
         for k in 0..self.notify.len() {
             let slot = self.notify[k];
             let Some(c) = self.callers.get_mut(slot) else {
@@ -362,7 +355,7 @@ impl Mail {
             if slot != me && c.parked {
                 c.parked = false;
                 if let Some(t) = &c.thread {
-                    t.unpark();
+                    wake(t);
                 }
             }
         }

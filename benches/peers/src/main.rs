@@ -516,13 +516,7 @@ fn read_write(addrs: &[SocketAddr], plan: &Plan) -> String {
         .nodes(addrs.iter().map(|a| format!("redis://{a}")))
         .build()
         .expect("client");
-    let targets: Vec<Target> = addrs
-        .iter()
-        .map(|&addr| Target {
-            addr,
-            setup: Vec::new(),
-        })
-        .collect();
+    let targets: Vec<Target> = addrs.iter().copied().map(Target::plain).collect();
     let mut rawq = RawQRw::connect_targets(&targets).expect("rawQ-rw connects");
     let mut tokens = Tokens::new();
     let ttl_ms = lockers::TTL.as_millis() as u64;
