@@ -49,10 +49,6 @@ const WRITE_BACK_ATTEMPTS: u32 = 3;
 /// [`WAKE_PREFIX`](crate::engine::keys::WAKE_PREFIX)).
 const WAKE_ID_LEN: usize = 16;
 
-/// How close together the nodes' announcements of one release arrive, at the most, for them
-/// to count as one.
-const WAKE_EVENT: Duration = Duration::from_millis(1);
-
 /// With a fair queue, how many times in a row a waiter retries soon after a split vote before
 /// it waits for an announcement again: enough for a release to reach every node.
 const QUICK_SPLIT_RETRIES: u32 = 6;
@@ -107,14 +103,15 @@ enum State {
 /// Which announcements wake a waiter: see [`Acquisition::handle_wake`].
 #[derive(Debug)]
 struct WakeFilter {
-    /// The nodes (bit `i` for node `i`) that refused or failed the last attempt.
+    /// The nodes (bit `i` for node `i`) that refused or failed the last attempt decided.
     nodes: u64,
     /// What the cleanups of this waiter's last two attempts announce.
     own: [[u8; WAKE_ID_LEN]; 2],
-    /// The last release announced, and when: each node announces it, and it counts once.
-    last: [u8; WAKE_ID_LEN],
-    last_len: usize,
-    last_at: Option<Instant>,
+    /// The current attempt went out: what is announced from now on may postdate its answers.
+    out: bool,
+    /// The nodes that announced a release (not this waiter's own) since the current attempt
+    /// went out.
+    heard: u64,
 }
 
 /// One acquisition of one lock (see the module docs).
@@ -235,9 +232,8 @@ impl<'a> Acquisition<'a> {
             wake: WakeFilter {
                 nodes: u64::MAX,
                 own: [[0; WAKE_ID_LEN]; 2],
-                last: [0; WAKE_ID_LEN],
-                last_len: 0,
-                last_at: None,
+                out: false,
+                heard: 0,
             },
             spread: params.spread,
             split_seen: false,
@@ -300,6 +296,7 @@ impl<'a> Acquisition<'a> {
         }
         self.attempts += 1;
         self.woken = false;
+        (self.wake.out, self.wake.heard) = (false, 0);
         self.ranks.clear();
         // The counters read count only for the token they were read with.
         self.read.clear();
@@ -408,7 +405,9 @@ impl<'a> Acquisition<'a> {
     fn lost(&mut self, error: Error, now: Instant, rng: &mut dyn Entropy) {
         let round = self.fanout.round();
         let split = round.granted() > 0;
-        self.wake.after(round.votes(), self.token.as_bytes());
+        if self.wake.after(round.votes(), self.token.as_bytes()) {
+            self.woken = true;
+        }
         // Seed 004 step 5: unlock every node, even those that said no or did not answer.
         self.cleanup = Some(self.token);
         // Misconfigured nodes stay so: waiting cannot make a quorum.
@@ -579,9 +578,16 @@ impl WakeFilter {
     /// `token` that was decided with `votes`: announcements from the nodes that refused it or
     /// failed, and not those of its own cleanups. A node that granted the attempt, or had not
     /// answered yet, is not waited for; the other waiters' lost attempts announce their
-    /// cleanups there, and waking for those would make the losers of a split vote wake each
-    /// other for as long as the winner holds the lock.
-    fn after(&mut self, votes: &[Option<Vote>], token: &[u8]) {
+    /// cleanups there, and waking for those would make the losers of a split vote (or of a
+    /// round that too few nodes could answer) wake each other for as long as the winner holds
+    /// the lock (or the nodes stay down).
+    ///
+    /// Returns whether one of those nodes announced a release after the attempt went out.
+    /// That announcement is news for the next attempt, even if the same release was
+    /// announced by another node before: the nodes run a release one after another, and a
+    /// node that had not run it yet refuses an attempt that another node's announcement set
+    /// off, then runs it and announces it.
+    fn after(&mut self, votes: &[Option<Vote>], token: &[u8]) -> bool {
         self.nodes = votes
             .iter()
             .enumerate()
@@ -593,30 +599,30 @@ impl WakeFilter {
         if self.own[0] != id {
             self.own = [id, self.own[0]];
         }
+        self.heard & self.nodes != 0
     }
 
-    /// Whether `message` from `node` at `now` announces a release worth retrying for.
-    fn wakes(&mut self, node: usize, message: &[u8], now: Instant) -> bool {
-        if node >= 64 || self.nodes & 1 << node == 0 || self.own.iter().any(|o| o[..] == *message) {
-            return false;
+    /// Whether `message` from `node` is someone's release: not one of this waiter's own
+    /// cleanups, from a node in range.
+    fn admits(&self, node: usize, message: &[u8]) -> bool {
+        node < 64 && !self.own.iter().any(|o| o[..] == *message)
+    }
+
+    /// While an attempt is in flight, `node` announced a release: news for that attempt only
+    /// if it came after the attempt went out (before, the attempt sees its effect), and then
+    /// only if `node` does not grant it, which [`after`](Self::after) tells. Returns whether
+    /// it is news.
+    fn heard_during_attempt(&mut self, node: usize) -> bool {
+        if self.out {
+            self.heard |= 1 << node;
         }
-        // The nodes announce one release within moments of each other. The same name later is
-        // another event: a token is announced by the cleanup of a lost attempt, and again by
-        // its release.
-        let same_event = message.len() <= WAKE_ID_LEN
-            && message == &self.last[..self.last_len]
-            && self
-                .last_at
-                .is_some_and(|t| now.saturating_duration_since(t) < WAKE_EVENT);
-        if !message.is_empty() && same_event {
-            return false;
-        }
-        let n = message.len().min(WAKE_ID_LEN);
-        self.last[..n].copy_from_slice(&message[..n]);
-        // A longer message is nobody's token: it never matches as the same event.
-        self.last_len = if message.len() <= WAKE_ID_LEN { n } else { 0 };
-        self.last_at = Some(now);
-        true
+        self.out
+    }
+
+    /// Whether an announcement from `node`, between attempts, may help the next one: `node`
+    /// refused or failed the last.
+    fn refused_by(&self, node: usize) -> bool {
+        self.nodes & 1 << node != 0
     }
 }
 
@@ -703,9 +709,13 @@ impl Machine for Acquisition<'_> {
     }
 
     /// A release announced on `channel`: retried for when it is on one of this lock's wake
-    /// channels, comes from a node that refused or failed the last attempt, is not one of this
-    /// waiter's own cleanups, and is not the same release announced by another node; and for
-    /// a fair waiter, when it is the last of the releases its rank said were ahead of it.
+    /// channels, comes from a node that refused or failed the last attempt, and is not one of
+    /// this waiter's own cleanups; and for a fair waiter, when it is the last of the releases
+    /// its rank said were ahead of it. While an attempt is in flight, an announcement that
+    /// came after it went out is kept for when the attempt is lost: from a node that refused
+    /// it, it sets off the next attempt then. One release announced by every node sets off
+    /// one retry when the announcements come together (the retry goes out after them), and
+    /// more only when a node announces it after it refused the retry.
     fn handle_wake(
         &mut self,
         node: usize,
@@ -716,8 +726,18 @@ impl Machine for Acquisition<'_> {
     ) {
         if self.state == State::Done
             || !self.spec.is_wake_channel(channel)
-            || !self.wake.wakes(node, message, now)
+            || !self.wake.admits(node, message)
         {
+            return;
+        }
+        if matches!(self.state, State::Attempt | State::WriteBack) {
+            // Counted towards a fair waiter's rank, which the attempt's answers may predate.
+            if self.wake.heard_during_attempt(node) && self.fair.is_some() {
+                self.ranks.release_seen(message);
+            }
+            return;
+        }
+        if !self.wake.refused_by(node) {
             return;
         }
         self.woken = true;
@@ -773,6 +793,7 @@ impl Machine for Acquisition<'_> {
         // The attempt (and its resends) before the cleanup of the attempt it replaces: every
         // resend of an attempt comes before that attempt's own cleanup.
         if let Some((to, tag, form)) = self.fanout.poll_transmit() {
+            self.wake.out = true;
             return Some(Transmit {
                 to,
                 tag: Some(tag),

@@ -243,6 +243,59 @@ fn only_a_release_on_the_lock_s_channel_from_a_refusing_node_wakes_a_waiter() {
     assert_eq!(third[0].name(), b"SET");
 }
 
+/// A waiter woken by one node's announcement of a release retries at once; a node that had
+/// not run the release yet refuses that retry, runs the release right after, and announces
+/// it within the moment that makes the nodes' announcements one event. Those announcements
+/// may come during the retry or after it was lost: either way they are news for it, and the
+/// waiter tries again soon, not at its backstop.
+#[test]
+fn a_release_announced_by_a_node_after_it_refused_the_retry_it_woke_is_not_missed() {
+    for late_during_attempt in [false, true] {
+        let mut config = config(3, 5);
+        config.retry_delay = 10_000 * MS;
+        let (t0, mut rng) = (Instant::now(), Jitter::from_seed([9; 32]));
+        let (mut m, _) = waiting(&config, &mut rng, t0);
+        let backstop = m.poll_timeout().expect("a backstop");
+        let (chan, release) = (&b"redlock-mux:wake:k"[..], &b"0123456789abcdef"[..]);
+        let now = t0 + MS;
+        m.handle_wake(0, chan, release, now, &mut rng);
+        let third = sent(&mut m).remove(0);
+        assert_eq!(third.name(), b"SET");
+        let tag = third.tag.unwrap();
+        if late_during_attempt {
+            m.handle_wake(1, chan, release, now, &mut rng);
+            m.handle_wake(2, chan, release, now, &mut rng);
+        }
+        // Node 0 ran the release before the retry; nodes 1 and 2 after it.
+        m.handle_reply(0, tag, &OK, now, &mut rng);
+        m.handle_reply(1, tag, &NIL, now, &mut rng);
+        m.handle_reply(2, tag, &NIL, now, &mut rng);
+        assert!(m.poll_outcome().is_none(), "a split vote is no outcome");
+        let cleanup = sent(&mut m);
+        assert_eq!(cleanup.len(), 1, "{cleanup:?}");
+        if !late_during_attempt {
+            m.handle_wake(1, chan, release, now, &mut rng);
+            m.handle_wake(2, chan, release, now, &mut rng);
+        }
+        let mut out = sent(&mut m);
+        if out.is_empty() {
+            // A short pause after the split vote, within the spread, is fine.
+            let at = m.poll_timeout().expect("a deadline");
+            assert!(
+                at < now + 100 * MS,
+                "late_during_attempt={late_during_attempt}: next try at {:?} after the \
+                 announcements, the backstop is at {:?}",
+                at - now,
+                backstop - now
+            );
+            m.handle_timeout(at, &mut rng);
+            out = sent(&mut m);
+        }
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].name(), b"SET");
+    }
+}
+
 #[test]
 fn only_retries_after_the_backstop_count_and_the_retry_count_ends_the_wait() {
     let config = config(3, 1);
