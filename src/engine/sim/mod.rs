@@ -31,7 +31,9 @@
 //! runs on nodes that persist their writes; a client checks its validity before it writes)
 //! there must be no violation. Each assumption, broken on purpose, must produce violations,
 //! which shows the checker can see them. Calm runs (no faults) also check liveness: every
-//! waiting acquisition gets its lock, and no kept lock is lost.
+//! waiting acquisition gets its lock, no kept lock is lost, and no lock is granted much
+//! later than what was in its way was released (a waiter that missed the announcement sleeps
+//! out its backstop).
 //!
 //! `REDLOCK_SIM_SEEDS=100000 cargo test --release --lib engine::sim` runs more seeds;
 //! `REDLOCK_SIM_SEED=n` replays one seed with a trace.
@@ -1008,6 +1010,10 @@ fn run_world<'a>(
         w.history.counters.insert(key_name(k), (0, *v));
     }
     w.stats.shared_reads = shared_reads(&w.history);
+    if w.scenario == Scenario::Calm && !w.p.locks.semaphore() {
+        let late = late_grants(&w.history, w.p.retry_delay / 4);
+        w.failures.extend(late);
+    }
     let report = w.history.check();
     if trace {
         for (i, op) in w.history.ops.iter().enumerate() {
@@ -1021,6 +1027,48 @@ fn run_world<'a>(
         stats: w.stats,
         failures: w.failures,
     }
+}
+
+/// Grants that came more than `bound` after every lock in their way was released: their
+/// waiter missed the release's announcement and slept out its backstop (with no announcement
+/// lost, in a calm run, there is no other reason). The acquisitions of all-or-none sets are
+/// the ops of one client that share their start; a set was in the way until its last key was
+/// free. A reader counts every holder of its key as in its way: a writer waiting for the
+/// readers to leave may keep it out (the write-preferring policy).
+fn late_grants(h: &History, bound: Duration) -> Vec<String> {
+    let mut free_since: BTreeMap<(u64, Duration), Duration> = BTreeMap::new();
+    for o in &h.ops {
+        let Some(ok) = o.ok else {
+            continue;
+        };
+        let mut since = o.invoke;
+        for p in &h.ops {
+            let in_way = p.key == o.key
+                && (o.kind.exclusive() || p.kind.exclusive() || o.kind == Kind::Read);
+            match p.release {
+                Some(r) if in_way && !std::ptr::eq(p, o) && r <= ok => since = since.max(r),
+                _ => {}
+            }
+        }
+        let at = free_since.entry((o.client, o.invoke)).or_insert(since);
+        *at = (*at).max(since);
+    }
+    let mut late = Vec::new();
+    for o in &h.ops {
+        let (Some(ok), Some(&since)) = (o.ok, free_since.get(&(o.client, o.invoke))) else {
+            continue;
+        };
+        if ok.saturating_sub(since) > bound {
+            late.push(format!(
+                "client {} got {:?} {:?} after what was in its way was released (at {since:?})",
+                o.client,
+                String::from_utf8_lossy(&o.key),
+                ok - since
+            ));
+        }
+    }
+    late.dedup();
+    late
 }
 
 /// Read windows that overlap another read window of the same key.
