@@ -245,9 +245,9 @@ fn only_a_release_on_the_lock_s_channel_from_a_refusing_node_wakes_a_waiter() {
 
 /// A waiter woken by one node's announcement of a release retries at once; a node that had
 /// not run the release yet refuses that retry, runs the release right after, and announces
-/// it within the moment that makes the nodes' announcements one event. Those announcements
-/// may come during the retry or after it was lost: either way they are news for it, and the
-/// waiter tries again soon, not at its backstop.
+/// it at the same instant as far as the waiter can tell. Those announcements may come during
+/// the retry or after it was lost: either way they are news for it, and the waiter tries
+/// again soon, not at its backstop.
 #[test]
 fn a_release_announced_by_a_node_after_it_refused_the_retry_it_woke_is_not_missed() {
     for late_during_attempt in [false, true] {
