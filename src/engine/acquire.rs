@@ -9,6 +9,8 @@
 //!   channels (a release may have come before the subscription did);
 //! - when a release is announced by a node that refused or failed the last attempt (not one
 //!   of the waiter's own cleanups), after a short random pause if waiters have been colliding;
+//!   announced while that attempt was in flight, after it went out, it counts once the attempt
+//!   is lost (the node may have refused it before it ran the release);
 //!   in a fair queue, only once as many releases were announced as the last attempt's rank
 //!   said were ahead of it (see [`Ranks`]): only the head retries at a release;
 //! - after a jittered [retry delay](crate::ClientBuilder::retry_delay) (the backstop) when no
