@@ -31,8 +31,17 @@ struct Counts {
     release_errors: AtomicUsize,
 }
 
-/// `threads` threads loop `try_lock` + `release` on keys of their own for [`RUN`].
-fn run_phase(client: &Client, threads: usize, phase: &str) -> Counts {
+/// What a phase counted, read once it is over.
+struct Tally {
+    locked: usize,
+    contended: usize,
+    other: usize,
+    release_errors: usize,
+}
+
+/// `threads` threads loop `try_lock` + `release` on keys of their own for [`RUN`]; prints and
+/// returns what they counted.
+fn run_phase(client: &Client, threads: usize, phase: &str) -> Tally {
     let counts = Counts::default();
     let first_error = std::sync::Mutex::new(None::<Error>);
     let end = Instant::now() + RUN;
@@ -68,7 +77,30 @@ fn run_phase(client: &Client, threads: usize, phase: &str) -> Counts {
     if let Some(e) = first_error.into_inner().unwrap() {
         eprintln!("{phase}: first error: {e}");
     }
-    counts
+    let tally = Tally {
+        locked: counts.locked.into_inner(),
+        contended: counts.contended.into_inner(),
+        other: counts.other_errors.into_inner(),
+        release_errors: counts.release_errors.into_inner(),
+    };
+    eprintln!(
+        "{phase}: {} locked, {} contended, {} other errors, {} failed releases",
+        tally.locked, tally.contended, tally.other, tally.release_errors
+    );
+    assert!(tally.locked > 0, "{phase}: nothing was locked");
+    tally
+}
+
+/// Asserts that every node is empty within `within`, listing the keys left if not.
+fn assert_nothing_left(addrs: &[SocketAddr], within: Duration, phase: &str) {
+    let clean = eventually(within, || addrs.iter().all(|&addr| dbsize(addr) == 0));
+    let left = leftovers(addrs);
+    assert!(
+        clean,
+        "{phase}: {} keys left behind after every lock was released:\n{}",
+        left.len(),
+        left.join("\n")
+    );
 }
 
 /// The keys left on each node, with their PTTL.
@@ -98,28 +130,15 @@ fn releases_are_never_overtaken_by_their_own_acquisitions() {
         .expect("client");
     for threads in [16, 64] {
         let phase = format!("{threads}-threads");
-        let counts = run_phase(&client, threads, &phase);
-        let locked = counts.locked.load(Ordering::Relaxed);
-        let contended = counts.contended.load(Ordering::Relaxed);
-        let other = counts.other_errors.load(Ordering::Relaxed);
-        let release_errors = counts.release_errors.load(Ordering::Relaxed);
-        eprintln!(
-            "{phase}: {locked} locked, {contended} contended, {other} other errors, \
-             {release_errors} failed releases"
-        );
-        assert!(locked > 0, "{phase}: nothing was locked");
+        let Tally {
+            locked,
+            contended,
+            other,
+            release_errors,
+        } = run_phase(&client, threads, &phase);
         // The last releases may still be on their way to the nodes outside their quorum; a
         // key overtaken by its release stays for the whole TTL.
-        let clean = eventually(Duration::from_secs(2), || {
-            addrs.iter().all(|&addr| dbsize(addr) == 0)
-        });
-        let left = leftovers(&addrs);
-        assert!(
-            clean,
-            "{phase}: {} keys left behind after every lock was released:\n{}",
-            left.len(),
-            left.join("\n")
-        );
+        assert_nothing_left(&addrs, Duration::from_secs(2), &phase);
         assert_eq!(
             contended, 0,
             "{phase}: {contended} try_locks on uncontended keys were refused as held elsewhere"
@@ -144,32 +163,14 @@ fn a_node_too_slow_for_the_load_is_not_sent_more_than_it_can_answer() {
     let mut urls = cluster.urls();
     urls[4] = proxy.url();
     let client = Client::builder().nodes(urls).build().expect("client");
-    let counts = run_phase(&client, 16, "slow-node");
-    let locked = counts.locked.load(Ordering::Relaxed);
-    let contended = counts.contended.load(Ordering::Relaxed);
-    let other = counts.other_errors.load(Ordering::Relaxed);
-    let release_errors = counts.release_errors.load(Ordering::Relaxed);
-    eprintln!(
-        "slow node: {locked} locked, {contended} contended, {other} other errors, \
-         {release_errors} failed releases"
-    );
-    assert!(locked > 0, "nothing was locked");
+    let contended = run_phase(&client, 16, "slow-node").contended;
     // Whatever the slow node was sent, it gets the releases after the acquisitions, and it
     // runs them: had its connection been given up with commands unanswered, the keys they
     // set would stay there for the whole TTL. The client goes away at once, as a program that
     // ends after its last release does: the releases still owed to the slow node must not be
     // lost with it.
     drop(client);
-    let clean = eventually(Duration::from_secs(5), || {
-        addrs.iter().all(|&addr| dbsize(addr) == 0)
-    });
-    let left = leftovers(&addrs);
-    assert!(
-        clean,
-        "{} keys left behind after every lock was released:\n{}",
-        left.len(),
-        left.join("\n")
-    );
+    assert_nothing_left(&addrs, Duration::from_secs(5), "slow-node");
     assert_eq!(
         contended, 0,
         "{contended} try_locks refused as held elsewhere"
