@@ -2,6 +2,8 @@
 //! jittered retry delay is only the backstop for lost announcements.
 
 mod common;
+#[path = "common/fault_proxy.rs"]
+mod fault_proxy;
 
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
@@ -53,6 +55,74 @@ fn release_wakes_the_waiter_before_its_retry_delay() {
         for addr in cluster.addrs() {
             assert_settles_eq!(dbsize(addr), 0, "N={n}: a key was left behind");
         }
+    }
+}
+
+/// The nodes run a release one after another. Node 0 runs it first; the holder's release
+/// reaches nodes 1 to 4 300 µs later (through delaying proxies), after the retry that node 0's
+/// announcement set off: they refuse it, then run the release and announce it, within a
+/// millisecond of node 0's announcement. Those announcements are news for the retry, which
+/// they postdate: the waiter must try again then, not sleep out its 4–12 s backstop. (The
+/// waiter reaches nodes 1 to 4 through proxies too, slow while it makes its first attempts, so
+/// that node 0's refusal is among those that decide them and its announcement wakes it.)
+#[test]
+fn a_release_that_reaches_a_node_after_the_retry_it_set_off_still_wakes_the_waiter() {
+    let cluster = RedisCluster::start(5).unwrap();
+    let addrs = cluster.addrs();
+    let proxies = |delay| -> Vec<fault_proxy::FaultProxy> {
+        addrs[1..]
+            .iter()
+            .map(|&a| fault_proxy::FaultProxy::start(a, delay).unwrap())
+            .collect()
+    };
+    let set = |ps: &[fault_proxy::FaultProxy], fault| ps.iter().for_each(|p| p.set(fault));
+    let through = |ps: &[fault_proxy::FaultProxy]| {
+        let mut urls = cluster.urls();
+        for (i, p) in ps.iter().enumerate() {
+            urls[i + 1] = p.url();
+        }
+        urls
+    };
+    let build = |urls: Vec<String>, retry_delay| {
+        Client::builder()
+            .nodes(urls)
+            .node_timeout(Duration::from_secs(1))
+            .retry_delay(retry_delay)
+            .retry_count(1000)
+            .wait_timeout(Duration::from_secs(20))
+            .build()
+            .unwrap()
+    };
+    let (holder_paths, waiter_paths) = (
+        proxies(Duration::from_micros(300)),
+        proxies(Duration::from_millis(5)),
+    );
+    let holder = build(through(&holder_paths), Duration::from_millis(50));
+    let waiter = build(through(&waiter_paths), Duration::from_secs(8));
+    // The timing is not in the test's hands: on a busy machine one round may miss it, so
+    // there are several.
+    for round in 0..8 {
+        let lock = holder.lock("late", TTL).unwrap();
+        set(&waiter_paths, fault_proxy::ProxyFault::Delay);
+        let w = waiter.clone();
+        let t = thread::spawn(move || {
+            let got = w.lock("late", TTL).unwrap();
+            let at = Instant::now();
+            got.release().unwrap();
+            at
+        });
+        // Let the waiter fail its first attempts and subscribe.
+        thread::sleep(Duration::from_millis(500));
+        set(&waiter_paths, fault_proxy::ProxyFault::None);
+        set(&holder_paths, fault_proxy::ProxyFault::Delay);
+        let released = Instant::now();
+        lock.release().unwrap();
+        set(&holder_paths, fault_proxy::ProxyFault::None);
+        let gap = t.join().unwrap().saturating_duration_since(released);
+        assert!(
+            gap < Duration::from_secs(2),
+            "round {round}: the waiter took {gap:?} after the release, so it slept out its backstop"
+        );
     }
 }
 
