@@ -429,6 +429,10 @@ pub enum NodeErrorKind {
     },
     /// The node answered with a well-formed reply that this command never returns.
     UnexpectedReply,
+    /// The node's server turned out to be another version when its connection was set up
+    /// again (it was upgraded or downgraded), so the commands written for the server it was
+    /// were not sent; the next ones are written for the server it is now.
+    ServerChanged,
     /// The node refused the setup of the connection (`AUTH`, `SELECT`), or answered it as no
     /// Redis server does: wrong credentials, a database index the server does not have,
     /// missing permissions, or a server that is not Redis. Nothing else was sent on that
@@ -458,6 +462,10 @@ impl fmt::Display for NodeErrorKind {
             NodeErrorKind::Protocol(e) => write!(f, "protocol error: {e}"),
             NodeErrorKind::Server { message, .. } => write!(f, "server error: {message}"),
             NodeErrorKind::UnexpectedReply => f.write_str("unexpected reply"),
+            NodeErrorKind::ServerChanged => f.write_str(
+                "the server changed version while its connection was set up again; \
+                 the command was not sent",
+            ),
             NodeErrorKind::Setup { command, cause } => {
                 write!(f, "connection setup failed at {command}: {cause}")
             }

@@ -97,7 +97,7 @@ impl Recorder {
             NodeErrorKind::Timeout => 0,
             NodeErrorKind::Connect(_) => 1,
             NodeErrorKind::Backoff => 2,
-            NodeErrorKind::Io(_) => 3,
+            NodeErrorKind::Io(_) | NodeErrorKind::ServerChanged => 3,
             NodeErrorKind::Protocol(_) => 4,
             NodeErrorKind::Server { .. } => 5,
             NodeErrorKind::UnexpectedReply => 6,
@@ -255,7 +255,7 @@ pub struct NodeFailures {
     pub connect: u64,
     /// [`NodeErrorKind::Backoff`].
     pub backoff: u64,
-    /// [`NodeErrorKind::Io`].
+    /// [`NodeErrorKind::Io`] and [`NodeErrorKind::ServerChanged`]: the connection was closed.
     pub io: u64,
     /// [`NodeErrorKind::Protocol`].
     pub protocol: u64,

@@ -285,7 +285,8 @@ fn read_preferring_acquires_take_the_native_path_on_redis_8() {
         .try_write_lock(KEY, Duration::from_secs(5))
         .expect("writer");
     for addr in cluster.addrs() {
-        assert!(eventually(Duration::from_secs(2), || calls(addr, "exec") == 2));
+        // Two writers' transactions, and the two readers' releases, each one transaction.
+        assert!(eventually(Duration::from_secs(2), || calls(addr, "exec") == 4));
         assert_eq!(calls(addr, "hsetex"), 2, "two readers");
         assert_eq!(calls(addr, "hdel"), 2, "two releases");
         // The refused writer's cleanup is a script; nothing else was.

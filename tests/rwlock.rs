@@ -8,7 +8,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -564,29 +564,75 @@ fn keys_with_a_hash_tag_keep_it() {
 
 /// Scripted fake: no installable server has `DELEX` (Redis 8.4), so this node answers
 /// `COMMAND INFO DELEX HSETEX` as 8.4 would without `HSETEX` (so that the writer takes the
-/// lock with the script) and checks the writer release it receives.
-#[test]
-fn writer_release_uses_delex_where_the_node_has_it() {
-    let fake = FakeServer::start(|args| {
+/// lock with the script), and answers a transaction as Redis does: `+OK` to `MULTI`, `+QUEUED`
+/// to each command (or `refusal` to `DELEX`, as a replica would), then `EXEC` with every
+/// queued command's reply, or `EXECABORT` if one was refused.
+fn delex_node(refusal: Option<&'static str>) -> FakeServer {
+    // `Some((replies, refused))` inside a transaction: the queued commands' replies, and
+    // whether one of them was refused.
+    let multi = Mutex::new(None::<(Vec<FakeReply>, bool)>);
+    FakeServer::start(move |args| {
         let name = args[0].to_ascii_uppercase();
-        match name.as_slice() {
+        let mut multi = multi.lock().unwrap();
+        let reply = match name.as_slice() {
             b"COMMAND" => FakeReply::Bytes(
                 b"*2\r\n*3\r\n$5\r\ndelex\r\n:-2\r\n*1\r\n+write\r\n$-1\r\n".to_vec(),
             ),
             b"SCRIPT" => FakeReply::bulk(Some(b"0000000000000000000000000000000000000000")),
             b"EVALSHA" | b"EVAL" => FakeReply::integer(1),
-            b"DELEX" => FakeReply::integer(1),
+            b"MULTI" => {
+                *multi = Some((Vec::new(), false));
+                return FakeReply::simple("OK");
+            }
+            b"DELEX" => match refusal {
+                Some(r) => {
+                    if let Some((_, refused)) = multi.as_mut() {
+                        *refused = true;
+                    }
+                    return FakeReply::error(r);
+                }
+                None => FakeReply::integer(1),
+            },
             b"PUBLISH" => FakeReply::integer(0),
+            b"EXEC" => {
+                return match multi.take() {
+                    None => FakeReply::error("ERR EXEC without MULTI"),
+                    Some((_, true)) => FakeReply::error(
+                        "EXECABORT Transaction discarded because of previous errors.",
+                    ),
+                    Some((queued, false)) => {
+                        let mut out = format!("*{}\r\n", queued.len()).into_bytes();
+                        for r in queued {
+                            let FakeReply::Bytes(b) = r else {
+                                unreachable!()
+                            };
+                            out.extend_from_slice(&b);
+                        }
+                        FakeReply::Bytes(out)
+                    }
+                };
+            }
             _ => FakeReply::error("ERR unexpected"),
+        };
+        match multi.as_mut() {
+            Some((queued, _)) if matches!(name.as_slice(), b"DELEX" | b"PUBLISH") => {
+                queued.push(reply);
+                FakeReply::simple("QUEUED")
+            }
+            _ => reply,
         }
     })
-    .expect("fake");
+    .expect("fake")
+}
+
+#[test]
+fn writer_release_uses_delex_where_the_node_has_it() {
+    let fake = delex_node(None);
     let client = Client::new([fake.url()]).expect("client");
     // The connection's setup (and its COMMAND INFO) is answered before the first round is.
     let w = client.try_write_lock("k", TTL).expect("writer");
     let token = w.token().to_vec();
     w.release().expect("release");
-    // The round ends on the answer to the PUBLISH behind DELEX.
     let commands = fake.commands();
     assert!(commands.iter().any(|c| c
         == &[
@@ -595,10 +641,11 @@ fn writer_release_uses_delex_where_the_node_has_it() {
             b"DELEX".to_vec(),
             b"HSETEX".to_vec()
         ]));
-    // The release, then its announcement on the wake channel (DELEX is no script).
-    let [.., delex, publish] = commands.as_slice() else {
+    // The release and its announcement (DELEX is no script), in one transaction.
+    let [.., multi, delex, publish, exec] = commands.as_slice() else {
         panic!("{commands:?}")
     };
+    assert_eq!(multi, &[b"MULTI".to_vec()]);
     assert_eq!(
         delex,
         &[
@@ -615,6 +662,27 @@ fn writer_release_uses_delex_where_the_node_has_it() {
             b"redlock-mux:wake:k".to_vec(),
             token[..16].to_vec()
         ]
+    );
+    assert_eq!(exec, &[b"EXEC".to_vec()]);
+}
+
+/// A node that refuses the `DELEX` (a replica: `READONLY`) while its `PUBLISH` would still go
+/// through: the release fails, naming the refusal, and is never acknowledged by the
+/// announcement's reply.
+#[test]
+fn a_delex_the_node_refused_is_never_counted_as_a_release() {
+    let fake = delex_node(Some(
+        "READONLY You can't write against a read only replica.",
+    ));
+    let client = Client::new([fake.url()]).expect("client");
+    let w = client.try_write_lock("k", TTL).expect("writer");
+    let e = w.release().expect_err("a refused release must fail");
+    assert!(!e.is_contended(), "{e}");
+    assert!(
+        e.failures()
+            .iter()
+            .any(|f| f.kind.to_string().contains("READONLY")),
+        "the failure does not name the refusal: {e}"
     );
 }
 

@@ -124,6 +124,10 @@ pub(crate) enum Slot {
         tag: Tag,
         sent: Instant,
     },
+    /// A reply to a command written before the one whose reply is the vote, in the same
+    /// sequence (`MULTI` and the commands queued inside a transaction). Dropped, but an error
+    /// among them is what the vote reports if the transaction is aborted for it.
+    Before,
     /// A reply nobody waits for (cleanup after a lost round).
     Discard,
     /// A message on a subscriber connection (confirmations and published messages alike).
@@ -180,7 +184,13 @@ pub(crate) struct Conn {
     last_error: Option<NodeErrorKind>,
     /// The poller reported a hang-up or error: read until the socket says so.
     hangup: bool,
-    /// What this connection's server offers; all `false` until its setup says otherwise.
+    /// The first error reply among the [`Slot::Before`] replies of the sequence being read,
+    /// as received: a transaction that a node aborted (`EXECABORT`) for a refused command
+    /// reports that refusal (`READONLY`, `MISCONF`, `OOM`, ...).
+    before_error: Vec<u8>,
+    /// What the node's server offers, as the last setup answered on any of this node's
+    /// connections said; all `false` until a setup says otherwise. A reconnect keeps it, so a
+    /// command's form never depends on whether a new connection's setup was answered yet.
     pub caps: Caps,
 }
 
@@ -206,6 +216,7 @@ impl Conn {
             registered: None,
             last_error: None,
             hangup: false,
+            before_error: Vec::new(),
             caps: Caps::default(),
         }
     }
@@ -296,7 +307,8 @@ impl Conn {
         self.stream = Some(stream);
         self.state = State::Connecting { since: now };
         self.registered = None;
-        self.caps = Caps::default();
+        // What the node's server offers stays as the last setup learnt it: commands queued
+        // behind this setup are written for that server (see `take_replies`).
         self.queue_setup(node);
         self.update_interest(registry)
             .map_err(|e| NodeErrorKind::Connect(e.kind()))
@@ -353,7 +365,7 @@ impl Conn {
     pub fn queue(&mut self, slot: Slot, encode: impl FnOnce(&mut Vec<u8>) -> usize) {
         let before = encode(self.queue_buf());
         for _ in 0..before {
-            self.owed.push_back(Slot::Discard);
+            self.owed.push_back(Slot::Before);
         }
         self.owed.push_back(slot);
         self.unwritten += 1 + before;
@@ -509,7 +521,16 @@ impl Conn {
                     if let Slot::Setup(step) = slot {
                         step.check(&reply)?;
                         if step == Setup::Caps {
-                            self.caps = crate::engine::rw::caps_of(&reply);
+                            let caps = crate::engine::rw::caps_of(&reply);
+                            let changed = caps != self.caps;
+                            self.caps = caps;
+                            // Commands held behind the setup were written for the server the
+                            // node was; one that changed (an upgrade, a downgrade, or the
+                            // first setup of a node never reached before) must not get them:
+                            // they fail, and the next ones are written for it.
+                            if changed && !self.held.is_empty() {
+                                return Err(NodeErrorKind::ServerChanged);
+                            }
                         }
                         self.setup_owed = self.setup_owed.saturating_sub(1);
                         if self.setup_owed == 0 && !self.held.is_empty() {
@@ -523,7 +544,31 @@ impl Conn {
                             self.held.clear();
                         }
                     }
-                    handle(slot, &reply, &input[..used]);
+                    match slot {
+                        Slot::Before => {
+                            if self.before_error.is_empty() && matches!(reply, Reply::Error(_)) {
+                                self.before_error.extend_from_slice(&input[..used]);
+                            }
+                            handle(slot, &reply, &input[..used]);
+                        }
+                        Slot::Reply { .. }
+                            if !self.before_error.is_empty()
+                                && matches!(reply, Reply::Error(m) if m.starts_with(b"EXECABORT")) =>
+                        {
+                            // The transaction was discarded because a command in it was
+                            // refused: the refusal is what the vote reports.
+                            match resp::decode(&self.before_error, limits) {
+                                Ok(Status::Complete((refusal, _))) => {
+                                    handle(slot, &refusal, &self.before_error)
+                                }
+                                _ => handle(slot, &reply, &input[..used]),
+                            }
+                        }
+                        _ => handle(slot, &reply, &input[..used]),
+                    }
+                    if !matches!(slot, Slot::Before) {
+                        self.before_error.clear();
+                    }
                     self.inp_pos += used;
                 }
                 Ok(Status::Partial) => break,
@@ -564,6 +609,7 @@ impl Conn {
         }
         self.registered = None;
         self.hangup = false;
+        self.before_error.clear();
         self.out.clear();
         self.out_pos = 0;
         self.held.clear();

@@ -50,9 +50,9 @@
 //!   the expired fields of a reader hash (the server keeps a hash whose fields all expired until
 //!   its expiry cycle or a field access removes it, and `SET NX` would fail on it meanwhile).
 //! - **reader extend**: `MULTI`, `HPEXPIRE W ttl FIELDS 1 token`, [`READ_EXTEND`] on `R`,
-//!   `EXEC`; **reader release**: `HDEL W token`, `ZREM R token`, `PUBLISH` (a lost attempt's
-//!   cleanup announces nothing: without a script the announcement cannot depend on whether
-//!   anything was removed). A reader's entry may be in either place on a native node (a hash
+//!   `EXEC`; **reader release**: `MULTI`, `HDEL W token`, `ZREM R token`, `PUBLISH`, `EXEC`,
+//!   voted on by both deletes' replies (a lost attempt's cleanup announces nothing: without a
+//!   script the announcement cannot depend on whether anything was removed). A reader's entry may be in either place on a native node (a hash
 //!   field, or a member of `R` if it joined through a script or before the node was upgraded),
 //!   so both are addressed and no guard has to remember which representation each node used.
 //!   Neither brings back an entry that was deleted.
@@ -314,8 +314,8 @@ impl Op for WriteCleanup<'_> {
 /// has it (Redis 8.4), the mutex's `RELEASE` script elsewhere. Every integer is an
 /// acknowledgement.
 ///
-/// `DELEX` cannot announce the release itself, so a `PUBLISH` on the wake channel is pipelined
-/// right behind it, and its reply (which comes after `DELEX` was done) is the acknowledgement.
+/// `DELEX` cannot announce the release itself, so a `PUBLISH` on the wake channel goes right
+/// behind it in one transaction, whose `EXEC` carries `DELEX`'s reply: that is the vote.
 #[derive(Debug, Clone, Copy)]
 pub struct WriteRelease<'a> {
     /// The resource key, whose wake channel announces the release.
@@ -342,15 +342,27 @@ impl Op for WriteRelease<'_> {
             self.encode(out, form);
             return 0;
         }
+        // `DELEX` is no script, so the announcement follows it in the same transaction. It is
+        // made even when nothing was deleted; a waiter woken for nothing only retries once.
+        // The vote is `DELEX`'s own reply, read from the `EXEC`: a node that refused the
+        // delete (`READONLY`, `MISCONF`) aborts the transaction, and never acknowledges it.
+        resp::encode_command(out, &[b"MULTI"]);
         resp::encode_command(out, &[b"DELEX", self.keys.writer(), b"IFEQ", self.token]);
-        // `DELEX` is no script, so the announcement follows it in the same write. It is made
-        // even when nothing was deleted; a waiter woken for nothing only retries once.
         write_publish(out, self.resource, self.token);
-        1
+        resp::encode_command(out, &[b"EXEC"]);
+        3
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
-        ack_verdict(reply)
+        match reply {
+            // `[DELEX's reply, PUBLISH's reply]`: the release is `DELEX`'s.
+            Reply::Array(Some(items)) => match items.as_slice() {
+                [delex, Reply::Integer(_)] => ack_verdict(delex),
+                [_, Reply::Error(m)] => crate::engine::ops::error_verdict(m),
+                _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+            },
+            other => ack_verdict(other),
+        }
     }
 }
 
@@ -363,9 +375,10 @@ fn write_publish(out: &mut Vec<u8>, resource: &[u8], token: &[u8]) {
     resp::write_bulk(out, &token[..token.len().min(16)]);
 }
 
-/// Every integer acknowledges a release: 0 only means there was nothing of ours on that node
-/// (and a `PUBLISH` behind a release without a script counts its listeners). `WRONGTYPE` too:
-/// the key holds the other side's representation, so nothing of ours is there.
+/// Every integer a delete answers acknowledges a release: 0 only means there was nothing of
+/// ours on that node. `WRONGTYPE` too: the key holds the other side's representation, so
+/// nothing of ours is there. An error (`READONLY`, `MISCONF`, ...) is a failure, never an
+/// acknowledgement.
 fn ack_verdict(reply: &Reply<'_>) -> Verdict {
     match reply {
         Reply::Integer(n) if *n >= 0 => Verdict::Vote(Vote::Yes),
@@ -464,18 +477,33 @@ impl Op for ReadRelease<'_> {
             self.encode(out, form);
             return 0;
         }
-        // `HDEL` on a writer's string is `WRONGTYPE`: nothing of ours there, and dropped.
+        // One transaction, voted on by the replies of both deletes (read from the `EXEC`), not
+        // by the announcement's: a node that refused them (`READONLY`, `MISCONF`) aborts the
+        // transaction and never acknowledges the release.
+        resp::encode_command(out, &[b"MULTI"]);
         resp::encode_command(out, &[b"HDEL", self.keys.writer(), self.token]);
         resp::encode_command(out, &[b"ZREM", self.keys.readers(), self.token]);
-        if !self.announce {
-            return 1;
+        if self.announce {
+            write_publish(out, self.resource, self.token);
         }
-        write_publish(out, self.resource, self.token);
-        2
+        resp::encode_command(out, &[b"EXEC"]);
+        3 + usize::from(self.announce)
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
-        ack_verdict(reply)
+        let Reply::Array(Some(items)) = reply else {
+            return ack_verdict(reply);
+        };
+        // `[HDEL's reply, ZREM's reply]`, then `PUBLISH`'s for a release. `HDEL` on a writer's
+        // string is `WRONGTYPE`: nothing of ours there. Both deletes must be acknowledged.
+        match items.as_slice() {
+            [hdel, zrem] | [hdel, zrem, Reply::Integer(_)] => match ack_verdict(hdel) {
+                Verdict::Vote(Vote::Yes) => ack_verdict(zrem),
+                refused => refused,
+            },
+            [_, _, Reply::Error(m)] => crate::engine::ops::error_verdict(m),
+            _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+        }
     }
 }
 
@@ -767,25 +795,52 @@ mod tests {
             token: b"t",
         };
         let mut out = Vec::new();
-        // DELEX, then the announcement it cannot make itself, whose reply is the vote.
+        // DELEX, then the announcement it cannot make itself, in one transaction whose EXEC
+        // carries DELEX's reply: the vote.
         let caps = Caps {
             delex: true,
             ..Caps::default()
         };
-        assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, caps), 1);
+        assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, caps), 3);
         assert_eq!(
             out,
-            &b"*4\r\n$5\r\nDELEX\r\n$8\r\n{rw:k}:w\r\n$4\r\nIFEQ\r\n$1\r\nt\r\n\
-               *3\r\n$7\r\nPUBLISH\r\n$18\r\nredlock-mux:wake:k\r\n$1\r\nt\r\n"[..]
+            &b"*1\r\n$5\r\nMULTI\r\n\
+               *4\r\n$5\r\nDELEX\r\n$8\r\n{rw:k}:w\r\n$4\r\nIFEQ\r\n$1\r\nt\r\n\
+               *3\r\n$7\r\nPUBLISH\r\n$18\r\nredlock-mux:wake:k\r\n$1\r\nt\r\n\
+               *1\r\n$4\r\nEXEC\r\n"[..]
         );
         out.clear();
         assert_eq!(op.encode_for(&mut out, ScriptForm::Sha, Caps::default()), 0);
         assert!(out.starts_with(b"*6\r\n$7\r\nEVALSHA\r\n"));
-        assert_eq!(op.classify(&Reply::Integer(0)), Verdict::Vote(Vote::Yes));
-        assert_eq!(op.classify(&Reply::Integer(1)), Verdict::Vote(Vote::Yes));
-        // A PUBLISH counts its listeners.
-        assert_eq!(op.classify(&Reply::Integer(3)), Verdict::Vote(Vote::Yes));
+        let exec = |a, b| Reply::Array(Some(vec![a, b]));
+        let yes = Verdict::Vote(Vote::Yes);
+        // The script's replies.
+        assert_eq!(op.classify(&Reply::Integer(0)), yes);
+        assert_eq!(op.classify(&Reply::Integer(1)), yes);
         assert_eq!(op.classify(&Reply::Simple(b"OK")), unexpected());
+        // DELEX deleted, or found nothing of ours; the PUBLISH counts its listeners.
+        assert_eq!(
+            op.classify(&exec(Reply::Integer(1), Reply::Integer(3))),
+            yes
+        );
+        assert_eq!(
+            op.classify(&exec(Reply::Integer(0), Reply::Integer(0))),
+            yes
+        );
+        // A refused delete is a failure, whatever the PUBLISH said: a transaction with a
+        // refused command is aborted, and one that ran carries the refusal.
+        for refused in [
+            Reply::Error(b"EXECABORT Transaction discarded because of previous errors."),
+            exec(
+                Reply::Error(b"READONLY You can't write against a read only replica."),
+                Reply::Integer(2),
+            ),
+        ] {
+            assert!(
+                matches!(op.classify(&refused), Verdict::Vote(Vote::Failed(_))),
+                "{refused:?}"
+            );
+        }
     }
 
     #[test]
@@ -976,19 +1031,50 @@ mod tests {
             announce: true,
         };
         out.clear();
-        assert_eq!(rel.encode_for(&mut out, ScriptForm::Sha, native()), 2);
-        assert!(out
-            .starts_with(b"*3\r\n$4\r\nHDEL\r\n$8\r\n{rw:k}:w\r\n$1\r\nt\r\n*3\r\n$4\r\nZREM\r\n"));
-        assert_eq!(rel.classify(&Reply::Integer(2)), yes);
-        assert_eq!(rel.classify(&wrong), yes);
+        assert_eq!(rel.encode_for(&mut out, ScriptForm::Sha, native()), 4);
+        assert!(out.starts_with(
+            b"*1\r\n$5\r\nMULTI\r\n*3\r\n$4\r\nHDEL\r\n$8\r\n{rw:k}:w\r\n$1\r\nt\r\n\
+              *3\r\n$4\r\nZREM\r\n"
+        ));
+        assert!(out.ends_with(b"*1\r\n$4\r\nEXEC\r\n"));
+        // Voted on by both deletes, never by the announcement.
+        let deletes = |a, b| Reply::Array(Some(vec![a, b, Reply::Integer(1)]));
+        assert_eq!(
+            rel.classify(&deletes(Reply::Integer(1), Reply::Integer(0))),
+            yes
+        );
+        assert_eq!(
+            rel.classify(&deletes(wrong.clone(), Reply::Integer(1))),
+            yes
+        );
+        let readonly = Reply::Error(b"READONLY You can't write against a read only replica.");
+        for refused in [
+            deletes(readonly.clone(), Reply::Integer(0)),
+            deletes(Reply::Integer(1), readonly.clone()),
+            Reply::Error(b"EXECABORT Transaction discarded because of previous errors."),
+        ] {
+            assert!(
+                matches!(rel.classify(&refused), Verdict::Vote(Vote::Failed(_))),
+                "{refused:?}"
+            );
+        }
+        // The script's replies elsewhere.
+        assert_eq!(rel.classify(&Reply::Integer(0)), yes);
         // A cleanup announces nothing.
         out.clear();
         let cleanup = ReadRelease {
             announce: false,
             ..rel
         };
-        assert_eq!(cleanup.encode_for(&mut out, ScriptForm::Sha, native()), 1);
+        assert_eq!(cleanup.encode_for(&mut out, ScriptForm::Sha, native()), 3);
         assert!(!out.windows(7).any(|w| w == b"PUBLISH"));
+        assert_eq!(
+            cleanup.classify(&Reply::Array(Some(vec![
+                Reply::Integer(0),
+                Reply::Integer(1)
+            ]))),
+            yes
+        );
         out.clear();
         assert_eq!(
             rel.encode_for(&mut out, ScriptForm::Sha, Caps::default()),
