@@ -30,6 +30,7 @@ mod history;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -82,14 +83,24 @@ impl Counter {
     }
 
     fn read(&self) -> u64 {
-        std::fs::read_to_string(&self.0)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
+        let text = std::fs::read_to_string(&self.0).expect("read the counter");
+        match text.trim().parse() {
+            Ok(v) => v,
+            Err(_) => panic!("the counter holds {text:?}"),
+        }
     }
 
+    /// Replaces the file whole (written aside, then renamed over it), so that a reader in any
+    /// process sees the old value or the new one, never a file half written.
     fn write(&self, v: u64) {
-        std::fs::write(&self.0, v.to_string()).expect("write the counter");
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let aside = self.0.with_extension(format!(
+            "{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&aside, v.to_string()).expect("write the counter");
+        std::fs::rename(&aside, &self.0).expect("replace the counter");
     }
 }
 
@@ -830,3 +841,36 @@ fn one_late_write_that_wipes_out_many_increments_is_told_apart_from_a_lost_one()
     assert!(judge(&h.check()).is_err(), "{}", h.check());
 }
 
+/// Holders in several processes share the counter file, and a holder that writes late (after
+/// its window) may write while another reads: a reader must see one whole value, never a file
+/// half written (which it would read as no value at all).
+#[test]
+fn the_counter_file_is_never_read_half_written() {
+    let dir = temp_dir("counter");
+    let counter = Counter::new(&dir);
+    const BASE: u64 = 1_000_000;
+    counter.write(BASE);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let writer = {
+        let counter = counter.clone();
+        thread::spawn(move || {
+            for v in BASE..BASE + 20_000 {
+                if Instant::now() > deadline {
+                    break;
+                }
+                counter.write(v);
+            }
+        })
+    };
+    let mut reads = 0;
+    let mut torn = 0;
+    while !writer.is_finished() && reads < 200_000 {
+        if counter.read() < BASE {
+            torn += 1;
+        }
+        reads += 1;
+    }
+    writer.join().expect("the writer");
+    assert_eq!(torn, 0, "{torn} of {reads} reads found no whole value");
+    let _ = std::fs::remove_dir_all(dir);
+}
