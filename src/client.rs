@@ -110,6 +110,11 @@ impl ClientBuilder {
     ///
     /// The quorum is `N / 2 + 1`. An even `N` is allowed but buys nothing: 4 nodes need 3, so
     /// they survive one failure, like 3 nodes do.
+    ///
+    /// A host name is resolved once, when the client is built; a connect tries every address
+    /// it resolved to, in the resolver's order, until one takes it (`localhost` is often
+    /// `::1` first, then `127.0.0.1`). Two URLs that share an address are one node, and are
+    /// refused as duplicates.
     pub fn nodes<I, S>(mut self, nodes: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -127,7 +132,8 @@ impl ClientBuilder {
         self
     }
 
-    /// How long a TCP connect may take before it is abandoned. Default 1 s; at most a day.
+    /// How long a TCP connect may take before it is abandoned (for each address of a host name
+    /// that resolves to several, tried in turn). Default 1 s; at most a day.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -261,8 +267,9 @@ impl ClientBuilder {
         for url in &self.nodes {
             let node = NodeAddr::parse(url)?;
             // Two databases of one server fail together: counting them as two nodes would
-            // fake a quorum.
-            if nodes.iter().any(|n| n.addr == node.addr) {
+            // fake a quorum. A host name is all its addresses: `localhost:P` may be the server
+            // at `127.0.0.1:P`.
+            if nodes.iter().any(|n| n.shares_address(&node)) {
                 return Err(InvalidArgument::DuplicateNode {
                     url: crate::url::redact(url),
                 }

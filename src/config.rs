@@ -52,17 +52,15 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    /// A failure of node `node`, named by its address.
+    /// A failure of node `node`, named by its address (and, for a connect that failed, by
+    /// the addresses its host name resolved to, which were tried in turn).
     pub fn failure(&self, node: usize, kind: NodeErrorKind) -> NodeFailure {
-        NodeFailure {
-            node,
-            addr: self
-                .nodes
-                .get(node)
-                .map(|n| n.display.clone())
-                .unwrap_or_default(),
-            kind,
-        }
+        let addr = match (self.nodes.get(node), &kind) {
+            (Some(n), NodeErrorKind::Connect(_)) => n.tried(),
+            (Some(n), _) => n.display.clone(),
+            (None, _) => String::new(),
+        };
+        NodeFailure { node, addr, kind }
     }
 }
 

@@ -394,7 +394,9 @@ impl std::error::Error for InvalidArgument {}
 pub struct NodeFailure {
     /// The node's index in the list given to the client.
     pub node: usize,
-    /// The node's address, as `host:port`.
+    /// The node's address, as `host:port`. When a connect failed and the host is a name, the
+    /// addresses it resolved to follow, each of which was tried in turn:
+    /// `localhost:6379, tried [::1]:6379, 127.0.0.1:6379`.
     pub addr: String,
     /// What happened.
     pub kind: NodeErrorKind,

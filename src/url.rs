@@ -14,7 +14,10 @@ const DEFAULT_PORT: u16 = 6379;
 pub(crate) struct NodeAddr {
     /// `host:port` as written, for messages.
     pub display: String,
-    pub addr: SocketAddr,
+    /// Every address the host resolved to, in the resolver's order, each once; never empty.
+    /// A connect tries them in turn until one takes it (`localhost` is often `::1` first,
+    /// then `127.0.0.1`, and a server may listen on only one of them).
+    pub addrs: Vec<SocketAddr>,
     pub user: Option<Vec<u8>>,
     pub password: Option<Vec<u8>>,
     pub db: u32,
@@ -145,22 +148,52 @@ impl NodeAddr {
         if !scheme && !path.is_empty() {
             return Err(bad(url, "a database needs the redis:// form"));
         }
-        let addr = (host, port)
+        let mut addrs: Vec<SocketAddr> = Vec::new();
+        for addr in (host, port)
             .to_socket_addrs()
             .map_err(|_| bad(url, "host does not resolve"))?
-            .next()
-            .ok_or_else(|| bad(url, "host does not resolve"))?;
+        {
+            if !addrs.contains(&addr) {
+                addrs.push(addr);
+            }
+        }
+        if addrs.is_empty() {
+            return Err(bad(url, "host does not resolve"));
+        }
         Ok(NodeAddr {
             display: if host.contains(':') {
                 format!("[{host}]:{port}")
             } else {
                 format!("{host}:{port}")
             },
-            addr,
+            addrs,
             user,
             password,
             db,
         })
+    }
+
+    /// Whether the two may be one server: they share an address.
+    pub fn shares_address(&self, other: &NodeAddr) -> bool {
+        self.addrs.iter().any(|a| other.addrs.contains(a))
+    }
+
+    /// `host:port` as written and, when the host is a name, the addresses a connect tried
+    /// (all of them, in turn): for the message of a failed connect.
+    pub fn tried(&self) -> String {
+        match &self.addrs[..] {
+            [one] if one.to_string() == self.display => self.display.clone(),
+            addrs => {
+                let mut out = format!("{}, tried ", self.display);
+                for (i, a) in addrs.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    out.push_str(&a.to_string());
+                }
+                out
+            }
+        }
     }
 }
 
@@ -180,9 +213,17 @@ impl NodeUrl {
         NodeAddr::parse(url).map(NodeUrl)
     }
 
-    /// The address the host resolved to, with the port.
+    /// The first address the host resolved to, with the port; see [`addrs`](Self::addrs).
     pub fn addr(&self) -> SocketAddr {
-        self.0.addr
+        self.0.addrs[0]
+    }
+
+    /// Every address the host resolved to, with the port, in the resolver's order (as
+    /// `getaddrinfo` sorts them). The client tries each in turn until one accepts the
+    /// connection, as `redis-cli` does: `localhost` often resolves to `::1` before
+    /// `127.0.0.1`, and a server bound to one of them refuses connections on the other.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.0.addrs
     }
 
     /// The user to authenticate as, if any (`AUTH user password`).
@@ -273,7 +314,7 @@ mod tests {
     #[test]
     fn bare_host_port() {
         let n = NodeAddr::parse("127.0.0.1:7000").unwrap();
-        assert_eq!(n.addr, "127.0.0.1:7000".parse().unwrap());
+        assert_eq!(n.addrs, ["127.0.0.1:7000".parse().unwrap()]);
         assert_eq!((n.user, n.password, n.db), (None, None, 0));
         assert_eq!(n.display, "127.0.0.1:7000");
     }
@@ -287,10 +328,37 @@ mod tests {
         let n = NodeAddr::parse("redis://:pw@127.0.0.1:7001").unwrap();
         assert_eq!((n.user, n.password.as_deref()), (None, Some(&b"pw"[..])));
         let n = NodeAddr::parse("redis://127.0.0.1").unwrap();
-        assert_eq!(n.addr.port(), 6379);
+        assert_eq!(n.addrs[0].port(), 6379);
         let n = NodeAddr::parse("redis://[::1]:7002").unwrap();
-        assert_eq!(n.addr, "[::1]:7002".parse().unwrap());
+        assert_eq!(n.addrs, ["[::1]:7002".parse().unwrap()]);
         assert_eq!(n.display, "[::1]:7002");
+        assert_eq!(n.tried(), "[::1]:7002");
+    }
+
+    #[test]
+    fn a_host_name_keeps_every_address_it_resolves_to() {
+        // Whatever the resolver gives `localhost` here, it is all kept, in its order.
+        let mut once: Vec<SocketAddr> = Vec::new();
+        for a in ("localhost", 7003).to_socket_addrs().unwrap() {
+            if !once.contains(&a) {
+                once.push(a);
+            }
+        }
+        let n = NodeAddr::parse("redis://localhost:7003").unwrap();
+        assert!(!n.addrs.is_empty());
+        assert_eq!(n.addrs, once);
+        assert_eq!(NodeUrl::parse("localhost:7003").unwrap().addrs(), &once[..]);
+        let tried = n.tried();
+        assert!(tried.starts_with("localhost:7003, tried "), "{tried}");
+        for a in &n.addrs {
+            assert!(tried.contains(&a.to_string()), "{tried}");
+        }
+        let v4 = NodeAddr::parse("127.0.0.1:7003").unwrap();
+        assert_eq!(
+            n.shares_address(&v4),
+            n.addrs.contains(&"127.0.0.1:7003".parse().unwrap())
+        );
+        assert!(!v4.shares_address(&NodeAddr::parse("127.0.0.1:7004").unwrap()));
     }
 
     #[test]

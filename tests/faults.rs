@@ -12,8 +12,11 @@
 //! Mutex contenders do a read-modify-write of a counter under the lock; read-write contenders
 //! (read- and write-preferring) read it under a read lock and increment it under a write lock.
 //! The shared history checker must find no overlapping windows (readers may overlap readers,
-//! writers nothing) and no lost update, and no lock key may be left once everyone released
-//! (keys that a faulty link kept a release from reaching must be gone within their TTL).
+//! writers nothing) and no lost write made inside a lock's window, and no lock key may be left
+//! once everyone released (keys that a faulty link kept a release from reaching must be gone
+//! within their TTL). A holder checks its validity before it writes, but its thread may lose
+//! the processor in between and write after its window: such writes, and the updates they
+//! wipe out, are reported and are no lock's fault.
 //!
 //! Windows are recorded on the wall clock (`SystemTime`, in µs from a shared origin), which is
 //! one clock for every process on the host; a window starts after the grant returned and ends
@@ -27,6 +30,7 @@ mod history;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -79,14 +83,24 @@ impl Counter {
     }
 
     fn read(&self) -> u64 {
-        std::fs::read_to_string(&self.0)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
+        let text = std::fs::read_to_string(&self.0).expect("read the counter");
+        match text.trim().parse() {
+            Ok(v) => v,
+            Err(_) => panic!("the counter holds {text:?}"),
+        }
     }
 
+    /// Replaces the file whole (written aside, then renamed over it), so that a reader in any
+    /// process sees the old value or the new one, never a file half written.
     fn write(&self, v: u64) {
-        std::fs::write(&self.0, v.to_string()).expect("write the counter");
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let aside = self.0.with_extension(format!(
+            "{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&aside, v.to_string()).expect("write the counter");
+        std::fs::rename(&aside, &self.0).expect("replace the counter");
     }
 }
 
@@ -265,8 +279,8 @@ fn inject_until(clock: Clock, until: Duration, mut inject: impl FnMut(u32)) -> u
     faults
 }
 
-/// Joins the contenders and checks their merged history: no overlap, no lost update, some
-/// grants, then no lock key left on any server.
+/// Joins the contenders and checks their merged history: no overlap, no lost write inside a
+/// window, some grants, then no lock key left on any server.
 fn check(
     what: &str,
     workers: Vec<thread::JoinHandle<History>>,
@@ -289,12 +303,9 @@ fn check(
     assert!(faults > 0, "{what}: no fault was injected");
     assert!(report.windows > 0, "{what}: nobody got the lock: {report}");
     assert!(report.increments > 0, "{what}: nobody wrote: {report}");
-    assert_eq!(report.overlaps.len(), 0, "{what}: {report}");
-    // Every lost update must be explained by a write that landed after its writer's window.
-    assert!(
-        report.lost_updates <= report.writes_outside as u64,
-        "{what}: {report}"
-    );
+    if let Err(why) = judge(&report) {
+        panic!("{what}: {why}");
+    }
     // Everyone released. A release a fault kept from a node leaves the key there until its TTL.
     for server in servers {
         let addr = server.addr();
@@ -306,6 +317,18 @@ fn check(
         assert!(gone, "{what}: {addr} still holds {:?}", common::keys(addr));
     }
     report
+}
+
+/// What the locks are to blame for in `report`, if anything.
+fn judge(report: &history::Report) -> Result<(), String> {
+    // No two holders at once, and no write made inside a window lost. A write a descheduled
+    // thread made after its window (it checked its validity, then lost the processor) can
+    // wipe out any number of increments made meanwhile: those show in the report, and are no
+    // lock's fault.
+    match report.lock_violations() {
+        0 => Ok(()),
+        _ => Err(report.to_string()),
+    }
 }
 
 fn temp_dir(what: &str) -> PathBuf {
@@ -742,4 +765,112 @@ fn parse_history(text: &str) -> History {
         }
     }
     h
+}
+
+/// A mutex op granted at `ok` ms, valid for `ms` ms, released at its end.
+fn synthetic_op(h: &mut History, client: u64, ok: u64, ms: u64) -> usize {
+    let at = |t: u64| Duration::from_millis(t);
+    h.push(Op {
+        client,
+        kind: Kind::Mutex,
+        key: KEY.to_vec(),
+        invoke: at(ok),
+        ok: Some(at(ok)),
+        fence: None,
+        valid_until: Some(at(ok + ms)),
+        release: Some(at(ok + ms)),
+    })
+}
+
+/// A history of one key in which every holder but one wrote inside its window, and one, whose
+/// thread was descheduled past its validity after reading 5, wrote 6 once 160 increments had
+/// been made meanwhile: they are all lost, yet no lock let two holders in. The check tells
+/// the late write apart from a lost write inside a window, and still finds the latter.
+#[test]
+fn one_late_write_that_wipes_out_many_increments_is_told_apart_from_a_lost_one() {
+    let inc = |h: &mut History, client: u64, read: u64, at: u64, op: usize| {
+        h.increments.push(Increment {
+            client,
+            key: KEY.to_vec(),
+            read,
+            at: Duration::from_millis(at),
+            op,
+        });
+    };
+    let mut h = History::default();
+    let mut value = 0;
+    let mut t = 0;
+    let holder = |h: &mut History, value: &mut u64, t: &mut u64| {
+        let op = synthetic_op(h, 1 + *t % 15, *t, 2);
+        inc(h, 1 + *t % 15, *value, *t + 1, op);
+        *value += 1;
+        *t += 3;
+    };
+    for _ in 0..5 {
+        holder(&mut h, &mut value, &mut t);
+    }
+    // The late writer read 5 in its window [15, 17] and writes 6 at 1000.
+    let late = synthetic_op(&mut h, 16, t, 2);
+    t += 3;
+    for _ in 0..160 {
+        holder(&mut h, &mut value, &mut t);
+    }
+    t = t.max(1001);
+    inc(&mut h, 16, 5, 1000, late);
+    value = 6;
+    for _ in 0..10 {
+        holder(&mut h, &mut value, &mut t);
+    }
+    h.counters.insert(KEY.to_vec(), (0, value));
+    let report = h.check();
+    assert_eq!(
+        (report.lost_updates, report.writes_outside),
+        (160, 1),
+        "{report}"
+    );
+    assert_eq!(judge(&report), Ok(()), "{report}");
+
+    // Without the late write, a holder that read a stale value inside its window loses the
+    // increment before it: the lock let it in while the other's write was not yet seen.
+    let mut h = History::default();
+    let a = synthetic_op(&mut h, 1, 0, 10);
+    let b = synthetic_op(&mut h, 2, 10, 10);
+    inc(&mut h, 1, 0, 5, a);
+    inc(&mut h, 2, 0, 15, b);
+    h.counters.insert(KEY.to_vec(), (0, 1));
+    assert!(judge(&h.check()).is_err(), "{}", h.check());
+}
+
+/// Holders in several processes share the counter file, and a holder that writes late (after
+/// its window) may write while another reads: a reader must see one whole value, never a file
+/// half written (which it would read as no value at all).
+#[test]
+fn the_counter_file_is_never_read_half_written() {
+    let dir = temp_dir("counter");
+    let counter = Counter::new(&dir);
+    const BASE: u64 = 1_000_000;
+    counter.write(BASE);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let writer = {
+        let counter = counter.clone();
+        thread::spawn(move || {
+            for v in BASE..BASE + 20_000 {
+                if Instant::now() > deadline {
+                    break;
+                }
+                counter.write(v);
+            }
+        })
+    };
+    let mut reads = 0;
+    let mut torn = 0;
+    while !writer.is_finished() && reads < 200_000 {
+        if counter.read() < BASE {
+            torn += 1;
+        }
+        reads += 1;
+    }
+    writer.join().expect("the writer");
+    assert_eq!(torn, 0, "{torn} of {reads} reads found no whole value");
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -886,7 +886,7 @@ fn targets(urls: &[String]) -> Result<Vec<Target>, Fail> {
                 setup.push(vec![b"SELECT".to_vec(), url.db().to_string().into_bytes()]);
             }
             Ok::<Target, Fail>(Target {
-                addr: url.addr(),
+                addrs: url.addrs().to_vec(),
                 setup,
             })
         })

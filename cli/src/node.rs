@@ -48,7 +48,7 @@ impl NodeConn {
     /// Connects to `url`, sends `AUTH` and `SELECT` as it asks, and sets `timeout` on connect
     /// and on every read and write.
     pub fn connect(url: &NodeUrl, timeout: Duration) -> Result<NodeConn, Failure> {
-        let stream = TcpStream::connect_timeout(&url.addr(), timeout)?;
+        let stream = crate::raw::connect_first(url.addrs(), timeout)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;

@@ -209,8 +209,8 @@ fn script_load(node: &mut Node, body: &str) -> io::Result<[u8; 40]> {
 /// as `AUTH` and `SELECT`), each as its arguments; each must be answered `+OK`.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// The node's address.
-    pub addr: SocketAddr,
+    /// The node's addresses (those its host name resolved to), tried in turn.
+    pub addrs: Vec<SocketAddr>,
     /// Commands sent first, in order.
     pub setup: Vec<Vec<Vec<u8>>>,
 }
@@ -219,7 +219,7 @@ impl Target {
     /// A node at `addr` that needs no setup.
     pub fn plain(addr: SocketAddr) -> Target {
         Target {
-            addr,
+            addrs: vec![addr],
             setup: Vec::new(),
         }
     }
@@ -411,7 +411,7 @@ impl Raw {
 /// Connects to one node (with `TCP_NODELAY` and [`READ_TIMEOUT`]) and sends its setup
 /// commands.
 fn connect_node(target: &Target) -> io::Result<Node> {
-    let stream = TcpStream::connect_timeout(&target.addr, Duration::from_secs(1))?;
+    let stream = connect_first(&target.addrs, Duration::from_secs(1))?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(READ_TIMEOUT))?;
     let mut node = Node::new(stream);
@@ -424,10 +424,35 @@ fn connect_node(target: &Target) -> io::Result<Node> {
         node.stream.write_all(&out)?;
         if node.read_reply()? != Reply::Ok {
             let name = String::from_utf8_lossy(command.first().map_or(&[][..], |c| c));
-            return Err(io::Error::other(format!("{}: {name} refused", target.addr)));
+            let addr = node
+                .stream
+                .peer_addr()
+                .map_or(String::new(), |a| a.to_string());
+            return Err(io::Error::other(format!("{addr}: {name} refused")));
         }
     }
     Ok(node)
+}
+
+/// A connection to the first of `addrs` that takes one, each tried in turn for `timeout` (as
+/// `redis-cli` does: `localhost` may resolve to `::1` first, and a server bound to
+/// `127.0.0.1` refuses it there). The error names every address tried.
+pub fn connect_first(addrs: &[SocketAddr], timeout: Duration) -> io::Result<TcpStream> {
+    let mut tried = String::new();
+    let mut kind = io::ErrorKind::NotFound;
+    for addr in addrs {
+        match TcpStream::connect_timeout(addr, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => {
+                if !tried.is_empty() {
+                    tried.push_str("; ");
+                }
+                tried.push_str(&format!("{addr}: {e}"));
+                kind = e.kind();
+            }
+        }
+    }
+    Err(io::Error::new(kind, tried))
 }
 
 /// One connection to a node for what the server says of itself: `INFO` sections and `CLIENT

@@ -7,7 +7,9 @@
 //!
 //! Everything about the connect procedure lives here and nowhere else: a non-blocking
 //! `connect` finishes only after a WRITABLE event, a clean `take_error()` and a `peer_addr()`
-//! that answers; anything earlier is a spurious wake-up.
+//! that answers; anything earlier is a spurious wake-up. A connect that is refused, fails or
+//! times out moves on to the node's next address (a host name may resolve to several), with
+//! the setup still queued, until one takes it or none is left.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -192,6 +194,10 @@ pub(crate) struct Conn {
     /// connections said; all `false` until a setup says otherwise. A reconnect keeps it, so a
     /// command's form never depends on whether a new connection's setup was answered yet.
     pub caps: Caps,
+    /// The node's addresses, copied at each connect, and the one being tried: a connect
+    /// that fails moves on to the next, with the setup and whatever is held behind it.
+    addrs: Vec<SocketAddr>,
+    trying: usize,
 }
 
 impl Conn {
@@ -218,6 +224,8 @@ impl Conn {
             hangup: false,
             before_error: Vec::new(),
             caps: Caps::default(),
+            addrs: Vec::new(),
+            trying: 0,
         }
     }
 
@@ -288,7 +296,11 @@ impl Conn {
             State::Connecting { since }
                 if now.saturating_duration_since(since) >= connect_timeout =>
             {
-                Err(NodeErrorKind::Connect(io::ErrorKind::TimedOut))
+                self.next_address(
+                    registry,
+                    NodeErrorKind::Connect(io::ErrorKind::TimedOut),
+                    now,
+                )
             }
             State::Down { retry_at } if now >= retry_at => self.connect(registry, addr, now),
             State::Down { .. } => Err(self.down_reason()),
@@ -303,13 +315,56 @@ impl Conn {
         node: &NodeAddr,
         now: Instant,
     ) -> Result<(), NodeErrorKind> {
-        let stream = open(node.addr).map_err(|e| NodeErrorKind::Connect(e.kind()))?;
-        self.stream = Some(stream);
-        self.state = State::Connecting { since: now };
-        self.registered = None;
+        self.addrs.clone_from(&node.addrs);
+        self.open_from(registry, 0, now)?;
         // What the node's server offers stays as the last setup learnt it: commands queued
         // behind this setup are written for that server (see `take_replies`).
         self.queue_setup(node);
+        self.update_interest(registry)
+            .map_err(|e| NodeErrorKind::Connect(e.kind()))
+    }
+
+    /// Starts a connect to the first of the node's addresses from `first` on that takes one
+    /// (dropping the socket of a connect that failed); the last one's error if none does.
+    fn open_from(
+        &mut self,
+        registry: &Registry,
+        first: usize,
+        now: Instant,
+    ) -> Result<(), NodeErrorKind> {
+        if let Some(mut s) = self.stream.take() {
+            let _ = registry.deregister(&mut s);
+        }
+        self.registered = None;
+        self.hangup = false;
+        let mut error = io::ErrorKind::NotFound;
+        for (i, &addr) in self.addrs.iter().enumerate().skip(first) {
+            match open(addr) {
+                Ok(stream) => {
+                    self.stream = Some(stream);
+                    self.trying = i;
+                    self.state = State::Connecting { since: now };
+                    return Ok(());
+                }
+                Err(e) => error = e.kind(),
+            }
+        }
+        Err(NodeErrorKind::Connect(error))
+    }
+
+    /// The connect to the address being tried failed with `why`: starts one to the next
+    /// address (the setup, and what is held behind it, stay queued: none of it was sent), or
+    /// returns the last address's error when none is left.
+    fn next_address(
+        &mut self,
+        registry: &Registry,
+        why: NodeErrorKind,
+        now: Instant,
+    ) -> Result<(), NodeErrorKind> {
+        if self.trying + 1 >= self.addrs.len() {
+            return Err(why);
+        }
+        self.open_from(registry, self.trying + 1, now)?;
         self.update_interest(registry)
             .map_err(|e| NodeErrorKind::Connect(e.kind()))
     }
@@ -396,21 +451,21 @@ impl Conn {
             let Some(stream) = &self.stream else {
                 return Err(NodeErrorKind::Connect(io::ErrorKind::NotConnected));
             };
-            if let Some(e) = stream
-                .take_error()
-                .map_err(|e| NodeErrorKind::Connect(e.kind()))?
-            {
-                return Err(NodeErrorKind::Connect(e.kind()));
+            let failed = match stream.take_error() {
+                Ok(None) => match stream.peer_addr() {
+                    Ok(_) => None,
+                    Err(e) if e.kind() == io::ErrorKind::NotConnected => return Ok(()),
+                    Err(e) => Some(e),
+                },
+                Ok(Some(e)) | Err(e) => Some(e),
+            };
+            if let Some(e) = failed {
+                let why = NodeErrorKind::Connect(e.kind());
+                return self.next_address(registry, why, Instant::now());
             }
-            match stream.peer_addr() {
-                Ok(_) => {
-                    self.state = State::Up;
-                    self.backoff = BACKOFF_MIN;
-                    self.last_error = None;
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotConnected => return Ok(()),
-                Err(e) => return Err(NodeErrorKind::Connect(e.kind())),
-            }
+            self.state = State::Up;
+            self.backoff = BACKOFF_MIN;
+            self.last_error = None;
         }
         self.write_out()?;
         if read {

@@ -148,7 +148,7 @@ impl Op for FairSemAcquire<'_> {
 }
 
 /// The error a node answers when its semaphore was created with another capacity.
-const MISMATCH: &[u8] = b"ERR redlock-mux semaphore has ";
+pub(crate) const MISMATCH: &[u8] = b"ERR redlock-mux semaphore has ";
 
 /// A capacity mismatch is a configuration error (clients disagree on the permits), reported
 /// as a setup failure of that node, so that it ends the acquisition instead of being retried.
