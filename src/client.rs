@@ -28,9 +28,9 @@ const MAX_OPTION_DURATION: Duration = Duration::from_secs(24 * 3600);
 ///
 /// A release returns once a quorum of nodes answered; the other nodes may still be working
 /// through their commands. Dropping the last handle to a client therefore waits until every
-/// node has answered what it was sent, for four node timeouts at most (or 200 ms if that is
-/// longer), so that a program that ends right after a release does not take it away from a
-/// slow node.
+/// node has answered what it was sent, as [`close`](Client::close) does (10 s at most, and
+/// 2 s without progress), so that a program that ends right after a release does not take it
+/// away from a slow node.
 ///
 /// ```
 /// use std::time::Duration;
@@ -400,6 +400,44 @@ impl Client {
             });
         }
         Ok((ttl_ms, timing))
+    }
+
+    /// Waits until every node has answered what this client sent it (releases above all,
+    /// including those sent again after a connection broke), and says whether they all
+    /// arrived. A release returns once a quorum acknowledged it; the other nodes may still be
+    /// working through their backlog, or be unreachable for a moment. Dropping the last handle
+    /// to a client waits the same way, but cannot tell you the outcome: call `close` where you
+    /// want to know.
+    ///
+    /// It waits at most 10 s, and gives up sooner on nodes that make no progress for 2 s (a
+    /// node that is down, or paused). Those nodes are returned in
+    /// [`Error::Undelivered`]: what the releases were to delete stays there until its TTL
+    /// runs out. The client can still be used afterwards (other handles to it too).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlock_mux::Client;
+    /// # let Ok(nodes) = std::env::var("REDLOCK_NODES") else { return Ok(()) };
+    /// let client = Client::new(nodes.split(','))?;
+    /// client.lock("job:7", Duration::from_secs(10))?.release()?;
+    /// client.close()?; // every node has run the release
+    /// # Ok::<(), redlock_mux::Error>(())
+    /// ```
+    pub fn close(self) -> Result<(), Error> {
+        let left = self.inner.driver.close(crate::driver::CLOSE_LIMIT);
+        if left.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Undelivered {
+            failures: left
+                .into_iter()
+                .map(|node| {
+                    self.inner
+                        .config
+                        .failure(node, crate::error::NodeErrorKind::Timeout)
+                })
+                .collect(),
+        })
     }
 
     /// Runs `f` with a session of this client's shared driver.

@@ -78,6 +78,13 @@ pub enum Error {
     /// A waiting acquisition was cancelled through its [`Cancel`](crate::Cancel) handle
     /// before it got the lock. What it had on the nodes was undone.
     Cancelled,
+    /// [`Client::close`](crate::Client::close) gave up before every release (or cleanup) the
+    /// client sent had reached these nodes: they stopped answering, or could not be reached
+    /// again. What those releases were to delete stays there until its TTL runs out.
+    Undelivered {
+        /// The nodes still owed releases, each with why they were given up.
+        failures: Vec<NodeFailure>,
+    },
 }
 
 /// A deadline that ended a lock operation; see [`Error::deadline`].
@@ -130,7 +137,8 @@ impl Error {
         match self {
             Error::Contended { failures, .. }
             | Error::QuorumUnreachable { failures, .. }
-            | Error::Config { failures } => failures,
+            | Error::Config { failures }
+            | Error::Undelivered { failures } => failures,
             Error::WaitEnded { last, .. } => last.failures(),
             _ => &[],
         }
@@ -202,6 +210,15 @@ impl fmt::Display for Error {
                 write!(f, "gave up waiting at {deadline}: {last}")
             }
             Error::Cancelled => f.write_str("the acquisition was cancelled"),
+            Error::Undelivered { failures } => {
+                write!(
+                    f,
+                    "releases not known to have reached {} of the nodes; what they were to \
+                     delete stays until its TTL runs out",
+                    failures.len()
+                )?;
+                write_failures(f, failures)
+            }
         }
     }
 }
@@ -431,6 +448,13 @@ pub enum NodeErrorKind {
     },
     /// The node answered with a well-formed reply that this command never returns.
     UnexpectedReply,
+    /// The node is the same server (the same `run_id`) as node `node`, reached at another
+    /// address: one server would count twice towards the quorum. Reported as the cause of a
+    /// [`Setup`](NodeErrorKind::Setup) failure.
+    SameServer {
+        /// The node it duplicates.
+        node: usize,
+    },
     /// The node's server turned out to be another version when its connection was set up
     /// again (it was upgraded or downgraded), so the commands written for the server it was
     /// were not sent; the next ones are written for the server it is now.
@@ -464,6 +488,11 @@ impl fmt::Display for NodeErrorKind {
             NodeErrorKind::Protocol(e) => write!(f, "protocol error: {e}"),
             NodeErrorKind::Server { message, .. } => write!(f, "server error: {message}"),
             NodeErrorKind::UnexpectedReply => f.write_str("unexpected reply"),
+            NodeErrorKind::SameServer { node } => write!(
+                f,
+                "the same server as node {node} (the same run_id): one server must not count \
+                 twice towards the quorum"
+            ),
             NodeErrorKind::ServerChanged => f.write_str(
                 "the server changed version while its connection was set up again; \
                  the command was not sent",

@@ -273,6 +273,8 @@ fn failure_code(e: &Error) -> redlock_mux_result {
         // message names the deadline.
         Error::WaitEnded { last, .. } => failure_code(last),
         Error::Cancelled => REDLOCK_MUX_CANCELLED,
+        // Only `Client::close` returns it, which the C API does not offer.
+        Error::Undelivered { .. } => REDLOCK_MUX_QUORUM_UNREACHABLE,
     }
 }
 

@@ -513,7 +513,7 @@ impl Held {
             fence,
             token: grant.token,
             fencing_token: grant.fencing_token,
-            hold: Hold::new(grant.valid_until),
+            hold: Hold::new(grant.valid_until).written_with(ttl),
             ttl,
             released: false,
         })
@@ -536,7 +536,7 @@ impl Held {
             token,
             fencing_token: None,
             // Only bounds the check: the round's own validity is what the lock gets.
-            hold: Hold::new(Instant::now() + ttl),
+            hold: Hold::new(Instant::now() + ttl).written_with(ttl),
             ttl,
             released: false,
         };

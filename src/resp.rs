@@ -187,7 +187,30 @@ pub fn decode<'a>(
     input: &'a [u8],
     limits: &Limits,
 ) -> Result<Status<(Reply<'a>, usize)>, DecodeError> {
-    decode_at(input, 0, limits, 1)
+    match decode_at::<true>(input, 0, limits, 1)? {
+        Status::Complete((Some(reply), used)) => Ok(Status::Complete((reply, used))),
+        // Building, decode_at always returns the reply.
+        Status::Complete((None, _)) => Err(DecodeError::UnknownType(0)),
+        Status::Partial => Ok(Status::Partial),
+    }
+}
+
+/// Checks that `input` starts with one complete reply, exactly as [`decode`] would, and
+/// returns its length, without building it: nothing is allocated, whatever the reply holds.
+/// For code that only needs to know where a reply ends (to route its bytes, or to skip it).
+///
+/// ```
+/// use redlock_mux::resp::{scan, Limits, Status};
+///
+/// let limits = Limits::default();
+/// assert_eq!(scan(b"*2\r\n:1\r\n$-1\r\n+OK", &limits), Ok(Status::Complete(13)));
+/// assert_eq!(scan(b"*2\r\n:1\r\n", &limits), Ok(Status::Partial));
+/// ```
+pub fn scan(input: &[u8], limits: &Limits) -> Result<Status<usize>, DecodeError> {
+    Ok(match decode_at::<false>(input, 0, limits, 1)? {
+        Status::Complete((_, used)) => Status::Complete(used),
+        Status::Partial => Status::Partial,
+    })
 }
 
 /// Shorthand for the internal "complete or partial" result.
@@ -204,13 +227,14 @@ macro_rules! complete {
 }
 
 /// Decodes the reply starting at `pos`; `depth` is the depth an array found
-/// here would have. Returns the reply and the position just past it.
-fn decode_at<'a>(
+/// here would have. Returns the reply (if `BUILD`; otherwise it only checks
+/// it, and allocates nothing) and the position just past it.
+fn decode_at<'a, const BUILD: bool>(
     input: &'a [u8],
     pos: usize,
     limits: &Limits,
     depth: usize,
-) -> Step<(Reply<'a>, usize)> {
+) -> Step<(Option<Reply<'a>>, usize)> {
     let Some(&ty) = input.get(pos) else {
         return Ok(Status::Partial);
     };
@@ -218,21 +242,27 @@ fn decode_at<'a>(
     match ty {
         b'+' => {
             let (end, next) = complete!(find_line(input, start, limits.max_line));
-            Ok(Status::Complete((Reply::Simple(&input[start..end]), next)))
+            Ok(Status::Complete((
+                Some(Reply::Simple(&input[start..end])),
+                next,
+            )))
         }
         b'-' => {
             let (end, next) = complete!(find_line(input, start, limits.max_line));
-            Ok(Status::Complete((Reply::Error(&input[start..end]), next)))
+            Ok(Status::Complete((
+                Some(Reply::Error(&input[start..end])),
+                next,
+            )))
         }
         b':' => {
             let (end, next) = complete!(find_line(input, start, limits.max_line));
             let n = parse_i64(&input[start..end]).ok_or(DecodeError::BadInteger)?;
-            Ok(Status::Complete((Reply::Integer(n), next)))
+            Ok(Status::Complete((Some(Reply::Integer(n)), next)))
         }
         b'$' => {
             let (len, body) = complete!(length_line(input, start));
             let Some(len) = len else {
-                return Ok(Status::Complete((Reply::Bulk(None), body)));
+                return Ok(Status::Complete((Some(Reply::Bulk(None)), body)));
             };
             if len > limits.max_bulk as u64 {
                 return Err(DecodeError::BulkTooLong {
@@ -254,7 +284,7 @@ fn decode_at<'a>(
             match input.get(body_end + 1) {
                 None => Ok(Status::Partial),
                 Some(b'\n') => Ok(Status::Complete((
-                    Reply::Bulk(Some(&input[body..body_end])),
+                    Some(Reply::Bulk(Some(&input[body..body_end]))),
                     body_end + 2,
                 ))),
                 Some(_) => Err(DecodeError::MissingCrlf),
@@ -263,7 +293,7 @@ fn decode_at<'a>(
         b'*' => {
             let (len, mut next) = complete!(length_line(input, start));
             let Some(len) = len else {
-                return Ok(Status::Complete((Reply::Array(None), next)));
+                return Ok(Status::Complete((Some(Reply::Array(None)), next)));
             };
             if len > limits.max_array as u64 {
                 return Err(DecodeError::ArrayTooLong {
@@ -280,13 +310,20 @@ fn decode_at<'a>(
             // Every element takes at least 3 bytes ("+\r\n"), so never
             // reserve more than the remaining input could hold.
             let remaining = input.len() - next;
-            let mut items = Vec::with_capacity(len.min(remaining / 3));
+            let mut items = if BUILD {
+                Vec::with_capacity(len.min(remaining / 3))
+            } else {
+                Vec::new()
+            };
             for _ in 0..len {
-                let (item, after) = complete!(decode_at(input, next, limits, depth + 1));
-                items.push(item);
+                let (item, after) = complete!(decode_at::<BUILD>(input, next, limits, depth + 1));
+                items.extend(item);
                 next = after;
             }
-            Ok(Status::Complete((Reply::Array(Some(items)), next)))
+            Ok(Status::Complete((
+                BUILD.then_some(Reply::Array(Some(items))),
+                next,
+            )))
         }
         b'_' | b',' | b'#' | b'!' | b'=' | b'(' | b'|' | b'%' | b'~' | b'>' => {
             Err(DecodeError::Resp3(ty))

@@ -101,7 +101,7 @@ impl Recorder {
             NodeErrorKind::Protocol(_) => 4,
             NodeErrorKind::Server { .. } => 5,
             NodeErrorKind::UnexpectedReply => 6,
-            NodeErrorKind::Setup { .. } => 7,
+            NodeErrorKind::Setup { .. } | NodeErrorKind::SameServer { .. } => 7,
         };
         if let Some(cell) = self.nodes.get(node) {
             cell.failures[i].fetch_add(1, Relaxed);

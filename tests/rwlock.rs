@@ -563,8 +563,8 @@ fn keys_with_a_hash_tag_keep_it() {
 }
 
 /// Scripted fake: no installable server has `DELEX` (Redis 8.4), so this node answers
-/// `COMMAND INFO DELEX HSETEX` as 8.4 would without `HSETEX` (so that the writer takes the
-/// lock with the script), and answers a transaction as Redis does: `+OK` to `MULTI`, `+QUEUED`
+/// `INFO server` as 8.4 and `COMMAND INFO DELEX HSETEX` as 8.4 would without `HSETEX` (so
+/// that the writer takes the lock with the script), and answers a transaction as Redis does: `+OK` to `MULTI`, `+QUEUED`
 /// to each command (or `refusal` to `DELEX`, as a replica would), then `EXEC` with every
 /// queued command's reply, or `EXECABORT` if one was refused.
 fn delex_node(refusal: Option<&'static str>) -> FakeServer {
@@ -579,6 +579,11 @@ fn delex_node(refusal: Option<&'static str>) -> FakeServer {
                 b"*2\r\n*3\r\n$5\r\ndelex\r\n:-2\r\n*1\r\n+write\r\n$-1\r\n".to_vec(),
             ),
             b"SCRIPT" => FakeReply::bulk(Some(b"0000000000000000000000000000000000000000")),
+            // A fast path is used only on a server it was verified on: Redis 8.4 here.
+            b"INFO" => FakeReply::bulk(Some(
+                b"# Server\r\nredis_version:8.4.0\r\n\
+                  run_id:0000000000000000000000000000000000000001\r\n",
+            )),
             b"EVALSHA" | b"EVAL" => FakeReply::integer(1),
             b"MULTI" => {
                 *multi = Some((Vec::new(), false));

@@ -801,6 +801,7 @@ impl Machine for Acquisition<'_> {
                 tag: Some(tag),
                 form,
                 what: self.fanout_what(),
+                redo: None,
             });
         }
         // Replies to these are dropped; scripts go with their body so none needs reading.
@@ -810,10 +811,20 @@ impl Machine for Acquisition<'_> {
                 tag: None,
                 form: ScriptForm::Body,
                 what,
+                redo: None,
             })
         };
         if let Some(token) = self.cleanup.take() {
-            return discard(To::All, What::Cleanup { token });
+            // A compare-and-delete: sent again on a node's next connection if the one it went
+            // on breaks first, until what the attempt may have set there has expired.
+            let start = self.fanout.round().start();
+            return Some(Transmit {
+                to: To::All,
+                tag: None,
+                form: ScriptForm::Body,
+                what: What::Cleanup { token },
+                redo: Some(start + Duration::from_millis(self.params.ttl_ms)),
+            });
         }
         if self.subscribe {
             self.subscribe = false;

@@ -41,6 +41,9 @@ use crate::stats::Recorder;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Hold {
     valid_until: Instant,
+    /// The longest TTL any command written for the lock set on a node: after it, nothing of
+    /// the lock is left on a node that ran its last write.
+    ttl: Duration,
 }
 
 /// What a [`HoldRound`] does.
@@ -71,7 +74,24 @@ pub(crate) enum Step {
 impl Hold {
     /// A lock valid until `valid_until`.
     pub fn new(valid_until: Instant) -> Hold {
-        Hold { valid_until }
+        Hold {
+            valid_until,
+            ttl: Duration::ZERO,
+        }
+    }
+
+    /// The same hold, for a lock that was written with a TTL of `ttl`.
+    pub fn written_with(mut self, ttl: Duration) -> Hold {
+        self.ttl = self.ttl.max(ttl);
+        self
+    }
+
+    /// Until when a compare-and-delete sent at `now` is worth sending again on a new
+    /// connection: the lock's entries cannot outlive its longest TTL after its last write.
+    fn redo_until(&self, now: Instant) -> Instant {
+        now + self
+            .ttl
+            .max(self.valid_until.saturating_duration_since(now))
     }
 
     /// When the lock may be granted to someone else.
@@ -106,6 +126,9 @@ impl Hold {
             Step::Release => spec.release_quorum(round.nodes()),
         });
         let valid_until = self.valid_until;
+        if let Step::Extend { ttl_ms, .. } | Step::Downgrade { ttl_ms, .. } = step {
+            self.ttl = self.ttl.max(Duration::from_millis(ttl_ms));
+        }
         let mut r = HoldRound {
             hold: self,
             spec,
@@ -293,22 +316,27 @@ impl Machine for HoldRound<'_> {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
+        // A release and an undo are compare-and-deletes: sent again on a node's next
+        // connection if the one they went on breaks before they are answered.
+        let start = self.fanout.round().start();
         if let Some((to, tag, form)) = self.fanout.poll_transmit() {
             return Some(Transmit {
                 to,
                 tag: Some(tag),
                 form,
                 what: self.what(),
+                redo: matches!(self.step, Step::Release).then(|| self.hold.redo_until(start)),
             });
         }
         // Behind the round on every connection, so it lands after the downgrade even where
         // that has not been answered yet. Its replies are dropped; it goes with its body so
         // none needs reading.
-        std::mem::take(&mut self.undo).then_some(Transmit {
+        std::mem::take(&mut self.undo).then(|| Transmit {
             to: To::All,
             tag: None,
             form: ScriptForm::Body,
             what: What::DowngradeUndo { token: self.token },
+            redo: Some(self.hold.redo_until(start)),
         })
     }
 

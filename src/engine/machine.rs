@@ -53,6 +53,12 @@ pub(crate) struct Transmit {
     pub form: ScriptForm,
     /// What it is, for [`Machine::encode`]; the driver does not look inside.
     pub what: What,
+    /// For a compare-and-delete (a release, the cleanup of a lost attempt, an undo): until
+    /// when it is worth sending again on a node's next connection, if the connection it went
+    /// on breaks before its reply comes (after that, what it deletes has expired anyway).
+    /// Repeating it is safe: it deletes only what holds this lock's token. `None` for every
+    /// other command.
+    pub redo: Option<Instant>,
 }
 
 /// The commands of a lock's lifecycle, with the values that change from attempt to attempt

@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod acquire;
+pub(crate) mod endpoint;
 pub(crate) mod fair;
 mod fanout;
 pub(crate) mod fencing;

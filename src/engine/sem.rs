@@ -352,6 +352,7 @@ impl Machine for Census<'_> {
                 tag: Some(1),
                 form: ScriptForm::Sha,
                 what: What::Count,
+                redo: None,
             });
         }
         // A node that answered NOSCRIPT is sent the body, once; its reply keeps the tag.
@@ -366,6 +367,7 @@ impl Machine for Census<'_> {
             tag: Some(1),
             form: ScriptForm::Body,
             what: What::Count,
+            redo: None,
         })
     }
 

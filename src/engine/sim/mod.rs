@@ -2036,7 +2036,7 @@ impl<'a> World<'a> {
         let steps = if kept.is_some() { kept_steps } else { steps };
         cycle.held = Some(Held {
             token: grant.token,
-            hold: Hold::new(grant.valid_until),
+            hold: Hold::new(grant.valid_until).written_with(Duration::from_millis(self.p.ttl_ms)),
             steps,
             reading: true,
             read: Vec::new(),

@@ -1,0 +1,559 @@
+//! One connection to one node, without its socket: its state, the bytes to write and those
+//! received, the replies it still owes (matched in order), its setup and what is held behind
+//! it, and the compare-and-deletes it would send again on a new connection.
+//!
+//! Nothing but the setup is sent before every setup reply has been read and checked: commands
+//! queued meanwhile wait in a separate buffer, so a refused `AUTH` or `SELECT` can never let a
+//! lock command run as the wrong user or in the wrong database.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::setup::{self, Server, Setup};
+use crate::engine::machine::Tag;
+use crate::error::NodeErrorKind;
+use crate::resp::{self, Limits, Reply, Status};
+use crate::url::NodeAddr;
+
+/// How many replies a connection may owe before it takes no more commands: every thread of a
+/// client shares the connection, so this allows for many callers' commands in flight.
+pub(crate) const MAX_OWED: usize = 4096;
+/// Read granularity; also the first size of the input buffer.
+const READ_CHUNK: usize = 16 * 1024;
+/// Reconnect backoff bounds.
+pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(10);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// A compare-and-delete that is sent again on the node's next connection if this one breaks
+/// before its reply comes: its bytes are the next `len` of the connection's redo buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Redo {
+    /// After this, whatever it deletes has expired anyway.
+    pub until: Instant,
+    /// Its bytes, in the redo buffer.
+    pub len: u32,
+    /// How many commands come before the one whose reply is the vote (`MULTI` ...).
+    pub before: u32,
+}
+
+/// What a reply in the queue is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// A command of the connection's setup.
+    Setup(Setup),
+    /// A reply to the transmit tagged `tag` of the operation the endpoint runs as run `run`
+    /// for caller `caller`, whose command was queued at `sent`.
+    Reply {
+        caller: u32,
+        run: u64,
+        tag: Tag,
+        sent: Instant,
+        redo: Option<Redo>,
+    },
+    /// A reply to a command written before the one whose reply is the vote, in the same
+    /// sequence (`MULTI` and the commands queued inside a transaction). Dropped, but an error
+    /// among them is what the vote reports if the transaction is aborted for it.
+    Before,
+    /// A reply nobody waits for (cleanup after a lost round, a queue leave).
+    Discard { redo: Option<Redo> },
+    /// A message on a subscriber connection (confirmations and published messages alike).
+    Push,
+}
+
+impl Slot {
+    fn redo(&self) -> Option<Redo> {
+        match *self {
+            Slot::Reply { redo, .. } | Slot::Discard { redo } => redo,
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// No socket. A new connect may start at `retry_at`.
+    Down {
+        retry_at: Instant,
+    },
+    /// Connect in progress since `since`.
+    Connecting {
+        since: Instant,
+    },
+    Up,
+}
+
+#[derive(Debug)]
+pub(crate) struct Conn {
+    /// Commands (replies owed in order), or pub/sub (every reply a push once set up).
+    commands: bool,
+    state: State,
+    /// Bytes to send; `out[out_pos..]` is still pending.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// Received bytes; `inp[inp_pos..inp_end]` is not yet decoded.
+    inp: Vec<u8>,
+    inp_pos: usize,
+    inp_end: usize,
+    owed: VecDeque<Slot>,
+    /// How many of the slots at the back of `owed` were queued but are not known to be
+    /// written yet (see [`take_written`](Conn::take_written)).
+    unwritten: usize,
+    /// How many setup replies are still owed; they come first in `owed`. While any is,
+    /// queued commands wait in `held`.
+    setup_owed: usize,
+    /// Commands queued before the setup was answered, sent once it was, all of it OK.
+    held: Vec<u8>,
+    /// Whether `held` has commands other than compare-and-deletes sent again.
+    held_fresh: bool,
+    backoff: Duration,
+    last_error: Option<NodeErrorKind>,
+    /// The first error reply among the [`Slot::Before`] replies of the sequence being read,
+    /// as received: a transaction that a node aborted (`EXECABORT`) for a refused command
+    /// reports that refusal (`READONLY`, `MISCONF`, `OOM`, ...).
+    before_error: Vec<u8>,
+    /// The bytes of every compare-and-delete still owed a reply, in order; the first
+    /// `redo_head` are answered already.
+    redo: Vec<u8>,
+    redo_head: usize,
+    /// What this connection's setup has said of the server so far.
+    pub learnt: Server,
+    /// Which of the node's addresses the connect in progress is to (a host name may resolve
+    /// to several; a connect that fails moves on to the next).
+    pub trying: usize,
+}
+
+impl Conn {
+    pub fn new(commands: bool, now: Instant) -> Conn {
+        Conn {
+            commands,
+            state: State::Down { retry_at: now },
+            out: Vec::with_capacity(512),
+            out_pos: 0,
+            inp: Vec::new(),
+            inp_pos: 0,
+            inp_end: 0,
+            owed: VecDeque::with_capacity(64),
+            unwritten: 0,
+            setup_owed: 0,
+            held: Vec::new(),
+            held_fresh: false,
+            backoff: BACKOFF_MIN,
+            last_error: None,
+            before_error: Vec::new(),
+            redo: Vec::new(),
+            redo_head: 0,
+            learnt: Server::default(),
+            trying: 0,
+        }
+    }
+
+    /// True when commands can be queued: connected, connecting, or due for a new connect.
+    pub fn can_send(&self, now: Instant) -> bool {
+        match self.state {
+            State::Down { retry_at } => now >= retry_at,
+            _ => true,
+        }
+    }
+
+    /// When a connect may start again, while the connection is down.
+    pub fn retry_at(&self) -> Option<Instant> {
+        match self.state {
+            State::Down { retry_at } => Some(retry_at),
+            _ => None,
+        }
+    }
+
+    /// When a connect in progress started.
+    pub fn connecting_since(&self) -> Option<Instant> {
+        match self.state {
+            State::Connecting { since } => Some(since),
+            _ => None,
+        }
+    }
+
+    /// Why the node is down, for the vote of a node that cannot be sent to.
+    pub fn down_reason(&self) -> NodeErrorKind {
+        self.last_error.clone().unwrap_or(NodeErrorKind::Backoff)
+    }
+
+    pub fn is_up(&self) -> bool {
+        matches!(self.state, State::Up)
+    }
+
+    /// Connected, and every setup reply read and found good: commands go out as queued.
+    pub fn is_ready(&self) -> bool {
+        self.is_up() && self.setup_owed == 0
+    }
+
+    /// No socket: the last connect failed or the connection was dropped.
+    pub fn is_down(&self) -> bool {
+        matches!(self.state, State::Down { .. })
+    }
+
+    /// The configuration error that closed this connection last, if that is why it is down.
+    pub fn setup_error(&self) -> Option<&NodeErrorKind> {
+        match (&self.state, &self.last_error) {
+            (State::Down { .. }, Some(e @ NodeErrorKind::Setup { .. })) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Bytes queued but not yet written.
+    pub fn has_pending_output(&self) -> bool {
+        self.out_pos < self.out.len()
+    }
+
+    /// The bytes to write now.
+    pub fn pending(&self) -> &[u8] {
+        &self.out[self.out_pos..]
+    }
+
+    /// The replies still owed, oldest first.
+    pub fn owed(&self) -> usize {
+        self.owed.len()
+    }
+
+    /// Whether a reply to a caller's command is owed.
+    pub fn owes_replies(&self) -> bool {
+        self.owed
+            .iter()
+            .any(|s| matches!(s, Slot::Reply { .. } | Slot::Discard { .. }))
+    }
+
+    /// When the oldest reply still owed to a caller was queued, if any is owed.
+    pub fn oldest_reply_since(&self) -> Option<Instant> {
+        self.owed.iter().find_map(|s| match s {
+            Slot::Reply { sent, .. } => Some(*sent),
+            _ => None,
+        })
+    }
+
+    /// The latest `until` of the compare-and-deletes still owed, if any is.
+    pub fn redo_until(&self) -> Option<Instant> {
+        self.owed
+            .iter()
+            .filter_map(|s| s.redo())
+            .map(|r| r.until)
+            .max()
+    }
+
+    /// Starts a connection at `now`: its setup is the first thing queued, and everything
+    /// queued after it is held until the setup is answered.
+    pub fn start(&mut self, node: &NodeAddr, now: Instant) {
+        debug_assert!(self.owed.is_empty() && self.out.is_empty() && self.held.is_empty());
+        self.state = State::Connecting { since: now };
+        self.trying = 0;
+        self.learnt = Server::default();
+        let owed = &mut self.owed;
+        setup::write(&mut self.out, node, self.commands, |step| {
+            owed.push_back(Slot::Setup(step))
+        });
+        self.setup_owed = self.owed.len();
+    }
+
+    /// The connect to the address being tried failed at `now`: moves on to the next of the
+    /// node's `addresses`, with the setup (and what is held behind it) still queued, none of
+    /// it having been sent. `false` when none is left.
+    pub fn next_address(&mut self, addresses: usize, now: Instant) -> bool {
+        if !matches!(self.state, State::Connecting { .. }) || self.trying + 1 >= addresses {
+            return false;
+        }
+        self.trying += 1;
+        self.state = State::Connecting { since: now };
+        true
+    }
+
+    /// The connect finished.
+    pub fn connected(&mut self) {
+        if let State::Connecting { .. } = self.state {
+            self.state = State::Up;
+            self.backoff = BACKOFF_MIN;
+            self.last_error = None;
+        }
+    }
+
+    /// Where queued commands go: straight out once the setup is answered, held until then.
+    fn queue_buf(&mut self) -> &mut Vec<u8> {
+        if self.setup_owed == 0 {
+            &mut self.out
+        } else {
+            &mut self.held
+        }
+    }
+
+    /// Queues bytes whose replies nobody matches: commands on a subscriber connection, where
+    /// every reply is a push.
+    pub fn queue_unmatched(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
+        encode(self.queue_buf());
+    }
+
+    /// Queues commands written by `encode`: the last one's reply is for `slot`; `encode`
+    /// returns how many it wrote before that one, whose replies are owed too, and dropped.
+    /// With `redo_until`, the commands are a compare-and-delete kept until answered, to be
+    /// sent again on the next connection should this one break first.
+    pub fn queue(
+        &mut self,
+        slot: Slot,
+        redo_until: Option<Instant>,
+        encode: impl FnOnce(&mut Vec<u8>) -> usize,
+    ) {
+        let held = self.setup_owed > 0;
+        let buf = if held { &mut self.held } else { &mut self.out };
+        let start = buf.len();
+        let before = encode(buf);
+        let redo = redo_until.map(|until| {
+            let bytes = &buf[start..];
+            self.redo.extend_from_slice(bytes);
+            Redo {
+                until,
+                len: bytes.len() as u32,
+                before: before as u32,
+            }
+        });
+        self.held_fresh |= held;
+        self.push_slots(slot, before, redo);
+    }
+
+    /// Queues again a compare-and-delete that a broken connection of the same node owed:
+    /// `bytes` with the replies `before` commands and then `slot` owe.
+    pub fn queue_redo(&mut self, slot: Slot, redo: Redo, bytes: &[u8]) {
+        self.queue_buf().extend_from_slice(bytes);
+        self.redo.extend_from_slice(bytes);
+        self.push_slots(slot, redo.before as usize, Some(redo));
+    }
+
+    fn push_slots(&mut self, slot: Slot, before: usize, redo: Option<Redo>) {
+        for _ in 0..before {
+            self.owed.push_back(Slot::Before);
+        }
+        let slot = match slot {
+            Slot::Reply {
+                caller,
+                run,
+                tag,
+                sent,
+                ..
+            } => Slot::Reply {
+                caller,
+                run,
+                tag,
+                sent,
+                redo,
+            },
+            Slot::Discard { .. } => Slot::Discard { redo },
+            other => other,
+        };
+        self.owed.push_back(slot);
+        self.unwritten += 1 + before;
+    }
+
+    /// `n` bytes of [`pending`](Self::pending) were written.
+    pub fn sent(&mut self, n: usize) {
+        self.out_pos = (self.out_pos + n).min(self.out.len());
+        if self.out_pos == self.out.len() {
+            self.out.clear();
+            self.out_pos = 0;
+        }
+    }
+
+    /// Once everything queued has been written, hands every slot queued since the last call to
+    /// `f`, oldest first: their commands have left.
+    pub fn take_written(&mut self, mut f: impl FnMut(&Slot)) {
+        if self.unwritten == 0 || self.has_pending_output() || !self.held.is_empty() {
+            return;
+        }
+        let n = self.unwritten.min(self.owed.len());
+        self.unwritten = 0;
+        for slot in self.owed.iter().skip(self.owed.len() - n) {
+            f(slot);
+        }
+    }
+
+    /// Space to read into, at the end of the input buffer: made by moving undecoded bytes to
+    /// the front, or by growing the buffer, but never past what one reply within `limits` can
+    /// need (a bigger one is refused by the decoder before that).
+    pub fn recv_buf(&mut self, limits: &Limits) -> Result<&mut [u8], NodeErrorKind> {
+        let cap = limits
+            .max_bulk
+            .saturating_add(limits.max_line)
+            .saturating_add(READ_CHUNK);
+        if self.inp_end == self.inp.len() {
+            if self.inp_pos > 0 {
+                self.inp.copy_within(self.inp_pos..self.inp_end, 0);
+                self.inp_end -= self.inp_pos;
+                self.inp_pos = 0;
+            }
+            if self.inp_end == self.inp.len() {
+                if self.inp.len() >= cap {
+                    // A reply bigger than the codec will ever accept: only a broken server.
+                    return Err(NodeErrorKind::UnexpectedReply);
+                }
+                let grow = self.inp.len().max(READ_CHUNK).min(cap - self.inp.len());
+                self.inp.resize(self.inp.len() + grow, 0);
+            }
+        }
+        Ok(&mut self.inp[self.inp_end..])
+    }
+
+    /// `n` bytes were read into [`recv_buf`](Self::recv_buf).
+    pub fn received(&mut self, n: usize) {
+        self.inp_end = (self.inp_end + n).min(self.inp.len());
+    }
+
+    /// Frames every complete reply received and hands each, with the slot it answers and its
+    /// bytes, to `handle`; setup replies are checked here (and teach [`learnt`](Self::learnt)).
+    /// Returns `Ok(true)` when this call answered the last setup reply: the caller then looks
+    /// at what the setup said, and [`release_held`](Self::release_held)s what waited behind it.
+    ///
+    /// A setup reply that shows the node's URL or configuration to be wrong, or any reply
+    /// during the setup that is not RESP, fails with a [`NodeErrorKind::Setup`].
+    pub fn take_replies(
+        &mut self,
+        limits: &Limits,
+        mut handle: impl FnMut(Slot, &[u8]),
+    ) -> Result<bool, NodeErrorKind> {
+        let mut set_up = false;
+        loop {
+            let input = &self.inp[self.inp_pos..self.inp_end];
+            if input.is_empty() {
+                break;
+            }
+            let used = match resp::scan(input, limits) {
+                Ok(Status::Complete(used)) => used,
+                Ok(Status::Partial) => break,
+                // Not RESP in answer to the setup: whatever listens there is not Redis.
+                Err(e) => {
+                    return Err(match self.owed.front() {
+                        Some(Slot::Setup(step)) if self.setup_owed > 0 => {
+                            step.failed(NodeErrorKind::Protocol(e))
+                        }
+                        _ => NodeErrorKind::Protocol(e),
+                    })
+                }
+            };
+            let bytes = &input[..used];
+            let slot = match self.owed.pop_front() {
+                Some(slot) => {
+                    self.unwritten = self.unwritten.min(self.owed.len());
+                    slot
+                }
+                None if !self.commands => Slot::Push,
+                None => return Err(NodeErrorKind::UnexpectedReply),
+            };
+            if let Some(redo) = slot.redo() {
+                self.redo_head += redo.len as usize;
+                if self.redo_head >= self.redo.len() {
+                    self.redo.clear();
+                    self.redo_head = 0;
+                } else if self.redo_head > 4096 && self.redo_head * 2 > self.redo.len() {
+                    self.redo.drain(..self.redo_head);
+                    self.redo_head = 0;
+                }
+            }
+            match slot {
+                Slot::Setup(step) => {
+                    let reply = decoded(bytes, limits)?;
+                    step.check(&reply)?;
+                    match (step, &reply) {
+                        (Setup::Info, Reply::Bulk(Some(text))) => self.learnt.read_info(text),
+                        (Setup::Caps, _) => self.learnt.set_caps(&reply),
+                        _ => {}
+                    }
+                    self.setup_owed = self.setup_owed.saturating_sub(1);
+                    set_up |= self.setup_owed == 0;
+                }
+                Slot::Before => {
+                    if self.before_error.is_empty() && bytes.first() == Some(&b'-') {
+                        self.before_error.extend_from_slice(bytes);
+                    }
+                }
+                Slot::Reply { .. }
+                    if !self.before_error.is_empty() && bytes.starts_with(b"-EXECABORT") =>
+                {
+                    // The transaction was discarded because a command in it was refused: the
+                    // refusal is what the vote reports.
+                    handle(slot, &self.before_error);
+                }
+                _ => handle(slot, bytes),
+            }
+            if !matches!(slot, Slot::Before) {
+                self.before_error.clear();
+            }
+            self.inp_pos += used;
+        }
+        if self.inp_pos == self.inp_end {
+            self.inp_pos = 0;
+            self.inp_end = 0;
+        }
+        Ok(set_up)
+    }
+
+    /// Whether commands other than compare-and-deletes sent again wait behind the setup.
+    pub fn holds_fresh_commands(&self) -> bool {
+        self.held_fresh && !self.held.is_empty()
+    }
+
+    /// Sends what waited behind the setup, now answered and found good.
+    pub fn release_held(&mut self) {
+        self.held_fresh = false;
+        if self.held.is_empty() {
+            return;
+        }
+        if self.out_pos == self.out.len() {
+            self.out.clear();
+            self.out_pos = 0;
+            std::mem::swap(&mut self.out, &mut self.held);
+        } else {
+            self.out.extend_from_slice(&self.held);
+        }
+        self.held.clear();
+    }
+
+    /// Drops the connection after `why`, at `now`: a new connect may start after the backoff.
+    /// Hands every slot still owed to `owed`, oldest first, with the bytes to send again for
+    /// those that are compare-and-deletes.
+    pub fn fail(
+        &mut self,
+        why: NodeErrorKind,
+        now: Instant,
+        mut owed: impl FnMut(Slot, Option<&[u8]>),
+    ) {
+        let mut at = self.redo_head;
+        for slot in self.owed.drain(..) {
+            match slot.redo() {
+                Some(redo) => {
+                    let end = (at + redo.len as usize).min(self.redo.len());
+                    owed(slot, Some(&self.redo[at..end]));
+                    at = end;
+                }
+                None => owed(slot, None),
+            }
+        }
+        self.redo.clear();
+        self.redo_head = 0;
+        self.out.clear();
+        self.out_pos = 0;
+        self.held.clear();
+        self.held_fresh = false;
+        self.setup_owed = 0;
+        self.inp_pos = 0;
+        self.inp_end = 0;
+        self.before_error.clear();
+        self.state = State::Down {
+            retry_at: now + self.backoff,
+        };
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        self.last_error = Some(why);
+        self.unwritten = 0;
+    }
+}
+
+/// `bytes`, one complete reply already framed, decoded.
+pub(crate) fn decoded<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Reply<'a>, NodeErrorKind> {
+    match resp::decode(bytes, limits) {
+        Ok(Status::Complete((reply, _))) => Ok(reply),
+        Ok(Status::Partial) => Err(NodeErrorKind::UnexpectedReply),
+        Err(e) => Err(NodeErrorKind::Protocol(e)),
+    }
+}

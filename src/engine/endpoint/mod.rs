@@ -1,0 +1,813 @@
+//! The multiplexer's state, without sockets, threads or a clock: one [`Endpoint`] per client.
+//!
+//! An endpoint owns every node's two connections (one pipelined connection for commands, one
+//! for pub/sub wake-ups) and everything about them: the replies owed in order and whom each
+//! belongs to, the setup and the commands held behind it, what the node's server is and
+//! offers, the reconnect backoff, the slow-node breaker, the compare-and-deletes to send again
+//! after a broken connection, and the wake channels with their reference counts. Many
+//! callers (threads, or simulated callers) run lock operations over it at once; each has a
+//! mailbox, and every reply, failure, write, wake message and confirmation is routed to the
+//! mailbox of the caller (and the run of its operation) it belongs to.
+//!
+//! Time comes in as `now`; bytes come in through [`recv_buf`](Endpoint::recv_buf) and
+//! [`handle_recv`](Endpoint::handle_recv) and go out through [`pending`](Endpoint::pending)
+//! and [`handle_sent`](Endpoint::handle_sent); the sockets to open and close come out of
+//! [`poll_io`](Endpoint::poll_io). The I/O shell (the mio driver, or the simulation) does
+//! the system calls, and parks and wakes the callers [`poll_notified`](Endpoint::poll_notified)
+//! names.
+//!
+//! A caller runs one operation's machine with [`step`](Endpoint::step): everything in its
+//! mailbox is fed to the machine, then every command the machine transmits is queued on the
+//! nodes' connections (or fails at once on a node that cannot take it).
+//!
+//! # Decisions taken here, and nowhere else
+//!
+//! - **The form of a command.** A command is written for what the node's server offers, as
+//!   the last completed setup of any of its connections said. A reconnect keeps that
+//!   knowledge: what a lock operation sends never depends on whether a new connection's setup
+//!   has been answered yet. If a new setup says the server changed (an upgrade, a downgrade),
+//!   the commands held behind it, written for the server it was, fail
+//!   ([`NodeErrorKind::ServerChanged`]) rather than go out in the wrong form.
+//! - **Node timeouts.** A command's node timeout counts from when it was written (the machine
+//!   is told, `Machine::handle_written`). An acquisition is not sent to a node that still owes
+//!   a reply older than the node timeout (it counts as timed out there at once): a node too
+//!   slow for the load would otherwise get more than it can answer, without end. Releases and
+//!   cleanups still go. A connection is never given up for slowness: a slow or paused node
+//!   answers its backlog in order when it can, so an acquisition queued there can never land
+//!   after its release. Dead peers are found by the transport (TCP keepalive and a user
+//!   timeout on unacknowledged data), which the shell reports as a failure.
+//! - **Releases survive a broken connection.** A compare-and-delete (a release, a cleanup, an
+//!   undo) whose connection broke before its reply came is sent again first thing on the
+//!   node's next connection, until what it deletes has expired anyway. The connection broke on
+//!   the server's side (it was closed, reset or found dead), so no command of the old
+//!   connection can still run after it.
+//! - **Duplicate servers.** Two nodes whose setups report the same `run_id` are one server
+//!   reached twice: the later one's setup fails as a configuration error.
+#![forbid(unsafe_code)]
+
+mod conn;
+mod mail;
+pub(crate) mod setup;
+mod subs;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::Config;
+use crate::engine::machine::{Machine, To, Transmit, What};
+use crate::engine::ops::Caps;
+use crate::error::NodeErrorKind;
+use crate::resp::Reply;
+use crate::rng::Entropy;
+use crate::stats::Recorder;
+
+use conn::{Conn, Redo, Slot, MAX_OWED};
+pub(crate) use mail::Event;
+use mail::Mail;
+use setup::{Server, Setup};
+use subs::Channels;
+
+/// A caller of an endpoint: one thread (or simulated caller) running lock operations.
+pub(crate) type CallerId = usize;
+
+/// One of a node's two connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ConnId {
+    pub node: usize,
+    /// The pub/sub connection, not the command connection.
+    pub sub: bool,
+}
+
+impl ConnId {
+    /// A number unique to this connection among the endpoint's: `2 × node (+ 1)`.
+    pub fn index(self) -> usize {
+        2 * self.node + usize::from(self.sub)
+    }
+
+    /// The connection with [`index`](Self::index) `i`.
+    pub fn from_index(i: usize) -> ConnId {
+        ConnId {
+            node: i / 2,
+            sub: i % 2 == 1,
+        }
+    }
+}
+
+/// A system call for the I/O shell to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Io {
+    /// Open a socket to the connection's node and start connecting; report the outcome with
+    /// [`Endpoint::handle_connected`] or [`Endpoint::handle_failed`].
+    Connect(ConnId),
+    /// Close the connection's socket: the endpoint has given it up.
+    Close(ConnId),
+}
+
+/// A compare-and-delete owed by a broken connection, to send again on the next one.
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    slot: Slot,
+    redo: Redo,
+}
+
+/// One node: its connections, and what the endpoint knows of its server.
+#[derive(Debug)]
+struct Node {
+    cmd: Conn,
+    sub: Conn,
+    /// As the last completed setup said; what commands are written for.
+    server: Server,
+    /// Compare-and-deletes of broken connections, with their bytes in `retry_bytes`, in order.
+    retries: Vec<Retry>,
+    retry_bytes: Vec<u8>,
+}
+
+/// One transmit's bytes, encoded once for all the nodes whose servers offer the same.
+#[derive(Default)]
+struct Encoded {
+    bytes: Vec<u8>,
+    /// For what the bytes were encoded, and how many replies come before the command's own;
+    /// `None` when nothing valid is held.
+    for_caps: Option<(Caps, usize)>,
+}
+
+impl Encoded {
+    /// Appends to `out` the transmit's bytes for `caps`: a copy of the last encoding if it was
+    /// for the same capabilities, else a fresh one by `encode`, kept for the next node.
+    fn write(
+        &mut self,
+        caps: Caps,
+        out: &mut Vec<u8>,
+        encode: impl FnOnce(&mut Vec<u8>) -> usize,
+    ) -> usize {
+        if let Some((c, before)) = self.for_caps {
+            if c == caps {
+                out.extend_from_slice(&self.bytes);
+                return before;
+            }
+        }
+        let start = out.len();
+        let before = encode(out);
+        self.bytes.clear();
+        self.bytes.extend_from_slice(&out[start..]);
+        self.for_caps = Some((caps, before));
+        before
+    }
+}
+
+/// A client's connections and callers, without I/O (see the module docs).
+pub(crate) struct Endpoint {
+    config: Arc<Config>,
+    stats: Arc<Recorder>,
+    nodes: Vec<Node>,
+    mail: Mail,
+    channels: Channels,
+    encoded: Encoded,
+    io: VecDeque<Io>,
+    next_run: u64,
+}
+
+impl Endpoint {
+    /// An endpoint for `config`'s nodes, every connection down and due to connect; reply
+    /// latencies and node failures are counted in `stats`.
+    pub fn new(config: Arc<Config>, stats: Arc<Recorder>, now: Instant) -> Endpoint {
+        let n = config.nodes.len();
+        Endpoint {
+            nodes: (0..n)
+                .map(|_| Node {
+                    cmd: Conn::new(true, now),
+                    sub: Conn::new(false, now),
+                    server: Server::default(),
+                    retries: Vec::new(),
+                    retry_bytes: Vec::new(),
+                })
+                .collect(),
+            mail: Mail::default(),
+            channels: Channels::new(n),
+            encoded: Encoded::default(),
+            io: VecDeque::new(),
+            next_run: 1,
+            config,
+            stats,
+        }
+    }
+
+    // --- callers -------------------------------------------------------------------------
+
+    /// A new caller, with an empty mailbox.
+    pub fn open_caller(&mut self) -> CallerId {
+        self.mail.open()
+    }
+
+    /// Starts an operation for `caller`: returns its run id, which routes replies to it.
+    pub fn begin(&mut self, caller: CallerId) -> u64 {
+        let run = self.next_run;
+        self.next_run += 1;
+        self.mail.begin(caller, run);
+        run
+    }
+
+    /// The operation `run` of `caller` is over: its channels are let go, its mailbox closed
+    /// (replies still owed to it are dropped when they come).
+    pub fn finish(&mut self, caller: CallerId, run: u64, now: Instant) {
+        self.unsubscribe(caller, run, now);
+        self.mail.finish(caller);
+    }
+
+    /// The run of `caller`'s operation under way, if one is.
+    pub fn run_of(&self, caller: CallerId) -> Option<u64> {
+        self.mail.run_of(caller)
+    }
+
+    /// Whether anything was posted to `caller` since its machine last stepped.
+    pub fn has_mail(&self, caller: CallerId) -> bool {
+        self.mail.has_events(caller)
+    }
+
+    /// Whether `caller`'s mailbox holds what its machine needs to move on: `wanted` replies
+    /// (see `Machine::replies_wanted`), or anything else that must reach it at once.
+    pub fn is_ready(&mut self, caller: CallerId, wanted: usize) -> bool {
+        self.mail.is_ready(caller, wanted)
+    }
+
+    /// The next caller posted to since it was last named here: the shell wakes it if it waits.
+    pub fn poll_notified(&mut self) -> Option<CallerId> {
+        self.mail.poll_notified()
+    }
+
+    /// Callers with an operation under way.
+    pub fn active_callers(&self) -> impl Iterator<Item = CallerId> + '_ {
+        self.mail.active()
+    }
+
+    /// Feeds `caller`'s machine `m` (running as `run`) everything in its mailbox, then queues
+    /// every command it transmits: each node's command behind whatever other callers queued
+    /// there, or a failure at once for a node that cannot take it.
+    pub fn step<M: Machine>(
+        &mut self,
+        caller: CallerId,
+        run: u64,
+        m: &mut M,
+        now: Instant,
+        rng: &mut dyn Entropy,
+    ) {
+        self.mail.deliver(caller, m, &self.config.limits, now, rng);
+        while let Some(t) = m.poll_transmit() {
+            self.encoded.for_caps = None;
+            match t.to {
+                To::All => {
+                    for i in 0..self.nodes.len() {
+                        self.send_to(i, &t, m, caller, run, now, rng);
+                    }
+                }
+                To::Node(i) if i < self.nodes.len() => {
+                    self.send_to(i, &t, m, caller, run, now, rng)
+                }
+                To::Node(_) => {}
+                To::Subscribers => match t.what {
+                    What::Unsubscribe => self.unsubscribe(caller, run, now),
+                    _ => self.subscribe(&t, m, caller, run, now),
+                },
+            }
+        }
+    }
+
+    /// Queues `t` on node `i`'s command connection (see [`step`](Self::step)).
+    #[allow(clippy::too_many_arguments)]
+    fn send_to<M: Machine>(
+        &mut self,
+        i: usize,
+        t: &Transmit,
+        m: &mut M,
+        caller: CallerId,
+        run: u64,
+        now: Instant,
+        rng: &mut dyn Entropy,
+    ) {
+        let conn = &self.nodes[i].cmd;
+        let Some(tag) = t.tag else {
+            // Nobody reads its reply (a cleanup, a queue leave): it goes where something of
+            // ours may be. A compare-and-delete for a node that cannot be sent to now waits for
+            // its next connection.
+            if !conn.can_send(now) || conn.owed() >= MAX_OWED {
+                if let Some(until) = t.redo {
+                    self.retry_later(i, t, m, until);
+                }
+                return;
+            }
+            if conn.is_down() && t.redo.is_none() {
+                return;
+            }
+            self.connect_if_down(i, now);
+            let caps = self.nodes[i].server.caps;
+            let encoded = &mut self.encoded;
+            self.nodes[i]
+                .cmd
+                .queue(Slot::Discard { redo: None }, t.redo, |out| {
+                    encoded.write(caps, out, |out| m.encode(t, caps, out))
+                });
+            return;
+        };
+        if !conn.can_send(now) {
+            let why = conn.down_reason();
+            if let Some(until) = t.redo {
+                // What the node may hold of ours is deleted once it is reachable again.
+                self.retry_later(i, t, m, until);
+            }
+            m.handle_failure(i, tag, why, now, rng);
+            return;
+        }
+        if conn.owed() >= MAX_OWED || matches!(t.what, What::Acquire { .. }) && self.lagging(i, now)
+        {
+            // Behind a backlog that is already past the node timeout, a new acquisition would
+            // only time out, and deepen the backlog: callers that win at the quorum without
+            // this node would otherwise send it more than it can answer, without end. It
+            // counts as timed out at once; releases and cleanups still go.
+            m.handle_failure(i, tag, NodeErrorKind::Timeout, now, rng);
+            return;
+        }
+        self.connect_if_down(i, now);
+        let caps = self.nodes[i].server.caps;
+        let encoded = &mut self.encoded;
+        self.nodes[i].cmd.queue(
+            Slot::Reply {
+                caller: caller as u32,
+                run,
+                tag,
+                sent: now,
+                redo: None,
+            },
+            t.redo,
+            |out| encoded.write(caps, out, |out| m.encode(t, caps, out)),
+        );
+    }
+
+    /// Keeps the compare-and-delete `t` for node `i`'s next connection.
+    fn retry_later<M: Machine>(&mut self, i: usize, t: &Transmit, m: &M, until: Instant) {
+        let node = &mut self.nodes[i];
+        let caps = node.server.caps;
+        let start = node.retry_bytes.len();
+        let before = self
+            .encoded
+            .write(caps, &mut node.retry_bytes, |out| m.encode(t, caps, out));
+        node.retries.push(Retry {
+            slot: Slot::Discard { redo: None },
+            redo: Redo {
+                until,
+                len: (node.retry_bytes.len() - start) as u32,
+                before: before as u32,
+            },
+        });
+    }
+
+    /// Whether node `i`'s command connection still owes a reply to a command queued more than
+    /// the node timeout ago. (The shell reads what has come first: see
+    /// [`late_nodes`](Self::late_nodes).)
+    fn lagging(&self, i: usize, now: Instant) -> bool {
+        self.nodes[i]
+            .cmd
+            .oldest_reply_since()
+            .is_some_and(|sent| now.saturating_duration_since(sent) >= self.config.node_timeout)
+    }
+
+    /// The nodes (bit `i` for node `i`, the first 64) whose command connection owes a reply
+    /// older than the node timeout: a shell that reads only when someone waits should read
+    /// those before a caller steps, so that replies that came but were not read yet do not make
+    /// an acquisition skip them.
+    pub fn late_nodes(&self, now: Instant) -> u64 {
+        (0..self.nodes.len().min(64))
+            .filter(|&i| self.lagging(i, now))
+            .fold(0, |m, i| m | 1 << i)
+    }
+
+    /// Starts a connection to node `i` for commands if it is down and due, with the
+    /// compare-and-deletes of its broken connections first behind the setup.
+    fn connect_if_down(&mut self, i: usize, now: Instant) {
+        let node = &mut self.nodes[i];
+        if !node.cmd.is_down() || !node.cmd.can_send(now) {
+            return;
+        }
+        node.cmd.start(&self.config.nodes[i], now);
+        self.io.push_back(Io::Connect(ConnId {
+            node: i,
+            sub: false,
+        }));
+        let mut at = 0;
+        for r in node.retries.drain(..) {
+            let end = at + r.redo.len as usize;
+            if r.redo.until > now {
+                let slot = match r.slot {
+                    // The caller still waiting for it gets the reply, if it still waits.
+                    Slot::Reply {
+                        caller,
+                        run,
+                        tag,
+                        redo,
+                        ..
+                    } => Slot::Reply {
+                        caller,
+                        run,
+                        tag,
+                        sent: now,
+                        redo,
+                    },
+                    other => other,
+                };
+                node.cmd
+                    .queue_redo(slot, r.redo, &node.retry_bytes[at..end]);
+            }
+            at = end;
+        }
+        node.retry_bytes.clear();
+    }
+
+    // --- I/O -----------------------------------------------------------------------------
+
+    /// Every command connection that is down and due starts connecting: a client warms its
+    /// connections up before its first lock.
+    pub fn connect_all(&mut self, now: Instant) {
+        for i in 0..self.nodes.len() {
+            self.connect_if_down(i, now);
+        }
+    }
+
+    /// The next system call to make.
+    pub fn poll_io(&mut self) -> Option<Io> {
+        self.io.pop_front()
+    }
+
+    fn conn(&mut self, id: ConnId) -> &mut Conn {
+        let node = &mut self.nodes[id.node];
+        if id.sub {
+            &mut node.sub
+        } else {
+            &mut node.cmd
+        }
+    }
+
+    /// Whether the connection has a socket (connected or connecting).
+    pub fn is_open(&self, id: ConnId) -> bool {
+        let node = &self.nodes[id.node];
+        !if id.sub { &node.sub } else { &node.cmd }.is_down()
+    }
+
+    /// The connect of `id` finished.
+    pub fn handle_connected(&mut self, id: ConnId) {
+        self.conn(id).connected();
+    }
+
+    /// The address the connect of `id` is to.
+    pub fn connect_addr(&self, id: ConnId) -> std::net::SocketAddr {
+        let node = &self.nodes[id.node];
+        let trying = if id.sub { &node.sub } else { &node.cmd }.trying;
+        let addrs = &self.config.nodes[id.node].addrs;
+        addrs[trying.min(addrs.len() - 1)]
+    }
+
+    /// The connect of `id` failed with `why` at `now` (its socket, if any, is closed): the
+    /// node's next address is tried (another [`Io::Connect`]), or, when none is left, the
+    /// connection fails.
+    pub fn handle_connect_failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
+        let addresses = self.config.nodes[id.node].addrs.len();
+        if self.conn(id).next_address(addresses, now) {
+            self.io.push_back(Io::Connect(id));
+        } else {
+            self.fail(id, why, now);
+        }
+    }
+
+    /// The bytes `id` has to write.
+    pub fn pending(&self, id: ConnId) -> &[u8] {
+        let node = &self.nodes[id.node];
+        if id.sub { &node.sub } else { &node.cmd }.pending()
+    }
+
+    /// Whether `id` has bytes to write.
+    pub fn wants_write(&self, id: ConnId) -> bool {
+        let node = &self.nodes[id.node];
+        if id.sub { &node.sub } else { &node.cmd }.has_pending_output()
+    }
+
+    /// `n` bytes of [`pending`](Self::pending) were written to `id` at `now`. Once all of it
+    /// is, the owners of the commands that left are told.
+    pub fn handle_sent(&mut self, id: ConnId, n: usize, now: Instant) {
+        let conn = self.conn(id);
+        conn.sent(n);
+        if id.sub {
+            return;
+        }
+        let mail = &mut self.mail;
+        self.nodes[id.node].cmd.take_written(|s| {
+            if let Slot::Reply {
+                caller, run, tag, ..
+            } = *s
+            {
+                mail.post_quiet(
+                    caller as usize,
+                    run,
+                    Event::Written {
+                        node: id.node,
+                        tag,
+                        at: now,
+                    },
+                );
+            }
+        });
+    }
+
+    /// Space to read `id`'s incoming bytes into; report what was read with
+    /// [`handle_recv`](Self::handle_recv). An error means the connection cannot take more (a
+    /// reply bigger than the codec accepts): it is failed, and its socket should be closed.
+    pub fn recv_buf(&mut self, id: ConnId, now: Instant) -> Option<&mut [u8]> {
+        let limits = self.config.limits;
+        if let Err(why) = self.conn(id).recv_buf(&limits) {
+            self.fail(id, why, now);
+            self.io.push_back(Io::Close(id));
+            return None;
+        }
+        self.conn(id).recv_buf(&limits).ok()
+    }
+
+    /// `n` bytes were read into [`recv_buf`](Self::recv_buf) of `id` at `now`: every complete
+    /// reply is routed to its caller (or, on a pub/sub connection, every message to the
+    /// callers of its channel).
+    pub fn handle_recv(&mut self, id: ConnId, n: usize, now: Instant) {
+        self.conn(id).received(n);
+        let limits = self.config.limits;
+        let i = id.node;
+        let result = if id.sub {
+            let channels = &mut self.channels;
+            let mail = &mut self.mail;
+            self.nodes[i].sub.take_replies(&limits, |_, bytes| {
+                channels.handle_push(i, bytes, &limits, mail)
+            })
+        } else {
+            let mail = &mut self.mail;
+            let stats = &self.stats;
+            self.nodes[i].cmd.take_replies(&limits, |slot, bytes| {
+                if let Slot::Reply {
+                    caller,
+                    run,
+                    tag,
+                    sent,
+                    ..
+                } = slot
+                {
+                    // Every reply is timed, the late ones too: a round decided at the quorum
+                    // must not hide the slowest node's latency.
+                    stats.reply(i, now.saturating_duration_since(sent));
+                    mail.post_reply(caller as usize, run, i, tag, bytes);
+                }
+            })
+        };
+        match result {
+            Ok(false) => {}
+            Ok(true) if id.sub => {
+                self.nodes[i].sub.release_held();
+            }
+            Ok(true) => self.set_up(i, now),
+            Err(why) => {
+                self.fail(id, why, now);
+                self.io.push_back(Io::Close(id));
+            }
+        }
+    }
+
+    /// Node `i`'s command connection has answered its whole setup: the node's server is what
+    /// it said, and what waited behind the setup goes out (see the module docs for what a
+    /// changed server and a duplicate one mean).
+    fn set_up(&mut self, i: usize, now: Instant) {
+        let learnt = self.nodes[i].cmd.learnt;
+        let twin = learnt.run_id.and_then(|id| {
+            (0..self.nodes.len()).find(|&j| j != i && self.nodes[j].server.run_id == Some(id))
+        });
+        let id = ConnId {
+            node: i,
+            sub: false,
+        };
+        if let Some(j) = twin {
+            let why = Setup::Info.failed(NodeErrorKind::SameServer { node: j });
+            self.fail(id, why, now);
+            self.io.push_back(Io::Close(id));
+            return;
+        }
+        let changed = learnt.caps != self.nodes[i].server.caps;
+        self.nodes[i].server = learnt;
+        if changed && self.nodes[i].cmd.holds_fresh_commands() {
+            // Written for the server the node was: they must not run on the one it is.
+            self.fail(id, NodeErrorKind::ServerChanged, now);
+            self.io.push_back(Io::Close(id));
+            return;
+        }
+        self.nodes[i].cmd.release_held();
+    }
+
+    /// The connection `id` failed with `why` at `now` (its socket is closed, or to be closed):
+    /// every reply it owed fails for its owner, but for the compare-and-deletes, which are
+    /// kept for the node's next connection.
+    pub fn handle_failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
+        self.fail(id, why, now);
+    }
+
+    fn fail(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
+        let i = id.node;
+        if id.sub {
+            let node = &mut self.nodes[i];
+            node.sub.fail(why, now, |_, _| {});
+            self.channels.lost_subscriber(i, &mut self.mail);
+            return;
+        }
+        let Node {
+            cmd,
+            retries,
+            retry_bytes,
+            ..
+        } = &mut self.nodes[i];
+        let mail = &mut self.mail;
+        cmd.fail(why.clone(), now, |slot, bytes| {
+            let redo = match slot {
+                Slot::Reply { redo, .. } | Slot::Discard { redo } => redo,
+                _ => None,
+            };
+            match (redo.filter(|r| r.until > now), bytes) {
+                // Sent again on the next connection; its owner, if it still waits, gets
+                // that reply.
+                (Some(redo), Some(bytes)) => {
+                    retry_bytes.extend_from_slice(bytes);
+                    retries.push(Retry { slot, redo });
+                }
+                _ => {
+                    if let Slot::Reply {
+                        caller, run, tag, ..
+                    } = slot
+                    {
+                        mail.post(
+                            caller as usize,
+                            run,
+                            Event::Failure {
+                                node: i,
+                                tag,
+                                why: why.clone(),
+                            },
+                        );
+                    }
+                }
+            }
+        });
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) has work to do: a connect that may be
+    /// overdue, or a node whose compare-and-deletes wait for its backoff to pass.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let connect = self.config.connect_timeout;
+        self.nodes
+            .iter()
+            .flat_map(|n| {
+                let retry = (!n.retries.is_empty()).then(|| n.cmd.retry_at()).flatten();
+                [
+                    n.cmd.connecting_since().map(|s| s + connect),
+                    n.sub.connecting_since().map(|s| s + connect),
+                    retry,
+                ]
+            })
+            .flatten()
+            .min()
+    }
+
+    /// Fails the connects that took longer than the connect timeout, and reconnects the nodes
+    /// whose compare-and-deletes wait, once their backoff has passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let connect = self.config.connect_timeout;
+        for i in 0..self.nodes.len() {
+            for sub in [false, true] {
+                let id = ConnId { node: i, sub };
+                let overdue = self
+                    .conn(id)
+                    .connecting_since()
+                    .is_some_and(|s| now.saturating_duration_since(s) >= connect);
+                if overdue {
+                    self.io.push_back(Io::Close(id));
+                    let why = NodeErrorKind::Connect(std::io::ErrorKind::TimedOut);
+                    self.handle_connect_failed(id, why, now);
+                }
+            }
+            let node = &mut self.nodes[i];
+            if !node.retries.is_empty() {
+                if node.retries.iter().all(|r| r.redo.until <= now) {
+                    node.retries.clear();
+                    node.retry_bytes.clear();
+                } else {
+                    self.connect_if_down(i, now);
+                }
+            }
+        }
+    }
+
+    /// Whether a command connection still owes replies, or a node still has compare-and-deletes
+    /// to send again that are worth it: what a client waits for before it closes.
+    pub fn busy(&self, now: Instant) -> bool {
+        self.nodes.iter().any(|n| {
+            (!n.cmd.is_down() && (n.cmd.owes_replies() || n.cmd.has_pending_output()))
+                || n.retries.iter().any(|r| r.redo.until > now)
+        })
+    }
+
+    /// The nodes with compare-and-deletes (releases, cleanups) not known to have reached them,
+    /// worth sending still at `now`: those a client that closes now would leave behind.
+    pub fn undelivered(&self, now: Instant) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                let n = &self.nodes[i];
+                n.retries.iter().any(|r| r.redo.until > now)
+                    || n.cmd.redo_until().is_some_and(|u| u > now)
+            })
+            .collect()
+    }
+
+    /// Every command connection is down, or set up and owes nothing: a warm-up is over.
+    pub fn is_settled(&self) -> bool {
+        self.nodes
+            .iter()
+            .all(|n| n.cmd.is_down() || (n.cmd.is_ready() && n.cmd.owed() == 0))
+    }
+
+    /// The nodes whose last connection was closed because its setup was refused (see
+    /// [`NodeErrorKind::Setup`]), with the reason.
+    pub fn setup_failures(&self) -> Vec<(usize, NodeErrorKind)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| Some((i, n.cmd.setup_error()?.clone())))
+            .collect()
+    }
+
+    // --- wake channels -------------------------------------------------------------------
+
+    /// Subscribes the caller to the channels `m` writes for `t` (see [`Channels`]).
+    fn subscribe<M: Machine>(
+        &mut self,
+        t: &Transmit,
+        m: &mut M,
+        caller: CallerId,
+        run: u64,
+        now: Instant,
+    ) {
+        self.channels
+            .add(t, m, caller, run, &self.config.limits, &mut self.mail);
+        for k in 0..self.channels.changed.len() {
+            let idx = self.channels.changed[k];
+            for i in 0..self.nodes.len() {
+                self.subscribe_on(i, idx, now);
+            }
+        }
+        self.channels
+            .await_confirmations(caller, run, &mut self.mail);
+    }
+
+    /// Subscribes node `i`'s pub/sub connection to channel `idx`, connecting it first if it is
+    /// down and due (then every live channel is subscribed to).
+    fn subscribe_on(&mut self, i: usize, idx: usize, now: Instant) {
+        let sub = &mut self.nodes[i].sub;
+        if !sub.can_send(now) {
+            return;
+        }
+        let fresh = sub.is_down();
+        if fresh {
+            sub.start(&self.config.nodes[i], now);
+            self.io
+                .push_back(Io::Connect(ConnId { node: i, sub: true }));
+        }
+        let sub = &mut self.nodes[i].sub;
+        self.channels.write_subscribe(i, Some(idx), fresh, |write| {
+            sub.queue_unmatched(|out| write(out))
+        });
+    }
+
+    /// Drops the caller's references to its channels; those nobody holds any more are
+    /// unsubscribed from.
+    fn unsubscribe(&mut self, caller: CallerId, run: u64, _now: Instant) {
+        self.channels.remove(caller, run, &mut self.mail);
+        for k in 0..self.channels.changed.len() {
+            let idx = self.channels.changed[k];
+            for node in &mut self.nodes {
+                let sub = &mut node.sub;
+                if sub.is_up() {
+                    self.channels
+                        .write_unsubscribe(idx, |write| sub.queue_unmatched(|out| write(out)));
+                }
+            }
+        }
+    }
+}
+
+/// Decodes one framed reply for a machine, or says why it cannot be.
+pub(crate) fn decode_reply<'a>(
+    bytes: &'a [u8],
+    limits: &crate::resp::Limits,
+) -> Result<Reply<'a>, NodeErrorKind> {
+    conn::decoded(bytes, limits)
+}
+
+#[cfg(test)]
+mod tests;

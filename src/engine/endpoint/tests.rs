@@ -1,0 +1,470 @@
+//! The endpoint on its own, driven by hand: bytes in, bytes out, virtual time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::config::{Config, RwPolicy};
+use crate::engine::machine::{Tag, Transmit, What};
+use crate::engine::ops::{ScriptForm, SCRIPTS};
+use crate::resp::{self, Limits};
+use crate::rng::{Jitter, Token};
+use crate::url::NodeAddr;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn config(nodes: usize) -> Arc<Config> {
+    Arc::new(Config {
+        nodes: (0..nodes)
+            .map(|i| NodeAddr::parse(&format!("127.0.0.1:{}", 7000 + i)).unwrap())
+            .collect(),
+        node_timeout: 50 * MS,
+        connect_timeout: 100 * MS,
+        retry_count: 0,
+        retry_delay: 10 * MS,
+        wait_timeout: Duration::from_secs(1),
+        drift_factor: 0.01,
+        fair: false,
+        fair_after: Duration::ZERO,
+        limits: Limits::default(),
+        rw_policy: RwPolicy::ReadPreferring,
+    })
+}
+
+/// A machine that sends one command to every node and records what comes back. Its bytes
+/// say which form it was written in: `NATIVE` where the server has `HSETEX`, else `LUA`.
+struct Probe {
+    what: What,
+    redo: Option<Instant>,
+    tag: Option<Tag>,
+    sent: bool,
+    replies: Vec<(usize, String)>,
+    failures: Vec<(usize, NodeErrorKind)>,
+}
+
+impl Probe {
+    fn new(what: What, redo: Option<Instant>) -> Probe {
+        Probe {
+            what,
+            redo,
+            tag: Some(1),
+            sent: false,
+            replies: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+}
+
+impl Machine for Probe {
+    type Output = ();
+
+    fn handle_reply(
+        &mut self,
+        node: usize,
+        _tag: Tag,
+        reply: &Reply<'_>,
+        _now: Instant,
+        _rng: &mut dyn Entropy,
+    ) {
+        let text = match reply {
+            Reply::Error(m) => format!("Error({})", String::from_utf8_lossy(m)),
+            other => format!("{other:?}"),
+        };
+        self.replies.push((node, text));
+    }
+
+    fn handle_failure(
+        &mut self,
+        node: usize,
+        _tag: Tag,
+        why: NodeErrorKind,
+        _now: Instant,
+        _rng: &mut dyn Entropy,
+    ) {
+        self.failures.push((node, why));
+    }
+
+    fn handle_timeout(&mut self, _now: Instant, _rng: &mut dyn Entropy) {}
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        if std::mem::replace(&mut self.sent, true) {
+            return None;
+        }
+        Some(Transmit {
+            to: To::All,
+            tag: self.tag,
+            form: ScriptForm::Sha,
+            what: self.what,
+            redo: self.redo,
+        })
+    }
+
+    fn encode(&self, _t: &Transmit, caps: Caps, out: &mut Vec<u8>) -> usize {
+        let name: &[u8] = if caps.hsetex { b"NATIVE" } else { b"LUA" };
+        resp::encode_command(out, &[name]);
+        0
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+
+    fn poll_outcome(&mut self) -> Option<()> {
+        None
+    }
+}
+
+fn rng() -> Jitter {
+    use rand_core::SeedableRng;
+    Jitter::from_seed([7; 32])
+}
+
+/// The I/O shell's side, by hand.
+struct Net {
+    ep: Endpoint,
+    now: Instant,
+}
+
+const INFO_82: &str = "redis_version:8.2.3\r\nrun_id:";
+
+impl Net {
+    fn new(nodes: usize) -> Net {
+        let now = Instant::now();
+        Net {
+            ep: Endpoint::new(config(nodes), Arc::new(Recorder::new(nodes)), now),
+            now,
+        }
+    }
+
+    fn cmd(node: usize) -> ConnId {
+        ConnId { node, sub: false }
+    }
+
+    /// Takes every `Io::Connect` and reports the connects done.
+    fn connect_all(&mut self) -> Vec<ConnId> {
+        let mut done = Vec::new();
+        while let Some(io) = self.ep.poll_io() {
+            if let Io::Connect(id) = io {
+                self.ep.handle_connected(id);
+                done.push(id);
+            }
+        }
+        done
+    }
+
+    /// Everything `id` has to write, as written.
+    fn take_output(&mut self, id: ConnId) -> Vec<u8> {
+        let out = self.ep.pending(id).to_vec();
+        self.ep.handle_sent(id, out.len(), self.now);
+        out
+    }
+
+    fn reply(&mut self, id: ConnId, bytes: &[u8]) {
+        let buf = self.ep.recv_buf(id, self.now).expect("room");
+        buf[..bytes.len()].copy_from_slice(bytes);
+        self.ep.handle_recv(id, bytes.len(), self.now);
+    }
+
+    /// Answers a command connection's setup as a server with `info` (its `INFO server` text,
+    /// followed by a run id made of `id`) and `hsetex`.
+    fn answer_setup(&mut self, node: usize, info: &str, id: char, hsetex: bool) {
+        let mut r = Vec::new();
+        for _ in SCRIPTS {
+            r.extend_from_slice(b"$40\r\n0000000000000000000000000000000000000000\r\n");
+        }
+        let text = format!("{info}{}\r\n", id.to_string().repeat(40));
+        r.extend_from_slice(format!("${}\r\n{text}\r\n", text.len()).as_bytes());
+        if hsetex {
+            r.extend_from_slice(b"*2\r\n$-1\r\n*1\r\n$6\r\nhsetex\r\n");
+        } else {
+            r.extend_from_slice(b"*2\r\n$-1\r\n$-1\r\n");
+        }
+        self.reply(Self::cmd(node), &r);
+    }
+
+    fn step(&mut self, caller: CallerId, run: u64, m: &mut Probe) {
+        let mut rng = rng();
+        self.ep.step(caller, run, m, self.now, &mut rng);
+    }
+}
+
+/// The commands in `bytes`, by their first word.
+fn words(bytes: &[u8]) -> Vec<String> {
+    let mut rest = bytes;
+    let mut out = Vec::new();
+    while let Ok(resp::Status::Complete((Reply::Array(Some(items)), used))) =
+        resp::decode(rest, &Limits::default())
+    {
+        if let Some(Reply::Bulk(Some(w))) = items.first() {
+            out.push(String::from_utf8_lossy(w).into_owned());
+        }
+        rest = &rest[used..];
+    }
+    out
+}
+
+#[test]
+fn a_reconnect_never_changes_the_form_of_a_command() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', true);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let mut m = Probe::new(What::Subscribe, None);
+    net.step(caller, run, &mut m);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["NATIVE"]);
+    net.ep.finish(caller, run, net.now);
+
+    // The connection breaks; the next command goes behind a new setup, not answered yet: it
+    // is written for the server the node was, not for "nothing known".
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    net.now += 20 * MS;
+    let run = net.ep.begin(caller);
+    let mut m = Probe::new(What::Subscribe, None);
+    net.step(caller, run, &mut m);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', true);
+    let sent = words(&net.take_output(Net::cmd(0)));
+    assert_eq!(sent, ["NATIVE"]);
+    assert!(m.failures.is_empty(), "{:?}", m.failures);
+}
+
+#[test]
+fn commands_written_for_a_server_that_changed_are_not_sent() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', true);
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    net.now += 20 * MS;
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let mut m = Probe::new(What::Subscribe, None);
+    net.step(caller, run, &mut m);
+    net.connect_all();
+    let setup = words(&net.take_output(Net::cmd(0)));
+    assert!(!setup.contains(&"NATIVE".to_string()), "{setup:?}");
+    // Downgraded to 7.0 on its data: the held NATIVE command fails, unsent.
+    net.answer_setup(0, "redis_version:7.0.15\r\nrun_id:", 'a', false);
+    assert!(net.ep.poll_io() == Some(Io::Close(Net::cmd(0))));
+    assert!(!net.ep.wants_write(Net::cmd(0)));
+    let mut rng = rng();
+    net.ep.step(caller, run, &mut m, net.now, &mut rng);
+    assert!(
+        matches!(m.failures.as_slice(), [(0, NodeErrorKind::ServerChanged)]),
+        "{:?}",
+        m.failures
+    );
+    // What comes next is written for the server it is now.
+    net.ep.finish(caller, run, net.now);
+    net.now += 50 * MS;
+    let run = net.ep.begin(caller);
+    let mut m = Probe::new(What::Subscribe, None);
+    net.step(caller, run, &mut m);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, "redis_version:7.0.15\r\nrun_id:", 'a', false);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+}
+
+#[test]
+fn a_release_whose_connection_broke_is_sent_again_first_on_the_next() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([1; 20]);
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 10_000 * MS));
+    net.step(caller, run, &mut release);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    // Written, not answered: the connection breaks. The release is not failed to its owner,
+    // who still waits for it: it goes again.
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    net.step(caller, run, &mut release);
+    assert!(release.failures.is_empty(), "{:?}", release.failures);
+    // Once the backoff has passed, the endpoint reconnects for it by itself.
+    let due = net.ep.poll_timeout().expect("a reconnect is due");
+    net.now = due;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.connect_all(), [Net::cmd(0)]);
+    let setup = net.take_output(Net::cmd(0));
+    assert!(!words(&setup).contains(&"LUA".to_string()));
+    net.answer_setup(0, INFO_82, 'a', false);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    net.reply(Net::cmd(0), b":1\r\n");
+    net.step(caller, run, &mut release);
+    assert_eq!(release.replies, [(0, "Integer(1)".to_string())]);
+    assert!(!net.ep.busy(net.now));
+}
+
+#[test]
+fn an_acquisition_written_before_a_break_is_failed_and_never_sent_again() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([2; 20]);
+    let mut acquire = Probe::new(What::Acquire { token }, None);
+    net.step(caller, run, &mut acquire);
+    net.take_output(Net::cmd(0));
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    net.step(caller, run, &mut acquire);
+    assert_eq!(acquire.failures.len(), 1);
+    assert_eq!(net.ep.poll_timeout(), None);
+    assert!(!net.ep.busy(net.now));
+}
+
+#[test]
+fn a_transaction_aborted_for_a_refused_command_reports_the_refusal() {
+    struct Multi(Probe);
+    impl Machine for Multi {
+        type Output = ();
+        fn handle_reply(
+            &mut self,
+            n: usize,
+            t: Tag,
+            r: &Reply<'_>,
+            now: Instant,
+            g: &mut dyn Entropy,
+        ) {
+            self.0.handle_reply(n, t, r, now, g)
+        }
+        fn handle_failure(
+            &mut self,
+            n: usize,
+            t: Tag,
+            w: NodeErrorKind,
+            now: Instant,
+            g: &mut dyn Entropy,
+        ) {
+            self.0.handle_failure(n, t, w, now, g)
+        }
+        fn handle_timeout(&mut self, _: Instant, _: &mut dyn Entropy) {}
+        fn poll_transmit(&mut self) -> Option<Transmit> {
+            self.0.poll_transmit()
+        }
+        fn encode(&self, _: &Transmit, _: Caps, out: &mut Vec<u8>) -> usize {
+            for w in [&b"MULTI"[..], b"HDEL", b"EXEC"] {
+                resp::encode_command(out, &[w]);
+            }
+            2
+        }
+        fn poll_timeout(&self) -> Option<Instant> {
+            None
+        }
+        fn poll_outcome(&mut self) -> Option<()> {
+            None
+        }
+    }
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let mut m = Multi(Probe::new(What::Subscribe, None));
+    let mut rng = rng();
+    net.ep.step(caller, run, &mut m, net.now, &mut rng);
+    net.take_output(Net::cmd(0));
+    net.reply(
+        Net::cmd(0),
+        b"+OK\r\n-READONLY You can't write against a read only replica.\r\n\
+          -EXECABORT Transaction discarded because of previous errors.\r\n",
+    );
+    net.ep.step(caller, run, &mut m, net.now, &mut rng);
+    assert_eq!(m.0.replies.len(), 1);
+    assert!(m.0.replies[0].1.contains("READONLY"), "{:?}", m.0.replies);
+}
+
+#[test]
+fn one_server_reached_as_two_nodes_is_a_configuration_error() {
+    let mut net = Net::new(2);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    for i in 0..2 {
+        net.take_output(Net::cmd(i));
+    }
+    net.answer_setup(0, INFO_82, 'a', false);
+    net.answer_setup(1, INFO_82, 'a', false);
+    let failures = net.ep.setup_failures();
+    assert!(
+        matches!(failures.as_slice(), [(1, NodeErrorKind::Setup { cause, .. })]
+            if matches!(**cause, NodeErrorKind::SameServer { node: 0 })),
+        "{failures:?}"
+    );
+}
+
+#[test]
+fn acquisitions_skip_a_node_that_is_behind_and_releases_do_not() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let mut first = Probe::new(
+        What::Acquire {
+            token: Token::from_random([3; 20]),
+        },
+        None,
+    );
+    net.step(caller, run, &mut first);
+    net.take_output(Net::cmd(0));
+    // No reply for longer than the node timeout: the node is behind.
+    net.now += 60 * MS;
+    assert_eq!(net.ep.late_nodes(net.now), 1);
+    let mut second = Probe::new(
+        What::Acquire {
+            token: Token::from_random([4; 20]),
+        },
+        None,
+    );
+    net.step(caller, run, &mut second);
+    assert!(matches!(
+        second.failures.as_slice(),
+        [(0, NodeErrorKind::Timeout)]
+    ));
+    assert!(!net.ep.wants_write(Net::cmd(0)));
+    let mut release = Probe::new(
+        What::Release {
+            token: Token::from_random([3; 20]),
+        },
+        Some(net.now + 10_000 * MS),
+    );
+    net.step(caller, run, &mut release);
+    assert!(release.failures.is_empty());
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    // The connection is never given up for slowness.
+    net.now += 10_000 * MS;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.ep.poll_io(), None);
+    assert!(net.ep.is_open(Net::cmd(0)));
+}
