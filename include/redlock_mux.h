@@ -32,7 +32,8 @@
  *
  * Linking: `pkg-config --cflags --libs redlock_mux` for the shared library;
  * `pkg-config --static --cflags --libs redlock_mux` lists what the static library needs
- * besides (with glibc: -lutil -lrt -lpthread -lm -ldl; on musl, nothing).
+ * besides (with glibc: -lutil -lrt -lpthread -lm -ldl; on musl: -lunwind, the libunwind.a of
+ * Rust's musl target).
  */
 
 #ifndef REDLOCK_MUX_H
