@@ -443,6 +443,59 @@ static void test_threads_share_a_client(redlock_mux_client *client) {
     }
 }
 
+/* What a thread saw of its own failure, and of the main thread's. */
+struct other_thread_error {
+    redlock_mux_result result;
+    size_t length_before;
+    char message[256];
+    redlock_mux_deadline deadline;
+};
+
+/* Fails one call of its own, and records what the last error then is on this thread. */
+static void *fail_on_another_thread(void *arg) {
+    struct other_thread_error *e = arg;
+    size_t n = 0;
+    e->length_before = redlock_mux_last_error_length();
+    e->result = redlock_mux_client_builder_new(NULL);
+    if (redlock_mux_last_error_message(e->message, sizeof e->message, &n) != REDLOCK_MUX_OK) {
+        e->message[0] = 0;
+    }
+    e->deadline = redlock_mux_last_error_deadline();
+    return NULL;
+}
+
+/* The last error and its deadline belong to the thread that failed: another thread's failure
+ * neither shows on this one nor replaces what this one last saw. */
+static void test_last_error_is_per_thread(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-per-thread";
+    redlock_mux_client *impatient = make_client(count, urls, 200);
+    redlock_mux_lock *held = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    struct other_thread_error e;
+    char mine[256];
+    pthread_t thread;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key - 1, 10000, &held));
+    CHECK_RESULT(redlock_mux_client_lock(impatient, key, sizeof key - 1, 10000, NULL, &l),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    snprintf(mine, sizeof mine, "%s", last_error());
+    memset(&e, 0, sizeof e);
+    CHECK(pthread_create(&thread, NULL, fail_on_another_thread, &e) == 0);
+    CHECK(pthread_join(thread, NULL) == 0);
+    /* A new thread starts with no failure; its own is its own. */
+    CHECK(e.length_before == 0);
+    CHECK(e.result == REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(strstr(e.message, "`out` is NULL") != NULL);
+    CHECK(e.deadline == REDLOCK_MUX_DEADLINE_NONE);
+    /* This thread's is as it was. */
+    CHECK(strcmp(last_error(), mine) == 0);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+    redlock_mux_client_free(impatient);
+}
+
 /* ---- Multi-key, fenced and kept-alive locks. ---- */
 
 static void sleep_ms(long ms) {
@@ -1995,6 +2048,7 @@ int main(int argc, char **argv) {
     test_quorum_unreachable();
     test_config_error(argv[1]);
     test_threads_share_a_client(client);
+    test_last_error_is_per_thread(client, argc - 1, argv + 1);
     test_lock_null_parameters(client);
     test_multi_locks(client);
     test_fenced_locks(client);
