@@ -41,7 +41,6 @@ mod config;
 mod driver;
 mod engine;
 mod error;
-mod ffi;
 mod guard;
 mod keepalive;
 mod keeper;
@@ -72,6 +71,67 @@ pub use url::NodeUrl;
 pub mod internals {
     pub use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm, Verdict};
     pub use crate::engine::{quorum, Decision, Round, Timing, Vote};
+
+    // For the C API (capi/, a package of its own).
+
+    /// The length of a lock's token, in bytes.
+    pub const TOKEN_LEN: usize = crate::rng::TOKEN_LEN;
+
+    /// The kind of an [`Error`](crate::Error), without its details. Matched here without a
+    /// wildcard, where `#[non_exhaustive]` does not apply: a new kind of error fails to compile
+    /// until it is added, and then fails the C API's match until the C API gives it a number.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum ErrorKind {
+        InvalidArgument,
+        Contended,
+        QuorumUnreachable,
+        ValidityExpired,
+        Io,
+        Config,
+        WaitEnded,
+        Cancelled,
+        Undelivered,
+    }
+
+    impl ErrorKind {
+        /// The kind of `error`.
+        pub fn of(error: &crate::Error) -> ErrorKind {
+            use crate::Error as E;
+            match error {
+                E::InvalidArgument(_) => ErrorKind::InvalidArgument,
+                E::Contended { .. } => ErrorKind::Contended,
+                E::QuorumUnreachable { .. } => ErrorKind::QuorumUnreachable,
+                E::ValidityExpired { .. } => ErrorKind::ValidityExpired,
+                E::Io(_) => ErrorKind::Io,
+                E::Config { .. } => ErrorKind::Config,
+                E::WaitEnded { .. } => ErrorKind::WaitEnded,
+                E::Cancelled => ErrorKind::Cancelled,
+                E::Undelivered { .. } => ErrorKind::Undelivered,
+            }
+        }
+    }
+
+    /// A [`Deadline`](crate::Deadline), matched without a wildcard for the same reason.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum DeadlineKind {
+        WaitTimeout,
+        RetryCount,
+        Validity,
+        NodeTimeout,
+    }
+
+    impl DeadlineKind {
+        /// The kind of `deadline`.
+        pub fn of(deadline: crate::Deadline) -> DeadlineKind {
+            use crate::Deadline as D;
+            match deadline {
+                D::WaitTimeout => DeadlineKind::WaitTimeout,
+                D::RetryCount => DeadlineKind::RetryCount,
+                D::Validity => DeadlineKind::Validity,
+                D::NodeTimeout => DeadlineKind::NodeTimeout,
+            }
+        }
+    }
 }
 
 /// The README's examples, run as doctests.

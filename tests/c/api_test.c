@@ -23,19 +23,28 @@ static int sentinel_storage[4];
 static const uint8_t KEY[] = {'c', '-', 'a', 'p', 'i', 0, 'k', 'e', 'y'}; /* binary, with NUL */
 
 static void test_static_text(void) {
+    char version[64];
     CHECK(strcmp(redlock_mux_result_text(REDLOCK_MUX_OK), "ok") == 0);
     CHECK(strstr(redlock_mux_result_text(REDLOCK_MUX_CONTENDED), "contended") != NULL);
+    CHECK(strstr(redlock_mux_result_text(REDLOCK_MUX_UNSUPPORTED), "not supported") != NULL);
     CHECK(strcmp(redlock_mux_result_text(12345), "unknown result code") == 0);
-    CHECK(strlen(redlock_mux_version()) > 0);
+    /* The library loaded is the one this header came with. */
+    snprintf(version, sizeof version, "%d.%d.%d", REDLOCK_MUX_VERSION_MAJOR,
+             REDLOCK_MUX_VERSION_MINOR, REDLOCK_MUX_VERSION_PATCH);
+    CHECK(strcmp(redlock_mux_version(), version) == 0);
     /* The numbers are part of the ABI. */
     CHECK(REDLOCK_MUX_OK == 0 && REDLOCK_MUX_NULL_PARAMETER == 1 &&
           REDLOCK_MUX_INVALID_ARGUMENT == 2 && REDLOCK_MUX_CONTENDED == 3 &&
           REDLOCK_MUX_QUORUM_UNREACHABLE == 4 && REDLOCK_MUX_VALIDITY_EXPIRED == 5 &&
           REDLOCK_MUX_IO == 6 && REDLOCK_MUX_BUFFER_TOO_SMALL == 7 && REDLOCK_MUX_RELEASED == 8 &&
-          REDLOCK_MUX_PANIC == 9 && REDLOCK_MUX_CONFIG == 10 && REDLOCK_MUX_CANCELLED == 11);
+          REDLOCK_MUX_PANIC == 9 && REDLOCK_MUX_CONFIG == 10 && REDLOCK_MUX_CANCELLED == 11 &&
+          REDLOCK_MUX_UNSUPPORTED == 12);
     CHECK(REDLOCK_MUX_DEADLINE_NONE == 0 && REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT == 1 &&
           REDLOCK_MUX_DEADLINE_RETRY_COUNT == 2 && REDLOCK_MUX_DEADLINE_VALIDITY == 3 &&
           REDLOCK_MUX_DEADLINE_NODE_TIMEOUT == 4);
+    CHECK(REDLOCK_MUX_KIND_MUTEX == 1 && REDLOCK_MUX_KIND_READ == 2 && REDLOCK_MUX_KIND_WRITE == 3 &&
+          REDLOCK_MUX_KIND_ALL == 4 && REDLOCK_MUX_KIND_FENCED_MUTEX == 5 &&
+          REDLOCK_MUX_KIND_FENCED_WRITE == 6 && REDLOCK_MUX_KIND_SEMAPHORE == 7);
 }
 
 static void test_null_parameters(redlock_mux_client *client) {
@@ -73,13 +82,13 @@ static void test_null_parameters(redlock_mux_client *client) {
     CHECK_RESULT(redlock_mux_client_try_lock(NULL, KEY, sizeof KEY, 1000, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
     CHECK_RESULT(redlock_mux_client_try_lock(client, NULL, 3, 1000, &l), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_lock(NULL, KEY, sizeof KEY, 1000, &l), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_lock(client, NULL, 3, 1000, &l), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_lock(NULL, KEY, sizeof KEY, 1000, NULL, &l), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_lock(client, NULL, 3, 1000, NULL, &l), REDLOCK_MUX_NULL_PARAMETER);
     CHECK(l == SENTINEL(redlock_mux_lock, 2));
     /* A NULL out is refused before the lock is taken: the key stays free. */
     CHECK_RESULT(redlock_mux_client_try_lock(client, KEY, sizeof KEY, 1000, NULL),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 1000, NULL),
+    CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 1000, NULL, NULL),
                  REDLOCK_MUX_NULL_PARAMETER);
     l = NULL;
     CHECK_OK(redlock_mux_client_try_lock(client, KEY, sizeof KEY, 5000, &l));
@@ -158,7 +167,7 @@ static void test_bad_arguments(redlock_mux_client *client) {
     CHECK_RESULT(redlock_mux_client_try_lock(client, KEY, sizeof KEY, 0, &l),
                  REDLOCK_MUX_INVALID_ARGUMENT);
     CHECK(strstr(last_error(), "TTL") != NULL);
-    CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 1, &l), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 1, NULL, &l), REDLOCK_MUX_INVALID_ARGUMENT);
     CHECK_RESULT(redlock_mux_client_try_lock(client, KEY, sizeof KEY, UINT64_MAX, &l),
                  REDLOCK_MUX_INVALID_ARGUMENT);
     big = calloc(REDLOCK_MUX_MAX_KEY_LEN + 1, 1);
@@ -223,7 +232,7 @@ static void test_lock_and_unlock(redlock_mux_client *client) {
 
     /* Released: the waiting form gets it at once, with a fresh token. */
     b = NULL;
-    CHECK_OK(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, &b));
+    CHECK_OK(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, NULL, &b));
     CHECK_OK(redlock_mux_lock_token(b, other, sizeof other, &n));
     CHECK(memcmp(token, other, sizeof token) != 0);
     /* Freeing a held lock releases it. */
@@ -261,9 +270,9 @@ static void test_fair_client(int count, char **urls) {
     CHECK_OK(redlock_mux_client_builder_build(b, &client));
     redlock_mux_client_builder_free(b);
 
-    CHECK_OK(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, &a));
+    CHECK_OK(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, NULL, &a));
     /* A waiter gives up after its retries while the lock is held. */
-    CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, &w), REDLOCK_MUX_CONTENDED);
+    CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 10000, NULL, &w), REDLOCK_MUX_CONTENDED);
     CHECK(w == SENTINEL(redlock_mux_lock, 0));
     CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_RETRY_COUNT);
     CHECK(strstr(last_error(), "retry count") != NULL);
@@ -278,10 +287,10 @@ static void test_last_error_deadline(redlock_mux_client *client, int count, char
     const size_t len = sizeof key - 1;
     redlock_mux_client *impatient = make_client(count, urls, 300); /* waits 300 ms */
     redlock_mux_lock *held = NULL, *l = SENTINEL(redlock_mux_lock, 0);
-    redlock_mux_fenced_write_lock *held_w = NULL, *w = SENTINEL(redlock_mux_fenced_write_lock, 1);
+    redlock_mux_lock *held_w = NULL, *w = SENTINEL(redlock_mux_lock, 1);
 
     CHECK_OK(redlock_mux_client_try_lock(client, key, len, 10000, &held));
-    CHECK_RESULT(redlock_mux_client_lock(impatient, key, len, 10000, &l), REDLOCK_MUX_CONTENDED);
+    CHECK_RESULT(redlock_mux_client_lock(impatient, key, len, 10000, NULL, &l), REDLOCK_MUX_CONTENDED);
     CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
     CHECK(strstr(last_error(), "wait timeout") != NULL);
     /* Asking, and calls that succeed, leave it as it was. */
@@ -294,16 +303,16 @@ static void test_last_error_deadline(redlock_mux_client *client, int count, char
 
     /* The same for another kind. */
     CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, key, len, 10000, &held_w));
-    CHECK_RESULT(redlock_mux_client_write_lock_fenced(impatient, key, len, 10000, &w),
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(impatient, key, len, 10000, NULL, &w),
                  REDLOCK_MUX_CONTENDED);
     CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
-    CHECK(l == SENTINEL(redlock_mux_lock, 0) && w == SENTINEL(redlock_mux_fenced_write_lock, 1));
+    CHECK(l == SENTINEL(redlock_mux_lock, 0) && w == SENTINEL(redlock_mux_lock, 1));
     /* A NULL argument is no deadline either. */
-    CHECK_RESULT(redlock_mux_client_lock(impatient, key, len, 10000, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_lock(impatient, key, len, 10000, NULL, NULL), REDLOCK_MUX_NULL_PARAMETER);
     CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_NONE);
 
-    CHECK_OK(redlock_mux_fenced_write_lock_release(held_w));
-    redlock_mux_fenced_write_lock_free(held_w);
+    CHECK_OK(redlock_mux_lock_release(held_w));
+    redlock_mux_lock_free(held_w);
     CHECK_OK(redlock_mux_lock_release(held));
     redlock_mux_lock_free(held);
     redlock_mux_client_free(impatient);
@@ -311,20 +320,20 @@ static void test_last_error_deadline(redlock_mux_client *client, int count, char
 
 static void test_read_write_locks(redlock_mux_client *client) {
     static const uint8_t key[] = "c-api-rw";
-    redlock_mux_read_lock *r1 = NULL, *r2 = NULL, *r3 = SENTINEL(redlock_mux_read_lock, 0);
-    redlock_mux_write_lock *w = SENTINEL(redlock_mux_write_lock, 1);
+    redlock_mux_lock *r1 = NULL, *r2 = NULL, *r3 = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_lock *w = SENTINEL(redlock_mux_lock, 1);
     redlock_mux_client_builder *b = NULL;
     uint8_t t1[REDLOCK_MUX_TOKEN_LEN], t2[REDLOCK_MUX_TOKEN_LEN];
     size_t n = 0;
     uint64_t ms = 0;
 
     CHECK_RESULT(redlock_mux_client_try_read_lock(NULL, key, 8, 1000, &r1), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_write_lock(client, NULL, 8, 1000, &w), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_read_lock(client, key, 8, 1000, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_write_lock(client, NULL, 8, 1000, NULL, &w), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_read_lock(client, key, 8, 1000, NULL, NULL), REDLOCK_MUX_NULL_PARAMETER);
     CHECK_RESULT(redlock_mux_client_try_write_lock(client, key, 0, 1000, &w),
                  REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_RESULT(redlock_mux_read_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_write_lock_extend(NULL, 5), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_extend(NULL, 5), REDLOCK_MUX_NULL_PARAMETER);
     CHECK_OK(redlock_mux_client_builder_new(&b));
     CHECK_RESULT(redlock_mux_client_builder_set_rw_policy(b, 7), REDLOCK_MUX_INVALID_ARGUMENT);
     CHECK_OK(redlock_mux_client_builder_set_rw_policy(b, REDLOCK_MUX_RW_WRITE_PREFERRING));
@@ -332,35 +341,35 @@ static void test_read_write_locks(redlock_mux_client *client) {
 
     /* Readers share. */
     CHECK_OK(redlock_mux_client_try_read_lock(client, key, 8, 10000, &r1));
-    CHECK_OK(redlock_mux_client_read_lock(client, key, 8, 10000, &r2));
-    CHECK_OK(redlock_mux_read_lock_token(r1, t1, sizeof t1, &n));
-    CHECK_OK(redlock_mux_read_lock_token(r2, t2, sizeof t2, &n));
+    CHECK_OK(redlock_mux_client_read_lock(client, key, 8, 10000, NULL, &r2));
+    CHECK_OK(redlock_mux_lock_token(r1, t1, sizeof t1, &n));
+    CHECK_OK(redlock_mux_lock_token(r2, t2, sizeof t2, &n));
     CHECK(n == REDLOCK_MUX_TOKEN_LEN && memcmp(t1, t2, n) != 0);
-    CHECK_OK(redlock_mux_read_lock_extend(r1, 20000));
-    CHECK_OK(redlock_mux_read_lock_validity_ms(r1, &ms));
+    CHECK_OK(redlock_mux_lock_extend(r1, 20000));
+    CHECK_OK(redlock_mux_lock_validity_ms(r1, &ms));
     CHECK(ms > 10000 && ms <= 20000);
     /* A writer is kept out while readers hold it. */
     CHECK_RESULT(redlock_mux_client_try_write_lock(client, key, 8, 10000, &w), REDLOCK_MUX_CONTENDED);
-    CHECK(w == SENTINEL(redlock_mux_write_lock, 1));
-    CHECK_OK(redlock_mux_read_lock_release(r1));
-    CHECK_RESULT(redlock_mux_read_lock_release(r1), REDLOCK_MUX_RELEASED);
-    redlock_mux_read_lock_free(r1);
-    redlock_mux_read_lock_free(r2); /* releases the last reader */
+    CHECK(w == SENTINEL(redlock_mux_lock, 1));
+    CHECK_OK(redlock_mux_lock_release(r1));
+    CHECK_RESULT(redlock_mux_lock_release(r1), REDLOCK_MUX_RELEASED);
+    redlock_mux_lock_free(r1);
+    redlock_mux_lock_free(r2); /* releases the last reader */
 
     /* The writer gets in, and keeps readers out. */
     w = NULL;
     CHECK_OK(redlock_mux_client_try_write_lock(client, key, 8, 10000, &w));
-    CHECK_OK(redlock_mux_write_lock_validity_ms(w, &ms));
+    CHECK_OK(redlock_mux_lock_validity_ms(w, &ms));
     CHECK(ms > 9000 && ms <= 10000);
-    CHECK_OK(redlock_mux_write_lock_token(w, t1, sizeof t1, &n));
+    CHECK_OK(redlock_mux_lock_token(w, t1, sizeof t1, &n));
     CHECK_RESULT(redlock_mux_client_try_read_lock(client, key, 8, 10000, &r3), REDLOCK_MUX_CONTENDED);
-    CHECK(r3 == SENTINEL(redlock_mux_read_lock, 0));
-    CHECK_OK(redlock_mux_write_lock_extend(w, 10000));
-    CHECK_OK(redlock_mux_write_lock_release(w));
-    CHECK_RESULT(redlock_mux_write_lock_extend(w, 10000), REDLOCK_MUX_RELEASED);
-    redlock_mux_write_lock_free(w);
-    redlock_mux_read_lock_free(NULL);
-    redlock_mux_write_lock_free(NULL);
+    CHECK(r3 == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_lock_extend(w, 10000));
+    CHECK_OK(redlock_mux_lock_release(w));
+    CHECK_RESULT(redlock_mux_lock_extend(w, 10000), REDLOCK_MUX_RELEASED);
+    redlock_mux_lock_free(w);
+    redlock_mux_lock_free(NULL);
+    redlock_mux_lock_free(NULL);
 }
 
 static void test_quorum_unreachable(void) {
@@ -408,7 +417,7 @@ static void *work(void *arg) {
     snprintf(key, sizeof key, "c-api-thread-%d", w->index);
     for (round = 0; round < ROUNDS; round++) {
         redlock_mux_lock *l = NULL;
-        if (redlock_mux_client_lock(w->client, (const uint8_t *)key, strlen(key), 5000, &l) !=
+        if (redlock_mux_client_lock(w->client, (const uint8_t *)key, strlen(key), 5000, NULL, &l) !=
                 REDLOCK_MUX_OK ||
             redlock_mux_lock_release(l) != REDLOCK_MUX_OK) {
             w->failures++;
@@ -432,6 +441,59 @@ static void test_threads_share_a_client(redlock_mux_client *client) {
         CHECK(pthread_join(threads[i], NULL) == 0);
         CHECK(workers[i].failures == 0);
     }
+}
+
+/* What a thread saw of its own failure, and of the main thread's. */
+struct other_thread_error {
+    redlock_mux_result result;
+    size_t length_before;
+    char message[256];
+    redlock_mux_deadline deadline;
+};
+
+/* Fails one call of its own, and records what the last error then is on this thread. */
+static void *fail_on_another_thread(void *arg) {
+    struct other_thread_error *e = arg;
+    size_t n = 0;
+    e->length_before = redlock_mux_last_error_length();
+    e->result = redlock_mux_client_builder_new(NULL);
+    if (redlock_mux_last_error_message(e->message, sizeof e->message, &n) != REDLOCK_MUX_OK) {
+        e->message[0] = 0;
+    }
+    e->deadline = redlock_mux_last_error_deadline();
+    return NULL;
+}
+
+/* The last error and its deadline belong to the thread that failed: another thread's failure
+ * neither shows on this one nor replaces what this one last saw. */
+static void test_last_error_is_per_thread(redlock_mux_client *client, int count, char **urls) {
+    static const uint8_t key[] = "c-api-per-thread";
+    redlock_mux_client *impatient = make_client(count, urls, 200);
+    redlock_mux_lock *held = NULL, *l = SENTINEL(redlock_mux_lock, 0);
+    struct other_thread_error e;
+    char mine[256];
+    pthread_t thread;
+
+    CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key - 1, 10000, &held));
+    CHECK_RESULT(redlock_mux_client_lock(impatient, key, sizeof key - 1, 10000, NULL, &l),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    snprintf(mine, sizeof mine, "%s", last_error());
+    memset(&e, 0, sizeof e);
+    CHECK(pthread_create(&thread, NULL, fail_on_another_thread, &e) == 0);
+    CHECK(pthread_join(thread, NULL) == 0);
+    /* A new thread starts with no failure; its own is its own. */
+    CHECK(e.length_before == 0);
+    CHECK(e.result == REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(strstr(e.message, "`out` is NULL") != NULL);
+    CHECK(e.deadline == REDLOCK_MUX_DEADLINE_NONE);
+    /* This thread's is as it was. */
+    CHECK(strcmp(last_error(), mine) == 0);
+    CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_lock_release(held));
+    redlock_mux_lock_free(held);
+    redlock_mux_client_free(impatient);
 }
 
 /* ---- Multi-key, fenced and kept-alive locks. ---- */
@@ -475,121 +537,253 @@ static int redis_del(const char *url, const uint8_t *key, size_t key_len) {
     return reply[1] == '1';
 }
 
-static void test_new_handles_null_parameters(redlock_mux_client *client) {
-    redlock_mux_multi_lock *m = SENTINEL(redlock_mux_multi_lock, 0);
-    redlock_mux_fenced_lock *f = SENTINEL(redlock_mux_fenced_lock, 1);
-    redlock_mux_kept_lock *k = SENTINEL(redlock_mux_kept_lock, 2);
-    redlock_mux_lock *l = NULL;
+/* Does nothing: a callback for calls that must refuse before they could keep it. */
+static void ignore_lost(void *user_data, redlock_mux_result reason) {
+    (void)user_data;
+    (void)reason;
+}
+
+/* Every acquisition checks its client, its key (or key arrays, and every key of a set), its
+ * token and its out; every function of the lock handle checks its pointers. Nothing is taken
+ * and nothing is written when one is NULL. */
+static void test_lock_null_parameters(redlock_mux_client *client) {
+    redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 0);
     const uint8_t *keys[2] = {(const uint8_t *)"c-null-a", (const uint8_t *)"c-null-b"};
     const uint8_t *with_null[2] = {(const uint8_t *)"c-null-a", NULL};
     const uint8_t *key = (const uint8_t *)"c-sentinel";
+    const uint8_t token[REDLOCK_MUX_TOKEN_LEN] = {0};
     size_t lens[2] = {8, 8};
     size_t n = 777;
     uint64_t ms = 777, fence = 777;
     uint8_t buf[64], lost = 77;
+    redlock_mux_kind kind = 777;
 
-    /* Acquisitions: every pointer, the key arrays even when empty, every key of the set. */
-    CHECK_RESULT(redlock_mux_client_try_lock_all(NULL, keys, lens, 2, 1000, &m),
+    /* Sets: every pointer, the key arrays even when empty, every key of the set. */
+    CHECK_RESULT(redlock_mux_client_try_lock_all(NULL, keys, lens, 2, 1000, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_try_lock_all(client, NULL, lens, 2, 1000, &m),
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, NULL, lens, 2, 1000, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
     CHECK(strstr(last_error(), "`keys`") != NULL);
-    CHECK_RESULT(redlock_mux_client_try_lock_all(client, NULL, lens, 0, 1000, &m),
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, NULL, lens, 0, 1000, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, NULL, 2, 1000, &m),
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, NULL, 2, 1000, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
     CHECK(strstr(last_error(), "key_lens") != NULL);
-    CHECK_RESULT(redlock_mux_client_try_lock_all(client, with_null, lens, 2, 1000, &m),
+    CHECK_RESULT(redlock_mux_client_try_lock_all(client, with_null, lens, 2, 1000, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
     CHECK(strstr(last_error(), "keys[1]") != NULL);
-    CHECK_RESULT(redlock_mux_client_lock_all(NULL, keys, lens, 2, 1000, &m),
+    CHECK_RESULT(redlock_mux_client_lock_all(NULL, keys, lens, 2, 1000, NULL, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_lock_all(client, keys, NULL, 2, 1000, &m),
+    CHECK_RESULT(redlock_mux_client_lock_all(client, keys, NULL, 2, 1000, NULL, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(m == SENTINEL(redlock_mux_multi_lock, 0));
-    CHECK_RESULT(redlock_mux_client_try_lock_fenced(NULL, key, 10, 1000, &f),
+    CHECK_RESULT(redlock_mux_client_resume_lock_all(client, keys, lens, 2, NULL, 40, 1000, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_try_lock_fenced(client, NULL, 10, 1000, &f),
+    /* One key: the client and the key, for every kind and form. */
+    CHECK_RESULT(redlock_mux_client_lock(NULL, key, 10, 1000, NULL, &l), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_read_lock(client, NULL, 10, 1000, NULL, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_lock_fenced(NULL, key, 10, 1000, &f),
+    CHECK_RESULT(redlock_mux_client_try_read_lock(NULL, key, 10, 1000, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_lock_fenced(client, NULL, 10, 1000, &f),
+    CHECK_RESULT(redlock_mux_client_write_lock(NULL, key, 10, 1000, NULL, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(f == SENTINEL(redlock_mux_fenced_lock, 1));
-    /* A NULL out is refused before anything is taken: the keys stay free (checked below). */
+    CHECK_RESULT(redlock_mux_client_try_write_lock(client, NULL, 10, 1000, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_lock_fenced(NULL, key, 10, 1000, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_lock_fenced(client, NULL, 10, 1000, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_lock_fenced(NULL, key, 10, 1000, NULL, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_lock_fenced(client, NULL, 10, 1000, NULL, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(client, NULL, 10, 1000, NULL, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(NULL, key, 10, 1000, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_acquire_permit(client, NULL, 10, 2, 1000, NULL, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_try_acquire_permit(NULL, key, 10, 2, 1000, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_resume_read_lock(client, key, 10, NULL, 40, 1000, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_resume_write_lock(NULL, key, 10, token, 40, 1000, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_client_resume_permit(client, key, 10, 2, NULL, 40, 1000, &l),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(l == SENTINEL(redlock_mux_lock, 0));
+    /* A NULL out is refused before anything is taken: the keys stay free (taken below). */
     CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, lens, 2, 1000, NULL),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_lock_all(client, keys, lens, 2, 1000, NULL),
+    CHECK_RESULT(redlock_mux_client_lock_all(client, keys, lens, 2, 1000, NULL, NULL),
                  REDLOCK_MUX_NULL_PARAMETER);
     CHECK_RESULT(redlock_mux_client_try_lock_fenced(client, keys[0], 8, 1000, NULL),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_lock_fenced(client, keys[0], 8, 1000, NULL),
+    CHECK_RESULT(redlock_mux_client_lock_fenced(client, keys[0], 8, 1000, NULL, NULL),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_lock_keep_alive(NULL, 1000, &k), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_lock_keep_alive_with_callback(NULL, 1000, NULL, NULL, &k),
+    CHECK_RESULT(redlock_mux_client_write_lock(client, keys[1], 8, 1000, NULL, NULL),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(k == SENTINEL(redlock_mux_kept_lock, 2));
+    CHECK_RESULT(redlock_mux_client_try_acquire_permit(client, keys[1], 8, 1, 1000, NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
 
-    /* Handle functions. */
-    m = NULL;
-    f = NULL;
-    CHECK_OK(redlock_mux_client_try_lock_all(client, keys, lens, 2, 5000, &m));
-    CHECK_RESULT(redlock_mux_multi_lock_extend(NULL, 1000), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_validity_ms(m, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_token(NULL, buf, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_token(m, NULL, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_token(m, buf, sizeof buf, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_key_count(NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_key_count(m, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_key(NULL, 0, &key, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_key(m, 0, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_key(m, 0, &key, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(ms == 777 && n == 777 && strcmp((const char *)key, "c-sentinel") == 0);
-    CHECK_OK(redlock_mux_multi_lock_release(m));
-    redlock_mux_multi_lock_free(m);
-
-    CHECK_OK(redlock_mux_client_try_lock_fenced(client, keys[0], 8, 5000, &f));
-    CHECK_RESULT(redlock_mux_fenced_lock_fencing_token(NULL, &fence), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_lock_fencing_token(f, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_lock_extend(NULL, 1000), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_lock_validity_ms(f, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_lock_token(NULL, buf, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_lock_token(f, NULL, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_lock_token(f, buf, sizeof buf, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(fence == 777 && ms == 777 && n == 777);
-    CHECK_OK(redlock_mux_fenced_lock_release(f));
-    redlock_mux_fenced_lock_free(f);
-
-    CHECK_OK(redlock_mux_client_try_lock(client, keys[0], 8, 5000, &l));
-    CHECK_RESULT(redlock_mux_lock_keep_alive(l, 1000, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_lock_keep_alive_with_callback(l, 1000, NULL, NULL, &k),
+    /* The handle's functions. */
+    l = NULL;
+    CHECK_OK(redlock_mux_client_try_lock_all(client, keys, lens, 2, 5000, &l));
+    CHECK_RESULT(redlock_mux_lock_kind(NULL, &kind), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_kind(l, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_extend(NULL, 1000), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_validity_ms(l, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_token(NULL, buf, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_token(l, NULL, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_token(l, buf, sizeof buf, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(NULL, &key, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(l, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(l, &key, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key_count(NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key_count(l, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key_at(NULL, 0, &key, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key_at(l, 0, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key_at(l, 0, &key, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_fencing_token(NULL, &fence), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_fencing_token(l, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_downgrade(NULL, 0), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_keep_alive(NULL, 1000), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_keep_alive_with_callback(NULL, 1000, ignore_lost, NULL),
+                 REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_keep_alive_with_callback(l, 1000, NULL, NULL),
                  REDLOCK_MUX_NULL_PARAMETER);
     CHECK(strstr(last_error(), "on_lost") != NULL);
-    CHECK(k == SENTINEL(redlock_mux_kept_lock, 2));
-    CHECK_OK(redlock_mux_lock_validity_ms(l, &ms)); /* nothing moved: still held here */
-    k = NULL;
-    CHECK_OK(redlock_mux_lock_keep_alive(l, 5000, &k));
-    CHECK_RESULT(redlock_mux_kept_lock_is_lost(NULL, &lost), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_is_lost(k, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_validity_ms(k, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_token(NULL, buf, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_token(k, NULL, sizeof buf, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_token(k, buf, sizeof buf, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(lost == 77 && n == 777);
-    CHECK_OK(redlock_mux_kept_lock_release(k));
-    redlock_mux_kept_lock_free(k);
+    CHECK_RESULT(redlock_mux_lock_is_lost(NULL, &lost), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_is_lost(l, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK(ms == 777 && n == 777 && fence == 777 && lost == 77 && kind == 777 &&
+          strcmp((const char *)key, "c-sentinel") == 0);
+    /* The refused callback left the lock held, not kept: it still extends by hand. */
+    CHECK_OK(redlock_mux_lock_extend(l, 5000));
+    CHECK_OK(redlock_mux_lock_release(l));
     redlock_mux_lock_free(l);
 
-    /* Every _free accepts NULL. */
-    redlock_mux_multi_lock_free(NULL);
-    redlock_mux_fenced_lock_free(NULL);
-    redlock_mux_kept_lock_free(NULL);
+    /* Every other key above is free: nothing was taken. */
+    l = NULL;
+    CHECK_OK(redlock_mux_client_try_write_lock(client, keys[1], 8, 1000, &l));
+    CHECK_OK(redlock_mux_lock_release(l));
+    redlock_mux_lock_free(l);
+    l = NULL;
+    CHECK_OK(redlock_mux_client_try_lock(client, keys[0], 8, 1000, &l));
+    CHECK_OK(redlock_mux_lock_release(l));
+    redlock_mux_lock_free(l);
+
+    /* _free accepts NULL. */
+    redlock_mux_lock_free(NULL);
+}
+
+/* One handle serves every kind: each tells its kind, its key and its token; what only some
+ * kinds have gives REDLOCK_MUX_UNSUPPORTED on the others, writes nothing, and leaves the lock
+ * held as it was. */
+static void test_one_handle_for_every_kind(redlock_mux_client *client) {
+    enum { KINDS = 7 };
+    static const char *const keys[KINDS] = {
+        "c-kind-mutex", "c-kind-read", "c-kind-write", "c-kind-set-a",
+        "c-kind-fenced", "c-fenced-write", "c-kind-semaphore",
+    };
+    static const redlock_mux_kind kinds[KINDS] = {
+        REDLOCK_MUX_KIND_MUTEX,        REDLOCK_MUX_KIND_READ,         REDLOCK_MUX_KIND_WRITE,
+        REDLOCK_MUX_KIND_ALL,          REDLOCK_MUX_KIND_FENCED_MUTEX, REDLOCK_MUX_KIND_FENCED_WRITE,
+        REDLOCK_MUX_KIND_SEMAPHORE,
+    };
+    const uint8_t *set[2] = {(const uint8_t *)"c-kind-set-b", (const uint8_t *)"c-kind-set-a"};
+    size_t set_lens[2] = {12, 12};
+    redlock_mux_lock *locks[KINDS];
+    redlock_mux_kind kind;
+    const uint8_t *got;
+    uint8_t token[REDLOCK_MUX_TOKEN_LEN];
+    uint64_t fence, ms;
+    size_t n, count;
+    int i;
+
+#define ONE_KEY(i) (const uint8_t *)keys[i], strlen(keys[i])
+    for (i = 0; i < KINDS; i++) {
+        locks[i] = NULL;
+    }
+    CHECK_OK(redlock_mux_client_try_lock(client, ONE_KEY(0), 10000, &locks[0]));
+    CHECK_OK(redlock_mux_client_read_lock(client, ONE_KEY(1), 10000, NULL, &locks[1]));
+    CHECK_OK(redlock_mux_client_try_write_lock(client, ONE_KEY(2), 10000, &locks[2]));
+    CHECK_OK(redlock_mux_client_lock_all(client, set, set_lens, 2, 10000, NULL, &locks[3]));
+    CHECK_OK(redlock_mux_client_try_lock_fenced(client, ONE_KEY(4), 10000, &locks[4]));
+    CHECK_OK(redlock_mux_client_write_lock_fenced(client, ONE_KEY(5), 10000, NULL, &locks[5]));
+    CHECK_OK(redlock_mux_client_acquire_permit(client, ONE_KEY(6), 3, 10000, NULL, &locks[6]));
+
+    for (i = 0; i < KINDS; i++) {
+        redlock_mux_lock *l = locks[i];
+        int fenced = kinds[i] == REDLOCK_MUX_KIND_FENCED_MUTEX ||
+                     kinds[i] == REDLOCK_MUX_KIND_FENCED_WRITE;
+        int writer = kinds[i] == REDLOCK_MUX_KIND_WRITE ||
+                     kinds[i] == REDLOCK_MUX_KIND_FENCED_WRITE;
+        CHECK_OK(redlock_mux_lock_kind(l, &kind));
+        CHECK(kind == kinds[i]);
+        /* What every kind has. A set's key is its first, sorted. */
+        CHECK_OK(redlock_mux_lock_key(l, &got, &n));
+        CHECK(n == strlen(keys[i]) && memcmp(got, keys[i], n) == 0);
+        CHECK_OK(redlock_mux_lock_token(l, token, sizeof token, &n));
+        CHECK(n == REDLOCK_MUX_TOKEN_LEN);
+        CHECK_OK(redlock_mux_lock_extend(l, 20000));
+        CHECK_OK(redlock_mux_lock_validity_ms(l, &ms));
+        CHECK(ms > 10000 && ms <= 20000);
+        /* What only some kinds have. */
+        fence = 777;
+        if (fenced) {
+            CHECK_OK(redlock_mux_lock_fencing_token(l, &fence));
+            CHECK(fence > 0 && fence != 777);
+        } else {
+            CHECK_RESULT(redlock_mux_lock_fencing_token(l, &fence), REDLOCK_MUX_UNSUPPORTED);
+            CHECK(fence == 777 && strstr(last_error(), "fencing token") != NULL);
+        }
+        count = 777;
+        got = (const uint8_t *)"c-sentinel";
+        n = 777;
+        if (kinds[i] == REDLOCK_MUX_KIND_ALL) {
+            CHECK_OK(redlock_mux_lock_key_count(l, &count));
+            CHECK(count == 2);
+            CHECK_OK(redlock_mux_lock_key_at(l, 1, &got, &n));
+            CHECK(n == 12 && memcmp(got, "c-kind-set-b", 12) == 0);
+        } else {
+            CHECK_RESULT(redlock_mux_lock_key_count(l, &count), REDLOCK_MUX_UNSUPPORTED);
+            CHECK_RESULT(redlock_mux_lock_key_at(l, 0, &got, &n), REDLOCK_MUX_UNSUPPORTED);
+            CHECK(count == 777 && n == 777 && strcmp((const char *)got, "c-sentinel") == 0);
+        }
+        if (!writer) {
+            CHECK_RESULT(redlock_mux_lock_downgrade(l, 0), REDLOCK_MUX_UNSUPPORTED);
+            CHECK(strstr(last_error(), "downgrade") != NULL);
+        }
+        /* Refused calls left the lock as it was: held, of its kind. */
+        CHECK_OK(redlock_mux_lock_kind(l, &kind));
+        CHECK(kind == kinds[i]);
+        CHECK_OK(redlock_mux_lock_validity_ms(l, &ms));
+        CHECK(ms > 10000);
+    }
+    /* The write locks downgrade, in place: the handle then holds a read lock. */
+    CHECK_OK(redlock_mux_lock_downgrade(locks[2], 0));
+    CHECK_OK(redlock_mux_lock_kind(locks[2], &kind));
+    CHECK(kind == REDLOCK_MUX_KIND_READ);
+    CHECK_OK(redlock_mux_lock_downgrade(locks[5], 0));
+    CHECK_OK(redlock_mux_lock_kind(locks[5], &kind));
+    CHECK(kind == REDLOCK_MUX_KIND_READ);
+    fence = 777;
+    CHECK_RESULT(redlock_mux_lock_fencing_token(locks[5], &fence), REDLOCK_MUX_UNSUPPORTED);
+    CHECK(fence == 777);
+    CHECK_RESULT(redlock_mux_lock_downgrade(locks[5], 0), REDLOCK_MUX_UNSUPPORTED);
+
+    for (i = 0; i < KINDS; i++) {
+        CHECK_OK(redlock_mux_lock_release(locks[i]));
+        /* Released, a handle still tells what it held, and nothing else. */
+        CHECK_OK(redlock_mux_lock_kind(locks[i], &kind));
+        CHECK_RESULT(redlock_mux_lock_key(locks[i], &got, &n), REDLOCK_MUX_RELEASED);
+        CHECK_RESULT(redlock_mux_lock_fencing_token(locks[i], &fence), REDLOCK_MUX_RELEASED);
+        CHECK_RESULT(redlock_mux_lock_key_count(locks[i], &count), REDLOCK_MUX_RELEASED);
+        CHECK_RESULT(redlock_mux_lock_downgrade(locks[i], 0), REDLOCK_MUX_RELEASED);
+        redlock_mux_lock_free(locks[i]);
+    }
+#undef ONE_KEY
 }
 
 #define SET_SIZE 3
@@ -618,7 +812,7 @@ static void test_multi_locks(redlock_mux_client *client) {
     size_t many_lens[REDLOCK_MUX_MAX_LOCK_ALL_KEYS + 1];
     size_t empty_lens[SET_SIZE] = {9, 0, 9};
     size_t huge_lens[SET_SIZE] = {9, REDLOCK_MUX_MAX_KEY_LEN + 1, 9};
-    redlock_mux_multi_lock *m = NULL, *w = SENTINEL(redlock_mux_multi_lock, 0);
+    redlock_mux_lock *m = NULL, *w = SENTINEL(redlock_mux_lock, 0);
     redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 1), *c = NULL;
     const uint8_t *key = (const uint8_t *)"c-sentinel";
     uint8_t token[REDLOCK_MUX_TOKEN_LEN];
@@ -634,7 +828,7 @@ static void test_multi_locks(redlock_mux_client *client) {
     CHECK_RESULT(redlock_mux_client_try_lock_all(client, dup, dup_lens, 2, 1000, &w),
                  REDLOCK_MUX_INVALID_ARGUMENT);
     CHECK(strstr(last_error(), "more than once") != NULL);
-    CHECK_RESULT(redlock_mux_client_lock_all(client, keys, empty_lens, SET_SIZE, 1000, &w),
+    CHECK_RESULT(redlock_mux_client_lock_all(client, keys, empty_lens, SET_SIZE, 1000, NULL, &w),
                  REDLOCK_MUX_INVALID_ARGUMENT);
     CHECK(strstr(last_error(), "empty") != NULL);
     CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, huge_lens, SET_SIZE, 1000, &w),
@@ -650,13 +844,13 @@ static void test_multi_locks(redlock_mux_client *client) {
                                                  REDLOCK_MUX_MAX_LOCK_ALL_KEYS + 1, 1000, &w),
                  REDLOCK_MUX_INVALID_ARGUMENT);
     CHECK(strstr(last_error(), "257 keys") != NULL);
-    CHECK(w == SENTINEL(redlock_mux_multi_lock, 0));
+    CHECK(w == SENTINEL(redlock_mux_lock, 0));
 
     /* The whole set, held: each of its keys is refused to a mutex. */
     CHECK_OK(redlock_mux_client_try_lock_all(client, keys, lens, SET_SIZE, 10000, &m));
-    CHECK_OK(redlock_mux_multi_lock_validity_ms(m, &ms));
+    CHECK_OK(redlock_mux_lock_validity_ms(m, &ms));
     CHECK(ms > 9000 && ms <= 10000);
-    CHECK_OK(redlock_mux_multi_lock_token(m, token, sizeof token, &n));
+    CHECK_OK(redlock_mux_lock_token(m, token, sizeof token, &n));
     CHECK(n == REDLOCK_MUX_TOKEN_LEN);
     for (i = 0; i < SET_SIZE; i++) {
         CHECK_RESULT(redlock_mux_client_try_lock(client, keys[i], lens[i], 1000, &l),
@@ -665,39 +859,39 @@ static void test_multi_locks(redlock_mux_client *client) {
     CHECK(l == SENTINEL(redlock_mux_lock, 1));
     CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, lens, SET_SIZE, 1000, &w),
                  REDLOCK_MUX_CONTENDED);
-    CHECK(w == SENTINEL(redlock_mux_multi_lock, 0));
+    CHECK(w == SENTINEL(redlock_mux_lock, 0));
 
     /* The keys read back, sorted, and owned by the handle. */
-    CHECK_OK(redlock_mux_multi_lock_key_count(m, &count));
+    CHECK_OK(redlock_mux_lock_key_count(m, &count));
     CHECK(count == SET_SIZE);
-    CHECK_OK(redlock_mux_multi_lock_key(m, 0, &key, &n));
+    CHECK_OK(redlock_mux_lock_key_at(m, 0, &key, &n));
     CHECK(n == 9 && memcmp(key, "c-multi-a", 9) == 0);
-    CHECK_OK(redlock_mux_multi_lock_key(m, 1, &key, &n));
+    CHECK_OK(redlock_mux_lock_key_at(m, 1, &key, &n));
     CHECK(n == sizeof b && memcmp(key, b, sizeof b) == 0 && key != b);
-    CHECK_OK(redlock_mux_multi_lock_key(m, 2, &key, &n));
+    CHECK_OK(redlock_mux_lock_key_at(m, 2, &key, &n));
     CHECK(n == 9 && memcmp(key, "c-multi-c", 9) == 0);
     n = 777;
-    CHECK_RESULT(redlock_mux_multi_lock_key(m, SET_SIZE, &key, &n), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_RESULT(redlock_mux_lock_key_at(m, SET_SIZE, &key, &n), REDLOCK_MUX_INVALID_ARGUMENT);
     CHECK(n == 777 && strstr(last_error(), "index 3") != NULL);
 
-    CHECK_OK(redlock_mux_multi_lock_extend(m, 20000));
-    CHECK_OK(redlock_mux_multi_lock_validity_ms(m, &ms));
+    CHECK_OK(redlock_mux_lock_extend(m, 20000));
+    CHECK_OK(redlock_mux_lock_validity_ms(m, &ms));
     CHECK(ms > 10000 && ms <= 20000);
-    CHECK_RESULT(redlock_mux_multi_lock_extend(m, 0), REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_OK(redlock_mux_multi_lock_release(m));
-    CHECK_RESULT(redlock_mux_multi_lock_release(m), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_multi_lock_extend(m, 1000), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_multi_lock_validity_ms(m, &ms), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_multi_lock_token(m, token, sizeof token, &n), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_multi_lock_key_count(m, &count), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_multi_lock_key(m, 0, &key, &n), REDLOCK_MUX_RELEASED);
-    redlock_mux_multi_lock_free(m);
+    CHECK_RESULT(redlock_mux_lock_extend(m, 0), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_OK(redlock_mux_lock_release(m));
+    CHECK_RESULT(redlock_mux_lock_release(m), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_lock_extend(m, 1000), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_lock_validity_ms(m, &ms), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_lock_token(m, token, sizeof token, &n), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_lock_key_count(m, &count), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_lock_key_at(m, 0, &key, &n), REDLOCK_MUX_RELEASED);
+    redlock_mux_lock_free(m);
 
     /* One key of the set held elsewhere: the set is refused, and none of it was taken. */
     CHECK_OK(redlock_mux_client_try_lock(client, keys[1], lens[1], 10000, &c));
     CHECK_RESULT(redlock_mux_client_try_lock_all(client, keys, lens, SET_SIZE, 10000, &w),
                  REDLOCK_MUX_CONTENDED);
-    CHECK(w == SENTINEL(redlock_mux_multi_lock, 0));
+    CHECK(w == SENTINEL(redlock_mux_lock, 0));
     l = NULL;
     CHECK_OK(redlock_mux_client_try_lock(client, keys[0], lens[0], 1000, &l));
     CHECK_OK(redlock_mux_lock_release(l));
@@ -709,23 +903,23 @@ static void test_multi_locks(redlock_mux_client *client) {
     d.result = REDLOCK_MUX_PANIC;
     CHECK(pthread_create(&releaser, NULL, release_later, &d) == 0);
     m = NULL;
-    CHECK_OK(redlock_mux_client_lock_all(client, keys, lens, SET_SIZE, 10000, &m));
+    CHECK_OK(redlock_mux_client_lock_all(client, keys, lens, SET_SIZE, 10000, NULL, &m));
     CHECK(pthread_join(releaser, NULL) == 0);
     CHECK_OK(d.result);
     redlock_mux_lock_free(c);
     /* Freeing a held set releases every key. */
-    redlock_mux_multi_lock_free(m);
+    redlock_mux_lock_free(m);
     m = NULL;
     CHECK_OK(redlock_mux_client_try_lock_all(client, keys, lens, SET_SIZE, 10000, &m));
-    CHECK_OK(redlock_mux_multi_lock_release(m));
-    redlock_mux_multi_lock_free(m);
+    CHECK_OK(redlock_mux_lock_release(m));
+    redlock_mux_lock_free(m);
 }
 
 #define FENCED_GRANTS 6
 
 static void test_fenced_locks(redlock_mux_client *client) {
     static const uint8_t key[] = {'c', '-', 'f', 'e', 'n', 'c', 'e', 'd', 0, '1'};
-    redlock_mux_fenced_lock *f = NULL, *g = SENTINEL(redlock_mux_fenced_lock, 0);
+    redlock_mux_lock *f = NULL, *g = SENTINEL(redlock_mux_lock, 0);
     redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 1);
     uint8_t token[REDLOCK_MUX_TOKEN_LEN];
     uint64_t fence = 0, previous = 0, again = 0, ms = 0;
@@ -734,9 +928,9 @@ static void test_fenced_locks(redlock_mux_client *client) {
 
     CHECK_RESULT(redlock_mux_client_try_lock_fenced(client, key, 0, 1000, &g),
                  REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_RESULT(redlock_mux_client_lock_fenced(client, key, sizeof key, 0, &g),
+    CHECK_RESULT(redlock_mux_client_lock_fenced(client, key, sizeof key, 0, NULL, &g),
                  REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK(g == SENTINEL(redlock_mux_fenced_lock, 0));
+    CHECK(g == SENTINEL(redlock_mux_lock, 0));
 
     /* Every grant's fencing token is larger than the one before, whichever form took it. */
     for (i = 0; i < FENCED_GRANTS; i++) {
@@ -744,9 +938,9 @@ static void test_fenced_locks(redlock_mux_client *client) {
         if (i % 2 == 0) {
             CHECK_OK(redlock_mux_client_try_lock_fenced(client, key, sizeof key, 10000, &f));
         } else {
-            CHECK_OK(redlock_mux_client_lock_fenced(client, key, sizeof key, 10000, &f));
+            CHECK_OK(redlock_mux_client_lock_fenced(client, key, sizeof key, 10000, NULL, &f));
         }
-        CHECK_OK(redlock_mux_fenced_lock_fencing_token(f, &fence));
+        CHECK_OK(redlock_mux_lock_fencing_token(f, &fence));
         CHECK(fence > previous);
         previous = fence;
         if (i == 0) {
@@ -755,29 +949,29 @@ static void test_fenced_locks(redlock_mux_client *client) {
                          REDLOCK_MUX_CONTENDED);
             CHECK_RESULT(redlock_mux_client_try_lock(client, key, sizeof key, 1000, &l),
                          REDLOCK_MUX_CONTENDED);
-            CHECK(g == SENTINEL(redlock_mux_fenced_lock, 0) && l == SENTINEL(redlock_mux_lock, 1));
-            CHECK_OK(redlock_mux_fenced_lock_validity_ms(f, &ms));
+            CHECK(g == SENTINEL(redlock_mux_lock, 0) && l == SENTINEL(redlock_mux_lock, 1));
+            CHECK_OK(redlock_mux_lock_validity_ms(f, &ms));
             CHECK(ms > 9000 && ms <= 10000);
-            CHECK_OK(redlock_mux_fenced_lock_token(f, token, sizeof token, &n));
+            CHECK_OK(redlock_mux_lock_token(f, token, sizeof token, &n));
             CHECK(n == REDLOCK_MUX_TOKEN_LEN);
             /* Extending keeps the fencing token. */
-            CHECK_OK(redlock_mux_fenced_lock_extend(f, 20000));
-            CHECK_OK(redlock_mux_fenced_lock_validity_ms(f, &ms));
+            CHECK_OK(redlock_mux_lock_extend(f, 20000));
+            CHECK_OK(redlock_mux_lock_validity_ms(f, &ms));
             CHECK(ms > 10000 && ms <= 20000);
-            CHECK_OK(redlock_mux_fenced_lock_fencing_token(f, &again));
+            CHECK_OK(redlock_mux_lock_fencing_token(f, &again));
             CHECK(again == fence);
         }
         if (i == FENCED_GRANTS - 1) {
-            redlock_mux_fenced_lock_free(f); /* freeing a held lock releases it */
+            redlock_mux_lock_free(f); /* freeing a held lock releases it */
         } else {
-            CHECK_OK(redlock_mux_fenced_lock_release(f));
-            CHECK_RESULT(redlock_mux_fenced_lock_release(f), REDLOCK_MUX_RELEASED);
-            CHECK_RESULT(redlock_mux_fenced_lock_fencing_token(f, &again), REDLOCK_MUX_RELEASED);
-            CHECK_RESULT(redlock_mux_fenced_lock_extend(f, 1000), REDLOCK_MUX_RELEASED);
-            CHECK_RESULT(redlock_mux_fenced_lock_validity_ms(f, &ms), REDLOCK_MUX_RELEASED);
-            CHECK_RESULT(redlock_mux_fenced_lock_token(f, token, sizeof token, &n),
+            CHECK_OK(redlock_mux_lock_release(f));
+            CHECK_RESULT(redlock_mux_lock_release(f), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_lock_fencing_token(f, &again), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_lock_extend(f, 1000), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_lock_validity_ms(f, &ms), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_lock_token(f, token, sizeof token, &n),
                          REDLOCK_MUX_RELEASED);
-            redlock_mux_fenced_lock_free(f);
+            redlock_mux_lock_free(f);
         }
     }
     /* A plain mutex on the key is free again once the fenced one is freed. */
@@ -789,49 +983,57 @@ static void test_fenced_locks(redlock_mux_client *client) {
 
 static void test_keep_alive_holds_past_the_ttl(redlock_mux_client *client) {
     static const uint8_t key[] = "c-kept";
+    static const uint8_t brief[] = "c-kept-brief";
     redlock_mux_lock *l = NULL, *other = SENTINEL(redlock_mux_lock, 0);
-    redlock_mux_kept_lock *k = SENTINEL(redlock_mux_kept_lock, 1);
     uint8_t token[REDLOCK_MUX_TOKEN_LEN], kept_token[REDLOCK_MUX_TOKEN_LEN];
     uint8_t lost = 77;
     uint64_t ms = 0;
     size_t n = 0;
     int step;
 
+    /* Not kept alive, a lock is lost once its validity has run out. */
+    CHECK_OK(redlock_mux_client_try_lock(client, brief, sizeof brief - 1, 300, &l));
+    CHECK_OK(redlock_mux_lock_is_lost(l, &lost));
+    CHECK(lost == 0);
+    sleep_ms(400);
+    CHECK_OK(redlock_mux_lock_is_lost(l, &lost));
+    CHECK(lost == 1);
+    redlock_mux_lock_free(l);
+
+    l = NULL;
     CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key - 1, 1000, &l));
     CHECK_OK(redlock_mux_lock_token(l, token, sizeof token, &n));
-    /* A bad TTL is refused, and the lock stays with its handle. */
-    CHECK_RESULT(redlock_mux_lock_keep_alive(l, 0, &k), REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK(k == SENTINEL(redlock_mux_kept_lock, 1));
-    CHECK_OK(redlock_mux_lock_validity_ms(l, &ms));
+    /* A bad TTL is refused, and the lock stays held by hand. */
+    CHECK_RESULT(redlock_mux_lock_keep_alive(l, 0), REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_OK(redlock_mux_lock_extend(l, 1000));
 
-    k = NULL;
-    CHECK_OK(redlock_mux_lock_keep_alive(l, 1000, &k));
-    /* The lock moved: its old handle is empty, and must only be freed. */
-    CHECK_RESULT(redlock_mux_lock_extend(l, 1000), REDLOCK_MUX_RELEASED);
-    CHECK(strstr(last_error(), "keep-alive") != NULL);
-    CHECK_RESULT(redlock_mux_lock_keep_alive(l, 1000, &k), REDLOCK_MUX_RELEASED);
-    redlock_mux_lock_free(l); /* releases nothing */
-    CHECK_OK(redlock_mux_kept_lock_token(k, kept_token, sizeof kept_token, &n));
+    CHECK_OK(redlock_mux_lock_keep_alive(l, 1000));
+    /* Kept: the keeper thread alone extends it; the handle tells what it told before. */
+    CHECK_RESULT(redlock_mux_lock_extend(l, 1000), REDLOCK_MUX_UNSUPPORTED);
+    CHECK(strstr(last_error(), "kept alive") != NULL);
+    CHECK_RESULT(redlock_mux_lock_keep_alive(l, 1000), REDLOCK_MUX_UNSUPPORTED);
+    CHECK_OK(redlock_mux_lock_token(l, kept_token, sizeof kept_token, &n));
     CHECK(n == REDLOCK_MUX_TOKEN_LEN && memcmp(token, kept_token, sizeof token) == 0);
 
     /* Held for 2.5 s on a 1 s TTL, extended in the background. */
     for (step = 0; step < 25; step++) {
         sleep_ms(100);
-        CHECK_OK(redlock_mux_kept_lock_is_lost(k, &lost));
+        CHECK_OK(redlock_mux_lock_is_lost(l, &lost));
         CHECK(lost == 0);
     }
     CHECK_RESULT(redlock_mux_client_try_lock(client, key, sizeof key - 1, 1000, &other),
                  REDLOCK_MUX_CONTENDED);
     CHECK(other == SENTINEL(redlock_mux_lock, 0));
-    CHECK_OK(redlock_mux_kept_lock_validity_ms(k, &ms));
+    CHECK_OK(redlock_mux_lock_validity_ms(l, &ms));
     CHECK(ms > 0 && ms <= 1000);
 
-    CHECK_OK(redlock_mux_kept_lock_release(k));
-    CHECK_RESULT(redlock_mux_kept_lock_release(k), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_kept_lock_is_lost(k, &lost), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_kept_lock_validity_ms(k, &ms), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_kept_lock_token(k, token, sizeof token, &n), REDLOCK_MUX_RELEASED);
-    redlock_mux_kept_lock_free(k);
+    CHECK_OK(redlock_mux_lock_release(l));
+    CHECK_RESULT(redlock_mux_lock_release(l), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_lock_is_lost(l, &lost), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_lock_validity_ms(l, &ms), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_lock_token(l, token, sizeof token, &n), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_lock_keep_alive(l, 1000), REDLOCK_MUX_RELEASED);
+    redlock_mux_lock_free(l);
     other = NULL;
     CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key - 1, 1000, &other));
     redlock_mux_lock_free(other);
@@ -858,7 +1060,6 @@ static void test_keep_alive_reports_a_lost_lock(redlock_mux_client *client, int 
                                                 char **urls) {
     static const uint8_t key[] = "c-kept-lost";
     redlock_mux_lock *l = NULL;
-    redlock_mux_kept_lock *k = NULL, *quiet = NULL;
     struct lost_notice *notice = calloc(1, sizeof *notice);
     uint8_t lost = 0;
     uint64_t ms = 777;
@@ -866,8 +1067,7 @@ static void test_keep_alive_reports_a_lost_lock(redlock_mux_client *client, int 
 
     CHECK(notice != NULL && pthread_mutex_init(&notice->mutex, NULL) == 0);
     CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key - 1, 1000, &l));
-    CHECK_OK(redlock_mux_lock_keep_alive_with_callback(l, 1000, on_lost, notice, &k));
-    redlock_mux_lock_free(l);
+    CHECK_OK(redlock_mux_lock_keep_alive_with_callback(l, 1000, on_lost, notice));
 
     /* The key disappears from every node: the next extension is refused. */
     for (i = 0; i < count; i++) {
@@ -875,7 +1075,7 @@ static void test_keep_alive_reports_a_lost_lock(redlock_mux_client *client, int 
     }
     for (i = 0; i < 300 && !lost; i++) { /* at most 3 s; an extension is due every 333 ms */
         sleep_ms(10);
-        CHECK_OK(redlock_mux_kept_lock_is_lost(k, &lost));
+        CHECK_OK(redlock_mux_lock_is_lost(l, &lost));
     }
     CHECK(lost == 1);
     for (i = 0; i < 100 && calls == 0; i++) { /* is_lost turns true just before the call */
@@ -891,17 +1091,16 @@ static void test_keep_alive_reports_a_lost_lock(redlock_mux_client *client, int 
     CHECK(notice->reason == REDLOCK_MUX_CONTENDED);
     CHECK(!pthread_equal(notice->thread, pthread_self()));
     pthread_mutex_unlock(&notice->mutex);
-    CHECK_OK(redlock_mux_kept_lock_validity_ms(k, &ms));
+    CHECK_OK(redlock_mux_lock_validity_ms(l, &ms));
     CHECK(ms == 0);
-    CHECK_OK(redlock_mux_kept_lock_release(k));
-    redlock_mux_kept_lock_free(k);
+    CHECK_OK(redlock_mux_lock_release(l));
+    redlock_mux_lock_free(l);
 
-    /* Released before any loss: the callback never runs, so its data may go at once. */
+    /* Freed before any loss: the callback never runs, so its data may go at once. */
     l = NULL;
     CHECK_OK(redlock_mux_client_try_lock(client, key, sizeof key - 1, 1000, &l));
-    CHECK_OK(redlock_mux_lock_keep_alive_with_callback(l, 1000, on_lost, notice, &quiet));
+    CHECK_OK(redlock_mux_lock_keep_alive_with_callback(l, 1000, on_lost, notice));
     redlock_mux_lock_free(l);
-    redlock_mux_kept_lock_free(quiet);
     pthread_mutex_lock(&notice->mutex);
     CHECK(notice->calls == 1);
     pthread_mutex_unlock(&notice->mutex);
@@ -920,10 +1119,10 @@ static void check_key(const uint8_t *got, size_t got_len, const uint8_t *want, s
 static void test_one_key_handles_give_their_key(redlock_mux_client *client) {
     static const uint8_t key[] = {'c', '-', 'k', 'e', 'y', 0, 'o', 'f'}; /* binary, with NUL */
     redlock_mux_lock *l = NULL;
-    redlock_mux_read_lock *r = NULL;
-    redlock_mux_write_lock *w = NULL;
-    redlock_mux_fenced_lock *f = NULL;
-    redlock_mux_fenced_write_lock *fw = NULL;
+    redlock_mux_lock *r = NULL;
+    redlock_mux_lock *w = NULL;
+    redlock_mux_lock *f = NULL;
+    redlock_mux_lock *fw = NULL;
     const uint8_t *got = (const uint8_t *)"c-sentinel";
     size_t n = 777;
 
@@ -939,43 +1138,42 @@ static void test_one_key_handles_give_their_key(redlock_mux_client *client) {
     redlock_mux_lock_free(l);
 
     CHECK_OK(redlock_mux_client_try_read_lock(client, key, sizeof key, 5000, &r));
-    CHECK_RESULT(redlock_mux_read_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_read_lock_key(r, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_OK(redlock_mux_read_lock_key(r, &got, &n));
+    CHECK_RESULT(redlock_mux_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(r, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_lock_key(r, &got, &n));
     check_key(got, n, key, sizeof key);
-    redlock_mux_read_lock_free(r);
+    redlock_mux_lock_free(r);
 
     CHECK_OK(redlock_mux_client_try_write_lock(client, key, sizeof key, 5000, &w));
-    CHECK_RESULT(redlock_mux_write_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_write_lock_key(w, &got, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_OK(redlock_mux_write_lock_key(w, &got, &n));
+    CHECK_RESULT(redlock_mux_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(w, &got, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_lock_key(w, &got, &n));
     check_key(got, n, key, sizeof key);
-    redlock_mux_write_lock_free(w);
+    redlock_mux_lock_free(w);
 
     CHECK_OK(redlock_mux_client_try_lock_fenced(client, key, sizeof key, 5000, &f));
-    CHECK_RESULT(redlock_mux_fenced_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_lock_key(f, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_OK(redlock_mux_fenced_lock_key(f, &got, &n));
+    CHECK_RESULT(redlock_mux_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(f, NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_lock_key(f, &got, &n));
     check_key(got, n, key, sizeof key);
-    redlock_mux_fenced_lock_free(f);
+    redlock_mux_lock_free(f);
 
     CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, key, sizeof key, 5000, &fw));
-    CHECK_RESULT(redlock_mux_fenced_write_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_write_lock_key(fw, &got, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_OK(redlock_mux_fenced_write_lock_key(fw, &got, &n));
+    CHECK_RESULT(redlock_mux_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_key(fw, &got, NULL), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_OK(redlock_mux_lock_key(fw, &got, &n));
     check_key(got, n, key, sizeof key);
-    CHECK_OK(redlock_mux_fenced_write_lock_release(fw));
-    CHECK_RESULT(redlock_mux_fenced_write_lock_key(fw, &got, &n), REDLOCK_MUX_RELEASED);
-    redlock_mux_fenced_write_lock_free(fw);
+    CHECK_OK(redlock_mux_lock_release(fw));
+    CHECK_RESULT(redlock_mux_lock_key(fw, &got, &n), REDLOCK_MUX_RELEASED);
+    redlock_mux_lock_free(fw);
 }
 
 static void test_fenced_write_locks(redlock_mux_client *client) {
     static const uint8_t key[] = "c-fenced-write";
     const size_t len = sizeof key - 1;
-    redlock_mux_fenced_write_lock *fw = NULL, *g = SENTINEL(redlock_mux_fenced_write_lock, 0);
-    redlock_mux_write_lock *w = SENTINEL(redlock_mux_write_lock, 1);
-    redlock_mux_read_lock *r = SENTINEL(redlock_mux_read_lock, 2);
-    redlock_mux_kept_lock *k = SENTINEL(redlock_mux_kept_lock, 3);
+    redlock_mux_lock *fw = NULL, *g = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_lock *w = SENTINEL(redlock_mux_lock, 1);
+    redlock_mux_lock *r = SENTINEL(redlock_mux_lock, 2);
     uint8_t token[REDLOCK_MUX_TOKEN_LEN], buf[64];
     uint64_t fence = 777, previous = 0, again = 0, ms = 777;
     size_t n = 777;
@@ -986,25 +1184,22 @@ static void test_fenced_write_locks(redlock_mux_client *client) {
                  REDLOCK_MUX_NULL_PARAMETER);
     CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(client, NULL, len, 1000, &g),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_write_lock_fenced(NULL, key, len, 1000, &g),
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(NULL, key, len, 1000, NULL, &g),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_write_lock_fenced(client, key, len, 1000, NULL),
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(client, key, len, 1000, NULL, NULL),
                  REDLOCK_MUX_NULL_PARAMETER);
     CHECK_RESULT(redlock_mux_client_try_write_lock_fenced(client, key, 0, 1000, &g),
                  REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_RESULT(redlock_mux_client_write_lock_fenced(client, key, len, 0, &g),
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(client, key, len, 0, NULL, &g),
                  REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK(g == SENTINEL(redlock_mux_fenced_write_lock, 0));
-    CHECK_RESULT(redlock_mux_fenced_write_lock_extend(NULL, 1000), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_write_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_write_lock_token(NULL, buf, sizeof buf, &n),
+    CHECK(g == SENTINEL(redlock_mux_lock, 0));
+    CHECK_RESULT(redlock_mux_lock_extend(NULL, 1000), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_validity_ms(NULL, &ms), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_token(NULL, buf, sizeof buf, &n),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_write_lock_fencing_token(NULL, &fence),
+    CHECK_RESULT(redlock_mux_lock_fencing_token(NULL, &fence),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_write_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive(NULL, 1000, &k),
-                 REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(k == SENTINEL(redlock_mux_kept_lock, 3));
+    CHECK_RESULT(redlock_mux_lock_release(NULL), REDLOCK_MUX_NULL_PARAMETER);
 
     /* Every grant's fencing token is larger than the one before, whichever form took it. */
     for (i = 0; i < FENCED_GRANTS; i++) {
@@ -1012,9 +1207,9 @@ static void test_fenced_write_locks(redlock_mux_client *client) {
         if (i % 2 == 0) {
             CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, key, len, 10000, &fw));
         } else {
-            CHECK_OK(redlock_mux_client_write_lock_fenced(client, key, len, 10000, &fw));
+            CHECK_OK(redlock_mux_client_write_lock_fenced(client, key, len, 10000, NULL, &fw));
         }
-        CHECK_OK(redlock_mux_fenced_write_lock_fencing_token(fw, &fence));
+        CHECK_OK(redlock_mux_lock_fencing_token(fw, &fence));
         CHECK(fence > previous);
         previous = fence;
         if (i == 0) {
@@ -1025,56 +1220,55 @@ static void test_fenced_write_locks(redlock_mux_client *client) {
                          REDLOCK_MUX_CONTENDED);
             CHECK_RESULT(redlock_mux_client_try_read_lock(client, key, len, 1000, &r),
                          REDLOCK_MUX_CONTENDED);
-            CHECK(g == SENTINEL(redlock_mux_fenced_write_lock, 0) &&
-                  w == SENTINEL(redlock_mux_write_lock, 1) &&
-                  r == SENTINEL(redlock_mux_read_lock, 2));
+            CHECK(g == SENTINEL(redlock_mux_lock, 0) &&
+                  w == SENTINEL(redlock_mux_lock, 1) &&
+                  r == SENTINEL(redlock_mux_lock, 2));
             /* NULL outs leave everything as it was. */
             n = 777;
             ms = 777;
             again = 777;
-            CHECK_RESULT(redlock_mux_fenced_write_lock_validity_ms(fw, NULL),
+            CHECK_RESULT(redlock_mux_lock_validity_ms(fw, NULL),
                          REDLOCK_MUX_NULL_PARAMETER);
-            CHECK_RESULT(redlock_mux_fenced_write_lock_token(fw, NULL, sizeof buf, &n),
+            CHECK_RESULT(redlock_mux_lock_token(fw, NULL, sizeof buf, &n),
                          REDLOCK_MUX_NULL_PARAMETER);
-            CHECK_RESULT(redlock_mux_fenced_write_lock_token(fw, buf, sizeof buf, NULL),
+            CHECK_RESULT(redlock_mux_lock_token(fw, buf, sizeof buf, NULL),
                          REDLOCK_MUX_NULL_PARAMETER);
-            CHECK_RESULT(redlock_mux_fenced_write_lock_fencing_token(fw, NULL),
+            CHECK_RESULT(redlock_mux_lock_fencing_token(fw, NULL),
                          REDLOCK_MUX_NULL_PARAMETER);
             CHECK(n == 777 && ms == 777 && again == 777);
-            CHECK_OK(redlock_mux_fenced_write_lock_validity_ms(fw, &ms));
+            CHECK_OK(redlock_mux_lock_validity_ms(fw, &ms));
             CHECK(ms > 9000 && ms <= 10000);
-            CHECK_OK(redlock_mux_fenced_write_lock_token(fw, token, sizeof token, &n));
+            CHECK_OK(redlock_mux_lock_token(fw, token, sizeof token, &n));
             CHECK(n == REDLOCK_MUX_TOKEN_LEN);
             /* Extending keeps the fencing token. */
-            CHECK_OK(redlock_mux_fenced_write_lock_extend(fw, 20000));
-            CHECK_OK(redlock_mux_fenced_write_lock_validity_ms(fw, &ms));
+            CHECK_OK(redlock_mux_lock_extend(fw, 20000));
+            CHECK_OK(redlock_mux_lock_validity_ms(fw, &ms));
             CHECK(ms > 10000 && ms <= 20000);
-            CHECK_RESULT(redlock_mux_fenced_write_lock_extend(fw, 0), REDLOCK_MUX_INVALID_ARGUMENT);
-            CHECK_OK(redlock_mux_fenced_write_lock_fencing_token(fw, &again));
+            CHECK_RESULT(redlock_mux_lock_extend(fw, 0), REDLOCK_MUX_INVALID_ARGUMENT);
+            CHECK_OK(redlock_mux_lock_fencing_token(fw, &again));
             CHECK(again == fence);
         }
         if (i == FENCED_GRANTS - 1) {
-            redlock_mux_fenced_write_lock_free(fw); /* freeing a held lock releases it */
+            redlock_mux_lock_free(fw); /* freeing a held lock releases it */
         } else {
-            CHECK_OK(redlock_mux_fenced_write_lock_release(fw));
-            CHECK_RESULT(redlock_mux_fenced_write_lock_release(fw), REDLOCK_MUX_RELEASED);
-            CHECK_RESULT(redlock_mux_fenced_write_lock_fencing_token(fw, &again),
+            CHECK_OK(redlock_mux_lock_release(fw));
+            CHECK_RESULT(redlock_mux_lock_release(fw), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_lock_fencing_token(fw, &again),
                          REDLOCK_MUX_RELEASED);
-            CHECK_RESULT(redlock_mux_fenced_write_lock_extend(fw, 1000), REDLOCK_MUX_RELEASED);
-            CHECK_RESULT(redlock_mux_fenced_write_lock_validity_ms(fw, &ms), REDLOCK_MUX_RELEASED);
-            CHECK_RESULT(redlock_mux_fenced_write_lock_token(fw, token, sizeof token, &n),
+            CHECK_RESULT(redlock_mux_lock_extend(fw, 1000), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_lock_validity_ms(fw, &ms), REDLOCK_MUX_RELEASED);
+            CHECK_RESULT(redlock_mux_lock_token(fw, token, sizeof token, &n),
                          REDLOCK_MUX_RELEASED);
-            CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive(fw, 1000, &k),
-                         REDLOCK_MUX_RELEASED);
-            redlock_mux_fenced_write_lock_free(fw);
+            CHECK_RESULT(redlock_mux_lock_keep_alive(fw, 1000), REDLOCK_MUX_RELEASED);
+            redlock_mux_lock_free(fw);
         }
     }
     /* A plain write lock on the resource is free again once the fenced one is freed. */
     w = NULL;
     CHECK_OK(redlock_mux_client_try_write_lock(client, key, len, 1000, &w));
-    CHECK_OK(redlock_mux_write_lock_release(w));
-    redlock_mux_write_lock_free(w);
-    redlock_mux_fenced_write_lock_free(NULL);
+    CHECK_OK(redlock_mux_lock_release(w));
+    redlock_mux_lock_free(w);
+    redlock_mux_lock_free(NULL);
 }
 
 /* One kept lock of each kind but the mutex (which test_keep_alive covers). */
@@ -1091,20 +1285,15 @@ static const char *const KEPT_NODE_KEYS[KEPT_KINDS] = {
 
 #define KEPT_TTL_MS 1500
 
-/* Every kind refuses a TTL that cannot keep it (and keeps its lock), refuses a NULL callback or
- * out (and keeps its lock), and is then kept alive past its TTL; a lost lock calls back. */
+/* Every kind refuses a TTL that cannot keep it and a NULL callback (and stays held by hand), and
+ * is then kept alive past its TTL; a lost lock calls back. */
 static void test_keep_alive_every_kind(redlock_mux_client *client, int count, char **urls) {
     const uint8_t *set[2] = {(const uint8_t *)"c-kept-set-b", (const uint8_t *)"c-kept-set-a"};
     size_t set_lens[2] = {12, 12};
-    redlock_mux_read_lock *r = NULL;
-    redlock_mux_write_lock *w = NULL;
-    redlock_mux_multi_lock *m = NULL;
-    redlock_mux_fenced_lock *f = NULL;
-    redlock_mux_fenced_write_lock *fw = NULL;
     redlock_mux_lock *other = SENTINEL(redlock_mux_lock, 0);
-    redlock_mux_kept_lock *kept[KEPT_KINDS], *refused = SENTINEL(redlock_mux_kept_lock, 1);
+    redlock_mux_lock *kept[KEPT_KINDS];
     struct lost_notice *notices = calloc(KEPT_KINDS, sizeof *notices);
-    uint64_t fence = 0, kept_fence = 777, fenced_write_fence = 0, ms = 0;
+    uint64_t fence = 0, kept_fence = 777, fenced_write_fence = 0;
     const uint8_t *got = NULL;
     size_t n = 0;
     uint8_t lost = 0;
@@ -1113,88 +1302,60 @@ static void test_keep_alive_every_kind(redlock_mux_client *client, int count, ch
     CHECK(notices != NULL);
     for (i = 0; i < KEPT_KINDS; i++) {
         CHECK(pthread_mutex_init(&notices[i].mutex, NULL) == 0);
+        kept[i] = NULL;
     }
 #define KEY_OF(i) (const uint8_t *)KEPT_KEYS[i], strlen(KEPT_KEYS[i])
-    CHECK_OK(redlock_mux_client_try_read_lock(client, KEY_OF(KEPT_READ), KEPT_TTL_MS, &r));
-    CHECK_OK(redlock_mux_client_write_lock(client, KEY_OF(KEPT_WRITE), KEPT_TTL_MS, &w));
-    CHECK_OK(redlock_mux_client_try_lock_all(client, set, set_lens, 2, KEPT_TTL_MS, &m));
-    CHECK_OK(redlock_mux_client_lock_fenced(client, KEY_OF(KEPT_FENCED), KEPT_TTL_MS, &f));
+    CHECK_OK(redlock_mux_client_try_read_lock(client, KEY_OF(KEPT_READ), KEPT_TTL_MS,
+                                              &kept[KEPT_READ]));
+    CHECK_OK(redlock_mux_client_write_lock(client, KEY_OF(KEPT_WRITE), KEPT_TTL_MS, NULL,
+                                           &kept[KEPT_WRITE]));
+    CHECK_OK(redlock_mux_client_try_lock_all(client, set, set_lens, 2, KEPT_TTL_MS,
+                                             &kept[KEPT_SET]));
+    CHECK_OK(redlock_mux_client_lock_fenced(client, KEY_OF(KEPT_FENCED), KEPT_TTL_MS, NULL,
+                                            &kept[KEPT_FENCED]));
     CHECK_OK(redlock_mux_client_try_write_lock_fenced(client, KEY_OF(KEPT_FENCED_WRITE),
-                                                      KEPT_TTL_MS, &fw));
-    CHECK_OK(redlock_mux_fenced_lock_fencing_token(f, &fence));
-    CHECK_OK(redlock_mux_fenced_write_lock_fencing_token(fw, &fenced_write_fence));
+                                                      KEPT_TTL_MS, &kept[KEPT_FENCED_WRITE]));
+    CHECK_OK(redlock_mux_lock_fencing_token(kept[KEPT_FENCED], &fence));
+    CHECK_OK(redlock_mux_lock_fencing_token(kept[KEPT_FENCED_WRITE], &fenced_write_fence));
 
-    /* Refusals leave each lock in its handle: a TTL of 0, a NULL callback, a NULL out. */
-    CHECK_RESULT(redlock_mux_read_lock_keep_alive(r, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_RESULT(redlock_mux_write_lock_keep_alive(w, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_RESULT(redlock_mux_multi_lock_keep_alive(m, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_RESULT(redlock_mux_fenced_lock_keep_alive(f, 0, &refused), REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive(fw, 0, &refused),
-                 REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_RESULT(redlock_mux_read_lock_keep_alive_with_callback(r, KEPT_TTL_MS, NULL, NULL, &refused),
-                 REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(strstr(last_error(), "on_lost") != NULL);
-    CHECK_RESULT(redlock_mux_write_lock_keep_alive_with_callback(w, KEPT_TTL_MS, NULL, NULL, &refused),
-                 REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_multi_lock_keep_alive_with_callback(m, KEPT_TTL_MS, on_lost,
-                                                                 &notices[KEPT_SET], NULL),
-                 REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_lock_keep_alive(f, KEPT_TTL_MS, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_fenced_write_lock_keep_alive_with_callback(
-                     NULL, KEPT_TTL_MS, on_lost, &notices[KEPT_FENCED_WRITE], &refused),
-                 REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(refused == SENTINEL(redlock_mux_kept_lock, 1));
-    CHECK_OK(redlock_mux_read_lock_validity_ms(r, &ms));
-    CHECK_OK(redlock_mux_write_lock_validity_ms(w, &ms));
-    CHECK_OK(redlock_mux_multi_lock_validity_ms(m, &ms));
-    CHECK_OK(redlock_mux_fenced_lock_validity_ms(f, &ms));
-    CHECK_OK(redlock_mux_fenced_write_lock_validity_ms(fw, &ms));
-
-    /* Kept: the handles are left empty, and must only be freed. */
-    CHECK_OK(redlock_mux_read_lock_keep_alive_with_callback(r, KEPT_TTL_MS, on_lost,
-                                                            &notices[KEPT_READ], &kept[KEPT_READ]));
-    CHECK_OK(redlock_mux_write_lock_keep_alive_with_callback(w, KEPT_TTL_MS, on_lost,
-                                                             &notices[KEPT_WRITE], &kept[KEPT_WRITE]));
-    CHECK_OK(redlock_mux_multi_lock_keep_alive_with_callback(m, KEPT_TTL_MS, on_lost,
-                                                             &notices[KEPT_SET], &kept[KEPT_SET]));
-    CHECK_OK(redlock_mux_fenced_lock_keep_alive_with_callback(
-        f, KEPT_TTL_MS, on_lost, &notices[KEPT_FENCED], &kept[KEPT_FENCED]));
-    CHECK_OK(redlock_mux_fenced_write_lock_keep_alive_with_callback(
-        fw, KEPT_TTL_MS, on_lost, &notices[KEPT_FENCED_WRITE], &kept[KEPT_FENCED_WRITE]));
-    CHECK_RESULT(redlock_mux_read_lock_extend(r, 1000), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_write_lock_key(w, &got, &n), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_multi_lock_keep_alive(m, KEPT_TTL_MS, &refused), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_fenced_lock_fencing_token(f, &kept_fence), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_fenced_write_lock_release(fw), REDLOCK_MUX_RELEASED);
-    redlock_mux_read_lock_free(r);
-    redlock_mux_write_lock_free(w);
-    redlock_mux_multi_lock_free(m);
-    redlock_mux_fenced_lock_free(f);
-    redlock_mux_fenced_write_lock_free(fw);
-
-    /* What a kept lock tells: its key (a set's first, sorted), and a fenced kind's token. */
     for (i = 0; i < KEPT_KINDS; i++) {
-        CHECK_OK(redlock_mux_kept_lock_key(kept[i], &got, &n));
+        /* Refusals leave each lock held by hand: a TTL of 0, a NULL callback. */
+        CHECK_RESULT(redlock_mux_lock_keep_alive(kept[i], 0), REDLOCK_MUX_INVALID_ARGUMENT);
+        CHECK_RESULT(redlock_mux_lock_keep_alive_with_callback(kept[i], KEPT_TTL_MS, NULL, NULL),
+                     REDLOCK_MUX_NULL_PARAMETER);
+        CHECK(strstr(last_error(), "on_lost") != NULL);
+        CHECK_OK(redlock_mux_lock_extend(kept[i], KEPT_TTL_MS));
+        /* Kept: the keeper thread alone extends it, and a write lock no longer downgrades. */
+        CHECK_OK(redlock_mux_lock_keep_alive_with_callback(kept[i], KEPT_TTL_MS, on_lost,
+                                                           &notices[i]));
+        CHECK_RESULT(redlock_mux_lock_extend(kept[i], KEPT_TTL_MS), REDLOCK_MUX_UNSUPPORTED);
+        CHECK_RESULT(redlock_mux_lock_downgrade(kept[i], 0), REDLOCK_MUX_UNSUPPORTED);
+        CHECK_RESULT(redlock_mux_lock_keep_alive(kept[i], KEPT_TTL_MS), REDLOCK_MUX_UNSUPPORTED);
+    }
+
+    /* What a kept lock tells: its key (a set's first, sorted, and all its keys), and a fenced
+     * kind's token. */
+    for (i = 0; i < KEPT_KINDS; i++) {
+        CHECK_OK(redlock_mux_lock_key(kept[i], &got, &n));
         check_key(got, n, (const uint8_t *)KEPT_KEYS[i], strlen(KEPT_KEYS[i]));
     }
-    CHECK_RESULT(redlock_mux_kept_lock_key(NULL, &got, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_key(kept[KEPT_READ], NULL, &n), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_fencing_token(NULL, &kept_fence), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_fencing_token(kept[KEPT_FENCED], NULL),
-                 REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_kept_lock_fencing_token(kept[KEPT_SET], &kept_fence),
-                 REDLOCK_MUX_INVALID_ARGUMENT);
+    CHECK_OK(redlock_mux_lock_key_count(kept[KEPT_SET], &n));
+    CHECK(n == 2);
+    CHECK_OK(redlock_mux_lock_key_at(kept[KEPT_SET], 1, &got, &n));
+    check_key(got, n, set[0], set_lens[0]);
+    CHECK_RESULT(redlock_mux_lock_fencing_token(kept[KEPT_SET], &kept_fence),
+                 REDLOCK_MUX_UNSUPPORTED);
     CHECK(strstr(last_error(), "fenc") != NULL && kept_fence == 777);
-    CHECK_OK(redlock_mux_kept_lock_fencing_token(kept[KEPT_FENCED], &kept_fence));
+    CHECK_OK(redlock_mux_lock_fencing_token(kept[KEPT_FENCED], &kept_fence));
     CHECK(kept_fence == fence);
-    CHECK_OK(redlock_mux_kept_lock_fencing_token(kept[KEPT_FENCED_WRITE], &kept_fence));
+    CHECK_OK(redlock_mux_lock_fencing_token(kept[KEPT_FENCED_WRITE], &kept_fence));
     CHECK(kept_fence == fenced_write_fence);
 
     /* Held past the TTL, extended in the background; others are still refused. */
     for (step = 0; step < 20; step++) {
         sleep_ms(100);
         for (i = 0; i < KEPT_KINDS; i++) {
-            CHECK_OK(redlock_mux_kept_lock_is_lost(kept[i], &lost));
+            CHECK_OK(redlock_mux_lock_is_lost(kept[i], &lost));
             CHECK(lost == 0);
         }
     }
@@ -1225,7 +1386,7 @@ static void test_keep_alive_every_kind(redlock_mux_client *client, int count, ch
         }
     }
     for (i = 0; i < KEPT_KINDS; i++) {
-        CHECK_OK(redlock_mux_kept_lock_is_lost(kept[i], &lost));
+        CHECK_OK(redlock_mux_lock_is_lost(kept[i], &lost));
         CHECK(lost == 1);
         pthread_mutex_lock(&notices[i].mutex);
         if (notices[i].calls != 1) {
@@ -1235,8 +1396,8 @@ static void test_keep_alive_every_kind(redlock_mux_client *client, int count, ch
         CHECK(notices[i].reason == REDLOCK_MUX_CONTENDED);
         CHECK(!pthread_equal(notices[i].thread, pthread_self()));
         pthread_mutex_unlock(&notices[i].mutex);
-        CHECK_OK(redlock_mux_kept_lock_release(kept[i]));
-        redlock_mux_kept_lock_free(kept[i]);
+        CHECK_OK(redlock_mux_lock_release(kept[i]));
+        redlock_mux_lock_free(kept[i]);
         pthread_mutex_destroy(&notices[i].mutex);
     }
 #undef KEY_OF
@@ -1437,7 +1598,7 @@ struct waiting_lock {
 
 static void *lock_with_options(void *arg) {
     struct waiting_lock *w = arg;
-    w->result = redlock_mux_client_lock_with(w->client, w->key, w->key_len, 10000, &w->options,
+    w->result = redlock_mux_client_lock(w->client, w->key, w->key_len, 10000, &w->options,
                                              &w->lock);
     return NULL;
 }
@@ -1461,15 +1622,12 @@ static void test_cancel_null_parameters(redlock_mux_client *client) {
     redlock_mux_cancel_free(c);
     redlock_mux_cancel_free(NULL);
 
-    CHECK_RESULT(redlock_mux_client_lock_with(client, KEY, sizeof KEY, 1000, NULL, &l),
-                 REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(strstr(last_error(), "options") != NULL);
     bad.set = 0x80;
-    CHECK_RESULT(redlock_mux_client_lock_with(client, KEY, sizeof KEY, 1000, &bad, &l),
+    CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 1000, &bad, &l),
                  REDLOCK_MUX_INVALID_ARGUMENT);
     bad.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
     bad.timeout_ms = 2ull * 24 * 3600 * 1000; /* two days */
-    CHECK_RESULT(redlock_mux_client_lock_with(client, KEY, sizeof KEY, 1000, &bad, &l),
+    CHECK_RESULT(redlock_mux_client_lock(client, KEY, sizeof KEY, 1000, &bad, &l),
                  REDLOCK_MUX_INVALID_ARGUMENT);
     CHECK_RESULT(redlock_mux_client_resume_lock(client, KEY, sizeof KEY, NULL, 40, 1000, &l),
                  REDLOCK_MUX_NULL_PARAMETER);
@@ -1535,38 +1693,38 @@ static void test_cancelled_before_the_first_attempt(redlock_mux_client *client) 
     redlock_mux_cancel *cancel = NULL;
     redlock_mux_acquire_options opts = {0};
     redlock_mux_lock *l = SENTINEL(redlock_mux_lock, 0);
-    redlock_mux_read_lock *r = SENTINEL(redlock_mux_read_lock, 0);
-    redlock_mux_write_lock *w = SENTINEL(redlock_mux_write_lock, 0);
-    redlock_mux_multi_lock *m = SENTINEL(redlock_mux_multi_lock, 0);
-    redlock_mux_fenced_lock *f = SENTINEL(redlock_mux_fenced_lock, 0);
-    redlock_mux_fenced_write_lock *fw = SENTINEL(redlock_mux_fenced_write_lock, 0);
+    redlock_mux_lock *r = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_lock *w = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_lock *m = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_lock *f = SENTINEL(redlock_mux_lock, 0);
+    redlock_mux_lock *fw = SENTINEL(redlock_mux_lock, 0);
 
     CHECK_OK(redlock_mux_cancel_new(&cancel));
     CHECK_OK(redlock_mux_cancel_cancel(cancel));
     opts.cancel = cancel;
-    CHECK_RESULT(redlock_mux_client_lock_with(client, key, len, 1000, &opts, &l),
+    CHECK_RESULT(redlock_mux_client_lock(client, key, len, 1000, &opts, &l),
                  REDLOCK_MUX_CANCELLED);
-    CHECK_RESULT(redlock_mux_client_read_lock_with(client, key, len, 1000, &opts, &r),
+    CHECK_RESULT(redlock_mux_client_read_lock(client, key, len, 1000, &opts, &r),
                  REDLOCK_MUX_CANCELLED);
-    CHECK_RESULT(redlock_mux_client_write_lock_with(client, key, len, 1000, &opts, &w),
+    CHECK_RESULT(redlock_mux_client_write_lock(client, key, len, 1000, &opts, &w),
                  REDLOCK_MUX_CANCELLED);
-    CHECK_RESULT(redlock_mux_client_lock_all_with(client, keys, lens, 2, 1000, &opts, &m),
+    CHECK_RESULT(redlock_mux_client_lock_all(client, keys, lens, 2, 1000, &opts, &m),
                  REDLOCK_MUX_CANCELLED);
-    CHECK_RESULT(redlock_mux_client_lock_fenced_with(client, key, len, 1000, &opts, &f),
+    CHECK_RESULT(redlock_mux_client_lock_fenced(client, key, len, 1000, &opts, &f),
                  REDLOCK_MUX_CANCELLED);
-    CHECK_RESULT(redlock_mux_client_write_lock_fenced_with(client, key, len, 1000, &opts, &fw),
+    CHECK_RESULT(redlock_mux_client_write_lock_fenced(client, key, len, 1000, &opts, &fw),
                  REDLOCK_MUX_CANCELLED);
     CHECK(strstr(redlock_mux_result_text(REDLOCK_MUX_CANCELLED), "cancel") != NULL);
-    CHECK(l == SENTINEL(redlock_mux_lock, 0) && r == SENTINEL(redlock_mux_read_lock, 0) &&
-          w == SENTINEL(redlock_mux_write_lock, 0) && m == SENTINEL(redlock_mux_multi_lock, 0) &&
-          f == SENTINEL(redlock_mux_fenced_lock, 0) &&
-          fw == SENTINEL(redlock_mux_fenced_write_lock, 0));
+    CHECK(l == SENTINEL(redlock_mux_lock, 0) && r == SENTINEL(redlock_mux_lock, 0) &&
+          w == SENTINEL(redlock_mux_lock, 0) && m == SENTINEL(redlock_mux_lock, 0) &&
+          f == SENTINEL(redlock_mux_lock, 0) &&
+          fw == SENTINEL(redlock_mux_lock, 0));
     redlock_mux_cancel_free(cancel);
 
     /* Without a cancel handle, a zeroed struct keeps the client's settings. */
     opts.cancel = NULL;
     l = NULL;
-    CHECK_OK(redlock_mux_client_lock_with(client, key, len, 1000, &opts, &l));
+    CHECK_OK(redlock_mux_client_lock(client, key, len, 1000, &opts, &l));
     CHECK_OK(redlock_mux_lock_release(l));
     redlock_mux_lock_free(l);
 }
@@ -1584,14 +1742,14 @@ static void test_per_call_timeout(redlock_mux_client *client, int count, char **
     opts.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
     opts.timeout_ms = 100;
     started = now_ms();
-    CHECK_RESULT(redlock_mux_client_lock_with(patient, key, len, 10000, &opts, &l),
+    CHECK_RESULT(redlock_mux_client_lock(patient, key, len, 10000, &opts, &l),
                  REDLOCK_MUX_CONTENDED);
     CHECK(now_ms() - started < 3000);
     CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_WAIT_TIMEOUT);
     opts.set = REDLOCK_MUX_ACQUIRE_RETRIES;
     opts.retries = 0;
     started = now_ms();
-    CHECK_RESULT(redlock_mux_client_lock_with(patient, key, len, 10000, &opts, &l),
+    CHECK_RESULT(redlock_mux_client_lock(patient, key, len, 10000, &opts, &l),
                  REDLOCK_MUX_CONTENDED);
     CHECK(now_ms() - started < 3000);
     CHECK(redlock_mux_last_error_deadline() == REDLOCK_MUX_DEADLINE_RETRY_COUNT);
@@ -1611,9 +1769,9 @@ static void test_resume(redlock_mux_client *client, int count, char **urls) {
     size_t lens[2] = {14, 14};
     redlock_mux_client *other = make_client(count, urls, 2000);
     redlock_mux_lock *first = NULL, *resumed = NULL, *l = SENTINEL(redlock_mux_lock, 0);
-    redlock_mux_read_lock *rfirst = NULL, *rresumed = NULL;
-    redlock_mux_write_lock *wfirst = NULL, *wresumed = NULL;
-    redlock_mux_multi_lock *mfirst = NULL, *mresumed = NULL;
+    redlock_mux_lock *rfirst = NULL, *rresumed = NULL;
+    redlock_mux_lock *wfirst = NULL, *wresumed = NULL;
+    redlock_mux_lock *mfirst = NULL, *mresumed = NULL;
     uint8_t token[REDLOCK_MUX_TOKEN_LEN], again[REDLOCK_MUX_TOKEN_LEN];
     size_t n = 0;
     uint64_t ms = 0;
@@ -1643,25 +1801,25 @@ static void test_resume(redlock_mux_client *client, int count, char **urls) {
     redlock_mux_lock_free(first); /* its release finds nothing to release */
 
     CHECK_OK(redlock_mux_client_try_read_lock(client, key, len, 5000, &rfirst));
-    CHECK_OK(redlock_mux_read_lock_token(rfirst, token, sizeof token, &n));
+    CHECK_OK(redlock_mux_lock_token(rfirst, token, sizeof token, &n));
     CHECK_OK(redlock_mux_client_resume_read_lock(other, key, len, token, n, 5000, &rresumed));
-    CHECK_OK(redlock_mux_read_lock_release(rresumed));
-    redlock_mux_read_lock_free(rresumed);
-    redlock_mux_read_lock_free(rfirst);
+    CHECK_OK(redlock_mux_lock_release(rresumed));
+    redlock_mux_lock_free(rresumed);
+    redlock_mux_lock_free(rfirst);
 
     CHECK_OK(redlock_mux_client_try_write_lock(client, key, len, 5000, &wfirst));
-    CHECK_OK(redlock_mux_write_lock_token(wfirst, token, sizeof token, &n));
+    CHECK_OK(redlock_mux_lock_token(wfirst, token, sizeof token, &n));
     CHECK_OK(redlock_mux_client_resume_write_lock(other, key, len, token, n, 5000, &wresumed));
-    CHECK_OK(redlock_mux_write_lock_release(wresumed));
-    redlock_mux_write_lock_free(wresumed);
-    redlock_mux_write_lock_free(wfirst);
+    CHECK_OK(redlock_mux_lock_release(wresumed));
+    redlock_mux_lock_free(wresumed);
+    redlock_mux_lock_free(wfirst);
 
     CHECK_OK(redlock_mux_client_try_lock_all(client, keys, lens, 2, 5000, &mfirst));
-    CHECK_OK(redlock_mux_multi_lock_token(mfirst, token, sizeof token, &n));
+    CHECK_OK(redlock_mux_lock_token(mfirst, token, sizeof token, &n));
     CHECK_OK(redlock_mux_client_resume_lock_all(other, keys, lens, 2, token, n, 5000, &mresumed));
-    CHECK_OK(redlock_mux_multi_lock_release(mresumed));
-    redlock_mux_multi_lock_free(mresumed);
-    redlock_mux_multi_lock_free(mfirst);
+    CHECK_OK(redlock_mux_lock_release(mresumed));
+    redlock_mux_lock_free(mresumed);
+    redlock_mux_lock_free(mfirst);
     redlock_mux_client_free(other);
 }
 
@@ -1686,7 +1844,7 @@ static void test_stats(int count, char **urls) {
     CHECK_OK(redlock_mux_cancel_new(&cancel));
     CHECK_OK(redlock_mux_cancel_cancel(cancel));
     opts.cancel = cancel;
-    CHECK_RESULT(redlock_mux_client_lock_with(c, key, len, 5000, &opts, &l), REDLOCK_MUX_CANCELLED);
+    CHECK_RESULT(redlock_mux_client_lock(c, key, len, 5000, &opts, &l), REDLOCK_MUX_CANCELLED);
     redlock_mux_cancel_free(cancel);
     CHECK_OK(redlock_mux_lock_release(held));
     redlock_mux_lock_free(held);
@@ -1714,8 +1872,7 @@ static void test_stats(int count, char **urls) {
 
 static void test_semaphores(redlock_mux_client *client, int count) {
     static const uint8_t key[] = "c-api-sem";
-    redlock_mux_permit *p1 = NULL, *p2 = NULL, *p3 = SENTINEL(redlock_mux_permit, 0);
-    redlock_mux_kept_lock *k = NULL;
+    redlock_mux_lock *p1 = NULL, *p2 = NULL, *p3 = SENTINEL(redlock_mux_lock, 0);
     redlock_mux_acquire_options opts = {0};
     redlock_mux_stats s;
     uint8_t t1[REDLOCK_MUX_TOKEN_LEN], t2[REDLOCK_MUX_TOKEN_LEN];
@@ -1734,71 +1891,74 @@ static void test_semaphores(redlock_mux_client *client, int count) {
     CHECK_RESULT(redlock_mux_semaphore_quorum(client, 2, NULL), REDLOCK_MUX_NULL_PARAMETER);
     CHECK_RESULT(redlock_mux_client_try_acquire_permit(client, key, 9, 0, 1000, &p3),
                  REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_RESULT(redlock_mux_client_acquire_permit(NULL, key, 9, 2, 1000, &p3),
+    CHECK_RESULT(redlock_mux_client_acquire_permit(NULL, key, 9, 2, 1000, NULL, &p3),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK_RESULT(redlock_mux_client_acquire_permit(client, key, 9, 2, 1000, NULL),
+    CHECK_RESULT(redlock_mux_client_acquire_permit(client, key, 9, 2, 1000, NULL, NULL),
                  REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(p3 == SENTINEL(redlock_mux_permit, 0));
+    CHECK(p3 == SENTINEL(redlock_mux_lock, 0));
 
     /* Two permits, then none left. */
     CHECK_OK(redlock_mux_client_semaphore_available(client, key, 9, 2, &available));
     CHECK(available == 2);
     CHECK_OK(redlock_mux_client_try_acquire_permit(client, key, 9, 2, 10000, &p1));
-    CHECK_OK(redlock_mux_client_acquire_permit(client, key, 9, 2, 10000, &p2));
+    CHECK_OK(redlock_mux_client_acquire_permit(client, key, 9, 2, 10000, NULL, &p2));
     CHECK_RESULT(redlock_mux_client_try_acquire_permit(client, key, 9, 2, 10000, &p3),
                  REDLOCK_MUX_CONTENDED);
-    CHECK(p3 == SENTINEL(redlock_mux_permit, 0));
+    CHECK(p3 == SENTINEL(redlock_mux_lock, 0));
     CHECK_OK(redlock_mux_client_semaphore_available(client, key, 9, 2, &available));
     CHECK(available == 0);
     /* A client that disagrees on the permits is misconfigured, not contended. */
     CHECK_RESULT(redlock_mux_client_try_acquire_permit(client, key, 9, 3, 10000, &p3),
                  REDLOCK_MUX_CONFIG);
-    CHECK(p3 == SENTINEL(redlock_mux_permit, 0));
+    CHECK(p3 == SENTINEL(redlock_mux_lock, 0));
 
-    CHECK_OK(redlock_mux_permit_token(p1, t1, sizeof t1, &n));
-    CHECK_OK(redlock_mux_permit_token(p2, t2, sizeof t2, &n));
+    CHECK_OK(redlock_mux_lock_token(p1, t1, sizeof t1, &n));
+    CHECK_OK(redlock_mux_lock_token(p2, t2, sizeof t2, &n));
     CHECK(n == REDLOCK_MUX_TOKEN_LEN && memcmp(t1, t2, n) != 0);
-    CHECK_OK(redlock_mux_permit_key(p1, &got, &n));
+    CHECK_OK(redlock_mux_lock_key(p1, &got, &n));
     CHECK(n == 9 && memcmp(got, key, n) == 0);
-    CHECK_OK(redlock_mux_permit_extend(p1, 20000));
-    CHECK_OK(redlock_mux_permit_validity_ms(p1, &ms));
+    CHECK_OK(redlock_mux_lock_extend(p1, 20000));
+    CHECK_OK(redlock_mux_lock_validity_ms(p1, &ms));
     CHECK(ms > 10000 && ms <= 20000);
-    CHECK_RESULT(redlock_mux_permit_extend(NULL, 5), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_extend(NULL, 5), REDLOCK_MUX_NULL_PARAMETER);
     /* A waiting call with its own timeout gives up on the full semaphore. */
     opts.set = REDLOCK_MUX_ACQUIRE_TIMEOUT;
     opts.timeout_ms = 100;
-    CHECK_RESULT(redlock_mux_client_acquire_permit_with(client, key, 9, 2, 10000, &opts, &p3),
+    CHECK_RESULT(redlock_mux_client_acquire_permit(client, key, 9, 2, 10000, &opts, &p3),
                  REDLOCK_MUX_CONTENDED);
-    CHECK(p3 == SENTINEL(redlock_mux_permit, 0));
+    CHECK(p3 == SENTINEL(redlock_mux_lock, 0));
     /* A permit's token rebuilds its handle (as another process would). */
     p3 = NULL;
     CHECK_OK(redlock_mux_client_resume_permit(client, key, 9, 2, t2, sizeof t2, 10000, &p3));
-    CHECK_OK(redlock_mux_permit_token(p3, t1, sizeof t1, &n));
+    CHECK_OK(redlock_mux_lock_token(p3, t1, sizeof t1, &n));
     CHECK(memcmp(t1, t2, n) == 0);
     CHECK_RESULT(redlock_mux_client_resume_permit(client, key, 9, 2, t2, 3, 10000, &p3),
                  REDLOCK_MUX_INVALID_ARGUMENT);
-    CHECK_OK(redlock_mux_permit_release(p3));
-    redlock_mux_permit_free(p3);
+    CHECK_OK(redlock_mux_lock_release(p3));
+    redlock_mux_lock_free(p3);
     /* The permit is gone already: freeing its first handle releases nothing more. */
-    redlock_mux_permit_free(p2);
+    redlock_mux_lock_free(p2);
     p2 = NULL;
     CHECK_OK(redlock_mux_client_try_acquire_permit(client, key, 9, 2, 10000, &p2));
 
     /* A released permit is free again; a kept one stays held. */
-    CHECK_OK(redlock_mux_permit_release(p1));
-    CHECK_RESULT(redlock_mux_permit_release(p1), REDLOCK_MUX_RELEASED);
-    redlock_mux_permit_free(p1);
+    CHECK_OK(redlock_mux_lock_release(p1));
+    CHECK_RESULT(redlock_mux_lock_release(p1), REDLOCK_MUX_RELEASED);
+    redlock_mux_lock_free(p1);
     CHECK_OK(redlock_mux_client_semaphore_available(client, key, 9, 2, &available));
     CHECK(available == 1);
-    CHECK_OK(redlock_mux_permit_keep_alive(p2, 2000, &k));
-    CHECK_RESULT(redlock_mux_permit_validity_ms(p2, &ms), REDLOCK_MUX_RELEASED);
-    redlock_mux_permit_free(p2);
+    CHECK_OK(redlock_mux_lock_keep_alive(p2, 2000));
+    CHECK_OK(redlock_mux_lock_validity_ms(p2, &ms));
     p1 = NULL;
     CHECK_OK(redlock_mux_client_try_acquire_permit(client, key, 9, 2, 10000, &p1));
-    CHECK_OK(redlock_mux_kept_lock_release(k));
-    redlock_mux_kept_lock_free(k);
-    redlock_mux_permit_free(p1);
-    redlock_mux_permit_free(NULL);
+    p3 = SENTINEL(redlock_mux_lock, 0);
+    CHECK_RESULT(redlock_mux_client_try_acquire_permit(client, key, 9, 2, 10000, &p3),
+                 REDLOCK_MUX_CONTENDED);
+    CHECK(p3 == SENTINEL(redlock_mux_lock, 0));
+    CHECK_OK(redlock_mux_lock_release(p2));
+    redlock_mux_lock_free(p2);
+    redlock_mux_lock_free(p1);
+    redlock_mux_lock_free(NULL);
 
     CHECK_OK(redlock_mux_client_stats(client, &s));
     CHECK(s.semaphore.won >= 3 && s.semaphore.contended >= 1);
@@ -1811,63 +1971,61 @@ static void test_downgrade(redlock_mux_client *client, int count, char **urls) {
     static const uint8_t lost_key[] = "c-api-down-lost";
     static const uint8_t lost_writer[] = "{rw:c-api-down-lost}:w";
     static const uint8_t fenced_key[] = "c-fenced-write"; /* test_fenced_write_locks' counter */
-    redlock_mux_write_lock *w = NULL, *w2 = SENTINEL(redlock_mux_write_lock, 1);
-    redlock_mux_fenced_write_lock *fw = NULL;
-    redlock_mux_read_lock *r = SENTINEL(redlock_mux_read_lock, 0), *other = NULL;
+    redlock_mux_lock *w = NULL, *w2 = SENTINEL(redlock_mux_lock, 1);
+    redlock_mux_lock *fw = NULL, *other = NULL;
+    redlock_mux_kind kind = REDLOCK_MUX_KIND_MUTEX;
     uint8_t t1[REDLOCK_MUX_TOKEN_LEN], t2[REDLOCK_MUX_TOKEN_LEN];
     size_t n = 0;
     uint64_t ms = 0;
     int i;
 
-    CHECK_RESULT(redlock_mux_write_lock_downgrade(NULL, 0, &r), REDLOCK_MUX_NULL_PARAMETER);
+    CHECK_RESULT(redlock_mux_lock_downgrade(NULL, 0), REDLOCK_MUX_NULL_PARAMETER);
     CHECK_OK(redlock_mux_client_try_write_lock(client, key, sizeof key - 1, 10000, &w));
-    CHECK_RESULT(redlock_mux_write_lock_downgrade(w, 0, NULL), REDLOCK_MUX_NULL_PARAMETER);
-    CHECK(r == SENTINEL(redlock_mux_read_lock, 0));
-    CHECK_OK(redlock_mux_write_lock_token(w, t1, sizeof t1, &n));
+    CHECK_OK(redlock_mux_lock_token(w, t1, sizeof t1, &n));
 
-    /* Won: the same token, the lock's own TTL, readers join, writers stay out. */
-    CHECK_OK(redlock_mux_write_lock_downgrade(w, 0, &r));
-    CHECK(r != SENTINEL(redlock_mux_read_lock, 0));
-    CHECK_OK(redlock_mux_read_lock_token(r, t2, sizeof t2, &n));
+    /* Won: the handle holds a read lock with the same token, for the lock's own TTL; readers
+     * join, writers stay out. */
+    CHECK_OK(redlock_mux_lock_downgrade(w, 0));
+    CHECK_OK(redlock_mux_lock_kind(w, &kind));
+    CHECK(kind == REDLOCK_MUX_KIND_READ);
+    CHECK_OK(redlock_mux_lock_token(w, t2, sizeof t2, &n));
     CHECK(n == REDLOCK_MUX_TOKEN_LEN && memcmp(t1, t2, n) == 0);
-    CHECK_OK(redlock_mux_read_lock_validity_ms(r, &ms));
+    CHECK_OK(redlock_mux_lock_validity_ms(w, &ms));
     CHECK(ms > 9000 && ms <= 10000);
     CHECK_OK(redlock_mux_client_try_read_lock(client, key, sizeof key - 1, 10000, &other));
     CHECK_RESULT(redlock_mux_client_try_write_lock(client, key, sizeof key - 1, 10000, &w2),
                  REDLOCK_MUX_CONTENDED);
-    CHECK(w2 == SENTINEL(redlock_mux_write_lock, 1));
-    /* The write lock's handle is empty: only free it. */
-    CHECK_RESULT(redlock_mux_write_lock_downgrade(w, 0, &r), REDLOCK_MUX_RELEASED);
-    CHECK_RESULT(redlock_mux_write_lock_release(w), REDLOCK_MUX_RELEASED);
-    redlock_mux_write_lock_free(w);
-    CHECK_OK(redlock_mux_read_lock_release(other));
-    redlock_mux_read_lock_free(other);
-    CHECK_OK(redlock_mux_read_lock_release(r));
-    redlock_mux_read_lock_free(r);
+    CHECK(w2 == SENTINEL(redlock_mux_lock, 1));
+    /* A read lock does not downgrade: refused, and still held. */
+    CHECK_RESULT(redlock_mux_lock_downgrade(w, 0), REDLOCK_MUX_UNSUPPORTED);
+    CHECK_OK(redlock_mux_lock_extend(w, 10000));
+    CHECK_OK(redlock_mux_lock_release(other));
+    redlock_mux_lock_free(other);
+    CHECK_OK(redlock_mux_lock_release(w));
+    redlock_mux_lock_free(w);
 
-    /* Lost: the writer key went on every node. Nothing is held afterwards. */
+    /* Lost: the writer key went on every node. Nothing is held afterwards, and the handle is
+     * released. */
     w = NULL;
-    r = SENTINEL(redlock_mux_read_lock, 0);
     CHECK_OK(redlock_mux_client_try_write_lock(client, lost_key, sizeof lost_key - 1, 10000, &w));
     for (i = 0; i < count; i++) {
         redis_del(urls[i], lost_writer, sizeof lost_writer - 1);
     }
-    CHECK_RESULT(redlock_mux_write_lock_downgrade(w, 0, &r), REDLOCK_MUX_CONTENDED);
-    CHECK(r == SENTINEL(redlock_mux_read_lock, 0));
-    CHECK_RESULT(redlock_mux_write_lock_release(w), REDLOCK_MUX_RELEASED);
-    redlock_mux_write_lock_free(w);
+    CHECK_RESULT(redlock_mux_lock_downgrade(w, 0), REDLOCK_MUX_CONTENDED);
+    CHECK_RESULT(redlock_mux_lock_release(w), REDLOCK_MUX_RELEASED);
+    CHECK_RESULT(redlock_mux_lock_downgrade(w, 0), REDLOCK_MUX_RELEASED);
+    redlock_mux_lock_free(w);
     w = NULL;
     CHECK_OK(redlock_mux_client_try_write_lock(client, lost_key, sizeof lost_key - 1, 10000, &w));
-    redlock_mux_write_lock_free(w);
+    redlock_mux_lock_free(w);
 
     /* A fenced write lock downgrades too, for the TTL asked for. */
     CHECK_OK(redlock_mux_client_write_lock_fenced(client, fenced_key, sizeof fenced_key - 1, 10000,
-                                                  &fw));
-    CHECK_OK(redlock_mux_fenced_write_lock_downgrade(fw, 3000, &r));
-    CHECK_OK(redlock_mux_read_lock_validity_ms(r, &ms));
+                                                  NULL, &fw));
+    CHECK_OK(redlock_mux_lock_downgrade(fw, 3000));
+    CHECK_OK(redlock_mux_lock_validity_ms(fw, &ms));
     CHECK(ms > 0 && ms <= 3000);
-    redlock_mux_fenced_write_lock_free(fw);
-    redlock_mux_read_lock_free(r);
+    redlock_mux_lock_free(fw);
 }
 
 int main(int argc, char **argv) {
@@ -1890,11 +2048,13 @@ int main(int argc, char **argv) {
     test_quorum_unreachable();
     test_config_error(argv[1]);
     test_threads_share_a_client(client);
-    test_new_handles_null_parameters(client);
+    test_last_error_is_per_thread(client, argc - 1, argv + 1);
+    test_lock_null_parameters(client);
     test_multi_locks(client);
     test_fenced_locks(client);
     test_one_key_handles_give_their_key(client);
     test_fenced_write_locks(client);
+    test_one_handle_for_every_kind(client);
     test_keep_alive(argc - 1, argv + 1);
     test_cancel_null_parameters(client);
     test_cancel_from_another_thread(client, argc - 1, argv + 1);

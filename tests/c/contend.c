@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "try") == 0) {
         r = redlock_mux_client_try_lock(client, (const uint8_t *)key, strlen(key), 10000, &lock);
     } else {
-        r = redlock_mux_client_lock(client, (const uint8_t *)key, strlen(key), 10000, &lock);
+        r = redlock_mux_client_lock(client, (const uint8_t *)key, strlen(key), 10000, NULL, &lock);
     }
     if (r != REDLOCK_MUX_OK) {
         fprintf(stderr, "%s: %s\n", redlock_mux_result_text(r), last_error());

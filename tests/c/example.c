@@ -1,8 +1,8 @@
 /*
  * A C program using redlock-mux: take a lock, do work within its validity, extend it, release.
  *
- *     cc -Iinclude tests/c/example.c target/release/libredlock_mux.a \
- *         -lgcc_s -lutil -lrt -lpthread -lm -ldl -o example
+ *     sudo bash capi/install.sh --prefix /usr/local && sudo ldconfig
+ *     cc tests/c/example.c $(pkg-config --cflags --libs redlock_mux) -o example
  *     ./example redis://127.0.0.1:7000 redis://127.0.0.1:7001 redis://127.0.0.1:7002
  *
  * Exits with 0 on success, or with the redlock_mux_result of the call that failed.
@@ -53,9 +53,10 @@ int main(int argc, char **argv) {
         return fail("build", r);
     }
 
-    /* Keys are bytes: pointer plus length. Wait up to the wait timeout for the lock. */
+    /* Keys are bytes: pointer plus length. Wait up to the wait timeout for the lock (NULL
+     * options: as the client's settings say). */
     static const char key[] = "invoice:42";
-    if ((r = redlock_mux_client_lock(client, (const uint8_t *)key, strlen(key), 10000, &lock)) !=
+    if ((r = redlock_mux_client_lock(client, (const uint8_t *)key, strlen(key), 10000, NULL, &lock)) !=
         REDLOCK_MUX_OK) {
         redlock_mux_client_free(client);
         return fail("lock", r);

@@ -3,9 +3,13 @@
 //! processes started here. One run is under valgrind's memcheck.
 //!
 //! The static library is the `libredlock_mux.a` that cargo builds next to this test's
-//! executable (the library's crate types include `staticlib`); `REDLOCK_MUX_STATICLIB` may
-//! name another one.
+//! executable (this package's crate types are `staticlib` and `cdylib`);
+//! `REDLOCK_MUX_STATICLIB` may name another one.
 
+// The library's test helpers (tests/common) speak of the Rust library by its own name.
+extern crate redlock as redlock_mux;
+
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
@@ -19,8 +23,9 @@ use common::*;
 /// What `rustc --print native-static-libs` lists for this library on glibc.
 const NATIVE_LIBS: &[&str] = &["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl"];
 
+/// The workspace's root, where `include/` and `tests/c/` are.
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
 fn staticlib() -> PathBuf {
@@ -34,7 +39,7 @@ fn staticlib() -> PathBuf {
         .join("libredlock_mux.a");
     assert!(
         lib.exists(),
-        "{} is missing: build the library (cargo build --lib) or set REDLOCK_MUX_STATICLIB",
+        "{} is missing: build it (cargo build -p redlock-mux-capi) or set REDLOCK_MUX_STATICLIB",
         lib.display()
     );
     lib
@@ -273,4 +278,20 @@ fn two_c_processes_contend_for_one_lock() {
     for addr in cluster.addrs() {
         assert_settles_eq!(get(addr, key.as_bytes()), None, "lock left on {addr}");
     }
+}
+
+/// A client used on both sides of `fork()` (see `tests/c/fork.c`): each process opens its
+/// own connections, so neither reads the other's replies, and they never hold the lock at once.
+#[test]
+fn a_client_used_after_fork_opens_its_own_connections() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let exe = compile("fork", "fork");
+    let marker =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fork-marker-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let mut command = Command::new(exe);
+    command.arg(&marker).args(cluster.urls());
+    let output = run_bounded(command, Duration::from_secs(30));
+    assert!(output.status.success(), "{}", show(&output));
+    eprintln!("{}", String::from_utf8_lossy(&output.stdout));
 }
