@@ -424,7 +424,7 @@ impl Client {
     /// # Ok::<(), redlock_mux::Error>(())
     /// ```
     pub fn close(self) -> Result<(), Error> {
-        let left = self.inner.driver.close(crate::driver::CLOSE_LIMIT);
+        let left = self.inner.driver.close();
         if left.is_empty() {
             return Ok(());
         }

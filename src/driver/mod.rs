@@ -56,12 +56,6 @@ use socket::Socket;
 /// The poll token of the shared [`Waker`]: no connection has it.
 const WAKER: Token = Token(usize::MAX);
 
-/// How long dropping a client waits at most for its nodes to answer what they were sent
-/// (releases above all), and how long it waits without any progress before it gives up on the
-/// nodes that still owe.
-pub(crate) const CLOSE_LIMIT: Duration = Duration::from_secs(10);
-const CLOSE_STALL: Duration = Duration::from_secs(2);
-
 /// A client's connections, shared by every thread that uses it.
 pub(crate) struct Shared {
     core: Mutex<Core>,
@@ -167,13 +161,12 @@ impl Shared {
         self.lock().ep.setup_failures()
     }
 
-    /// Waits, at most `limit`, until every node has answered what it was sent, and every
-    /// release of a broken connection has been sent again and answered; gives up early on the
-    /// nodes that make no progress for a while. Returns the nodes left with releases that are
-    /// not known to have reached them.
-    pub fn close(&self, limit: Duration) -> Vec<usize> {
-        let mut core = self.lock();
-        core.settle(Instant::now() + limit)
+    /// Waits until every node has answered what it was sent, and every release of a broken
+    /// connection has been sent again and answered, or the endpoint gives up (see
+    /// `Endpoint::begin_close`). Returns the nodes left with releases that are not known to
+    /// have reached them.
+    pub fn close(&self) -> Vec<usize> {
+        self.lock().settle()
     }
 
     /// A caller slot for this thread, for one or more operations in a row.
@@ -302,7 +295,7 @@ impl Drop for Shared {
         if core.pid != std::process::id() {
             return;
         }
-        core.settle(Instant::now() + CLOSE_LIMIT);
+        core.settle();
     }
 }
 
@@ -726,47 +719,42 @@ impl Core {
     }
 
     /// Writes what is queued and reads what is owed on every connection, and sends again the
-    /// releases of broken connections, until nothing is owed, `deadline` passes, or the nodes
-    /// that still owe stop answering. Returns the nodes left with releases not known to have
+    /// releases of broken connections, until the endpoint's closing is over (see
+    /// `Endpoint::begin_close`). Returns the nodes left with releases not known to have
     /// reached them.
-    fn settle(&mut self, deadline: Instant) -> Vec<usize> {
+    fn settle(&mut self) -> Vec<usize> {
         let now = Instant::now();
-        self.timers(now);
+        self.ep.begin_close(now);
+        self.do_io(now);
         self.flush_all(now);
         let Some(mut poller) = self.poll.take() else {
+            // Another thread polls (it cannot, while this one closes): nothing to wait with.
             return self.ep.undelivered(now);
         };
-        let mut progress = now;
-        while self.ep.busy(Instant::now()) {
+        let left = loop {
             let now = Instant::now();
-            if now >= deadline || now.saturating_duration_since(progress) >= CLOSE_STALL {
-                break;
+            if let Some(left) = self.ep.close_outcome(now) {
+                break left;
             }
-            let until = self
+            let timeout = self
                 .ep
                 .poll_timeout()
-                .map_or(deadline, |t| t.min(deadline))
-                .min(progress + CLOSE_STALL);
+                .map_or(Duration::from_millis(1), |t| {
+                    t.saturating_duration_since(now)
+                });
             if let Err(e) = poller.poll.poll(
                 &mut poller.events,
-                Some(
-                    until
-                        .saturating_duration_since(now)
-                        .max(Duration::from_millis(1)),
-                ),
+                Some(timeout.max(Duration::from_millis(1))),
             ) {
                 if e.kind() != io::ErrorKind::Interrupted {
-                    break;
+                    break self.ep.undelivered(now);
                 }
             }
             let now = Instant::now();
-            if !poller.events.is_empty() {
-                progress = now;
-            }
             self.service_events(&mut poller, now);
             self.timers(now);
-        }
+        };
         self.poll = Some(poller);
-        self.ep.undelivered(Instant::now())
+        left
     }
 }

@@ -52,7 +52,7 @@ mod subs;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::engine::machine::{Machine, To, Transmit, What};
@@ -166,6 +166,19 @@ pub(crate) struct Endpoint {
     encoded: Encoded,
     io: VecDeque<Io>,
     next_run: u64,
+    /// While the client closes: when it gives up at the latest, and when a node last answered.
+    closing: Option<Closing>,
+}
+
+/// How long closing waits at most for the nodes to answer what they were sent, and how long
+/// without any answer before it gives up on those that still owe.
+pub(crate) const CLOSE_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const CLOSE_STALL: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Copy)]
+struct Closing {
+    until: Instant,
+    progress: Instant,
 }
 
 impl Endpoint {
@@ -188,6 +201,7 @@ impl Endpoint {
             encoded: Encoded::default(),
             io: VecDeque::new(),
             next_run: 1,
+            closing: None,
             config,
             stats,
         }
@@ -534,6 +548,9 @@ impl Endpoint {
     /// callers of its channel).
     pub fn handle_recv(&mut self, id: ConnId, n: usize, now: Instant) {
         self.conn(id).received(n);
+        if let Some(c) = &mut self.closing {
+            c.progress = now;
+        }
         let limits = self.config.limits;
         let i = id.node;
         let result = if id.sub {
@@ -672,6 +689,7 @@ impl Endpoint {
                 ]
             })
             .flatten()
+            .chain(self.closing.map(|c| c.until.min(c.progress + CLOSE_STALL)))
             .min()
     }
 
@@ -702,6 +720,34 @@ impl Endpoint {
                 }
             }
         }
+    }
+
+    /// The client closes from `now` on: [`close_outcome`](Self::close_outcome) says when
+    /// that is over. Until then the shell keeps writing, reading and running the timers:
+    /// nodes answer what they owe, and the compare-and-deletes of broken connections are sent
+    /// again. It is over once nothing is owed, after [`CLOSE_LIMIT`], or once no node has
+    /// answered anything for [`CLOSE_STALL`] (those that owe are down, or paused).
+    pub fn begin_close(&mut self, now: Instant) {
+        self.closing = Some(Closing {
+            until: now + CLOSE_LIMIT,
+            progress: now,
+        });
+        self.handle_timeout(now);
+    }
+
+    /// Once closing is over: the nodes left with compare-and-deletes (releases, cleanups) not
+    /// known to have reached them, which keep what they were to delete until its TTL. `None`
+    /// while it goes on, or when the client is not closing.
+    pub fn close_outcome(&mut self, now: Instant) -> Option<Vec<usize>> {
+        let c = self.closing?;
+        let over = !self.busy(now)
+            || now >= c.until
+            || now.saturating_duration_since(c.progress) >= CLOSE_STALL;
+        if !over {
+            return None;
+        }
+        self.closing = None;
+        Some(self.undelivered(now))
     }
 
     /// Whether a command connection still owes replies, or a node still has compare-and-deletes
