@@ -59,7 +59,7 @@ use rand_core::{Rng as _, SeedableRng};
 use crate::config::{Config, RwPolicy};
 use crate::engine::acquire::{Acquisition, Grant, Params};
 use crate::engine::hold::{Hold, HoldRound, Step};
-use crate::engine::keepalive::Schedule;
+use crate::engine::keepalive::{KeptValidity, Schedule};
 use crate::engine::keys::{fence_key, RwKeys, SemKeys};
 use crate::engine::kind::{Keys, Spec};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
@@ -634,29 +634,11 @@ struct Held {
     steps: u32,
     reading: bool,
     read: Vec<u64>,
-    kept: Option<Kept>,
+    kept: Option<KeptValidity>,
     /// The holder is done, and releases once the keeper's round in flight is over.
     release_wanted: bool,
     releasing: bool,
     lost_extend: bool,
-}
-
-/// A kept lock's state, as the keeper and the holder share it (see `src/keepalive.rs`).
-struct Kept {
-    plan: Schedule,
-    until: Instant,
-    lost: bool,
-}
-
-impl Kept {
-    /// The validity left, `None` once lost (its end having passed is a loss).
-    fn left(&mut self, now: Instant) -> Option<Duration> {
-        if !self.lost && self.until > now {
-            return Some(self.until - now);
-        }
-        self.lost = true;
-        None
-    }
 }
 
 /// Timer slots of a client.
@@ -2028,11 +2010,9 @@ impl<'a> World<'a> {
             op.valid_until = Some(grant.valid_until - self.base);
             op.fence = grant.fencing_token;
         }
-        let kept = cycle.keep.map(|plan| Kept {
-            plan,
-            until: grant.valid_until,
-            lost: false,
-        });
+        let kept = cycle
+            .keep
+            .map(|plan| KeptValidity::new(plan, now, grant.valid_until));
         let steps = if kept.is_some() { kept_steps } else { steps };
         cycle.held = Some(Held {
             token: grant.token,
@@ -2059,10 +2039,8 @@ impl<'a> World<'a> {
 
     /// When a kept lock's first extension is due.
     fn kept_due(&mut self, c: usize, now: Instant) -> Option<Instant> {
-        let held = self.clients[c].cycle.as_mut()?.held.as_mut()?;
-        let kept = held.kept.as_mut()?;
-        let left = kept.left(now).unwrap_or_default();
-        Some(kept.plan.next_due(now, left))
+        let held = self.clients[c].cycle.as_ref()?.held.as_ref()?;
+        Some(held.kept.as_ref()?.next_due(now))
     }
 
     /// Schedules the keeper at `due`, or later when it runs slow.
@@ -2085,7 +2063,7 @@ impl<'a> World<'a> {
         else {
             return false;
         };
-        match held.kept.as_mut() {
+        match held.kept.as_ref() {
             Some(kept) => kept.left(now).is_some(),
             None => held.hold.validity(now) > Duration::ZERO,
         }
@@ -2235,20 +2213,15 @@ impl<'a> World<'a> {
         if held.releasing || held.release_wanted {
             return;
         }
-        let Some(kept) = held.kept.as_mut() else {
+        let Some(kept) = held.kept.as_ref() else {
             return;
         };
-        if kept.left(now).is_none() {
+        if kept.round_starts(now).is_err() {
             self.stats.kept_lost += 1;
             self.log(format_args!("client {c}'s kept lock is lost"));
             return;
         }
-        // `validity()` and `is_lost()` do not wait for the round: what it may leave on the
-        // nodes is what they say while it is in flight.
-        if let Some(cap) = kept.plan.cap_from(now) {
-            kept.until = kept.until.min(cap);
-        }
-        let ttl = kept.plan.ttl();
+        let ttl = kept.plan().ttl();
         let ttl_ms = ttl.as_millis() as u64;
         self.stats.keeper_rounds += 1;
         self.record_until(c);
@@ -2266,7 +2239,7 @@ impl<'a> World<'a> {
         let until = held
             .kept
             .as_ref()
-            .map_or(held.hold.valid_until(), |k| k.until);
+            .map_or(held.hold.valid_until(), KeptValidity::until);
         for &op in &cycle.ops {
             self.history.ops[op].valid_until = Some(until - self.base);
         }
@@ -2341,14 +2314,8 @@ impl<'a> World<'a> {
                 self.next_step(c);
             }
             Purpose::Keep => {
-                let kept = held.kept.as_mut().expect("kept");
-                if result.is_ok() {
-                    kept.until = hold.valid_until();
-                } else {
-                    kept.until = kept.until.min(hold.valid_until());
-                }
-                let left = kept.left(now);
-                let next = kept.plan.after_round(result, now, left);
+                let kept = held.kept.as_ref().expect("kept");
+                let next = kept.round_ended(result, hold.valid_until(), now);
                 self.record_until(c);
                 if self.held(c).release_wanted {
                     return self.start_release(c);
@@ -2357,7 +2324,7 @@ impl<'a> World<'a> {
                     Ok(due) => self.set_keeper(c, due),
                     Err(e) => {
                         self.stats.kept_lost += 1;
-                        self.held(c).kept.as_mut().expect("kept").lost = true;
+                        self.held(c).kept.as_ref().expect("kept").set_lost();
                         self.log(format_args!("client {c}'s kept lock is lost: {e}"));
                     }
                 }
@@ -2422,7 +2389,7 @@ impl<'a> World<'a> {
                 .as_ref()
                 .and_then(|cy| cy.held.as_ref())
                 .and_then(|h| h.kept.as_ref())
-                .is_some_and(|k| k.lost);
+                .is_some_and(KeptValidity::was_lost);
             if kept_lost {
                 self.failures
                     .push("a kept lock was lost in a calm run".into());
