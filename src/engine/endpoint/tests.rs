@@ -468,3 +468,61 @@ fn acquisitions_skip_a_node_that_is_behind_and_releases_do_not() {
     assert_eq!(net.ep.poll_io(), None);
     assert!(net.ep.is_open(Net::cmd(0)));
 }
+
+#[test]
+fn a_node_that_refuses_every_setup_is_reconnected_ever_more_slowly() {
+    let mut net = Net::new(1);
+    let caller = net.ep.open_caller();
+    let mut refused_at = Vec::new();
+    for _ in 0..4 {
+        // A command for the node: it connects if it may, and its setup is refused (a password
+        // the server does not take).
+        let run = net.ep.begin(caller);
+        let mut m = Probe::new(What::Subscribe, None);
+        net.step(caller, run, &mut m);
+        if net.connect_all().is_empty() {
+            // Still backing off: the command failed at once, with the setup's refusal.
+            assert!(
+                matches!(m.failures.as_slice(), [(0, NodeErrorKind::Setup { .. })]),
+                "{:?}",
+                m.failures
+            );
+            net.ep.finish(caller, run, net.now);
+            net.now += MS;
+            continue;
+        }
+        net.take_output(Net::cmd(0));
+        net.reply(
+            Net::cmd(0),
+            b"-NOAUTH Authentication required.\r\n-NOAUTH Authentication required.\r\n",
+        );
+        assert_eq!(net.ep.poll_io(), Some(Io::Close(Net::cmd(0))));
+        refused_at.push(net.now);
+        net.ep.finish(caller, run, net.now);
+        net.now += MS;
+    }
+    // 4 ms of tries: the first refusal, then a wait of at least the least backoff.
+    assert_eq!(refused_at.len(), 1, "{refused_at:?}");
+    let mut gaps = Vec::new();
+    let mut last = refused_at[0];
+    while gaps.len() < 3 {
+        net.now += MS;
+        let run = net.ep.begin(caller);
+        let mut m = Probe::new(What::Subscribe, None);
+        net.step(caller, run, &mut m);
+        if !net.connect_all().is_empty() {
+            net.take_output(Net::cmd(0));
+            net.reply(Net::cmd(0), b"-NOAUTH Authentication required.\r\n");
+            assert_eq!(net.ep.poll_io(), Some(Io::Close(Net::cmd(0))));
+            gaps.push(net.now - last);
+            last = net.now;
+        }
+        net.ep.finish(caller, run, net.now);
+    }
+    // A connect that succeeds but whose setup is refused is no success: the backoff grows, as
+    // for a connect refused outright, rather than hammering the server every 10 ms.
+    assert!(
+        gaps[1] > gaps[0] && gaps[2] > gaps[1],
+        "reconnects to a node that refuses every setup came {gaps:?} apart"
+    );
+}
