@@ -159,7 +159,6 @@ fn every_lock_kind_within_the_model() {
                     s,
                     &[
                         ("shared reads", s.shared_reads),
-                        ("intents", s.intents),
                         ("downgrades", s.downgrades),
                         ("lost downgrades", s.lost_downgrades),
                         ("runs mixing Redis 7 and 8", s.mixed_runs),
