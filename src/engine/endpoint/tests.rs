@@ -526,3 +526,47 @@ fn a_node_that_refuses_every_setup_is_reconnected_ever_more_slowly() {
         "reconnects to a node that refuses every setup came {gaps:?} apart"
     );
 }
+
+#[test]
+fn the_cleanup_of_an_attempt_kept_off_a_node_is_not_sent_there() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let mut first = Probe::new(
+        What::Acquire {
+            token: Token::from_random([5; 20]),
+        },
+        None,
+    );
+    net.step(caller, run, &mut first);
+    net.take_output(Net::cmd(0));
+    // The node is behind: the next attempt is kept off it, and counts as timed out.
+    net.now += 60 * MS;
+    let token = Token::from_random([6; 20]);
+    let mut attempt = Probe::new(What::Acquire { token }, None);
+    net.step(caller, run, &mut attempt);
+    assert!(matches!(
+        attempt.failures.as_slice(),
+        [(0, NodeErrorKind::Timeout)]
+    ));
+    // Its cleanup has nothing to delete there: sending it would only deepen the backlog of a
+    // node too slow for the load (every lost attempt of every caller sends one).
+    let mut cleanup = Probe::new(What::Cleanup { token }, Some(net.now + 10_000 * MS));
+    cleanup.tag = None;
+    net.step(caller, run, &mut cleanup);
+    assert!(!net.ep.wants_write(Net::cmd(0)), "the cleanup was queued");
+    // The cleanup of an attempt that went out still goes.
+    let mut cleanup = Probe::new(
+        What::Cleanup {
+            token: Token::from_random([5; 20]),
+        },
+        Some(net.now + 10_000 * MS),
+    );
+    cleanup.tag = None;
+    net.step(caller, run, &mut cleanup);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+}
