@@ -9,6 +9,8 @@ const LOCK_SEEDS: u64 = 120;
 /// Seeds of calm runs for each kind of lock: enough for a waiter that misses a release's
 /// announcement, which a calm run shows once in a few hundred seeds, to be found.
 const CALM_SEEDS: u64 = 400;
+/// Seeds of runs with a server too slow for the load, for each kind of lock tried.
+const SLOW_SEEDS: u64 = 200;
 /// Seeds each broken scenario runs at the most; it stops once the checker has seen what it
 /// must.
 const BROKEN_SEEDS: u64 = 200;
@@ -94,11 +96,22 @@ fn within_the_model_no_seed_finds_a_violation() {
             ("lost requests", s.lost_requests),
             ("lost replies", s.lost_replies),
             ("long delays", s.long_delays),
+            ("split writes", s.split_writes),
             ("connection resets", s.resets),
+            ("resets mid-batch", s.mid_batch_resets),
             (
                 "commands that ran after their connection was reset",
                 s.late_commands,
             ),
+            ("connections given up in partitions", s.dead_connections),
+            ("connections over the client limit", s.max_clients),
+            ("write refusals", s.refusals),
+            ("commands refused", s.refused_commands),
+            ("server pauses", s.server_pauses),
+            ("runs with a slow server", s.slow_runs),
+            ("clients closed owing replies", s.closes_owing),
+            ("releases checked", s.releases_ok),
+            ("many callers on one client", u64::from(s.most_callers >= 8)),
             ("subscriber resets", s.subscriber_resets),
             ("wakes delivered", s.wakes),
             ("wakes lost", s.lost_wakes),
@@ -163,6 +176,8 @@ fn every_lock_kind_within_the_model() {
                         ("lost downgrades", s.lost_downgrades),
                         ("runs mixing Redis 7 and 8", s.mixed_runs),
                         ("upgrades to Redis 8", s.upgrades),
+                        ("downgrades to Redis 7", s.server_downgrades),
+                        ("restarts loading their data", s.loading_restarts),
                         ("commands without Lua", s.native_commands),
                     ],
                 );
@@ -216,6 +231,30 @@ fn semaphores_within_the_model() {
         } else {
             require(s, &[("fair grants", s.fair_grants), ("wakes", s.wakes)]);
         }
+    }
+}
+
+/// A server too slow for the load, with no other fault: its backlog grows, acquisitions skip
+/// it, and clients close with replies still owed there. Every release and cleanup must reach
+/// it all the same: once every release returned and every client closed, no key is left.
+#[test]
+fn a_server_too_slow_for_the_load_is_left_nothing() {
+    let test = "a_server_too_slow_for_the_load_is_left_nothing";
+    for locks in [Locks::Mutex, Locks::ReadWrite, Locks::Semaphore] {
+        let Some(sum) = within(Scenario::Slow, locks, SLOW_SEEDS, test) else {
+            continue;
+        };
+        let s = &sum.stats;
+        require(
+            s,
+            &[
+                ("clients closed owing replies", s.closes_owing),
+                (
+                    "a backlog of many node timeouts",
+                    u64::from(s.longest_backlog_ms >= 50),
+                ),
+            ],
+        );
     }
 }
 
@@ -382,6 +421,7 @@ fn first_violation() {
     let scenario = match scenario {
         "Model" => Scenario::Model,
         "Calm" => Scenario::Calm,
+        "Slow" => Scenario::Slow,
         "InstantRestart" => Scenario::InstantRestart,
         "ClockJump" => Scenario::ClockJump,
         "UncheckedPause" => Scenario::UncheckedPause,
