@@ -792,8 +792,22 @@ impl Machine for Acquisition<'_> {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
-        // The attempt (and its resends) before the cleanup of the attempt it replaces: every
-        // resend of an attempt comes before that attempt's own cleanup.
+        // The cleanup of a lost attempt goes first, before the attempt that replaces it: that
+        // one may be lost while it is being sent (a node that cannot take it fails it at once),
+        // and its own cleanup must not take the place of one that has not gone out yet. The
+        // lost attempt's resends were dropped with it, so none can come after its cleanup.
+        if let Some(token) = self.cleanup.take() {
+            // A compare-and-delete: sent again on a node's next connection if the one it went
+            // on breaks first, until what the attempt may have set there has expired.
+            let start = self.fanout.round().start();
+            return Some(Transmit {
+                to: To::All,
+                tag: None,
+                form: ScriptForm::Body,
+                what: What::Cleanup { token },
+                redo: Some(start + Duration::from_millis(self.params.ttl_ms)),
+            });
+        }
         if let Some((to, tag, form)) = self.fanout.poll_transmit() {
             self.wake.out = true;
             return Some(Transmit {
@@ -814,18 +828,6 @@ impl Machine for Acquisition<'_> {
                 redo: None,
             })
         };
-        if let Some(token) = self.cleanup.take() {
-            // A compare-and-delete: sent again on a node's next connection if the one it went
-            // on breaks first, until what the attempt may have set there has expired.
-            let start = self.fanout.round().start();
-            return Some(Transmit {
-                to: To::All,
-                tag: None,
-                form: ScriptForm::Body,
-                what: What::Cleanup { token },
-                redo: Some(start + Duration::from_millis(self.params.ttl_ms)),
-            });
-        }
         if self.subscribe {
             self.subscribe = false;
             return discard(To::Subscribers, What::Subscribe);

@@ -30,6 +30,7 @@ fn config(nodes: usize, retry_count: u32) -> Config {
             .collect(),
         node_timeout: 50 * MS,
         connect_timeout: 1000 * MS,
+        dead_peer_timeout: Duration::from_secs(3),
         retry_count,
         retry_delay: 50 * MS,
         wait_timeout: 10_000 * MS,
@@ -869,4 +870,49 @@ fn a_fair_waiter_cancelled_while_it_counts_releases_leaves_the_queue() {
         "{out:?}"
     );
     assert_eq!(m.poll_timeout(), None);
+}
+
+/// A lost attempt's cleanup is still sent when the next attempt starts at once (a release
+/// was announced meanwhile) and is lost at once too, while being sent (no node can take it:
+/// their connections just broke). Seen against real servers closing connections every 150 ms:
+/// the second loss replaced the first cleanup before it went out, and the first attempt's key
+/// stayed on the node that had run it.
+#[test]
+fn a_cleanup_is_not_replaced_by_the_next_attempt_s_when_that_one_is_lost_while_sent() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([9; 32]));
+    let (mut m, _) = waiting(&config, &mut rng, t0);
+    let now = t0 + MS;
+    // Someone's release: the third attempt goes out at once.
+    m.handle_wake(0, b"redlock-mux:wake:k", b"0123456789abcdef", now, &mut rng);
+    let third = sent(&mut m).remove(0);
+    let (tag3, token3) = (third.tag.unwrap(), token_of(third.what));
+    // Node 0's connection breaks (it may have run the attempt), another release is announced
+    // there, then the other two connections break: the attempt is lost, and the fourth starts
+    // at once.
+    let reset = || NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset);
+    m.handle_failure(0, tag3, reset(), now, &mut rng);
+    m.handle_wake(0, b"redlock-mux:wake:k", b"fedcba9876543210", now, &mut rng);
+    m.handle_failure(1, tag3, reset(), now, &mut rng);
+    m.handle_failure(2, tag3, reset(), now, &mut rng);
+    // As a driver does: a node that cannot be sent a tagged transmit fails it at once.
+    let mut out = Vec::new();
+    while let Some(t) = m.poll_transmit() {
+        if let (Some(tag), What::Acquire { .. }) = (t.tag, t.what) {
+            for node in 0..3 {
+                m.handle_failure(node, tag, reset(), now, &mut rng);
+            }
+        }
+        out.push(encoded(&m, &t));
+    }
+    let cleaned: Vec<Token> = out
+        .iter()
+        .filter(|s| matches!(s.what, What::Cleanup { .. }))
+        .map(|s| token_of(s.what))
+        .collect();
+    let whats: Vec<What> = out.iter().map(|s| s.what).collect();
+    assert!(
+        cleaned.contains(&token3),
+        "the third attempt is never undone: {whats:?}"
+    );
 }
