@@ -51,7 +51,7 @@ pub struct Client {
 
 struct Inner {
     config: Arc<Config>,
-    driver: Shared,
+    driver: Arc<Shared>,
     keeper: KeeperSlot,
     stats: Arc<Recorder>,
 }
@@ -79,6 +79,7 @@ pub struct ClientBuilder {
     nodes: Vec<String>,
     node_timeout: Duration,
     connect_timeout: Duration,
+    dead_peer_timeout: Duration,
     retry_count: u32,
     retry_delay: Duration,
     wait_timeout: Duration,
@@ -94,6 +95,7 @@ impl Default for ClientBuilder {
             nodes: Vec::new(),
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
+            dead_peer_timeout: Duration::from_secs(3),
             retry_count: Retry::UNLIMITED,
             retry_delay: Duration::from_millis(50),
             wait_timeout: Duration::from_secs(10),
@@ -136,6 +138,19 @@ impl ClientBuilder {
     /// that resolves to several, tried in turn). Default 1 s; at most a day.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a node may stay silent at the TCP level before its connection is given up:
+    /// data written to it unacknowledged for this long, or (while idle) no answer to the
+    /// kernel's keepalive probes within about as long. A slow or paused server still
+    /// acknowledges what it is sent, so it is never given up for slowness: its backlog is
+    /// answered in order when it can, and nothing queued there can land after a later release.
+    /// A dead peer (a host gone, a network that drops everything) is found within this bound,
+    /// and what it was owed fails; releases are sent again once it is back. Default 3 s; at
+    /// least 1 s (the kernel counts keepalive in seconds), at most a day.
+    pub fn dead_peer_timeout(mut self, timeout: Duration) -> Self {
+        self.dead_peer_timeout = timeout;
         self
     }
 
@@ -249,9 +264,17 @@ impl ClientBuilder {
                 .into());
             }
         }
+        if self.dead_peer_timeout < Duration::from_secs(1) {
+            return Err(InvalidArgument::BadOption {
+                name: "dead_peer_timeout",
+                reason: "must be at least 1 s",
+            }
+            .into());
+        }
         for (name, value) in [
             ("node_timeout", self.node_timeout),
             ("connect_timeout", self.connect_timeout),
+            ("dead_peer_timeout", self.dead_peer_timeout),
             ("retry_delay", self.retry_delay),
             ("wait_timeout", self.wait_timeout),
         ] {
@@ -281,6 +304,7 @@ impl ClientBuilder {
             nodes,
             node_timeout: self.node_timeout,
             connect_timeout: self.connect_timeout,
+            dead_peer_timeout: self.dead_peer_timeout,
             retry_count: self.retry_count,
             retry_delay: self.retry_delay,
             wait_timeout: self.wait_timeout,
@@ -291,7 +315,8 @@ impl ClientBuilder {
             rw_policy: self.rw_policy,
         });
         let stats = Arc::new(Recorder::new(self.nodes.len()));
-        let driver = Shared::new(config.clone(), stats.clone()).map_err(|e| Error::Io(e.kind()))?;
+        let driver =
+            Arc::new(Shared::new(config.clone(), stats.clone()).map_err(|e| Error::Io(e.kind()))?);
         driver.warm_up(Instant::now() + config.connect_timeout);
         let client = Client {
             inner: Arc::new(Inner {
@@ -442,7 +467,7 @@ impl Client {
 
     /// Runs `f` with a session of this client's shared driver.
     pub(crate) fn with_driver<R>(&self, f: impl FnOnce(&mut Session<'_>) -> R) -> Result<R, Error> {
-        let mut session = self.inner.driver.session();
+        let mut session = Shared::session(&self.inner.driver);
         Ok(f(&mut session))
     }
 }

@@ -41,6 +41,8 @@ pub(crate) struct Config {
     pub nodes: Vec<NodeAddr>,
     pub node_timeout: Duration,
     pub connect_timeout: Duration,
+    /// How long a peer may stay silent at the TCP level before its connection is given up.
+    pub dead_peer_timeout: Duration,
     pub retry_count: u32,
     pub retry_delay: Duration,
     pub wait_timeout: Duration,

@@ -37,6 +37,7 @@
 mod socket;
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -61,7 +62,14 @@ pub(crate) struct Shared {
     core: Mutex<Core>,
     config: Arc<Config>,
     stats: Arc<Recorder>,
+    /// A thread sends again the releases of broken connections, while no caller runs.
+    resender: AtomicBool,
 }
+
+/// How long the thread that sends releases again runs at most, and how long it polls at a
+/// time.
+const RESEND_LIMIT: Duration = Duration::from_secs(10);
+const RESEND_POLL: Duration = Duration::from_millis(50);
 
 /// The poller, held by the leader while it polls.
 struct Poller {
@@ -109,6 +117,7 @@ impl Shared {
             core: Mutex::new(core),
             config,
             stats,
+            resender: AtomicBool::new(false),
         })
     }
 
@@ -170,8 +179,8 @@ impl Shared {
     }
 
     /// A caller slot for this thread, for one or more operations in a row.
-    pub fn session(&self) -> Session<'_> {
-        let mut core = self.lock();
+    pub fn session(this: &Arc<Shared>) -> Session<'_> {
+        let mut core = this.lock();
         let slot = match core.free.pop() {
             Some(s) => s,
             None => {
@@ -195,7 +204,7 @@ impl Shared {
         let entropy = c.entropy.take().unwrap_or_else(OsEntropy::new);
         let wakeups = std::mem::take(&mut c.wakeups);
         Session {
-            shared: self,
+            shared: this,
             slot,
             wakeups,
             entropy: Some(entropy),
@@ -301,7 +310,7 @@ impl Drop for Shared {
 
 /// One thread's use of a [`Shared`] driver: a caller slot, with what its operations reuse.
 pub(crate) struct Session<'a> {
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
     slot: CallerId,
     /// The threads this caller, as the leader, unparks after servicing.
     wakeups: Vec<Thread>,
@@ -401,13 +410,62 @@ impl Session<'_> {
             core = shared.wait(core, slot, deadline - now, wanted, &mut self.wakeups);
         };
         let next = core.finish(slot, run);
+        let resend = core.needs_resender(Instant::now());
         drop(core);
         if let Some(t) = next {
             t.unpark();
         }
+        if resend {
+            Shared::start_resender(shared);
+        }
         drop(registration);
         self.entropy = Some(entropy);
         outcome
+    }
+}
+
+impl Shared {
+    /// Starts the thread that sends again, on new connections, the releases (and cleanups)
+    /// that broken connections owed, when no caller is left to drive them: a release that
+    /// returned at its quorum must still reach the other nodes. The thread leads the polling
+    /// like any caller, and ends once they are sent and answered (10 s at most: what is left
+    /// goes with the next operation, or when the client is closed).
+    fn start_resender(this: &Arc<Shared>) {
+        if this.resender.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = this.clone();
+        let started = thread::Builder::new()
+            .name("redlock-mux-resend".into())
+            .spawn(move || {
+                shared.resend();
+                shared.resender.store(false, Ordering::Release);
+            });
+        if started.is_err() {
+            this.resender.store(false, Ordering::Release);
+        }
+    }
+
+    /// The resender thread's work (see [`start_resender`](Self::start_resender)).
+    fn resend(self: &Arc<Shared>) {
+        let mut session = Shared::session(self);
+        let slot = session.slot;
+        let until = Instant::now() + RESEND_LIMIT;
+        let mut core = self.lock();
+        let run = core.ep.begin(slot);
+        loop {
+            let now = Instant::now();
+            if now >= until || !core.ep.needs_tending(now) {
+                break;
+            }
+            core.timers(now);
+            core = self.wait(core, slot, RESEND_POLL, usize::MAX, &mut session.wakeups);
+        }
+        let next = core.finish(slot, run);
+        drop(core);
+        if let Some(t) = next {
+            t.unpark();
+        }
     }
 }
 
@@ -475,7 +533,8 @@ impl Core {
                         old.close(&self.registry);
                     }
                     let addr = self.ep.connect_addr(id);
-                    match Socket::connect(addr, &self.registry, Token(id.index())) {
+                    let dead_after = self.ep.config().dead_peer_timeout;
+                    match Socket::connect(addr, dead_after, &self.registry, Token(id.index())) {
                         Ok(s) => self.sockets[id.index()] = Some(s),
                         Err(e) => {
                             self.ep
@@ -710,6 +769,12 @@ impl Core {
             t.unpark();
         }
         next
+    }
+
+    /// Whether releases wait to be sent again, or seen through, while no caller is left to
+    /// drive them (see `Endpoint::needs_tending`).
+    fn needs_resender(&self, now: Instant) -> bool {
+        self.ep.active_callers().next().is_none() && self.ep.needs_tending(now)
     }
 
     /// A session ends: an operation it left unfinished (a panic unwound it) is finished now.

@@ -16,16 +16,8 @@ use socket2::{Domain, Protocol, Socket as RawSocket, TcpKeepalive, Type};
 
 use crate::error::NodeErrorKind;
 
-/// How long a connection may go without hearing from its peer while idle, and then between
-/// probes, before the kernel starts and gives up probing: an idle dead peer is found within
-/// `KEEPALIVE_IDLE + KEEPALIVE_INTERVAL × KEEPALIVE_PROBES` (8 s).
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
-const KEEPALIVE_PROBES: u32 = 3;
-/// How long written data may stay unacknowledged before the kernel gives the connection up: a
-/// peer that went silent while it owed us acknowledgements is found within this. A peer that
-/// is only slow (a paused server) still acknowledges, so it is never given up for slowness.
-pub(crate) const USER_TIMEOUT: Duration = Duration::from_secs(8);
+/// Keepalive probes sent to an idle peer before the kernel gives the connection up.
+const KEEPALIVE_PROBES: u32 = 2;
 
 /// A connection's socket.
 #[derive(Debug)]
@@ -47,20 +39,27 @@ const EINPROGRESS: i32 = 36;
 
 impl Socket {
     /// A non-blocking TCP socket to `addr`, connect started, with TCP_NODELAY (each command is
-    /// one small write that must not wait for Nagle), keepalive and a user timeout (see
-    /// [`USER_TIMEOUT`]), registered with `registry` under `token`.
-    pub fn connect(addr: SocketAddr, registry: &Registry, token: Token) -> io::Result<Socket> {
+    /// one small write that must not wait for Nagle), registered with `registry` under
+    /// `token`. A peer silent for `dead_after` is given up by the kernel: written data
+    /// unacknowledged that long (TCP_USER_TIMEOUT), or, while idle, keepalive probes every
+    /// third of it, after a third of it without traffic, unanswered. A slow or paused server
+    /// still acknowledges, so it is never given up for slowness.
+    pub fn connect(
+        addr: SocketAddr,
+        dead_after: Duration,
+        registry: &Registry,
+        token: Token,
+    ) -> io::Result<Socket> {
         let socket = RawSocket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
         socket.set_nonblocking(true)?;
         socket.set_tcp_nodelay(true)?;
-        let keepalive = TcpKeepalive::new()
-            .with_time(KEEPALIVE_IDLE)
-            .with_interval(KEEPALIVE_INTERVAL);
+        let third = (dead_after / 3).max(Duration::from_secs(1));
+        let keepalive = TcpKeepalive::new().with_time(third).with_interval(third);
         #[cfg(any(target_os = "linux", target_os = "android"))]
         let keepalive = keepalive.with_retries(KEEPALIVE_PROBES);
         socket.set_tcp_keepalive(&keepalive)?;
         #[cfg(any(target_os = "linux", target_os = "android"))]
-        socket.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
+        socket.set_tcp_user_timeout(Some(dead_after))?;
         match socket.connect(&addr.into()) {
             Ok(()) => {}
             Err(e)

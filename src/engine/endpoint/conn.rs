@@ -35,6 +35,8 @@ pub(crate) struct Redo {
     pub len: u32,
     /// How many commands come before the one whose reply is the vote (`MULTI` ...).
     pub before: u32,
+    /// It is being sent again: an earlier connection broke before it was answered.
+    pub resent: bool,
 }
 
 /// What a reply in the queue is for.
@@ -229,6 +231,16 @@ impl Conn {
         })
     }
 
+    /// The latest `until` of the compare-and-deletes sent again on this connection (after an
+    /// earlier one broke) and not answered yet, if any is.
+    pub fn resent_until(&self) -> Option<Instant> {
+        self.owed
+            .iter()
+            .filter_map(|s| s.redo().filter(|r| r.resent))
+            .map(|r| r.until)
+            .max()
+    }
+
     /// The latest `until` of the compare-and-deletes still owed, if any is.
     pub fn redo_until(&self) -> Option<Instant> {
         self.owed
@@ -309,6 +321,7 @@ impl Conn {
                 until,
                 len: bytes.len() as u32,
                 before: before as u32,
+                resent: false,
             }
         });
         self.held_fresh |= held;
@@ -320,6 +333,10 @@ impl Conn {
     pub fn queue_redo(&mut self, slot: Slot, redo: Redo, bytes: &[u8]) {
         self.queue_buf().extend_from_slice(bytes);
         self.redo.extend_from_slice(bytes);
+        let redo = Redo {
+            resent: true,
+            ..redo
+        };
         self.push_slots(slot, redo.before as usize, Some(redo));
     }
 

@@ -168,7 +168,13 @@ pub(crate) struct Endpoint {
     next_run: u64,
     /// While the client closes: when it gives up at the latest, and when a node last answered.
     closing: Option<Closing>,
+    /// When a command connection last broke (not a failed connect).
+    troubled: Option<Instant>,
 }
+
+/// How long after a connection broke the endpoint still asks for the compare-and-deletes that
+/// callers leave unanswered to be seen through (see [`Endpoint::needs_tending`]).
+const TROUBLE_MEMORY: Duration = Duration::from_secs(10);
 
 /// How long closing waits at most for the nodes to answer what they were sent, and how long
 /// without any answer before it gives up on those that still owe.
@@ -202,9 +208,15 @@ impl Endpoint {
             io: VecDeque::new(),
             next_run: 1,
             closing: None,
+            troubled: None,
             config,
             stats,
         }
+    }
+
+    /// The settings the endpoint runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     // --- callers -------------------------------------------------------------------------
@@ -371,6 +383,7 @@ impl Endpoint {
                 until,
                 len: (node.retry_bytes.len() - start) as u32,
                 before: before as u32,
+                resent: false,
             },
         });
     }
@@ -635,6 +648,9 @@ impl Endpoint {
             self.channels.lost_subscriber(i, &mut self.mail);
             return;
         }
+        if self.nodes[i].cmd.is_up() {
+            self.troubled = Some(now);
+        }
         let Node {
             cmd,
             retries,
@@ -748,6 +764,25 @@ impl Endpoint {
         }
         self.closing = None;
         Some(self.undelivered(now))
+    }
+
+    /// Whether compare-and-deletes need someone to drive the endpoint until they are
+    /// answered, even when no caller has an operation under way: those of a broken connection,
+    /// to send again (or sent again, not answered yet), and, while connections have been
+    /// breaking lately, every one not answered yet (its connection may be closed already, and
+    /// only reading it tells). Worth it only until what they delete expires.
+    pub fn needs_tending(&self, now: Instant) -> bool {
+        let troubled = self
+            .troubled
+            .is_some_and(|t| now.saturating_duration_since(t) < TROUBLE_MEMORY);
+        self.nodes.iter().any(|n| {
+            let owed = if troubled {
+                n.cmd.redo_until()
+            } else {
+                n.cmd.resent_until()
+            };
+            n.retries.iter().any(|r| r.redo.until > now) || owed.is_some_and(|u| u > now)
+        })
     }
 
     /// Whether a command connection still owes replies, or a node still has compare-and-deletes

@@ -864,6 +864,7 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
             nodes: addrs.clone(),
             node_timeout: p.node_timeout,
             connect_timeout: Duration::from_secs(1),
+            dead_peer_timeout: Duration::from_secs(3),
             retry_count: p.retry_count,
             retry_delay: p.retry_delay,
             wait_timeout: p.wait_timeout,
