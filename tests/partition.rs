@@ -211,11 +211,11 @@ fn a_node_silent_without_a_reset_is_found_dead_and_misses_no_release() {
         .collect();
     // Node 1 goes silent for 4 s: its packets are dropped, nothing is reset.
     thread::sleep(Duration::from_secs(1));
-    let broken_before = client.stats().nodes[1].failures.io;
+    let broken_before = client.stats().nodes[1].disconnects;
     nodes[1].iptables("-A");
     let silent = Instant::now();
     let found = common::eventually(DEAD_PEER + Duration::from_secs(2), || {
-        client.stats().nodes[1].failures.io > broken_before
+        client.stats().nodes[1].disconnects > broken_before
     });
     let found_after = silent.elapsed();
     thread::sleep(Duration::from_secs(4).saturating_sub(silent.elapsed()));

@@ -126,7 +126,8 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Core> {
         let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
         if core.pid != std::process::id() {
-            if let Ok(fresh) = Core::new(self.config.clone(), self.stats.clone()) {
+            if let Ok(mut fresh) = Core::new(self.config.clone(), self.stats.clone()) {
+                fresh.ep.adopt_servers(&core.ep);
                 let old = std::mem::replace(&mut *core, fresh);
                 old.forget_sockets();
             }

@@ -463,7 +463,9 @@ impl Conn {
                 if self.redo_head >= self.redo.len() {
                     self.redo.clear();
                     self.redo_head = 0;
-                } else if self.redo_head > 4096 && self.redo_head * 2 > self.redo.len() {
+                } else if self.redo_head * 2 >= self.redo.len() {
+                    // Half of it answered: the rest moves to the front, so the buffer stays
+                    // as large as the most ever owed at once, never more.
                     self.redo.drain(..self.redo_head);
                     self.redo_head = 0;
                 }

@@ -219,6 +219,15 @@ impl Endpoint {
         &self.config
     }
 
+    /// Takes what `other` (an endpoint over the same nodes) knows of each node's server, so
+    /// that commands queued before this one's first setups are answered go in the right form:
+    /// for a client used in a child process after `fork()`, which opens connections of its own.
+    pub fn adopt_servers(&mut self, other: &Endpoint) {
+        for (mine, theirs) in self.nodes.iter_mut().zip(&other.nodes) {
+            mine.server = theirs.server;
+        }
+    }
+
     // --- callers -------------------------------------------------------------------------
 
     /// A new caller, with an empty mailbox.
@@ -316,13 +325,15 @@ impl Endpoint {
             // Nobody reads its reply (a cleanup, a queue leave): it goes where something of
             // ours may be. A compare-and-delete for a node that cannot be sent to now waits for
             // its next connection.
-            if !conn.can_send(now) || conn.owed() >= MAX_OWED {
+            if !conn.can_send(now) {
                 if let Some(until) = t.redo {
                     self.retry_later(i, t, m, until);
                 }
                 return;
             }
-            if conn.is_down() && t.redo.is_none() {
+            // A compare-and-delete is never turned away for the backlog: it is what lets the
+            // node drain, and what the backlog may have set there waits for it.
+            if t.redo.is_none() && (conn.is_down() || conn.owed() >= MAX_OWED) {
                 return;
             }
             self.connect_if_down(i, now);
@@ -344,8 +355,8 @@ impl Endpoint {
             m.handle_failure(i, tag, why, now, rng);
             return;
         }
-        if conn.owed() >= MAX_OWED || matches!(t.what, What::Acquire { .. }) && self.lagging(i, now)
-        {
+        let backlog = t.redo.is_none() && conn.owed() >= MAX_OWED;
+        if backlog || matches!(t.what, What::Acquire { .. }) && self.lagging(i, now) {
             // Behind a backlog that is already past the node timeout, a new acquisition would
             // only time out, and deepen the backlog: callers that win at the quorum without
             // this node would otherwise send it more than it can answer, without end. It
@@ -650,6 +661,7 @@ impl Endpoint {
         }
         if self.nodes[i].cmd.is_up() {
             self.troubled = Some(now);
+            self.stats.disconnect(i);
         }
         let Node {
             cmd,
