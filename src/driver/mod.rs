@@ -121,10 +121,15 @@ impl Shared {
         })
     }
 
-    /// The core, for this process: in a child after `fork()`, the parent's sockets are dropped
-    /// first and the connections start anew.
     fn lock(&self) -> MutexGuard<'_, Core> {
-        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The core, for this process: in a child after `fork()`, the parent's sockets are dropped
+    /// first and the connections start anew. One `getpid` per call: every entry point that
+    /// may reach a socket (a session, a warm-up, a close) comes through here first.
+    fn lock_here(&self) -> MutexGuard<'_, Core> {
+        let mut core = self.lock();
         if core.pid != std::process::id() {
             if let Ok(mut fresh) = Core::new(self.config.clone(), self.stats.clone()) {
                 fresh.ep.adopt_servers(&core.ep);
@@ -140,7 +145,7 @@ impl Shared {
     /// setup. Nodes that are down only count against the quorum later; nodes whose setup was
     /// refused are listed by [`setup_failures`](Self::setup_failures).
     pub fn warm_up(&self, deadline: Instant) {
-        let mut core = self.lock();
+        let mut core = self.lock_here();
         core.ep.connect_all(Instant::now());
         core.do_io(Instant::now());
         while !core.ep.is_settled() {
@@ -168,7 +173,7 @@ impl Shared {
     /// The nodes whose last connection was closed because its setup was refused (see
     /// [`NodeErrorKind::Setup`]), with the reason.
     pub fn setup_failures(&self) -> Vec<(usize, NodeErrorKind)> {
-        self.lock().ep.setup_failures()
+        self.lock_here().ep.setup_failures()
     }
 
     /// Waits until every node has answered what it was sent, and every release of a broken
@@ -176,12 +181,12 @@ impl Shared {
     /// `Endpoint::begin_close`). Returns the nodes left with releases that are not known to
     /// have reached them.
     pub fn close(&self) -> Vec<usize> {
-        self.lock().settle()
+        self.lock_here().settle()
     }
 
     /// A caller slot for this thread, for one or more operations in a row.
     pub fn session(this: &Arc<Shared>) -> Session<'_> {
-        let mut core = this.lock();
+        let mut core = this.lock_here();
         let slot = match core.free.pop() {
             Some(s) => s,
             None => {
