@@ -1,7 +1,7 @@
 //! The counting semaphore over N independent masters: [`Client::semaphore`] and its handle.
 #![forbid(unsafe_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::client::Client;
 use crate::config::check_key;
@@ -195,8 +195,6 @@ impl Semaphore {
                 self.permits,
                 self.quorum,
                 config.nodes.len(),
-                Instant::now(),
-                config.node_timeout,
             );
             driver.drive(&mut census)
         })

@@ -71,6 +71,9 @@ pub(crate) struct Shared {
 const RESEND_LIMIT: Duration = Duration::from_secs(10);
 const RESEND_POLL: Duration = Duration::from_millis(50);
 
+/// How long a caller waits at most without anything scheduled, before it looks again.
+const IDLE_LOOK: Duration = Duration::from_millis(100);
+
 /// The poller, held by the leader while it polls.
 struct Poller {
     poll: Poll,
@@ -108,6 +111,8 @@ struct Core {
     sockets: Vec<Option<Socket>>,
     callers: Vec<Caller>,
     free: Vec<CallerId>,
+    /// Kept between finishes, for the threads a finishing caller unparks.
+    unparked: Vec<Thread>,
 }
 
 impl Shared {
@@ -333,13 +338,7 @@ impl Session<'_> {
     pub fn take_round(&mut self) -> Round {
         match self.round.take() {
             Some(r) => r,
-            None => Round::new(
-                self.shared.config.nodes.len(),
-                Instant::now(),
-                self.shared.config.node_timeout,
-                None,
-                None,
-            ),
+            None => Round::new(self.shared.config.nodes.len(), Instant::now(), None, None),
         }
     }
 
@@ -369,7 +368,6 @@ impl Session<'_> {
         let shared = self.shared;
         let slot = self.slot;
         let mut entropy = self.entropy.take().unwrap_or_else(OsEntropy::new);
-        let node_timeout = shared.config.node_timeout;
         let mut core = shared.lock();
         let run = core.ep.begin(slot);
         // Without a waker (the system refused one), the flag is still read at every wake-up.
@@ -397,9 +395,17 @@ impl Session<'_> {
             if let Some(outcome) = m.poll_outcome() {
                 break outcome;
             }
-            // A machine that is not done always has a deadline; should one not, it still gets
-            // its input.
-            let deadline = m.poll_timeout().unwrap_or(now + node_timeout);
+            // The machine's own deadline (its validity, a retry), and the endpoint's (a node
+            // timeout, a reconnect): whichever caller sees one pass acts on it.
+            let mine = m.poll_timeout();
+            let endpoint = core.ep.poll_timeout();
+            let deadline = match (mine, endpoint) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(t), None) | (None, Some(t)) => t,
+                // Nothing scheduled: the machine waits for input that must come (a reply, a
+                // failure); look again now and then all the same.
+                (None, None) => now + IDLE_LOOK,
+            };
             if now >= deadline {
                 if !drained {
                     // What came but was not read yet is no timeout.
@@ -408,7 +414,13 @@ impl Session<'_> {
                     continue;
                 }
                 drained = false;
-                m.handle_timeout(now, &mut entropy);
+                if endpoint.is_some_and(|t| now >= t) {
+                    core.ep.handle_timeout(now);
+                    core.do_io(now);
+                }
+                if mine.is_some_and(|t| now >= t) {
+                    m.handle_timeout(now, &mut entropy);
+                }
                 continue;
             }
             drained = false;
@@ -519,6 +531,7 @@ impl Core {
             sockets: (0..2 * n).map(|_| None).collect(),
             callers: Vec::new(),
             free: Vec::new(),
+            unparked: Vec::new(),
         })
     }
 
@@ -719,9 +732,12 @@ impl Core {
         }
     }
 
-    /// Runs the endpoint's timers that are due (connect timeouts, reconnects for releases).
+    /// Runs the endpoint's timers that are due (node timeouts, connect timeouts, reconnects for
+    /// releases), after reading every connection: a reply that came is never taken for a
+    /// timeout.
     fn timers(&mut self, now: Instant) {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
+            self.read_all(now);
             self.ep.handle_timeout(now);
             self.do_io(now);
             self.flush_all(now);
@@ -769,11 +785,12 @@ impl Core {
                 }
             }
         }
-        let mut wakeups = Vec::new();
+        let mut wakeups = std::mem::take(&mut self.unparked);
         self.notify(slot, &mut wakeups);
-        for t in wakeups {
+        for t in wakeups.drain(..) {
             t.unpark();
         }
+        self.unparked = wakeups;
         next
     }
 

@@ -304,8 +304,7 @@ impl<'a> Acquisition<'a> {
         self.read.clear();
         let tag = self.tag();
         let timing = self.params.timing;
-        self.fanout
-            .start(tag, now, self.config.node_timeout, Some(timing), None);
+        self.fanout.start(tag, now, Some(timing), None);
         self.state = State::Attempt;
         self.advance(now, rng);
     }
@@ -370,8 +369,7 @@ impl<'a> Acquisition<'a> {
                     Some(_) => {
                         let tag = self.tag();
                         // Must be won before the lock's validity ends; it sets no TTL.
-                        self.fanout
-                            .start(tag, now, self.config.node_timeout, None, Some(until));
+                        self.fanout.start(tag, now, None, Some(until));
                         self.state = State::WriteBack;
                         self.advance(now, rng);
                     }
@@ -680,12 +678,6 @@ impl Machine for Acquisition<'_> {
         }
         self.fanout.handle_failure(node, tag, why, now);
         self.advance(now, rng);
-    }
-
-    fn handle_written(&mut self, node: usize, tag: Tag, at: Instant) {
-        if matches!(self.state, State::Attempt | State::WriteBack) {
-            self.fanout.handle_written(node, tag, at);
-        }
     }
 
     fn handle_timeout(&mut self, now: Instant, rng: &mut dyn Entropy) {

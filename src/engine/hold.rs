@@ -139,7 +139,6 @@ impl Hold {
             undo: false,
             outcome: None,
         };
-        let node_timeout = config.node_timeout;
         match step {
             Step::Extend { .. } | Step::Downgrade { .. } if now >= valid_until => {
                 // A write lock past its validity may still be on some nodes: a downgrade
@@ -150,10 +149,9 @@ impl Hold {
                 }));
             }
             Step::Extend { timing, .. } | Step::Downgrade { timing, .. } => {
-                r.fanout
-                    .start(1, now, node_timeout, Some(timing), Some(valid_until))
+                r.fanout.start(1, now, Some(timing), Some(valid_until))
             }
-            Step::Release => r.fanout.start(1, now, node_timeout, None, None),
+            Step::Release => r.fanout.start(1, now, None, None),
         }
         r.advance(now);
         r
@@ -297,10 +295,6 @@ impl Machine for HoldRound<'_> {
     ) {
         self.fanout.handle_failure(node, tag, why, now);
         self.advance(now);
-    }
-
-    fn handle_written(&mut self, node: usize, tag: Tag, at: Instant) {
-        self.fanout.handle_written(node, tag, at);
     }
 
     fn handle_timeout(&mut self, now: Instant, _rng: &mut dyn Entropy) {

@@ -124,7 +124,7 @@ fn a_free_lock_is_one_transmit_to_every_node_and_won_at_the_quorum() {
         keys: Keys::Mutex(b"k"),
         fence: None,
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
     let out = sent(&mut m);
     assert_eq!(out.len(), 1, "{out:?}");
@@ -132,7 +132,10 @@ fn a_free_lock_is_one_transmit_to_every_node_and_won_at_the_quorum() {
     assert_eq!((attempt.to, attempt.name()), (To::All, &b"SET"[..]));
     let token = token_of(attempt.what);
     assert_eq!(attempt.args[2], token.as_bytes());
-    assert_eq!(m.poll_timeout(), Some(t0 + config.node_timeout));
+    // The attempt waits until its validity; a silent node is failed by the driver.
+    assert!(m
+        .poll_timeout()
+        .is_some_and(|t| t > t0 + config.node_timeout));
     m.handle_reply(0, tag, &OK, t0 + MS, &mut rng);
     assert!(m.poll_outcome().is_none());
     m.handle_reply(2, tag, &OK, t0 + 2 * MS, &mut rng);
@@ -160,7 +163,7 @@ fn a_lost_attempt_is_undone_then_retried_with_a_fresh_token_once_subscribed() {
         keys: Keys::Mutex(b"k"),
         fence: None,
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
     let first = sent(&mut m).remove(0);
     refuse_all(&mut m, first.tag.unwrap(), t0 + MS, &mut rng);
@@ -199,7 +202,7 @@ fn waiting<'a>(config: &'a Config, rng: &mut Jitter, t0: Instant) -> (Acquisitio
         keys: Keys::Mutex(b"k"),
         fence: None,
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, config, params(true), t0, round, rng);
     let first = sent(&mut m).remove(0);
     refuse_all(&mut m, first.tag.unwrap(), t0, rng);
@@ -329,7 +332,7 @@ fn one_attempt_returns_its_own_error_and_a_config_error_ends_a_wait_at_once() {
         keys: Keys::Mutex(b"k"),
         fence: None,
     };
-    let round = || Round::new(3, t0, config.node_timeout, None, None);
+    let round = || Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(false), t0, round(), &mut rng);
     let tag = sent(&mut m)[0].tag.unwrap();
     refuse_all(&mut m, tag, t0, &mut rng);
@@ -360,7 +363,7 @@ fn a_node_without_the_script_gets_its_body_before_the_attempt_is_undone() {
         },
         fence: None,
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
     let attempt = sent(&mut m).remove(0);
     let tag = attempt.tag.unwrap();
@@ -392,7 +395,7 @@ fn a_node_without_the_script_gets_its_body_before_the_attempt_is_undone() {
     );
 
     // A second NOSCRIPT from a node already sent the body is a failure, not another resend.
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(false), t0, round, &mut rng);
     let tag = sent(&mut m)[0].tag.unwrap();
     let noscript = Reply::Error(b"NOSCRIPT No matching script");
@@ -418,7 +421,7 @@ fn a_fenced_grant_whose_counters_disagree_is_written_back_before_it_is_given() {
         keys: Keys::Mutex(b"ledger"),
         fence: Some(&fence),
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
     let tag = sent(&mut m)[0].tag.unwrap();
     m.handle_reply(0, tag, &Reply::Integer(5), t0 + MS, &mut rng);
@@ -468,19 +471,23 @@ fn a_failed_extend_never_leaves_more_validity_than_the_nodes_may_hold() {
         ttl_ms: 300,
         timing,
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let start = t0 + 10 * MS;
     let mut m: HoldRound<'_> = hold.round(spec, token, &config, step, start, round);
     let tag = sent(&mut m)[0].tag.unwrap();
     m.handle_reply(0, tag, &Reply::Integer(1), start + MS, &mut rng);
-    m.handle_timeout(start + config.node_timeout, &mut rng);
+    // Nodes 1 and 2 stay silent: the driver fails them at their node timeout.
+    let at = start + config.node_timeout;
+    for node in [1, 2] {
+        m.handle_failure(node, tag, NodeErrorKind::Timeout, at, &mut rng);
+    }
     let error = m.poll_outcome().expect("done").expect_err("no quorum");
     assert_eq!(error.deadline(), Some(Deadline::NodeTimeout), "{error:?}");
     drop(m);
     assert_eq!(hold.valid_until(), timing.valid_until(start).unwrap());
 
     // Asked for after the validity ended: nothing is sent.
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let late = t0 + 10_000 * MS;
     let mut m = hold.round(spec, token, &config, step, late, round);
     assert!(sent(&mut m).is_empty());
@@ -512,7 +519,7 @@ fn downgrade_round<'a>(
         ttl_ms: 300,
         timing,
     };
-    let round = Round::new(config.nodes.len(), start, config.node_timeout, None, None);
+    let round = Round::new(config.nodes.len(), start, None, None);
     hold.round(spec, token, config, step, start, round)
 }
 
@@ -645,7 +652,7 @@ fn a_downgraded_read_lock_extends_as_a_reader_and_its_release_removes_both_entri
             drift_factor: 0.01,
         },
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = hold.round(spec, token, &config, step, t0, round);
     let ext = sent(&mut m).remove(0);
     assert_eq!(ext.args[3], keys.readers(), "a reader's extend: {ext:?}");
@@ -654,7 +661,7 @@ fn a_downgraded_read_lock_extends_as_a_reader_and_its_release_removes_both_entri
     }
     m.poll_outcome().expect("done").expect("won");
     drop(m);
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = hold.round(spec, token, &config, Step::Release, t0, round);
     let rel = sent(&mut m).remove(0);
     // The undo's script: the reader entry, and a writer key a node may still hold.
@@ -686,7 +693,7 @@ fn fair_second_attempt<'a>(
         ticket: 1,
         ..params(true)
     };
-    let round = Round::new(5, t0, config.node_timeout, None, None);
+    let round = Round::new(5, t0, None, None);
     let mut m = Acquisition::new(spec, config, p, t0, round, rng);
     let first = sent(&mut m).remove(0);
     let refused = if spec.fence.is_some() { -1 } else { 0 };

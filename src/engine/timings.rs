@@ -8,8 +8,9 @@
 //! the caller passes in, and keeps them in order, so that a state machine has one deadline at a
 //! time, the earliest:
 //!
-//! - a round in flight waits for the earlier of its finish-by instant (its validity, and an
-//!   extend's current validity) and the per-node deadline ([`earliest`]);
+//! - a round in flight waits for its finish-by instant (its validity, and an extend's current
+//!   validity); the per-node deadline is the endpoint's, which fails a node that has not
+//!   answered [`node_deadline`] after its command was written;
 //! - a waiting acquisition's backstop is kept short of the wait deadline ([`backstop_delay`]),
 //!   and a pause after a split vote ends by the backstop ([`pause_until`]);
 //! - a kept lock's next extension comes by the interval or by the validity left, whichever is
@@ -89,11 +90,6 @@ impl WaitLimits {
 pub fn wait_end(first: Instant, limits: &WaitLimits) -> Instant {
     let end = wait_deadline(first, limits.wait_timeout);
     limits.deadline.map_or(end, |d| d.min(end))
-}
-
-/// The earlier of an optional deadline and a deadline.
-pub fn earliest(a: Option<Instant>, b: Instant) -> Instant {
-    a.map_or(b, |a| a.min(b))
 }
 
 /// The first window over which a waiter spreads its retry after a split vote: about one round

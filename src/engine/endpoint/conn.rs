@@ -52,6 +52,11 @@ pub(crate) enum Slot {
         tag: Tag,
         sent: Instant,
         redo: Option<Redo>,
+        /// When the node counts as timed out for this command if it has not answered: the node
+        /// timeout after it was written (after it was queued, until it is written).
+        due: Instant,
+        /// The owner was told the node timed out; a late reply still reaches it.
+        fired: bool,
     },
     /// A reply to a command written before the one whose reply is the vote, in the same
     /// sequence (`MULTI` and the commands queued inside a transaction). Dropped, but an error
@@ -99,8 +104,12 @@ pub(crate) struct Conn {
     inp_end: usize,
     owed: VecDeque<Slot>,
     /// How many of the slots at the back of `owed` were queued but are not known to be
-    /// written yet (see [`take_written`](Conn::take_written)).
+    /// written yet (see [`mark_written`](Conn::mark_written)).
     unwritten: usize,
+    /// How many slots at the front of `owed` need no timeout any more (answered slots leave;
+    /// these are fired, or not replies to a caller): the next due one is at this index or
+    /// after it. Dues grow along the queue, so the first one not fired is the earliest.
+    checked: usize,
     /// How many setup replies are still owed; they come first in `owed`. While any is,
     /// queued commands wait in `held`.
     setup_owed: usize,
@@ -137,6 +146,7 @@ impl Conn {
             inp_end: 0,
             owed: VecDeque::with_capacity(64),
             unwritten: 0,
+            checked: 0,
             setup_owed: 0,
             held: Vec::new(),
             held_fresh: false,
@@ -350,6 +360,7 @@ impl Conn {
                 run,
                 tag,
                 sent,
+                due,
                 ..
             } => Slot::Reply {
                 caller,
@@ -357,6 +368,8 @@ impl Conn {
                 tag,
                 sent,
                 redo,
+                due,
+                fired: false,
             },
             Slot::Discard { .. } => Slot::Discard { redo },
             other => other,
@@ -374,16 +387,50 @@ impl Conn {
         }
     }
 
-    /// Once everything queued has been written, hands every slot queued since the last call to
-    /// `f`, oldest first: their commands have left.
-    pub fn take_written(&mut self, mut f: impl FnMut(&Slot)) {
+    /// Once everything queued has been written (at `now`), the commands queued since the last
+    /// call have left: the node's timeout for each counts from now, `node_timeout` (time spent
+    /// queued in the client behind other callers' commands is not the node's slowness).
+    pub fn mark_written(&mut self, now: Instant, node_timeout: Duration) {
         if self.unwritten == 0 || self.has_pending_output() || !self.held.is_empty() {
             return;
         }
         let n = self.unwritten.min(self.owed.len());
         self.unwritten = 0;
-        for slot in self.owed.iter().skip(self.owed.len() - n) {
-            f(slot);
+        let due_now = crate::engine::timings::node_deadline(now, node_timeout);
+        let start = self.owed.len() - n;
+        for slot in self.owed.iter_mut().skip(start) {
+            if let Slot::Reply { due, .. } = slot {
+                *due = (*due).max(due_now);
+            }
+        }
+    }
+
+    /// When the next command still unanswered and not yet timed out is due.
+    pub fn next_due(&mut self) -> Option<Instant> {
+        while let Some(slot) = self.owed.get(self.checked) {
+            match slot {
+                Slot::Reply {
+                    due, fired: false, ..
+                } => return Some(*due),
+                _ => self.checked += 1,
+            }
+        }
+        None
+    }
+
+    /// Hands `timed_out` every command due by `now` and not answered: its owner counts the
+    /// node as timed out for it.
+    pub fn fire_due(&mut self, now: Instant, mut timed_out: impl FnMut(&Slot)) {
+        while let Some(due) = self.next_due() {
+            if due > now {
+                return;
+            }
+            let slot = &mut self.owed[self.checked];
+            if let Slot::Reply { fired, .. } = slot {
+                *fired = true;
+            }
+            timed_out(slot);
+            self.checked += 1;
         }
     }
 
@@ -453,6 +500,7 @@ impl Conn {
             let slot = match self.owed.pop_front() {
                 Some(slot) => {
                     self.unwritten = self.unwritten.min(self.owed.len());
+                    self.checked = self.checked.saturating_sub(1);
                     slot
                 }
                 None if !self.commands => Slot::Push,
@@ -559,6 +607,7 @@ impl Conn {
         self.inp_pos = 0;
         self.inp_end = 0;
         self.before_error.clear();
+        self.checked = 0;
         self.state = State::Down {
             retry_at: now + self.backoff,
         };

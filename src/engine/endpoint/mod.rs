@@ -57,6 +57,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::engine::machine::{Machine, To, Transmit, What};
 use crate::engine::ops::Caps;
+use crate::engine::timings;
 use crate::error::NodeErrorKind;
 use crate::resp::Reply;
 use crate::rng::Entropy;
@@ -374,6 +375,8 @@ impl Endpoint {
                 tag,
                 sent: now,
                 redo: None,
+                due: timings::node_deadline(now, self.config.node_timeout),
+                fired: false,
             },
             t.redo,
             |out| encoded.write(caps, out, |out| m.encode(t, caps, out)),
@@ -442,6 +445,7 @@ impl Endpoint {
                         run,
                         tag,
                         redo,
+                        fired,
                         ..
                     } => Slot::Reply {
                         caller,
@@ -449,6 +453,8 @@ impl Endpoint {
                         tag,
                         sent: now,
                         redo,
+                        due: timings::node_deadline(now, self.config.node_timeout),
+                        fired,
                     },
                     other => other,
                 };
@@ -528,30 +534,14 @@ impl Endpoint {
     }
 
     /// `n` bytes of [`pending`](Self::pending) were written to `id` at `now`. Once all of it
-    /// is, the owners of the commands that left are told.
+    /// is, the node timeout of each command that left counts from now.
     pub fn handle_sent(&mut self, id: ConnId, n: usize, now: Instant) {
+        let node_timeout = self.config.node_timeout;
         let conn = self.conn(id);
         conn.sent(n);
-        if id.sub {
-            return;
+        if !id.sub {
+            conn.mark_written(now, node_timeout);
         }
-        let mail = &mut self.mail;
-        self.nodes[id.node].cmd.take_written(|s| {
-            if let Slot::Reply {
-                caller, run, tag, ..
-            } = *s
-            {
-                mail.post_quiet(
-                    caller as usize,
-                    run,
-                    Event::Written {
-                        node: id.node,
-                        tag,
-                        at: now,
-                    },
-                );
-            }
-        });
     }
 
     /// Space to read `id`'s incoming bytes into; report what was read with
@@ -702,30 +692,54 @@ impl Endpoint {
         });
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) has work to do: a connect that may be
-    /// overdue, or a node whose compare-and-deletes wait for its backoff to pass.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    /// When [`handle_timeout`](Self::handle_timeout) has work to do: a command whose node
+    /// timeout passes, a connect that may be overdue, a node whose compare-and-deletes wait for
+    /// its backoff to pass, the end of closing. The shell reads every connection before it
+    /// acts on a passed node timeout, so that a reply that came but was not read yet is never
+    /// taken for a timeout.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
         let connect = self.config.connect_timeout;
-        self.nodes
-            .iter()
-            .flat_map(|n| {
-                let retry = (!n.retries.is_empty()).then(|| n.cmd.retry_at()).flatten();
-                [
-                    n.cmd.connecting_since().map(|s| s + connect),
-                    n.sub.connecting_since().map(|s| s + connect),
-                    retry,
-                ]
-            })
-            .flatten()
-            .chain(self.closing.map(|c| c.until.min(c.progress + CLOSE_STALL)))
-            .min()
+        let mut next = self.closing.map(|c| c.until.min(c.progress + CLOSE_STALL));
+        let mut consider = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        for n in &mut self.nodes {
+            consider(n.cmd.next_due());
+            consider(n.cmd.connecting_since().map(|s| s + connect));
+            consider(n.sub.connecting_since().map(|s| s + connect));
+            if !n.retries.is_empty() {
+                consider(n.cmd.retry_at());
+            }
+        }
+        next
     }
 
-    /// Fails the connects that took longer than the connect timeout, and reconnects the nodes
-    /// whose compare-and-deletes wait, once their backoff has passed.
+    /// Tells the owner of every command whose node timeout passed by `now` that the node timed
+    /// out for it (the one place that decides it), fails the connects that took longer than
+    /// the connect timeout, and reconnects the nodes whose compare-and-deletes wait, once their
+    /// backoff has passed.
     pub fn handle_timeout(&mut self, now: Instant) {
         let connect = self.config.connect_timeout;
         for i in 0..self.nodes.len() {
+            let mail = &mut self.mail;
+            self.nodes[i].cmd.fire_due(now, |slot| {
+                if let Slot::Reply {
+                    caller, run, tag, ..
+                } = *slot
+                {
+                    mail.post(
+                        caller as usize,
+                        run,
+                        Event::Failure {
+                            node: i,
+                            tag,
+                            why: NodeErrorKind::Timeout,
+                        },
+                    );
+                }
+            });
             for sub in [false, true] {
                 let id = ConnId { node: i, sub };
                 let overdue = self

@@ -703,6 +703,15 @@ enum Ev {
         tag: Tag,
         bytes: Vec<u8>,
     },
+    /// A command's node timeout passed: unanswered, its machine counts the node as failed.
+    /// (Until the simulation drives the endpoint, which decides this for real clients.)
+    NodeTimeout {
+        client: usize,
+        node: usize,
+        epoch: u64,
+        run: u64,
+        tag: Tag,
+    },
     /// The setup of a connection was refused: the command behind it fails.
     SetupRefused {
         client: usize,
@@ -1210,6 +1219,21 @@ impl<'a> World<'a> {
                     self.drive(client, Input::Reply(node, tag, &bytes));
                 }
             }
+            Ev::NodeTimeout {
+                client,
+                node,
+                epoch,
+                run,
+                tag,
+            } => {
+                let conn = &self.clients[client].conns[node];
+                if conn.epoch == epoch
+                    && conn.owed.contains(&(run, tag))
+                    && run == self.clients[client].run
+                {
+                    self.drive(client, Input::Failure(node, tag, NodeErrorKind::Timeout));
+                }
+            }
             Ev::SetupRefused {
                 client,
                 node,
@@ -1465,6 +1489,19 @@ impl<'a> World<'a> {
             conn.owed.push(s);
         }
         let epoch = conn.epoch;
+        if let Some(tag) = t.tag {
+            let timeout = self.p.node_timeout.as_nanos() as u64;
+            self.schedule(
+                timeout,
+                Ev::NodeTimeout {
+                    client: c,
+                    node: n,
+                    epoch,
+                    run,
+                    tag,
+                },
+            );
+        }
         if self.blocked[c][n] {
             return;
         }
@@ -1970,7 +2007,7 @@ impl<'a> World<'a> {
             held: None,
         });
         let config = cl.config;
-        let round = Round::new(self.p.nodes, now, self.p.node_timeout, None, None);
+        let round = Round::new(self.p.nodes, now, None, None);
         let m = Acquisition::new(spec, config, params, now, round, &mut self.rng.0);
         let cl = &mut self.clients[c];
         cl.run += 1;
@@ -2285,7 +2322,7 @@ impl<'a> World<'a> {
         let cycle = cl.cycle.as_ref().expect("a cycle");
         let held = cycle.held.as_ref().expect("held");
         *slot = held.hold;
-        let round = Round::new(self.p.nodes, now, self.p.node_timeout, None, None);
+        let round = Round::new(self.p.nodes, now, None, None);
         let m = slot.round(cycle.spec, held.token, cl.config, step, now, round);
         cl.run += 1;
         cl.job = Job::Round(Box::new(m), purpose);
