@@ -3,7 +3,8 @@
 //! This is where a retry happens. An [`Acquisition`] makes attempts, each with a fresh token,
 //! on every node at once; a round won on a quorum within the validity is the lock. A lost
 //! attempt is undone on every node (its cleanup is pipelined behind it, so late answers are
-//! undone too), and the next attempt comes:
+//! undone too, and ahead of the next attempt, which so never meets the lock of the one it
+//! replaces), and the next attempt comes:
 //!
 //! - at once after the first refusal, once the waiter has subscribed to the lock's wake
 //!   channels (a release may have come before the subscription did);
@@ -792,17 +793,6 @@ impl Machine for Acquisition<'_> {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
-        // The attempt (and its resends) before the cleanup of the attempt it replaces: every
-        // resend of an attempt comes before that attempt's own cleanup.
-        if let Some((to, tag, form)) = self.fanout.poll_transmit() {
-            self.wake.out = true;
-            return Some(Transmit {
-                to,
-                tag: Some(tag),
-                form,
-                what: self.fanout_what(),
-            });
-        }
         // Replies to these are dropped; scripts go with their body so none needs reading.
         let discard = |to, what| {
             Some(Transmit {
@@ -812,6 +802,23 @@ impl Machine for Acquisition<'_> {
                 what,
             })
         };
+        // Every resend of an attempt comes before that attempt's own cleanup; the cleanup of
+        // an attempt that a new one replaced comes before the new one. A node that granted
+        // the lost attempt, too late to count, holds its value until the cleanup runs there:
+        // a retry that got there first would be refused by the waiter's own lock, and the
+        // release that follows is the waiter's own, which wakes nobody.
+        if let Some(token) = self.cleanup.take_if(|t| *t != self.token) {
+            return discard(To::All, What::Cleanup { token });
+        }
+        if let Some((to, tag, form)) = self.fanout.poll_transmit() {
+            self.wake.out = true;
+            return Some(Transmit {
+                to,
+                tag: Some(tag),
+                form,
+                what: self.fanout_what(),
+            });
+        }
         if let Some(token) = self.cleanup.take() {
             return discard(To::All, What::Cleanup { token });
         }
