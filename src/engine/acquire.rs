@@ -3,7 +3,8 @@
 //! This is where a retry happens. An [`Acquisition`] makes attempts, each with a fresh token,
 //! on every node at once; a round won on a quorum within the validity is the lock. A lost
 //! attempt is undone on every node (its cleanup is pipelined behind it, so late answers are
-//! undone too), and the next attempt comes:
+//! undone too, and ahead of the next attempt, which so never meets the lock of the one it
+//! replaces), and the next attempt comes:
 //!
 //! - at once after the first refusal, once the waiter has subscribed to the lock's wake
 //!   channels (a release may have come before the subscription did);
@@ -784,21 +785,38 @@ impl Machine for Acquisition<'_> {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
-        // The cleanup of a lost attempt goes first, before the attempt that replaces it: that
-        // one may be lost while it is being sent (a node that cannot take it fails it at once),
-        // and its own cleanup must not take the place of one that has not gone out yet. The
-        // lost attempt's resends were dropped with it, so none can come after its cleanup.
-        if let Some(token) = self.cleanup.take() {
-            // A compare-and-delete: sent again on a node's next connection if the one it went
-            // on breaks first, until what the attempt may have set there has expired.
-            let start = self.fanout.round().start();
-            return Some(Transmit {
+        // Replies to these are dropped; scripts go with their body so none needs reading.
+        let discard = |to, what| {
+            Some(Transmit {
+                to,
+                tag: None,
+                form: ScriptForm::Body,
+                what,
+                redo: None,
+            })
+        };
+        // Every resend of an attempt comes before that attempt's own cleanup; the cleanup of
+        // an attempt that a new one replaced comes before the new one. A node that granted
+        // the lost attempt, too late to count, holds its value until the cleanup runs there:
+        // a retry that got there first would be refused by the waiter's own lock, and the
+        // release that follows is the waiter's own, which wakes nobody. And the new attempt
+        // may be lost while it is being sent (a node that cannot take it fails it at once):
+        // its own cleanup must not take the place of one that has not gone out yet.
+        //
+        // A cleanup is a compare-and-delete: sent again on a node's next connection if the one
+        // it went on breaks first, until what the attempt may have set there has expired.
+        let cleanup = |token, start: Instant, ttl_ms: u64| {
+            Some(Transmit {
                 to: To::All,
                 tag: None,
                 form: ScriptForm::Body,
                 what: What::Cleanup { token },
-                redo: Some(start + Duration::from_millis(self.params.ttl_ms)),
-            });
+                redo: Some(start + Duration::from_millis(ttl_ms)),
+            })
+        };
+        let start = self.fanout.round().start();
+        if let Some(token) = self.cleanup.take_if(|t| *t != self.token) {
+            return cleanup(token, start, self.params.ttl_ms);
         }
         if let Some((to, tag, form)) = self.fanout.poll_transmit() {
             self.wake.out = true;
@@ -810,16 +828,9 @@ impl Machine for Acquisition<'_> {
                 redo: None,
             });
         }
-        // Replies to these are dropped; scripts go with their body so none needs reading.
-        let discard = |to, what| {
-            Some(Transmit {
-                to,
-                tag: None,
-                form: ScriptForm::Body,
-                what,
-                redo: None,
-            })
-        };
+        if let Some(token) = self.cleanup.take() {
+            return cleanup(token, start, self.params.ttl_ms);
+        }
         if self.subscribe {
             self.subscribe = false;
             return discard(To::Subscribers, What::Subscribe);

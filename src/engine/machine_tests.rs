@@ -300,6 +300,99 @@ fn a_release_announced_by_a_node_after_it_refused_the_retry_it_woke_is_not_misse
     }
 }
 
+/// One waiter's view of three mutex nodes: each holds a lock's value or nothing. An attempt
+/// takes a free node; a cleanup deletes the attempt's own value and announces that release.
+/// Runs `s` on `node`: the reply to an attempt, and whether the node announced a release.
+fn run_on(
+    held: &mut [Option<Vec<u8>>; 3],
+    node: usize,
+    s: &Sent,
+) -> (Option<Reply<'static>>, bool) {
+    let slot = &mut held[node];
+    match s.what {
+        What::Acquire { token } if slot.is_none() => {
+            *slot = Some(token.as_bytes().to_vec());
+            (Some(OK), false)
+        }
+        What::Acquire { .. } => (Some(NIL), false),
+        What::Cleanup { token } if slot.as_deref() == Some(token.as_bytes()) => {
+            *slot = None;
+            (None, true)
+        }
+        _ => (None, false),
+    }
+}
+
+/// A waiter retries at once when its attempt is lost to refusals while a node that granted it
+/// has not answered yet. That node holds the lost attempt's value until its cleanup runs there;
+/// the cleanup goes ahead of the retry, or the retry meets the waiter's own lock, is refused,
+/// and the release that follows is the waiter's own, which wakes nobody: it would sleep out its
+/// backstop while the lock is free.
+#[test]
+fn a_retry_never_meets_the_lock_of_the_attempt_it_replaces() {
+    let mut config = config(3, 5);
+    config.retry_delay = 10_000 * MS;
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([13; 32]));
+    let (mut m, _) = waiting(&config, &mut rng, t0);
+    let holder = &b"0123456789abcdef"[..];
+    let mut held = [
+        Some(holder.to_vec()),
+        Some(holder.to_vec()),
+        Some(holder.to_vec()),
+    ];
+    let now = t0 + MS;
+    // The holder's release has reached node 0: the waiter retries.
+    held[0] = None;
+    m.handle_wake(0, WAKE_K, holder, now, &mut rng);
+    let third = sent(&mut m).remove(0);
+    let tag = third.tag.unwrap();
+    let replies: Vec<_> = (0..3).map(|n| run_on(&mut held, n, &third).0).collect();
+    assert_eq!(replies, [Some(OK), Some(NIL), Some(NIL)]);
+    // The release reaches node 1 after the attempt did, and is announced; nodes 1 and 2 answer
+    // first: lost, with news from a node that refused it.
+    held[1] = None;
+    m.handle_wake(1, WAKE_K, holder, now, &mut rng);
+    m.handle_reply(1, tag, &NIL, now, &mut rng);
+    m.handle_reply(2, tag, &NIL, now, &mut rng);
+    assert!(m.poll_outcome().is_none());
+    // What the waiter sends now reaches each node in order.
+    let out = sent(&mut m);
+    let retry = out
+        .iter()
+        .find(|s| matches!(s.what, What::Acquire { .. }))
+        .expect("a retry at once");
+    let mut answers = Vec::new();
+    let mut announced = Vec::new();
+    for s in &out {
+        for node in 0..3 {
+            let (reply, release) = run_on(&mut held, node, s);
+            if let (Some(reply), Some(_)) = (reply, s.tag) {
+                answers.push((node, reply));
+            }
+            if release {
+                announced.push((node, token_of(s.what)));
+            }
+        }
+    }
+    // Node 0's grant of the lost attempt arrives late; its cleanup's announcement, the
+    // waiter's own, comes too; then the retry's answers.
+    m.handle_reply(0, tag, &OK, now + MS, &mut rng);
+    for (node, token) in announced {
+        m.handle_wake(node, WAKE_K, &token.as_bytes()[..16], now + MS, &mut rng);
+    }
+    for (node, reply) in &answers {
+        m.handle_reply(*node, retry.tag.unwrap(), reply, now + 2 * MS, &mut rng);
+    }
+    let Some(outcome) = m.poll_outcome() else {
+        panic!(
+            "the lock is free on nodes 0 and 1, yet the retry got {answers:?} and the waiter \
+             tries next in {:?}",
+            m.poll_timeout().map(|t| t - now)
+        );
+    };
+    assert_eq!(outcome.expect("won").token, token_of(retry.what));
+}
+
 #[test]
 fn only_retries_after_the_backstop_count_and_the_retry_count_ends_the_wait() {
     let config = config(3, 1);
