@@ -45,6 +45,7 @@ mod ffi;
 mod guard;
 mod keepalive;
 mod keeper;
+mod names;
 mod options;
 pub mod resp;
 mod rng;
