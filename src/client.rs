@@ -10,6 +10,7 @@ use crate::driver::{Session, Shared};
 use crate::engine::{quorum, Retry, Timing};
 use crate::error::{Error, InvalidArgument};
 use crate::keeper::KeeperSlot;
+use crate::names::BufPool;
 use crate::resp::Limits;
 use crate::stats::{Recorder, Stats};
 use crate::url::NodeAddr;
@@ -54,6 +55,8 @@ struct Inner {
     driver: Arc<Shared>,
     keeper: KeeperSlot,
     stats: Arc<Recorder>,
+    /// Buffers for the names of the guards' keys, reused from guard to guard.
+    bufs: BufPool,
 }
 
 impl std::fmt::Debug for Client {
@@ -324,6 +327,7 @@ impl ClientBuilder {
                 driver,
                 keeper: KeeperSlot::new(),
                 stats,
+                bufs: BufPool::default(),
             }),
         };
         let refused = client.inner.driver.setup_failures();
@@ -398,6 +402,11 @@ impl Client {
     /// How many nodes must agree: `nodes() / 2 + 1`.
     pub fn quorum(&self) -> usize {
         quorum(self.nodes())
+    }
+
+    /// The buffers this client's guards keep the names of their keys in.
+    pub(crate) fn bufs(&self) -> &BufPool {
+        &self.inner.bufs
     }
 
     /// This client's settings.

@@ -44,6 +44,7 @@ mod error;
 mod guard;
 mod keepalive;
 mod keeper;
+mod names;
 mod options;
 pub mod resp;
 mod rng;
