@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, RwPolicy, MAX_NODES, MAX_TTL};
+use crate::config::{Config, RwPolicy, MAX_NODES};
 use crate::driver::{Session, Shared};
 use crate::engine::{quorum, Retry, Timing};
 use crate::error::{Error, InvalidArgument};
@@ -416,24 +416,7 @@ impl Client {
 
     /// The TTL in whole milliseconds (what the server is told) and the timing built on it.
     pub(crate) fn timing(&self, ttl: Duration) -> Result<(u64, Timing), InvalidArgument> {
-        if ttl.is_zero() {
-            return Err(InvalidArgument::ZeroTtl);
-        }
-        if ttl > MAX_TTL || Instant::now().checked_add(ttl).is_none() {
-            return Err(InvalidArgument::TtlOutOfRange { ttl });
-        }
-        let ttl_ms = ttl.as_millis() as u64;
-        let timing = Timing {
-            ttl: Duration::from_millis(ttl_ms),
-            drift_factor: self.inner.config.drift_factor,
-        };
-        if timing.validity(Duration::ZERO).is_none() {
-            return Err(InvalidArgument::TtlBelowDrift {
-                ttl,
-                drift: timing.drift(),
-            });
-        }
-        Ok((ttl_ms, timing))
+        Timing::for_ttl(ttl, self.inner.config.drift_factor)
     }
 
     /// Waits until every node has answered what this client sent it (releases above all,

@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::engine::machine::{Tag, To};
 use crate::engine::ops::{ScriptForm, Verdict};
 use crate::engine::round::{Decision, Round, Vote};
-use crate::engine::timing::Timing;
+use crate::engine::validity::Timing;
 use crate::error::{Error, NodeErrorKind, NodeFailure};
 use crate::stats::Recorder;
 

@@ -30,8 +30,8 @@ use crate::engine::kind::{Cmd, Spec};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{Caps, ScriptForm};
 use crate::engine::round::{Decision, Round};
-use crate::engine::timing::Timing;
-use crate::engine::timings;
+use crate::engine::validity;
+use crate::engine::validity::Timing;
 use crate::error::{Error, NodeErrorKind};
 use crate::resp::Reply;
 use crate::rng::{Entropy, Token};
@@ -232,7 +232,7 @@ impl<'a> HoldRound<'a> {
                 true
             }
             (Step::Extend { timing, .. }, _) => {
-                self.hold.cap(timings::failed_extend_cap(
+                self.hold.cap(validity::failed_extend_cap(
                     self.fanout.round().start(),
                     timing,
                 ));

@@ -13,8 +13,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::engine::timing::Timing;
 use crate::engine::timings;
+use crate::engine::validity::Timing;
 use crate::error::{Error, InvalidArgument};
 
 /// Keep-alive settings checked against the client: what the keeper works with.

@@ -14,7 +14,7 @@ use crate::engine::kind::{Keys, Spec};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{Caps, ScriptForm};
 use crate::engine::round::Round;
-use crate::engine::timing::Timing;
+use crate::engine::validity::Timing;
 use crate::error::{Deadline, Error, NodeErrorKind};
 use crate::resp::{self, Limits, Reply, Status, Value};
 use crate::rng::{Jitter, Token};

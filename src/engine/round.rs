@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::engine::timing::Timing;
-use crate::engine::timings;
+use crate::engine::validity;
+use crate::engine::validity::Timing;
 use crate::error::NodeErrorKind;
 
 /// Nodes needed for a quorum of `n`: a strict majority, `n / 2 + 1`. With an even `n` this is
@@ -96,7 +96,7 @@ impl Round {
     /// Reuses this round's storage for a new round over the same nodes.
     pub fn reset(&mut self, start: Instant, timing: Option<Timing>, hold_until: Option<Instant>) {
         self.start = start;
-        (self.valid_until, self.finish_by) = timings::round_validity(start, timing, hold_until);
+        (self.valid_until, self.finish_by) = validity::round_validity(start, timing, hold_until);
         self.votes.iter_mut().for_each(|v| *v = None);
         self.yes = 0;
         self.no = 0;
