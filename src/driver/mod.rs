@@ -224,8 +224,9 @@ impl Shared {
         }
     }
 
-    /// Waits at most `timeout` for input: the leader (this caller, if nobody leads) polls and
-    /// services for everyone; a follower parks until posted to.
+    /// Waits at most `timeout` for input (the caller's deadline, which includes the endpoint's
+    /// timers): the leader (this caller, if nobody leads) polls and services for everyone; a
+    /// follower parks until posted to.
     fn wait<'a>(
         &'a self,
         mut core: MutexGuard<'a, Core>,
@@ -252,10 +253,6 @@ impl Shared {
                 return self.lock();
             };
             core.nudged = false;
-            let timeout = core
-                .ep
-                .poll_timeout()
-                .map_or(timeout, |t| t.saturating_duration_since(now).min(timeout));
             drop(core);
             if let Err(e) = poller.poll.poll(&mut poller.events, Some(timeout)) {
                 if e.kind() != io::ErrorKind::Interrupted {
@@ -477,7 +474,10 @@ impl Shared {
                 break;
             }
             core.timers(now);
-            core = self.wait(core, slot, RESEND_POLL, usize::MAX, &mut session.wakeups);
+            let timeout = core.ep.poll_timeout().map_or(RESEND_POLL, |t| {
+                t.saturating_duration_since(now).min(RESEND_POLL)
+            });
+            core = self.wait(core, slot, timeout, usize::MAX, &mut session.wakeups);
         }
         let next = core.finish(slot, run);
         drop(core);
@@ -611,11 +611,14 @@ impl Core {
         }
     }
 
-    /// Writes what every connection has pending.
+    /// Writes what every connection has pending (those the endpoint says may have some).
     fn flush_all(&mut self, now: Instant) {
-        for i in 0..self.sockets.len() {
+        let mut dirty = self.ep.take_dirty();
+        while dirty != 0 {
+            let i = dirty.trailing_zeros() as usize;
+            dirty &= dirty - 1;
             let id = ConnId::from_index(i);
-            if self.sockets[i].is_some() && self.ep.wants_write(id) {
+            if self.sockets.get(i).is_some_and(Option::is_some) && self.ep.wants_write(id) {
                 self.flush(id, now);
             }
         }

@@ -398,7 +398,7 @@ impl Conn {
         self.unwritten = 0;
         let due_now = crate::engine::timings::node_deadline(now, node_timeout);
         let start = self.owed.len() - n;
-        for slot in self.owed.iter_mut().skip(start) {
+        for slot in self.owed.range_mut(start..) {
             if let Slot::Reply { due, .. } = slot {
                 *due = (*due).max(due_now);
             }
@@ -434,10 +434,10 @@ impl Conn {
         }
     }
 
-    /// Space to read into, at the end of the input buffer: made by moving undecoded bytes to
+    /// Makes space to read into, at the end of the input buffer, by moving undecoded bytes to
     /// the front, or by growing the buffer, but never past what one reply within `limits` can
     /// need (a bigger one is refused by the decoder before that).
-    pub fn recv_buf(&mut self, limits: &Limits) -> Result<&mut [u8], NodeErrorKind> {
+    pub fn make_room(&mut self, limits: &Limits) -> Result<(), NodeErrorKind> {
         let cap = limits
             .max_bulk
             .saturating_add(limits.max_line)
@@ -457,7 +457,12 @@ impl Conn {
                 self.inp.resize(self.inp.len() + grow, 0);
             }
         }
-        Ok(&mut self.inp[self.inp_end..])
+        Ok(())
+    }
+
+    /// The space [`make_room`](Self::make_room) made at the end of the input buffer.
+    pub fn spare(&mut self) -> &mut [u8] {
+        &mut self.inp[self.inp_end..]
     }
 
     /// `n` bytes were read into [`recv_buf`](Self::recv_buf).

@@ -171,6 +171,9 @@ pub(crate) struct Endpoint {
     closing: Option<Closing>,
     /// When a command connection last broke (not a failed connect).
     troubled: Option<Instant>,
+    /// The connections (bit [`ConnId::index`]) that may have bytes to write since the shell
+    /// last asked ([`take_dirty`](Endpoint::take_dirty)).
+    dirty: u128,
 }
 
 /// How long after a connection broke the endpoint still asks for the compare-and-deletes that
@@ -210,6 +213,7 @@ impl Endpoint {
             next_run: 1,
             closing: None,
             troubled: None,
+            dirty: 0,
             config,
             stats,
         }
@@ -338,6 +342,10 @@ impl Endpoint {
                 return;
             }
             self.connect_if_down(i, now);
+            self.touch(ConnId {
+                node: i,
+                sub: false,
+            });
             let caps = self.nodes[i].server.caps;
             let encoded = &mut self.encoded;
             self.nodes[i]
@@ -367,6 +375,12 @@ impl Endpoint {
         }
         self.connect_if_down(i, now);
         let caps = self.nodes[i].server.caps;
+        self.dirty |= 1
+            << ConnId {
+                node: i,
+                sub: false,
+            }
+            .index();
         let encoded = &mut self.encoded;
         self.nodes[i].cmd.queue(
             Slot::Reply {
@@ -430,6 +444,12 @@ impl Endpoint {
             return;
         }
         node.cmd.start(&self.config.nodes[i], now);
+        self.dirty |= 1
+            << ConnId {
+                node: i,
+                sub: false,
+            }
+            .index();
         self.io.push_back(Io::Connect(ConnId {
             node: i,
             sub: false,
@@ -474,6 +494,17 @@ impl Endpoint {
         for i in 0..self.nodes.len() {
             self.connect_if_down(i, now);
         }
+    }
+
+    /// The connections that may have bytes to write, as a mask of [`ConnId::index`] bits,
+    /// since the last call: the shell writes those (a connection whose socket does not take
+    /// everything at once asks to be written again when it is writable).
+    pub fn take_dirty(&mut self) -> u128 {
+        std::mem::take(&mut self.dirty)
+    }
+
+    fn touch(&mut self, id: ConnId) {
+        self.dirty |= 1 << id.index();
     }
 
     /// The next system call to make.
@@ -549,12 +580,12 @@ impl Endpoint {
     /// reply bigger than the codec accepts): it is failed, and its socket should be closed.
     pub fn recv_buf(&mut self, id: ConnId, now: Instant) -> Option<&mut [u8]> {
         let limits = self.config.limits;
-        if let Err(why) = self.conn(id).recv_buf(&limits) {
+        if let Err(why) = self.conn(id).make_room(&limits) {
             self.fail(id, why, now);
             self.io.push_back(Io::Close(id));
             return None;
         }
-        self.conn(id).recv_buf(&limits).ok()
+        Some(self.conn(id).spare())
     }
 
     /// `n` bytes were read into [`recv_buf`](Self::recv_buf) of `id` at `now`: every complete
@@ -596,6 +627,7 @@ impl Endpoint {
             Ok(false) => {}
             Ok(true) if id.sub => {
                 self.nodes[i].sub.release_held();
+                self.touch(id);
             }
             Ok(true) => self.set_up(i, now),
             Err(why) => {
@@ -632,6 +664,7 @@ impl Endpoint {
             return;
         }
         self.nodes[i].cmd.release_held();
+        self.touch(id);
     }
 
     /// The connection `id` failed with `why` at `now` (its socket is closed, or to be closed):
@@ -889,6 +922,7 @@ impl Endpoint {
         self.channels.write_subscribe(i, Some(idx), fresh, |write| {
             sub.queue_unmatched(|out| write(out))
         });
+        self.touch(ConnId { node: i, sub: true });
     }
 
     /// Drops the caller's references to its channels; those nobody holds any more are
@@ -897,11 +931,12 @@ impl Endpoint {
         self.channels.remove(caller, run, &mut self.mail);
         for k in 0..self.channels.changed.len() {
             let idx = self.channels.changed[k];
-            for node in &mut self.nodes {
+            for (i, node) in self.nodes.iter_mut().enumerate() {
                 let sub = &mut node.sub;
                 if sub.is_up() {
                     self.channels
                         .write_unsubscribe(idx, |write| sub.queue_unmatched(|out| write(out)));
+                    self.dirty |= 1 << ConnId { node: i, sub: true }.index();
                 }
             }
         }
