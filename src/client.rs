@@ -131,7 +131,7 @@ impl ClientBuilder {
     }
 
     /// How long to wait for one node's reply before counting it as failed. Keep it small next
-    /// to the TTL (seed 004 suggests 5–50 ms for a 10 s TTL). Default 50 ms; at most a day.
+    /// to the TTL (the Redlock specification suggests 5–50 ms for a 10 s TTL). Default 50 ms; at most a day.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
@@ -196,7 +196,7 @@ impl ClientBuilder {
         self
     }
 
-    /// Serves waiters in arrival order (seed 000's FIFO fairness): under contention, waiters
+    /// Serves waiters in arrival order (the FIFO fairness of the read-write lock design): under contention, waiters
     /// queue on every node and only the head of the queue may take the lock, so nobody starves.
     /// Costs nothing while the lock is free and nobody waits. Default off.
     ///

@@ -71,7 +71,7 @@ impl Config {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RwPolicy {
-    /// New readers get in whenever no writer holds the lock, as in seed 000. Readers wait the
+    /// New readers get in whenever no writer holds the lock, as in the read-write lock design it comes from. Readers wait the
     /// least, but a stream of overlapping readers can keep a writer out for ever.
     #[default]
     ReadPreferring,

@@ -140,7 +140,7 @@ pub type MultiLock = Guard<kind::All>;
 ///
 /// # Why the tokens strictly increase
 ///
-/// Redlock's timing assumption (seed 004): a key a node set for an attempt started at `s` lives
+/// Redlock's timing assumption: a key a node set for an attempt started at `s` lives
 /// on that node at least until `s + ttl − drift`, which is the holder's end of validity `V`.
 /// Take grants G1 (token `f1`, validity end `V1`, quorum `W1` as above) and G2 (`f2`, `V2`),
 /// where G1 held the lock first, so `V1 < V2`.

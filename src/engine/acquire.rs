@@ -1,4 +1,4 @@
-//! The acquisition state machine: Redlock's retry loop (seed 004) and everything around it.
+//! The acquisition state machine: Redlock's retry loop and everything around it.
 //!
 //! This is where a retry happens. An [`Acquisition`] makes attempts, each with a fresh token,
 //! on every node at once; a round won on a quorum within the validity is the lock. A lost
@@ -409,7 +409,7 @@ impl<'a> Acquisition<'a> {
         if self.wake.after(round.votes(), self.token.as_bytes()) {
             self.woken = true;
         }
-        // Seed 004 step 5: unlock every node, even those that said no or did not answer.
+        // Redlock's step 5: unlock every node, even those that said no or did not answer.
         self.cleanup = Some(self.token);
         // Misconfigured nodes stay so: waiting cannot make a quorum.
         if error.is_config() {

@@ -168,7 +168,7 @@ fn a_lost_attempt_is_undone_then_retried_with_a_fresh_token_once_subscribed() {
     let first = sent(&mut m).remove(0);
     refuse_all(&mut m, first.tag.unwrap(), t0 + MS, &mut rng);
     let out = sent(&mut m);
-    // Seed 004 step 5, pipelined behind the attempt, with the script's body so that no reply
+    // Redlock step 5, pipelined behind the attempt, with the script's body so that no reply
     // needs reading; then the subscription to the wake channel.
     assert_eq!(out.len(), 2, "{out:?}");
     assert_eq!((out[0].to, out[0].tag), (To::All, None));

@@ -2,7 +2,7 @@
 //! mean.
 //!
 //! Each node runs one script that takes every key of the set or none of them, atomically on
-//! that node. The quorum, validity, cleanup and retry around it are the mutex's (seed 004): a
+//! that node. The quorum, validity, cleanup and retry around it are the mutex's (Redlock's): a
 //! set is held when a quorum of nodes granted the *whole* set. A node that holds any key of the
 //! set for someone else grants none of it, so there is never a partial hold on a node, and a
 //! lost attempt is released on every node like a lost mutex attempt.
