@@ -326,7 +326,7 @@ impl Conn {
         let before = encode(buf);
         let redo = redo_until.map(|until| {
             let bytes = &buf[start..];
-            self.redo.extend_from_slice(bytes);
+            keep(&mut self.redo, bytes);
             Redo {
                 until,
                 len: bytes.len() as u32,
@@ -342,7 +342,7 @@ impl Conn {
     /// `bytes` with the replies `before` commands and then `slot` owe.
     pub fn queue_redo(&mut self, slot: Slot, redo: Redo, bytes: &[u8]) {
         self.queue_buf().extend_from_slice(bytes);
-        self.redo.extend_from_slice(bytes);
+        keep(&mut self.redo, bytes);
         let redo = Redo {
             resent: true,
             ..redo
@@ -620,6 +620,16 @@ impl Conn {
         self.last_error = Some(why);
         self.unwritten = 0;
     }
+}
+
+/// Appends `bytes` to the redo buffer `redo`, growing it ahead of need (room for a few more
+/// such commands, and at least double): how many compare-and-deletes are owed at once varies
+/// with the nodes' pace, and each new high-water mark would otherwise cost an allocation.
+fn keep(redo: &mut Vec<u8>, bytes: &[u8]) {
+    if redo.capacity() - redo.len() < bytes.len() {
+        redo.reserve(redo.len().max(4 * bytes.len()));
+    }
+    redo.extend_from_slice(bytes);
 }
 
 /// `bytes`, one complete reply already framed, decoded.
