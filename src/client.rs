@@ -151,8 +151,10 @@ impl ClientBuilder {
         self
     }
 
-    /// How long a TCP connect may take before it is abandoned (for each address of a host name
-    /// that resolves to several, tried in turn). Default 1 s; at most a day.
+    /// How long a connect may take before it is abandoned (for each address of a host name
+    /// that resolves to several, tried in turn), the TLS handshake of a `rediss://` node
+    /// included: a handshake still unanswered then is a plaintext port
+    /// ([`TlsFailure::NotTls`](crate::TlsFailure::NotTls)). Default 1 s; at most a day.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self

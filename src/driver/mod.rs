@@ -608,7 +608,12 @@ impl Core {
         let node = &self.ep.config().nodes[id.node];
         match (&self.tls, node.tls) {
             (Some(tls), true) => tls.connect(&node.host).map(Some),
-            _ => Ok(None),
+            // Never plaintext to a TLS node: the client is built with a TLS configuration
+            // whenever a node is one, so this does not happen.
+            (None, true) => Err(crate::tls::handshake_failed(crate::TlsFailure::Handshake(
+                "no TLS configuration".into(),
+            ))),
+            (_, false) => Ok(None),
         }
     }
 
