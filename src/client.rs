@@ -2,8 +2,9 @@
 //! thread's slot. The calls that take locks are with the guard they return (`guard`).
 #![forbid(unsafe_code)]
 
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::config::{Config, RwPolicy, MAX_NODES};
 use crate::driver::{Session, Shared};
@@ -13,6 +14,7 @@ use crate::keeper::KeeperSlot;
 use crate::names::BufPool;
 use crate::resp::Limits;
 use crate::stats::{Recorder, Stats};
+use crate::tls::TlsOptions;
 use crate::url::NodeAddr;
 
 /// The longest timeout or delay a builder accepts: longer ones are surely mistakes, and would
@@ -90,6 +92,7 @@ pub struct ClientBuilder {
     fair: bool,
     fair_after: Duration,
     rw_policy: RwPolicy,
+    tls: TlsOptions,
 }
 
 impl Default for ClientBuilder {
@@ -106,20 +109,31 @@ impl Default for ClientBuilder {
             fair: false,
             fair_after: Duration::ZERO,
             rw_policy: RwPolicy::ReadPreferring,
+            tls: TlsOptions::default(),
         }
     }
 }
 
 impl ClientBuilder {
-    /// Adds nodes, as `redis://[user:password@]host:port[/db]` or bare `host:port` URLs.
+    /// Adds nodes, as URLs:
+    ///
+    /// - `redis://[user:password@]host[:port][/db]`, or bare `host:port`;
+    /// - `rediss://[user:password@]host[:port][/db]`: TLS, verifying the server's certificate
+    ///   and that it is for `host` (with the `tls` feature; see
+    ///   [`tls_ca_file`](Self::tls_ca_file));
+    /// - `unix:///path/to/redis.sock` or `redis+unix:///path/to/redis.sock`: a Unix domain
+    ///   socket, with `?db=N`, and `&user=U&pass=P` for AUTH;
+    ///
+    /// where the database may also be given as `?db=N`, and the user and password take
+    /// `%`-escapes. The port is 6379 unless given.
     ///
     /// The quorum is `N / 2 + 1`. An even `N` is allowed but buys nothing: 4 nodes need 3, so
     /// they survive one failure, like 3 nodes do.
     ///
     /// A host name is resolved once, when the client is built; a connect tries every address
     /// it resolved to, in the resolver's order, until one takes it (`localhost` is often
-    /// `::1` first, then `127.0.0.1`). Two URLs that share an address are one node, and are
-    /// refused as duplicates.
+    /// `::1` first, then `127.0.0.1`). Two URLs that share an address, or name the same
+    /// socket, are one node, and are refused as duplicates.
     pub fn nodes<I, S>(mut self, nodes: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -137,8 +151,10 @@ impl ClientBuilder {
         self
     }
 
-    /// How long a TCP connect may take before it is abandoned (for each address of a host name
-    /// that resolves to several, tried in turn). Default 1 s; at most a day.
+    /// How long a connect may take before it is abandoned (for each address of a host name
+    /// that resolves to several, tried in turn), the TLS handshake of a `rediss://` node
+    /// included: a handshake still unanswered then is a plaintext port
+    /// ([`TlsFailure::NotTls`](crate::TlsFailure::NotTls)). Default 1 s; at most a day.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -230,6 +246,31 @@ impl ClientBuilder {
         self
     }
 
+    /// Trusts the CA certificates of the PEM file at `path` for `rediss://` nodes, besides the
+    /// system's roots (which a device without a system store may not have). May be given more
+    /// than once. The file is read by [`build`](Self::build); one that cannot be read or holds
+    /// no certificate is [`InvalidArgument::BadTlsFile`].
+    ///
+    /// Needs the `tls` feature: without it, `build` refuses the option
+    /// ([`InvalidArgument::BadOption`]).
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls.ca_files.push(path.into());
+        self
+    }
+
+    /// Shows the certificate chain of the PEM file `cert_path`, with the private key of the
+    /// PEM file `key_path`, to `rediss://` nodes that ask for one (mutual TLS; Redis's
+    /// `tls-auth-clients`). Read by [`build`](Self::build), as for
+    /// [`tls_ca_file`](Self::tls_ca_file); needs the `tls` feature too.
+    pub fn tls_client_cert(
+        mut self,
+        cert_path: impl Into<PathBuf>,
+        key_path: impl Into<PathBuf>,
+    ) -> Self {
+        self.tls.client_cert = Some((cert_path.into(), key_path.into()));
+        self
+    }
+
     /// Checks every setting, resolves every node, and connects to every node (AUTH, SELECT),
     /// waiting at most the connect timeout. A node that is down does not make this fail: it
     /// only counts against the quorum until it comes back, and is reconnected with backoff.
@@ -303,6 +344,14 @@ impl ClientBuilder {
             }
             nodes.push(node);
         }
+        #[cfg(not(feature = "tls"))]
+        let tls = crate::tls::unavailable(&self.tls)?;
+        #[cfg(feature = "tls")]
+        let tls = if self.tls.is_set() || nodes.iter().any(|n| n.tls) {
+            Some(crate::tls::TlsContext::new(&self.tls)?)
+        } else {
+            None
+        };
         let config = Arc::new(Config {
             nodes,
             node_timeout: self.node_timeout,
@@ -318,9 +367,10 @@ impl ClientBuilder {
             rw_policy: self.rw_policy,
         });
         let stats = Arc::new(Recorder::new(self.nodes.len()));
-        let driver =
-            Arc::new(Shared::new(config.clone(), stats.clone()).map_err(|e| Error::Io(e.kind()))?);
-        driver.warm_up(Instant::now() + config.connect_timeout);
+        let driver = Arc::new(
+            Shared::new(config.clone(), stats.clone(), tls).map_err(|e| Error::Io(e.kind()))?,
+        );
+        driver.warm_up(config.connect_timeout);
         let client = Client {
             inner: Arc::new(Inner {
                 config,

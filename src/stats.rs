@@ -100,7 +100,7 @@ impl Recorder {
             NodeErrorKind::Timeout => 0,
             NodeErrorKind::Connect(_) => 1,
             NodeErrorKind::Backoff => 2,
-            NodeErrorKind::Io(_) | NodeErrorKind::ServerChanged => 3,
+            NodeErrorKind::Io(_) | NodeErrorKind::ServerChanged | NodeErrorKind::Tls(_) => 3,
             NodeErrorKind::Protocol(_) => 4,
             NodeErrorKind::Server { .. } => 5,
             NodeErrorKind::UnexpectedReply => 6,

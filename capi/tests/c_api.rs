@@ -201,6 +201,34 @@ fn c_example_locks_extends_and_releases() {
 }
 
 #[test]
+fn c_example_over_unix_sockets() {
+    let dir = std::env::temp_dir().join(format!("rlm-capi-unix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the sockets");
+    let mut servers = Vec::new();
+    let mut urls = Vec::new();
+    for i in 0..3 {
+        let socket = dir.join(format!("{i}.sock"));
+        let path = socket.to_str().unwrap();
+        let server = RedisServer::start_with(&["--unixsocket", path, "--requirepass", "pw"])
+            .expect("start redis-server with --unixsocket");
+        urls.push(format!("unix://{path}?db=1&pass=pw"));
+        servers.push(server);
+    }
+    let exe = compile("example", "unix");
+    let mut command = Command::new(exe);
+    command.args(&urls);
+    let output = run_bounded(command, Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(output.status.success(), "{}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.starts_with("locked invoice:42 with token "),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("released\n"), "{stdout}");
+}
+
+#[test]
 fn two_c_processes_contend_for_one_lock() {
     let cluster = RedisCluster::start(3).expect("start redis-server");
     let exe = compile("contend", "contend");

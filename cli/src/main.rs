@@ -25,6 +25,8 @@ mod run;
 mod spawn;
 mod stats;
 mod supervise;
+#[cfg(feature = "tls")]
+mod tls;
 
 use std::fmt;
 use std::io::{self, Write};

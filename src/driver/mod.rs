@@ -52,7 +52,11 @@ use crate::error::NodeErrorKind;
 use crate::options::Cancel;
 use crate::rng::OsEntropy;
 use crate::stats::Recorder;
+use crate::tls::TlsContext;
 use socket::Socket;
+
+/// How long a probe for a TLS port may take at most (see `Core::failed`).
+const TLS_PROBE_LIMIT: Duration = Duration::from_secs(1);
 
 /// The poll token of the shared [`Waker`]: no connection has it.
 const WAKER: Token = Token(usize::MAX);
@@ -62,6 +66,8 @@ pub(crate) struct Shared {
     core: Mutex<Core>,
     config: Arc<Config>,
     stats: Arc<Recorder>,
+    /// The TLS configuration of `rediss://` nodes, when any node is one or TLS was set up.
+    tls: Option<TlsContext>,
     /// A thread sends again the releases of broken connections, while no caller runs.
     resender: AtomicBool,
 }
@@ -99,6 +105,9 @@ struct Core {
     pid: u32,
     /// The poller, while nobody polls with it.
     poll: Option<Poller>,
+    /// The TLS configuration of `rediss://` nodes.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    tls: Option<TlsContext>,
     /// Registers sockets with the poller, from any thread, while the leader polls.
     registry: Registry,
     /// Wakes the leader's poll: for a cancel, or for commands a follower queued.
@@ -116,12 +125,17 @@ struct Core {
 }
 
 impl Shared {
-    pub fn new(config: Arc<Config>, stats: Arc<Recorder>) -> io::Result<Shared> {
-        let core = Core::new(config.clone(), stats.clone())?;
+    pub fn new(
+        config: Arc<Config>,
+        stats: Arc<Recorder>,
+        tls: Option<TlsContext>,
+    ) -> io::Result<Shared> {
+        let core = Core::new(config.clone(), stats.clone(), tls.clone())?;
         Ok(Shared {
             core: Mutex::new(core),
             config,
             stats,
+            tls,
             resender: AtomicBool::new(false),
         })
     }
@@ -136,7 +150,9 @@ impl Shared {
     fn lock_here(&self) -> MutexGuard<'_, Core> {
         let mut core = self.lock();
         if core.pid != std::process::id() {
-            if let Ok(mut fresh) = Core::new(self.config.clone(), self.stats.clone()) {
+            if let Ok(mut fresh) =
+                Core::new(self.config.clone(), self.stats.clone(), self.tls.clone())
+            {
                 fresh.ep.adopt_servers(&core.ep);
                 let old = std::mem::replace(&mut *core, fresh);
                 old.forget_sockets();
@@ -145,17 +161,23 @@ impl Shared {
         core
     }
 
-    /// Opens every command connection and waits, until `deadline` at the most, for each to be
+    /// Opens every command connection and waits, `timeout` at the most, for each to be
     /// set up (or to fail), so the first rounds do not spend their per-node timeout on TCP and
     /// setup. Nodes that are down only count against the quorum later; nodes whose setup was
     /// refused are listed by [`setup_failures`](Self::setup_failures).
-    pub fn warm_up(&self, deadline: Instant) {
+    pub fn warm_up(&self, timeout: Duration) {
         let mut core = self.lock_here();
-        core.ep.connect_all(Instant::now());
-        core.do_io(Instant::now());
+        let start = Instant::now();
+        // The connects' own timeouts count from the same instant, so that those that run out
+        // (a TLS handshake nobody answers) are judged before the warm-up ends.
+        let deadline = start + timeout;
+        core.ep.connect_all(start);
+        core.do_io(start);
         while !core.ep.is_settled() {
             let now = Instant::now();
             if now >= deadline {
+                // What timed out by now is judged before the warm-up ends.
+                core.timers(now);
                 return;
             }
             let Some(mut poller) = core.poll.take() else {
@@ -412,6 +434,7 @@ impl Session<'_> {
                 }
                 drained = false;
                 if endpoint.is_some_and(|t| now >= t) {
+                    core.handshake_timeouts(now);
                     core.ep.handle_timeout(now);
                     core.do_io(now);
                 }
@@ -510,7 +533,7 @@ impl Drop for Session<'_> {
 }
 
 impl Core {
-    fn new(config: Arc<Config>, stats: Arc<Recorder>) -> io::Result<Core> {
+    fn new(config: Arc<Config>, stats: Arc<Recorder>, tls: Option<TlsContext>) -> io::Result<Core> {
         let n = config.nodes.len();
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
@@ -525,6 +548,7 @@ impl Core {
                 ready: Vec::with_capacity(64.max(n * 4)),
             }),
             registry,
+            tls,
             waker,
             nudged: false,
             leader: None,
@@ -551,9 +575,17 @@ impl Core {
                     if let Some(old) = self.sockets[id.index()].take() {
                         old.close(&self.registry);
                     }
-                    let addr = self.ep.connect_addr(id);
+                    let session = match self.tls_session(id) {
+                        Ok(session) => session,
+                        Err(why) => {
+                            self.ep.handle_connect_failed(id, why, now);
+                            continue;
+                        }
+                    };
+                    let target = self.ep.connect_addr(id);
                     let dead_after = self.ep.config().dead_peer_timeout;
-                    match Socket::connect(addr, dead_after, &self.registry, Token(id.index())) {
+                    let token = Token(id.index());
+                    match Socket::connect(target, session, dead_after, &self.registry, token) {
                         Ok(s) => self.sockets[id.index()] = Some(s),
                         Err(e) => {
                             self.ep
@@ -570,14 +602,73 @@ impl Core {
         }
     }
 
+    /// The TLS session for a connect of `id`, if its node is `rediss://`.
+    #[cfg(feature = "tls")]
+    fn tls_session(&self, id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
+        let node = &self.ep.config().nodes[id.node];
+        match (&self.tls, node.tls) {
+            (Some(tls), true) => tls.connect(&node.host).map(Some),
+            // Never plaintext to a TLS node: the client is built with a TLS configuration
+            // whenever a node is one, so this does not happen.
+            (None, true) => Err(crate::tls::handshake_failed(crate::TlsFailure::Handshake(
+                "no TLS configuration".into(),
+            ))),
+            (_, false) => Ok(None),
+        }
+    }
+
+    /// Without the `tls` feature, no node is `rediss://`.
+    #[cfg(not(feature = "tls"))]
+    fn tls_session(&self, _id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
+        Ok(None)
+    }
+
+    /// Why the server at `addr` closed a connection of `id` before answering anything, if it
+    /// is a configuration error: a TLS port reached without TLS (a plaintext connection), or a
+    /// client certificate it wants (a TLS one). Found with a blocking probe, made only after
+    /// such a close, and bounded by the connect timeout (1 s at most).
+    fn refusal(&self, id: ConnId, addr: std::net::SocketAddr, tls: bool) -> Option<NodeErrorKind> {
+        let timeout = self.ep.config().connect_timeout.min(TLS_PROBE_LIMIT);
+        if !tls {
+            return socket::answers_tls(addr, timeout).then(|| NodeErrorKind::Setup {
+                command: "TLS",
+                cause: Box::new(NodeErrorKind::Tls(crate::TlsFailure::TlsPort)),
+            });
+        }
+        #[cfg(feature = "tls")]
+        if let Ok(Some(session)) = self.tls_session(id) {
+            return socket::tls_refusal(addr, session, timeout);
+        }
+        let _ = id;
+        None
+    }
+
     /// The connection `id` failed at the socket: it is closed, and the endpoint told.
+    ///
+    /// A plaintext TCP connection that the server closed before answering anything may have
+    /// reached a TLS port, which closes the connection at the first plaintext bytes: if the
+    /// server answers a TLS hello, that is a configuration error
+    /// ([`TlsFailure::TlsPort`](crate::TlsFailure::TlsPort)), not a failure to retry.
     fn failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
         let connecting = self.sockets[id.index()]
             .as_ref()
             .is_some_and(Socket::is_connecting);
+        let unheard = self.sockets[id.index()].as_ref().and_then(Socket::unheard);
         if let Some(s) = self.sockets[id.index()].take() {
             s.close(&self.registry);
         }
+        let closed = matches!(
+            why,
+            NodeErrorKind::Io(
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::BrokenPipe
+            )
+        );
+        let why = match unheard {
+            Some((addr, tls)) if closed => self.refusal(id, addr, tls).unwrap_or(why),
+            _ => why,
+        };
         if connecting {
             self.ep.handle_connect_failed(id, why, now);
         } else {
@@ -735,12 +826,37 @@ impl Core {
         }
     }
 
+    /// Fails the TLS handshakes still unanswered at the connect timeout, on connections whose
+    /// TCP connect went through, as [`TlsFailure::NotTls`](crate::TlsFailure::NotTls): a
+    /// plaintext Redis reads a TLS hello as the start of a command line, and waits for its end
+    /// without a word. Called before the endpoint's own timers, which would take them for
+    /// connects that timed out.
+    fn handshake_timeouts(&mut self, now: Instant) {
+        let connect = self.ep.config().connect_timeout;
+        for i in 0..self.sockets.len() {
+            let id = ConnId::from_index(i);
+            let handshaking = self.sockets[i].as_ref().is_some_and(Socket::is_handshaking);
+            let overdue = self
+                .ep
+                .connecting_since(id)
+                .is_some_and(|since| now.saturating_duration_since(since) >= connect);
+            if handshaking && overdue && self.ep.config().nodes[id.node].tls {
+                let why = NodeErrorKind::Setup {
+                    command: "TLS",
+                    cause: Box::new(NodeErrorKind::Tls(crate::TlsFailure::NotTls)),
+                };
+                self.failed(id, why, now);
+            }
+        }
+    }
+
     /// Runs the endpoint's timers that are due (node timeouts, connect timeouts, reconnects for
     /// releases), after reading every connection: a reply that came is never taken for a
     /// timeout.
     fn timers(&mut self, now: Instant) {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.read_all(now);
+            self.handshake_timeouts(now);
             self.ep.handle_timeout(now);
             self.do_io(now);
             self.flush_all(now);

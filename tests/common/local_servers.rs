@@ -467,7 +467,7 @@ pub fn redis8_program() -> Option<PathBuf> {
 }
 
 /// A port that was free a moment ago (bind to port 0, read it, release it).
-fn free_port() -> io::Result<u16> {
+pub fn free_port() -> io::Result<u16> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     Ok(listener.local_addr()?.port())
 }

@@ -62,6 +62,7 @@ use crate::error::NodeErrorKind;
 use crate::resp::Reply;
 use crate::rng::Entropy;
 use crate::stats::Recorder;
+use crate::url::Target;
 
 use conn::{Conn, Redo, Slot, MAX_OWED};
 pub(crate) use mail::Event;
@@ -532,20 +533,27 @@ impl Endpoint {
         self.conn(id).connected();
     }
 
+    /// When the connect of `id` under way started, if one is.
+    pub fn connecting_since(&self, id: ConnId) -> Option<Instant> {
+        let node = &self.nodes[id.node];
+        if id.sub { &node.sub } else { &node.cmd }.connecting_since()
+    }
+
     /// The address the connect of `id` is to.
-    pub fn connect_addr(&self, id: ConnId) -> std::net::SocketAddr {
+    pub fn connect_addr(&self, id: ConnId) -> Target<'_> {
         let node = &self.nodes[id.node];
         let trying = if id.sub { &node.sub } else { &node.cmd }.trying;
-        let addrs = &self.config.nodes[id.node].addrs;
-        addrs[trying.min(addrs.len() - 1)]
+        self.config.nodes[id.node].target(trying)
     }
 
     /// The connect of `id` failed with `why` at `now` (its socket, if any, is closed): the
     /// node's next address is tried (another [`Io::Connect`]), or, when none is left, the
-    /// connection fails.
+    /// connection fails. A configuration error (a TLS handshake that failed) fails it at once:
+    /// another address of the same name would not cure it.
     pub fn handle_connect_failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
-        let addresses = self.config.nodes[id.node].addrs.len();
-        if self.conn(id).next_address(addresses, now) {
+        let addresses = self.config.nodes[id.node].targets();
+        let config = matches!(why, NodeErrorKind::Setup { .. });
+        if !config && self.conn(id).next_address(addresses, now) {
             self.io.push_back(Io::Connect(id));
         } else {
             self.fail(id, why, now);
