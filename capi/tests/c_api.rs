@@ -2,9 +2,9 @@
 //! against the static library and `include/redlock_mux.h`, and run against real redis-server
 //! processes started here. One run is under valgrind's memcheck.
 //!
-//! The static library is the `libredlock_mux.a` that cargo builds next to this test's
-//! executable (this package's crate types are `staticlib` and `cdylib`);
-//! `REDLOCK_MUX_STATICLIB` may name another one.
+//! The static library is this package's `libredlock_mux.a`, which the test builds with cargo
+//! (same profile and features) before the first C program; `REDLOCK_MUX_STATICLIB` may name
+//! another one.
 
 // The library's test helpers (tests/common) speak of the Rust library by its own name.
 extern crate redlock as redlock_mux;
@@ -32,14 +32,45 @@ fn staticlib() -> PathBuf {
     if let Some(path) = std::env::var_os("REDLOCK_MUX_STATICLIB") {
         return PathBuf::from(path);
     }
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_staticlib).clone()
+}
+
+/// Builds this package's static library with the profile and features of this test run, and
+/// returns its path. `cargo test` builds the integration tests of a package whose library is
+/// only a `staticlib`/`cdylib` without building that library, so a fresh checkout has none;
+/// an up-to-date library costs one quick `cargo build`.
+fn build_staticlib() -> PathBuf {
     let exe = std::env::current_exe().expect("path of the test executable");
-    let lib = exe
+    // target/<profile>/deps/c_api-<hash>
+    let profile_dir = exe
         .parent()
-        .expect("the test executable is in a directory")
-        .join("libredlock_mux.a");
+        .and_then(Path::parent)
+        .expect("the test executable is in target/<profile>/deps");
+    let target_dir = profile_dir
+        .parent()
+        .expect("the profile directory is in the target directory");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .args(["build", "--quiet", "-p", "redlock-mux-capi", "--lib"])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .current_dir(root());
+    if !cfg!(debug_assertions) {
+        build.arg("--release");
+    }
+    if cfg!(feature = "tls") {
+        build.args(["--features", "tls"]);
+    }
+    let status = build
+        .status()
+        .expect("run cargo to build the static library");
+    assert!(status.success(), "cargo build -p redlock-mux-capi failed");
+    let lib = profile_dir.join("libredlock_mux.a");
     assert!(
         lib.exists(),
-        "{} is missing: build it (cargo build -p redlock-mux-capi) or set REDLOCK_MUX_STATICLIB",
+        "{} is missing after cargo build -p redlock-mux-capi; set REDLOCK_MUX_STATICLIB",
         lib.display()
     );
     lib

@@ -665,8 +665,12 @@ impl Core {
                     | io::ErrorKind::BrokenPipe
             )
         );
+        // Only for a node that never answered a setup: a configuration error shows from the
+        // first connect, and a node that answered before is not probed (the probe blocks).
         let why = match unheard {
-            Some((addr, tls)) if closed => self.refusal(id, addr, tls).unwrap_or(why),
+            Some((addr, tls)) if closed && !self.ep.has_answered(id.node) => {
+                self.refusal(id, addr, tls).unwrap_or(why)
+            }
             _ => why,
         };
         if connecting {

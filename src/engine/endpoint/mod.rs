@@ -120,6 +120,8 @@ struct Node {
     sub: Conn,
     /// As the last completed setup said; what commands are written for.
     server: Server,
+    /// A setup of this node has completed (or another endpoint's, adopted).
+    known: bool,
     /// Compare-and-deletes of broken connections, with their bytes in `retry_bytes`, in order.
     retries: Vec<Retry>,
     retry_bytes: Vec<u8>,
@@ -203,6 +205,7 @@ impl Endpoint {
                     cmd: Conn::new(true, now),
                     sub: Conn::new(false, now),
                     server: Server::default(),
+                    known: false,
                     retries: Vec::new(),
                     retry_bytes: Vec::new(),
                 })
@@ -231,7 +234,13 @@ impl Endpoint {
     pub fn adopt_servers(&mut self, other: &Endpoint) {
         for (mine, theirs) in self.nodes.iter_mut().zip(&other.nodes) {
             mine.server = theirs.server;
+            mine.known = theirs.known;
         }
+    }
+
+    /// Whether a setup of node `i` has ever completed: its server is known to answer.
+    pub fn has_answered(&self, i: usize) -> bool {
+        self.nodes[i].known
     }
 
     // --- callers -------------------------------------------------------------------------
@@ -665,6 +674,7 @@ impl Endpoint {
         }
         let changed = learnt.caps != self.nodes[i].server.caps;
         self.nodes[i].server = learnt;
+        self.nodes[i].known = true;
         if changed && self.nodes[i].cmd.holds_fresh_commands() {
             // Written for the server the node was: they must not run on the one it is.
             self.fail(id, NodeErrorKind::ServerChanged, now);
