@@ -1462,11 +1462,13 @@ static void test_keep_alive(int count, char **urls) {
     redlock_mux_client_free(client);
     /* The client's keeper thread ends on its own within one extension interval (333 ms here)
      * once the client and its locks are freed. Wait for it (at most 10 s), so that it is gone
-     * before the program exits: valgrind counts a thread still running then as leaking. */
+     * before the program exits: valgrind counts a thread still running then as leaking. Fewer
+     * than before is fine: a thread of an earlier test (or of an emulator running this program)
+     * may end meanwhile. */
     for (i = 0; i < 1000 && before > 0 && thread_count() > before; i++) {
         sleep_ms(10);
     }
-    CHECK(thread_count() == before);
+    CHECK(thread_count() <= before);
 }
 
 /* ---- A failed setter leaves the builder as it was. ---- */
