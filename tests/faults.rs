@@ -23,10 +23,8 @@
 //! before the release is sent, so it lies inside the lock's real hold.
 
 mod common;
-#[path = "common/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "common/history.rs"]
-mod history;
+use redlock_mux_kit::fault_proxy;
+use redlock_mux_kit::history;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

@@ -12,8 +12,7 @@
 //! namespaces and veth pairs is touched.
 
 mod common;
-#[path = "common/history.rs"]
-mod history;
+use redlock_mux_kit::history;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

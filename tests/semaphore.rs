@@ -4,8 +4,7 @@
 //! with more than k holders.
 
 mod common;
-#[path = "common/history.rs"]
-mod history;
+use redlock_mux_kit::history;
 
 use std::process::{Command, Stdio};
 use std::sync::Barrier;

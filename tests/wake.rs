@@ -2,8 +2,7 @@
 //! jittered retry delay is only the backstop for lost announcements.
 
 mod common;
-#[path = "common/fault_proxy.rs"]
-mod fault_proxy;
+use redlock_mux_kit::fault_proxy;
 
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;

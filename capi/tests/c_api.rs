@@ -6,19 +6,15 @@
 //! (same profile and features) before the first C program; `REDLOCK_MUX_STATICLIB` may name
 //! another one.
 
-// The library's test helpers (tests/common) speak of the Rust library by its own name.
-extern crate redlock as redlock_mux;
-
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use redlock_mux_kit::assert_settles_eq;
+use redlock_mux_kit::local_servers::*;
+use redlock_mux_kit::probe::*;
 
 /// What `rustc --print native-static-libs` lists for this library on glibc.
 const NATIVE_LIBS: &[&str] = &["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl"];

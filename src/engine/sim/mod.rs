@@ -19,7 +19,7 @@
 //! jump; nodes crash, losing everything, and restart. Holders pause; keepers run late.
 //!
 //! Every client records its grants in a [`History`], and increments a per-key counter while
-//! it believes it holds the lock; the shared checker (`tests/common/history.rs`) looks for
+//! it believes it holds the lock; the shared checker (`redlock_mux_kit::history`) looks for
 //! overlapping windows, lost updates and fencing tokens out of order. Lock kinds: the mutex,
 //! read and write locks (writers downgrading to readers now and then), all-or-none sets (mixed
 //! with single keys), fenced mutexes and fenced write locks; clients wait or try once, in fair queues or not, read- or write-preferring;
@@ -40,11 +40,9 @@
 
 mod node;
 
-#[path = "../../../tests/common/history.rs"]
-pub(crate) mod history;
+pub(crate) use redlock_mux_kit::history;
 
-#[path = "../../../tests/common/local_servers.rs"]
-mod local_servers;
+use redlock_mux_kit::local_servers;
 
 mod diff;
 

@@ -15,16 +15,12 @@
 //!   late replies are skipped when the next round reads that node. This is the ideal
 //!   single-caller client (`rawQ`); one per thread is `rawN` of the scale benchmark.
 //!
-//! Also [`RawQRw`] (`rawQ-rw`): the ideal client of seed 000's read-write lock, its scripts by
+//! Also [`RawQRw`] (`rawQ-rw`): the ideal client of the read-write lock design's scripts, its scripts by
 //! `EVALSHA` to all N sockets at once, returning at the quorum; and [`Probe`]: one more
 //! connection per node, for what the servers say of themselves (`CLIENT LIST`, `INFO cpu`).
 //!
-//! Std and `rustix` (for `poll`) only: the baseline of `redlock-mux bench` (its home), and of
-//! the peer benchmark (`benches/peers`), which includes it with
-//! `#[path = "../../../cli/src/raw.rs"] mod raw;`.
-
-// Each includer uses a different subset of this API.
-#![allow(dead_code)]
+//! Std and `rustix` (for `poll`) only: the baseline of `redlock-mux bench` and of the peer
+//! benchmark (`benches/peers`).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -899,6 +895,12 @@ pub fn raw_cycle(
 pub struct Tokens {
     seed: u64,
     counter: u64,
+}
+
+impl Default for Tokens {
+    fn default() -> Self {
+        Tokens::new()
+    }
 }
 
 impl Tokens {
