@@ -5,7 +5,7 @@
 //!   can do on the wire: `SET key token NX PX ttl` written to all N blocking sockets, then all N
 //!   replies read; release by a compare-and-delete script sent the same way.
 //! - `read`, `write`: read and write locks next to `rawQ-rw` ([`crate::raw::RawQRw`], the ideal
-//!   client of seed 000's read-write lock: its scripts by `EVALSHA` to all N sockets at once,
+//!   client of the read-write lock design: its scripts by `EVALSHA` to all N sockets at once,
 //!   returning at the quorum) and to the library's own mutex.
 //! - `semaphore`: a semaphore of 2 permits (its quorum is 4 of 5 nodes) next to the mutex.
 //! - `handoff`: threads contending for one lock, each holding it for 1 ms; the figure is the
@@ -54,11 +54,11 @@ Modes:
   mutex     (default) the mutex next to a raw baseline (SET NX PX to all N
             sockets, then all N replies; release by compare-and-delete), in
             alternating blocks, at N = 1, 3 and 5
-  read      read locks next to rawQ-rw (seed 000's read acquire script by
-            EVALSHA to all N sockets at once, returning at the quorum; release
-            by ZREM and an announcement) and to the mutex, in rotating blocks,
-            at the largest N (5 by default)
-  write     write locks likewise (seed 000's write acquire script; release by
+  read      read locks next to rawQ-rw (the read-write lock design's read
+            acquire script by EVALSHA to all N sockets at once, returning at
+            the quorum; release by ZREM and an announcement) and to the mutex,
+            in rotating blocks, at the largest N (5 by default)
+  write     write locks likewise (the design's write acquire script; release by
             compare-and-delete)
   semaphore permits of a 2-permit semaphore next to the mutex, in rotating
             blocks, at N = 1, 3 and 5 (its quorum is floor(2N/3)+1: 4 of 5
@@ -152,7 +152,7 @@ const HANDOFF_TARGET: (Duration, Duration) = (Duration::from_millis(1), Duration
 /// write within this factor of the mutex.
 const RW_TARGET: f64 = 1.1;
 /// The read-write goal on Redis 7, where both run a script: read and write within this factor of
-/// `rawQ-rw`, the ideal client of the seed's scripts.
+/// `rawQ-rw`, the ideal client of the read-write design's scripts.
 const RW_RAW_TARGET: f64 = 1.05;
 /// The semaphore goal: its acquire within this factor of the mutex's.
 const SEM_TARGET: f64 = 1.2;
@@ -1792,7 +1792,7 @@ fn print_rw(
     if any_raw {
         writeln!(
             out,
-            "rawQ-rw = seed 000's acquire script by EVALSHA to all N sockets, returning at the quorum (release: ZREM / compare-and-delete, each announced as ours are)"
+            "rawQ-rw = the read-write design's acquire script by EVALSHA to all N sockets, returning at the quorum (release: ZREM / compare-and-delete, each announced as ours are)"
         )?;
         writeln!(out, "ratios: kind / rawQ-rw, kind / mutex")?;
     } else {
