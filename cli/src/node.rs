@@ -98,7 +98,12 @@ fn open(url: &NodeUrl, tls: &TlsFiles, timeout: Duration) -> Result<Stream, Fail
     }
     #[cfg(feature = "tls")]
     {
-        crate::tls::wrap(stream, url.host(), tls).map(|s| Stream::Tls(Box::new(s)))
+        crate::tls::wrap(stream, url.host(), tls)
+            .map(|s| Stream::Tls(Box::new(s)))
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::InvalidData => Failure::Refused(e.to_string()),
+                _ => Failure::Unreachable(e),
+            })
     }
     #[cfg(not(feature = "tls"))]
     {

@@ -2,6 +2,7 @@
 //! `tls` feature: the roots and client certificate as the library takes them (the system's
 //! roots and `--tls-ca`, `--tls-cert` with `--tls-key`), over rustls with the ring provider.
 
+use std::io;
 use std::net::TcpStream;
 use std::sync::Arc;
 
@@ -10,14 +11,16 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 
 use crate::args::TlsFiles;
-use crate::node::Failure;
 
-fn refused(what: impl std::fmt::Display) -> Failure {
-    Failure::Refused(format!("TLS: {what}"))
+/// A refusal (a certificate, a key or a name that does not do, a failed verification): an
+/// error of kind `InvalidData`, which the caller reports as refused, where an I/O error of
+/// any other kind means the server was not reached.
+fn refused(what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {what}"))
 }
 
 /// The client configuration for `files`.
-fn config(files: &TlsFiles) -> Result<ClientConfig, Failure> {
+fn config(files: &TlsFiles) -> io::Result<ClientConfig> {
     let mut roots = RootCertStore::empty();
     roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
     for path in &files.ca {
@@ -49,19 +52,20 @@ fn config(files: &TlsFiles) -> Result<ClientConfig, Failure> {
 }
 
 /// `stream` to `host`, its handshake done: the server's certificate verified for `host`.
+/// A refusal is an error of kind `InvalidData`.
 pub fn wrap(
     mut stream: TcpStream,
     host: &str,
     files: &TlsFiles,
-) -> Result<StreamOwned<ClientConnection, TcpStream>, Failure> {
+) -> io::Result<StreamOwned<ClientConnection, TcpStream>> {
     let name = ServerName::try_from(host.to_owned()).map_err(refused)?;
     let mut session = ClientConnection::new(Arc::new(config(files)?), name).map_err(refused)?;
     while session.is_handshaking() {
         session
             .complete_io(&mut stream)
             .map_err(|e| match e.kind() {
-                std::io::ErrorKind::InvalidData => refused(e),
-                _ => Failure::Unreachable(e),
+                io::ErrorKind::InvalidData => refused(e),
+                _ => e,
             })?;
     }
     Ok(StreamOwned::new(session, stream))
