@@ -261,7 +261,7 @@ const THREADS: usize = 4;
 const PROCESSES: usize = 3;
 /// Each thread stops after this many grants or this long, whichever comes first.
 const GRANTS: usize = 40;
-const RUN_FOR: Duration = Duration::from_millis(1500);
+const RUN_FOR: Duration = Duration::from_millis(3000);
 
 fn wall() -> Duration {
     SystemTime::now()
@@ -383,8 +383,11 @@ fn contend(nodes: usize, permits: u32) {
     }
     let report = h.check();
     println!("N = {nodes}, k = {permits}: {report}");
+    // What makes the run mean something is that the permits were all taken at some instant
+    // (and the checker saw no more), not a rate: twelve threads on two permits with a quorum
+    // of every node split their votes often, and a loaded machine grants only a few dozen.
     assert!(
-        report.ops >= 20,
+        report.ops >= 10 && report.max_holders == permits as usize,
         "too few grants to mean anything: {report}"
     );
     assert_eq!(report.violations(), 0, "{report}");
