@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use redlock_mux::internals::{Acquire, Op, Release, ScriptForm};
 use redlock_mux::internals::{Decision, Round, Timing, Vote};
 use redlock_mux::resp::Reply;
+use redlock_mux::NodeErrorKind;
 use support::{bench, header};
 
 const N: usize = 5;
@@ -25,12 +26,12 @@ fn main() {
         ttl: Duration::from_secs(10),
         drift_factor: 0.01,
     };
-    let mut round = Round::new(N, Instant::now(), NODE_TIMEOUT, Some(timing), None);
+    let mut round = Round::new(N, Instant::now(), Some(timing), None);
 
     header("Quorum core, N = 5 (virtual time)");
     bench("acquire round: 5 yes votes, decided", 0, || {
         let start = Instant::now();
-        round.reset(start, NODE_TIMEOUT, Some(timing), None);
+        round.reset(start, Some(timing), None);
         for node in 0..N {
             round.handle_vote(node, Vote::Yes, start + US * (node as u32 + 1));
         }
@@ -39,7 +40,7 @@ fn main() {
     });
     bench("contended round: 2 yes, 3 no", 0, || {
         let start = Instant::now();
-        round.reset(start, NODE_TIMEOUT, Some(timing), None);
+        round.reset(start, Some(timing), None);
         for node in 0..N {
             let vote = if node < 2 { Vote::Yes } else { Vote::No };
             round.handle_vote(node, vote, start + US * (node as u32 + 1));
@@ -48,11 +49,14 @@ fn main() {
     });
     bench("release round: 3 acks, 2 nodes time out", 0, || {
         let start = Instant::now();
-        round.reset(start, NODE_TIMEOUT, None, None);
+        round.reset(start, None, None);
         for node in 0..3 {
             round.handle_vote(node, Vote::Yes, start + US);
         }
-        round.handle_timeout(start + NODE_TIMEOUT);
+        for node in 3..5 {
+            let timeout = Vote::Failed(NodeErrorKind::Timeout);
+            round.handle_vote(node, timeout, start + NODE_TIMEOUT);
+        }
         black_box(round.decision());
     });
 

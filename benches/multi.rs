@@ -4,8 +4,7 @@
 //!
 //! `cargo bench --bench multi [-- BLOCKS [PER_BLOCK]]`
 
-#[path = "../tests/common/local_servers.rs"]
-mod local_servers;
+use redlock_mux_kit::local_servers;
 
 use std::time::{Duration, Instant};
 

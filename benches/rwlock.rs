@@ -6,8 +6,7 @@
 //! p99 per kind and their ratios to the mutex. Runs for about 30 s; `RWLOCK_BENCH_SECS`
 //! changes that.
 
-#[path = "../tests/common/local_servers.rs"]
-mod local_servers;
+use redlock_mux_kit::local_servers;
 
 use std::time::{Duration, Instant};
 

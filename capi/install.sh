@@ -9,12 +9,13 @@
 #
 # Usage: bash capi/install.sh [--prefix DIR] [--libdir DIR] [--includedir DIR]
 #                             [--target TRIPLE] [--profile NAME] [--target-dir DIR]
-#                             [--library-type both|staticlib|cdylib]
+#                             [--library-type both|staticlib|cdylib] [--features tls]
 #
 #   --prefix        default /usr/local; LIBDIR is PREFIX/lib, INCLUDEDIR PREFIX/include
 #   --target        a Rust target triple, to cross-build (its linker set as cargo wants it)
 #   --profile       the cargo profile, default release
 #   --library-type  what to build and install, default both; the header and the .pc always
+#   --features      cargo features of the C library: `tls` for rediss:// nodes (rustls)
 #
 # DESTDIR, when set, goes before every path written (for packagers); the .pc still names the
 # prefix. After installing into a system prefix, run ldconfig. Needs cargo, and nothing else
@@ -29,6 +30,7 @@ target=""
 profile=release
 target_dir=""
 library_type=both
+features=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --prefix) prefix="$2"; shift 2 ;;
@@ -38,7 +40,8 @@ while [ $# -gt 0 ]; do
     --profile) profile="$2"; shift 2 ;;
     --target-dir) target_dir="$2"; shift 2 ;;
     --library-type) library_type="$2"; shift 2 ;;
-    -h | --help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --features) features="$2"; shift 2 ;;
+    -h | --help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -61,6 +64,7 @@ major="${version%%.*}"
 cargo_args=(-p redlock-mux-capi --lib --profile "$profile" --crate-type "$crate_types")
 if [ -n "$target" ]; then cargo_args+=(--target "$target"); fi
 if [ -n "$target_dir" ]; then cargo_args+=(--target-dir "$target_dir"); fi
+if [ -n "$features" ]; then cargo_args+=(--features "$features"); fi
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 echo "+ cargo rustc ${cargo_args[*]} -- --print native-static-libs"

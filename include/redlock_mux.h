@@ -489,6 +489,13 @@ extern "C" {
 const char *redlock_mux_version(void);
 
 /**
+ * 1 when this library was built with TLS (the `tls` feature: `rediss://` node URLs,
+ * `redlock_mux_client_builder_add_tls_ca_file`, `redlock_mux_client_builder_set_tls_client_cert`),
+ * 0 when not.
+ */
+int32_t redlock_mux_has_tls(void);
+
+/**
  * Takes the mutex on the `key_len` bytes at `key` for `ttl_ms` milliseconds, waiting for it
  * as the client's retry count and wait timeout allow, or as `*options` says (a NULL `options`
  * keeps the client's settings). A release by the holder wakes the waiter at once. On success
@@ -729,7 +736,9 @@ redlock_mux_result redlock_mux_client_builder_new(redlock_mux_client_builder **o
 void redlock_mux_client_builder_free(redlock_mux_client_builder *builder);
 
 /**
- * Adds one node, as `redis://[user:password@]host:port[/db]` or bare `host:port`, given as
+ * Adds one node, as `redis://[user:password@]host[:port][/db]`, bare `host:port`,
+ * `rediss://...` (TLS, when the library has it: see `redlock_mux_has_tls`), or a Unix socket,
+ * `unix:///path/to/redis.sock[?db=N&user=U&pass=P]` (or `redis+unix://`), given as
  * `url_len` bytes of UTF-8 (no terminating NUL needed). The URL is checked and resolved by
  * `redlock_mux_client_builder_build`. The quorum is N / 2 + 1 of the nodes added.
  *
@@ -749,13 +758,38 @@ redlock_mux_result redlock_mux_client_builder_add_node(redlock_mux_client_builde
 redlock_mux_result redlock_mux_client_builder_set_node_timeout_ms(redlock_mux_client_builder *builder, uint64_t ms);
 
 /**
- * How long a TCP connect may take, in milliseconds. Default 1000. Zero is rejected by
+ * How long a connect may take (with its TLS handshake), in milliseconds. Default 1000. Zero is rejected by
  * `redlock_mux_client_builder_build`.
  *
  * # Safety
  * `builder` is NULL or a live builder used by no other thread.
  */
 redlock_mux_result redlock_mux_client_builder_set_connect_timeout_ms(redlock_mux_client_builder *builder, uint64_t ms);
+
+/**
+ * Trusts the CA certificates of a PEM file for `rediss://` nodes, besides the system's roots;
+ * may be called more than once. The path is `path_len` bytes of UTF-8 (no terminating NUL
+ * needed); the file is read by `redlock_mux_client_builder_build`, which fails with
+ * `REDLOCK_MUX_INVALID_ARGUMENT` when it cannot be read or holds no certificate, and also
+ * when the library was built without TLS (see `redlock_mux_has_tls`).
+ *
+ * # Safety
+ * `builder` is NULL or a live builder used by no other thread; `path` is NULL or points to
+ * `path_len` readable bytes.
+ */
+redlock_mux_result redlock_mux_client_builder_add_tls_ca_file(redlock_mux_client_builder *builder, const char *path, size_t path_len);
+
+/**
+ * Shows a client certificate to `rediss://` nodes that ask for one (mutual TLS): the PEM
+ * file of its chain, `cert_len` bytes of UTF-8, and that of its private key, `key_len` bytes.
+ * Read by `redlock_mux_client_builder_build`, as for
+ * `redlock_mux_client_builder_add_tls_ca_file`.
+ *
+ * # Safety
+ * `builder` is NULL or a live builder used by no other thread; `cert` and `key` are NULL or
+ * point to `cert_len` and `key_len` readable bytes.
+ */
+redlock_mux_result redlock_mux_client_builder_set_tls_client_cert(redlock_mux_client_builder *builder, const char *cert, size_t cert_len, const char *key, size_t key_len);
 
 /**
  * How many times a waiting acquisition may retry on its own: after a retry delay in which no

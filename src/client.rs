@@ -2,16 +2,19 @@
 //! thread's slot. The calls that take locks are with the guard they return (`guard`).
 #![forbid(unsafe_code)]
 
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::config::{Config, RwPolicy, MAX_NODES, MAX_TTL};
+use crate::config::{Config, RwPolicy, MAX_NODES};
 use crate::driver::{Session, Shared};
 use crate::engine::{quorum, Retry, Timing};
 use crate::error::{Error, InvalidArgument};
 use crate::keeper::KeeperSlot;
+use crate::names::BufPool;
 use crate::resp::Limits;
 use crate::stats::{Recorder, Stats};
+use crate::tls::TlsOptions;
 use crate::url::NodeAddr;
 
 /// The longest timeout or delay a builder accepts: longer ones are surely mistakes, and would
@@ -51,9 +54,11 @@ pub struct Client {
 
 struct Inner {
     config: Arc<Config>,
-    driver: Shared,
+    driver: Arc<Shared>,
     keeper: KeeperSlot,
     stats: Arc<Recorder>,
+    /// Buffers for the names of the guards' keys, reused from guard to guard.
+    bufs: BufPool,
 }
 
 impl std::fmt::Debug for Client {
@@ -79,6 +84,7 @@ pub struct ClientBuilder {
     nodes: Vec<String>,
     node_timeout: Duration,
     connect_timeout: Duration,
+    dead_peer_timeout: Duration,
     retry_count: u32,
     retry_delay: Duration,
     wait_timeout: Duration,
@@ -86,6 +92,7 @@ pub struct ClientBuilder {
     fair: bool,
     fair_after: Duration,
     rw_policy: RwPolicy,
+    tls: TlsOptions,
 }
 
 impl Default for ClientBuilder {
@@ -94,6 +101,7 @@ impl Default for ClientBuilder {
             nodes: Vec::new(),
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
+            dead_peer_timeout: Duration::from_secs(3),
             retry_count: Retry::UNLIMITED,
             retry_delay: Duration::from_millis(50),
             wait_timeout: Duration::from_secs(10),
@@ -101,20 +109,31 @@ impl Default for ClientBuilder {
             fair: false,
             fair_after: Duration::ZERO,
             rw_policy: RwPolicy::ReadPreferring,
+            tls: TlsOptions::default(),
         }
     }
 }
 
 impl ClientBuilder {
-    /// Adds nodes, as `redis://[user:password@]host:port[/db]` or bare `host:port` URLs.
+    /// Adds nodes, as URLs:
+    ///
+    /// - `redis://[user:password@]host[:port][/db]`, or bare `host:port`;
+    /// - `rediss://[user:password@]host[:port][/db]`: TLS, verifying the server's certificate
+    ///   and that it is for `host` (with the `tls` feature; see
+    ///   [`tls_ca_file`](Self::tls_ca_file));
+    /// - `unix:///path/to/redis.sock` or `redis+unix:///path/to/redis.sock`: a Unix domain
+    ///   socket, with `?db=N`, and `&user=U&pass=P` for AUTH;
+    ///
+    /// where the database may also be given as `?db=N`, and the user and password take
+    /// `%`-escapes. The port is 6379 unless given.
     ///
     /// The quorum is `N / 2 + 1`. An even `N` is allowed but buys nothing: 4 nodes need 3, so
     /// they survive one failure, like 3 nodes do.
     ///
     /// A host name is resolved once, when the client is built; a connect tries every address
     /// it resolved to, in the resolver's order, until one takes it (`localhost` is often
-    /// `::1` first, then `127.0.0.1`). Two URLs that share an address are one node, and are
-    /// refused as duplicates.
+    /// `::1` first, then `127.0.0.1`). Two URLs that share an address, or name the same
+    /// socket, are one node, and are refused as duplicates.
     pub fn nodes<I, S>(mut self, nodes: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -126,16 +145,31 @@ impl ClientBuilder {
     }
 
     /// How long to wait for one node's reply before counting it as failed. Keep it small next
-    /// to the TTL (seed 004 suggests 5–50 ms for a 10 s TTL). Default 50 ms; at most a day.
+    /// to the TTL (the Redlock specification suggests 5–50 ms for a 10 s TTL). Default 50 ms; at most a day.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
     }
 
-    /// How long a TCP connect may take before it is abandoned (for each address of a host name
-    /// that resolves to several, tried in turn). Default 1 s; at most a day.
+    /// How long a connect may take before it is abandoned (for each address of a host name
+    /// that resolves to several, tried in turn), the TLS handshake of a `rediss://` node
+    /// included: a handshake still unanswered then is a plaintext port
+    /// ([`TlsFailure::NotTls`](crate::TlsFailure::NotTls)). Default 1 s; at most a day.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a node may stay silent at the TCP level before its connection is given up:
+    /// data written to it unacknowledged for this long, or (while idle) no answer to the
+    /// kernel's keepalive probes within about as long. A slow or paused server still
+    /// acknowledges what it is sent, so it is never given up for slowness: its backlog is
+    /// answered in order when it can, and nothing queued there can land after a later release.
+    /// A dead peer (a host gone, a network that drops everything) is found within this bound,
+    /// and what it was owed fails; releases are sent again once it is back. Default 3 s; at
+    /// least 1 s (the kernel counts keepalive in seconds), at most a day.
+    pub fn dead_peer_timeout(mut self, timeout: Duration) -> Self {
+        self.dead_peer_timeout = timeout;
         self
     }
 
@@ -178,7 +212,7 @@ impl ClientBuilder {
         self
     }
 
-    /// Serves waiters in arrival order (seed 000's FIFO fairness): under contention, waiters
+    /// Serves waiters in arrival order (the FIFO fairness of the read-write lock design): under contention, waiters
     /// queue on every node and only the head of the queue may take the lock, so nobody starves.
     /// Costs nothing while the lock is free and nobody waits. Default off.
     ///
@@ -209,6 +243,31 @@ impl ClientBuilder {
     /// [`RwPolicy::ReadPreferring`].
     pub fn rw_policy(mut self, policy: RwPolicy) -> Self {
         self.rw_policy = policy;
+        self
+    }
+
+    /// Trusts the CA certificates of the PEM file at `path` for `rediss://` nodes, besides the
+    /// system's roots (which a device without a system store may not have). May be given more
+    /// than once. The file is read by [`build`](Self::build); one that cannot be read or holds
+    /// no certificate is [`InvalidArgument::BadTlsFile`].
+    ///
+    /// Needs the `tls` feature: without it, `build` refuses the option
+    /// ([`InvalidArgument::BadOption`]).
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls.ca_files.push(path.into());
+        self
+    }
+
+    /// Shows the certificate chain of the PEM file `cert_path`, with the private key of the
+    /// PEM file `key_path`, to `rediss://` nodes that ask for one (mutual TLS; Redis's
+    /// `tls-auth-clients`). Read by [`build`](Self::build), as for
+    /// [`tls_ca_file`](Self::tls_ca_file); needs the `tls` feature too.
+    pub fn tls_client_cert(
+        mut self,
+        cert_path: impl Into<PathBuf>,
+        key_path: impl Into<PathBuf>,
+    ) -> Self {
+        self.tls.client_cert = Some((cert_path.into(), key_path.into()));
         self
     }
 
@@ -249,9 +308,17 @@ impl ClientBuilder {
                 .into());
             }
         }
+        if self.dead_peer_timeout < Duration::from_secs(1) {
+            return Err(InvalidArgument::BadOption {
+                name: "dead_peer_timeout",
+                reason: "must be at least 1 s",
+            }
+            .into());
+        }
         for (name, value) in [
             ("node_timeout", self.node_timeout),
             ("connect_timeout", self.connect_timeout),
+            ("dead_peer_timeout", self.dead_peer_timeout),
             ("retry_delay", self.retry_delay),
             ("wait_timeout", self.wait_timeout),
         ] {
@@ -277,10 +344,19 @@ impl ClientBuilder {
             }
             nodes.push(node);
         }
+        #[cfg(not(feature = "tls"))]
+        let tls = crate::tls::unavailable(&self.tls)?;
+        #[cfg(feature = "tls")]
+        let tls = if self.tls.is_set() || nodes.iter().any(|n| n.tls) {
+            Some(crate::tls::TlsContext::new(&self.tls)?)
+        } else {
+            None
+        };
         let config = Arc::new(Config {
             nodes,
             node_timeout: self.node_timeout,
             connect_timeout: self.connect_timeout,
+            dead_peer_timeout: self.dead_peer_timeout,
             retry_count: self.retry_count,
             retry_delay: self.retry_delay,
             wait_timeout: self.wait_timeout,
@@ -291,14 +367,17 @@ impl ClientBuilder {
             rw_policy: self.rw_policy,
         });
         let stats = Arc::new(Recorder::new(self.nodes.len()));
-        let driver = Shared::new(config.clone(), stats.clone()).map_err(|e| Error::Io(e.kind()))?;
-        driver.warm_up(Instant::now() + config.connect_timeout);
+        let driver = Arc::new(
+            Shared::new(config.clone(), stats.clone(), tls).map_err(|e| Error::Io(e.kind()))?,
+        );
+        driver.warm_up(config.connect_timeout);
         let client = Client {
             inner: Arc::new(Inner {
                 config,
                 driver,
                 keeper: KeeperSlot::new(),
                 stats,
+                bufs: BufPool::default(),
             }),
         };
         let refused = client.inner.driver.setup_failures();
@@ -375,6 +454,11 @@ impl Client {
         quorum(self.nodes())
     }
 
+    /// The buffers this client's guards keep the names of their keys in.
+    pub(crate) fn bufs(&self) -> &BufPool {
+        &self.inner.bufs
+    }
+
     /// This client's settings.
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
@@ -382,24 +466,7 @@ impl Client {
 
     /// The TTL in whole milliseconds (what the server is told) and the timing built on it.
     pub(crate) fn timing(&self, ttl: Duration) -> Result<(u64, Timing), InvalidArgument> {
-        if ttl.is_zero() {
-            return Err(InvalidArgument::ZeroTtl);
-        }
-        if ttl > MAX_TTL || Instant::now().checked_add(ttl).is_none() {
-            return Err(InvalidArgument::TtlOutOfRange { ttl });
-        }
-        let ttl_ms = ttl.as_millis() as u64;
-        let timing = Timing {
-            ttl: Duration::from_millis(ttl_ms),
-            drift_factor: self.inner.config.drift_factor,
-        };
-        if timing.validity(Duration::ZERO).is_none() {
-            return Err(InvalidArgument::TtlBelowDrift {
-                ttl,
-                drift: timing.drift(),
-            });
-        }
-        Ok((ttl_ms, timing))
+        Timing::for_ttl(ttl, self.inner.config.drift_factor)
     }
 
     /// Waits until every node has answered what this client sent it (releases above all,
@@ -442,7 +509,7 @@ impl Client {
 
     /// Runs `f` with a session of this client's shared driver.
     pub(crate) fn with_driver<R>(&self, f: impl FnOnce(&mut Session<'_>) -> R) -> Result<R, Error> {
-        let mut session = self.inner.driver.session();
+        let mut session = Shared::session(&self.inner.driver);
         Ok(f(&mut session))
     }
 }

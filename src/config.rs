@@ -41,6 +41,8 @@ pub(crate) struct Config {
     pub nodes: Vec<NodeAddr>,
     pub node_timeout: Duration,
     pub connect_timeout: Duration,
+    /// How long a peer may stay silent at the TCP level before its connection is given up.
+    pub dead_peer_timeout: Duration,
     pub retry_count: u32,
     pub retry_delay: Duration,
     pub wait_timeout: Duration,
@@ -69,7 +71,7 @@ impl Config {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RwPolicy {
-    /// New readers get in whenever no writer holds the lock, as in seed 000. Readers wait the
+    /// New readers get in whenever no writer holds the lock, as in the read-write lock design it comes from. Readers wait the
     /// least, but a stream of overlapping readers can keep a writer out for ever.
     #[default]
     ReadPreferring,
@@ -87,73 +89,4 @@ pub enum RwPolicy {
     /// back. Intents then only hold back readers that have not joined the queue (an empty one,
     /// before [`fair_after`](crate::ClientBuilder::fair_after)).
     WritePreferring,
-}
-
-/// The keys as given, checked one by one and as a set, sorted.
-pub(crate) fn checked_keys<I>(keys: I) -> Result<Vec<Vec<u8>>, InvalidArgument>
-where
-    I: IntoIterator,
-    I::Item: AsRef<[u8]>,
-{
-    let mut out: Vec<Vec<u8>> = Vec::new();
-    let mut count = 0usize;
-    for key in keys {
-        count += 1;
-        if count <= MAX_LOCK_ALL_KEYS {
-            check_key(key.as_ref())?;
-            out.push(key.as_ref().to_vec());
-        }
-    }
-    if count == 0 {
-        return Err(InvalidArgument::NoKeys);
-    }
-    if count > MAX_LOCK_ALL_KEYS {
-        return Err(InvalidArgument::TooManyKeys {
-            count,
-            max: MAX_LOCK_ALL_KEYS,
-        });
-    }
-    out.sort_unstable();
-    if let Some(pair) = out.windows(2).find(|w| w[0] == w[1]) {
-        return Err(InvalidArgument::DuplicateKey {
-            key: pair[0].clone(),
-        });
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_are_sorted_and_bad_sets_are_refused() {
-        assert_eq!(
-            checked_keys(["b", "c", "a"]).unwrap(),
-            vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
-        );
-        assert_eq!(
-            checked_keys(Vec::<&str>::new()),
-            Err(InvalidArgument::NoKeys)
-        );
-        assert_eq!(
-            checked_keys(["x", "y", "x"]),
-            Err(InvalidArgument::DuplicateKey { key: b"x".to_vec() })
-        );
-        assert_eq!(checked_keys(["x", ""]), Err(InvalidArgument::EmptyKey));
-        let many = (0..MAX_LOCK_ALL_KEYS + 3).map(|i| i.to_string());
-        assert_eq!(
-            checked_keys(many),
-            Err(InvalidArgument::TooManyKeys {
-                count: MAX_LOCK_ALL_KEYS + 3,
-                max: MAX_LOCK_ALL_KEYS
-            })
-        );
-        assert_eq!(
-            checked_keys((0..MAX_LOCK_ALL_KEYS).map(|i| i.to_string()))
-                .unwrap()
-                .len(),
-            MAX_LOCK_ALL_KEYS
-        );
-    }
 }

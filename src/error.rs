@@ -337,6 +337,14 @@ pub enum InvalidArgument {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A TLS file given to the builder ([`tls_ca_file`](crate::ClientBuilder::tls_ca_file),
+    /// [`tls_client_cert`](crate::ClientBuilder::tls_client_cert)) cannot be read or used.
+    BadTlsFile {
+        /// The file, as given.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A keep-alive interval that cannot keep the lock: zero, or not shorter than the validity
     /// each extension gives (its TTL less the drift allowance), so the lock would lapse
     /// between two extensions.
@@ -395,6 +403,9 @@ impl fmt::Display for InvalidArgument {
                 write!(f, "{count} keys given, more than the cap of {max}")
             }
             InvalidArgument::BadOption { name, reason } => write!(f, "option {name}: {reason}"),
+            InvalidArgument::BadTlsFile { path, reason } => {
+                write!(f, "TLS file {path:?}: {reason}")
+            }
             InvalidArgument::KeepAliveInterval { interval, validity } => write!(
                 f,
                 "the keep-alive interval {interval:?} must be more than zero and less than the \
@@ -469,13 +480,74 @@ pub enum NodeErrorKind {
     /// of permits fails a semaphore acquire with this kind too (`command` is `semaphore`):
     /// clients that disagree on the permits are misconfigured, and waiting does not fix it.
     Setup {
-        /// The setup command that failed: `AUTH`, `SELECT`, `SCRIPT LOAD` or `COMMAND INFO`.
+        /// The setup command that failed: `AUTH`, `SELECT`, `SCRIPT LOAD` or `COMMAND INFO`,
+        /// or `TLS` for the TLS handshake (or a TLS port reached without it).
         command: &'static str,
         /// How it failed: a [`Server`](NodeErrorKind::Server) error, a
-        /// [`Protocol`](NodeErrorKind::Protocol) error or an
-        /// [`UnexpectedReply`](NodeErrorKind::UnexpectedReply).
+        /// [`Protocol`](NodeErrorKind::Protocol) error, an
+        /// [`UnexpectedReply`](NodeErrorKind::UnexpectedReply), or a
+        /// [`Tls`](NodeErrorKind::Tls) failure.
         cause: Box<NodeErrorKind>,
     },
+    /// A TLS connection failed. In the handshake (a certificate that does not verify, a name
+    /// that does not match, a plaintext port on a `rediss://` URL, a TLS port on a `redis://`
+    /// one, a client certificate the server wants), it is the cause of a
+    /// [`Setup`](NodeErrorKind::Setup) failure whose command is `TLS`: a configuration error,
+    /// reported at once and never retried, with nothing sent but the handshake. On its own, it
+    /// is a TLS connection that broke later (a bad record), failed like any broken connection.
+    Tls(TlsFailure),
+}
+
+/// Why a TLS connection failed; see [`NodeErrorKind::Tls`].
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsFailure {
+    /// The server's certificate does not verify against the trusted roots (the system's, and
+    /// the CAs given with [`tls_ca_file`](crate::ClientBuilder::tls_ca_file)): an unknown
+    /// issuer, an expired certificate, a bad signature. TLS's own words follow.
+    Certificate(String),
+    /// The server's certificate is valid, but not for the host name or address of the URL.
+    NameMismatch(String),
+    /// The server wants a client certificate and was given none, or none it accepts (see
+    /// [`tls_client_cert`](crate::ClientBuilder::tls_client_cert)).
+    ClientCertificate(String),
+    /// The server does not speak TLS: it answered the handshake with something else, or did
+    /// not answer it within the connect timeout. Most often a plaintext port on a `rediss://`
+    /// URL (a plaintext Redis waits, silent, for the end of a line that never comes).
+    NotTls,
+    /// The server closed the connection at the first plaintext bytes, and answers a TLS
+    /// handshake: a TLS port on a `redis://` URL (use `rediss://`).
+    TlsPort,
+    /// The handshake failed for another reason (no protocol version or cipher suite in
+    /// common, an alert from the server), or the connection broke with a bad TLS record.
+    Handshake(String),
+}
+
+impl fmt::Display for TlsFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TlsFailure::Certificate(why) => {
+                write!(f, "the server's certificate does not verify: {why}")
+            }
+            TlsFailure::NameMismatch(why) => write!(
+                f,
+                "the server's certificate is not for the node's host name or address: {why}"
+            ),
+            TlsFailure::ClientCertificate(why) => write!(
+                f,
+                "the server wants a client certificate it accepts (tls_client_cert): {why}"
+            ),
+            TlsFailure::NotTls => f.write_str(
+                "the server did not answer the TLS handshake as a TLS server: a plaintext port \
+                 on a rediss:// URL? (use redis://)",
+            ),
+            TlsFailure::TlsPort => f.write_str(
+                "the server closed the connection at the first plaintext bytes and answers TLS: \
+                 a TLS port on a redis:// URL? (use rediss://)",
+            ),
+            TlsFailure::Handshake(why) => write!(f, "the TLS handshake failed: {why}"),
+        }
+    }
 }
 
 impl fmt::Display for NodeErrorKind {
@@ -500,6 +572,7 @@ impl fmt::Display for NodeErrorKind {
             NodeErrorKind::Setup { command, cause } => {
                 write!(f, "connection setup failed at {command}: {cause}")
             }
+            NodeErrorKind::Tls(why) => write!(f, "TLS: {why}"),
         }
     }
 }

@@ -13,14 +13,14 @@ use std::marker::PhantomData;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::client::Client;
-use crate::config::{check_key, checked_keys};
+use crate::config::check_key;
 use crate::engine::acquire::{Acquisition, Grant, Params};
 use crate::engine::hold::{Hold, Step};
-use crate::engine::keys::fence_key;
-use crate::engine::keys::{RwKeys, SemKeys};
+use crate::engine::keys::{Derived, RwKeys, SemKeys};
 use crate::engine::kind::{Keys, Spec};
 use crate::engine::timings::WaitLimits;
 use crate::error::{Error, InvalidArgument};
+use crate::names::{BufPool, KeySet, SetKeys};
 use crate::options::Acquire;
 use crate::rng::Token;
 
@@ -140,7 +140,7 @@ pub type MultiLock = Guard<kind::All>;
 ///
 /// # Why the tokens strictly increase
 ///
-/// Redlock's timing assumption (seed 004): a key a node set for an attempt started at `s` lives
+/// Redlock's timing assumption: a key a node set for an attempt started at `s` lives
 /// on that node at least until `s + ttl − drift`, which is the holder's end of validity `V`.
 /// Take grants G1 (token `f1`, validity end `V1`, quorum `W1` as above) and G2 (`f2`, `V2`),
 /// where G1 held the lock first, so `V1 < V2`.
@@ -285,7 +285,7 @@ impl<K: OneKey> Guard<K> {
 impl Guard<kind::All> {
     /// The keys of the set, sorted.
     pub fn keys(&self) -> impl ExactSizeIterator<Item = &[u8]> {
-        self.held.set_keys().iter().map(Vec::as_slice)
+        self.held.set_keys()
     }
 }
 
@@ -380,11 +380,11 @@ pub(crate) enum Side {
     Downgraded,
 }
 
-/// A lock's keys, owned by its guard.
-#[derive(Debug)]
+/// A lock's keys, owned by its guard, in buffers of its client's [`BufPool`] (given back when
+/// the guard goes, see [`Owned::give_back`]).
 pub(crate) enum Owned {
     /// A mutex's key.
-    Mutex(KeyBuf),
+    Mutex(Vec<u8>),
     /// One side of the read-write lock on `resource`.
     Rw {
         side: Side,
@@ -392,7 +392,7 @@ pub(crate) enum Owned {
         keys: RwKeys,
     },
     /// Every key of an all-or-none set, sorted.
-    All(Vec<Vec<u8>>),
+    All(KeySet),
     /// A permit of the semaphore on `resource`.
     Sem {
         resource: Vec<u8>,
@@ -402,11 +402,84 @@ pub(crate) enum Owned {
     },
 }
 
+impl fmt::Debug for Owned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = String::from_utf8_lossy;
+        match self {
+            Owned::Mutex(key) => f.debug_tuple("Mutex").field(&text(key)).finish(),
+            Owned::Rw { side, resource, .. } => f
+                .debug_struct("Rw")
+                .field("side", side)
+                .field("resource", &text(resource))
+                .finish_non_exhaustive(),
+            Owned::All(keys) => f.debug_tuple("All").field(keys).finish(),
+            Owned::Sem {
+                resource,
+                permits,
+                quorum,
+                ..
+            } => f
+                .debug_struct("Sem")
+                .field("resource", &text(resource))
+                .field("permits", permits)
+                .field("quorum", quorum)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+impl Default for Owned {
+    /// No key, and no buffer.
+    fn default() -> Owned {
+        Owned::Mutex(Vec::new())
+    }
+}
+
 impl Owned {
+    /// The mutex on `key`.
+    fn mutex(bufs: &BufPool, key: &[u8]) -> Owned {
+        Owned::Mutex(bufs.copy(key))
+    }
+
+    /// One side of the read-write lock on `key`.
+    fn rw(bufs: &BufPool, side: Side, key: &[u8]) -> Owned {
+        Owned::Rw {
+            side,
+            resource: bufs.copy(key),
+            keys: RwKeys::new_in(key, bufs.take(RwKeys::len_for(key))),
+        }
+    }
+
+    /// A permit of the semaphore of `permits` permits and quorum `quorum` on `key`.
+    pub(crate) fn semaphore(bufs: &BufPool, key: &[u8], permits: u32, quorum: usize) -> Owned {
+        Owned::Sem {
+            resource: bufs.copy(key),
+            keys: SemKeys::new_in(key, bufs.take(SemKeys::len_for(key))),
+            permits,
+            quorum,
+        }
+    }
+
+    /// Gives the buffers back to `bufs`.
+    fn give_back(self, bufs: &BufPool) {
+        match self {
+            Owned::Mutex(key) => bufs.put(key),
+            Owned::Rw { resource, keys, .. } => {
+                bufs.put(resource);
+                bufs.put(keys.into_buf());
+            }
+            Owned::All(keys) => bufs.put(keys.into_buf()),
+            Owned::Sem { resource, keys, .. } => {
+                bufs.put(resource);
+                bufs.put(keys.into_buf());
+            }
+        }
+    }
+
     /// Calls `f` with the keys as the engine takes them.
     fn with_keys<R>(&self, f: impl FnOnce(Keys<'_>) -> R) -> R {
         match self {
-            Owned::Mutex(key) => f(Keys::Mutex(key.as_slice())),
+            Owned::Mutex(key) => f(Keys::Mutex(key)),
             Owned::Rw {
                 side: Side::Read,
                 resource,
@@ -422,10 +495,7 @@ impl Owned {
                 resource,
                 keys,
             } => f(Keys::Downgraded { resource, keys }),
-            Owned::All(keys) => {
-                let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-                f(Keys::All(&refs))
-            }
+            Owned::All(keys) => keys.with_slice(|keys| f(Keys::All(keys))),
             Owned::Sem {
                 resource,
                 keys,
@@ -439,6 +509,14 @@ impl Owned {
             }),
         }
     }
+}
+
+/// The key of the fence counter of `lock_key`, in a buffer of `bufs`.
+fn fence_key(bufs: &BufPool, lock_key: &[u8]) -> Vec<u8> {
+    let name = Derived::Fence.of(lock_key);
+    let mut buf = bufs.take(name.len());
+    name.extend_into(&mut buf);
+    buf
 }
 
 /// A held lock of any kind: what every guard is, and what the keeper thread keeps alive.
@@ -468,6 +546,36 @@ impl Held {
         wait: bool,
         opts: &Acquire,
     ) -> Result<Held, Error> {
+        match Held::grant(client, &owned, fence.as_deref(), ttl, wait, opts) {
+            Ok(grant) => Ok(Held {
+                client: client.clone(),
+                owned,
+                fence,
+                token: grant.token,
+                fencing_token: grant.fencing_token,
+                hold: Hold::new(grant.valid_until).written_with(ttl),
+                ttl,
+                released: false,
+            }),
+            Err(e) => {
+                owned.give_back(client.bufs());
+                if let Some(fence) = fence {
+                    client.bufs().put(fence);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs the acquisition of [`acquire`](Held::acquire).
+    fn grant(
+        client: &Client,
+        owned: &Owned,
+        fence: Option<&[u8]>,
+        ttl: Duration,
+        wait: bool,
+        opts: &Acquire,
+    ) -> Result<Grant, Error> {
         let (ttl_ms, timing) = client.timing(ttl)?;
         opts.check()?;
         let config = client.config();
@@ -476,11 +584,8 @@ impl Held {
             deadline: opts.deadline,
             retry_count: opts.retries.unwrap_or(config.retry_count),
         };
-        let grant = owned.with_keys(|keys| {
-            let spec = Spec {
-                keys,
-                fence: fence.as_deref(),
-            };
+        owned.with_keys(|keys| {
+            let spec = Spec { keys, fence };
             client.with_driver(|driver| {
                 let params = Params {
                     ttl_ms,
@@ -506,16 +611,6 @@ impl Held {
                 driver.put_round(m.into_round());
                 result.map(|grant: Grant| grant)
             })?
-        })?;
-        Ok(Held {
-            client: client.clone(),
-            owned,
-            fence,
-            token: grant.token,
-            fencing_token: grant.fencing_token,
-            hold: Hold::new(grant.valid_until).written_with(ttl),
-            ttl,
-            released: false,
         })
     }
 
@@ -553,9 +648,9 @@ impl Held {
     /// The resource key (a set's first key).
     pub fn key(&self) -> &[u8] {
         match &self.owned {
-            Owned::Mutex(key) => key.as_slice(),
+            Owned::Mutex(key) => key,
             Owned::Rw { resource, .. } | Owned::Sem { resource, .. } => resource,
-            Owned::All(keys) => keys.first().map_or(&[], Vec::as_slice),
+            Owned::All(keys) => keys.first(),
         }
     }
 
@@ -570,10 +665,10 @@ impl Held {
     }
 
     /// The keys of an all-or-none set (none for the other kinds).
-    pub fn set_keys(&self) -> &[Vec<u8>] {
+    pub fn set_keys(&self) -> SetKeys<'_> {
         match &self.owned {
-            Owned::All(keys) => keys,
-            _ => &[],
+            Owned::All(keys) => keys.iter(),
+            _ => Default::default(),
         }
     }
 
@@ -624,7 +719,9 @@ impl Held {
         }
         match result {
             Ok(()) => {
-                self.fence = None;
+                if let Some(fence) = self.fence.take() {
+                    self.client.bufs().put(fence);
+                }
                 self.fencing_token = None;
                 self.ttl = ttl;
                 Ok(())
@@ -684,6 +781,11 @@ impl Drop for Held {
         if !self.released {
             let _ = self.release();
         }
+        let bufs = self.client.bufs();
+        std::mem::take(&mut self.owned).give_back(bufs);
+        if let Some(fence) = self.fence.take() {
+            bufs.put(fence);
+        }
     }
 }
 
@@ -697,44 +799,6 @@ fn wall_micros() -> u64 {
 
 /// The client's settings, for the calls without options.
 pub(crate) const NO_OPTIONS: Acquire = Acquire::new();
-
-/// Keys up to this length live inside the guard, so taking a lock allocates nothing.
-const INLINE_KEY: usize = 64;
-
-/// A lock's key: inline when short, on the heap otherwise.
-#[derive(Clone)]
-pub(crate) enum KeyBuf {
-    Inline { len: u8, bytes: [u8; INLINE_KEY] },
-    Heap(Box<[u8]>),
-}
-
-impl KeyBuf {
-    fn new(key: &[u8]) -> KeyBuf {
-        if key.len() <= INLINE_KEY {
-            let mut bytes = [0; INLINE_KEY];
-            bytes[..key.len()].copy_from_slice(key);
-            KeyBuf::Inline {
-                len: key.len() as u8,
-                bytes,
-            }
-        } else {
-            KeyBuf::Heap(key.into())
-        }
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            KeyBuf::Inline { len, bytes } => &bytes[..*len as usize],
-            KeyBuf::Heap(b) => b,
-        }
-    }
-}
-
-impl fmt::Debug for KeyBuf {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(self.as_slice()))
-    }
-}
 
 /// Taking locks. Every call comes in two forms: `try_*` makes one attempt, without retrying;
 /// the other waits, as [`lock`](Client::lock) says. Both fail with [`Error::Contended`] when
@@ -842,7 +906,7 @@ impl Client {
         I: IntoIterator,
         I::Item: AsRef<[u8]>,
     {
-        let keys = checked_keys(keys)?;
+        let keys = KeySet::build(keys, self.bufs())?;
         Held::acquire(self, Owned::All(keys), None, ttl, false, &NO_OPTIONS).map(Guard::new)
     }
 
@@ -879,7 +943,7 @@ impl Client {
         I: IntoIterator,
         I::Item: AsRef<[u8]>,
     {
-        let keys = checked_keys(keys)?;
+        let keys = KeySet::build(keys, self.bufs())?;
         Held::acquire(self, Owned::All(keys), None, ttl, true, &NO_OPTIONS).map(Guard::new)
     }
 
@@ -1028,7 +1092,7 @@ impl Client {
         I: IntoIterator,
         I::Item: AsRef<[u8]>,
     {
-        let keys = checked_keys(keys)?;
+        let keys = KeySet::build(keys, self.bufs())?;
         Held::acquire(self, Owned::All(keys), None, ttl, true, opts).map(Guard::new)
     }
 
@@ -1103,7 +1167,8 @@ impl Client {
     ) -> Result<Lock, Error> {
         let key = key.as_ref();
         check_key(key)?;
-        Held::resume(self, Owned::Mutex(KeyBuf::new(key)), token.as_ref(), ttl).map(Guard::new)
+        let owned = Owned::mutex(self.bufs(), key);
+        Held::resume(self, owned, token.as_ref(), ttl).map(Guard::new)
     }
 
     /// Rebuilds the guard of a read lock on `key` held with `token` (see
@@ -1143,7 +1208,7 @@ impl Client {
         I: IntoIterator,
         I::Item: AsRef<[u8]>,
     {
-        let keys = checked_keys(keys)?;
+        let keys = KeySet::build(keys, self.bufs())?;
         Held::resume(self, Owned::All(keys), token.as_ref(), ttl).map(Guard::new)
     }
 
@@ -1155,11 +1220,7 @@ impl Client {
         ttl: Duration,
     ) -> Result<Held, Error> {
         check_key(key)?;
-        let owned = Owned::Rw {
-            side,
-            resource: key.to_vec(),
-            keys: RwKeys::new(key),
-        };
+        let owned = Owned::rw(self.bufs(), side, key);
         Held::resume(self, owned, token, ttl)
     }
 
@@ -1173,8 +1234,9 @@ impl Client {
         opts: &Acquire,
     ) -> Result<Held, Error> {
         check_key(key)?;
-        let fence = fenced.then(|| fence_key(key));
-        Held::acquire(self, Owned::Mutex(KeyBuf::new(key)), fence, ttl, wait, opts)
+        let bufs = self.bufs();
+        let fence = fenced.then(|| fence_key(bufs, key));
+        Held::acquire(self, Owned::mutex(bufs, key), fence, ttl, wait, opts)
     }
 
     /// One side of the read-write lock on `key`; a fenced write lock when `fenced`.
@@ -1188,12 +1250,11 @@ impl Client {
         opts: &Acquire,
     ) -> Result<Held, Error> {
         check_key(key)?;
-        let keys = RwKeys::new(key);
-        let fence = fenced.then(|| fence_key(keys.writer()));
-        let owned = Owned::Rw {
-            side,
-            resource: key.to_vec(),
-            keys,
+        let bufs = self.bufs();
+        let owned = Owned::rw(bufs, side, key);
+        let fence = match &owned {
+            Owned::Rw { keys, .. } if fenced => Some(fence_key(bufs, keys.writer())),
+            _ => None,
         };
         Held::acquire(self, owned, fence, ttl, wait, opts)
     }

@@ -23,15 +23,20 @@
 //!   themselves, [`KeyNames`] (the Redis keys each lock kind keeps) and [`NodeUrl`] (node URLs
 //!   read as the client reads them, shown without their passwords).
 //!
-//! What is not: Redis Cluster routing, Sentinel failover, RESP3, TLS, and any safety beyond
-//! what Redlock's timing assumptions give (see the README's "Guarantees and their limits").
+//! Nodes are reached over TCP, over TLS (`rediss://` URLs, with the `tls` cargo feature, off by
+//! default: rustls with the ring provider, the system's roots and
+//! [`ClientBuilder::tls_ca_file`]) or over Unix domain sockets (`unix:///path/to/redis.sock`);
+//! see [`ClientBuilder::nodes`].
+//!
+//! What is not: Redis Cluster routing, Sentinel failover, RESP3, and any safety beyond what
+//! Redlock's timing assumptions give (see the README's "Guarantees and their limits").
 //!
 //! Layers, from the bottom: [`resp`] (codec) and the lock engine (crate-private: every lock
 //! operation end to end as a state machine, from the attempts and retries of an acquisition to
 //! the extend and release rounds and the keep-alive schedule) never touch a socket, read the
 //! clock or draw randomness on their own; a thin mio driver pumps bytes and time for the
-//! engine's machines over TCP; the [`Client`] and its one [`Guard`] are the API; the keeper
-//! thread runs the keep-alive schedule; the C API sits at the edge. Every setting lives in one
+//! engine's machines over TCP, TLS or Unix sockets; the [`Client`] and its one [`Guard`] are
+//! the API; the keeper thread runs the keep-alive schedule; the C API sits at the edge. Every setting lives in one
 //! leaf module that the driver and the engine read without knowing the client.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -44,18 +49,20 @@ mod error;
 mod guard;
 mod keepalive;
 mod keeper;
+mod names;
 mod options;
 pub mod resp;
 mod rng;
 mod semaphore;
 mod sha1;
 mod stats;
+mod tls;
 mod url;
 
 pub use client::{Client, ClientBuilder};
 pub use config::{RwPolicy, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS, MAX_NODES, MAX_TTL};
 pub use engine::KeyNames;
-pub use error::{Deadline, Error, InvalidArgument, NodeErrorKind, NodeFailure};
+pub use error::{Deadline, Error, InvalidArgument, NodeErrorKind, NodeFailure, TlsFailure};
 pub use guard::{
     kind, FencedLock, FencedWriteLock, Guard, Lock, MultiLock, Permit, ReadLock, WriteLock,
 };

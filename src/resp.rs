@@ -317,7 +317,9 @@ fn decode_at<'a, const BUILD: bool>(
             };
             for _ in 0..len {
                 let (item, after) = complete!(decode_at::<BUILD>(input, next, limits, depth + 1));
-                items.extend(item);
+                if BUILD {
+                    items.extend(item);
+                }
                 next = after;
             }
             Ok(Status::Complete((

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rand_core::{SeedableRng, TryRng};
 
-/// Random bytes in a token: 160 bits, as seed 004 asks.
+/// Random bytes in a token: 160 bits, as the Redlock specification asks (20 bytes).
 pub(crate) const TOKEN_BYTES: usize = 20;
 /// A token is sent and shown as lowercase hex, so it is printable in logs and tools.
 pub(crate) const TOKEN_LEN: usize = TOKEN_BYTES * 2;

@@ -1,7 +1,7 @@
 //! The counting semaphore over N independent masters: [`Client::semaphore`] and its handle.
 #![forbid(unsafe_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::client::Client;
 use crate::config::check_key;
@@ -187,28 +187,24 @@ impl Semaphore {
     /// down or does not answer within the node timeout counting as full. Holders that expired
     /// count as gone; the cleanups of lost attempts in flight may still count.
     pub fn available(&self) -> Result<u32, Error> {
-        let keys = SemKeys::new(&self.key);
+        let bufs = self.client.bufs();
+        let keys = SemKeys::new_in(&self.key, bufs.take(SemKeys::len_for(&self.key)));
         let config = self.client.config();
-        self.client.with_driver(|driver| {
+        let available = self.client.with_driver(|driver| {
             let mut census = Census::new(
                 keys.holders(),
                 self.permits,
                 self.quorum,
                 config.nodes.len(),
-                Instant::now(),
-                config.node_timeout,
             );
             driver.drive(&mut census)
-        })
+        });
+        bufs.put(keys.into_buf());
+        available
     }
 
     fn owned(&self) -> Owned {
-        Owned::Sem {
-            resource: self.key.clone(),
-            keys: SemKeys::new(&self.key),
-            permits: self.permits,
-            quorum: self.quorum,
-        }
+        Owned::semaphore(self.client.bufs(), &self.key, self.permits, self.quorum)
     }
 
     fn take(&self, ttl: Duration, wait: bool, opts: &Acquire) -> Result<Permit, Error> {

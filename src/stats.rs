@@ -47,6 +47,8 @@ struct NodeCell {
     ring: [AtomicU32; LATENCY_WINDOW],
     /// How many latencies were ever recorded (the next slot, modulo the window).
     recorded: AtomicUsize,
+    /// Command connections that broke.
+    disconnects: AtomicU64,
 }
 
 /// The counters of one client, shared by every thread that uses it.
@@ -69,6 +71,7 @@ impl Recorder {
                     failures: Default::default(),
                     ring: std::array::from_fn(|_| AtomicU32::new(0)),
                     recorded: AtomicUsize::new(0),
+                    disconnects: AtomicU64::new(0),
                 })
                 .collect(),
             wakeups: AtomicU64::new(0),
@@ -97,7 +100,7 @@ impl Recorder {
             NodeErrorKind::Timeout => 0,
             NodeErrorKind::Connect(_) => 1,
             NodeErrorKind::Backoff => 2,
-            NodeErrorKind::Io(_) | NodeErrorKind::ServerChanged => 3,
+            NodeErrorKind::Io(_) | NodeErrorKind::ServerChanged | NodeErrorKind::Tls(_) => 3,
             NodeErrorKind::Protocol(_) => 4,
             NodeErrorKind::Server { .. } => 5,
             NodeErrorKind::UnexpectedReply => 6,
@@ -116,6 +119,13 @@ impl Recorder {
     /// An acquisition started an attempt after its first.
     pub fn retry(&self) {
         self.retries.fetch_add(1, Relaxed);
+    }
+
+    /// Node `node`'s command connection broke.
+    pub fn disconnect(&self, node: usize) {
+        if let Some(cell) = self.nodes.get(node) {
+            cell.disconnects.fetch_add(1, Relaxed);
+        }
     }
 
     /// An acquisition was cancelled.
@@ -175,6 +185,7 @@ impl NodeCell {
             latency_samples: n,
             latency_p50: pct(50),
             latency_p99: pct(99),
+            disconnects: self.disconnects.load(Relaxed),
         }
     }
 }
@@ -243,6 +254,11 @@ pub struct NodeStats {
     pub latency_p50: Option<Duration>,
     /// The 99th percentile of the same.
     pub latency_p99: Option<Duration>,
+    /// How many times its command connection broke once established: closed or reset by the
+    /// node or the network, or given up as dead (see
+    /// [`ClientBuilder::dead_peer_timeout`](crate::ClientBuilder::dead_peer_timeout)). Failed
+    /// connects are not counted here ([`NodeFailures::connect`]).
+    pub disconnects: u64,
 }
 
 /// A node's failures by [`NodeErrorKind`].

@@ -1,26 +1,45 @@
-//! Node URLs: `redis://[user:password@]host:port[/db]` and bare `host:port`.
+//! Node URLs: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS), bare `host:port`,
+//! and Unix domain sockets as `unix:///path/to/redis.sock` or `redis+unix:///path…`.
 #![forbid(unsafe_code)]
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 
 use crate::error::InvalidArgument;
 
-/// The default Redis port, used when a `redis://` URL names none.
+/// The default Redis port, used when a `redis://` or `rediss://` URL names none.
 const DEFAULT_PORT: u16 = 6379;
+
+/// The schemes a node URL may have, for the message that refuses another one.
+const SCHEMES: &str = "the scheme must be redis://, rediss:// (TLS), unix:// or redis+unix://";
 
 /// One node, parsed and resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NodeAddr {
-    /// `host:port` as written, for messages.
+    /// `host:port` as written, or the socket's path, for messages.
     pub display: String,
-    /// Every address the host resolved to, in the resolver's order, each once; never empty.
-    /// A connect tries them in turn until one takes it (`localhost` is often `::1` first,
-    /// then `127.0.0.1`, and a server may listen on only one of them).
+    /// The host as written (without brackets), for TLS's server name; empty for a Unix socket.
+    pub host: String,
+    /// Every address the host resolved to, in the resolver's order, each once; never empty for
+    /// TCP, empty for a Unix socket. A connect tries them in turn until one takes it
+    /// (`localhost` is often `::1` first, then `127.0.0.1`, and a server may listen on only
+    /// one of them).
     pub addrs: Vec<SocketAddr>,
+    /// The Unix socket's path, for a `unix://` URL.
+    pub unix: Option<PathBuf>,
+    /// `rediss://`: the connection is TLS.
+    pub tls: bool,
     pub user: Option<Vec<u8>>,
     pub password: Option<Vec<u8>>,
     pub db: u32,
+}
+
+/// Where one connect goes: one of a node's addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target<'a> {
+    Tcp(SocketAddr),
+    Unix(&'a Path),
 }
 
 fn bad(url: &str, reason: &'static str) -> InvalidArgument {
@@ -36,16 +55,22 @@ struct Parts<'a> {
     scheme: Option<&'a str>,
     /// What comes before the last `@` of the authority.
     userinfo: Option<&'a str>,
-    /// `host`, `host:port`, `[v6]:port`.
+    /// `host`, `host:port`, `[v6]:port`; empty for `unix:///path`.
     hostport: &'a str,
-    /// What follows the first `/` after the authority.
+    /// What follows the first `/` after the authority, without the query.
     path: &'a str,
+    /// What follows the first `?`, if there is one.
+    query: Option<&'a str>,
 }
 
 fn split(url: &str) -> Parts<'_> {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (Some(scheme), rest),
         None => (None, url),
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query)),
+        None => (rest, None),
     };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i + 1..]),
@@ -60,34 +85,120 @@ fn split(url: &str) -> Parts<'_> {
         userinfo,
         hostport,
         path,
+        query,
     }
 }
 
+/// The query parameters that hold a password.
+fn is_password_param(name: &str) -> bool {
+    matches!(name, "pass" | "password")
+}
+
 /// `url` with its password replaced by `***`, for messages: split as the parser splits it,
-/// so this holds for URLs the parser refuses too.
+/// so this holds for URLs the parser refuses too. A password in the query (`?pass=`) is
+/// hidden too.
 pub(crate) fn redact(url: &str) -> String {
     let parts = split(url.trim());
-    let Some(userinfo) = parts.userinfo else {
+    let query_secret = parts.query.is_some_and(|q| {
+        q.split('&')
+            .any(|kv| is_password_param(kv.split_once('=').map_or(kv, |(k, _)| k)))
+    });
+    if parts.userinfo.is_none() && !query_secret {
         return url.to_owned();
-    };
-    let hidden = match userinfo.split_once(':') {
-        Some((user, _)) => format!("{user}:***"),
-        // A lone userinfo is a password.
-        None => "***".to_owned(),
-    };
+    }
     let mut out = String::with_capacity(url.len());
     if let Some(scheme) = parts.scheme {
         out.push_str(scheme);
         out.push_str("://");
     }
-    out.push_str(&hidden);
-    out.push('@');
+    if let Some(userinfo) = parts.userinfo {
+        match userinfo.split_once(':') {
+            Some((user, _)) => {
+                out.push_str(user);
+                out.push_str(":***");
+            }
+            // A lone userinfo is a password.
+            None => out.push_str("***"),
+        }
+        out.push('@');
+    }
     out.push_str(parts.hostport);
-    if !parts.path.is_empty() || url.trim_end().ends_with('/') {
+    let before_query = url.trim_end().split('?').next().unwrap_or("");
+    if !parts.path.is_empty() || before_query.ends_with('/') {
         out.push('/');
         out.push_str(parts.path);
     }
+    if let Some(query) = parts.query {
+        out.push('?');
+        for (i, kv) in query.split('&').enumerate() {
+            if i > 0 {
+                out.push('&');
+            }
+            match kv.split_once('=') {
+                Some((k, _)) if is_password_param(k) => {
+                    out.push_str(k);
+                    out.push_str("=***");
+                }
+                _ => out.push_str(kv),
+            }
+        }
+    }
     out
+}
+
+/// What a URL's scheme asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    /// A bare `host:port`.
+    Bare,
+    Redis,
+    RedisTls,
+    Unix,
+}
+
+/// The query parameters of a URL: `db` for every scheme, and for Unix sockets (whose URL has
+/// no place for credentials) `user` and `pass` as redis-rs reads them.
+#[derive(Default)]
+struct Query {
+    db: Option<u32>,
+    user: Option<Vec<u8>>,
+    password: Option<Vec<u8>>,
+}
+
+fn parse_query(url: &str, query: &str, unix: bool) -> Result<Query, InvalidArgument> {
+    let mut q = Query::default();
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (name, value) = kv
+            .split_once('=')
+            .ok_or_else(|| bad(url, "a query parameter needs a value (?db=N)"))?;
+        let value = percent_decode(value).ok_or_else(|| bad(url, "bad %-escape"))?;
+        let seen =
+            match name {
+                "db" => {
+                    let n = std::str::from_utf8(&value)
+                        .ok()
+                        .and_then(|s| s.parse::<u32>().ok())
+                        .ok_or_else(|| bad(url, "bad database number"))?;
+                    q.db.replace(n).is_some()
+                }
+                "user" | "username" if unix => q.user.replace(value).is_some(),
+                n if unix && is_password_param(n) => q.password.replace(value).is_some(),
+                _ if unix => {
+                    return Err(bad(
+                        url,
+                        "unknown query parameter: a Unix socket URL takes db, user and pass",
+                    ))
+                }
+                _ => return Err(bad(
+                    url,
+                    "unknown query parameter: only ?db=N is read (credentials go before the host)",
+                )),
+            };
+        if seen {
+            return Err(bad(url, "a query parameter is given twice"));
+        }
+    }
+    Ok(q)
 }
 
 impl NodeAddr {
@@ -103,14 +214,31 @@ impl NodeAddr {
             userinfo,
             hostport,
             path,
+            query,
         } = split(url_trim);
         let scheme = match scheme {
-            Some("redis") => true,
-            Some(_) => return Err(bad(url, "the scheme must be redis://")),
-            None => false,
+            None => Scheme::Bare,
+            Some(s) if s.eq_ignore_ascii_case("redis") => Scheme::Redis,
+            Some(s) if s.eq_ignore_ascii_case("rediss") => Scheme::RedisTls,
+            Some(s) if s.eq_ignore_ascii_case("unix") || s.eq_ignore_ascii_case("redis+unix") => {
+                Scheme::Unix
+            }
+            Some(_) => return Err(bad(url, SCHEMES)),
         };
-        if userinfo.is_some() && !scheme {
-            return Err(bad(url, "credentials need the redis:// form"));
+        if scheme == Scheme::RedisTls && !cfg!(feature = "tls") {
+            return Err(bad(
+                url,
+                "rediss:// (TLS) needs redlock-mux built with its `tls` feature",
+            ));
+        }
+        if scheme == Scheme::Bare && (userinfo.is_some() || query.is_some()) {
+            return Err(bad(
+                url,
+                "credentials and a query need the redis:// form (or rediss://, unix://)",
+            ));
+        }
+        if scheme == Scheme::Unix {
+            return Self::parse_unix(url, userinfo, hostport, path, query);
         }
         let (user, password) = match userinfo {
             None => (None, None),
@@ -133,21 +261,32 @@ impl NodeAddr {
         let (host, port) = split_host_port(hostport).ok_or_else(|| bad(url, "bad host:port"))?;
         let port = match port {
             Some(p) => p.parse::<u16>().map_err(|_| bad(url, "bad port"))?,
-            None if scheme => DEFAULT_PORT,
+            None if scheme != Scheme::Bare => DEFAULT_PORT,
             None => return Err(bad(url, "missing port")),
         };
         if port == 0 {
             return Err(bad(url, "port 0"));
         }
-        let db = match path {
-            "" => 0,
-            p => p
-                .parse::<u32>()
-                .map_err(|_| bad(url, "bad database number"))?,
-        };
-        if !scheme && !path.is_empty() {
+        if scheme == Scheme::Bare && !path.is_empty() {
             return Err(bad(url, "a database needs the redis:// form"));
         }
+        let path_db = match path {
+            "" => None,
+            p => Some(
+                p.parse::<u32>()
+                    .map_err(|_| bad(url, "bad database number"))?,
+            ),
+        };
+        let q = match query {
+            Some(q) => parse_query(url, q, false)?,
+            None => Query::default(),
+        };
+        let db = match (path_db, q.db) {
+            (Some(_), Some(_)) => {
+                return Err(bad(url, "the database is given twice (/db and ?db=)"))
+            }
+            (a, b) => a.or(b).unwrap_or(0),
+        };
         let mut addrs: Vec<SocketAddr> = Vec::new();
         for addr in (host, port)
             .to_socket_addrs()
@@ -166,22 +305,90 @@ impl NodeAddr {
             } else {
                 format!("{host}:{port}")
             },
+            host: host.to_owned(),
             addrs,
+            unix: None,
+            tls: scheme == Scheme::RedisTls,
             user,
             password,
             db,
         })
     }
 
-    /// Whether the two may be one server: they share an address.
+    /// `unix:///path/to/redis.sock[?db=N&user=U&pass=P]`, split by [`split`].
+    fn parse_unix(
+        url: &str,
+        userinfo: Option<&str>,
+        hostport: &str,
+        path: &str,
+        query: Option<&str>,
+    ) -> Result<NodeAddr, InvalidArgument> {
+        if userinfo.is_some() || !hostport.is_empty() {
+            return Err(bad(
+                url,
+                "a Unix socket URL is unix:///absolute/path (credentials go in ?user=&pass=)",
+            ));
+        }
+        if path.is_empty() {
+            return Err(bad(url, "no socket path: write unix:///path/to/redis.sock"));
+        }
+        let decoded = percent_decode(path).ok_or_else(|| bad(url, "bad %-escape"))?;
+        let decoded =
+            String::from_utf8(decoded).map_err(|_| bad(url, "the socket path is not UTF-8"))?;
+        let path = PathBuf::from(format!("/{decoded}"));
+        let q = match query {
+            Some(q) => parse_query(url, q, true)?,
+            None => Query::default(),
+        };
+        if q.password.as_ref().is_some_and(|p| p.is_empty()) {
+            return Err(bad(url, "empty password"));
+        }
+        if q.user.is_some() && q.password.is_none() {
+            return Err(bad(url, "a user needs a password (?user=U&pass=P)"));
+        }
+        Ok(NodeAddr {
+            display: path.display().to_string(),
+            host: String::new(),
+            addrs: Vec::new(),
+            unix: Some(path),
+            tls: false,
+            user: q.user,
+            password: q.password,
+            db: q.db.unwrap_or(0),
+        })
+    }
+
+    /// How many addresses a connect may try in turn.
+    pub fn targets(&self) -> usize {
+        if self.unix.is_some() {
+            1
+        } else {
+            self.addrs.len()
+        }
+    }
+
+    /// The `i`-th address to try (the last one past the end).
+    pub fn target(&self, i: usize) -> Target<'_> {
+        match &self.unix {
+            Some(path) => Target::Unix(path),
+            None => Target::Tcp(self.addrs[i.min(self.addrs.len() - 1)]),
+        }
+    }
+
+    /// Whether the two may be one server: they share an address, or name one socket.
     pub fn shares_address(&self, other: &NodeAddr) -> bool {
-        self.addrs.iter().any(|a| other.addrs.contains(a))
+        match (&self.unix, &other.unix) {
+            (Some(a), Some(b)) => a == b || same_file(a, b),
+            (None, None) => self.addrs.iter().any(|a| other.addrs.contains(a)),
+            _ => false,
+        }
     }
 
     /// `host:port` as written and, when the host is a name, the addresses a connect tried
     /// (all of them, in turn): for the message of a failed connect.
     pub fn tried(&self) -> String {
         match &self.addrs[..] {
+            [] => self.display.clone(),
             [one] if one.to_string() == self.display => self.display.clone(),
             addrs => {
                 let mut out = format!("{}, tried ", self.display);
@@ -197,8 +404,19 @@ impl NodeAddr {
     }
 }
 
-/// A node URL as the client reads it: `redis://[user:password@]host:port[/db]` or bare
-/// `host:port`, with `%`-escapes in the user and password, parsed and resolved.
+/// Whether two socket paths name one file (through links, `..`, or another spelling), as far
+/// as the file system says now; sockets that do not exist yet compare by path alone.
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// A node URL as the client reads it, parsed and resolved: `redis://[user:password@]host:port[/db]`,
+/// `rediss://…` for TLS, bare `host:port`, or a Unix socket as `unix:///path/to/redis.sock`
+/// (or `redis+unix:///…`), with `?db=N` (and, for a Unix socket, `&user=U&pass=P`) and
+/// `%`-escapes in the user and password.
 ///
 /// For tools that talk to the nodes a client uses (such as `redlock-mux inspect`), so that
 /// they read URLs as the client does. Its `Display` and `Debug` never show the password:
@@ -214,16 +432,33 @@ impl NodeUrl {
     }
 
     /// The first address the host resolved to, with the port; see [`addrs`](Self::addrs).
-    pub fn addr(&self) -> SocketAddr {
-        self.0.addrs[0]
+    /// `None` for a Unix socket.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.0.addrs.first().copied()
     }
 
     /// Every address the host resolved to, with the port, in the resolver's order (as
-    /// `getaddrinfo` sorts them). The client tries each in turn until one accepts the
-    /// connection, as `redis-cli` does: `localhost` often resolves to `::1` before
-    /// `127.0.0.1`, and a server bound to one of them refuses connections on the other.
+    /// `getaddrinfo` sorts them); empty for a Unix socket. The client tries each in turn until
+    /// one accepts the connection, as `redis-cli` does: `localhost` often resolves to `::1`
+    /// before `127.0.0.1`, and a server bound to one of them refuses connections on the other.
     pub fn addrs(&self) -> &[SocketAddr] {
         &self.0.addrs
+    }
+
+    /// The host as written (an IPv6 address without its brackets): the name a TLS connection
+    /// checks the server's certificate against. Empty for a Unix socket.
+    pub fn host(&self) -> &str {
+        &self.0.host
+    }
+
+    /// The Unix socket's path, for a `unix://` (or `redis+unix://`) URL.
+    pub fn unix_path(&self) -> Option<&Path> {
+        self.0.unix.as_deref()
+    }
+
+    /// Whether the URL is `rediss://`: the connection is TLS.
+    pub fn is_tls(&self) -> bool {
+        self.0.tls
     }
 
     /// The user to authenticate as, if any (`AUTH user password`).
@@ -244,15 +479,35 @@ impl NodeUrl {
 
 impl fmt::Display for NodeUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("redis://")?;
-        match (&self.0.user, &self.0.password) {
+        let n = &self.0;
+        if n.unix.is_some() {
+            write!(f, "unix://{}", n.display)?;
+            let mut sep = '?';
+            let mut param = |f: &mut fmt::Formatter<'_>, text: String| {
+                let r = write!(f, "{sep}{text}");
+                sep = '&';
+                r
+            };
+            if n.db != 0 {
+                param(f, format!("db={}", n.db))?;
+            }
+            if let Some(user) = &n.user {
+                param(f, format!("user={}", String::from_utf8_lossy(user)))?;
+            }
+            if n.password.is_some() {
+                param(f, "pass=***".to_owned())?;
+            }
+            return Ok(());
+        }
+        f.write_str(if n.tls { "rediss://" } else { "redis://" })?;
+        match (&n.user, &n.password) {
             (Some(user), Some(_)) => write!(f, "{}:***@", String::from_utf8_lossy(user))?,
             (None, Some(_)) => f.write_str(":***@")?,
             _ => {}
         }
-        f.write_str(&self.0.display)?;
-        if self.0.db != 0 {
-            write!(f, "/{}", self.0.db)?;
+        f.write_str(&n.display)?;
+        if n.db != 0 {
+            write!(f, "/{}", n.db)?;
         }
         Ok(())
     }
@@ -389,6 +644,94 @@ mod tests {
         match NodeAddr::parse("redis://:secret@127.0.0.1:99999").unwrap_err() {
             InvalidArgument::BadUrl { url, .. } => assert_eq!(url, "redis://:***@127.0.0.1:99999"),
             e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn unix_sockets() {
+        for url in [
+            "unix:///run/redis/redis.sock",
+            "redis+unix:///run/redis/redis.sock",
+            "UNIX:///run/redis/redis.sock",
+        ] {
+            let n = NodeAddr::parse(url).unwrap();
+            assert_eq!(n.unix.as_deref(), Some(Path::new("/run/redis/redis.sock")));
+            assert!(n.addrs.is_empty() && !n.tls);
+            assert_eq!((&n.user, &n.password, n.db), (&None, &None, 0));
+            assert_eq!(n.targets(), 1);
+            assert_eq!(
+                n.target(3),
+                Target::Unix(Path::new("/run/redis/redis.sock"))
+            );
+        }
+        let n = NodeAddr::parse("unix:///tmp/r%20s.sock?db=3&user=app&pass=s%40cret").unwrap();
+        assert_eq!(n.unix.as_deref(), Some(Path::new("/tmp/r s.sock")));
+        assert_eq!(n.db, 3);
+        assert_eq!(n.user.as_deref(), Some(&b"app"[..]));
+        assert_eq!(n.password.as_deref(), Some(&b"s@cret"[..]));
+        let shown = NodeUrl::parse("redis+unix:///tmp/r.sock?pass=secret&db=2").unwrap();
+        assert_eq!(shown.to_string(), "unix:///tmp/r.sock?db=2&pass=***");
+        assert_eq!(shown.addr(), None);
+        assert_eq!(shown.unix_path(), Some(Path::new("/tmp/r.sock")));
+        assert_eq!(
+            redact("unix:///tmp/r.sock?pass=secret&db=2"),
+            "unix:///tmp/r.sock?pass=***&db=2"
+        );
+        let a = NodeAddr::parse("unix:///tmp/a.sock").unwrap();
+        assert!(a.shares_address(&NodeAddr::parse("redis+unix:///tmp/a.sock?db=1").unwrap()));
+        assert!(!a.shares_address(&NodeAddr::parse("unix:///tmp/b.sock").unwrap()));
+        assert!(!a.shares_address(&NodeAddr::parse("127.0.0.1:6379").unwrap()));
+        for url in [
+            "unix://",
+            "unix:///",
+            "unix://host/tmp/a.sock",
+            "unix://u:p@/tmp/a.sock",
+            "unix:///tmp/a.sock?db=x",
+            "unix:///tmp/a.sock?nodb=1",
+            "unix:///tmp/a.sock?db=1&db=2",
+            "unix:///tmp/a.sock?user=u",
+            "unix:///tmp/a.sock?pass=",
+            "unix:///tmp/a.sock?db",
+        ] {
+            let e = NodeAddr::parse(url).unwrap_err();
+            assert!(
+                matches!(e, InvalidArgument::BadUrl { .. }),
+                "{url:?}: {e:?}"
+            );
+            assert!(!e.to_string().contains("secret"), "{e}");
+        }
+    }
+
+    #[test]
+    fn schemes_and_queries() {
+        let n = NodeAddr::parse("redis://127.0.0.1:7001?db=4").unwrap();
+        assert_eq!(n.db, 4);
+        let n = NodeAddr::parse("redis://127.0.0.1:7001/?db=5").unwrap();
+        assert_eq!(n.db, 5);
+        let n = NodeAddr::parse("REDIS://localhost").unwrap();
+        assert_eq!((n.host.as_str(), n.addrs[0].port()), ("localhost", 6379));
+        for (url, says) in [
+            ("http://127.0.0.1:1", "redis://, rediss:// (TLS), unix://"),
+            ("redis://127.0.0.1:1/2?db=3", "given twice"),
+            ("redis://127.0.0.1:1?timeout=3", "only ?db=N"),
+            ("redis://127.0.0.1:1?db=-1", "database"),
+            ("127.0.0.1:1?db=1", "the redis:// form"),
+        ] {
+            let e = NodeAddr::parse(url).unwrap_err();
+            assert!(e.to_string().contains(says), "{url:?}: {e}");
+        }
+        let tls = NodeAddr::parse("rediss://u:pw@127.0.0.1:6380/2");
+        if cfg!(feature = "tls") {
+            let n = tls.unwrap();
+            assert!(n.tls);
+            assert_eq!((n.host.as_str(), n.db), ("127.0.0.1", 2));
+            let shown = NodeUrl::parse("rediss://u:pw@127.0.0.1:6380/2").unwrap();
+            assert!(shown.is_tls());
+            assert_eq!(shown.to_string(), "rediss://u:***@127.0.0.1:6380/2");
+        } else {
+            let e = tls.unwrap_err();
+            assert!(e.to_string().contains("`tls` feature"), "{e}");
+            assert!(!e.to_string().contains("pw"), "{e}");
         }
     }
 

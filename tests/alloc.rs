@@ -1,20 +1,30 @@
 //! Heap allocations per lock operation once warmed up, counted by a global allocator.
 //!
-//! The target is zero, with one thread and with sixteen threads sharing one client (and so its
-//! connections, the leader/follower polling and the callers' mailboxes). The tests fail if a
-//! change adds allocations to the steady state of `try_lock` + `release` over five real
-//! redis-servers; they print the figures they measured.
+//! The target is zero for every kind of lock (mutex, read and write lock, fenced mutex and
+//! fenced write lock, semaphore permit, all-or-none set), with keys of any length up to
+//! `MAX_KEY_LEN`, for the acquire + release cycle and for extends, with one thread; and for the
+//! mutex with sixteen threads sharing one client (and so its connections, the leader/follower
+//! polling and the callers' mailboxes). The tests fail if a change adds allocations to the
+//! steady state over real redis-servers (whichever `REDLOCK_MUX_REDIS_SERVER` names, Redis 7.0
+//! by default); they print the figures they measured.
+//!
+//! With `REDLOCK_MUX_ALLOC_TRACE=1` the per-kind test also prints where the first allocations
+//! of each counted phase were made (the library's frames of their backtraces).
 
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use std::backtrace::Backtrace;
+use std::cell::{Cell, RefCell};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::*;
-use redlock_mux::Client;
+use redlock_mux::resp::Value;
+use redlock_mux::{kind, Client, Error, Guard, MAX_KEY_LEN, MAX_LOCK_ALL_KEYS};
 
 // A global allocator must be an `unsafe impl`. This file is a test, not the library (which
 // forbids unsafe code outside its FFI module); the impl only counts, then defers to `System`.
@@ -34,13 +44,41 @@ thread_local! {
 /// Allocations of every thread that has [`SHARED_ON`] set.
 static SHARED: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// Backtraces of the first allocations counted on this thread, when tracing.
+    static TRACES: RefCell<Vec<Backtrace>> = const { RefCell::new(Vec::new()) };
+    /// Whether this thread records [`TRACES`].
+    static TRACING: Cell<bool> = const { Cell::new(false) };
+    /// Set while a backtrace is taken: its own allocations are neither counted nor traced.
+    static IN_TRACE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// How many allocations of one counted phase are traced, at most: all of them, in every phase
+/// that passes.
+const TRACE_LIMIT: usize = 4000;
+
 fn note_allocation() {
+    if IN_TRACE.try_with(Cell::get).unwrap_or(true) {
+        return;
+    }
     // `try_with`: the slot may already be gone while a thread exits.
+    let mut counted = false;
     let _ = COUNT.try_with(|c| {
         if let Some(n) = c.get() {
             c.set(Some(n + 1));
+            counted = true;
         }
     });
+    if counted && TRACING.try_with(Cell::get).unwrap_or(false) {
+        IN_TRACE.with(|t| t.set(true));
+        TRACES.with(|traces| {
+            let mut traces = traces.borrow_mut();
+            if traces.len() < TRACE_LIMIT {
+                traces.push(Backtrace::force_capture());
+            }
+        });
+        IN_TRACE.with(|t| t.set(false));
+    }
     if SHARED_ON.try_with(Cell::get).unwrap_or(false) {
         SHARED.fetch_add(1, Ordering::Relaxed);
     }
@@ -182,5 +220,373 @@ fn sixteen_threads_sharing_a_client_do_not_allocate_in_steady_state() {
     );
     for addr in cluster.addrs() {
         assert_eq!(dbsize(addr), 0, "the lock was left on {addr}");
+    }
+}
+
+/// Acquire + release cycles (and extends) counted per kind and key, after a warm-up of as many.
+const KIND_CYCLES: u64 = 200;
+
+/// The same with keys of `MAX_KEY_LEN` bytes: each cycle sends a few hundred KiB to every node.
+const LONG_KEY_CYCLES: u64 = 40;
+
+/// Allocations per counted phase that are not per cycle, at most: a buffer or queue of the
+/// connections that grows once to a new high-water mark (replies owed by a node that fell
+/// behind, a backlog of commands of `MAX_KEY_LEN` keys). Measured: 0 to 4, more often with
+/// tracing, which slows the client. A cost per cycle would show as the number of cycles (40 or
+/// 200) or more.
+const SLACK: u64 = 8;
+
+/// Nodes of the per-kind test.
+const NODES: u64 = 3;
+
+// Allowed: the reply arrays of the read-write lock on nodes with hash-field expiry (Redis 8),
+// which goes without Lua there. The codec's `Reply::Array` holds its items in a `Vec`, and the
+// machine that reads the reply gets it decoded (once: where a reply ends is found without
+// building it). These allowances go (become zero) only if replies are ever decoded without
+// allocation; every other allocation fails the test. With `REDLOCK_MUX_ALLOC_TRACE=1` the test
+// checks that the allocations it allowed were made decoding replies, and prints how many.
+
+/// How many times a reply is decoded, at most.
+const DECODES_PER_REPLY: u64 = 1;
+
+/// Arrays in one node's replies to a native read lock's acquire + release: the `EXEC` of the
+/// release (`MULTI`, `HDEL`, `ZREM`, `PUBLISH`, `EXEC`). The acquire (`HSETEX`) answers an
+/// integer.
+const NATIVE_READ_CYCLE_ARRAYS: u64 = 1;
+
+/// Arrays in one node's replies to a native read lock's extend: the `EXEC` (`MULTI`,
+/// `HPEXPIRE`, the reader set's script, `EXEC`), and `HPEXPIRE`'s reply within it.
+const NATIVE_READ_EXTEND_ARRAYS: u64 = 2;
+
+/// Arrays in one node's replies to a native write lock's acquire + release: the `EXEC` of the
+/// acquire (`MULTI`, `HRANDFIELD`, `SET`, `EXISTS`, `EXEC`). The release is a script on Redis
+/// 8.2 (no `DELEX`).
+const NATIVE_WRITE_CYCLE_ARRAYS: u64 = 1;
+
+/// Arrays in one node's replies to a native write lock's extend, fenced or not: the `EXEC`
+/// (`MULTI`, the extend script, `EXISTS`, `EXEC`).
+const NATIVE_WRITE_EXTEND_ARRAYS: u64 = 1;
+
+/// The kinds of lock the per-kind test takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Case {
+    Mutex,
+    Read,
+    Write,
+    Fenced,
+    FencedWrite,
+    Permit,
+    All,
+}
+
+impl Case {
+    fn name(self) -> &'static str {
+        match self {
+            Case::Mutex => "mutex",
+            Case::Read => "read lock",
+            Case::Write => "write lock",
+            Case::Fenced => "fenced lock",
+            Case::FencedWrite => "fenced write lock",
+            Case::Permit => "semaphore permit",
+            Case::All => "lock_all",
+        }
+    }
+
+    /// Allocations allowed per acquire + release cycle, and per extend, on nodes with
+    /// hash-field expiry (`native`) or without: those of decoding reply arrays.
+    fn allowed(self, native: bool) -> (u64, u64) {
+        let (cycle, extend) = match self {
+            _ if !native => (0, 0),
+            Case::Read => (NATIVE_READ_CYCLE_ARRAYS, NATIVE_READ_EXTEND_ARRAYS),
+            Case::Write => (NATIVE_WRITE_CYCLE_ARRAYS, NATIVE_WRITE_EXTEND_ARRAYS),
+            // Fenced writers acquire and release by script; they extend as writers do.
+            Case::FencedWrite => (0, NATIVE_WRITE_EXTEND_ARRAYS),
+            Case::Mutex | Case::Fenced | Case::Permit | Case::All => (0, 0),
+        };
+        let per_array = DECODES_PER_REPLY * NODES;
+        (cycle * per_array, extend * per_array)
+    }
+}
+
+/// What one counted phase cost.
+#[derive(Default)]
+struct Phase {
+    /// Allocations made.
+    total: u64,
+    /// Allocations allowed (see [`Case::allowed`]).
+    allowed: u64,
+    /// When tracing: how many of the traced allocations were made decoding replies, and how
+    /// many elsewhere.
+    decoding: Option<(u64, u64)>,
+}
+
+/// What one kind of lock cost in its counted phases.
+struct Figures {
+    case: Case,
+    label: String,
+    cycles: u64,
+    /// `cycles` acquire + release cycles.
+    cycle: Phase,
+    /// `cycles` extends of one held lock.
+    extend: Phase,
+    /// Where the traced allocations were made (the library's frames), with how many of them
+    /// were made there.
+    sites: Vec<(usize, String)>,
+}
+
+/// Whether the library frames of an allocation's backtrace show it was made decoding a reply.
+fn decoding(site: &str) -> bool {
+    site.contains("redlock_mux::resp::decode")
+}
+
+/// Allocations in `cycles` acquire + release cycles of the locks `take` takes, then in
+/// `cycles` extends of one of them, each counted after a warm-up of as many.
+fn measure<K: kind::Kind>(
+    case: Case,
+    label: String,
+    cycles: u64,
+    native: bool,
+    take: impl Fn() -> Result<Guard<K>, Error>,
+) -> Figures {
+    let ttl = Duration::from_secs(10);
+    let tracing = std::env::var_os("REDLOCK_MUX_ALLOC_TRACE").is_some();
+    let mut sites: Vec<(usize, String)> = Vec::new();
+    let mut counted = |what: &str, allowed: u64, f: &dyn Fn()| {
+        TRACES.with(|t| t.borrow_mut().clear());
+        TRACING.with(|t| t.set(tracing));
+        let total = allocations(f);
+        TRACING.with(|t| t.set(false));
+        let traces = TRACES.with(|t| std::mem::take(&mut *t.borrow_mut()));
+        let mut split = (0, 0);
+        for trace in &traces {
+            let frames = our_frames(&trace.to_string());
+            if decoding(&frames) {
+                split.0 += 1;
+            } else {
+                split.1 += 1;
+            }
+            let site = format!("in {what}:\n{frames}");
+            match sites.iter_mut().find(|(_, s)| *s == site) {
+                Some((n, _)) => *n += 1,
+                None => sites.push((1, site)),
+            }
+        }
+        Phase {
+            total,
+            allowed,
+            decoding: tracing.then_some(split),
+        }
+    };
+    let (cycle_allowed, extend_allowed) = case.allowed(native);
+    let cycle = || {
+        let lock = take().unwrap_or_else(|e| panic!("{} ({label}): {e}", case.name()));
+        lock.release().unwrap();
+    };
+    for _ in 0..cycles {
+        cycle();
+    }
+    let cycle_phase = counted("acquire+release", cycle_allowed * cycles, &|| {
+        for _ in 0..cycles {
+            cycle();
+        }
+    });
+    let lock = RefCell::new(take().unwrap());
+    let extend = || lock.borrow_mut().extend(ttl).unwrap();
+    for _ in 0..cycles {
+        extend();
+    }
+    let extend_phase = counted("extend", extend_allowed * cycles, &|| {
+        for _ in 0..cycles {
+            extend();
+        }
+    });
+    lock.into_inner().release().unwrap();
+    Figures {
+        case,
+        label,
+        cycles,
+        cycle: cycle_phase,
+        extend: extend_phase,
+        sites,
+    }
+}
+
+/// The library's frames of a backtrace, innermost first, one line each (at most eight).
+fn our_frames(trace: &str) -> String {
+    let mut out = String::new();
+    let mut lines = trace.lines().peekable();
+    let mut frames = 0;
+    while let Some(line) = lines.next() {
+        let Some((_, name)) = line.trim().split_once(": ") else {
+            continue;
+        };
+        if !name.starts_with("redlock_mux::") && !name.starts_with("<redlock_mux::") {
+            continue;
+        }
+        let at = lines
+            .peek()
+            .and_then(|l| l.trim().strip_prefix("at "))
+            .and_then(|l| l.rsplit_once("/src/").map(|(_, f)| f))
+            .unwrap_or("?");
+        let _ = writeln!(out, "      {name} (src/{at})");
+        frames += 1;
+        if frames == 8 {
+            break;
+        }
+    }
+    out
+}
+
+/// Whether the node has hash-field expiry (`HSETEX`, Redis 8.0): the read-write lock then goes
+/// without Lua where it can.
+fn native(addr: SocketAddr) -> bool {
+    matches!(cmd(addr, &[b"COMMAND", b"INFO", b"HSETEX"]),
+        Value::Array(Some(items)) if matches!(items.first(), Some(Value::Array(Some(_)))))
+}
+
+/// The node's `redis_version`.
+fn version(addr: SocketAddr) -> String {
+    match cmd(addr, &[b"INFO", b"server"]) {
+        Value::Bulk(Some(text)) => String::from_utf8_lossy(&text)
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("?")
+            .trim()
+            .to_string(),
+        _ => "?".to_string(),
+    }
+}
+
+/// The figures of one phase, as printed.
+fn show_phase(p: &Phase, cycles: u64, what: &str) -> String {
+    let mut out = format!(
+        "{:>5} in {cycles:>3} {what} ({:.2} each",
+        p.total,
+        p.total as f64 / cycles as f64
+    );
+    if let Some((decoding, other)) = p.decoding {
+        let _ = write!(
+            out,
+            "; traced: {decoding} decoding replies, {other} elsewhere"
+        );
+    }
+    out.push(')');
+    out
+}
+
+#[test]
+fn every_kind_is_allocation_free_once_warm() {
+    let cluster = RedisCluster::start(NODES as usize).unwrap();
+    let addr = cluster.addrs()[0];
+    let native = native(addr);
+    let version = version(addr);
+    // As above: a generous node timeout keeps a loaded machine off the error path.
+    let client = Client::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    let short = b"alloc:kind".to_vec();
+    let long = vec![b'k'; MAX_KEY_LEN];
+    let mut rows = Vec::new();
+    for (label, key, cycles) in [
+        ("short key", &short, KIND_CYCLES),
+        ("MAX_KEY_LEN key", &long, LONG_KEY_CYCLES),
+    ] {
+        let label = || label.to_string();
+        rows.push(measure(Case::Mutex, label(), cycles, native, || {
+            client.try_lock(key, ttl)
+        }));
+        rows.push(measure(Case::Read, label(), cycles, native, || {
+            client.try_read_lock(key, ttl)
+        }));
+        rows.push(measure(Case::Write, label(), cycles, native, || {
+            client.try_write_lock(key, ttl)
+        }));
+        rows.push(measure(Case::Fenced, label(), cycles, native, || {
+            client.try_lock_fenced(key, ttl)
+        }));
+        rows.push(measure(Case::FencedWrite, label(), cycles, native, || {
+            client.try_write_lock_fenced(key, ttl)
+        }));
+        let semaphore = client.semaphore(key, 2).unwrap();
+        rows.push(measure(Case::Permit, label(), cycles, native, || {
+            semaphore.try_acquire(ttl)
+        }));
+        // Two keys of this length: the second differs in its last byte.
+        let mut other = key.clone();
+        *other.last_mut().unwrap() = b'2';
+        let pair = [key.clone(), other];
+        rows.push(measure(
+            Case::All,
+            format!("2 of {}", label()),
+            cycles,
+            native,
+            || client.try_lock_all(&pair, ttl),
+        ));
+    }
+    let many: Vec<Vec<u8>> = (0..MAX_LOCK_ALL_KEYS)
+        .map(|i| format!("alloc:set:{i}").into_bytes())
+        .collect();
+    rows.push(measure(
+        Case::All,
+        format!("{MAX_LOCK_ALL_KEYS} short keys"),
+        KIND_CYCLES,
+        native,
+        || client.try_lock_all(&many, ttl),
+    ));
+
+    println!(
+        "allocations once warm, Redis {version} ({}), N={NODES}:",
+        if native {
+            "hash-field expiry: the read-write lock without Lua"
+        } else {
+            "scripts"
+        }
+    );
+    let mut failures = Vec::new();
+    for r in &rows {
+        println!(
+            "  {:<17} {:<19} {}, {}",
+            r.case.name(),
+            r.label,
+            show_phase(&r.cycle, r.cycles, "acquire+release cycles"),
+            show_phase(&r.extend, r.cycles, "extends"),
+        );
+        for (n, site) in &r.sites {
+            println!("    {n} traced allocations {site}");
+        }
+        for (what, p) in [("acquire+release cycles", &r.cycle), ("extends", &r.extend)] {
+            if p.total > p.allowed + SLACK {
+                failures.push(format!(
+                    "{} ({}): {} allocations in {} {what}, {} allowed (decoding reply arrays)",
+                    r.case.name(),
+                    r.label,
+                    p.total,
+                    r.cycles,
+                    p.allowed
+                ));
+            }
+            if let Some((_, elsewhere)) = p.decoding.filter(|&(_, e)| e > SLACK) {
+                failures.push(format!(
+                    "{} ({}): {elsewhere} allocations in {} {what} made other than decoding replies",
+                    r.case.name(),
+                    r.label,
+                    r.cycles,
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for addr in cluster.addrs() {
+        // Fence counters stay, by design; nothing else may.
+        let left = || {
+            keys(addr)
+                .into_iter()
+                .filter(|k| !k.starts_with(b"redlock-mux:fence:"))
+                .count()
+        };
+        assert_settles_eq!(left(), 0, "a lock was left on {addr}");
     }
 }

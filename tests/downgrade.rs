@@ -3,8 +3,7 @@
 //! with 0..=N nodes refusing or frozen), with nothing left held after a lost round.
 
 mod common;
-#[path = "common/history.rs"]
-mod history;
+use redlock_mux_kit::history;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

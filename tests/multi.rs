@@ -1,8 +1,7 @@
 //! All-or-none locks over sets of keys, against real redis-server processes.
 
 mod common;
-#[path = "common/history.rs"]
-mod history;
+use redlock_mux_kit::history;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -11,8 +11,7 @@
 //! `REDLOCK_MUX_REDIS8_SERVER`). Without an 8.2 binary the tests say so and pass.
 
 mod common;
-#[path = "common/history.rs"]
-mod history;
+use redlock_mux_kit::history;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

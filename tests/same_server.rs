@@ -4,8 +4,7 @@
 //! addresses, found from the `run_id` each node's setup reads (`INFO server`).
 
 mod common;
-#[path = "common/fault_proxy.rs"]
-mod fault_proxy;
+use redlock_mux_kit::fault_proxy;
 
 use std::time::Duration;
 

@@ -4,8 +4,7 @@
 //! with more than k holders.
 
 mod common;
-#[path = "common/history.rs"]
-mod history;
+use redlock_mux_kit::history;
 
 use std::process::{Command, Stdio};
 use std::sync::Barrier;
@@ -262,7 +261,7 @@ const THREADS: usize = 4;
 const PROCESSES: usize = 3;
 /// Each thread stops after this many grants or this long, whichever comes first.
 const GRANTS: usize = 40;
-const RUN_FOR: Duration = Duration::from_millis(1500);
+const RUN_FOR: Duration = Duration::from_millis(3000);
 
 fn wall() -> Duration {
     SystemTime::now()
@@ -384,8 +383,12 @@ fn contend(nodes: usize, permits: u32) {
     }
     let report = h.check();
     println!("N = {nodes}, k = {permits}: {report}");
+    // What makes the run mean something is that holders overlapped (and the checker saw no
+    // more than the permits at any instant), not a rate: twelve threads on two permits with a
+    // quorum of every node split their votes often, and a loaded machine grants only a few
+    // dozen.
     assert!(
-        report.ops >= 20,
+        report.ops >= 10 && report.max_holders >= 2,
         "too few grants to mean anything: {report}"
     );
     assert_eq!(report.violations(), 0, "{report}");

@@ -134,7 +134,7 @@ fn a_server_that_is_not_redis_is_a_config_error_and_gets_no_lock_command() {
     for command in fake.commands() {
         let name = String::from_utf8_lossy(&command[0]).to_ascii_uppercase();
         assert!(
-            ["AUTH", "SELECT", "SCRIPT", "COMMAND"].contains(&name.as_str()),
+            ["AUTH", "SELECT", "SCRIPT", "INFO", "COMMAND"].contains(&name.as_str()),
             "{name} was sent before the setup was answered"
         );
     }

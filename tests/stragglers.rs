@@ -5,8 +5,7 @@
 //! slow for the load and a client dropped right after its last release.
 
 mod common;
-#[path = "common/fault_proxy.rs"]
-mod fault_proxy;
+use redlock_mux_kit::fault_proxy;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,8 +2,7 @@
 //! jittered retry delay is only the backstop for lost announcements.
 
 mod common;
-#[path = "common/fault_proxy.rs"]
-mod fault_proxy;
+use redlock_mux_kit::fault_proxy;
 
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
@@ -123,6 +122,67 @@ fn a_release_that_reaches_a_node_after_the_retry_it_set_off_still_wakes_the_wait
             gap < Duration::from_secs(2),
             "round {round}: the waiter took {gap:?} after the release, so it slept out its backstop"
         );
+    }
+}
+
+/// A waiter that retries at once, after an attempt lost to two quick refusals while a slow node
+/// had yet to grant it, must not meet that attempt's lock there. Node 0 is 300 ms away and node
+/// 2 100 ms, node 1 is near; another client's lock is on nodes 1 and 2. An announcement on node
+/// 1 sets off an attempt; node 1 refuses it, then its lock goes and node 1 announces it: news
+/// for the attempt, which node 2 refuses next, before node 0 grants it. The waiter retries at
+/// once, and nodes 0 and 1 are free: it must get the lock then, not after its 5–15 s backstop
+/// (the retry would be refused on node 0 by the waiter's own lock if it got there before that
+/// lock's cleanup, and the cleanup's announcement, the waiter's own, wakes nobody).
+#[test]
+fn a_retry_at_once_is_not_refused_by_the_lock_of_the_attempt_it_replaces() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let addrs = cluster.addrs();
+    let far = fault_proxy::FaultProxy::start(addrs[0], Duration::from_millis(300)).unwrap();
+    let mid = fault_proxy::FaultProxy::start(addrs[2], Duration::from_millis(100)).unwrap();
+    far.set(fault_proxy::ProxyFault::Delay);
+    mid.set(fault_proxy::ProxyFault::Delay);
+    let mut urls = cluster.urls();
+    (urls[0], urls[2]) = (far.url(), mid.url());
+    let waiter = Client::builder()
+        .nodes(urls)
+        .node_timeout(Duration::from_secs(3))
+        .retry_delay(Duration::from_secs(10))
+        .retry_count(1000)
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let (key, chan, other) = (
+        &b"own"[..],
+        &b"redlock-mux:wake:own"[..],
+        &b"0123456789abcdef"[..],
+    );
+    // The timing is not in the test's hands: on a busy machine one round may miss it, so
+    // there are several.
+    for round in 0..4 {
+        for &a in &addrs[1..] {
+            cmd(a, &[b"SET", key, other, b"PX", b"60000"]);
+        }
+        let w = waiter.clone();
+        let t = thread::spawn(move || {
+            let got = w.lock("own", TTL).unwrap();
+            let at = Instant::now();
+            got.release().unwrap();
+            at
+        });
+        // Let the waiter lose its first attempts, subscribe, and wait.
+        thread::sleep(Duration::from_millis(2000));
+        cmd(addrs[1], &[b"PUBLISH", chan, other]);
+        thread::sleep(Duration::from_millis(50));
+        let released = Instant::now();
+        cmd(addrs[1], &[b"DEL", key]);
+        cmd(addrs[1], &[b"PUBLISH", chan, other]);
+        let gap = t.join().unwrap().saturating_duration_since(released);
+        assert!(
+            gap < Duration::from_secs(3),
+            "round {round}: the waiter took {gap:?} after nodes 0 and 1 were free, so it slept \
+             out its backstop"
+        );
+        cmd(addrs[2], &[b"DEL", key]);
     }
 }
 

@@ -84,7 +84,9 @@ unsafe fn update(
     })
 }
 
-/// Adds one node, as `redis://[user:password@]host:port[/db]` or bare `host:port`, given as
+/// Adds one node, as `redis://[user:password@]host[:port][/db]`, bare `host:port`,
+/// `rediss://...` (TLS, when the library has it: see `redlock_mux_has_tls`), or a Unix socket,
+/// `unix:///path/to/redis.sock[?db=N&user=U&pass=P]` (or `redis+unix://`), given as
 /// `url_len` bytes of UTF-8 (no terminating NUL needed). The URL is checked and resolved by
 /// `redlock_mux_client_builder_build`. The quorum is N / 2 + 1 of the nodes added.
 ///
@@ -120,7 +122,7 @@ pub unsafe extern "C" fn redlock_mux_client_builder_set_node_timeout_ms(
     unsafe { update(builder, |b| Ok(b.node_timeout(millis(ms)))) }
 }
 
-/// How long a TCP connect may take, in milliseconds. Default 1000. Zero is rejected by
+/// How long a connect may take (with its TLS handshake), in milliseconds. Default 1000. Zero is rejected by
 /// `redlock_mux_client_builder_build`.
 ///
 /// # Safety
@@ -132,6 +134,61 @@ pub unsafe extern "C" fn redlock_mux_client_builder_set_connect_timeout_ms(
 ) -> redlock_mux_result {
     // SAFETY: forwarded caller promise.
     unsafe { update(builder, |b| Ok(b.connect_timeout(millis(ms)))) }
+}
+
+/// Trusts the CA certificates of a PEM file for `rediss://` nodes, besides the system's roots;
+/// may be called more than once. The path is `path_len` bytes of UTF-8 (no terminating NUL
+/// needed); the file is read by `redlock_mux_client_builder_build`, which fails with
+/// `REDLOCK_MUX_INVALID_ARGUMENT` when it cannot be read or holds no certificate, and also
+/// when the library was built without TLS (see `redlock_mux_has_tls`).
+///
+/// # Safety
+/// `builder` is NULL or a live builder used by no other thread; `path` is NULL or points to
+/// `path_len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_builder_add_tls_ca_file(
+    builder: *mut redlock_mux_client_builder,
+    path: *const c_char,
+    path_len: usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        update(builder, |b| {
+            let path = arg_str(path.cast::<u8>(), path_len, "path", "the CA file's path")?;
+            Ok(b.tls_ca_file(path))
+        })
+    }
+}
+
+/// Shows a client certificate to `rediss://` nodes that ask for one (mutual TLS): the PEM
+/// file of its chain, `cert_len` bytes of UTF-8, and that of its private key, `key_len` bytes.
+/// Read by `redlock_mux_client_builder_build`, as for
+/// `redlock_mux_client_builder_add_tls_ca_file`.
+///
+/// # Safety
+/// `builder` is NULL or a live builder used by no other thread; `cert` and `key` are NULL or
+/// point to `cert_len` and `key_len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn redlock_mux_client_builder_set_tls_client_cert(
+    builder: *mut redlock_mux_client_builder,
+    cert: *const c_char,
+    cert_len: usize,
+    key: *const c_char,
+    key_len: usize,
+) -> redlock_mux_result {
+    // SAFETY: forwarded caller promises.
+    unsafe {
+        update(builder, |b| {
+            let cert = arg_str(
+                cert.cast::<u8>(),
+                cert_len,
+                "cert",
+                "the certificate's path",
+            )?;
+            let key = arg_str(key.cast::<u8>(), key_len, "key", "the key's path")?;
+            Ok(b.tls_client_cert(cert, key))
+        })
+    }
 }
 
 /// How many times a waiting acquisition may retry on its own: after a retry delay in which no

@@ -94,6 +94,14 @@ pub extern "C" fn redlock_mux_version() -> *const c_char {
     VERSION.as_ptr()
 }
 
+/// 1 when this library was built with TLS (the `tls` feature: `rediss://` node URLs,
+/// `redlock_mux_client_builder_add_tls_ca_file`, `redlock_mux_client_builder_set_tls_client_cert`),
+/// 0 when not.
+#[no_mangle]
+pub extern "C" fn redlock_mux_has_tls() -> i32 {
+    i32::from(cfg!(feature = "tls"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,15 +2,9 @@
 //! against the static library and `include/redlock_mux.h`, and run against real redis-server
 //! processes started here. One run is under valgrind's memcheck.
 //!
-//! The static library is the `libredlock_mux.a` that cargo builds next to this test's
-//! executable (this package's crate types are `staticlib` and `cdylib`);
-//! `REDLOCK_MUX_STATICLIB` may name another one.
-
-// The library's test helpers (tests/common) speak of the Rust library by its own name.
-extern crate redlock as redlock_mux;
-
-#[path = "../../tests/common/mod.rs"]
-mod common;
+//! The static library is this package's `libredlock_mux.a`, which the test builds with cargo
+//! (same profile and features) before the first C program; `REDLOCK_MUX_STATICLIB` may name
+//! another one.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -18,7 +12,9 @@ use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use redlock_mux_kit::assert_settles_eq;
+use redlock_mux_kit::local_servers::*;
+use redlock_mux_kit::probe::*;
 
 /// What `rustc --print native-static-libs` lists for this library on glibc.
 const NATIVE_LIBS: &[&str] = &["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl"];
@@ -32,14 +28,45 @@ fn staticlib() -> PathBuf {
     if let Some(path) = std::env::var_os("REDLOCK_MUX_STATICLIB") {
         return PathBuf::from(path);
     }
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_staticlib).clone()
+}
+
+/// Builds this package's static library with the profile and features of this test run, and
+/// returns its path. `cargo test` builds the integration tests of a package whose library is
+/// only a `staticlib`/`cdylib` without building that library, so a fresh checkout has none;
+/// an up-to-date library costs one quick `cargo build`.
+fn build_staticlib() -> PathBuf {
     let exe = std::env::current_exe().expect("path of the test executable");
-    let lib = exe
+    // target/<profile>/deps/c_api-<hash>
+    let profile_dir = exe
         .parent()
-        .expect("the test executable is in a directory")
-        .join("libredlock_mux.a");
+        .and_then(Path::parent)
+        .expect("the test executable is in target/<profile>/deps");
+    let target_dir = profile_dir
+        .parent()
+        .expect("the profile directory is in the target directory");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .args(["build", "--quiet", "-p", "redlock-mux-capi", "--lib"])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .current_dir(root());
+    if !cfg!(debug_assertions) {
+        build.arg("--release");
+    }
+    if cfg!(feature = "tls") {
+        build.args(["--features", "tls"]);
+    }
+    let status = build
+        .status()
+        .expect("run cargo to build the static library");
+    assert!(status.success(), "cargo build -p redlock-mux-capi failed");
+    let lib = profile_dir.join("libredlock_mux.a");
     assert!(
         lib.exists(),
-        "{} is missing: build it (cargo build -p redlock-mux-capi) or set REDLOCK_MUX_STATICLIB",
+        "{} is missing after cargo build -p redlock-mux-capi; set REDLOCK_MUX_STATICLIB",
         lib.display()
     );
     lib
@@ -198,6 +225,34 @@ fn c_example_locks_extends_and_releases() {
     for addr in cluster.addrs() {
         assert_settles_eq!(get(addr, b"invoice:42"), None, "lock left on {addr}");
     }
+}
+
+#[test]
+fn c_example_over_unix_sockets() {
+    let dir = std::env::temp_dir().join(format!("rlm-capi-unix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the sockets");
+    let mut servers = Vec::new();
+    let mut urls = Vec::new();
+    for i in 0..3 {
+        let socket = dir.join(format!("{i}.sock"));
+        let path = socket.to_str().unwrap();
+        let server = RedisServer::start_with(&["--unixsocket", path, "--requirepass", "pw"])
+            .expect("start redis-server with --unixsocket");
+        urls.push(format!("unix://{path}?db=1&pass=pw"));
+        servers.push(server);
+    }
+    let exe = compile("example", "unix");
+    let mut command = Command::new(exe);
+    command.args(&urls);
+    let output = run_bounded(command, Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(output.status.success(), "{}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.starts_with("locked invoice:42 with token "),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("released\n"), "{stdout}");
 }
 
 #[test]

@@ -103,6 +103,62 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// The longest duration any option takes: a year.
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The TLS files of `rediss://` nodes: `--tls-ca FILE` (more than once), `--tls-cert FILE`
+/// and `--tls-key FILE`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// CA certificates trusted besides the system's roots.
+    pub ca: Vec<std::path::PathBuf>,
+    /// A client certificate chain.
+    pub cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key.
+    pub key: Option<std::path::PathBuf>,
+}
+
+/// The help text of the TLS options, for every command that connects.
+pub const TLS_HELP: &str = "\
+  --tls-ca FILE        trust the CA certificates of this PEM file for rediss://
+                       nodes, besides the system's (may be given more than once)
+  --tls-cert FILE      client certificate (PEM) for nodes that ask for one
+  --tls-key FILE       the client certificate's private key (PEM)
+";
+
+impl TlsFiles {
+    /// Whether `--name` is one of the TLS options.
+    pub fn takes(name: &str) -> bool {
+        matches!(name, "tls-ca" | "tls-cert" | "tls-key")
+    }
+
+    /// Sets the TLS option `--name` (one that [`takes`](Self::takes)) to `value`.
+    pub fn set(&mut self, name: &str, value: std::ffi::OsString) {
+        match name {
+            "tls-ca" => self.ca.push(value.into()),
+            "tls-cert" => self.cert = Some(value.into()),
+            _ => self.key = Some(value.into()),
+        }
+    }
+
+    /// A certificate needs its key, and the key its certificate.
+    pub fn check(&self) -> Result<(), UsageError> {
+        match (&self.cert, &self.key) {
+            (Some(_), None) => Err(usage!("--tls-cert needs --tls-key")),
+            (None, Some(_)) => Err(usage!("--tls-key needs --tls-cert")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The builder with these files.
+    pub fn apply(&self, mut builder: redlock_mux::ClientBuilder) -> redlock_mux::ClientBuilder {
+        for ca in &self.ca {
+            builder = builder.tls_ca_file(ca);
+        }
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            builder = builder.tls_client_cert(cert, key);
+        }
+        builder
+    }
+}
+
 /// Where the node list came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodesFrom {

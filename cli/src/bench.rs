@@ -5,7 +5,7 @@
 //!   can do on the wire: `SET key token NX PX ttl` written to all N blocking sockets, then all N
 //!   replies read; release by a compare-and-delete script sent the same way.
 //! - `read`, `write`: read and write locks next to `rawQ-rw` ([`crate::raw::RawQRw`], the ideal
-//!   client of seed 000's read-write lock: its scripts by `EVALSHA` to all N sockets at once,
+//!   client of the read-write lock design: its scripts by `EVALSHA` to all N sockets at once,
 //!   returning at the quorum) and to the library's own mutex.
 //! - `semaphore`: a semaphore of 2 permits (its quorum is 4 of 5 nodes) next to the mutex.
 //! - `handoff`: threads contending for one lock, each holding it for 1 ms; the figure is the
@@ -37,11 +37,15 @@ use crate::raw::{raw_cycle, Connections, Probe, Raw, RawQRw, Side, Target, Token
 use crate::stats::{failure_kind, fmt_duration, ratio, us, Samples, Summary};
 use crate::Fail;
 
+#[cfg(feature = "tls")]
+mod tls;
+
 const HELP: &str = "\
-Usage: redlock-mux bench [--nodes URLS | --instances N] [--iters N]
+Usage: redlock-mux bench [--nodes URLS | --instances N [--server PATH]] [--iters N]
                          [--mode mutex|read|write|semaphore|downgrade|handoff|threads|all]
                          [--threads T,T,...] [--duration D] [--rounds R]
                          [--json]
+       redlock-mux bench --tls [--instances N] [--server PATH] [--iters N] [--json]
 
 Measures lock latency: acquire, release and the whole cycle (p50, p90, p99,
 p99.9, max), ops/s and a histogram.
@@ -50,11 +54,11 @@ Modes:
   mutex     (default) the mutex next to a raw baseline (SET NX PX to all N
             sockets, then all N replies; release by compare-and-delete), in
             alternating blocks, at N = 1, 3 and 5
-  read      read locks next to rawQ-rw (seed 000's read acquire script by
-            EVALSHA to all N sockets at once, returning at the quorum; release
-            by ZREM and an announcement) and to the mutex, in rotating blocks,
-            at the largest N (5 by default)
-  write     write locks likewise (seed 000's write acquire script; release by
+  read      read locks next to rawQ-rw (the read-write lock design's read
+            acquire script by EVALSHA to all N sockets at once, returning at
+            the quorum; release by ZREM and an announcement) and to the mutex,
+            in rotating blocks, at the largest N (5 by default)
+  write     write locks likewise (the design's write acquire script; release by
             compare-and-delete)
   semaphore permits of a 2-permit semaphore next to the mutex, in rotating
             blocks, at N = 1, 3 and 5 (its quorum is floor(2N/3)+1: 4 of 5
@@ -77,11 +81,20 @@ Modes:
             per cycle (INFO cpu, user + sys, summed over the nodes)
   all       every mode above
 
+TLS: with --tls (in a build with the `tls` feature), it starts N local servers
+(default 5) that listen on a plaintext port and on a TLS port, with a
+throw-away CA and server certificate made by the openssl command for the run,
+and measures the mutex over TLS next to the mutex over plaintext, on the same
+servers, in alternating blocks, at N = 1, 3 and 5: acquire and cycle p50 and
+p99, and their ratios. The server binary must be built with TLS (Debian's
+redis-server is).
+
 Nodes: --nodes, else REDLOCK_NODES, names existing servers to use (the keys
 it writes start with redlock-mux:bench:). Without either, or with
 --instances, it starts N local redis-server processes (default 5) on free
 loopback ports, with temporary directories and no persistence, and stops them
-on exit. The mutex, the semaphore and the downgrade are measured at N = 1, 3
+on exit; the output names the server and its version, as INFO server says.
+The mutex, the semaphore and the downgrade are measured at N = 1, 3
 and 5 (those not above the number of nodes, and the number of nodes itself), on
 the first N nodes; read and write locks at the number of nodes.
 
@@ -89,6 +102,10 @@ Options:
   --nodes URLS      comma-separated node URLs of servers to use
                     (default: $REDLOCK_NODES)
   --instances N     start N local servers instead (default 5)
+  --server PATH     the server binary --instances starts, such as a
+                    valkey-server (default: $REDLOCK_MUX_REDIS_SERVER, else
+                    redis-server on PATH)
+  --tls             measure TLS against plaintext (see TLS above)
   --iters N         measured cycles per lock kind per N (default 20000; not
                     used by the threads mode, which is timed)
   --mode MODE       mutex, read, write, semaphore, downgrade, handoff, threads or all
@@ -135,7 +152,7 @@ const HANDOFF_TARGET: (Duration, Duration) = (Duration::from_millis(1), Duration
 /// write within this factor of the mutex.
 const RW_TARGET: f64 = 1.1;
 /// The read-write goal on Redis 7, where both run a script: read and write within this factor of
-/// `rawQ-rw`, the ideal client of the seed's scripts.
+/// `rawQ-rw`, the ideal client of the read-write design's scripts.
 const RW_RAW_TARGET: f64 = 1.05;
 /// The semaphore goal: its acquire within this factor of the mutex's.
 const SEM_TARGET: f64 = 1.2;
@@ -192,9 +209,13 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
     let mut thread_counts = None;
     let mut cell = CELL;
     let mut rounds = ROUNDS;
+    let mut server: Option<std::path::PathBuf> = None;
+    let mut tls = false;
     while let Some(arg) = parser.next()? {
         match arg {
             Long("nodes") => nodes = Some(args::text("--nodes", parser.value()?)?),
+            Long("server") => server = Some(parser.value()?.into()),
+            Long("tls") => tls = true,
             Long("instances") => instances = Some(args::count("--instances", parser.value()?)?),
             Long("iters") => iters = args::count("--iters", parser.value()?)?,
             Long("mode") => mode = Some(args::text("--mode", parser.value()?)?),
@@ -245,8 +266,36 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
     if nodes.is_some() && instances.is_some() {
         return Err(usage!("give either --nodes or --instances, not both").into());
     }
+    if server.is_some() && nodes.is_some() {
+        return Err(
+            usage!("--server picks the binary --instances starts: not with --nodes").into(),
+        );
+    }
+    if tls {
+        if nodes.is_some() {
+            return Err(
+                usage!("--tls starts its own servers: give --instances, not --nodes").into(),
+            );
+        }
+        let n = instances.unwrap_or(5);
+        if n > redlock_mux::MAX_NODES {
+            return Err(usage!("--instances: at most {}", redlock_mux::MAX_NODES).into());
+        }
+        let progress = Progress::new(io::stderr().is_terminal());
+        #[cfg(feature = "tls")]
+        return tls::run(server.as_deref(), n, iters, json, &progress);
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = progress;
+            return Err(usage!(
+                "--tls: this redlock-mux was built without TLS (the `tls` feature)"
+            )
+            .into());
+        }
+    }
     let given = match instances {
         Some(_) => None,
+        None if server.is_some() => None,
         None => args::nodes_or_none(nodes)?,
     };
 
@@ -256,7 +305,15 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         Some((urls, from)) => {
             // Read with the library's parser now, for a usage error before anything runs.
             for url in &urls {
-                NodeUrl::parse(url).map_err(|e| usage!("{e}"))?;
+                let url = NodeUrl::parse(url).map_err(|e| usage!("{e}"))?;
+                let plain_tcp = !url.is_tls() && url.unix_path().is_none();
+                if !plain_tcp && (mutex || !rw_kinds.is_empty() || scale) {
+                    return Err(usage!(
+                        "{url}: the baselines speak plaintext TCP; give redis:// nodes for \
+                         --mode {mode} (bench --tls measures TLS against plaintext)"
+                    )
+                    .into());
+                }
             }
             let origin = match from {
                 NodesFrom::Option => format!("{} nodes from --nodes", urls.len()),
@@ -269,12 +326,21 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
             if n > redlock_mux::MAX_NODES {
                 return Err(usage!("--instances: at most {}", redlock_mux::MAX_NODES).into());
             }
+            let program = server
+                .as_ref()
+                .map_or_else(|| "redis-server".to_owned(), |p| p.display().to_string());
             if !json {
-                eprintln!("starting {n} local redis-server instances...");
+                eprintln!("starting {n} local servers ({program})...");
             }
-            cluster = RedisCluster::start(n)
-                .map_err(|e| Fail::other(format!("could not start redis-server: {e}")))?;
-            (cluster.urls(), format!("{n} local redis-server instances"))
+            let programs = vec![server.as_deref(); n];
+            cluster = RedisCluster::start_programs(&programs)
+                .map_err(|e| Fail::other(format!("could not start {program}: {e}")))?;
+            let urls = cluster.urls();
+            let origin = format!("{n} local {} instances", server_name(&urls[0]));
+            if !json {
+                eprintln!("started {origin}");
+            }
+            (urls, origin)
         }
     };
 
@@ -334,6 +400,16 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
     }
     out.flush()?;
     Ok(0)
+}
+
+/// What the server at `url` is, as `INFO server` says: `valkey-server 8.1.8`.
+fn server_name(url: &str) -> String {
+    let info = NodeUrl::parse(url).ok().and_then(|url| {
+        let mut conn =
+            crate::node::NodeConn::connect(&url, &args::TlsFiles::default(), TTL).ok()?;
+        conn.server().ok()?
+    });
+    info.map_or_else(|| "redis-server".to_owned(), |s| s.to_string())
 }
 
 /// A comma-separated list of thread counts, each from 1 to 1024.
@@ -1716,7 +1792,7 @@ fn print_rw(
     if any_raw {
         writeln!(
             out,
-            "rawQ-rw = seed 000's acquire script by EVALSHA to all N sockets, returning at the quorum (release: ZREM / compare-and-delete, each announced as ours are)"
+            "rawQ-rw = the read-write design's acquire script by EVALSHA to all N sockets, returning at the quorum (release: ZREM / compare-and-delete, each announced as ours are)"
         )?;
         writeln!(out, "ratios: kind / rawQ-rw, kind / mutex")?;
     } else {

@@ -27,7 +27,7 @@ use serde_json::json;
 
 use crate::args::{self, usage};
 use crate::lock::EXIT_CONFIG;
-use crate::node::{Failure, NodeConn};
+use crate::node::{Failure, NodeConn, ServerInfo};
 use crate::Fail;
 
 const HELP: &str = "\
@@ -36,7 +36,8 @@ Usage: redlock-mux inspect [OPTIONS] KEY
 Shows, for each node, whether it is reachable, the prefix of the mutex
 holder's token and of the read-write lock's writer's token with their PTTL,
 the readers and waiting writers (write intents) with their remaining ms, and
-the length of the fair queues. It ends with a summary over the quorum, and
+the length of the fair queues, and which server it runs (name and version, from
+INFO server). It ends with a summary over the quorum, and
 what the library sees of each node: the reply latency (p50, p99) and the
 failures of a few probe rounds sent through a library client. A probe
 checks a token no lock has, on a key of its own, so nothing is written.
@@ -46,14 +47,14 @@ Options:
   --nodes URLS   comma-separated node URLs (default: $REDLOCK_NODES)
   --timeout D    connect and read timeout per node (default 1s)
   --json         print it all as one JSON object
-  -h, --help     this text
+{TLS}  -h, --help     this text
 
 Exit status:
   0    a quorum of nodes answered, and every node that answered is Redis
   69   fewer than a quorum of nodes answered (what they hold is not known)
   78   a node refused the connection setup or a command (wrong password or
-       user, a database it does not have, missing permissions), or is not a
-       Redis server
+       user, a database it does not have, missing permissions, a TLS
+       certificate that does not verify), or is not a Redis server
   64   usage error
 ";
 
@@ -90,6 +91,8 @@ struct Member {
 /// What one reachable node holds for the key.
 #[derive(Debug)]
 struct Node {
+    /// What `INFO server` says the node runs.
+    server: Option<ServerInfo>,
     mutex: Slot,
     writer: Slot,
     readers: Vec<Member>,
@@ -151,17 +154,25 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
     let (mut key, mut nodes) = (None, None);
     let mut timeout = Duration::from_secs(1);
     let mut json = false;
+    let mut tls = args::TlsFiles::default();
     while let Some(arg) = parser.next()? {
         match arg {
+            Long(name) if args::TlsFiles::takes(name) => {
+                let name = name.to_owned();
+                tls.set(&name, parser.value()?);
+            }
             Long("nodes") => nodes = Some(args::text("--nodes", parser.value()?)?),
             Long("timeout") => timeout = args::duration("--timeout", parser.value()?)?,
             Long("json") => json = true,
-            Short('h') | Long("help") => return crate::print_text(HELP),
+            Short('h') | Long("help") => {
+                return crate::print_text(&HELP.replace("{TLS}", args::TLS_HELP))
+            }
             Value(value) if key.is_none() => key = Some(args::text("KEY", value)?),
             _ => return Err(arg.unexpected().into()),
         }
     }
     let key = key.ok_or_else(|| usage!("no KEY given"))?;
+    tls.check()?;
     let raw = args::nodes(nodes)?;
     let urls = raw
         .iter()
@@ -171,10 +182,16 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         return Err(usage!("--timeout: must be more than zero").into());
     }
     let names = Names::new(key.as_bytes());
-    let states = urls.iter().map(|url| probe(url, &names, timeout)).collect();
+    let states = urls
+        .iter()
+        .map(|url| probe(url, &tls, &names, timeout))
+        .collect();
     let report = Report {
         quorum: urls.len() / 2 + 1,
-        probes: raw.iter().map(|url| probe_client(url, timeout)).collect(),
+        probes: raw
+            .iter()
+            .map(|url| probe_client(url, &tls, timeout))
+            .collect(),
         key,
         urls,
         states,
@@ -221,7 +238,10 @@ impl Report {
                     continue;
                 }
             };
-            writeln!(out, "node {i}  {url}  reachable")?;
+            match &node.server {
+                Some(server) => writeln!(out, "node {i}  {url}  reachable, {server}")?,
+                None => writeln!(out, "node {i}  {url}  reachable")?,
+            }
             writeln!(out, "  mutex    {}", slot(&node.mutex))?;
             writeln!(out, "  writer   {}", slot(&node.writer))?;
             writeln!(out, "  readers  {}", members(&node.readers))?;
@@ -342,6 +362,9 @@ impl Report {
                     "node": i,
                     "url": url.to_string(),
                     "state": "reachable",
+                    "server": node.server.as_ref().map(|s| json!({
+                        "name": s.name, "version": s.version,
+                    })),
                     "mutex": slot_json(&node.mutex),
                     "writer": slot_json(&node.writer),
                     "readers": members_json(&node.readers),
@@ -408,8 +431,9 @@ impl Report {
 
 /// Builds a one-node library client for `url` and sends the probe rounds through it (see the
 /// module's documentation).
-fn probe_client(url: &str, timeout: Duration) -> Probe {
-    let client = Client::builder()
+fn probe_client(url: &str, tls: &args::TlsFiles, timeout: Duration) -> Probe {
+    let client = tls
+        .apply(Client::builder())
         .nodes([url])
         .node_timeout(timeout)
         .connect_timeout(timeout)
@@ -450,8 +474,14 @@ fn writer_of(n: &Node) -> &Slot {
 }
 
 /// Reads what one node holds for a resource.
-fn probe(url: &NodeUrl, names: &Names, timeout: Duration) -> Result<Node, Failure> {
-    let mut conn = NodeConn::connect(url, timeout)?;
+fn probe(
+    url: &NodeUrl,
+    tls: &args::TlsFiles,
+    names: &Names,
+    timeout: Duration,
+) -> Result<Node, Failure> {
+    let mut conn = NodeConn::connect(url, tls, timeout)?;
+    let server = conn.server()?;
     let odd = |what: &str| Failure::NotRedis(format!("{what} answered as Redis does not"));
     let now_ms = match conn.call_ok(&[b"TIME"])? {
         Value::Array(Some(parts)) => match parts.as_slice() {
@@ -481,6 +511,7 @@ fn probe(url: &NodeUrl, names: &Names, timeout: Duration) -> Result<Node, Failur
         readers.sort_by_key(|m| m.left_ms);
     }
     Ok(Node {
+        server,
         mutex: string_slot(&mut conn, &names.mutex)?,
         writer,
         readers,

@@ -61,6 +61,8 @@ pub struct Request {
     pub fair: bool,
     /// The exit status when the lock is not acquired.
     pub conflict_code: i32,
+    /// The TLS files of `rediss://` nodes.
+    pub tls: crate::args::TlsFiles,
 }
 
 /// A lock held and kept alive.
@@ -128,7 +130,9 @@ pub fn acquire(
     on_lost: impl FnOnce(String) + Send + 'static,
 ) -> Result<Held, Fail> {
     check(request)?;
-    let client = Client::builder()
+    let client = request
+        .tls
+        .apply(Client::builder())
         .nodes(&request.nodes)
         .node_timeout(NODE_TIMEOUT)
         .wait_timeout(request.wait)

@@ -15,17 +15,15 @@
 mod args;
 mod bench;
 mod inspect;
-#[path = "../../tests/common/local_servers.rs"]
-mod local_servers;
 mod lock;
 mod node;
-mod raw;
-
 mod run;
 mod spawn;
-mod stats;
 mod supervise;
+#[cfg(feature = "tls")]
+mod tls;
 
+use redlock_mux_kit::{local_servers, raw, stats};
 use std::fmt;
 use std::io::{self, Write};
 

@@ -19,7 +19,9 @@ CMD's process group, has ended. As with flock(1), CMD may follow KEY
 directly; `--` is only needed before a CMD that starts with `-`.
 
 Options:
-  --nodes URLS         comma-separated node URLs (default: $REDLOCK_NODES)
+  --nodes URLS         comma-separated node URLs (default: $REDLOCK_NODES):
+                       redis://[user:pass@]host[:port][/db], rediss://... (TLS),
+                       unix:///path/to/redis.sock[?db=N&pass=P]
   --ttl D              lock TTL, kept alive while CMD runs (default 30s; at
                        least 600ms, so that it can be kept alive)
   -w, --wait D         how long to wait for the lock (default 10s); a bare
@@ -45,7 +47,7 @@ Options:
   --fair               wait in a first-come, first-served queue; with --read,
                        --write or --permits too (readers at the head of the
                        queue share the lock)
-  -h, --help           this text
+{TLS}  -h, --help           this text
 Durations are written like 250ms, 10s or 2m.
 
 Exit status:
@@ -55,7 +57,8 @@ Exit status:
   76        the lock was lost while CMD ran: CMD's process group got SIGTERM,
             and SIGKILL after the grace period
   78        a node refused the connection setup (wrong password or user, a
-            database the server does not have, not a Redis server), or
+            database the server does not have, not a Redis server, a TLS
+            certificate or port that does not fit the URL), or
             --permits differs from the K the semaphore on KEY was created
             with; reported at once, without waiting
   64        usage error, such as a --ttl too short to be kept alive, or
@@ -169,8 +172,13 @@ fn parse(argv: Vec<OsString>) -> Result<Option<(Request, Duration, Vec<OsString>
     let mut key = None;
     let mut permits = None;
     let mut command = Vec::new();
+    let mut tls = args::TlsFiles::default();
     while let Some(arg) = parser.next()? {
         match arg {
+            Long(name) if args::TlsFiles::takes(name) => {
+                let name = name.to_owned();
+                tls.set(&name, parser.value()?);
+            }
             Long("nodes") => nodes = Some(args::text("--nodes", parser.value()?)?),
             Long("ttl") => ttl = args::duration("--ttl", parser.value()?)?,
             Short('w') | Long("wait") | Long("timeout") => {
@@ -196,7 +204,9 @@ fn parse(argv: Vec<OsString>) -> Result<Option<(Request, Duration, Vec<OsString>
                     usage!("--permits: {text:?} is not a number of permits (1 or more)")
                 })?);
             }
-            Short('h') | Long("help") => return crate::print_text(HELP).map(|_| None),
+            Short('h') | Long("help") => {
+                return crate::print_text(&HELP.replace("{TLS}", args::TLS_HELP)).map(|_| None)
+            }
             Value(value) if key.is_none() => key = Some(args::text("KEY", value)?),
             Value(program) => {
                 command.push(program);
@@ -207,6 +217,7 @@ fn parse(argv: Vec<OsString>) -> Result<Option<(Request, Duration, Vec<OsString>
         }
     }
     let key = key.ok_or_else(|| usage!("no KEY given"))?;
+    tls.check()?;
     if command.is_empty() {
         return Err(usage!("no command given after KEY").into());
     }
@@ -232,6 +243,7 @@ fn parse(argv: Vec<OsString>) -> Result<Option<(Request, Duration, Vec<OsString>
         wait: if no_wait { Duration::ZERO } else { wait },
         fair,
         conflict_code,
+        tls,
     };
     Ok(Some((request, grace, command)))
 }

@@ -250,3 +250,80 @@ fn bench_speaks_to_users_not_of_issues() {
         assert!(!text.contains("issue"), "{mode}: {text}");
     }
 }
+
+#[test]
+fn bench_starts_the_server_it_is_given_and_names_it() {
+    let help = std::process::Command::new(BIN)
+        .args(["bench", "--help"])
+        .output()
+        .expect("run bench --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--server PATH"), "{help}");
+    assert!(help.contains("--tls"), "{help}");
+    // The binary the tests use, given by path: the output names it as INFO server does.
+    let program = std::env::var("REDLOCK_MUX_REDIS_SERVER").unwrap_or_else(|_| {
+        let out = std::process::Command::new("sh")
+            .args(["-c", "command -v redis-server"])
+            .output()
+            .expect("sh");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    });
+    let out = std::process::Command::new(BIN)
+        .args([
+            "bench",
+            "--instances",
+            "1",
+            "--iters",
+            "200",
+            "--server",
+            &program,
+        ])
+        .env_remove("REDLOCK_NODES")
+        .env_remove("REDLOCK_MUX_REDIS_SERVER")
+        .output()
+        .expect("run bench");
+    let text = both(&out);
+    assert!(out.status.success(), "{text}");
+    let started = text
+        .lines()
+        .find(|l| l.starts_with("started 1 local "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        started.starts_with("started 1 local redis-server ")
+            || started.starts_with("started 1 local valkey-server "),
+        "{started}"
+    );
+    assert!(text.contains(&started["started ".len()..]), "{text}");
+
+    // --tls measures TLS against plaintext where the command has TLS, and says it has not
+    // where it has not.
+    let out = std::process::Command::new(BIN)
+        .args([
+            "bench",
+            "--tls",
+            "--instances",
+            "1",
+            "--iters",
+            "200",
+            "--json",
+        ])
+        .env_remove("REDLOCK_NODES")
+        .output()
+        .expect("run bench --tls");
+    if cfg!(feature = "tls") {
+        let text = both(&out);
+        if text.contains("TLS support") {
+            eprintln!("skipped bench --tls: this server has no TLS ({program})");
+            return;
+        }
+        assert!(out.status.success(), "{text}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let row = &report["tls"][0];
+        assert_eq!(row["n"], 1, "{report}");
+        assert_summary(&row["tls"]["acquire"], 200);
+        assert_summary(&row["plaintext"]["cycle"], 200);
+    } else {
+        assert_eq!(out.status.code(), Some(64), "{}", both(&out));
+        assert!(both(&out).contains("`tls` feature"), "{}", both(&out));
+    }
+}

@@ -250,3 +250,35 @@ fn inspect_shows_the_library_clients_latency_and_failures_per_node() {
     }
     lock.release().expect("release");
 }
+
+#[test]
+fn inspect_names_each_nodes_server_and_reads_unix_sockets() {
+    let dir = std::env::temp_dir().join(format!("rlm-cli-unix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the socket");
+    let socket = dir.join("redis.sock");
+    let server = RedisServer::start_with(&["--unixsocket", socket.to_str().unwrap()])
+        .expect("redis-server with --unixsocket");
+    let nodes = format!("unix://{}?db=2,{}", socket.display(), server.url());
+    let out = inspect(&nodes, &[]);
+    let text = both(&out);
+    assert!(out.status.success(), "{text}");
+    let named = |line: &str| {
+        line.contains("reachable, redis-server ") || line.contains("reachable, valkey-server ")
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("node ")).collect();
+    assert!(
+        lines[0].contains(&format!("unix://{}?db=2", socket.display())) && named(lines[0]),
+        "{text}"
+    );
+    assert!(named(lines[1]), "{text}");
+    let out = inspect(&nodes, &["--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for node in report["nodes"].as_array().expect("nodes") {
+        let name = node["server"]["name"].as_str().unwrap_or_default();
+        assert!(name == "redis" || name == "valkey", "{node}");
+        assert!(node["server"]["version"]
+            .as_str()
+            .is_some_and(|v| v.contains('.')));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,15 +1,28 @@
 //! Decodes arbitrary bytes as a stream of RESP2 replies. Decoding must never
-//! panic, and every reply it yields must survive an encode/decode round trip.
+//! panic, every reply it yields must survive an encode/decode round trip, and
+//! `scan` (which only finds where a reply ends) must agree with `decode` on
+//! every input: the same length, the same partial input, the same error.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use redlock_mux::resp::{decode, Limits, Status};
+use redlock_mux::resp::{decode, scan, Limits, Status};
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits::default();
     let mut rest = data;
     let mut buf = Vec::new();
-    while let Ok(Status::Complete((reply, used))) = decode(rest, &limits) {
+    loop {
+        let decoded = decode(rest, &limits);
+        let scanned = scan(rest, &limits);
+        match (&decoded, &scanned) {
+            (Ok(Status::Complete((_, used))), Ok(Status::Complete(n))) => assert_eq!(used, n),
+            (Ok(Status::Partial), Ok(Status::Partial)) => {}
+            (Err(a), Err(b)) => assert_eq!(a, b),
+            other => panic!("scan and decode disagree: {other:?}"),
+        }
+        let Ok(Status::Complete((reply, used))) = decoded else {
+            break;
+        };
         assert!(used > 0 && used <= rest.len());
         buf.clear();
         reply.encode(&mut buf);

@@ -37,6 +37,7 @@
 mod socket;
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -51,7 +52,11 @@ use crate::error::NodeErrorKind;
 use crate::options::Cancel;
 use crate::rng::OsEntropy;
 use crate::stats::Recorder;
+use crate::tls::TlsContext;
 use socket::Socket;
+
+/// How long a probe for a TLS port may take at most (see `Core::failed`).
+const TLS_PROBE_LIMIT: Duration = Duration::from_secs(1);
 
 /// The poll token of the shared [`Waker`]: no connection has it.
 const WAKER: Token = Token(usize::MAX);
@@ -61,7 +66,19 @@ pub(crate) struct Shared {
     core: Mutex<Core>,
     config: Arc<Config>,
     stats: Arc<Recorder>,
+    /// The TLS configuration of `rediss://` nodes, when any node is one or TLS was set up.
+    tls: Option<TlsContext>,
+    /// A thread sends again the releases of broken connections, while no caller runs.
+    resender: AtomicBool,
 }
+
+/// How long the thread that sends releases again runs at most, and how long it polls at a
+/// time.
+const RESEND_LIMIT: Duration = Duration::from_secs(10);
+const RESEND_POLL: Duration = Duration::from_millis(50);
+
+/// How long a caller waits at most without anything scheduled, before it looks again.
+const IDLE_LOOK: Duration = Duration::from_millis(100);
 
 /// The poller, held by the leader while it polls.
 struct Poller {
@@ -88,6 +105,9 @@ struct Core {
     pid: u32,
     /// The poller, while nobody polls with it.
     poll: Option<Poller>,
+    /// The TLS configuration of `rediss://` nodes.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    tls: Option<TlsContext>,
     /// Registers sockets with the poller, from any thread, while the leader polls.
     registry: Registry,
     /// Wakes the leader's poll: for a cancel, or for commands a follower queued.
@@ -100,24 +120,40 @@ struct Core {
     sockets: Vec<Option<Socket>>,
     callers: Vec<Caller>,
     free: Vec<CallerId>,
+    /// Kept between finishes, for the threads a finishing caller unparks.
+    unparked: Vec<Thread>,
 }
 
 impl Shared {
-    pub fn new(config: Arc<Config>, stats: Arc<Recorder>) -> io::Result<Shared> {
-        let core = Core::new(config.clone(), stats.clone())?;
+    pub fn new(
+        config: Arc<Config>,
+        stats: Arc<Recorder>,
+        tls: Option<TlsContext>,
+    ) -> io::Result<Shared> {
+        let core = Core::new(config.clone(), stats.clone(), tls.clone())?;
         Ok(Shared {
             core: Mutex::new(core),
             config,
             stats,
+            tls,
+            resender: AtomicBool::new(false),
         })
     }
 
-    /// The core, for this process: in a child after `fork()`, the parent's sockets are dropped
-    /// first and the connections start anew.
     fn lock(&self) -> MutexGuard<'_, Core> {
-        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The core, for this process: in a child after `fork()`, the parent's sockets are dropped
+    /// first and the connections start anew. One `getpid` per call: every entry point that
+    /// may reach a socket (a session, a warm-up, a close) comes through here first.
+    fn lock_here(&self) -> MutexGuard<'_, Core> {
+        let mut core = self.lock();
         if core.pid != std::process::id() {
-            if let Ok(fresh) = Core::new(self.config.clone(), self.stats.clone()) {
+            if let Ok(mut fresh) =
+                Core::new(self.config.clone(), self.stats.clone(), self.tls.clone())
+            {
+                fresh.ep.adopt_servers(&core.ep);
                 let old = std::mem::replace(&mut *core, fresh);
                 old.forget_sockets();
             }
@@ -125,17 +161,23 @@ impl Shared {
         core
     }
 
-    /// Opens every command connection and waits, until `deadline` at the most, for each to be
+    /// Opens every command connection and waits, `timeout` at the most, for each to be
     /// set up (or to fail), so the first rounds do not spend their per-node timeout on TCP and
     /// setup. Nodes that are down only count against the quorum later; nodes whose setup was
     /// refused are listed by [`setup_failures`](Self::setup_failures).
-    pub fn warm_up(&self, deadline: Instant) {
-        let mut core = self.lock();
-        core.ep.connect_all(Instant::now());
-        core.do_io(Instant::now());
+    pub fn warm_up(&self, timeout: Duration) {
+        let mut core = self.lock_here();
+        let start = Instant::now();
+        // The connects' own timeouts count from the same instant, so that those that run out
+        // (a TLS handshake nobody answers) are judged before the warm-up ends.
+        let deadline = start + timeout;
+        core.ep.connect_all(start);
+        core.do_io(start);
         while !core.ep.is_settled() {
             let now = Instant::now();
             if now >= deadline {
+                // What timed out by now is judged before the warm-up ends.
+                core.timers(now);
                 return;
             }
             let Some(mut poller) = core.poll.take() else {
@@ -158,7 +200,7 @@ impl Shared {
     /// The nodes whose last connection was closed because its setup was refused (see
     /// [`NodeErrorKind::Setup`]), with the reason.
     pub fn setup_failures(&self) -> Vec<(usize, NodeErrorKind)> {
-        self.lock().ep.setup_failures()
+        self.lock_here().ep.setup_failures()
     }
 
     /// Waits until every node has answered what it was sent, and every release of a broken
@@ -166,12 +208,12 @@ impl Shared {
     /// `Endpoint::begin_close`). Returns the nodes left with releases that are not known to
     /// have reached them.
     pub fn close(&self) -> Vec<usize> {
-        self.lock().settle()
+        self.lock_here().settle()
     }
 
     /// A caller slot for this thread, for one or more operations in a row.
-    pub fn session(&self) -> Session<'_> {
-        let mut core = self.lock();
+    pub fn session(this: &Arc<Shared>) -> Session<'_> {
+        let mut core = this.lock_here();
         let slot = match core.free.pop() {
             Some(s) => s,
             None => {
@@ -195,7 +237,7 @@ impl Shared {
         let entropy = c.entropy.take().unwrap_or_else(OsEntropy::new);
         let wakeups = std::mem::take(&mut c.wakeups);
         Session {
-            shared: self,
+            shared: this,
             slot,
             wakeups,
             entropy: Some(entropy),
@@ -204,8 +246,9 @@ impl Shared {
         }
     }
 
-    /// Waits at most `timeout` for input: the leader (this caller, if nobody leads) polls and
-    /// services for everyone; a follower parks until posted to.
+    /// Waits at most `timeout` for input (the caller's deadline, which includes the endpoint's
+    /// timers): the leader (this caller, if nobody leads) polls and services for everyone; a
+    /// follower parks until posted to.
     fn wait<'a>(
         &'a self,
         mut core: MutexGuard<'a, Core>,
@@ -232,10 +275,6 @@ impl Shared {
                 return self.lock();
             };
             core.nudged = false;
-            let timeout = core
-                .ep
-                .poll_timeout()
-                .map_or(timeout, |t| t.saturating_duration_since(now).min(timeout));
             drop(core);
             if let Err(e) = poller.poll.poll(&mut poller.events, Some(timeout)) {
                 if e.kind() != io::ErrorKind::Interrupted {
@@ -301,7 +340,7 @@ impl Drop for Shared {
 
 /// One thread's use of a [`Shared`] driver: a caller slot, with what its operations reuse.
 pub(crate) struct Session<'a> {
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
     slot: CallerId,
     /// The threads this caller, as the leader, unparks after servicing.
     wakeups: Vec<Thread>,
@@ -318,13 +357,7 @@ impl Session<'_> {
     pub fn take_round(&mut self) -> Round {
         match self.round.take() {
             Some(r) => r,
-            None => Round::new(
-                self.shared.config.nodes.len(),
-                Instant::now(),
-                self.shared.config.node_timeout,
-                None,
-                None,
-            ),
+            None => Round::new(self.shared.config.nodes.len(), Instant::now(), None, None),
         }
     }
 
@@ -354,7 +387,6 @@ impl Session<'_> {
         let shared = self.shared;
         let slot = self.slot;
         let mut entropy = self.entropy.take().unwrap_or_else(OsEntropy::new);
-        let node_timeout = shared.config.node_timeout;
         let mut core = shared.lock();
         let run = core.ep.begin(slot);
         // Without a waker (the system refused one), the flag is still read at every wake-up.
@@ -382,9 +414,17 @@ impl Session<'_> {
             if let Some(outcome) = m.poll_outcome() {
                 break outcome;
             }
-            // A machine that is not done always has a deadline; should one not, it still gets
-            // its input.
-            let deadline = m.poll_timeout().unwrap_or(now + node_timeout);
+            // The machine's own deadline (its validity, a retry), and the endpoint's (a node
+            // timeout, a reconnect): whichever caller sees one pass acts on it.
+            let mine = m.poll_timeout();
+            let endpoint = core.ep.poll_timeout();
+            let deadline = match (mine, endpoint) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(t), None) | (None, Some(t)) => t,
+                // Nothing scheduled: the machine waits for input that must come (a reply, a
+                // failure); look again now and then all the same.
+                (None, None) => now + IDLE_LOOK,
+            };
             if now >= deadline {
                 if !drained {
                     // What came but was not read yet is no timeout.
@@ -393,7 +433,14 @@ impl Session<'_> {
                     continue;
                 }
                 drained = false;
-                m.handle_timeout(now, &mut entropy);
+                if endpoint.is_some_and(|t| now >= t) {
+                    core.handshake_timeouts(now);
+                    core.ep.handle_timeout(now);
+                    core.do_io(now);
+                }
+                if mine.is_some_and(|t| now >= t) {
+                    m.handle_timeout(now, &mut entropy);
+                }
                 continue;
             }
             drained = false;
@@ -401,13 +448,65 @@ impl Session<'_> {
             core = shared.wait(core, slot, deadline - now, wanted, &mut self.wakeups);
         };
         let next = core.finish(slot, run);
+        let resend = core.needs_resender(Instant::now());
         drop(core);
         if let Some(t) = next {
             t.unpark();
         }
+        if resend {
+            Shared::start_resender(shared);
+        }
         drop(registration);
         self.entropy = Some(entropy);
         outcome
+    }
+}
+
+impl Shared {
+    /// Starts the thread that sends again, on new connections, the releases (and cleanups)
+    /// that broken connections owed, when no caller is left to drive them: a release that
+    /// returned at its quorum must still reach the other nodes. The thread leads the polling
+    /// like any caller, and ends once they are sent and answered (10 s at most: what is left
+    /// goes with the next operation, or when the client is closed).
+    fn start_resender(this: &Arc<Shared>) {
+        if this.resender.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = this.clone();
+        let started = thread::Builder::new()
+            .name("redlock-mux-resend".into())
+            .spawn(move || {
+                shared.resend();
+                shared.resender.store(false, Ordering::Release);
+            });
+        if started.is_err() {
+            this.resender.store(false, Ordering::Release);
+        }
+    }
+
+    /// The resender thread's work (see [`start_resender`](Self::start_resender)).
+    fn resend(self: &Arc<Shared>) {
+        let mut session = Shared::session(self);
+        let slot = session.slot;
+        let until = Instant::now() + RESEND_LIMIT;
+        let mut core = self.lock();
+        let run = core.ep.begin(slot);
+        loop {
+            let now = Instant::now();
+            if now >= until || !core.ep.needs_tending(now) {
+                break;
+            }
+            core.timers(now);
+            let timeout = core.ep.poll_timeout().map_or(RESEND_POLL, |t| {
+                t.saturating_duration_since(now).min(RESEND_POLL)
+            });
+            core = self.wait(core, slot, timeout, usize::MAX, &mut session.wakeups);
+        }
+        let next = core.finish(slot, run);
+        drop(core);
+        if let Some(t) = next {
+            t.unpark();
+        }
     }
 }
 
@@ -434,7 +533,7 @@ impl Drop for Session<'_> {
 }
 
 impl Core {
-    fn new(config: Arc<Config>, stats: Arc<Recorder>) -> io::Result<Core> {
+    fn new(config: Arc<Config>, stats: Arc<Recorder>, tls: Option<TlsContext>) -> io::Result<Core> {
         let n = config.nodes.len();
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
@@ -449,12 +548,14 @@ impl Core {
                 ready: Vec::with_capacity(64.max(n * 4)),
             }),
             registry,
+            tls,
             waker,
             nudged: false,
             leader: None,
             sockets: (0..2 * n).map(|_| None).collect(),
             callers: Vec::new(),
             free: Vec::new(),
+            unparked: Vec::new(),
         })
     }
 
@@ -474,8 +575,17 @@ impl Core {
                     if let Some(old) = self.sockets[id.index()].take() {
                         old.close(&self.registry);
                     }
-                    let addr = self.ep.connect_addr(id);
-                    match Socket::connect(addr, &self.registry, Token(id.index())) {
+                    let session = match self.tls_session(id) {
+                        Ok(session) => session,
+                        Err(why) => {
+                            self.ep.handle_connect_failed(id, why, now);
+                            continue;
+                        }
+                    };
+                    let target = self.ep.connect_addr(id);
+                    let dead_after = self.ep.config().dead_peer_timeout;
+                    let token = Token(id.index());
+                    match Socket::connect(target, session, dead_after, &self.registry, token) {
                         Ok(s) => self.sockets[id.index()] = Some(s),
                         Err(e) => {
                             self.ep
@@ -492,14 +602,77 @@ impl Core {
         }
     }
 
+    /// The TLS session for a connect of `id`, if its node is `rediss://`.
+    #[cfg(feature = "tls")]
+    fn tls_session(&self, id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
+        let node = &self.ep.config().nodes[id.node];
+        match (&self.tls, node.tls) {
+            (Some(tls), true) => tls.connect(&node.host).map(Some),
+            // Never plaintext to a TLS node: the client is built with a TLS configuration
+            // whenever a node is one, so this does not happen.
+            (None, true) => Err(crate::tls::handshake_failed(crate::TlsFailure::Handshake(
+                "no TLS configuration".into(),
+            ))),
+            (_, false) => Ok(None),
+        }
+    }
+
+    /// Without the `tls` feature, no node is `rediss://`.
+    #[cfg(not(feature = "tls"))]
+    fn tls_session(&self, _id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
+        Ok(None)
+    }
+
+    /// Why the server at `addr` closed a connection of `id` before answering anything, if it
+    /// is a configuration error: a TLS port reached without TLS (a plaintext connection), or a
+    /// client certificate it wants (a TLS one). Found with a blocking probe, made only after
+    /// such a close, and bounded by the connect timeout (1 s at most).
+    fn refusal(&self, id: ConnId, addr: std::net::SocketAddr, tls: bool) -> Option<NodeErrorKind> {
+        let timeout = self.ep.config().connect_timeout.min(TLS_PROBE_LIMIT);
+        if !tls {
+            return socket::answers_tls(addr, timeout).then(|| NodeErrorKind::Setup {
+                command: "TLS",
+                cause: Box::new(NodeErrorKind::Tls(crate::TlsFailure::TlsPort)),
+            });
+        }
+        #[cfg(feature = "tls")]
+        if let Ok(Some(session)) = self.tls_session(id) {
+            return socket::tls_refusal(addr, session, timeout);
+        }
+        let _ = id;
+        None
+    }
+
     /// The connection `id` failed at the socket: it is closed, and the endpoint told.
+    ///
+    /// A plaintext TCP connection that the server closed before answering anything may have
+    /// reached a TLS port, which closes the connection at the first plaintext bytes: if the
+    /// server answers a TLS hello, that is a configuration error
+    /// ([`TlsFailure::TlsPort`](crate::TlsFailure::TlsPort)), not a failure to retry.
     fn failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
         let connecting = self.sockets[id.index()]
             .as_ref()
             .is_some_and(Socket::is_connecting);
+        let unheard = self.sockets[id.index()].as_ref().and_then(Socket::unheard);
         if let Some(s) = self.sockets[id.index()].take() {
             s.close(&self.registry);
         }
+        let closed = matches!(
+            why,
+            NodeErrorKind::Io(
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::BrokenPipe
+            )
+        );
+        // Only for a node that never answered a setup: a configuration error shows from the
+        // first connect, and a node that answered before is not probed (the probe blocks).
+        let why = match unheard {
+            Some((addr, tls)) if closed && !self.ep.has_answered(id.node) => {
+                self.refusal(id, addr, tls).unwrap_or(why)
+            }
+            _ => why,
+        };
         if connecting {
             self.ep.handle_connect_failed(id, why, now);
         } else {
@@ -533,11 +706,14 @@ impl Core {
         }
     }
 
-    /// Writes what every connection has pending.
+    /// Writes what every connection has pending (those the endpoint says may have some).
     fn flush_all(&mut self, now: Instant) {
-        for i in 0..self.sockets.len() {
+        let mut dirty = self.ep.take_dirty();
+        while dirty != 0 {
+            let i = dirty.trailing_zeros() as usize;
+            dirty &= dirty - 1;
             let id = ConnId::from_index(i);
-            if self.sockets[i].is_some() && self.ep.wants_write(id) {
+            if self.sockets.get(i).is_some_and(Option::is_some) && self.ep.wants_write(id) {
                 self.flush(id, now);
             }
         }
@@ -654,9 +830,37 @@ impl Core {
         }
     }
 
-    /// Runs the endpoint's timers that are due (connect timeouts, reconnects for releases).
+    /// Fails the TLS handshakes still unanswered at the connect timeout, on connections whose
+    /// TCP connect went through, as [`TlsFailure::NotTls`](crate::TlsFailure::NotTls): a
+    /// plaintext Redis reads a TLS hello as the start of a command line, and waits for its end
+    /// without a word. Called before the endpoint's own timers, which would take them for
+    /// connects that timed out.
+    fn handshake_timeouts(&mut self, now: Instant) {
+        let connect = self.ep.config().connect_timeout;
+        for i in 0..self.sockets.len() {
+            let id = ConnId::from_index(i);
+            let handshaking = self.sockets[i].as_ref().is_some_and(Socket::is_handshaking);
+            let overdue = self
+                .ep
+                .connecting_since(id)
+                .is_some_and(|since| now.saturating_duration_since(since) >= connect);
+            if handshaking && overdue && self.ep.config().nodes[id.node].tls {
+                let why = NodeErrorKind::Setup {
+                    command: "TLS",
+                    cause: Box::new(NodeErrorKind::Tls(crate::TlsFailure::NotTls)),
+                };
+                self.failed(id, why, now);
+            }
+        }
+    }
+
+    /// Runs the endpoint's timers that are due (node timeouts, connect timeouts, reconnects for
+    /// releases), after reading every connection: a reply that came is never taken for a
+    /// timeout.
     fn timers(&mut self, now: Instant) {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
+            self.read_all(now);
+            self.handshake_timeouts(now);
             self.ep.handle_timeout(now);
             self.do_io(now);
             self.flush_all(now);
@@ -704,12 +908,19 @@ impl Core {
                 }
             }
         }
-        let mut wakeups = Vec::new();
+        let mut wakeups = std::mem::take(&mut self.unparked);
         self.notify(slot, &mut wakeups);
-        for t in wakeups {
+        for t in wakeups.drain(..) {
             t.unpark();
         }
+        self.unparked = wakeups;
         next
+    }
+
+    /// Whether releases wait to be sent again, or seen through, while no caller is left to
+    /// drive them (see `Endpoint::needs_tending`).
+    fn needs_resender(&self, now: Instant) -> bool {
+        self.ep.active_callers().next().is_none() && self.ep.needs_tending(now)
     }
 
     /// A session ends: an operation it left unfinished (a panic unwound it) is finished now.

@@ -1,9 +1,10 @@
-//! The acquisition state machine: Redlock's retry loop (seed 004) and everything around it.
+//! The acquisition state machine: Redlock's retry loop and everything around it.
 //!
 //! This is where a retry happens. An [`Acquisition`] makes attempts, each with a fresh token,
 //! on every node at once; a round won on a quorum within the validity is the lock. A lost
 //! attempt is undone on every node (its cleanup is pipelined behind it, so late answers are
-//! undone too), and the next attempt comes:
+//! undone too, and ahead of the next attempt, which so never meets the lock of the one it
+//! replaces), and the next attempt comes:
 //!
 //! - at once after the first refusal, once the waiter has subscribed to the lock's wake
 //!   channels (a release may have come before the subscription did);
@@ -37,8 +38,8 @@ use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{Caps, ScriptForm};
 use crate::engine::retry::Retry;
 use crate::engine::round::{quorum, Decision, Round, Vote};
-use crate::engine::timing::Timing;
 use crate::engine::timings::{self, WaitLimits};
+use crate::engine::validity::Timing;
 use crate::error::{Error, NodeErrorKind};
 use crate::resp::{self, Reply};
 use crate::rng::{Entropy, Token};
@@ -304,8 +305,7 @@ impl<'a> Acquisition<'a> {
         self.read.clear();
         let tag = self.tag();
         let timing = self.params.timing;
-        self.fanout
-            .start(tag, now, self.config.node_timeout, Some(timing), None);
+        self.fanout.start(tag, now, Some(timing), None);
         self.state = State::Attempt;
         self.advance(now, rng);
     }
@@ -370,8 +370,7 @@ impl<'a> Acquisition<'a> {
                     Some(_) => {
                         let tag = self.tag();
                         // Must be won before the lock's validity ends; it sets no TTL.
-                        self.fanout
-                            .start(tag, now, self.config.node_timeout, None, Some(until));
+                        self.fanout.start(tag, now, None, Some(until));
                         self.state = State::WriteBack;
                         self.advance(now, rng);
                     }
@@ -410,7 +409,7 @@ impl<'a> Acquisition<'a> {
         if self.wake.after(round.votes(), self.token.as_bytes()) {
             self.woken = true;
         }
-        // Seed 004 step 5: unlock every node, even those that said no or did not answer.
+        // Redlock's step 5: unlock every node, even those that said no or did not answer.
         self.cleanup = Some(self.token);
         // Misconfigured nodes stay so: waiting cannot make a quorum.
         if error.is_config() {
@@ -682,12 +681,6 @@ impl Machine for Acquisition<'_> {
         self.advance(now, rng);
     }
 
-    fn handle_written(&mut self, node: usize, tag: Tag, at: Instant) {
-        if matches!(self.state, State::Attempt | State::WriteBack) {
-            self.fanout.handle_written(node, tag, at);
-        }
-    }
-
     fn handle_timeout(&mut self, now: Instant, rng: &mut dyn Entropy) {
         match self.state {
             State::Attempt | State::WriteBack => {
@@ -792,18 +785,6 @@ impl Machine for Acquisition<'_> {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
-        // The attempt (and its resends) before the cleanup of the attempt it replaces: every
-        // resend of an attempt comes before that attempt's own cleanup.
-        if let Some((to, tag, form)) = self.fanout.poll_transmit() {
-            self.wake.out = true;
-            return Some(Transmit {
-                to,
-                tag: Some(tag),
-                form,
-                what: self.fanout_what(),
-                redo: None,
-            });
-        }
         // Replies to these are dropped; scripts go with their body so none needs reading.
         let discard = |to, what| {
             Some(Transmit {
@@ -814,17 +795,41 @@ impl Machine for Acquisition<'_> {
                 redo: None,
             })
         };
-        if let Some(token) = self.cleanup.take() {
-            // A compare-and-delete: sent again on a node's next connection if the one it went
-            // on breaks first, until what the attempt may have set there has expired.
-            let start = self.fanout.round().start();
-            return Some(Transmit {
+        // Every resend of an attempt comes before that attempt's own cleanup; the cleanup of
+        // an attempt that a new one replaced comes before the new one. A node that granted
+        // the lost attempt, too late to count, holds its value until the cleanup runs there:
+        // a retry that got there first would be refused by the waiter's own lock, and the
+        // release that follows is the waiter's own, which wakes nobody. And the new attempt
+        // may be lost while it is being sent (a node that cannot take it fails it at once):
+        // its own cleanup must not take the place of one that has not gone out yet.
+        //
+        // A cleanup is a compare-and-delete: sent again on a node's next connection if the one
+        // it went on breaks first, until what the attempt may have set there has expired.
+        let cleanup = |token, start: Instant, ttl_ms: u64| {
+            Some(Transmit {
                 to: To::All,
                 tag: None,
                 form: ScriptForm::Body,
                 what: What::Cleanup { token },
-                redo: Some(start + Duration::from_millis(self.params.ttl_ms)),
+                redo: Some(start + Duration::from_millis(ttl_ms)),
+            })
+        };
+        let start = self.fanout.round().start();
+        if let Some(token) = self.cleanup.take_if(|t| *t != self.token) {
+            return cleanup(token, start, self.params.ttl_ms);
+        }
+        if let Some((to, tag, form)) = self.fanout.poll_transmit() {
+            self.wake.out = true;
+            return Some(Transmit {
+                to,
+                tag: Some(tag),
+                form,
+                what: self.fanout_what(),
+                redo: None,
             });
+        }
+        if let Some(token) = self.cleanup.take() {
+            return cleanup(token, start, self.params.ttl_ms);
         }
         if self.subscribe {
             self.subscribe = false;

@@ -1,4 +1,4 @@
-//! The FIFO-fair policy (seed 000, "Fairness"), over a quorum.
+//! The FIFO-fair policy of the read-write lock design ("Fairness"), over a quorum.
 //!
 //! Each resource `K` has a queue of waiters on every node: a sorted set `Q` of waiter ids scored
 //! by a *ticket*, and a sorted set `QX` of the same ids scored by when each entry expires on

@@ -2,13 +2,13 @@
 //! and the resends that `NOSCRIPT` replies call for.
 #![forbid(unsafe_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::config::Config;
 use crate::engine::machine::{Tag, To};
 use crate::engine::ops::{ScriptForm, Verdict};
 use crate::engine::round::{Decision, Round, Vote};
-use crate::engine::timing::Timing;
+use crate::engine::validity::Timing;
 use crate::error::{Error, NodeErrorKind, NodeFailure};
 use crate::stats::Recorder;
 
@@ -51,11 +51,10 @@ impl<'a> Fanout<'a> {
         &mut self,
         tag: Tag,
         now: Instant,
-        node_timeout: Duration,
         timing: Option<Timing>,
         hold_until: Option<Instant>,
     ) {
-        self.round.reset(now, node_timeout, timing, hold_until);
+        self.round.reset(now, timing, hold_until);
         self.tag = tag;
         self.unsent = true;
         self.resend = 0;
@@ -140,13 +139,6 @@ impl<'a> Fanout<'a> {
         self.round.votes_to_decide()
     }
 
-    /// Node `node` was written this fan-out's command at `at` (see [`Round::handle_written`]).
-    pub fn handle_written(&mut self, node: usize, tag: Tag, at: Instant) {
-        if tag == self.tag {
-            self.round.handle_written(node, at);
-        }
-    }
-
     /// Node `node` will not answer this fan-out's command.
     pub fn handle_failure(&mut self, node: usize, tag: Tag, why: NodeErrorKind, now: Instant) {
         if tag == self.tag {
@@ -157,26 +149,9 @@ impl<'a> Fanout<'a> {
         }
     }
 
-    /// Applies the deadlines passed by `now`.
+    /// Applies the round's validity at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let Some(stats) = self.stats else {
-            return self.round.handle_timeout(now);
-        };
-        let pending = |r: &Round| {
-            (0..r.nodes().min(64))
-                .filter(|&i| r.is_pending(i))
-                .fold(0u64, |m, i| m | 1 << i)
-        };
-        let before = pending(&self.round);
         self.round.handle_timeout(now);
-        let mut timed_out = before & !pending(&self.round);
-        while timed_out != 0 {
-            let i = timed_out.trailing_zeros() as usize;
-            timed_out &= timed_out - 1;
-            if matches!(self.round.votes().get(i), Some(Some(Vote::Failed(_)))) {
-                stats.failure(i, &NodeErrorKind::Timeout);
-            }
-        }
     }
 
     /// The round's decision, once it is decided and, after a `NOSCRIPT`, every node has been
@@ -186,21 +161,16 @@ impl<'a> Fanout<'a> {
         (!self.serving_stragglers(now)).then_some(decision)
     }
 
-    /// After a `NOSCRIPT`, a decided round still waits for the nodes that have not answered,
-    /// until the node timeout, so that the body goes out to them now.
-    fn serving_stragglers(&self, now: Instant) -> bool {
+    /// After a `NOSCRIPT`, a decided round still waits for the nodes that have not answered
+    /// (until they answer or time out), so that the body goes out to them now.
+    fn serving_stragglers(&self, _now: Instant) -> bool {
         (self.resend | self.resent) != 0
-            && now < self.round.node_deadline()
             && (0..self.round.nodes()).any(|i| self.round.is_pending(i))
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) has work to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match self.round.poll_timeout() {
-            Some(t) => Some(t),
-            None if (self.resend | self.resent) != 0 => Some(self.round.node_deadline()),
-            None => None,
-        }
+        self.round.poll_timeout()
     }
 
     /// The error for this round, lost; see [`loss`].

@@ -30,8 +30,8 @@ use crate::engine::kind::{Cmd, Spec};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{Caps, ScriptForm};
 use crate::engine::round::{Decision, Round};
-use crate::engine::timing::Timing;
-use crate::engine::timings;
+use crate::engine::validity;
+use crate::engine::validity::Timing;
 use crate::error::{Error, NodeErrorKind};
 use crate::resp::Reply;
 use crate::rng::{Entropy, Token};
@@ -139,7 +139,6 @@ impl Hold {
             undo: false,
             outcome: None,
         };
-        let node_timeout = config.node_timeout;
         match step {
             Step::Extend { .. } | Step::Downgrade { .. } if now >= valid_until => {
                 // A write lock past its validity may still be on some nodes: a downgrade
@@ -150,10 +149,9 @@ impl Hold {
                 }));
             }
             Step::Extend { timing, .. } | Step::Downgrade { timing, .. } => {
-                r.fanout
-                    .start(1, now, node_timeout, Some(timing), Some(valid_until))
+                r.fanout.start(1, now, Some(timing), Some(valid_until))
             }
-            Step::Release => r.fanout.start(1, now, node_timeout, None, None),
+            Step::Release => r.fanout.start(1, now, None, None),
         }
         r.advance(now);
         r
@@ -234,7 +232,7 @@ impl<'a> HoldRound<'a> {
                 true
             }
             (Step::Extend { timing, .. }, _) => {
-                self.hold.cap(timings::failed_extend_cap(
+                self.hold.cap(validity::failed_extend_cap(
                     self.fanout.round().start(),
                     timing,
                 ));
@@ -297,10 +295,6 @@ impl Machine for HoldRound<'_> {
     ) {
         self.fanout.handle_failure(node, tag, why, now);
         self.advance(now);
-    }
-
-    fn handle_written(&mut self, node: usize, tag: Tag, at: Instant) {
-        self.fanout.handle_written(node, tag, at);
     }
 
     fn handle_timeout(&mut self, now: Instant, _rng: &mut dyn Entropy) {

@@ -18,8 +18,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::engine::timing::Timing;
 use crate::engine::timings;
+use crate::engine::validity::Timing;
 use crate::error::{Error, InvalidArgument};
 
 /// Keep-alive settings checked against the client: what the keeper works with.

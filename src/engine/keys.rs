@@ -194,8 +194,32 @@ pub fn wake_channel(key: &[u8]) -> Name<'_> {
 /// Wrapping needs a tag of the whole key; a key without a hash tag that contains `}` cannot be
 /// made one, so its counter sits in another slot. That only matters to proxies that insist on
 /// single-slot scripts; independent masters do not.
+#[cfg(test)]
 pub fn fence_key(lock_key: &[u8]) -> Vec<u8> {
     Derived::Fence.of(lock_key).to_vec()
+}
+
+/// The bytes of the names `derived` of resource `key`.
+fn names_len<const N: usize>(derived: [Derived; N], key: &[u8]) -> usize {
+    derived.iter().map(|d| d.of(key).len()).sum()
+}
+
+/// The names `derived` of resource `key`, one after the other in `buf` (emptied first), and
+/// where each ends.
+fn names_in<const N: usize>(
+    derived: [Derived; N],
+    key: &[u8],
+    mut buf: Vec<u8>,
+) -> (Vec<u8>, [usize; N]) {
+    let names = derived.map(|d| d.of(key));
+    buf.clear();
+    buf.reserve(names_len(derived, key));
+    let mut ends = [0; N];
+    for (end, name) in ends.iter_mut().zip(names) {
+        name.extend_into(&mut buf);
+        *end = buf.len();
+    }
+    (buf, ends)
 }
 
 /// The keys of one read-write lock on resource `K`, built once per lock: writer, readers,
@@ -210,22 +234,35 @@ pub struct RwKeys {
 
 impl RwKeys {
     /// The keys for resource `key`, in one allocation.
+    #[cfg(test)]
     pub fn new(key: &[u8]) -> RwKeys {
-        let names = [
-            Derived::Writer,
-            Derived::Readers,
-            Derived::Intents,
-            Derived::RwQueue,
-            Derived::RwQueueExpiries,
-        ]
-        .map(|d| d.of(key));
-        let mut buf = Vec::with_capacity(names.iter().map(|n| n.len()).sum());
-        let mut ends = [0; 5];
-        for (end, name) in ends.iter_mut().zip(names) {
-            name.extend_into(&mut buf);
-            *end = buf.len();
-        }
+        RwKeys::new_in(key, Vec::new())
+    }
+
+    /// The keys for resource `key`, in `buf` (emptied first), which grows only if it is too
+    /// small.
+    pub fn new_in(key: &[u8], buf: Vec<u8>) -> RwKeys {
+        let (buf, ends) = names_in(RwKeys::DERIVED, key, buf);
         RwKeys { buf, ends }
+    }
+
+    /// The names, in order.
+    const DERIVED: [Derived; 5] = [
+        Derived::Writer,
+        Derived::Readers,
+        Derived::Intents,
+        Derived::RwQueue,
+        Derived::RwQueueExpiries,
+    ];
+
+    /// How many bytes the keys for resource `key` take.
+    pub fn len_for(key: &[u8]) -> usize {
+        names_len(RwKeys::DERIVED, key)
+    }
+
+    /// The buffer the names are in, for reuse.
+    pub fn into_buf(self) -> Vec<u8> {
+        self.buf
     }
 
     fn name(&self, i: usize) -> &[u8] {
@@ -270,20 +307,33 @@ pub struct SemKeys {
 
 impl SemKeys {
     /// The keys for resource `key`, in one allocation.
+    #[cfg(test)]
     pub fn new(key: &[u8]) -> SemKeys {
-        let names = [
-            Derived::Semaphore,
-            Derived::SemQueue,
-            Derived::SemQueueExpiries,
-        ]
-        .map(|d| d.of(key));
-        let mut buf = Vec::with_capacity(names.iter().map(|n| n.len()).sum());
-        let mut ends = [0; 3];
-        for (end, name) in ends.iter_mut().zip(names) {
-            name.extend_into(&mut buf);
-            *end = buf.len();
-        }
+        SemKeys::new_in(key, Vec::new())
+    }
+
+    /// The keys for resource `key`, in `buf` (emptied first), which grows only if it is too
+    /// small.
+    pub fn new_in(key: &[u8], buf: Vec<u8>) -> SemKeys {
+        let (buf, ends) = names_in(SemKeys::DERIVED, key, buf);
         SemKeys { buf, ends }
+    }
+
+    /// The names, in order.
+    const DERIVED: [Derived; 3] = [
+        Derived::Semaphore,
+        Derived::SemQueue,
+        Derived::SemQueueExpiries,
+    ];
+
+    /// How many bytes the keys for resource `key` take.
+    pub fn len_for(key: &[u8]) -> usize {
+        names_len(SemKeys::DERIVED, key)
+    }
+
+    /// The buffer the names are in, for reuse.
+    pub fn into_buf(self) -> Vec<u8> {
+        self.buf
     }
 
     fn name(&self, i: usize) -> &[u8] {

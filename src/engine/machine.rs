@@ -117,13 +117,6 @@ pub(crate) trait Machine {
         rng: &mut dyn Entropy,
     );
 
-    /// The command tagged `tag` was written to node `node` at `at`. A driver that queues
-    /// commands behind other callers' tells the machine, so that the node's timeout counts from
-    /// then; without it, it counts from the round's start. Machines without rounds ignore it.
-    fn handle_written(&mut self, node: usize, tag: Tag, at: Instant) {
-        let _ = (node, tag, at);
-    }
-
     /// The instant from [`poll_timeout`](Self::poll_timeout) has passed.
     fn handle_timeout(&mut self, now: Instant, rng: &mut dyn Entropy);
 

@@ -14,7 +14,7 @@ use crate::engine::kind::{Keys, Spec};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{Caps, ScriptForm};
 use crate::engine::round::Round;
-use crate::engine::timing::Timing;
+use crate::engine::validity::Timing;
 use crate::error::{Deadline, Error, NodeErrorKind};
 use crate::resp::{self, Limits, Reply, Status, Value};
 use crate::rng::{Jitter, Token};
@@ -30,6 +30,7 @@ fn config(nodes: usize, retry_count: u32) -> Config {
             .collect(),
         node_timeout: 50 * MS,
         connect_timeout: 1000 * MS,
+        dead_peer_timeout: Duration::from_secs(3),
         retry_count,
         retry_delay: 50 * MS,
         wait_timeout: 10_000 * MS,
@@ -123,7 +124,7 @@ fn a_free_lock_is_one_transmit_to_every_node_and_won_at_the_quorum() {
         keys: Keys::Mutex(b"k"),
         fence: None,
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
     let out = sent(&mut m);
     assert_eq!(out.len(), 1, "{out:?}");
@@ -131,7 +132,10 @@ fn a_free_lock_is_one_transmit_to_every_node_and_won_at_the_quorum() {
     assert_eq!((attempt.to, attempt.name()), (To::All, &b"SET"[..]));
     let token = token_of(attempt.what);
     assert_eq!(attempt.args[2], token.as_bytes());
-    assert_eq!(m.poll_timeout(), Some(t0 + config.node_timeout));
+    // The attempt waits until its validity; a silent node is failed by the driver.
+    assert!(m
+        .poll_timeout()
+        .is_some_and(|t| t > t0 + config.node_timeout));
     m.handle_reply(0, tag, &OK, t0 + MS, &mut rng);
     assert!(m.poll_outcome().is_none());
     m.handle_reply(2, tag, &OK, t0 + 2 * MS, &mut rng);
@@ -159,12 +163,12 @@ fn a_lost_attempt_is_undone_then_retried_with_a_fresh_token_once_subscribed() {
         keys: Keys::Mutex(b"k"),
         fence: None,
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
     let first = sent(&mut m).remove(0);
     refuse_all(&mut m, first.tag.unwrap(), t0 + MS, &mut rng);
     let out = sent(&mut m);
-    // Seed 004 step 5, pipelined behind the attempt, with the script's body so that no reply
+    // Redlock step 5, pipelined behind the attempt, with the script's body so that no reply
     // needs reading; then the subscription to the wake channel.
     assert_eq!(out.len(), 2, "{out:?}");
     assert_eq!((out[0].to, out[0].tag), (To::All, None));
@@ -198,7 +202,7 @@ fn waiting<'a>(config: &'a Config, rng: &mut Jitter, t0: Instant) -> (Acquisitio
         keys: Keys::Mutex(b"k"),
         fence: None,
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, config, params(true), t0, round, rng);
     let first = sent(&mut m).remove(0);
     refuse_all(&mut m, first.tag.unwrap(), t0, rng);
@@ -296,6 +300,99 @@ fn a_release_announced_by_a_node_after_it_refused_the_retry_it_woke_is_not_misse
     }
 }
 
+/// One waiter's view of three mutex nodes: each holds a lock's value or nothing. An attempt
+/// takes a free node; a cleanup deletes the attempt's own value and announces that release.
+/// Runs `s` on `node`: the reply to an attempt, and whether the node announced a release.
+fn run_on(
+    held: &mut [Option<Vec<u8>>; 3],
+    node: usize,
+    s: &Sent,
+) -> (Option<Reply<'static>>, bool) {
+    let slot = &mut held[node];
+    match s.what {
+        What::Acquire { token } if slot.is_none() => {
+            *slot = Some(token.as_bytes().to_vec());
+            (Some(OK), false)
+        }
+        What::Acquire { .. } => (Some(NIL), false),
+        What::Cleanup { token } if slot.as_deref() == Some(token.as_bytes()) => {
+            *slot = None;
+            (None, true)
+        }
+        _ => (None, false),
+    }
+}
+
+/// A waiter retries at once when its attempt is lost to refusals while a node that granted it
+/// has not answered yet. That node holds the lost attempt's value until its cleanup runs there;
+/// the cleanup goes ahead of the retry, or the retry meets the waiter's own lock, is refused,
+/// and the release that follows is the waiter's own, which wakes nobody: it would sleep out its
+/// backstop while the lock is free.
+#[test]
+fn a_retry_never_meets_the_lock_of_the_attempt_it_replaces() {
+    let mut config = config(3, 5);
+    config.retry_delay = 10_000 * MS;
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([13; 32]));
+    let (mut m, _) = waiting(&config, &mut rng, t0);
+    let holder = &b"0123456789abcdef"[..];
+    let mut held = [
+        Some(holder.to_vec()),
+        Some(holder.to_vec()),
+        Some(holder.to_vec()),
+    ];
+    let now = t0 + MS;
+    // The holder's release has reached node 0: the waiter retries.
+    held[0] = None;
+    m.handle_wake(0, WAKE_K, holder, now, &mut rng);
+    let third = sent(&mut m).remove(0);
+    let tag = third.tag.unwrap();
+    let replies: Vec<_> = (0..3).map(|n| run_on(&mut held, n, &third).0).collect();
+    assert_eq!(replies, [Some(OK), Some(NIL), Some(NIL)]);
+    // The release reaches node 1 after the attempt did, and is announced; nodes 1 and 2 answer
+    // first: lost, with news from a node that refused it.
+    held[1] = None;
+    m.handle_wake(1, WAKE_K, holder, now, &mut rng);
+    m.handle_reply(1, tag, &NIL, now, &mut rng);
+    m.handle_reply(2, tag, &NIL, now, &mut rng);
+    assert!(m.poll_outcome().is_none());
+    // What the waiter sends now reaches each node in order.
+    let out = sent(&mut m);
+    let retry = out
+        .iter()
+        .find(|s| matches!(s.what, What::Acquire { .. }))
+        .expect("a retry at once");
+    let mut answers = Vec::new();
+    let mut announced = Vec::new();
+    for s in &out {
+        for node in 0..3 {
+            let (reply, release) = run_on(&mut held, node, s);
+            if let (Some(reply), Some(_)) = (reply, s.tag) {
+                answers.push((node, reply));
+            }
+            if release {
+                announced.push((node, token_of(s.what)));
+            }
+        }
+    }
+    // Node 0's grant of the lost attempt arrives late; its cleanup's announcement, the
+    // waiter's own, comes too; then the retry's answers.
+    m.handle_reply(0, tag, &OK, now + MS, &mut rng);
+    for (node, token) in announced {
+        m.handle_wake(node, WAKE_K, &token.as_bytes()[..16], now + MS, &mut rng);
+    }
+    for (node, reply) in &answers {
+        m.handle_reply(*node, retry.tag.unwrap(), reply, now + 2 * MS, &mut rng);
+    }
+    let Some(outcome) = m.poll_outcome() else {
+        panic!(
+            "the lock is free on nodes 0 and 1, yet the retry got {answers:?} and the waiter \
+             tries next in {:?}",
+            m.poll_timeout().map(|t| t - now)
+        );
+    };
+    assert_eq!(outcome.expect("won").token, token_of(retry.what));
+}
+
 #[test]
 fn only_retries_after_the_backstop_count_and_the_retry_count_ends_the_wait() {
     let config = config(3, 1);
@@ -328,7 +425,7 @@ fn one_attempt_returns_its_own_error_and_a_config_error_ends_a_wait_at_once() {
         keys: Keys::Mutex(b"k"),
         fence: None,
     };
-    let round = || Round::new(3, t0, config.node_timeout, None, None);
+    let round = || Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(false), t0, round(), &mut rng);
     let tag = sent(&mut m)[0].tag.unwrap();
     refuse_all(&mut m, tag, t0, &mut rng);
@@ -359,7 +456,7 @@ fn a_node_without_the_script_gets_its_body_before_the_attempt_is_undone() {
         },
         fence: None,
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
     let attempt = sent(&mut m).remove(0);
     let tag = attempt.tag.unwrap();
@@ -391,7 +488,7 @@ fn a_node_without_the_script_gets_its_body_before_the_attempt_is_undone() {
     );
 
     // A second NOSCRIPT from a node already sent the body is a failure, not another resend.
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(false), t0, round, &mut rng);
     let tag = sent(&mut m)[0].tag.unwrap();
     let noscript = Reply::Error(b"NOSCRIPT No matching script");
@@ -417,7 +514,7 @@ fn a_fenced_grant_whose_counters_disagree_is_written_back_before_it_is_given() {
         keys: Keys::Mutex(b"ledger"),
         fence: Some(&fence),
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = Acquisition::new(spec, &config, params(true), t0, round, &mut rng);
     let tag = sent(&mut m)[0].tag.unwrap();
     m.handle_reply(0, tag, &Reply::Integer(5), t0 + MS, &mut rng);
@@ -467,19 +564,23 @@ fn a_failed_extend_never_leaves_more_validity_than_the_nodes_may_hold() {
         ttl_ms: 300,
         timing,
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let start = t0 + 10 * MS;
     let mut m: HoldRound<'_> = hold.round(spec, token, &config, step, start, round);
     let tag = sent(&mut m)[0].tag.unwrap();
     m.handle_reply(0, tag, &Reply::Integer(1), start + MS, &mut rng);
-    m.handle_timeout(start + config.node_timeout, &mut rng);
+    // Nodes 1 and 2 stay silent: the driver fails them at their node timeout.
+    let at = start + config.node_timeout;
+    for node in [1, 2] {
+        m.handle_failure(node, tag, NodeErrorKind::Timeout, at, &mut rng);
+    }
     let error = m.poll_outcome().expect("done").expect_err("no quorum");
     assert_eq!(error.deadline(), Some(Deadline::NodeTimeout), "{error:?}");
     drop(m);
     assert_eq!(hold.valid_until(), timing.valid_until(start).unwrap());
 
     // Asked for after the validity ended: nothing is sent.
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let late = t0 + 10_000 * MS;
     let mut m = hold.round(spec, token, &config, step, late, round);
     assert!(sent(&mut m).is_empty());
@@ -511,7 +612,7 @@ fn downgrade_round<'a>(
         ttl_ms: 300,
         timing,
     };
-    let round = Round::new(config.nodes.len(), start, config.node_timeout, None, None);
+    let round = Round::new(config.nodes.len(), start, None, None);
     hold.round(spec, token, config, step, start, round)
 }
 
@@ -644,7 +745,7 @@ fn a_downgraded_read_lock_extends_as_a_reader_and_its_release_removes_both_entri
             drift_factor: 0.01,
         },
     };
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = hold.round(spec, token, &config, step, t0, round);
     let ext = sent(&mut m).remove(0);
     assert_eq!(ext.args[3], keys.readers(), "a reader's extend: {ext:?}");
@@ -653,7 +754,7 @@ fn a_downgraded_read_lock_extends_as_a_reader_and_its_release_removes_both_entri
     }
     m.poll_outcome().expect("done").expect("won");
     drop(m);
-    let round = Round::new(3, t0, config.node_timeout, None, None);
+    let round = Round::new(3, t0, None, None);
     let mut m = hold.round(spec, token, &config, Step::Release, t0, round);
     let rel = sent(&mut m).remove(0);
     // The undo's script: the reader entry, and a writer key a node may still hold.
@@ -685,7 +786,7 @@ fn fair_second_attempt<'a>(
         ticket: 1,
         ..params(true)
     };
-    let round = Round::new(5, t0, config.node_timeout, None, None);
+    let round = Round::new(5, t0, None, None);
     let mut m = Acquisition::new(spec, config, p, t0, round, rng);
     let first = sent(&mut m).remove(0);
     let refused = if spec.fence.is_some() { -1 } else { 0 };
@@ -869,4 +970,49 @@ fn a_fair_waiter_cancelled_while_it_counts_releases_leaves_the_queue() {
         "{out:?}"
     );
     assert_eq!(m.poll_timeout(), None);
+}
+
+/// A lost attempt's cleanup is still sent when the next attempt starts at once (a release
+/// was announced meanwhile) and is lost at once too, while being sent (no node can take it:
+/// their connections just broke). Seen against real servers closing connections every 150 ms:
+/// the second loss replaced the first cleanup before it went out, and the first attempt's key
+/// stayed on the node that had run it.
+#[test]
+fn a_cleanup_is_not_replaced_by_the_next_attempt_s_when_that_one_is_lost_while_sent() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([9; 32]));
+    let (mut m, _) = waiting(&config, &mut rng, t0);
+    let now = t0 + MS;
+    // Someone's release: the third attempt goes out at once.
+    m.handle_wake(0, b"redlock-mux:wake:k", b"0123456789abcdef", now, &mut rng);
+    let third = sent(&mut m).remove(0);
+    let (tag3, token3) = (third.tag.unwrap(), token_of(third.what));
+    // Node 0's connection breaks (it may have run the attempt), another release is announced
+    // there, then the other two connections break: the attempt is lost, and the fourth starts
+    // at once.
+    let reset = || NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset);
+    m.handle_failure(0, tag3, reset(), now, &mut rng);
+    m.handle_wake(0, b"redlock-mux:wake:k", b"fedcba9876543210", now, &mut rng);
+    m.handle_failure(1, tag3, reset(), now, &mut rng);
+    m.handle_failure(2, tag3, reset(), now, &mut rng);
+    // As a driver does: a node that cannot be sent a tagged transmit fails it at once.
+    let mut out = Vec::new();
+    while let Some(t) = m.poll_transmit() {
+        if let (Some(tag), What::Acquire { .. }) = (t.tag, t.what) {
+            for node in 0..3 {
+                m.handle_failure(node, tag, reset(), now, &mut rng);
+            }
+        }
+        out.push(encoded(&m, &t));
+    }
+    let cleaned: Vec<Token> = out
+        .iter()
+        .filter(|s| matches!(s.what, What::Cleanup { .. }))
+        .map(|s| token_of(s.what))
+        .collect();
+    let whats: Vec<What> = out.iter().map(|s| s.what).collect();
+    assert!(
+        cleaned.contains(&token3),
+        "the third attempt is never undone: {whats:?}"
+    );
 }

@@ -4,22 +4,30 @@
 //! (the driver, or a simulation with virtual time) passes `now` into every call, and an
 //! [`Entropy`](crate::rng::Entropy) into every call that may draw. What is in here:
 //!
+//! - `endpoint`: the multiplexer's state, one per client: every node's connections, the
+//!   replies owed and whom each belongs to, setup and server capabilities, the node-timeout
+//!   policy, compare-and-deletes sent again after a broken connection, wake channels, the
+//!   callers' mailboxes (where a reply is routed, and where a node counts as timed out);
 //! - `acquire`: an acquisition, attempts and retries included (where a retry happens);
-//! - `hold`: a held lock's validity, and its extend and release rounds;
+//! - `hold`: a held lock's extend and release rounds;
 //! - `keepalive`: a kept lock's schedule of extensions, and the decision that it is lost;
 //! - `machine`: what a driver sees of those machines, and the order it calls them in;
-//! - `timings`: every deadline they keep (where a lock's deadline is computed);
+//! - `validity`, [`Timing`]: a lock's validity (the one place it is computed);
+//! - `timings`: every other deadline (retries, waits, pauses, keep-alive);
+//! - `retry`: the retry budget;
 //! - `kind`: which command each kind of lock sends at each step;
 //! - `fanout`, [`Round`]: one command fanned out to N nodes, and the quorum decision;
-//! - `retry`, [`Timing`]: the retry budget, and the arithmetic of validity;
-//! - `ops`, `rw`, `fair`, `multi`, `fencing`: the commands and scripts, and what each reply
-//!   means.
+//! - `ops`, `rw`, `fair`, `multi`, `fencing`, `sem`: the commands and scripts, and what each
+//!   reply means; `scripts`: the Lua they run; `keys`: the Redis keys each kind uses;
+//! - `sim` (tests only): the deterministic simulation that runs all of the above.
 //!
 //! A [`Round`] on its own is used in this order:
 //!
 //! 1. [`Round::new`] with the instant *before* the first byte is sent;
-//! 2. for every reply, failure or late answer: [`Round::handle_vote`];
-//! 3. whenever the deadline from [`Round::poll_timeout`] passes: [`Round::handle_timeout`];
+//! 2. for every reply, failure (a node that timed out is one) or late answer:
+//!    [`Round::handle_vote`];
+//! 3. whenever the deadline from [`Round::poll_timeout`] (the validity) passes:
+//!    [`Round::handle_timeout`];
 //! 4. [`Round::decision`] after each input; once it is `Some`, it never changes.
 #![forbid(unsafe_code)]
 
@@ -42,13 +50,13 @@ pub(crate) mod scripts;
 pub(crate) mod sem;
 #[cfg(test)]
 mod sim;
-mod timing;
 pub(crate) mod timings;
+pub(crate) mod validity;
 
 pub use keys::KeyNames;
 pub use retry::Retry;
 pub use round::{quorum, Decision, Round, Vote};
-pub use timing::Timing;
+pub use validity::Timing;
 
 #[cfg(test)]
 mod machine_tests;

@@ -2,7 +2,7 @@
 //! mean.
 //!
 //! Each node runs one script that takes every key of the set or none of them, atomically on
-//! that node. The quorum, validity, cleanup and retry around it are the mutex's (seed 004): a
+//! that node. The quorum, validity, cleanup and retry around it are the mutex's (Redlock's): a
 //! set is held when a quorum of nodes granted the *whole* set. A node that holds any key of the
 //! set for someone else grants none of it, so there is never a partial hold on a node, and a
 //! lost attempt is released on every node like a lost mutex attempt.
@@ -17,7 +17,7 @@
 #![forbid(unsafe_code)]
 
 use crate::engine::fair::{write_eval_head, AttemptIds, FairState};
-use crate::engine::keys::Derived;
+use crate::engine::keys::{self, Derived};
 use crate::engine::ops::{int_verdict, write_eval, Arg, Op, ScriptForm, Verdict};
 pub use crate::engine::scripts::{ACQUIRE_ALL, EXTEND_ALL, FAIR_ACQUIRE_ALL, RELEASE_ALL};
 use crate::engine::Vote;
@@ -92,26 +92,31 @@ impl Op for FairAcquireAll<'_> {
 /// some had expired, were never set on that node, or now hold something else (another token,
 /// or a value of another type that someone else wrote there). Every key that holds our token
 /// is released whatever the others hold.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct ReleaseAll<'a> {
     keys: &'a [&'a [u8]],
-    /// The token, then the wake channel of each key.
-    args: Vec<Arg<'a>>,
+    token: &'a [u8],
 }
 
 impl<'a> ReleaseAll<'a> {
     /// The release of `keys` held with `token`.
     pub fn new(keys: &'a [&'a [u8]], token: &'a [u8]) -> ReleaseAll<'a> {
-        let mut args = Vec::with_capacity(keys.len() + 1);
-        args.push(Arg::Bytes(token));
-        args.extend(keys.iter().map(|k| Arg::Wake(k)));
-        ReleaseAll { keys, args }
+        ReleaseAll { keys, token }
     }
 }
 
 impl Op for ReleaseAll<'_> {
+    /// The keys, then the token, then the wake channel of each key.
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
-        write_eval(out, &RELEASE_ALL, form, self.keys, &self.args);
+        let n = self.keys.len();
+        write_eval_head(out, &RELEASE_ALL, form, n, 1 + n);
+        for key in self.keys {
+            resp::write_bulk(out, key);
+        }
+        resp::write_bulk(out, self.token);
+        for key in self.keys {
+            keys::wake_channel(key).write_bulk(out);
+        }
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {

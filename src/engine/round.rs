@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::engine::timing::Timing;
-use crate::engine::timings;
+use crate::engine::validity;
+use crate::engine::validity::Timing;
 use crate::error::NodeErrorKind;
 
 /// Nodes needed for a quorum of `n`: a strict majority, `n / 2 + 1`. With an even `n` this is
@@ -47,14 +47,12 @@ pub enum Decision {
 
 /// One fan-out of a command to N nodes, and the quorum decision over their votes.
 #[derive(Debug)]
+///
+/// A node that does not answer in time is told to the round as a failure
+/// ([`NodeErrorKind::Timeout`]) by whoever runs the connections (the endpoint decides when a node
+/// counts as timed out); the round itself only keeps the validity it must be won within.
 pub struct Round {
     start: Instant,
-    node_timeout: Duration,
-    /// The latest of the per-node deadlines.
-    node_deadline: Instant,
-    /// Per node, when it counts as failed if it has not answered: the per-node timeout from
-    /// the start, or from when its command was written (see [`handle_written`](Self::handle_written)).
-    deadlines: Vec<Instant>,
     /// When the lock this round creates would stop being valid.
     valid_until: Option<Instant>,
     /// The round must be won strictly before this: the new validity, and for an extend also the
@@ -73,19 +71,14 @@ impl Round {
     ///
     /// `timing` is `None` for rounds that only need acknowledgements (a release). `hold_until`
     /// is the current validity of a lock being extended: the quorum must answer before it.
-    /// A per-node timeout of `node_timeout` applies from `start`.
     pub fn new(
         nodes: usize,
         start: Instant,
-        node_timeout: Duration,
         timing: Option<Timing>,
         hold_until: Option<Instant>,
     ) -> Round {
         let mut round = Round {
             start,
-            node_timeout,
-            node_deadline: timings::node_deadline(start, node_timeout),
-            deadlines: Vec::with_capacity(nodes),
             valid_until: None,
             finish_by: hold_until,
             quorum: quorum(nodes),
@@ -96,25 +89,14 @@ impl Round {
             decision: None,
         };
         round.votes.resize(nodes, None);
-        round.deadlines.resize(nodes, round.node_deadline);
-        round.reset(start, node_timeout, timing, hold_until);
+        round.reset(start, timing, hold_until);
         round
     }
 
     /// Reuses this round's storage for a new round over the same nodes.
-    pub fn reset(
-        &mut self,
-        start: Instant,
-        node_timeout: Duration,
-        timing: Option<Timing>,
-        hold_until: Option<Instant>,
-    ) {
+    pub fn reset(&mut self, start: Instant, timing: Option<Timing>, hold_until: Option<Instant>) {
         self.start = start;
-        self.node_timeout = node_timeout;
-        self.node_deadline = timings::node_deadline(start, node_timeout);
-        let deadline = self.node_deadline;
-        self.deadlines.iter_mut().for_each(|d| *d = deadline);
-        (self.valid_until, self.finish_by) = timings::round_validity(start, timing, hold_until);
+        (self.valid_until, self.finish_by) = validity::round_validity(start, timing, hold_until);
         self.votes.iter_mut().for_each(|v| *v = None);
         self.yes = 0;
         self.no = 0;
@@ -143,11 +125,6 @@ impl Round {
     /// When the round started.
     pub fn start(&self) -> Instant {
         self.start
-    }
-
-    /// When the last node that has not answered counts as failed.
-    pub fn node_deadline(&self) -> Instant {
-        self.node_deadline
     }
 
     /// The decision, once there is one. It never changes afterwards.
@@ -215,56 +192,20 @@ impl Round {
         self.evaluate(now);
     }
 
-    /// Node `node`'s command left for the node at `at` (it may have waited behind other
-    /// callers' commands): its per-node timeout counts from then, so that time spent queued in
-    /// the client is never taken for the node's slowness. The validity still counts from the
-    /// round's start.
-    pub fn handle_written(&mut self, node: usize, at: Instant) {
-        let Some(d) = self.deadlines.get_mut(node) else {
-            return;
-        };
-        let from_write = timings::node_deadline(at, self.node_timeout);
-        if from_write > *d {
-            *d = from_write;
-            self.node_deadline = self.node_deadline.max(from_write);
-        }
-    }
-
-    /// Applies the deadlines that have passed by `now`: nodes silent past their per-node
-    /// timeout fail with [`NodeErrorKind::Timeout`], and the round expires once the validity is
-    /// gone.
+    /// Applies the validity at `now`: a round not won by its finish-by instant is lost.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.decision.is_some() {
-            return;
-        }
-        for (v, d) in self.votes.iter_mut().zip(&self.deadlines) {
-            if v.is_none() && now >= *d {
-                *v = Some(Vote::Failed(NodeErrorKind::Timeout));
-                self.failed += 1;
-            }
-        }
         self.evaluate(now);
     }
 
-    /// The earliest per-node deadline of a node that has not answered.
-    fn next_node_deadline(&self) -> Instant {
-        self.votes
-            .iter()
-            .zip(&self.deadlines)
-            .filter(|(v, _)| v.is_none())
-            .map(|(_, d)| *d)
-            .min()
-            .unwrap_or(self.node_deadline)
-    }
-
-    /// The next instant at which [`handle_timeout`](Self::handle_timeout) has work to do, or
-    /// `None` once the round is decided.
+    /// The next instant at which [`handle_timeout`](Self::handle_timeout) has work to do (the
+    /// instant the round must be won before), or `None` once it is decided or when it has no
+    /// such instant (a release waits for the nodes' answers, or their failures).
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.decision.is_some() {
             return None;
         }
-        Some(timings::earliest(self.finish_by, self.next_node_deadline()))
+        self.finish_by
     }
 
     fn evaluate(&mut self, now: Instant) {

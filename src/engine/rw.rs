@@ -1,6 +1,6 @@
 //! Read-write locks over the Redlock quorum: the keys, the scripts, and what each reply means.
 //!
-//! Seed 000 extends Redlock to many readers or one writer. Per resource `K` there are three keys
+//! The read-write lock design extends Redlock to many readers or one writer. Per resource `K` there are three keys
 //! (see [`RwKeys`], named in [`keys`]): the writer key holds the writer's token with a `PX` expiry; the reader set
 //! is a sorted set of reader tokens, each scored by the instant it expires; the intent set is a
 //! sorted set of waiting writers' ids, scored the same way, used by the write-preferring
@@ -8,7 +8,7 @@
 //!
 //! # Whose clock scores a reader
 //!
-//! The seed scores readers by the client's wall clock. Then a client whose clock runs ahead
+//! The design scores readers by the client's wall clock. Then a client whose clock runs ahead
 //! writes expiries far in the future, and a client whose clock runs behind prunes live readers
 //! as expired when it tries to write: one skewed client extends or shortens every other
 //! reader's hold, and a writer may enter while readers still work. Every script here reads the
@@ -20,7 +20,7 @@
 //! # Writer starvation
 //!
 //! With [`intent_ms`](WriteAcquire::intent_ms) at zero the lock is read-preferring, as in the
-//! seed: a writer waits until no reader holds the lock on a quorum, which a steady stream of
+//! design: a writer waits until no reader holds the lock on a quorum, which a steady stream of
 //! overlapping readers can postpone forever. With it above zero, a writer that fails on a node
 //! leaves its waiter id (the token of its first attempt, the same on every attempt, while each
 //! attempt sets a token of its own as the lock's value) in the intent set there, with an
@@ -66,56 +66,9 @@
 //! client's commands may run between `SET` and `EXISTS`, and if `W` expired in between, the
 //! `EXISTS` would vouch for a `W` that is someone else's by then.
 //!
-//! ## Why a writer and a reader (or two writers) never both hold, whatever the mix
-//!
-//! Say a node *admits* a holder from an instant at which it answered yes to it (acquire or
-//! extend) until the holder's entry there is deleted. An entry is deleted by its holder's
-//! release (after it stopped relying on the lock), by its cleanup of an attempt it lost, or
-//! after it expired: a `PX` string at once, a sorted-set member when a write script prunes it or
-//! the set expires, a hash field when a command deletes it (`HRANDFIELD` deletes every expired
-//! field, `HDEL` one) or the server's expiry cycle does. Until then an expired entry is still
-//! *there*: Redis 8.2's `HPEXPIRE` even gives such a field a new expiry. That is harmless,
-//! because an entry that is there keeps writers out exactly as a live one does, so a holder
-//! relying on the lock is admitted wherever its entry is. On one node, whatever mix of
-//! representations it holds (a string or a reader hash at `W`; a sorted set `R` written by
-//! scripts, by 7.x before an upgrade, or loaded from an AOF):
-//!
-//! 1. *A writer is admitted only at an instant when `W` is its string and no reader entry
-//!    exists.* The native writer's `EXEC` sets `W` and sees no `R` atomically (a string at `W`
-//!    excludes a hash there); its extend checks that `W` holds its token and that `R` does not
-//!    exist, atomically. The write script sets `W` only when `W` does not exist (a reader hash
-//!    exists while any field lives) and `R` has no live member.
-//! 2. *While a writer's string is at `W`, no reader entry is created on the node.* `HSETEX` on
-//!    a string is `WRONGTYPE`; the read scripts refuse whenever `W` exists, of any type.
-//!    Extends never create entries.
-//! 3. *While any reader entry is there, no writer's string is set with a yes.* A field keeps
-//!    the hash at `W`, so `SET NX` fails (unless `HRANDFIELD` deleted it first, expired) and
-//!    the write script refuses; a member keeps `R`, so the native writer's vote (and extend) is
-//!    a refusal, and the write script refuses unless it pruned it, expired.
-//! 4. *Two writers are never admitted at once:* `W` holds one string; `SET NX` and the write
-//!    script take it only when it does not exist.
-//!
-//! By 1 and 2, from the instant a writer is admitted until its string goes, the node admits no
-//! reader; by 1 and 3, no reader admitted earlier is still admitted at that instant. So on every
-//! node, a writer's admission overlaps no other holder's. A holder relies on the lock only
-//! within the validity it measured from before its round began, which is shorter than its
-//! entries live on the majority that answered yes (the drift allowance), so it is admitted on
-//! a majority for as long as it relies on the lock. Two majorities of the same N nodes share a
-//! node, and no node admits a writer beside anyone else: a writer never relies on the lock
-//! while a reader or another writer does, for any mix of 7.x and 8.x nodes.
-//!
-//! A native writer's `SET` that went through beside a reader set leaves its string at `W` on a
-//! node that refused it. That string only keeps readers out (2); the writer's extend refuses
-//! there (1), and its release or cleanup deletes it, as they do for any writer.
-//!
-//! ## What mixing costs, not safety
-//!
-//! A script reader refuses while a reader hash is at `W` (it sees `W` exist), and a native
-//! writer refuses while `R` exists, even with only expired members (`R` itself expires with its
-//! longest-lived member). Clients that mix fair or write-preferring locks with plain
-//! read-preferring ones on the same resource therefore wait for each other's readers more
-//! often on native nodes; and native readers do not heed writers' intents, so the
-//! write-preferring policy's promise only holds among clients that all use it.
+//! Why a writer and a reader (or two writers) never both hold, whatever mix of Redis 7 and 8
+//! nodes and of native and scripted paths a resource sees, is argued in `DESIGN.md` ("The
+//! read-write lock on Redis 8 nodes"), with what mixing costs.
 #![forbid(unsafe_code)]
 
 use crate::engine::fair::{AttemptIds, FairState, QueueKeys};

@@ -18,7 +18,7 @@
 //! client asking with another capacity is refused instead of silently overfilling the node.
 #![forbid(unsafe_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::engine::fair::{write_eval_head, AttemptIds, FairState};
 use crate::engine::keys::SemKeys;
@@ -229,7 +229,6 @@ pub(crate) struct Census<'a> {
     holders: &'a [u8],
     permits: u32,
     quorum: usize,
-    deadline: Instant,
     counts: Vec<Option<Option<u64>>>,
     unsent: bool,
     /// Nodes (bit `i` for node `i`) owed the script with its body, and those sent it.
@@ -239,21 +238,13 @@ pub(crate) struct Census<'a> {
 }
 
 impl<'a> Census<'a> {
-    /// A count of `holders` on `nodes` nodes, started at `now`; nodes silent after
-    /// `node_timeout` count as full.
-    pub fn new(
-        holders: &'a [u8],
-        permits: u32,
-        quorum: usize,
-        nodes: usize,
-        now: Instant,
-        node_timeout: Duration,
-    ) -> Census<'a> {
+    /// A count of `holders` on `nodes` nodes; nodes that fail (a node silent past the node
+    /// timeout is failed by the driver) count as full.
+    pub fn new(holders: &'a [u8], permits: u32, quorum: usize, nodes: usize) -> Census<'a> {
         Census {
             holders,
             permits,
             quorum,
-            deadline: now + node_timeout,
             counts: vec![None; nodes],
             unsent: true,
             resend: 0,
@@ -339,11 +330,7 @@ impl Machine for Census<'_> {
         self.settle();
     }
 
-    fn handle_timeout(&mut self, now: Instant, _rng: &mut dyn Entropy) {
-        if now >= self.deadline {
-            self.done = true;
-        }
-    }
+    fn handle_timeout(&mut self, _now: Instant, _rng: &mut dyn Entropy) {}
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
         if std::mem::take(&mut self.unsent) {
@@ -377,17 +364,12 @@ impl Machine for Census<'_> {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        (!self.done).then_some(self.deadline)
+        None
     }
 
     fn poll_outcome(&mut self) -> Option<u32> {
-        if !self.done {
-            return None;
-        }
-        self.done = false;
-        // Given once: a second poll finds the census over with nothing left to wait for.
-        self.deadline = Instant::now();
-        Some(self.estimate())
+        // Given once: a second poll finds nothing.
+        std::mem::take(&mut self.done).then(|| self.estimate())
     }
 }
 

@@ -1,5 +1,5 @@
-//! Every deadline the engine keeps, computed in one place: where a lock's deadline is
-//! computed.
+//! Every deadline the engine keeps but a lock's validity (which `validity` computes), in one
+//! place.
 //!
 //! A lock operation waits on several clocks at once: each node's reply (the per-node timeout),
 //! the validity a round must be won within, the backstop retry and the wait timeout of a
@@ -8,8 +8,9 @@
 //! the caller passes in, and keeps them in order, so that a state machine has one deadline at a
 //! time, the earliest:
 //!
-//! - a round in flight waits for the earlier of its finish-by instant (its validity, and an
-//!   extend's current validity) and the per-node deadline ([`earliest`]);
+//! - a round in flight waits for its finish-by instant (its validity, and an extend's current
+//!   validity); the per-node deadline is the endpoint's, which fails a node that has not
+//!   answered [`node_deadline`] after its command was written;
 //! - a waiting acquisition's backstop is kept short of the wait deadline ([`backstop_delay`]),
 //!   and a pause after a split vote ends by the backstop ([`pause_until`]);
 //! - a kept lock's next extension comes by the interval or by the validity left, whichever is
@@ -25,33 +26,11 @@
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, MAX_TTL};
-use crate::engine::timing::Timing;
 use crate::rng::Entropy;
 
 /// When a node that has not answered a round started at `start` counts as failed.
 pub fn node_deadline(start: Instant, node_timeout: Duration) -> Instant {
     start.checked_add(node_timeout).unwrap_or(start)
-}
-
-/// The validity a round started at `start` gives (`None` for a round without a TTL, such as
-/// a release), and the instant it must be won strictly before: that validity, and for an
-/// extend also `hold_until`, the validity the lock has now. A TTL within the drift allowance
-/// gives no validity at all: such a round is lost at once.
-pub fn round_validity(
-    start: Instant,
-    timing: Option<Timing>,
-    hold_until: Option<Instant>,
-) -> (Option<Instant>, Option<Instant>) {
-    match timing {
-        None => (None, hold_until),
-        Some(t) => {
-            let until = t.valid_until(start).unwrap_or(start);
-            (
-                Some(until),
-                Some(hold_until.map_or(until, |h| h.min(until))),
-            )
-        }
-    }
 }
 
 /// The end of a waiting acquisition whose first attempt started at `first`: no attempt starts
@@ -89,11 +68,6 @@ impl WaitLimits {
 pub fn wait_end(first: Instant, limits: &WaitLimits) -> Instant {
     let end = wait_deadline(first, limits.wait_timeout);
     limits.deadline.map_or(end, |d| d.min(end))
-}
-
-/// The earlier of an optional deadline and a deadline.
-pub fn earliest(a: Option<Instant>, b: Instant) -> Instant {
-    a.map_or(b, |a| a.min(b))
 }
 
 /// The first window over which a waiter spreads its retry after a split vote: about one round
@@ -160,14 +134,6 @@ pub fn queue_entry_ttl_ms(config: &Config) -> u64 {
 /// write-preferring policy): twice the retry delay plus twice the node timeout.
 pub fn intent_ttl_ms(config: &Config) -> u64 {
     (2 * (config.retry_delay + config.node_timeout)).as_millis() as u64
-}
-
-/// The most a lock may be valid for after an extend round to `timing`'s TTL, started at
-/// `start`, was lost: the nodes that took the new TTL, and those that may still take it, let
-/// the lock go `ttl` after the round began, so the validity may end at `start + ttl − drift`
-/// (at `start` for a TTL within the drift allowance), whatever it was before.
-pub fn failed_extend_cap(start: Instant, timing: Timing) -> Instant {
-    timing.valid_until(start).unwrap_or(start)
 }
 
 /// The validity left below which a kept lock's next extension is due: time for a round that

@@ -14,21 +14,16 @@
 //!   per cycle, for redlock-mux (one shared client), rawN, rawQ (T = 1), and rslock (one shared
 //!   `LockManager`, from OS threads and from tokio tasks).
 //! - read and write locks, uncontended, at N = 5: redlock-mux next to `rawQ-rw`
-//!   ([`raw::RawQRw`]), the ideal client of seed 000's read-write scripts (none of the
+//!   ([`raw::RawQRw`]), the ideal client of the read-write lock design's scripts (none of the
 //!   published crates has read-write locks).
 //!
 //! Implementations run in alternating blocks (the order rotating each round), so drift in the
 //! machine's load spreads over all of them. Each client is warmed up before it is measured.
 
-#[path = "../../../tests/common/local_servers.rs"]
-mod local_servers;
 mod lockers;
-#[path = "../../../cli/src/raw.rs"]
-mod raw;
 mod scale;
-#[path = "../../../cli/src/stats.rs"]
-mod stats;
 
+use redlock_mux_kit::{local_servers, raw, stats};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};

@@ -5,9 +5,9 @@
 // Each test crate uses a different subset of these helpers.
 #![allow(dead_code, unused_imports)]
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
-pub use common::*;
+pub use redlock_mux_kit::local_servers::*;
+pub use redlock_mux_kit::probe::*;
+pub use redlock_mux_kit::{assert_settles, assert_settles_eq};
 
 use std::fs;
 use std::path::{Path, PathBuf};

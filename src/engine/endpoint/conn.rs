@@ -35,6 +35,8 @@ pub(crate) struct Redo {
     pub len: u32,
     /// How many commands come before the one whose reply is the vote (`MULTI` ...).
     pub before: u32,
+    /// It is being sent again: an earlier connection broke before it was answered.
+    pub resent: bool,
 }
 
 /// What a reply in the queue is for.
@@ -50,6 +52,11 @@ pub(crate) enum Slot {
         tag: Tag,
         sent: Instant,
         redo: Option<Redo>,
+        /// When the node counts as timed out for this command if it has not answered: the node
+        /// timeout after it was written (after it was queued, until it is written).
+        due: Instant,
+        /// The owner was told the node timed out; a late reply still reaches it.
+        fired: bool,
     },
     /// A reply to a command written before the one whose reply is the vote, in the same
     /// sequence (`MULTI` and the commands queued inside a transaction). Dropped, but an error
@@ -97,8 +104,12 @@ pub(crate) struct Conn {
     inp_end: usize,
     owed: VecDeque<Slot>,
     /// How many of the slots at the back of `owed` were queued but are not known to be
-    /// written yet (see [`take_written`](Conn::take_written)).
+    /// written yet (see [`mark_written`](Conn::mark_written)).
     unwritten: usize,
+    /// How many slots at the front of `owed` need no timeout any more (answered slots leave;
+    /// these are fired, or not replies to a caller): the next due one is at this index or
+    /// after it. Dues grow along the queue, so the first one not fired is the earliest.
+    checked: usize,
     /// How many setup replies are still owed; they come first in `owed`. While any is,
     /// queued commands wait in `held`.
     setup_owed: usize,
@@ -135,6 +146,7 @@ impl Conn {
             inp_end: 0,
             owed: VecDeque::with_capacity(64),
             unwritten: 0,
+            checked: 0,
             setup_owed: 0,
             held: Vec::new(),
             held_fresh: false,
@@ -229,6 +241,16 @@ impl Conn {
         })
     }
 
+    /// The latest `until` of the compare-and-deletes sent again on this connection (after an
+    /// earlier one broke) and not answered yet, if any is.
+    pub fn resent_until(&self) -> Option<Instant> {
+        self.owed
+            .iter()
+            .filter_map(|s| s.redo().filter(|r| r.resent))
+            .map(|r| r.until)
+            .max()
+    }
+
     /// The latest `until` of the compare-and-deletes still owed, if any is.
     pub fn redo_until(&self) -> Option<Instant> {
         self.owed
@@ -308,11 +330,12 @@ impl Conn {
         let before = encode(buf);
         let redo = redo_until.map(|until| {
             let bytes = &buf[start..];
-            self.redo.extend_from_slice(bytes);
+            keep(&mut self.redo, bytes);
             Redo {
                 until,
                 len: bytes.len() as u32,
                 before: before as u32,
+                resent: false,
             }
         });
         self.held_fresh |= held;
@@ -323,7 +346,11 @@ impl Conn {
     /// `bytes` with the replies `before` commands and then `slot` owe.
     pub fn queue_redo(&mut self, slot: Slot, redo: Redo, bytes: &[u8]) {
         self.queue_buf().extend_from_slice(bytes);
-        self.redo.extend_from_slice(bytes);
+        keep(&mut self.redo, bytes);
+        let redo = Redo {
+            resent: true,
+            ..redo
+        };
         self.push_slots(slot, redo.before as usize, Some(redo));
     }
 
@@ -337,6 +364,7 @@ impl Conn {
                 run,
                 tag,
                 sent,
+                due,
                 ..
             } => Slot::Reply {
                 caller,
@@ -344,6 +372,8 @@ impl Conn {
                 tag,
                 sent,
                 redo,
+                due,
+                fired: false,
             },
             Slot::Discard { .. } => Slot::Discard { redo },
             other => other,
@@ -361,23 +391,57 @@ impl Conn {
         }
     }
 
-    /// Once everything queued has been written, hands every slot queued since the last call to
-    /// `f`, oldest first: their commands have left.
-    pub fn take_written(&mut self, mut f: impl FnMut(&Slot)) {
+    /// Once everything queued has been written (at `now`), the commands queued since the last
+    /// call have left: the node's timeout for each counts from now, `node_timeout` (time spent
+    /// queued in the client behind other callers' commands is not the node's slowness).
+    pub fn mark_written(&mut self, now: Instant, node_timeout: Duration) {
         if self.unwritten == 0 || self.has_pending_output() || !self.held.is_empty() {
             return;
         }
         let n = self.unwritten.min(self.owed.len());
         self.unwritten = 0;
-        for slot in self.owed.iter().skip(self.owed.len() - n) {
-            f(slot);
+        let due_now = crate::engine::timings::node_deadline(now, node_timeout);
+        let start = self.owed.len() - n;
+        for slot in self.owed.range_mut(start..) {
+            if let Slot::Reply { due, .. } = slot {
+                *due = (*due).max(due_now);
+            }
         }
     }
 
-    /// Space to read into, at the end of the input buffer: made by moving undecoded bytes to
+    /// When the next command still unanswered and not yet timed out is due.
+    pub fn next_due(&mut self) -> Option<Instant> {
+        while let Some(slot) = self.owed.get(self.checked) {
+            match slot {
+                Slot::Reply {
+                    due, fired: false, ..
+                } => return Some(*due),
+                _ => self.checked += 1,
+            }
+        }
+        None
+    }
+
+    /// Hands `timed_out` every command due by `now` and not answered: its owner counts the
+    /// node as timed out for it.
+    pub fn fire_due(&mut self, now: Instant, mut timed_out: impl FnMut(&Slot)) {
+        while let Some(due) = self.next_due() {
+            if due > now {
+                return;
+            }
+            let slot = &mut self.owed[self.checked];
+            if let Slot::Reply { fired, .. } = slot {
+                *fired = true;
+            }
+            timed_out(slot);
+            self.checked += 1;
+        }
+    }
+
+    /// Makes space to read into, at the end of the input buffer, by moving undecoded bytes to
     /// the front, or by growing the buffer, but never past what one reply within `limits` can
     /// need (a bigger one is refused by the decoder before that).
-    pub fn recv_buf(&mut self, limits: &Limits) -> Result<&mut [u8], NodeErrorKind> {
+    pub fn make_room(&mut self, limits: &Limits) -> Result<(), NodeErrorKind> {
         let cap = limits
             .max_bulk
             .saturating_add(limits.max_line)
@@ -397,7 +461,12 @@ impl Conn {
                 self.inp.resize(self.inp.len() + grow, 0);
             }
         }
-        Ok(&mut self.inp[self.inp_end..])
+        Ok(())
+    }
+
+    /// The space [`make_room`](Self::make_room) made at the end of the input buffer.
+    pub fn spare(&mut self) -> &mut [u8] {
+        &mut self.inp[self.inp_end..]
     }
 
     /// `n` bytes were read into [`recv_buf`](Self::recv_buf).
@@ -440,6 +509,7 @@ impl Conn {
             let slot = match self.owed.pop_front() {
                 Some(slot) => {
                     self.unwritten = self.unwritten.min(self.owed.len());
+                    self.checked = self.checked.saturating_sub(1);
                     slot
                 }
                 None if !self.commands => Slot::Push,
@@ -450,7 +520,9 @@ impl Conn {
                 if self.redo_head >= self.redo.len() {
                     self.redo.clear();
                     self.redo_head = 0;
-                } else if self.redo_head > 4096 && self.redo_head * 2 > self.redo.len() {
+                } else if self.redo_head * 2 >= self.redo.len() {
+                    // Half of it answered: the rest moves to the front, so the buffer stays
+                    // as large as the most ever owed at once, never more.
                     self.redo.drain(..self.redo_head);
                     self.redo_head = 0;
                 }
@@ -547,6 +619,7 @@ impl Conn {
         self.inp_pos = 0;
         self.inp_end = 0;
         self.before_error.clear();
+        self.checked = 0;
         self.state = State::Down {
             retry_at: now + self.backoff,
         };
@@ -554,6 +627,16 @@ impl Conn {
         self.last_error = Some(why);
         self.unwritten = 0;
     }
+}
+
+/// Appends `bytes` to the redo buffer `redo`, growing it ahead of need (room for a few more
+/// such commands, and at least double): how many compare-and-deletes are owed at once varies
+/// with the nodes' pace, and each new high-water mark would otherwise cost an allocation.
+fn keep(redo: &mut Vec<u8>, bytes: &[u8]) {
+    if redo.capacity() - redo.len() < bytes.len() {
+        redo.reserve(redo.len().max(4 * bytes.len()));
+    }
+    redo.extend_from_slice(bytes);
 }
 
 /// `bytes`, one complete reply already framed, decoded.

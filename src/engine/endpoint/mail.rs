@@ -27,11 +27,6 @@ pub(crate) enum Event {
         tag: Tag,
         why: NodeErrorKind,
     },
-    Written {
-        node: usize,
-        tag: Tag,
-        at: Instant,
-    },
     Wake {
         node: usize,
         channel: (usize, usize),
@@ -159,14 +154,6 @@ impl Mail {
         Some(c)
     }
 
-    /// Posts without notifying: for news that only moves the caller's deadline later (a
-    /// write), which it reads when it steps anyway.
-    pub fn post_quiet(&mut self, caller: usize, run: u64, event: Event) {
-        if let Some(c) = self.callers.get_mut(caller).filter(|c| c.run == run) {
-            c.events.push(event);
-        }
-    }
-
     pub fn post(&mut self, caller: usize, run: u64, event: Event) {
         if let Some(c) = self.to(caller, run) {
             c.urgent = true;
@@ -263,7 +250,6 @@ impl Mail {
                     Err(why) => m.handle_failure(node, tag, why, now, rng),
                 },
                 Event::Failure { node, tag, why } => m.handle_failure(node, tag, why, now, rng),
-                Event::Written { node, tag, at } => m.handle_written(node, tag, at),
                 Event::Wake {
                     node,
                     channel,

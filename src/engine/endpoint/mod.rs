@@ -58,10 +58,12 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::engine::machine::{Machine, To, Transmit, What};
 use crate::engine::ops::Caps;
+use crate::engine::timings;
 use crate::error::NodeErrorKind;
 use crate::resp::Reply;
 use crate::rng::{Entropy, Token};
 use crate::stats::Recorder;
+use crate::url::Target;
 
 use conn::{Conn, Redo, Slot, MAX_OWED};
 pub(crate) use mail::Event;
@@ -119,6 +121,8 @@ struct Node {
     sub: Conn,
     /// As the last completed setup said; what commands are written for.
     server: Server,
+    /// A setup of this node has completed (or another endpoint's, adopted).
+    known: bool,
     /// Compare-and-deletes of broken connections, with their bytes in `retry_bytes`, in order.
     retries: Vec<Retry>,
     retry_bytes: Vec<u8>,
@@ -197,7 +201,16 @@ pub(crate) struct Endpoint {
     next_run: u64,
     /// While the client closes: when it gives up at the latest, and when a node last answered.
     closing: Option<Closing>,
+    /// When a command connection last broke (not a failed connect).
+    troubled: Option<Instant>,
+    /// The connections (bit [`ConnId::index`]) that may have bytes to write since the shell
+    /// last asked ([`take_dirty`](Endpoint::take_dirty)).
+    dirty: u128,
 }
+
+/// How long after a connection broke the endpoint still asks for the compare-and-deletes that
+/// callers leave unanswered to be seen through (see [`Endpoint::needs_tending`]).
+const TROUBLE_MEMORY: Duration = Duration::from_secs(10);
 
 /// How long closing waits at most for the nodes to answer what they were sent, and how long
 /// without any answer before it gives up on those that still owe.
@@ -221,6 +234,7 @@ impl Endpoint {
                     cmd: Conn::new(true, now),
                     sub: Conn::new(false, now),
                     server: Server::default(),
+                    known: false,
                     retries: Vec::new(),
                     retry_bytes: Vec::new(),
                     unsent: [None; UNSENT],
@@ -233,9 +247,31 @@ impl Endpoint {
             io: VecDeque::new(),
             next_run: 1,
             closing: None,
+            troubled: None,
+            dirty: 0,
             config,
             stats,
         }
+    }
+
+    /// The settings the endpoint runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Takes what `other` (an endpoint over the same nodes) knows of each node's server, so
+    /// that commands queued before this one's first setups are answered go in the right form:
+    /// for a client used in a child process after `fork()`, which opens connections of its own.
+    pub fn adopt_servers(&mut self, other: &Endpoint) {
+        for (mine, theirs) in self.nodes.iter_mut().zip(&other.nodes) {
+            mine.server = theirs.server;
+            mine.known = theirs.known;
+        }
+    }
+
+    /// Whether a setup of node `i` has ever completed: its server is known to answer.
+    pub fn has_answered(&self, i: usize) -> bool {
+        self.nodes[i].known
     }
 
     // --- callers -------------------------------------------------------------------------
@@ -341,16 +377,22 @@ impl Endpoint {
             // Nobody reads its reply (a cleanup, a queue leave): it goes where something of
             // ours may be. A compare-and-delete for a node that cannot be sent to now waits for
             // its next connection.
-            if !conn.can_send(now) || conn.owed() >= MAX_OWED {
+            if !conn.can_send(now) {
                 if let Some(until) = t.redo {
                     self.retry_later(i, t, m, until);
                 }
                 return;
             }
-            if conn.is_down() && t.redo.is_none() {
+            // A compare-and-delete is never turned away for the backlog: it is what lets the
+            // node drain, and what the backlog may have set there waits for it.
+            if t.redo.is_none() && (conn.is_down() || conn.owed() >= MAX_OWED) {
                 return;
             }
             self.connect_if_down(i, now);
+            self.touch(ConnId {
+                node: i,
+                sub: false,
+            });
             let caps = self.nodes[i].server.caps;
             let encoded = &mut self.encoded;
             self.nodes[i]
@@ -372,8 +414,8 @@ impl Endpoint {
             m.handle_failure(i, tag, why, now, rng);
             return;
         }
-        if conn.owed() >= MAX_OWED || matches!(t.what, What::Acquire { .. }) && self.lagging(i, now)
-        {
+        let backlog = t.redo.is_none() && conn.owed() >= MAX_OWED;
+        if backlog || matches!(t.what, What::Acquire { .. }) && self.lagging(i, now) {
             // Behind a backlog that is already past the node timeout, a new acquisition would
             // only time out, and deepen the backlog: callers that win at the quorum without
             // this node would otherwise send it more than it can answer, without end. It
@@ -387,6 +429,12 @@ impl Endpoint {
         }
         self.connect_if_down(i, now);
         let caps = self.nodes[i].server.caps;
+        self.dirty |= 1
+            << ConnId {
+                node: i,
+                sub: false,
+            }
+            .index();
         let encoded = &mut self.encoded;
         self.nodes[i].cmd.queue(
             Slot::Reply {
@@ -395,6 +443,8 @@ impl Endpoint {
                 tag,
                 sent: now,
                 redo: None,
+                due: timings::node_deadline(now, self.config.node_timeout),
+                fired: false,
             },
             t.redo,
             |out| encoded.write(caps, out, |out| m.encode(t, caps, out)),
@@ -415,6 +465,7 @@ impl Endpoint {
                 until,
                 len: (node.retry_bytes.len() - start) as u32,
                 before: before as u32,
+                resent: false,
             },
         });
     }
@@ -447,6 +498,12 @@ impl Endpoint {
             return;
         }
         node.cmd.start(&self.config.nodes[i], now);
+        self.dirty |= 1
+            << ConnId {
+                node: i,
+                sub: false,
+            }
+            .index();
         self.io.push_back(Io::Connect(ConnId {
             node: i,
             sub: false,
@@ -462,6 +519,7 @@ impl Endpoint {
                         run,
                         tag,
                         redo,
+                        fired,
                         ..
                     } => Slot::Reply {
                         caller,
@@ -469,6 +527,8 @@ impl Endpoint {
                         tag,
                         sent: now,
                         redo,
+                        due: timings::node_deadline(now, self.config.node_timeout),
+                        fired,
                     },
                     other => other,
                 };
@@ -488,6 +548,17 @@ impl Endpoint {
         for i in 0..self.nodes.len() {
             self.connect_if_down(i, now);
         }
+    }
+
+    /// The connections that may have bytes to write, as a mask of [`ConnId::index`] bits,
+    /// since the last call: the shell writes those (a connection whose socket does not take
+    /// everything at once asks to be written again when it is writable).
+    pub fn take_dirty(&mut self) -> u128 {
+        std::mem::take(&mut self.dirty)
+    }
+
+    fn touch(&mut self, id: ConnId) {
+        self.dirty |= 1 << id.index();
     }
 
     /// The next system call to make.
@@ -515,20 +586,27 @@ impl Endpoint {
         self.conn(id).connected();
     }
 
+    /// When the connect of `id` under way started, if one is.
+    pub fn connecting_since(&self, id: ConnId) -> Option<Instant> {
+        let node = &self.nodes[id.node];
+        if id.sub { &node.sub } else { &node.cmd }.connecting_since()
+    }
+
     /// The address the connect of `id` is to.
-    pub fn connect_addr(&self, id: ConnId) -> std::net::SocketAddr {
+    pub fn connect_addr(&self, id: ConnId) -> Target<'_> {
         let node = &self.nodes[id.node];
         let trying = if id.sub { &node.sub } else { &node.cmd }.trying;
-        let addrs = &self.config.nodes[id.node].addrs;
-        addrs[trying.min(addrs.len() - 1)]
+        self.config.nodes[id.node].target(trying)
     }
 
     /// The connect of `id` failed with `why` at `now` (its socket, if any, is closed): the
     /// node's next address is tried (another [`Io::Connect`]), or, when none is left, the
-    /// connection fails.
+    /// connection fails. A configuration error (a TLS handshake that failed) fails it at once:
+    /// another address of the same name would not cure it.
     pub fn handle_connect_failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
-        let addresses = self.config.nodes[id.node].addrs.len();
-        if self.conn(id).next_address(addresses, now) {
+        let addresses = self.config.nodes[id.node].targets();
+        let config = matches!(why, NodeErrorKind::Setup { .. });
+        if !config && self.conn(id).next_address(addresses, now) {
             self.io.push_back(Io::Connect(id));
         } else {
             self.fail(id, why, now);
@@ -548,30 +626,14 @@ impl Endpoint {
     }
 
     /// `n` bytes of [`pending`](Self::pending) were written to `id` at `now`. Once all of it
-    /// is, the owners of the commands that left are told.
+    /// is, the node timeout of each command that left counts from now.
     pub fn handle_sent(&mut self, id: ConnId, n: usize, now: Instant) {
+        let node_timeout = self.config.node_timeout;
         let conn = self.conn(id);
         conn.sent(n);
-        if id.sub {
-            return;
+        if !id.sub {
+            conn.mark_written(now, node_timeout);
         }
-        let mail = &mut self.mail;
-        self.nodes[id.node].cmd.take_written(|s| {
-            if let Slot::Reply {
-                caller, run, tag, ..
-            } = *s
-            {
-                mail.post_quiet(
-                    caller as usize,
-                    run,
-                    Event::Written {
-                        node: id.node,
-                        tag,
-                        at: now,
-                    },
-                );
-            }
-        });
     }
 
     /// Space to read `id`'s incoming bytes into; report what was read with
@@ -579,12 +641,12 @@ impl Endpoint {
     /// reply bigger than the codec accepts): it is failed, and its socket should be closed.
     pub fn recv_buf(&mut self, id: ConnId, now: Instant) -> Option<&mut [u8]> {
         let limits = self.config.limits;
-        if let Err(why) = self.conn(id).recv_buf(&limits) {
+        if let Err(why) = self.conn(id).make_room(&limits) {
             self.fail(id, why, now);
             self.io.push_back(Io::Close(id));
             return None;
         }
-        self.conn(id).recv_buf(&limits).ok()
+        Some(self.conn(id).spare())
     }
 
     /// `n` bytes were read into [`recv_buf`](Self::recv_buf) of `id` at `now`: every complete
@@ -626,6 +688,7 @@ impl Endpoint {
             Ok(false) => {}
             Ok(true) if id.sub => {
                 self.nodes[i].sub.release_held();
+                self.touch(id);
             }
             Ok(true) => self.set_up(i, now),
             Err(why) => {
@@ -655,6 +718,7 @@ impl Endpoint {
         }
         let changed = learnt.caps != self.nodes[i].server.caps;
         self.nodes[i].server = learnt;
+        self.nodes[i].known = true;
         if changed && self.nodes[i].cmd.holds_fresh_commands() {
             // Written for the server the node was: they must not run on the one it is.
             self.fail(id, NodeErrorKind::ServerChanged, now);
@@ -662,6 +726,7 @@ impl Endpoint {
             return;
         }
         self.nodes[i].cmd.release_held();
+        self.touch(id);
     }
 
     /// The connection `id` failed with `why` at `now` (its socket is closed, or to be closed):
@@ -678,6 +743,10 @@ impl Endpoint {
             node.sub.fail(why, now, |_, _| {});
             self.channels.lost_subscriber(i, &mut self.mail);
             return;
+        }
+        if self.nodes[i].cmd.is_up() {
+            self.troubled = Some(now);
+            self.stats.disconnect(i);
         }
         let Node {
             cmd,
@@ -718,30 +787,54 @@ impl Endpoint {
         });
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) has work to do: a connect that may be
-    /// overdue, or a node whose compare-and-deletes wait for its backoff to pass.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    /// When [`handle_timeout`](Self::handle_timeout) has work to do: a command whose node
+    /// timeout passes, a connect that may be overdue, a node whose compare-and-deletes wait for
+    /// its backoff to pass, the end of closing. The shell reads every connection before it
+    /// acts on a passed node timeout, so that a reply that came but was not read yet is never
+    /// taken for a timeout.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
         let connect = self.config.connect_timeout;
-        self.nodes
-            .iter()
-            .flat_map(|n| {
-                let retry = (!n.retries.is_empty()).then(|| n.cmd.retry_at()).flatten();
-                [
-                    n.cmd.connecting_since().map(|s| s + connect),
-                    n.sub.connecting_since().map(|s| s + connect),
-                    retry,
-                ]
-            })
-            .flatten()
-            .chain(self.closing.map(|c| c.until.min(c.progress + CLOSE_STALL)))
-            .min()
+        let mut next = self.closing.map(|c| c.until.min(c.progress + CLOSE_STALL));
+        let mut consider = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        for n in &mut self.nodes {
+            consider(n.cmd.next_due());
+            consider(n.cmd.connecting_since().map(|s| s + connect));
+            consider(n.sub.connecting_since().map(|s| s + connect));
+            if !n.retries.is_empty() {
+                consider(n.cmd.retry_at());
+            }
+        }
+        next
     }
 
-    /// Fails the connects that took longer than the connect timeout, and reconnects the nodes
-    /// whose compare-and-deletes wait, once their backoff has passed.
+    /// Tells the owner of every command whose node timeout passed by `now` that the node timed
+    /// out for it (the one place that decides it), fails the connects that took longer than
+    /// the connect timeout, and reconnects the nodes whose compare-and-deletes wait, once their
+    /// backoff has passed.
     pub fn handle_timeout(&mut self, now: Instant) {
         let connect = self.config.connect_timeout;
         for i in 0..self.nodes.len() {
+            let mail = &mut self.mail;
+            self.nodes[i].cmd.fire_due(now, |slot| {
+                if let Slot::Reply {
+                    caller, run, tag, ..
+                } = *slot
+                {
+                    mail.post(
+                        caller as usize,
+                        run,
+                        Event::Failure {
+                            node: i,
+                            tag,
+                            why: NodeErrorKind::Timeout,
+                        },
+                    );
+                }
+            });
             for sub in [false, true] {
                 let id = ConnId { node: i, sub };
                 let overdue = self
@@ -792,6 +885,25 @@ impl Endpoint {
         }
         self.closing = None;
         Some(self.undelivered(now))
+    }
+
+    /// Whether compare-and-deletes need someone to drive the endpoint until they are
+    /// answered, even when no caller has an operation under way: those of a broken connection,
+    /// to send again (or sent again, not answered yet), and, while connections have been
+    /// breaking lately, every one not answered yet (its connection may be closed already, and
+    /// only reading it tells). Worth it only until what they delete expires.
+    pub fn needs_tending(&self, now: Instant) -> bool {
+        let troubled = self
+            .troubled
+            .is_some_and(|t| now.saturating_duration_since(t) < TROUBLE_MEMORY);
+        self.nodes.iter().any(|n| {
+            let owed = if troubled {
+                n.cmd.redo_until()
+            } else {
+                n.cmd.resent_until()
+            };
+            n.retries.iter().any(|r| r.redo.until > now) || owed.is_some_and(|u| u > now)
+        })
     }
 
     /// Whether a command connection still owes replies, or a node still has compare-and-deletes
@@ -872,6 +984,7 @@ impl Endpoint {
         self.channels.write_subscribe(i, Some(idx), fresh, |write| {
             sub.queue_unmatched(|out| write(out))
         });
+        self.touch(ConnId { node: i, sub: true });
     }
 
     /// Drops the caller's references to its channels; those nobody holds any more are
@@ -880,11 +993,12 @@ impl Endpoint {
         self.channels.remove(caller, run, &mut self.mail);
         for k in 0..self.channels.changed.len() {
             let idx = self.channels.changed[k];
-            for node in &mut self.nodes {
+            for (i, node) in self.nodes.iter_mut().enumerate() {
                 let sub = &mut node.sub;
                 if sub.is_up() {
                     self.channels
                         .write_unsubscribe(idx, |write| sub.queue_unmatched(|out| write(out)));
+                    self.dirty |= 1 << ConnId { node: i, sub: true }.index();
                 }
             }
         }

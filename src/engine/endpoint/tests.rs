@@ -20,6 +20,7 @@ fn config(nodes: usize) -> Arc<Config> {
             .collect(),
         node_timeout: 50 * MS,
         connect_timeout: 100 * MS,
+        dead_peer_timeout: Duration::from_secs(3),
         retry_count: 0,
         retry_delay: 10 * MS,
         wait_timeout: Duration::from_secs(1),

@@ -33,7 +33,7 @@
 //! replies still owed.
 //!
 //! Every caller records its grants and releases in a [`History`], and increments a per-key
-//! counter while it believes it holds the lock; the shared checker (`tests/common/history.rs`)
+//! counter while it believes it holds the lock; the shared checker (`redlock_mux_kit::history`)
 //! looks for overlapping windows, lost updates, fencing tokens out of order, releases reported
 //! done that did not happen (the lock's entries still live, when the release returned, on more
 //! nodes than it allows), and keys left behind once every release returned and every client
@@ -57,11 +57,9 @@
 mod node;
 mod server;
 
-#[path = "../../../tests/common/history.rs"]
-pub(crate) mod history;
+pub(crate) use redlock_mux_kit::history;
 
-#[path = "../../../tests/common/local_servers.rs"]
-mod local_servers;
+use redlock_mux_kit::local_servers;
 
 mod diff;
 
@@ -1026,6 +1024,8 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
                 nodes: addrs.clone(),
                 node_timeout: p.node_timeout,
                 connect_timeout: p.connect_timeout,
+                // The simulated transport gives a cut connection up after `dead_after`.
+                dead_peer_timeout: Duration::from_nanos(p.dead_after),
                 retry_count: p.retry_count,
                 retry_delay: p.retry_delay,
                 wait_timeout: p.wait_timeout,
@@ -2596,7 +2596,7 @@ impl<'a> World<'a> {
             keep,
             held: None,
         });
-        let round = Round::new(self.p.nodes, now, self.p.node_timeout, None, None);
+        let round = Round::new(self.p.nodes, now, None, None);
         let m = Acquisition::new(spec, config, params, now, round, &mut self.rng.0);
         self.start_job(c, k, Job::Acquire(Box::new(m)));
     }
@@ -2915,7 +2915,7 @@ impl<'a> World<'a> {
         let cycle = cl.callers[k].cycle.as_ref().expect("a cycle");
         let held = cycle.held.as_ref().expect("held");
         *slot = held.hold;
-        let round = Round::new(self.p.nodes, now, self.p.node_timeout, None, None);
+        let round = Round::new(self.p.nodes, now, None, None);
         let m = slot.round(cycle.spec, held.token, config, step, now, round);
         self.start_job(c, k, Job::Round(Box::new(m), purpose));
     }

@@ -4,8 +4,6 @@
 //!
 //! Std threads only: one accept thread, two pump threads per connection, all polling a stop
 //! flag every few milliseconds, so dropping the proxy ends and joins them all.
-#![allow(dead_code)]
-
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};

@@ -1,11 +1,7 @@
 //! Latency statistics: percentiles, a summary and a log-scale text histogram.
 //!
-//! Std only, so that the peer benchmark (`benches/peers`) can include it with
-//! `#[path = "../../../cli/src/stats.rs"] mod stats;` and report the same figures the same way
-//! as `redlock-mux bench`.
-
-// Each includer uses a different subset of this API.
-#![allow(dead_code)]
+//! Std only; `redlock-mux bench` and the peer benchmark (`benches/peers`) report the same
+//! figures the same way through it.
 
 use std::fmt::Write as _;
 use std::time::Duration;

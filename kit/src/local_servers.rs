@@ -1,9 +1,8 @@
 //! Local `redis-server` processes for tests, benchmarks and the CLI.
 //!
-//! Std only: this file is included with `#[path = ...] mod local_servers;`
-//! by `tests/common`, the engine's simulation, the benches and the
-//! `redlock-mux` command (`cli/`), so it must compile on its own without
-//! any crate dependency.
+//! Std only: used by the integration tests, the engine's simulation, the
+//! benches and the `redlock-mux` command (`cli/`, whose `bench` starts
+//! local servers).
 //!
 //! Every server listens on 127.0.0.1 on a free port, keeps its data, its
 //! log and its stderr in a private temporary directory and runs in the
@@ -27,10 +26,6 @@
 //! [`RedisCluster::start_programs`]) and restarted with another on the same
 //! data ([`RedisServer::restart_as`]), for quorums that mix Redis versions:
 //! [`redis7_program`] and [`redis8_program`] name the two versions CI has.
-
-// Each includer (the CLI, the integration tests, the benches) uses a
-// different subset of this API; what one of them leaves unused is not dead.
-#![allow(dead_code)]
 
 use std::cell::Cell;
 use std::fs;
@@ -467,7 +462,7 @@ pub fn redis8_program() -> Option<PathBuf> {
 }
 
 /// A port that was free a moment ago (bind to port 0, read it, release it).
-fn free_port() -> io::Result<u16> {
+pub fn free_port() -> io::Result<u16> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     Ok(listener.local_addr()?.port())
 }

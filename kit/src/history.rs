@@ -1,9 +1,6 @@
 //! The history checker shared by every safety suite: the deterministic simulation of the core
 //! (`src/engine/sim`) and the fault suites against real `redis-server`.
 //!
-//! Std only, because it is included with `#[path = ...]` both inside the crate and by
-//! integration tests.
-//!
 //! A history is a list of [`Op`]s on one monotonic clock, as offsets from a common origin (the
 //! simulation's virtual time, or `Instant`s of one process minus a shared start). Each granted
 //! op holds its key *exclusively* (a mutex or a write lock) or *shared* (a read lock) over its
@@ -38,8 +35,6 @@
 //! descheduled between the check and the write (real processes on a loaded machine), writes
 //! outside a window happen and are reported on their own; what the lock answers for is
 //! [`Report::lock_violations`].
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;

@@ -15,16 +15,12 @@
 //!   late replies are skipped when the next round reads that node. This is the ideal
 //!   single-caller client (`rawQ`); one per thread is `rawN` of the scale benchmark.
 //!
-//! Also [`RawQRw`] (`rawQ-rw`): the ideal client of seed 000's read-write lock, its scripts by
+//! Also [`RawQRw`] (`rawQ-rw`): the ideal client of the read-write lock design's scripts, its scripts by
 //! `EVALSHA` to all N sockets at once, returning at the quorum; and [`Probe`]: one more
 //! connection per node, for what the servers say of themselves (`CLIENT LIST`, `INFO cpu`).
 //!
-//! Std and `rustix` (for `poll`) only: the baseline of `redlock-mux bench` (its home), and of
-//! the peer benchmark (`benches/peers`), which includes it with
-//! `#[path = "../../../cli/src/raw.rs"] mod raw;`.
-
-// Each includer uses a different subset of this API.
-#![allow(dead_code)]
+//! Std and `rustix` (for `poll`) only: the baseline of `redlock-mux bench` and of the peer
+//! benchmark (`benches/peers`).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -588,7 +584,7 @@ fn parse_bulk(b: &[u8]) -> io::Result<Option<(String, usize)>> {
     }
 }
 
-/// Seed 000's write acquire script, as the seed gives it. KEYS readers, writer; ARGV token, the
+/// The read-write design's write acquire script, as the design gives it. KEYS readers, writer; ARGV token, the
 /// client's clock in ms since the Unix epoch, TTL in ms. Returns 1 (taken), 2 (read-locked) or
 /// 3 (write-locked).
 pub const SEED_WRITE_ACQUIRE: &str = "local r_key = KEYS[1]
@@ -608,7 +604,7 @@ redis.call('SET', w_key, tok, 'PX', ttl_ms)
 return 1 -- write lock acquired
 ";
 
-/// Seed 000's read acquire script, as the seed gives it. KEYS readers, writer; ARGV token, the
+/// The read-write design's read acquire script, as the design gives it. KEYS readers, writer; ARGV token, the
 /// reader's expiry (the client's clock plus the TTL) in ms since the Unix epoch. Returns 1
 /// (joined) or 2 (write-locked).
 pub const SEED_READ_ACQUIRE: &str = "local r_key = KEYS[1]
@@ -624,16 +620,16 @@ return 1 -- read lock acquired
 ";
 
 /// A reader's release that announces it, the same work a reader's release does in the library
-/// (seed 000 releases with a bare `ZREM`; the announcement is added so that release timings, and
+/// (the design releases with a bare `ZREM`; the announcement is added so that release timings, and
 /// the load a release leaves on the nodes behind the quorum, compare like for like).
 pub const READ_RELEASE_SCRIPT: &str = "if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then redis.call('publish', ARGV[2], '1'); return 1 else return 0 end";
 
 /// One side of a read-write lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
-    /// A reader: seed 000's read acquire, released by `ZREM` (and an announcement).
+    /// A reader: the read-write design's read acquire, released by `ZREM` (and an announcement).
     Read,
-    /// A writer: seed 000's write acquire, released by the compare-and-delete script.
+    /// A writer: the read-write design's write acquire, released by the compare-and-delete script.
     Write,
 }
 
@@ -692,15 +688,15 @@ impl QNode {
     }
 }
 
-/// `rawQ-rw`: the ideal client of seed 000's read-write lock. Its read and write acquire scripts,
-/// exactly as the seed gives them, are loaded once (`SCRIPT LOAD`); each attempt writes one
+/// `rawQ-rw`: the ideal client of the read-write design's read-write lock. Its read and write acquire scripts,
+/// exactly as the design gives them, are loaded once (`SCRIPT LOAD`); each attempt writes one
 /// `EVALSHA` to all N sockets at once and returns as soon as a quorum granted (or as soon as a
 /// quorum can no longer grant), reading whichever node answers first: non-blocking sockets
 /// polled in a spin that yields the CPU between passes. The replies of the nodes it did not
-/// wait for are read and dropped later. Release is the seed's, with the announcement the
+/// wait for are read and dropped later. Release is the design's, with the announcement the
 /// library's release makes: [`READ_RELEASE_SCRIPT`] (`ZREM`) for a reader, and for a writer the
-/// compare-and-delete script (the seed's `DELEX` needs Redis 8.4), each returning at the quorum
-/// too. The scores are on the client's clock, as the seed has them. No timeouts,
+/// compare-and-delete script (the design's `DELEX` needs Redis 8.4), each returning at the quorum
+/// too. The scores are on the client's clock, as the design has them. No timeouts,
 /// no validity arithmetic, no reconnect: a floor to measure against, not a client.
 pub struct RawQRw {
     nodes: Vec<QNode>,
@@ -715,7 +711,7 @@ pub struct RawQRw {
 }
 
 impl RawQRw {
-    /// Connects to every target as [`Raw::connect_targets`] does, loads seed 000's scripts and
+    /// Connects to every target as [`Raw::connect_targets`] does, loads the read-write design's scripts and
     /// the compare-and-delete script, and makes the sockets non-blocking.
     pub fn connect_targets(targets: &[Target]) -> io::Result<RawQRw> {
         let raw = Raw::connect_targets(targets)?;
@@ -786,7 +782,7 @@ impl RawQRw {
         }
     }
 
-    /// One attempt of seed 000's acquire for `side`, on the readers key `r_key` and the writer
+    /// One attempt of the read-write design's acquire for `side`, on the readers key `r_key` and the writer
     /// key `w_key`. On a quorum, returns true; else releases on all nodes and returns false.
     pub fn try_acquire(
         &mut self,
@@ -899,6 +895,12 @@ pub fn raw_cycle(
 pub struct Tokens {
     seed: u64,
     counter: u64,
+}
+
+impl Default for Tokens {
+    fn default() -> Self {
+        Tokens::new()
+    }
 }
 
 impl Tokens {

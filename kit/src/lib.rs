@@ -1,0 +1,22 @@
+//! What the project's tests, the command's `bench` and the peer benchmark share, so that each
+//! is written once:
+//!
+//! - [`local_servers`]: real `redis-server` processes on free 127.0.0.1 ports (or Unix
+//!   sockets), in temporary directories, stopped by PID even on panic;
+//! - [`raw`]: the raw Redlock baselines (`raw`, `rawQ`, `rawQ-rw`) the benchmarks measure
+//!   against;
+//! - [`stats`]: latency percentiles and summaries;
+//! - [`history`]: the history checker of the safety suites and the simulation;
+//! - [`fault_proxy`]: an in-process TCP proxy that delays, drops or resets;
+//! - [`probe`] (feature `probe`): a tiny blocking RESP client for assertions about what a
+//!   server holds, and a scripted fake server for what no installable server does.
+//!
+//! Std only (and `rustix` for `poll`), but for `probe`, which decodes with the library's codec.
+
+pub mod fault_proxy;
+pub mod history;
+pub mod local_servers;
+#[cfg(feature = "probe")]
+pub mod probe;
+pub mod raw;
+pub mod stats;
