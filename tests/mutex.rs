@@ -419,6 +419,39 @@ fn killed_and_paused_nodes_5() {
     assert!(back, "4 of 5 answer again, yet: {last:?}");
 }
 
+/// A release written to nodes that then die (their connections reset, every reconnect
+/// refused) returns, failed, within its node timeout: it does not wait for as long as the
+/// release is kept to send again (the lock's TTL).
+#[test]
+fn a_release_whose_nodes_die_under_it_returns() {
+    let mut cluster = RedisCluster::start(3).expect("start redis-server");
+    let client = fast_client(&cluster.urls());
+    let guard = client
+        .try_lock("dies", Duration::from_secs(60))
+        .expect("all alive");
+    cluster.servers[1].pause().expect("pause");
+    cluster.servers[2].pause().expect("pause");
+    let (done, outcome) = std::sync::mpsc::channel();
+    let releasing = std::thread::spawn(move || {
+        let started = Instant::now();
+        let result = guard.release();
+        let _ = done.send((result, started.elapsed()));
+    });
+    // The release is written to nodes 1 and 2 and waits for them; they die.
+    std::thread::sleep(ms(100));
+    cluster.servers[1].kill().expect("kill");
+    cluster.servers[2].kill().expect("kill");
+    let (result, took) = outcome
+        .recv_timeout(Duration::from_secs(10))
+        .expect("release() still waits 10 s after its nodes died");
+    releasing.join().expect("the releasing thread");
+    assert!(
+        matches!(result, Err(Error::QuorumUnreachable { .. })),
+        "{result:?}"
+    );
+    assert!(took < FAIL_FAST, "took {took:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3: no leftovers
 

@@ -514,11 +514,15 @@ impl Endpoint {
             if r.redo.until > now {
                 let slot = match r.slot {
                     // The caller still waiting for it gets the reply, if it still waits.
+                    // Its node timeout still counts from when it was first written: a node
+                    // that refuses every reconnect must not keep the owner waiting. Written
+                    // on the new connection, it gets a node timeout from then on.
                     Slot::Reply {
                         caller,
                         run,
                         tag,
                         redo,
+                        due,
                         fired,
                         ..
                     } => Slot::Reply {
@@ -527,7 +531,7 @@ impl Endpoint {
                         tag,
                         sent: now,
                         redo,
-                        due: timings::node_deadline(now, self.config.node_timeout),
+                        due,
                         fired,
                     },
                     other => other,
@@ -806,6 +810,15 @@ impl Endpoint {
             consider(n.sub.connecting_since().map(|s| s + connect));
             if !n.retries.is_empty() {
                 consider(n.cmd.retry_at());
+                // An owner waiting for a release kept to send again hears by its node timeout.
+                for r in &n.retries {
+                    if let Slot::Reply {
+                        due, fired: false, ..
+                    } = r.slot
+                    {
+                        consider(Some(due));
+                    }
+                }
             }
         }
         next
@@ -849,7 +862,36 @@ impl Endpoint {
             }
             let node = &mut self.nodes[i];
             if !node.retries.is_empty() {
-                if node.retries.iter().all(|r| r.redo.until <= now) {
+                // A release kept to send again while its node is unreachable: its owner, if it
+                // still waits, counts the node as timed out once the node timeout of what it
+                // sent passes (or the release is given up); the release is still sent again,
+                // and a reply that comes later still reaches the owner, as any late reply does.
+                let expired = node.retries.iter().all(|r| r.redo.until <= now);
+                for r in &mut node.retries {
+                    if let Slot::Reply {
+                        caller,
+                        run,
+                        tag,
+                        due,
+                        ref mut fired,
+                        ..
+                    } = r.slot
+                    {
+                        if !*fired && (due <= now || expired) {
+                            *fired = true;
+                            self.mail.post(
+                                caller as usize,
+                                run,
+                                Event::Failure {
+                                    node: i,
+                                    tag,
+                                    why: NodeErrorKind::Timeout,
+                                },
+                            );
+                        }
+                    }
+                }
+                if expired {
                     node.retries.clear();
                     node.retry_bytes.clear();
                 } else {

@@ -471,6 +471,61 @@ fn acquisitions_skip_a_node_that_is_behind_and_releases_do_not() {
 }
 
 #[test]
+fn a_release_waiting_for_a_node_that_stays_down_is_failed_to_its_owner_at_its_node_timeout() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([3; 20]);
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 10_000 * MS));
+    net.step(caller, run, &mut release);
+    let written = net.now;
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    // The node stays down: every reconnect is refused. Its owner must hear by the node
+    // timeout of what it sent, not wait for as long as the release is kept to send again.
+    let refused = NodeErrorKind::Connect(std::io::ErrorKind::ConnectionRefused);
+    for _ in 0..1000 {
+        net.step(caller, run, &mut release);
+        if !release.failures.is_empty() {
+            break;
+        }
+        let due = net
+            .ep
+            .poll_timeout()
+            .expect("the endpoint has something due");
+        assert!(
+            due <= written + 50 * MS,
+            "nothing is due for the waiting owner: next at {:?}",
+            due - written
+        );
+        net.now = net.now.max(due);
+        net.ep.handle_timeout(net.now);
+        while let Some(io) = net.ep.poll_io() {
+            if let Io::Connect(id) = io {
+                net.ep.handle_connect_failed(id, refused.clone(), net.now);
+            }
+        }
+    }
+    assert!(
+        matches!(release.failures.as_slice(), [(0, NodeErrorKind::Timeout)]),
+        "{:?} at {:?}",
+        release.failures,
+        net.now - written
+    );
+    assert!(net.now - written <= 50 * MS, "{:?}", net.now - written);
+    // The release is still owed to the node, for when it comes back.
+    assert!(net.ep.needs_tending(net.now));
+}
+
+#[test]
 fn a_node_that_refuses_every_setup_is_reconnected_ever_more_slowly() {
     let mut net = Net::new(1);
     let caller = net.ep.open_caller();
