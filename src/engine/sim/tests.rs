@@ -8,7 +8,7 @@ const CI_SEEDS: u64 = 400;
 const LOCK_SEEDS: u64 = 120;
 /// Seeds of calm runs for each kind of lock: enough for a waiter that misses a release's
 /// announcement, which a calm run shows once in a few hundred seeds, to be found.
-const CALM_SEEDS: u64 = 400;
+const CALM_SEEDS: u64 = if cfg!(debug_assertions) { 400 } else { 5000 };
 /// Seeds of runs with a server too slow for the load, for each kind of lock tried.
 const SLOW_SEEDS: u64 = 200;
 /// Seeds each broken scenario runs at the most; it stops once the checker has seen what it
