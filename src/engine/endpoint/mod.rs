@@ -497,6 +497,7 @@ impl Endpoint {
         if !node.cmd.is_down() || !node.cmd.can_send(now) {
             return;
         }
+        let why = node.cmd.down_reason();
         node.cmd.start(&self.config.nodes[i], now);
         self.dirty |= 1
             << ConnId {
@@ -538,6 +539,25 @@ impl Endpoint {
                 };
                 node.cmd
                     .queue_redo(slot, r.redo, &node.retry_bytes[at..end]);
+            } else if let Slot::Reply {
+                caller,
+                run,
+                tag,
+                fired: false,
+                ..
+            } = r.slot
+            {
+                // Not sent again (what it deletes has expired anyway), but its owner may still
+                // wait: it hears why the node could not be reached.
+                self.mail.post(
+                    caller as usize,
+                    run,
+                    Event::Failure {
+                        node: i,
+                        tag,
+                        why: why.clone(),
+                    },
+                );
             }
             at = end;
         }

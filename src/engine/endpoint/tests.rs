@@ -613,3 +613,56 @@ fn the_cleanup_of_an_attempt_kept_off_a_node_is_not_sent_there() {
     net.step(caller, run, &mut cleanup);
     assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
 }
+
+#[test]
+fn a_release_kept_to_send_again_that_expires_before_the_reconnect_is_failed_to_its_owner() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([3; 20]);
+    // What the release deletes expires 20 ms from now (a short TTL, released late): well
+    // before the node timeout of 50 ms.
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 20 * MS));
+    net.step(caller, run, &mut release);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    // Past the release's expiry and the backoff, before its node timeout, another caller's
+    // command makes the endpoint reconnect: the release is not sent again (nothing of it is
+    // left to delete), and its owner must hear of it now, not wait for ever.
+    net.now += 30 * MS;
+    let other = net.ep.open_caller();
+    let other_run = net.ep.begin(other);
+    let mut acquire = Probe::new(
+        What::Acquire {
+            token: Token::from_random([4; 20]),
+        },
+        None,
+    );
+    net.step(other, other_run, &mut acquire);
+    assert_eq!(net.ep.poll_io(), Some(Io::Connect(Net::cmd(0))));
+    for _ in 0..100 {
+        net.step(caller, run, &mut release);
+        if !release.failures.is_empty() {
+            break;
+        }
+        let Some(due) = net.ep.poll_timeout() else {
+            break;
+        };
+        net.now = net.now.max(due);
+        net.ep.handle_timeout(net.now);
+    }
+    assert!(
+        matches!(release.failures.as_slice(), [(0, _)]),
+        "the release's owner heard nothing: {:?}, {:?}",
+        release.failures,
+        release.replies
+    );
+}
