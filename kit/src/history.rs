@@ -25,7 +25,11 @@
 //!   N − quorum: a quorum acknowledged deleting them, so at most the others may still hold
 //!   them) ([`Release`], recorded by a harness that can look at the nodes);
 //! - **keys left behind**: keys still on a node once every release returned and every client
-//!   closed, in runs where nothing may be left ([`History::left_behind`]).
+//!   closed, in runs where nothing may be left ([`History::left_behind`]);
+//! - **validities that outlived their entries**: a grant held to the end of its validity
+//!   whose entries were live on fewer than a quorum of nodes just before it ended
+//!   ([`ValidityEnd`], recorded by a harness that can look at the nodes): the validity bound
+//!   itself, checked whether or not another client happened to take the lock in between.
 //!
 //! Lost updates and lost writes inside a window differ where a write lands outside its window.
 //! One late write of an old value undoes every increment made since its writer read: all of
@@ -147,6 +151,28 @@ impl Release {
     }
 }
 
+/// A grant's validity, just before it ended, and what the nodes held of the grant's entries
+/// then: the lock is only as good as its validity if a quorum still held them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidityEnd {
+    /// The op granted (index into [`History::ops`]).
+    pub op: usize,
+    /// The instant looked at: the last before the validity ended.
+    pub at: Duration,
+    /// The nodes on which the grant's entries were still live then.
+    pub live_on: Vec<usize>,
+    /// How many nodes the grant needed.
+    pub quorum: usize,
+}
+
+impl ValidityEnd {
+    /// Whether the validity outlived the grant's entries on a quorum: another client could
+    /// be granted the lock while this holder still counted it valid.
+    pub fn outlived(&self) -> bool {
+        self.live_on.len() < self.quorum
+    }
+}
+
 /// A semaphore's window starts (`true`) and ends, by time.
 type Events = Vec<(Duration, bool)>;
 
@@ -175,6 +201,9 @@ pub struct History {
     /// Keys (node, name) still on the nodes once every release returned and every client
     /// closed, in a run where nothing may be left.
     pub left_behind: Vec<(usize, Vec<u8>)>,
+    /// Grants looked at on the nodes just before their validity ended (held to the end, not
+    /// released or extended before).
+    pub validity_ends: Vec<ValidityEnd>,
 }
 
 /// Two windows of one key that overlap.
@@ -236,6 +265,10 @@ pub struct Report {
     pub false_releases: Vec<Release>,
     /// Keys left behind.
     pub left_behind: Vec<(usize, Vec<u8>)>,
+    /// Validities looked at on the nodes, and those that outlived the grant's entries on a
+    /// quorum.
+    pub validity_ends: usize,
+    pub outlived: Vec<ValidityEnd>,
 }
 
 impl Report {
@@ -249,6 +282,7 @@ impl Report {
             + self.excess.len() as u64
             + self.false_releases.len() as u64
             + self.left_behind.len() as u64
+            + self.outlived.len() as u64
     }
 
     /// [`lock_violations`](Self::lock_violations) plus every lost update, for histories in
@@ -275,6 +309,8 @@ impl Report {
         self.false_releases
             .extend(other.false_releases.iter().cloned());
         self.left_behind.extend(other.left_behind.iter().cloned());
+        self.validity_ends += other.validity_ends;
+        self.outlived.extend(other.outlived.iter().cloned());
     }
 }
 
@@ -302,6 +338,14 @@ impl fmt::Display for Report {
         }
         if !self.left_behind.is_empty() {
             write!(f, ", {} keys left behind", self.left_behind.len())?;
+        }
+        if self.validity_ends > 0 {
+            write!(
+                f,
+                ", {} validities that outlived their entries on a quorum (of {} looked at)",
+                self.outlived.len(),
+                self.validity_ends
+            )?;
         }
         if self.max_holders > 0 || !self.excess.is_empty() {
             write!(
@@ -347,6 +391,13 @@ impl fmt::Display for Report {
                 "\n  a release reported done that did not happen: op {} at {:?}, still live on \
                  nodes {:?} (of {}, release quorum {})",
                 r.op, r.at, r.live_on, r.nodes, r.quorum
+            )?;
+        }
+        for v in self.outlived.iter().take(3) {
+            write!(
+                f,
+                "\n  op {}'s validity outlived its entries: at {:?} live on nodes {:?} only (quorum {})",
+                v.op, v.at, v.live_on, v.quorum
             )?;
         }
         for (node, key) in self.left_behind.iter().take(3) {
@@ -395,6 +446,11 @@ impl History {
                 r
             }));
         self.left_behind.extend(other.left_behind);
+        self.validity_ends
+            .extend(other.validity_ends.into_iter().map(|mut v| {
+                v.op += base;
+                v
+            }));
     }
 
     /// Checks the history; see the module documentation for what is checked.
@@ -410,6 +466,13 @@ impl History {
                 .cloned()
                 .collect(),
             left_behind: self.left_behind.clone(),
+            validity_ends: self.validity_ends.len(),
+            outlived: self
+                .validity_ends
+                .iter()
+                .filter(|v| v.outlived())
+                .cloned()
+                .collect(),
             ..Report::default()
         };
         let mut by_key: BTreeMap<&[u8], Vec<(Duration, Duration, usize)>> = BTreeMap::new();
@@ -596,6 +659,24 @@ mod tests {
         h.push(op(4, Kind::Read, 25, 30));
         h.push(op(5, Kind::Write, 30, 31));
         assert_eq!(h.check().overlaps.len(), 1);
+    }
+
+    #[test]
+    fn a_validity_that_outlives_its_entries_on_a_quorum_is_a_violation() {
+        let mut h = History::default();
+        h.push(op(1, Kind::Write, 0, 10));
+        h.validity_ends.push(ValidityEnd {
+            op: 0,
+            at: ms(10),
+            live_on: vec![0, 2],
+            quorum: 2,
+        });
+        assert_eq!(h.check().violations(), 0, "held on a quorum to the end");
+        h.validity_ends[0].live_on = vec![2];
+        let r = h.check();
+        assert_eq!((r.outlived.len(), r.validity_ends), (1, 1));
+        assert_eq!(r.lock_violations(), 1);
+        assert!(r.to_string().contains("1 validities that outlived"), "{r}");
     }
 
     #[test]

@@ -47,7 +47,11 @@
 //! jump forward at most 1 ms; a crashed server that loses its data stays down longer than the
 //! longest TTL; fencing runs on servers that persist their writes; a holder checks its
 //! validity before it writes) there must be no violation. Each assumption, broken on purpose,
-//! must produce violations, which shows the checker can see them. Calm runs (no faults) also
+//! must produce violations, which shows the checker can see them. Within the model the runs
+//! press on the validity bound as hard as the assumptions allow: drift factors of 1 to 10 %
+//! with node clocks drifting up to 95 % of it, TTLs down to 15 ms, holders that write in their
+//! validity's last microseconds; and every grant held to the end of its validity is looked at
+//! on the nodes at its last nanosecond, where a quorum must still hold it. Calm runs (no faults) also
 //! check liveness: every waiting acquisition gets its lock, no kept lock is lost, and no lock
 //! is granted much later than what was in its way was released.
 //!
@@ -218,6 +222,9 @@ struct Settings {
     dead_after: u64,
     /// Chance that a holder pauses between reading and writing the counter.
     pause: f64,
+    /// Chance that a holder's work between reading and writing runs to its validity's last
+    /// microseconds.
+    pause_to_end: f64,
     /// Chance that a keeper runs late (by up to a TTL).
     slow_keeper: f64,
     /// Chance that a cycle takes its lock with `try_*` (one attempt).
@@ -285,6 +292,7 @@ impl Settings {
             split: if rng.chance(0.5) { 0.3 } else { 0.0 },
             dead_after: rng.range(ttl_ms / 2, 2 * ttl_ms) * MS,
             pause: 0.1,
+            pause_to_end: 0.0,
             slow_keeper: 0.3,
             try_once: 0.15,
             keep: 0.25,
@@ -401,6 +409,32 @@ impl Settings {
                 self.upgrade = 0.5;
             }
         }
+    }
+
+    /// Within the model, presses on the validity bound as hard as its assumptions allow,
+    /// drawn from a generator of its own (as [`Settings::versions`]): a quarter of the seeds
+    /// allow for 5 % drift, another for 10 %, and node clocks then drift by up to 95 % of the
+    /// factor (see `run_locks`); a fifth (of those without refused setups) run TTLs of 15 to
+    /// 50 ms, where the drift allowance's
+    /// fixed 2 ms is a large part; and holders often work until their validity's last
+    /// microseconds. Without the drift term, or with the validity counted from a round's
+    /// decision rather than its start, grants then outlive their keys within a few dozen seeds.
+    fn pressure(&mut self, seed: u64, scenario: Scenario) {
+        if scenario != Scenario::Model {
+            return;
+        }
+        let mut rng = Rng::new(seed ^ 0xd21f_d21f_d21f_d21f);
+        self.drift_factor = match rng.below(4) {
+            0 => 0.05,
+            1 => 0.1,
+            _ => 0.01,
+        };
+        // Not where setups are refused: there a wait must learn of the refusal within its
+        // budget, which a TTL this short leaves no room for when the setup is slow.
+        if rng.chance(0.2) && self.refused == 0 {
+            self.ttl_ms = rng.range(15, 50);
+        }
+        self.pause_to_end = 0.15;
     }
 
     /// The callers of all clients.
@@ -808,6 +842,8 @@ struct Cycle<'a> {
 }
 
 struct Held {
+    /// Which grant (every grant of the run has its own number).
+    grant: u64,
     token: Token,
     hold: Hold,
     /// Work steps (read, then write) left.
@@ -907,6 +943,14 @@ enum Ev {
         node: usize,
         incarnation: u64,
     },
+    /// The last instant of a grant's validity: what the nodes hold of it is looked at.
+    ValidityEnd {
+        client: usize,
+        caller: usize,
+        grant: u64,
+        /// The validity's end, in ns.
+        until: u64,
+    },
 }
 
 struct Queued {
@@ -1004,6 +1048,7 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
     let mut rng = Rng::new(seed);
     let mut p = Settings::draw(&mut rng, scenario, locks);
     p.versions(seed);
+    p.pressure(seed, scenario);
     let addrs: Vec<NodeAddr> = (0..p.nodes)
         .map(|i| {
             let auth = p.password.map_or(String::new(), |pw| format!(":{pw}@"));
@@ -1086,9 +1131,9 @@ fn run_world<'a>(
     trace: bool,
 ) -> Outcome {
     let base = Instant::now();
-    // Within the model, relative drift stays under the factor: 0.8 % against 1 %.
+    // Within the model, relative drift stays under the factor: up to 95 % of it.
     let max_ppm = match scenario {
-        Scenario::Model => 8_000,
+        Scenario::Model => (p.drift_factor * 0.95 * 1e6) as u64,
         _ => 0,
     };
     let refused: Vec<usize> = {
@@ -1121,7 +1166,12 @@ fn run_world<'a>(
                 backlog: VecDeque::new(),
                 busy_until: 0,
                 exec_scheduled: false,
-                service: p.service[i],
+                // Nor is it slow: its refusal comes well within a node timeout.
+                service: if refused.contains(&i) {
+                    0
+                } else {
+                    p.service[i]
+                },
                 reject_connects: 0,
                 refusal_gen: 0,
             }
@@ -1467,6 +1517,12 @@ impl<'a> World<'a> {
                 self.nodes[node].server.refusal = None;
             }
             Ev::RefusalEnds { .. } => {}
+            Ev::ValidityEnd {
+                client,
+                caller,
+                grant,
+                until,
+            } => self.validity_end(client, caller, grant, until),
             Ev::LoadingEnds { node, incarnation } => {
                 if self.nodes[node].incarnation == incarnation {
                     self.nodes[node].server.loading = false;
@@ -2663,7 +2719,9 @@ impl<'a> World<'a> {
             .keep
             .map(|plan| KeptValidity::new(plan, now, grant.valid_until));
         let steps = if kept.is_some() { kept_steps } else { steps };
+        let grant_id = self.stats.grants;
         cycle.held = Some(Held {
+            grant: grant_id,
             token: grant.token,
             hold: Hold::new(grant.valid_until).written_with(Duration::from_millis(self.p.ttl_ms)),
             steps,
@@ -2682,8 +2740,93 @@ impl<'a> World<'a> {
         if let Some(due) = self.kept_due(c, k, now) {
             self.stats.kept += 1;
             self.set_keeper(c, k, due);
+        } else {
+            self.look_at_validity_end(c, k, grant_id, grant.valid_until);
         }
         self.next_step(c, k);
+    }
+
+    /// Looks at the nodes at the last nanosecond of grant `grant`'s validity, which ends at
+    /// `until`, unless the holder releases, keeps or extends it before.
+    fn look_at_validity_end(&mut self, c: usize, k: usize, grant: u64, until: Instant) {
+        let until = self.nanos(until);
+        if until > self.now + 1 {
+            self.schedule(
+                until - 1 - self.now,
+                Ev::ValidityEnd {
+                    client: c,
+                    caller: k,
+                    grant,
+                    until,
+                },
+            );
+        }
+    }
+
+    /// The last instant of grant `grant`'s validity (ending at `until`), if caller `k` of
+    /// client `c` still holds it with that validity (not released, downgraded, kept, or
+    /// extended since): the nodes on which its entries
+    /// are live then. Fewer than its quorum, and another client could have the lock while this
+    /// one still counts it valid. Nodes that are down are looked at too: within the model a
+    /// crashed node restarts without its data only after every TTL it held ran out, which is as
+    /// if it had kept them until then.
+    fn validity_end(&mut self, c: usize, k: usize, grant: u64, until: u64) {
+        let Some(cycle) = self.clients[c].callers[k].cycle.as_ref() else {
+            return;
+        };
+        let Some(held) = cycle.held.as_ref() else {
+            return;
+        };
+        if held.grant != grant
+            || self.nanos(held.hold.valid_until()) != until
+            || held.releasing
+            || held.release_wanted
+            || held.kept.is_some()
+            || cycle
+                .ops
+                .iter()
+                .any(|&op| self.history.ops[op].release.is_some())
+        {
+            return;
+        }
+        let token = held.token;
+        let quorum = cycle.spec.quorum(self.p.nodes);
+        let spec_keys = cycle.spec.keys;
+        let ops = cycle.ops.clone();
+        for op in ops {
+            let names: Vec<Vec<u8>> = match spec_keys {
+                Keys::Mutex(key) => vec![key.to_vec()],
+                Keys::All(_) => vec![self.history.ops[op].key.clone()],
+                Keys::Read { keys, .. }
+                | Keys::Write { keys, .. }
+                | Keys::Downgraded { keys, .. } => {
+                    vec![keys.writer().to_vec(), keys.readers().to_vec()]
+                }
+                Keys::Semaphore { keys, .. } => vec![keys.holders().to_vec()],
+            };
+            let mut live_on = Vec::new();
+            for node in 0..self.nodes.len() {
+                let now_ms = self.nodes[node].clock_ms(self.now);
+                let mem = &mut self.nodes[node].server.node;
+                if names
+                    .iter()
+                    .any(|name| mem.holds_token(now_ms, name, token.as_bytes()))
+                {
+                    live_on.push(node);
+                }
+            }
+            if live_on.len() < quorum {
+                self.log(format_args!(
+                    "op {op}'s validity ends with its entries live on {live_on:?} only"
+                ));
+            }
+            self.history.validity_ends.push(history::ValidityEnd {
+                op,
+                at: Duration::from_nanos(self.now),
+                live_on,
+                quorum,
+            });
+        }
     }
 
     /// When a kept lock's first extension is due.
@@ -2766,13 +2909,21 @@ impl<'a> World<'a> {
             let held = self.held(c, k);
             held.read = read;
             held.reading = false;
+            let held_for_validity = held.kept.is_none();
             let left = if held.kept.is_some() {
                 ttl
             } else {
                 held.hold.validity(now).as_nanos() as u64
             };
             let mut work = self.rng.below(left / 2 + 1);
-            if self.rng.chance(self.p.pause) {
+            if held_for_validity
+                && self.p.pause_to_end > 0.0
+                && self.rng.chance(self.p.pause_to_end)
+            {
+                // The write lands in the validity's last 50 us, when the check still passes.
+                work = left.saturating_sub(self.rng.range(1, 50_000));
+                self.log(format_args!("caller {c}.{k} works to its validity's end"));
+            } else if self.rng.chance(self.p.pause) {
                 self.stats.pauses += 1;
                 work += if self.scenario == Scenario::UncheckedPause {
                     self.rng.range(left, left + ttl)
@@ -2977,6 +3128,12 @@ impl<'a> World<'a> {
         }
         let held = self.held(c, k);
         held.hold = hold;
+        if matches!(purpose, Purpose::Extend { .. }) && held.kept.is_none() {
+            // A new validity (or, lost, one capped where the TTL it asked for may have landed).
+            let (grant, until) = (held.grant, held.hold.valid_until());
+            self.look_at_validity_end(c, k, grant, until);
+        }
+        let held = self.held(c, k);
         match purpose {
             Purpose::Extend { .. } => {
                 if result.is_err() {
