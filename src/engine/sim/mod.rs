@@ -81,7 +81,7 @@ use crate::engine::acquire::{Acquisition, Grant, Params};
 use crate::engine::endpoint::{CallerId, ConnId, Endpoint, Io};
 use crate::engine::hold::{Hold, HoldRound, Step};
 use crate::engine::keepalive::{KeptValidity, Schedule};
-use crate::engine::keys::{fence_key, RwKeys, SemKeys};
+use crate::engine::keys::{fence_key, Derived, RwKeys, SemKeys};
 use crate::engine::kind::{Keys, Spec};
 use crate::engine::machine::Machine;
 use crate::engine::{Round, Timing};
@@ -513,6 +513,8 @@ pub(crate) struct Stats {
     /// Grants by what they held.
     pub grants: u64,
     pub fair_grants: u64,
+    /// Fair grants checked against waiters queued ahead of them (calm runs).
+    pub fifo_checked: u64,
     pub set_grants: u64,
     pub fenced_grants: u64,
     /// Read grants whose window overlapped another reader's: readers really shared.
@@ -584,6 +586,7 @@ impl Stats {
             closes_owing,
             grants,
             fair_grants,
+            fifo_checked,
             set_grants,
             fenced_grants,
             shared_reads,
@@ -635,7 +638,8 @@ impl fmt::Display for Stats {
         write!(
             f,
             "{} seeds, {} events, {} callers (up to {} on one client), {} acquisitions, \
-             {} grants ({} fair, {} sets, {} fenced), {} releases ({} Ok); \
+             {} grants ({} fair, {} checked for queue order, {} sets, {} fenced), {} releases \
+             ({} Ok); \
              {} faults: {} crashes, {} partitions, {} clock jumps, {} holder pauses, \
              {} segments lost with their connection ({} replies), {} long delays, {} split \
              writes, {} connection resets ({} mid-batch, {} commands ran after their \
@@ -655,6 +659,7 @@ impl fmt::Display for Stats {
             self.acquisitions,
             self.grants,
             self.fair_grants,
+            self.fifo_checked,
             self.set_grants,
             self.fenced_grants,
             self.releases,
@@ -839,6 +844,10 @@ struct Cycle<'a> {
     wait: bool,
     keep: Option<Schedule>,
     held: Option<Held>,
+    /// Its fair queue ticket, and (in calm runs) the waiters that were queued on a quorum
+    /// when it started: none of them with an earlier ticket may be passed over.
+    ticket: u64,
+    ahead: Vec<(Vec<u8>, f64)>,
 }
 
 struct Held {
@@ -2634,6 +2643,12 @@ impl<'a> World<'a> {
             ticket: (self.now + cl.clock) / 1000,
             spread: cl.callers[k].spread,
         };
+        let ticket = params.ticket;
+        let ahead = if config.fair && wait {
+            self.queued(&keys)
+        } else {
+            Vec::new()
+        };
         if self.trace {
             eprintln!(
                 "{:>10.3} ms  caller {c}.{k} takes {side:?} on {keys:?} (ops {ops:?}), wait {wait}, fair {}, keep {}",
@@ -2651,10 +2666,72 @@ impl<'a> World<'a> {
             wait,
             keep,
             held: None,
+            ticket,
+            ahead,
         });
         let round = Round::new(self.p.nodes, now, None, None);
         let m = Acquisition::new(spec, config, params, now, round, &mut self.rng.0);
         self.start_job(c, k, Job::Acquire(Box::new(m)));
+    }
+
+    /// In calm runs of mutexes and read-write locks, the waiters queued on a quorum of nodes
+    /// in the fair queue of `keys` (a single key), with their tickets.
+    fn queued(&mut self, keys: &[usize]) -> Vec<(Vec<u8>, f64)> {
+        if self.scenario != Scenario::Calm || keys.len() != 1 {
+            return Vec::new();
+        }
+        let (queue, expiries) = match self.p.locks {
+            Locks::Mutex => (
+                Derived::MutexQueue.of(&self.arena.keys[keys[0]]).to_vec(),
+                Derived::MutexQueueExpiries
+                    .of(&self.arena.keys[keys[0]])
+                    .to_vec(),
+            ),
+            Locks::ReadWrite => (
+                self.arena.rw[keys[0]].queue().to_vec(),
+                self.arena.rw[keys[0]].queue_expiries().to_vec(),
+            ),
+            _ => return Vec::new(),
+        };
+        let mut seen: BTreeMap<Vec<u8>, (f64, usize)> = BTreeMap::new();
+        for node in 0..self.nodes.len() {
+            let now_ms = self.nodes[node].clock_ms(self.now);
+            let mem = &mut self.nodes[node].server.node;
+            for (member, ticket) in mem.queue_entries(now_ms, &queue, &expiries) {
+                seen.entry(member).or_insert((ticket, 0)).1 += 1;
+            }
+        }
+        seen.into_iter()
+            .filter(|(_, (_, n))| *n >= self.p.quorum)
+            .map(|(m, (t, _))| (m, t))
+            .collect()
+    }
+
+    /// A fair waiter of a calm run was granted: no waiter queued on a quorum before it started,
+    /// with an earlier ticket, may still be waiting (but readers may pass readers).
+    fn check_fifo(&mut self, c: usize, k: usize) {
+        let cycle = self.clients[c].callers[k].cycle.as_ref().expect("a cycle");
+        if cycle.ahead.is_empty() {
+            return;
+        }
+        let (ahead, ticket, side, keys) = (
+            cycle.ahead.clone(),
+            cycle.ticket,
+            cycle.side,
+            cycle.keys.clone(),
+        );
+        self.stats.fifo_checked += 1;
+        let still: Vec<Vec<u8>> = self.queued(&keys).into_iter().map(|(m, _)| m).collect();
+        for (member, t) in ahead {
+            let reader = member.first() == Some(&b'r');
+            if t < ticket as f64 && still.contains(&member) && !(reader && side == Side::Read) {
+                self.failures.push(format!(
+                    "fair queue order: caller {c}.{k} (ticket {ticket}) was granted while {:?} \
+                     (ticket {t}), queued before it started, still waits",
+                    String::from_utf8_lossy(&member)
+                ));
+            }
+        }
     }
 
     fn timing(&self, ttl_ms: u64) -> Timing {
@@ -2699,6 +2776,9 @@ impl<'a> World<'a> {
         if refused_quorum {
             self.failures
                 .push("granted though too few nodes accept the setup".into());
+        }
+        if self.clients[c].config.fair {
+            self.check_fifo(c, k);
         }
         let now = self.instant(self.now);
         let steps = self.rng.range(1, 3) as u32;

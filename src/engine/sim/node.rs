@@ -864,6 +864,33 @@ impl Node {
         }
     }
 
+    /// The members of the fair queue `queue` whose entries in `expiries` are live at `now_ms`,
+    /// with their tickets.
+    pub fn queue_entries(
+        &mut self,
+        now_ms: i64,
+        queue: &[u8],
+        expiries: &[u8],
+    ) -> Vec<(Vec<u8>, f64)> {
+        self.now = now_ms;
+        let live: Vec<Vec<u8>> = match self.entry(expiries).map(|e| &e.data) {
+            Some(Data::ZSet(z)) => z
+                .iter()
+                .filter(|(_, at)| **at > now_ms as f64)
+                .map(|(m, _)| m.clone())
+                .collect(),
+            _ => return Vec::new(),
+        };
+        match self.entry(queue).map(|e| &e.data) {
+            Some(Data::ZSet(z)) => z
+                .iter()
+                .filter(|(m, _)| live.contains(m))
+                .map(|(m, t)| (m.clone(), *t))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The names of the keys that hold something at `now_ms` (expired ones are not counted).
     pub fn live_key_names(&mut self, now_ms: i64) -> Vec<Vec<u8>> {
         self.now = now_ms;

@@ -300,6 +300,13 @@ fn calm_runs_are_live() {
                 ("kept locks", s.kept),
             ],
         );
+        if locks != Locks::All {
+            // Grants in a fair queue were checked against those queued ahead (FIFO).
+            require(
+                s,
+                &[("fair grants checked for queue order", s.fifo_checked)],
+            );
+        }
         if locks == Locks::ReadWrite {
             require(s, &[("downgrades", s.downgrades)]);
         }
