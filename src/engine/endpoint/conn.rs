@@ -66,6 +66,8 @@ pub(crate) enum Slot {
     Discard { redo: Option<Redo> },
     /// A message on a subscriber connection (confirmations and published messages alike).
     Push,
+    /// The reply to a topology read (`CLUSTER SHARDS`) on a link of a cluster member.
+    Topology,
 }
 
 impl Slot {
