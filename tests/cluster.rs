@@ -1,0 +1,350 @@
+//! Quorum members that are Redis Clusters (`redis+cluster://`), against real clusters of
+//! `redis-server` 7.0 processes started here: commands land on the master of their lock's
+//! slot, a slot migrated while threads lock and release lets no two of them hold at once and
+//! leaves nothing behind, a master failover is followed, and every lock kind works.
+
+mod common;
+use redlock_mux_kit::history;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::cluster::ClusterMember;
+use history::{History, Kind, Op};
+use redlock_mux::{Client, Error};
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn client(urls: &[String]) -> Client {
+    Client::builder()
+        .nodes(urls)
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .expect("client")
+}
+
+fn members(n: usize, masters: usize) -> Vec<ClusterMember> {
+    (0..n)
+        .map(|_| ClusterMember::start(masters, 0).expect("cluster"))
+        .collect()
+}
+
+fn urls(members: &[ClusterMember]) -> Vec<String> {
+    members.iter().map(ClusterMember::url).collect()
+}
+
+/// Locks on many keys land on the masters that serve their slots: each master of each member
+/// ran one `SET NX` per key of its slots and one release per key, and answered no redirection.
+#[test]
+fn locks_land_on_the_master_of_their_slot() {
+    let members = members(3, 3);
+    let client = client(&urls(&members));
+    let keys: Vec<String> = (0..120).map(|i| format!("route:{i}")).collect();
+    let started = Instant::now();
+    for key in &keys {
+        let lock = client.try_lock(key, TTL).expect("lock");
+        lock.release().expect("release");
+    }
+    let cycle = started.elapsed() / keys.len() as u32;
+    for (m, member) in members.iter().enumerate() {
+        let mut expected: HashMap<SocketAddr, u64> = HashMap::new();
+        for key in &keys {
+            let slot = member.slot(key.as_bytes());
+            let owner = member.owner(slot, member.masters()[0]).expect("owner");
+            *expected.entry(owner).or_default() += 1;
+        }
+        for master in member.masters() {
+            let want = expected.get(&master).copied().unwrap_or(0);
+            let sets = ClusterMember::calls(master, "set");
+            // The release is a script run by digest.
+            let releases = ClusterMember::calls(master, "evalsha");
+            eprintln!(
+                "member {m} master {master}: {sets} SET, {releases} EVALSHA, {want} keys of its slots"
+            );
+            assert_eq!(sets, want, "SET on {master} of member {m}");
+            assert_eq!(releases, want, "releases on {master} of member {m}");
+            assert_eq!(ClusterMember::errors(master, "MOVED"), 0);
+            assert_eq!(ClusterMember::errors(master, "ASK"), 0);
+        }
+        assert!(member.keys().is_empty(), "keys left on member {m}");
+    }
+    eprintln!("lock and release, sequential: {cycle:?} per cycle");
+}
+
+/// Every lock kind works on a quorum of cluster members, mixed with a standalone member: a
+/// mutex, a fenced lock, read and write locks, a semaphore, a fair queue, a kept-alive lock,
+/// an all-or-none set of keys of one slot; wake-ups reach a waiter.
+#[test]
+fn every_lock_kind_works_on_cluster_members() {
+    let clusters = members(2, 3);
+    let standalone = common::RedisServer::start().expect("server");
+    let mut nodes = urls(&clusters);
+    nodes.push(standalone.url());
+    let client = client(&nodes);
+
+    let lock = client.try_lock("kinds:mutex", TTL).expect("mutex");
+    assert!(client
+        .try_lock("kinds:mutex", TTL)
+        .unwrap_err()
+        .is_contended());
+    lock.release().expect("release");
+
+    let fenced = client.try_lock_fenced("kinds:fenced", TTL).expect("fenced");
+    let first = fenced.fencing_token();
+    fenced.release().expect("release");
+    let fenced = client.try_lock_fenced("kinds:fenced", TTL).expect("fenced");
+    assert!(fenced.fencing_token() > first, "fencing tokens grow");
+    fenced.release().expect("release");
+
+    let r1 = client.try_read_lock("kinds:rw", TTL).expect("read");
+    let r2 = client.try_read_lock("kinds:rw", TTL).expect("second read");
+    assert!(
+        client.try_write_lock("kinds:rw", TTL).is_err(),
+        "readers keep a writer out"
+    );
+    r1.release().expect("release");
+    r2.release().expect("release");
+    let w = client.try_write_lock("kinds:rw", TTL).expect("write");
+    assert!(
+        client.try_read_lock("kinds:rw", TTL).is_err(),
+        "a writer keeps readers out"
+    );
+    let r = w.downgrade().expect("downgrade");
+    r.release().expect("release");
+
+    let sem = client.semaphore("kinds:sem", 2).expect("semaphore");
+    let p1 = sem.try_acquire(TTL).expect("permit");
+    let p2 = sem.try_acquire(TTL).expect("permit");
+    assert!(sem.try_acquire(TTL).is_err(), "two permits only");
+    p1.release().expect("release");
+    p2.release().expect("release");
+
+    let set = client
+        .try_lock_all(["{order:42}:a", "{order:42}:b", "{order:42}:c"], TTL)
+        .expect("all-or-none on one slot");
+    set.release().expect("release");
+    match client.try_lock_all(["order:1", "order:2"], TTL) {
+        Err(Error::InvalidArgument(redlock_mux::InvalidArgument::KeysInSeveralSlots {
+            ..
+        })) => {}
+        other => panic!("keys of two slots: {other:?}"),
+    }
+
+    let kept = client
+        .try_lock("kinds:kept", Duration::from_millis(600))
+        .expect("lock")
+        .keep_alive(redlock_mux::KeepAlive::new(Duration::from_millis(600)))
+        .unwrap_or_else(|_| panic!("keep alive"));
+    thread::sleep(Duration::from_millis(1500));
+    assert!(!kept.is_lost(), "kept alive past its TTL");
+    assert!(client.try_lock("kinds:kept", TTL).is_err());
+    kept.release().expect("release");
+
+    // A waiter is woken by the holder's release, announced on the clusters' pub/sub (the
+    // client's members are the clusters alone), in arrival order with a fair client.
+    let fair = Client::builder()
+        .nodes(urls(&clusters))
+        .node_timeout(Duration::from_millis(500))
+        .fair(true)
+        .retry_delay(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    let held = fair.try_lock("kinds:fair", TTL).expect("lock");
+    let waiter = {
+        let fair = fair.clone();
+        thread::spawn(move || {
+            let started = Instant::now();
+            let lock = fair.lock("kinds:fair", TTL).expect("waiter");
+            let waited = started.elapsed();
+            lock.release().expect("release");
+            waited
+        })
+    };
+    thread::sleep(Duration::from_millis(300));
+    held.release().expect("release");
+    let waited = waiter.join().unwrap();
+    eprintln!("fair waiter woken after {waited:?}");
+    // Without the wake-up it would wait for its 5 s retry delay.
+    assert!(
+        waited < Duration::from_secs(4),
+        "woken by the release: {waited:?}"
+    );
+
+    for (m, c) in clusters.iter().enumerate() {
+        assert!(
+            common::eventually(Duration::from_secs(5), || lock_keys(c).is_empty()),
+            "keys left on member {m}: {:?}",
+            lock_keys(c)
+        );
+    }
+}
+
+/// The keys of a member but its fence counters, which live on by design.
+fn lock_keys(member: &ClusterMember) -> Vec<Vec<u8>> {
+    let mut keys = member.keys();
+    keys.retain(|k| !k.starts_with(b"redlock-mux:fence:"));
+    keys
+}
+
+/// Threads lock and release one key while its slot moves to another master on every member
+/// (`SETSLOT MIGRATING`/`IMPORTING`, a pause in which clients meet `ASK`, `MIGRATE`, `SETSLOT
+/// NODE`, then `MOVED`): no two of them ever hold it at once, and nothing is left behind.
+#[test]
+fn a_slot_migrated_while_threads_lock_lets_no_two_hold() {
+    const THREADS: u64 = 4;
+    const KEY: &str = "migrate:hot";
+    let members = members(3, 3);
+    let client = client(&urls(&members));
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let history = Arc::new(Mutex::new(History::default()));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|id| {
+            let client = client.clone();
+            let stop = stop.clone();
+            let history = history.clone();
+            thread::spawn(move || {
+                let mut h = History::default();
+                let mut granted = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let invoke = origin.elapsed();
+                    let Ok(lock) = client.try_lock(KEY, Duration::from_millis(800)) else {
+                        thread::sleep(Duration::from_millis(1));
+                        continue;
+                    };
+                    let ok = origin.elapsed();
+                    let op = h.push(Op {
+                        client: id,
+                        kind: Kind::Mutex,
+                        key: KEY.as_bytes().to_vec(),
+                        invoke,
+                        ok: Some(ok),
+                        fence: None,
+                        valid_until: Some(ok + lock.validity()),
+                        release: None,
+                    });
+                    thread::sleep(Duration::from_millis(2));
+                    h.ops[op].release = Some(origin.elapsed());
+                    let _ = lock.release();
+                    granted += 1;
+                }
+                history.lock().unwrap().merge(h);
+                granted
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let mut moves = 0;
+    for round in 0..2 {
+        for member in &members {
+            let slot = member.slot(KEY.as_bytes());
+            let from = member.owner(slot, member.masters()[0]).expect("owner");
+            let to = member
+                .masters()
+                .into_iter()
+                .find(|&a| a != from)
+                .expect("another master");
+            member.migrate(slot, from, to, || thread::sleep(Duration::from_millis(150)));
+            moves += 1;
+            eprintln!("round {round}: slot {slot} moved {from} -> {to}");
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let granted: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    let report = history.lock().unwrap().check();
+    let mut redirects = (0, 0);
+    for member in &members {
+        for master in member.masters() {
+            redirects.0 += ClusterMember::errors(master, "MOVED");
+            redirects.1 += ClusterMember::errors(master, "ASK");
+        }
+    }
+    eprintln!(
+        "{moves} slot moves in {:?}: {granted} grants, {} MOVED and {} ASK answered, \
+         {} lock violations",
+        started.elapsed(),
+        redirects.0,
+        redirects.1,
+        report.lock_violations()
+    );
+    assert_eq!(report.lock_violations(), 0, "{report:?}");
+    assert!(granted > 0);
+    for (m, c) in members.iter().enumerate() {
+        assert!(
+            common::eventually(Duration::from_secs(5), || lock_keys(c).is_empty()),
+            "keys left on member {m}: {:?}",
+            lock_keys(c)
+        );
+    }
+}
+
+/// A master of one member fails over to its replica (`CLUSTER FAILOVER`): the client follows
+/// the `MOVED` replies and the topology read, and locks on its slots keep working on the new
+/// master.
+#[test]
+fn locks_keep_working_after_a_master_failover() {
+    let failing = ClusterMember::start(3, 1).expect("cluster with a replica");
+    let mut all = vec![failing];
+    all.extend(members(2, 3));
+    let client = client(&urls(&all));
+    let member = &all[0];
+    let old = member.masters()[0];
+    let replica = member.servers[3].addr();
+    // A key whose slot the failing master serves.
+    let key = (0..10_000)
+        .map(|i| format!("failover:{i}"))
+        .find(|k| member.owner(member.slot(k.as_bytes()), old) == Some(old))
+        .expect("a key of the first master");
+    for _ in 0..20 {
+        client
+            .try_lock(&key, TTL)
+            .expect("lock")
+            .release()
+            .expect("release");
+    }
+    let before = ClusterMember::calls(replica, "set");
+    let v = common::cmd(replica, &[b"CLUSTER", b"FAILOVER"]);
+    assert!(matches!(v, redlock_mux::resp::Value::Simple(_)), "{v:?}");
+    let promoted = Instant::now();
+    assert!(
+        common::eventually(common::cluster::SETTLE, || {
+            member.owner(member.slot(key.as_bytes()), replica) == Some(replica)
+        }),
+        "the replica took over"
+    );
+    let mut first_ok = None;
+    let mut failed = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut ok = 0;
+    while ok < 50 && Instant::now() < deadline {
+        match client.try_lock(&key, TTL) {
+            // Granted with the new master's vote: the key is there while held.
+            Ok(lock) if common::get(replica, key.as_bytes()).is_some() => {
+                lock.release().expect("release");
+                first_ok.get_or_insert_with(|| promoted.elapsed());
+                ok += 1;
+            }
+            // Granted by the other members while this one's command was still on its way
+            // to the new master (its connection is set up on the first MOVED).
+            Ok(lock) => {
+                lock.release().expect("release");
+                failed += 1;
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    let after = ClusterMember::calls(replica, "set") - before;
+    eprintln!(
+        "failover: first grant with the new master's vote {:?} after the promotion, {failed} \
+         attempts before without it, {after} SET on the new master",
+        first_ok
+    );
+    assert_eq!(ok, 50, "locks keep working after the failover");
+    assert!(after >= 50, "the new master serves the slot: {after} SET");
+}
