@@ -348,3 +348,114 @@ fn locks_keep_working_after_a_master_failover() {
     assert_eq!(ok, 50, "locks keep working after the failover");
     assert!(after >= 50, "the new master serves the slot: {after} SET");
 }
+
+/// The fault suite's overlap check with one member a cluster: threads lock and release one key
+/// on two standalone servers and a cluster while the cluster's master of that key is killed
+/// (kill -9) and started again after longer than the TTL. The cluster fails for the rounds in
+/// between (a broken connection, then `CLUSTERDOWN` until it heals), never casting a wrong vote:
+/// no two threads hold at once, it votes again once it is back, and nothing is left behind.
+#[test]
+fn a_cluster_member_whose_master_is_killed_casts_no_wrong_vote() {
+    const THREADS: u64 = 4;
+    const KEY: &str = "fault:cluster";
+    let ttl = Duration::from_millis(300);
+    let standalone = [
+        common::RedisServer::start().expect("server"),
+        common::RedisServer::start().expect("server"),
+    ];
+    let mut cluster = ClusterMember::start(3, 0).expect("cluster");
+    let slot = cluster.slot(KEY.as_bytes());
+    let master = cluster.owner(slot, cluster.masters()[0]).expect("owner");
+    let k = cluster
+        .masters()
+        .iter()
+        .position(|&a| a == master)
+        .expect("a master");
+    let nodes = vec![standalone[0].url(), standalone[1].url(), cluster.url()];
+    let client = Client::builder()
+        .nodes(&nodes)
+        .node_timeout(Duration::from_millis(50))
+        .build()
+        .expect("client");
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let history = Arc::new(Mutex::new(History::default()));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|id| {
+            let client = client.clone();
+            let stop = stop.clone();
+            let history = history.clone();
+            thread::spawn(move || {
+                let mut h = History::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let invoke = origin.elapsed();
+                    let Ok(lock) = client.try_lock(KEY, ttl) else {
+                        thread::sleep(Duration::from_millis(1));
+                        continue;
+                    };
+                    let ok = origin.elapsed();
+                    let op = h.push(Op {
+                        client: id,
+                        kind: Kind::Mutex,
+                        key: KEY.as_bytes().to_vec(),
+                        invoke,
+                        ok: Some(ok),
+                        fence: None,
+                        valid_until: Some(ok + lock.validity()),
+                        release: None,
+                    });
+                    thread::sleep(Duration::from_millis(2));
+                    h.ops[op].release = Some(origin.elapsed());
+                    let _ = lock.release();
+                }
+                history.lock().unwrap().merge(h);
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(400));
+    cluster.servers[k].kill().expect("kill -9");
+    let killed = Instant::now();
+    thread::sleep(ttl + Duration::from_millis(200));
+    cluster.servers[k].restart().expect("restart");
+    cluster.wait_ok().expect("the cluster heals");
+    let healed = killed.elapsed();
+    // The cluster votes again: a grant while its master holds the key.
+    let back = Instant::now();
+    let voted = common::eventually(Duration::from_secs(10), || {
+        client
+            .try_lock(KEY, ttl)
+            .map(|lock| {
+                let there = common::get(master, KEY.as_bytes()).is_some();
+                let _ = lock.release();
+                there
+            })
+            .unwrap_or(false)
+    });
+    let voted_after = back.elapsed();
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let report = history.lock().unwrap().check();
+    let grants = history.lock().unwrap().ops.len();
+    eprintln!(
+        "master killed, restarted after {:?} and healed {healed:?} after the kill; voting again \
+         {voted_after:?} after; {grants} grants, {} lock violations; {:?}",
+        ttl + Duration::from_millis(200),
+        report.lock_violations(),
+        client.stats().nodes[2].failures
+    );
+    assert_eq!(report.lock_violations(), 0, "{report:?}");
+    assert!(voted, "the cluster member votes again after it healed");
+    let nothing_left = || {
+        lock_keys(&cluster).is_empty()
+            && standalone
+                .iter()
+                .all(|s| common::get(s.addr(), KEY.as_bytes()).is_none())
+    };
+    assert!(
+        common::eventually(Duration::from_secs(5), nothing_left),
+        "keys left"
+    );
+}

@@ -687,7 +687,18 @@ impl Endpoint {
         };
         let worth = match (redo, r.slot) {
             (Some(redo), _) => redo.until > now,
-            (None, Slot::Reply { due, fired, .. }) => !fired && due > now,
+            // An acquisition only while its round waits for it: once the round is over (its
+            // owner may have released already), sending it again could only leave a key behind.
+            (
+                None,
+                Slot::Reply {
+                    caller,
+                    run,
+                    due,
+                    fired,
+                    ..
+                },
+            ) => !fired && due > now && self.mail.run_of(caller as usize) == Some(run),
             _ => false,
         };
         let to = target
