@@ -12,6 +12,8 @@ use crate::error::InvalidArgument;
 
 /// The default Redis port, used when a `redis://` or `rediss://` URL names none.
 const DEFAULT_PORT: u16 = 6379;
+/// The most replicas a cluster URL's `?wait=N` may ask a grant to reach.
+const MAX_WAIT: u32 = 16;
 
 /// The schemes a node URL may have, for the message that refuses another one.
 const SCHEMES: &str = "the scheme must be redis://, rediss:// (TLS), unix://, redis+unix://, \
@@ -39,6 +41,9 @@ pub(crate) struct NodeAddr {
     /// `redis+cluster://`: the node is a Redis Cluster, whose seeds are `addrs` (every
     /// address of every seed host, in the URL's order).
     pub cluster: bool,
+    /// `?wait=N` on a cluster URL: a grant (an acquisition, an extension, a downgrade, a fence
+    /// raised) counts only once `WAIT N` says that many replicas have it. 0: no wait.
+    pub wait: u32,
 }
 
 /// Where one connect goes: one of a node's addresses.
@@ -334,6 +339,7 @@ impl NodeAddr {
             password,
             db,
             cluster: false,
+            wait: 0,
         })
     }
 
@@ -349,11 +355,28 @@ impl NodeAddr {
         path: &str,
         query: Option<&str>,
     ) -> Result<NodeAddr, InvalidArgument> {
-        if !path.is_empty() || query.is_some() {
+        if !path.is_empty() {
             return Err(bad(
                 url,
-                "a cluster URL takes no database or query: a Redis Cluster has database 0 only",
+                "a cluster URL takes no database: a Redis Cluster has database 0 only",
             ));
+        }
+        let mut wait = 0;
+        for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
+            wait = match kv.split_once('=') {
+                Some(("wait", n)) => n
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&n| (1..=MAX_WAIT).contains(&n))
+                    .ok_or_else(|| bad(url, "wait=N takes 1 to 16 replicas"))?,
+                _ => {
+                    return Err(bad(
+                        url,
+                        "a cluster URL takes only ?wait=N (replicas a grant must reach); \
+                         a Redis Cluster has database 0 only",
+                    ))
+                }
+            };
         }
         let mut addrs: Vec<SocketAddr> = Vec::new();
         let mut first_host = None;
@@ -399,6 +422,7 @@ impl NodeAddr {
             password,
             db: 0,
             cluster: true,
+            wait,
         })
     }
 
@@ -415,6 +439,7 @@ impl NodeAddr {
             password: self.password.clone(),
             db: 0,
             cluster: false,
+            wait: 0,
         }
     }
 
@@ -459,6 +484,7 @@ impl NodeAddr {
             password: q.password,
             db: q.db.unwrap_or(0),
             cluster: false,
+            wait: 0,
         })
     }
 
@@ -623,6 +649,9 @@ impl fmt::Display for NodeUrl {
         f.write_str(&n.display)?;
         if n.db != 0 {
             write!(f, "/{}", n.db)?;
+        }
+        if n.wait != 0 {
+            write!(f, "?wait={}", n.wait)?;
         }
         Ok(())
     }
@@ -843,9 +872,17 @@ mod tests {
         // A master reached from it keeps its credentials and its TLS name.
         let m = n.master("127.0.0.1:7005".parse().unwrap());
         assert!(!m.cluster && m.db == 0 && m.host == "127.0.0.1");
+        let n = NodeAddr::parse("redis+cluster://127.0.0.1:7000?wait=1").unwrap();
+        assert_eq!((n.cluster, n.wait), (true, 1));
+        assert_eq!(
+            NodeUrl(n).to_string(),
+            "redis+cluster://127.0.0.1:7000?wait=1"
+        );
         for (url, why) in [
             ("redis+cluster://127.0.0.1:7000/1", "database"),
             ("redis+cluster://127.0.0.1:7000?db=1", "database"),
+            ("redis+cluster://127.0.0.1:7000?wait=0", "wait"),
+            ("redis+cluster://127.0.0.1:7000?wait=17", "wait"),
             (
                 "redis+cluster://127.0.0.1:7000,,127.0.0.1:7001",
                 "host:port",

@@ -459,3 +459,94 @@ fn a_cluster_member_whose_master_is_killed_casts_no_wrong_vote() {
         "keys left"
     );
 }
+
+/// With `?wait=N` on a cluster URL, a grant counts only once `WAIT N` says that many replicas
+/// have it: while the lock is held, every member's replica has the key; a master without a
+/// replica fails the member (`NOREPLICAS`), never a vote. Prints what the wait costs.
+#[test]
+fn a_grant_waits_for_a_replica_when_the_url_asks() {
+    const CYCLES: u32 = 100;
+    let members: Vec<ClusterMember> = (0..3)
+        .map(|_| ClusterMember::start(3, 1).expect("cluster with a replica"))
+        .collect();
+    let plain = client(&urls(&members));
+    let waiting_urls: Vec<String> = members
+        .iter()
+        .map(|m| format!("{}?wait=1", m.url()))
+        .collect();
+    let waiting = client(&waiting_urls);
+    // redis-cli gives every cluster the same slot ranges, in the order of its masters; the
+    // replica is the first master's.
+    let owned_by = |k: &String, i: usize| {
+        members
+            .iter()
+            .all(|m| m.owner(m.slot(k.as_bytes()), m.masters()[0]) == Some(m.masters()[i]))
+    };
+    let replicated: Vec<String> = (0..1000)
+        .map(|i| format!("wait:{i}"))
+        .filter(|k| owned_by(k, 0))
+        .take(10)
+        .collect();
+    let bare = (0..1000)
+        .map(|i| format!("nowait:{i}"))
+        .find(|k| owned_by(k, 1))
+        .expect("a key of the second master");
+    assert_eq!(replicated.len(), 10);
+    let cycles = |client: &Client| {
+        let started = Instant::now();
+        for i in 0..CYCLES {
+            let key = &replicated[i as usize % replicated.len()];
+            client
+                .try_lock(key, TTL)
+                .expect("lock")
+                .release()
+                .expect("release");
+        }
+        started.elapsed() / CYCLES
+    };
+    // Warm both up, then measure in turn.
+    cycles(&plain);
+    cycles(&waiting);
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        without.push(cycles(&plain));
+        with.push(cycles(&waiting));
+    }
+    without.sort();
+    with.sort();
+    eprintln!(
+        "lock and release, median of 3 runs of {CYCLES}: {:?} without WAIT, {:?} with WAIT 1",
+        without[1], with[1]
+    );
+    for key in &replicated[..3] {
+        let lock = waiting.try_lock(key, TTL).expect("lock");
+        for m in &members {
+            let replica = m.servers[3].addr();
+            let got = common::cmds(replica, &[&[b"READONLY"], &[b"GET", key.as_bytes()]]);
+            assert!(
+                matches!(&got[1], redlock_mux::resp::Value::Bulk(Some(_))),
+                "the replica {replica} has {key} while it is held: {got:?}"
+            );
+        }
+        lock.release().expect("release");
+    }
+    match waiting.try_lock(&bare, TTL) {
+        Err(Error::QuorumUnreachable { failures, .. }) => {
+            // The round ends once a quorum is out of reach.
+            assert!(failures.len() >= 2, "{failures:?}");
+            for f in &failures {
+                assert!(
+                    matches!(&f.kind, redlock_mux::NodeErrorKind::Server { message, .. }
+                        if message.starts_with("NOREPLICAS")),
+                    "{f:?}"
+                );
+            }
+        }
+        other => panic!("a master without a replica cannot grant with WAIT: {other:?}"),
+    }
+    plain
+        .try_lock(&bare, TTL)
+        .expect("without WAIT it can")
+        .release()
+        .expect("release");
+}

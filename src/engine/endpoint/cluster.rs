@@ -275,14 +275,15 @@ pub(crate) fn decode<'a>(bytes: &'a [u8], limits: &Limits) -> Option<Reply<'a>> 
 pub(crate) struct Kept {
     bytes: Vec<u8>,
     head: usize,
-    /// Each command's length in `bytes`, how many replies come before its own, and how many
-    /// redirections it followed.
-    entries: VecDeque<(u32, u32, u8)>,
+    /// Each command's length in `bytes`, how many replies come before its own, how many
+    /// redirections it followed, and whether a `WAIT` follows it.
+    entries: VecDeque<(u32, u32, u8, bool)>,
 }
 
 impl Kept {
-    /// Keeps the command queued last: `bytes`, with `before` replies before its own.
-    pub fn push(&mut self, bytes: &[u8], before: usize, hops: u8) {
+    /// Keeps the command queued last: `bytes`, with `before` replies before its own, and a
+    /// `WAIT` after it if `wait`.
+    pub fn push(&mut self, bytes: &[u8], before: usize, hops: u8, wait: bool) {
         if self.entries.is_empty() {
             self.bytes.clear();
             self.head = 0;
@@ -292,15 +293,16 @@ impl Kept {
         }
         self.bytes.extend_from_slice(bytes);
         self.entries
-            .push_back((bytes.len() as u32, before as u32, hops));
+            .push_back((bytes.len() as u32, before as u32, hops, wait));
     }
 
-    /// The oldest command kept, answered now: its bytes, `before` and hops.
-    pub fn pop(&mut self) -> Option<(&[u8], usize, u8)> {
-        let (len, before, hops) = self.entries.pop_front()?;
+    /// The oldest command kept, answered now: its bytes, `before`, hops and whether a `WAIT`
+    /// follows it.
+    pub fn pop(&mut self) -> Option<(&[u8], usize, u8, bool)> {
+        let (len, before, hops, wait) = self.entries.pop_front()?;
         let start = self.head;
         self.head = (start + len as usize).min(self.bytes.len());
-        Some((&self.bytes[start..self.head], before as usize, hops))
+        Some((&self.bytes[start..self.head], before as usize, hops, wait))
     }
 
     /// The connection broke: nothing it owed will be answered.

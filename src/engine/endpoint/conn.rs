@@ -68,6 +68,9 @@ pub(crate) enum Slot {
     Push,
     /// The reply to a topology read (`CLUSTER SHARDS`) on a link of a cluster member.
     Topology,
+    /// The reply to the `WAIT` that follows a grant on a cluster member asked to wait for
+    /// replicas: whether the reply just before it counts.
+    Wait,
 }
 
 impl Slot {

@@ -136,6 +136,8 @@ struct Node {
     addr: Option<Box<NodeAddr>>,
     /// On a cluster member's links: the bytes of the commands owed a reply, to redirect.
     kept: Kept,
+    /// On a cluster member's links: a grant's reply held until the `WAIT` after it answers.
+    awaiting: Option<(Slot, Vec<u8>)>,
     cmd: Conn,
     sub: Conn,
     /// As the last completed setup said; what commands are written for.
@@ -218,6 +220,8 @@ struct Redirected {
     bytes: Vec<u8>,
     before: usize,
     hops: u8,
+    /// A `WAIT` followed it, and follows it again.
+    wait: bool,
     /// The reply itself: what the owner is given if the redirection is not followed.
     reply: Vec<u8>,
 }
@@ -248,6 +252,7 @@ impl Endpoint {
                     member: i,
                     addr: None,
                     kept: Kept::default(),
+                    awaiting: None,
                     cmd: Conn::new(true, now),
                     sub: Conn::new(false, now),
                     server: Server::default(),
@@ -426,7 +431,7 @@ impl Endpoint {
                 .queue(Slot::Discard { redo: None }, t.redo, |out| {
                     encoded.write(caps, out, |out| m.encode(t, caps, out))
                 });
-            self.keep_sent(i);
+            self.keep_sent(i, false);
             return;
         };
         if !conn.can_send(now) {
@@ -469,17 +474,46 @@ impl Endpoint {
             t.redo,
             |out| encoded.write(caps, out, |out| m.encode(t, caps, out)),
         );
-        self.keep_sent(i);
+        let wait = self.config.nodes[member].wait > 0
+            && matches!(
+                t.what,
+                What::Acquire { .. }
+                    | What::Extend { .. }
+                    | What::Downgrade { .. }
+                    | What::FenceWrite { .. }
+            );
+        self.keep_sent(i, wait);
+        if wait {
+            self.queue_wait(i);
+        }
     }
 
     /// On a link of a cluster member, keeps the bytes of the command just queued (the last
-    /// encoding) until its reply comes, to follow a redirection.
-    fn keep_sent(&mut self, link: usize) {
+    /// encoding) until its reply comes, to follow a redirection (with a `WAIT` after it if
+    /// `wait`).
+    fn keep_sent(&mut self, link: usize, wait: bool) {
         if self.topo[self.nodes[link].member].is_none() {
             return;
         }
         let before = self.encoded.for_caps.map_or(0, |(_, b)| b);
-        self.nodes[link].kept.push(&self.encoded.bytes, before, 0);
+        self.nodes[link]
+            .kept
+            .push(&self.encoded.bytes, before, 0, wait);
+    }
+
+    /// Queues on `link`, after a grant, `WAIT N ms` for the replicas its member's URL asks a
+    /// grant to reach (`?wait=N`), bounded by the node timeout: the grant's reply is held until
+    /// it answers, and counts only if that many replicas have it.
+    fn queue_wait(&mut self, link: usize) {
+        let n = self.config.nodes[self.nodes[link].member].wait;
+        let ms = (self.config.node_timeout.as_millis() as u64).max(1);
+        self.nodes[link].cmd.queue(Slot::Wait, None, |out| {
+            crate::resp::write_array_len(out, 3);
+            crate::resp::write_bulk(out, b"WAIT");
+            crate::resp::write_bulk_u64(out, n.into());
+            crate::resp::write_bulk_u64(out, ms);
+            0
+        });
     }
 
     /// The link of cluster member `member` that `t` goes to: the master of the slot of its
@@ -557,6 +591,7 @@ impl Endpoint {
             member,
             addr: Some(Box::new(self.config.nodes[member].master(addr))),
             kept: Kept::default(),
+            awaiting: None,
             cmd: Conn::new(true, now),
             sub: Conn::new(false, now),
             server,
@@ -743,7 +778,10 @@ impl Endpoint {
                 out.extend_from_slice(&bytes);
                 before
             });
-        self.nodes[to].kept.push(&bytes, before, r.hops + 1);
+        self.nodes[to].kept.push(&bytes, before, r.hops + 1, r.wait);
+        if r.wait {
+            self.queue_wait(to);
+        }
         self.touch(ConnId {
             node: to,
             sub: false,
@@ -843,7 +881,7 @@ impl Endpoint {
                     .queue_redo(slot, r.redo, &node.retry_bytes[at..end]);
                 if self.topo[node.member].is_some() {
                     node.kept
-                        .push(&node.retry_bytes[at..end], r.redo.before as usize, 0);
+                        .push(&node.retry_bytes[at..end], r.redo.before as usize, 0, false);
                 }
             }
             at = end;
@@ -1025,11 +1063,61 @@ impl Endpoint {
         let from = self.link_target(link);
         let mut topology: Vec<Vec<u8>> = Vec::new();
         let mut redirected: Vec<Redirected> = Vec::new();
+        let replicas = self.config.nodes[member].wait;
         let mail = &mut self.mail;
         let stats = &self.stats;
-        let Node { cmd, kept, .. } = &mut self.nodes[link];
+        let Node {
+            cmd,
+            kept,
+            awaiting,
+            ..
+        } = &mut self.nodes[link];
         let result = cmd.take_replies(&limits, |slot, bytes| match slot {
             Slot::Topology => topology.push(bytes.to_vec()),
+            // After a redirection, nothing waits for it.
+            Slot::Wait => {
+                let Some((
+                    Slot::Reply {
+                        caller,
+                        run,
+                        tag,
+                        sent,
+                        ..
+                    },
+                    reply,
+                )) = awaiting.take()
+                else {
+                    return;
+                };
+                stats.reply(member, now.saturating_duration_since(sent));
+                match cluster::decode(bytes, &limits) {
+                    Some(Reply::Integer(n)) if n >= i64::from(replicas) => {
+                        mail.post_reply(caller as usize, run, member, tag, &reply)
+                    }
+                    answer => {
+                        let reached = match answer {
+                            Some(Reply::Integer(n)) => n.to_string(),
+                            _ => "none".to_owned(),
+                        };
+                        let why = NodeErrorKind::Server {
+                            kind: crate::resp::ServerErrorKind::Other,
+                            message: format!(
+                                "NOREPLICAS the write reached {reached} of the {replicas} \
+                                 replicas WAIT asked for within the node timeout"
+                            ),
+                        };
+                        mail.post(
+                            caller as usize,
+                            run,
+                            Event::Failure {
+                                node: member,
+                                tag,
+                                why,
+                            },
+                        );
+                    }
+                }
+            }
             Slot::Reply { .. } | Slot::Discard { .. } => {
                 let command = kept.pop();
                 let to = if bytes.first() == Some(&b'-') {
@@ -1037,15 +1125,20 @@ impl Endpoint {
                 } else {
                     None
                 };
-                if let (Some((b, before, hops)), Some(to)) = (command, to) {
+                if let (Some((b, before, hops, wait)), Some(to)) = (command, to) {
                     redirected.push(Redirected {
                         to,
                         slot,
                         bytes: b.to_vec(),
                         before,
                         hops,
+                        wait,
                         reply: bytes.to_vec(),
                     });
+                    return;
+                }
+                if command.is_some_and(|c| c.3) && matches!(slot, Slot::Reply { .. }) {
+                    *awaiting = Some((slot, bytes.to_vec()));
                     return;
                 }
                 if let Slot::Reply {
@@ -1161,9 +1254,28 @@ impl Endpoint {
             retries,
             retry_bytes,
             kept,
+            awaiting,
             ..
         } = &mut self.nodes[i];
         kept.clear();
+        if let Some((
+            Slot::Reply {
+                caller, run, tag, ..
+            },
+            _,
+        )) = awaiting.take()
+        {
+            // Its `WAIT` will not answer: the grant does not count.
+            self.mail.post(
+                caller as usize,
+                run,
+                Event::Failure {
+                    node: member,
+                    tag,
+                    why: why.clone(),
+                },
+            );
+        }
         let mail = &mut self.mail;
         cmd.fail(why.clone(), now, |slot, bytes| {
             let redo = match slot {
