@@ -652,9 +652,8 @@ impl Endpoint {
                 if let Some(topo) = self.topo[member].as_mut() {
                     topo.slots_only = true;
                     topo.asked = None;
-                    topo.want = true;
-                    topo.last = None;
                 }
+                self.refresh(member, now);
                 return;
             }
             Some(Reply::Error(m)) if m.windows(8).any(|w| w == b"disabled") => {
@@ -1590,5 +1589,7 @@ pub(crate) fn decode_reply<'a>(
     conn::decoded(bytes, limits)
 }
 
+#[cfg(test)]
+mod cluster_tests;
 #[cfg(test)]
 mod tests;
