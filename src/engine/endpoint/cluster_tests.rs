@@ -170,16 +170,25 @@ impl Net {
 
     /// Answers `link`'s setup as a Redis 7 server whose run id is made of `id`.
     fn answer_setup(&mut self, link: usize, id: char) {
+        self.answer_setup_as(link, id, "7.0.15", false);
+    }
+
+    /// Answers `link`'s setup as a Redis `version` server, with `HSETEX` if `hsetex`.
+    fn answer_setup_as(&mut self, link: usize, id: char, version: &str, hsetex: bool) {
         let mut r = Vec::new();
         for _ in SCRIPTS {
             r.extend_from_slice(b"$40\r\n0000000000000000000000000000000000000000\r\n");
         }
         let text = format!(
-            "redis_version:7.0.15\r\nrun_id:{}\r\n",
+            "redis_version:{version}\r\nrun_id:{}\r\n",
             id.to_string().repeat(40)
         );
         r.extend_from_slice(format!("${}\r\n{text}\r\n", text.len()).as_bytes());
-        r.extend_from_slice(b"*2\r\n$-1\r\n$-1\r\n");
+        if hsetex {
+            r.extend_from_slice(b"*2\r\n$-1\r\n*1\r\n$6\r\nhsetex\r\n");
+        } else {
+            r.extend_from_slice(b"*2\r\n$-1\r\n$-1\r\n");
+        }
         self.reply(link, &r);
     }
 
@@ -347,4 +356,17 @@ fn a_slot_without_a_master_or_a_refusal_is_a_failure_never_a_vote() {
         ["Error(TRYAGAIN Multiple keys request during rehashing of slot)"],
         "given to the machine, which counts it as a failure"
     );
+}
+
+#[test]
+fn the_first_topology_read_goes_out_whatever_the_server_offers() {
+    // The read waits behind the seed's first setup, before anything is known of the server;
+    // a server with newer commands must not make it fail as written for another one.
+    let mut net = Net::new("redis+cluster://127.0.0.1:7000");
+    net.ep.connect_all(net.now);
+    assert_eq!(net.connect(), [0]);
+    net.output(0);
+    net.answer_setup_as(0, 's', "8.2.3", true);
+    assert!(net.ep.is_open(cmd(0)), "the seed's connection stays up");
+    assert_eq!(net.output(0), ["CLUSTER SHARDS"]);
 }

@@ -339,7 +339,8 @@ impl Conn {
                 resent: false,
             }
         });
-        self.held_fresh |= held;
+        // A topology read is the same whatever the server offers.
+        self.held_fresh |= held && slot != Slot::Topology;
         self.push_slots(slot, before, redo);
     }
 
