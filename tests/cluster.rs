@@ -550,3 +550,55 @@ fn a_grant_waits_for_a_replica_when_the_url_asks() {
         .release()
         .expect("release");
 }
+
+/// On Redis 8 clusters, the read-write lock goes without Lua (readers as hash fields with
+/// `HSETEX`, a writer as `SET NX` and a check in one transaction), and its transactions are
+/// routed by their keys' slot like any command.
+#[test]
+fn the_read_write_lock_without_lua_works_on_redis_8_clusters() {
+    let Some(redis8) = common::redis8_program() else {
+        eprintln!("skipped: no Redis 8 server (see .ci/redis8)");
+        return;
+    };
+    let members: Vec<ClusterMember> = (0..3)
+        .map(|_| ClusterMember::start_program(&redis8, 3, 0).expect("Redis 8 cluster"))
+        .collect();
+    let client = client(&urls(&members));
+    for i in 0..20 {
+        let key = format!("rw8:{i}");
+        let r1 = client.try_read_lock(&key, TTL).expect("read");
+        let r2 = client.try_read_lock(&key, TTL).expect("second read");
+        assert!(
+            client.try_write_lock(&key, TTL).is_err(),
+            "readers keep a writer out"
+        );
+        r1.release().expect("release");
+        r2.release().expect("release");
+        let w = client.try_write_lock(&key, TTL).expect("write");
+        assert!(
+            client.try_read_lock(&key, TTL).is_err(),
+            "a writer keeps readers out"
+        );
+        w.release().expect("release");
+    }
+    let (mut hsetex, mut multi, mut evalsha) = (0, 0, 0);
+    for m in &members {
+        for master in m.masters() {
+            hsetex += ClusterMember::calls(master, "hsetex");
+            multi += ClusterMember::calls(master, "multi");
+            evalsha += ClusterMember::calls(master, "evalsha");
+            assert_eq!(ClusterMember::errors(master, "CROSSSLOT"), 0);
+            assert_eq!(ClusterMember::errors(master, "MOVED"), 0);
+        }
+        assert!(
+            common::eventually(Duration::from_secs(5), || lock_keys(m).is_empty()),
+            "keys left: {:?}",
+            lock_keys(m)
+        );
+    }
+    eprintln!("Redis 8 clusters: {hsetex} HSETEX, {multi} MULTI, {evalsha} EVALSHA");
+    assert!(
+        hsetex >= 120 && multi > 0,
+        "the native path: {hsetex} HSETEX, {multi} MULTI"
+    );
+}

@@ -48,9 +48,29 @@ impl ClusterMember {
     /// A cluster of `masters` masters (and `replicas` replicas, each of one master in turn),
     /// every slot served, every node agreeing.
     pub fn start(masters: usize, replicas: usize) -> io::Result<ClusterMember> {
+        Self::start_inner(None, masters, replicas)
+    }
+
+    /// [`start`](Self::start) with the `redis-server` binary `program` (Redis 8, say).
+    pub fn start_program(
+        program: &std::path::Path,
+        masters: usize,
+        replicas: usize,
+    ) -> io::Result<ClusterMember> {
+        Self::start_inner(Some(program), masters, replicas)
+    }
+
+    fn start_inner(
+        program: Option<&std::path::Path>,
+        masters: usize,
+        replicas: usize,
+    ) -> io::Result<ClusterMember> {
         let mut servers = Vec::new();
         for _ in 0..masters + replicas {
-            servers.push(RedisServer::start_with(&cluster_args())?);
+            servers.push(match program {
+                Some(p) => RedisServer::start_program(p, &cluster_args())?,
+                None => RedisServer::start_with(&cluster_args())?,
+            });
         }
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
