@@ -602,3 +602,76 @@ fn the_read_write_lock_without_lua_works_on_redis_8_clusters() {
         "the native path: {hsetex} HSETEX, {multi} MULTI"
     );
 }
+
+/// A master of one member is killed (kill -9) and its replica promoted by the cluster itself:
+/// the member fails meanwhile (a broken connection, then no master for the slot), and once
+/// the topology read finds the new master, locks on its slots get its vote again.
+#[test]
+fn locks_get_the_promoted_replicas_vote_after_a_master_is_killed() {
+    let failing = ClusterMember::start(3, 1).expect("cluster with a replica");
+    let mut all = vec![failing];
+    all.extend(members(2, 3));
+    let client = client(&urls(&all));
+    let old = all[0].masters()[0];
+    let replica = all[0].servers[3].addr();
+    let key = (0..10_000)
+        .map(|i| format!("killed:{i}"))
+        .find(|k| all[0].owner(all[0].slot(k.as_bytes()), old) == Some(old))
+        .expect("a key of the first master");
+    for _ in 0..20 {
+        client
+            .try_lock(&key, TTL)
+            .expect("lock")
+            .release()
+            .expect("release");
+    }
+    all[0].servers[0].kill().expect("kill -9");
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(20);
+    let mut without = 0;
+    let mut voted = None;
+    let mut promoted = None;
+    while voted.is_none() && Instant::now() < deadline {
+        if promoted.is_none() && is_master(replica) {
+            promoted = Some(killed.elapsed());
+        }
+        match client.try_lock(&key, TTL) {
+            // Granted with the promoted replica's vote: the key is there while held.
+            Ok(lock) if has_key(replica, key.as_bytes()) => {
+                voted = Some(killed.elapsed());
+                lock.release().expect("release");
+            }
+            Ok(lock) => {
+                without += 1;
+                lock.release().expect("release");
+            }
+            Err(e) => panic!("the two other members grant meanwhile: {e}"),
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!(
+        "master killed: the replica promoted {promoted:?} and voting {voted:?} after the kill \
+         ({without} grants without it meanwhile)"
+    );
+    assert!(voted.is_some(), "the promoted replica votes within 20 s");
+    for _ in 0..20 {
+        let lock = client.try_lock(&key, TTL).expect("lock");
+        lock.release().expect("release");
+    }
+}
+
+/// Whether the server at `addr` (a master, or a replica: `READONLY` first) has `key`.
+fn has_key(addr: SocketAddr, key: &[u8]) -> bool {
+    let got = common::cmds(addr, &[&[b"READONLY"], &[b"GET", key]]);
+    matches!(&got[1], redlock_mux::resp::Value::Bulk(Some(_)))
+}
+
+/// Whether the server at `addr` says it is a master.
+fn is_master(addr: SocketAddr) -> bool {
+    match common::cmd(addr, &[b"ROLE"]) {
+        redlock_mux::resp::Value::Array(Some(items)) => {
+            matches!(items.first(), Some(redlock_mux::resp::Value::Bulk(Some(r))) if r == b"master")
+        }
+        _ => false,
+    }
+}

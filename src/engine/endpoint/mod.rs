@@ -539,12 +539,18 @@ impl Endpoint {
             None => Ok(member),
             Some((_, Some(link))) => Ok(link),
             Some((_, None)) if !topo.known => Ok(member),
-            Some((s, None)) => Err(NodeErrorKind::Server {
-                kind: crate::resp::ServerErrorKind::ClusterDown,
-                message: format!(
-                    "CLUSTERDOWN no master serves hash slot {s} in the cluster's topology"
-                ),
-            }),
+            Some((s, None)) => {
+                // The cluster may be electing a new master for it: read again soon.
+                if let Some(topo) = self.topo[member].as_mut() {
+                    topo.want = true;
+                }
+                Err(NodeErrorKind::Server {
+                    kind: crate::resp::ServerErrorKind::ClusterDown,
+                    message: format!(
+                        "CLUSTERDOWN no master serves hash slot {s} in the cluster's topology"
+                    ),
+                })
+            }
         }
     }
 
@@ -602,14 +608,19 @@ impl Endpoint {
         Some(self.nodes.len() - 1)
     }
 
-    /// Sends a topology read of cluster member `member`: on its seed link if that can take
-    /// it, else on any of its links that is up; if none can, it stays wanted.
+    /// Sends a topology read of cluster member `member`: on its seed link if that is set up,
+    /// else on a master's link that is, else on the seed link if it can take it (connecting
+    /// it), else on any link that is up; if none can, it stays wanted.
     fn refresh(&mut self, member: usize, now: Instant) {
-        let link = if self.nodes[member].cmd.can_send(now) {
+        let links = || (self.members..self.nodes.len()).filter(|&l| self.nodes[l].member == member);
+        let link = if self.nodes[member].cmd.is_ready() {
+            Some(member)
+        } else if let Some(l) = links().find(|&l| self.nodes[l].cmd.is_ready()) {
+            Some(l)
+        } else if self.nodes[member].cmd.can_send(now) {
             Some(member)
         } else {
-            (self.members..self.nodes.len())
-                .find(|&l| self.nodes[l].member == member && self.nodes[l].cmd.is_up())
+            links().find(|&l| self.nodes[l].cmd.is_up())
         };
         let Some(topo) = self.topo[member].as_mut() else {
             return;
@@ -1063,6 +1074,7 @@ impl Endpoint {
         let mut topology: Vec<Vec<u8>> = Vec::new();
         let mut redirected: Vec<Redirected> = Vec::new();
         let replicas = self.config.nodes[member].wait;
+        let mut down = false;
         let mail = &mut self.mail;
         let stats = &self.stats;
         let Node {
@@ -1119,6 +1131,7 @@ impl Endpoint {
             }
             Slot::Reply { .. } | Slot::Discard { .. } => {
                 let command = kept.pop();
+                down |= bytes.starts_with(b"-CLUSTERDOWN");
                 let to = if bytes.first() == Some(&b'-') {
                     cluster::redirect(bytes, from)
                 } else {
@@ -1171,6 +1184,12 @@ impl Endpoint {
         }
         for r in redirected {
             self.follow(link, r, now);
+        }
+        if down {
+            // The cluster is electing a master, or lost a slot's: read again soon.
+            if let Some(topo) = self.topo[member].as_mut() {
+                topo.want = true;
+            }
         }
         self.refresh_if_due(member, now);
     }
