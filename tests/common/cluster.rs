@@ -3,9 +3,10 @@
 //! joined with `redis-cli --cluster create`. Every server is a [`RedisServer`], killed by PID
 //! (and its directory removed) when the member drops, also while a failed test unwinds.
 
+use std::fs;
 use std::io;
 use std::net::SocketAddr;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -72,20 +73,8 @@ impl ClusterMember {
                 None => RedisServer::start_with(&cluster_args())?,
             });
         }
-        let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for s in &servers[..masters] {
-            create.arg(s.addr().to_string());
-        }
-        create.args(["--cluster-replicas", "0", "--cluster-yes"]);
-        let out = create.output()?;
-        if !out.status.success() {
-            return Err(io::Error::other(format!(
-                "redis-cli --cluster create failed: {}",
-                String::from_utf8_lossy(&out.stdout)
-            )));
-        }
         let member = ClusterMember { servers, masters };
+        member.create()?;
         member.wait_ok()?;
         for r in 0..replicas {
             let replica = member.servers[masters + r].addr();
@@ -116,6 +105,74 @@ impl ClusterMember {
             member.wait_replicas(replicas)?;
         }
         Ok(member)
+    }
+
+    /// Joins the masters with `redis-cli --cluster create`, bounded in time. On a loaded
+    /// machine a node may give up a cluster-bus handshake (after the node timeout) and never
+    /// retry it, and `redis-cli` would then wait for the join for ever: once every master has
+    /// its slots and has met another node, the masters are told to meet again until
+    /// `redis-cli` sees them agree.
+    fn create(&self) -> io::Result<()> {
+        let log = self.servers[0].dir().join("create.log");
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for s in &self.servers[..self.masters] {
+            create.arg(s.addr().to_string());
+        }
+        create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&log)?)
+            .stderr(Stdio::null());
+        let mut child = create.spawn()?;
+        let deadline = Instant::now() + SETTLE;
+        let masters = self.masters();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                if status.success() {
+                    return Ok(());
+                }
+                return Err(io::Error::other(format!(
+                    "redis-cli --cluster create failed: {}",
+                    fs::read_to_string(&log).unwrap_or_default()
+                )));
+            }
+            if Instant::now() >= deadline {
+                // Our own child, by its PID.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::other(format!(
+                    "redis-cli --cluster create did not finish in {SETTLE:?}: {}",
+                    fs::read_to_string(&log).unwrap_or_default()
+                )));
+            }
+            // Once redis-cli has given every master its slots and epoch and started the
+            // meetings (each master knows another node), meeting again changes nothing but a
+            // lost handshake.
+            let meeting = masters.iter().all(|&a| {
+                let info = text(&cmd(a, &[b"CLUSTER", b"INFO"]));
+                !info.contains("cluster_slots_assigned:0\r")
+                    && !info.contains("cluster_known_nodes:1\r")
+            });
+            if meeting {
+                for &a in &masters {
+                    for &b in &masters {
+                        if a != b {
+                            let _ = cmd(
+                                a,
+                                &[
+                                    b"CLUSTER",
+                                    b"MEET",
+                                    b.ip().to_string().as_bytes(),
+                                    b.port().to_string().as_bytes(),
+                                ],
+                            );
+                        }
+                    }
+                }
+            }
+            thread::sleep(Duration::from_millis(500));
+        }
     }
 
     /// The member's URL: every node a seed.
