@@ -23,13 +23,12 @@
 
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::client::Client;
-use crate::engine::keepalive::Schedule;
+use crate::engine::keepalive::{KeptValidity, Schedule};
 use crate::error::{Error, InvalidArgument};
 use crate::guard::kind::Kind;
 use crate::guard::{Guard, Held};
@@ -210,20 +209,17 @@ fn keep_alive(held: Held, plan: Schedule, settings: KeepAlive) -> KeptLock {
     let key = held.key().to_vec();
     let token = held.token().to_vec();
     let fencing_token = held.fencing_token();
-    let base = Instant::now();
-    let until = nanos(held.valid_until().saturating_duration_since(base));
+    let now = Instant::now();
+    let validity = KeptValidity::new(plan, now, held.valid_until());
     let shared = Arc::new(Shared {
         lock: Mutex::new(Some(held)),
-        lost: AtomicBool::new(false),
-        base,
-        until: AtomicU64::new(until),
-        plan,
+        validity,
         notify: Mutex::new(settings.notify),
     });
     let job = Box::new(Kept(Arc::downgrade(&shared)));
-    if keeper.add(shared.next_due(base), job).is_err() {
+    if keeper.add(shared.validity.next_due(now), job).is_err() {
         // The thread can only be gone if it panicked; without it nobody extends the lock.
-        shared.lost.store(true, Ordering::Release);
+        shared.validity.set_lost();
     }
     KeptLock {
         shared,
@@ -233,25 +229,13 @@ fn keep_alive(held: Held, plan: Schedule, settings: KeepAlive) -> KeptLock {
     }
 }
 
-/// A duration in whole nanoseconds, saturated (`u64` nanoseconds last 584 years, longer than
-/// any TTL).
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 /// State shared by a [`KeptLock`] and the keeper thread.
 struct Shared {
     /// The lock; `None` once released by its holder.
     lock: Mutex<Option<Held>>,
-    /// Set once the lock is lost; never cleared.
-    lost: AtomicBool,
-    /// The origin of `until`.
-    base: Instant,
-    /// The lock's end of validity, in nanoseconds after `base`. Readable without waiting for
-    /// an extension round in flight; the keeper lowers it before each round to what that round
-    /// may leave on the nodes, and sets it to the guard's own end of validity after.
-    until: AtomicU64,
-    plan: Schedule,
+    /// The lock's end of validity, and whether it is lost: readable without waiting for an
+    /// extension round in flight.
+    validity: KeptValidity,
     /// Whom to tell of a loss; taken when telling.
     notify: Mutex<Option<Notify>>,
 }
@@ -261,62 +245,17 @@ impl Shared {
         self.lock.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The validity left at `now`, or `None` once the lock is lost. The end of validity having
-    /// passed is recorded as a loss, so that a lost lock stays lost even if an extension that
-    /// won just in time is recorded afterwards.
+    /// The validity left at `now`, or `None` once the lock is lost.
     fn left(&self, now: Instant) -> Option<Duration> {
-        if self.lost.load(Ordering::Acquire) {
-            return None;
-        }
-        let until = Duration::from_nanos(self.until.load(Ordering::Acquire));
-        let elapsed = now.saturating_duration_since(self.base);
-        match until.checked_sub(elapsed).filter(|left| !left.is_zero()) {
-            Some(left) => Some(left),
-            None => {
-                self.lost.store(true, Ordering::Release);
-                None
-            }
-        }
-    }
-
-    fn set_until(&self, at: Instant) {
-        let n = nanos(at.saturating_duration_since(self.base));
-        self.until.store(n, Ordering::Release);
-    }
-
-    fn lower_until(&self, at: Instant) {
-        let n = nanos(at.saturating_duration_since(self.base));
-        self.until.fetch_min(n, Ordering::AcqRel);
-    }
-
-    /// When the next extension is due, for the lock as it is at `now`.
-    fn next_due(&self, now: Instant) -> Instant {
-        self.plan
-            .next_due(now, self.left(now).unwrap_or(Duration::ZERO))
+        self.validity.left(now)
     }
 
     /// Extends `guard` once; returns when to come back, or why the lock is lost.
     fn extend(&self, guard: &mut Held) -> Result<Instant, Error> {
-        let now = Instant::now();
-        if self.left(now).is_none() {
-            return Err(Error::ValidityExpired {
-                elapsed: Duration::ZERO,
-            });
-        }
-        // `validity()` and `is_lost()` must not wait for the round: what it may leave on the
-        // nodes is what they say while it is in flight.
-        if let Some(cap) = self.plan.cap_from(now) {
-            self.lower_until(cap);
-        }
-        let result = guard.extend(self.plan.ttl());
-        let until = guard.valid_until();
-        if result.is_ok() {
-            self.set_until(until);
-        } else {
-            self.lower_until(until);
-        }
-        let now = Instant::now();
-        self.plan.after_round(result, now, self.left(now))
+        self.validity.round_starts(Instant::now())?;
+        let result = guard.extend(self.validity.plan().ttl());
+        self.validity
+            .round_ended(result, guard.valid_until(), Instant::now())
     }
 }
 
@@ -338,7 +277,7 @@ pub struct KeptLock {
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
-            .field("lost", &self.lost.load(Ordering::Relaxed))
+            .field("validity", &self.validity)
             .finish_non_exhaustive()
     }
 }
@@ -498,7 +437,7 @@ fn serve(shared: &Shared) -> Option<Instant> {
     };
     let key = guard.key().to_vec();
     drop(slot);
-    shared.lost.store(true, Ordering::Release);
+    shared.validity.set_lost();
     let notify = shared
         .notify
         .lock()

@@ -19,7 +19,13 @@
 //! - **writes outside the window**: an increment written when its writer no longer held the key;
 //! - **more than k holders**: a semaphore of `k` permits ([`Kind::Permit`]) held by more than
 //!   `k` windows at some instant. Permit windows are checked only against each other (a
-//!   semaphore's keys are its own).
+//!   semaphore's keys are its own);
+//! - **releases reported done that did not happen**: a release that returned `Ok` while the
+//!   lock's entries were still live on more nodes than its release quorum allows (more than
+//!   N − quorum: a quorum acknowledged deleting them, so at most the others may still hold
+//!   them) ([`Release`], recorded by a harness that can look at the nodes);
+//! - **keys left behind**: keys still on a node once every release returned and every client
+//!   closed, in runs where nothing may be left ([`History::left_behind`]).
 //!
 //! Lost updates and lost writes inside a window differ where a write lands outside its window.
 //! One late write of an old value undoes every increment made since its writer read: all of
@@ -119,6 +125,28 @@ pub struct Increment {
     pub op: usize,
 }
 
+/// A release that returned `Ok`, and what the nodes held of its lock at that instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    /// The op released (index into [`History::ops`]).
+    pub op: usize,
+    /// When the release returned.
+    pub at: Duration,
+    /// The nodes on which the lock's entries were still live then.
+    pub live_on: Vec<usize>,
+    /// How many nodes the lock is on, and how many must acknowledge a release.
+    pub nodes: usize,
+    /// See `nodes`.
+    pub quorum: usize,
+}
+
+impl Release {
+    /// Whether more nodes still held the lock than the release allows.
+    pub fn did_not_happen(&self) -> bool {
+        self.live_on.len() > self.nodes.saturating_sub(self.quorum)
+    }
+}
+
 /// A semaphore's window starts (`true`) and ends, by time.
 type Events = Vec<(Duration, bool)>;
 
@@ -142,6 +170,11 @@ pub struct History {
     pub increments: Vec<Increment>,
     /// Each counter's value at the start and at the end of the run.
     pub counters: BTreeMap<Vec<u8>, (u64, u64)>,
+    /// The releases that returned `Ok`, as far as the harness could look at the nodes.
+    pub releases: Vec<Release>,
+    /// Keys (node, name) still on the nodes once every release returned and every client
+    /// closed, in a run where nothing may be left.
+    pub left_behind: Vec<(usize, Vec<u8>)>,
 }
 
 /// Two windows of one key that overlap.
@@ -198,6 +231,11 @@ pub struct Report {
     pub excess: Vec<Excess>,
     /// The most permit holders seen at once on any one semaphore.
     pub max_holders: usize,
+    /// Releases checked, and those reported done that did not happen.
+    pub releases: usize,
+    pub false_releases: Vec<Release>,
+    /// Keys left behind.
+    pub left_behind: Vec<(usize, Vec<u8>)>,
 }
 
 impl Report {
@@ -209,6 +247,8 @@ impl Report {
             + self.lost_inside.len() as u64
             + self.fencing_violations as u64
             + self.excess.len() as u64
+            + self.false_releases.len() as u64
+            + self.left_behind.len() as u64
     }
 
     /// [`lock_violations`](Self::lock_violations) plus every lost update, for histories in
@@ -231,6 +271,10 @@ impl Report {
         self.writes_outside += other.writes_outside;
         self.excess.extend(other.excess.iter().cloned());
         self.max_holders = self.max_holders.max(other.max_holders);
+        self.releases += other.releases;
+        self.false_releases
+            .extend(other.false_releases.iter().cloned());
+        self.left_behind.extend(other.left_behind.iter().cloned());
     }
 }
 
@@ -248,6 +292,17 @@ impl fmt::Display for Report {
             self.fencing_violations,
             self.writes_outside
         )?;
+        if self.releases > 0 {
+            write!(
+                f,
+                ", {} releases reported done that did not happen (of {})",
+                self.false_releases.len(),
+                self.releases
+            )?;
+        }
+        if !self.left_behind.is_empty() {
+            write!(f, ", {} keys left behind", self.left_behind.len())?;
+        }
         if self.max_holders > 0 || !self.excess.is_empty() {
             write!(
                 f,
@@ -286,6 +341,21 @@ impl fmt::Display for Report {
                 )?,
             }
         }
+        for r in self.false_releases.iter().take(3) {
+            write!(
+                f,
+                "\n  a release reported done that did not happen: op {} at {:?}, still live on \
+                 nodes {:?} (of {}, release quorum {})",
+                r.op, r.at, r.live_on, r.nodes, r.quorum
+            )?;
+        }
+        for (node, key) in self.left_behind.iter().take(3) {
+            write!(
+                f,
+                "\n  left behind on node {node}: {:?}",
+                String::from_utf8_lossy(key)
+            )?;
+        }
         for o in self.overlaps.iter().take(3) {
             write!(
                 f,
@@ -319,6 +389,12 @@ impl History {
         for (key, (start, end)) in other.counters {
             self.counters.insert(key, (start, end));
         }
+        self.releases
+            .extend(other.releases.into_iter().map(|mut r| {
+                r.op += base;
+                r
+            }));
+        self.left_behind.extend(other.left_behind);
     }
 
     /// Checks the history; see the module documentation for what is checked.
@@ -326,6 +402,14 @@ impl History {
         let mut report = Report {
             ops: self.ops.len(),
             increments: self.increments.len(),
+            releases: self.releases.len(),
+            false_releases: self
+                .releases
+                .iter()
+                .filter(|r| r.did_not_happen())
+                .cloned()
+                .collect(),
+            left_behind: self.left_behind.clone(),
             ..Report::default()
         };
         let mut by_key: BTreeMap<&[u8], Vec<(Duration, Duration, usize)>> = BTreeMap::new();

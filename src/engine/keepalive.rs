@@ -9,8 +9,13 @@
 //! a shorter TTL than the one it is kept with is extended at once, and a failed extension
 //! still leaves time for retries. An interval that cannot keep the lock (zero, or not shorter
 //! than the validity an extension gives) is refused up front.
+//!
+//! A [`KeptValidity`] is the kept lock's end of validity as its keeper and its holder share
+//! it: what the holder reads at any instant, and what the keeper lowers before each round and
+//! sets after it. The client's keeper thread and the simulation both keep their locks with it.
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::engine::timings;
@@ -101,6 +106,125 @@ impl Schedule {
             (Err(other), _) => Err(other),
         }
     }
+}
+
+/// A kept lock's end of validity, shared by its keeper and its holder: readable at every
+/// instant without waiting for an extension round in flight (the holder may read it from any
+/// thread while the keeper extends).
+#[derive(Debug)]
+pub(crate) struct KeptValidity {
+    plan: Schedule,
+    /// Set once the lock is lost; never cleared.
+    lost: AtomicBool,
+    /// The origin of `until`.
+    base: Instant,
+    /// The lock's end of validity, in nanoseconds after `base`. The keeper lowers it before
+    /// each round to what that round may leave on the nodes, and sets it to the guard's own
+    /// end of validity after.
+    until: AtomicU64,
+}
+
+impl KeptValidity {
+    /// A lock valid until `valid_until`, kept by `plan` from `now` on.
+    pub fn new(plan: Schedule, now: Instant, valid_until: Instant) -> KeptValidity {
+        let base = now;
+        KeptValidity {
+            plan,
+            lost: AtomicBool::new(false),
+            base,
+            until: AtomicU64::new(nanos(valid_until.saturating_duration_since(base))),
+        }
+    }
+
+    /// The schedule it is kept by.
+    pub fn plan(&self) -> &Schedule {
+        &self.plan
+    }
+
+    /// The validity left at `now`, or `None` once the lock is lost. The end of validity having
+    /// passed is recorded as a loss, so that a lost lock stays lost even if an extension that
+    /// won just in time is recorded afterwards.
+    pub fn left(&self, now: Instant) -> Option<Duration> {
+        if self.lost.load(Ordering::Acquire) {
+            return None;
+        }
+        let until = Duration::from_nanos(self.until.load(Ordering::Acquire));
+        let elapsed = now.saturating_duration_since(self.base);
+        match until.checked_sub(elapsed).filter(|left| !left.is_zero()) {
+            Some(left) => Some(left),
+            None => {
+                self.lost.store(true, Ordering::Release);
+                None
+            }
+        }
+    }
+
+    /// The end of validity, as it stands.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn until(&self) -> Instant {
+        self.base + Duration::from_nanos(self.until.load(Ordering::Acquire))
+    }
+
+    /// Whether the lock was found lost so far (by a read of its validity after its end, or by
+    /// a round), without reading it now.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn was_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// The lock is lost, whatever its end of validity says.
+    pub fn set_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
+    /// When the next extension is due, for the lock as it is at `now`.
+    pub fn next_due(&self, now: Instant) -> Instant {
+        self.plan
+            .next_due(now, self.left(now).unwrap_or(Duration::ZERO))
+    }
+
+    /// An extension round is about to be sent at `now`: the end of validity is lowered to what
+    /// the round may leave on the nodes, whatever comes of it (the holder reads it while the
+    /// round is in flight). Refused once the lock is lost.
+    pub fn round_starts(&self, now: Instant) -> Result<(), Error> {
+        if self.left(now).is_none() {
+            return Err(Error::ValidityExpired {
+                elapsed: Duration::ZERO,
+            });
+        }
+        if let Some(cap) = self.plan.cap_from(now) {
+            self.lower_until(cap);
+        }
+        Ok(())
+    }
+
+    /// The extension round came to `result`, leaving the guard valid until `valid_until`, as
+    /// of `now`: when to extend next, or why the lock is lost.
+    pub fn round_ended(
+        &self,
+        result: Result<(), Error>,
+        valid_until: Instant,
+        now: Instant,
+    ) -> Result<Instant, Error> {
+        if result.is_ok() {
+            let n = nanos(valid_until.saturating_duration_since(self.base));
+            self.until.store(n, Ordering::Release);
+        } else {
+            self.lower_until(valid_until);
+        }
+        self.plan.after_round(result, now, self.left(now))
+    }
+
+    fn lower_until(&self, at: Instant) {
+        let n = nanos(at.saturating_duration_since(self.base));
+        self.until.fetch_min(n, Ordering::AcqRel);
+    }
+}
+
+/// A duration in whole nanoseconds, saturated (`u64` nanoseconds last 584 years, longer than
+/// any TTL).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

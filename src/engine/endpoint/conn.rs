@@ -291,11 +291,15 @@ impl Conn {
         true
     }
 
-    /// The connect finished.
+    /// The connect finished. The backoff starts again from its least once the setup is
+    /// answered, not here: a server that accepts connections and refuses every setup (a wrong
+    /// password) is not worth reconnecting to every few milliseconds.
     pub fn connected(&mut self) {
         if let State::Connecting { .. } = self.state {
             self.state = State::Up;
-            self.backoff = BACKOFF_MIN;
+            if self.setup_owed == 0 {
+                self.backoff = BACKOFF_MIN;
+            }
             self.last_error = None;
         }
     }
@@ -539,7 +543,10 @@ impl Conn {
                         _ => {}
                     }
                     self.setup_owed = self.setup_owed.saturating_sub(1);
-                    set_up |= self.setup_owed == 0;
+                    if self.setup_owed == 0 {
+                        set_up = true;
+                        self.backoff = BACKOFF_MIN;
+                    }
                 }
                 Slot::Before => {
                     if self.before_error.is_empty() && bytes.first() == Some(&b'-') {

@@ -32,7 +32,8 @@
 //!   is told, `Machine::handle_written`). An acquisition is not sent to a node that still owes
 //!   a reply older than the node timeout (it counts as timed out there at once): a node too
 //!   slow for the load would otherwise get more than it can answer, without end. Releases and
-//!   cleanups still go. A connection is never given up for slowness: a slow or paused node
+//!   cleanups still go, but for the cleanup of an attempt that was not sent there (it has
+//!   nothing to delete, and every lost attempt of every caller would send one). A connection is never given up for slowness: a slow or paused node
 //!   answers its backlog in order when it can, so an acquisition queued there can never land
 //!   after its release. Dead peers are found by the transport (TCP keepalive and a user
 //!   timeout on unacknowledged data), which the shell reports as a failure.
@@ -71,7 +72,7 @@ use crate::engine::ops::Caps;
 use crate::engine::timings;
 use crate::error::NodeErrorKind;
 use crate::resp::Reply;
-use crate::rng::Entropy;
+use crate::rng::{Entropy, Token};
 use crate::stats::Recorder;
 use crate::url::{NodeAddr, Target};
 
@@ -147,6 +148,34 @@ struct Node {
     /// Compare-and-deletes of broken connections, with their bytes in `retry_bytes`, in order.
     retries: Vec<Retry>,
     retry_bytes: Vec<u8>,
+    /// The tokens of the last acquisition attempts that were not sent here (failed at once):
+    /// their cleanups have nothing to delete here.
+    unsent: [Option<Token>; UNSENT],
+    unsent_next: usize,
+}
+
+/// How many attempts kept off a node are remembered, so that their cleanups are not sent
+/// there (one forgotten only costs a useless cleanup).
+const UNSENT: usize = 64;
+
+impl Node {
+    /// The attempt with `token` was not sent to this node.
+    fn unsent(&mut self, token: Token) {
+        self.unsent[self.unsent_next] = Some(token);
+        self.unsent_next = (self.unsent_next + 1) % UNSENT;
+    }
+
+    /// Whether the attempt with `token` was not sent here (forgetting it: its cleanup is the
+    /// last command about it).
+    fn was_unsent(&mut self, token: Token) -> bool {
+        match self.unsent.iter_mut().find(|t| **t == Some(token)) {
+            Some(t) => {
+                *t = None;
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// One transmit's bytes, encoded once for all the nodes whose servers offer the same.
@@ -259,6 +288,8 @@ impl Endpoint {
                     known: false,
                     retries: Vec::new(),
                     retry_bytes: Vec::new(),
+                    unsent: [None; UNSENT],
+                    unsent_next: 0,
                 })
                 .collect(),
             members: n,
@@ -403,6 +434,12 @@ impl Endpoint {
                 }
             },
         };
+        if let (None, What::Cleanup { token }) = (t.tag, t.what) {
+            if self.nodes[i].was_unsent(token) {
+                // The attempt never went there: nothing of it to delete.
+                return;
+            }
+        }
         let conn = &self.nodes[i].cmd;
         let Some(tag) = t.tag else {
             // Nobody reads its reply (a cleanup, a queue leave): it goes where something of
@@ -436,6 +473,9 @@ impl Endpoint {
         };
         if !conn.can_send(now) {
             let why = conn.down_reason();
+            if let What::Acquire { token } = t.what {
+                self.nodes[i].unsent(token);
+            }
             if let Some(until) = t.redo {
                 // What the node may hold of ours is deleted once it is reachable again.
                 self.retry_later(i, t, m, until);
@@ -448,7 +488,11 @@ impl Endpoint {
             // Behind a backlog that is already past the node timeout, a new acquisition would
             // only time out, and deepen the backlog: callers that win at the quorum without
             // this node would otherwise send it more than it can answer, without end. It
-            // counts as timed out at once; releases and cleanups still go.
+            // counts as timed out at once; releases and cleanups still go (but for the cleanup
+            // of this very attempt, which has nothing to delete there).
+            if let What::Acquire { token } = t.what {
+                self.nodes[i].unsent(token);
+            }
             m.handle_failure(member, tag, NodeErrorKind::Timeout, now, rng);
             return;
         }
@@ -604,6 +648,8 @@ impl Endpoint {
             known: false,
             retries: Vec::new(),
             retry_bytes: Vec::new(),
+            unsent: [None; UNSENT],
+            unsent_next: 0,
         });
         Some(self.nodes.len() - 1)
     }

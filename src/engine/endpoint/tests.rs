@@ -524,3 +524,105 @@ fn a_release_waiting_for_a_node_that_stays_down_is_failed_to_its_owner_at_its_no
     // The release is still owed to the node, for when it comes back.
     assert!(net.ep.needs_tending(net.now));
 }
+
+#[test]
+fn a_node_that_refuses_every_setup_is_reconnected_ever_more_slowly() {
+    let mut net = Net::new(1);
+    let caller = net.ep.open_caller();
+    let mut refused_at = Vec::new();
+    for _ in 0..4 {
+        // A command for the node: it connects if it may, and its setup is refused (a password
+        // the server does not take).
+        let run = net.ep.begin(caller);
+        let mut m = Probe::new(What::Subscribe, None);
+        net.step(caller, run, &mut m);
+        if net.connect_all().is_empty() {
+            // Still backing off: the command failed at once, with the setup's refusal.
+            assert!(
+                matches!(m.failures.as_slice(), [(0, NodeErrorKind::Setup { .. })]),
+                "{:?}",
+                m.failures
+            );
+            net.ep.finish(caller, run, net.now);
+            net.now += MS;
+            continue;
+        }
+        net.take_output(Net::cmd(0));
+        net.reply(
+            Net::cmd(0),
+            b"-NOAUTH Authentication required.\r\n-NOAUTH Authentication required.\r\n",
+        );
+        assert_eq!(net.ep.poll_io(), Some(Io::Close(Net::cmd(0))));
+        refused_at.push(net.now);
+        net.ep.finish(caller, run, net.now);
+        net.now += MS;
+    }
+    // 4 ms of tries: the first refusal, then a wait of at least the least backoff.
+    assert_eq!(refused_at.len(), 1, "{refused_at:?}");
+    let mut gaps = Vec::new();
+    let mut last = refused_at[0];
+    while gaps.len() < 3 {
+        net.now += MS;
+        let run = net.ep.begin(caller);
+        let mut m = Probe::new(What::Subscribe, None);
+        net.step(caller, run, &mut m);
+        if !net.connect_all().is_empty() {
+            net.take_output(Net::cmd(0));
+            net.reply(Net::cmd(0), b"-NOAUTH Authentication required.\r\n");
+            assert_eq!(net.ep.poll_io(), Some(Io::Close(Net::cmd(0))));
+            gaps.push(net.now - last);
+            last = net.now;
+        }
+        net.ep.finish(caller, run, net.now);
+    }
+    // A connect that succeeds but whose setup is refused is no success: the backoff grows, as
+    // for a connect refused outright, rather than hammering the server every 10 ms.
+    assert!(
+        gaps[1] > gaps[0] && gaps[2] > gaps[1],
+        "reconnects to a node that refuses every setup came {gaps:?} apart"
+    );
+}
+
+#[test]
+fn the_cleanup_of_an_attempt_kept_off_a_node_is_not_sent_there() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let mut first = Probe::new(
+        What::Acquire {
+            token: Token::from_random([5; 20]),
+        },
+        None,
+    );
+    net.step(caller, run, &mut first);
+    net.take_output(Net::cmd(0));
+    // The node is behind: the next attempt is kept off it, and counts as timed out.
+    net.now += 60 * MS;
+    let token = Token::from_random([6; 20]);
+    let mut attempt = Probe::new(What::Acquire { token }, None);
+    net.step(caller, run, &mut attempt);
+    assert!(matches!(
+        attempt.failures.as_slice(),
+        [(0, NodeErrorKind::Timeout)]
+    ));
+    // Its cleanup has nothing to delete there: sending it would only deepen the backlog of a
+    // node too slow for the load (every lost attempt of every caller sends one).
+    let mut cleanup = Probe::new(What::Cleanup { token }, Some(net.now + 10_000 * MS));
+    cleanup.tag = None;
+    net.step(caller, run, &mut cleanup);
+    assert!(!net.ep.wants_write(Net::cmd(0)), "the cleanup was queued");
+    // The cleanup of an attempt that went out still goes.
+    let mut cleanup = Probe::new(
+        What::Cleanup {
+            token: Token::from_random([5; 20]),
+        },
+        Some(net.now + 10_000 * MS),
+    );
+    cleanup.tag = None;
+    net.step(caller, run, &mut cleanup);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+}

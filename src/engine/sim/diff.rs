@@ -1498,3 +1498,508 @@ fn native_read_write_commands_answer_like_redis_8() {
         pair.compared
     );
 }
+
+/// The simulated server (`server.rs`) against a real one: the same bytes, one command at a
+/// time, on one connection each.
+struct ServerPair {
+    real: Real,
+    sim: super::server::Server,
+    session: super::server::Session,
+    compared: usize,
+    /// Replies that were refusals of writes, or transactions aborted for one.
+    refusals: usize,
+}
+
+impl ServerPair {
+    fn new(server: &RedisServer, version: (u16, u16, u16)) -> ServerPair {
+        ServerPair {
+            real: Real::connect(server.addr()),
+            sim: super::server::Server::new(Node::default(), version, [b'0'; 40]),
+            session: super::server::Session::default(),
+            compared: 0,
+            refusals: 0,
+        }
+    }
+
+    /// Every command of `bytes` to both, each reply compared as [`alike`] has it.
+    fn same_each(&mut self, bytes: &[u8], what: &str) {
+        for cmd in super::commands(bytes) {
+            let real = self.real.call(cmd);
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .expect("clock after 1970")
+                .as_millis() as i64;
+            let mut out = Vec::new();
+            self.sim.execute(&mut self.session, now, cmd, &mut out);
+            let sim = value(&out);
+            self.compared += 1;
+            if let Value::Error(e) = &real {
+                let refused = [&b"READONLY"[..], b"MISCONF", b"OOM", b"EXECABORT"];
+                self.refusals += usize::from(refused.iter().any(|r| e.starts_with(r)));
+            }
+            assert!(
+                alike(&real, &sim, cmd.starts_with(b"*1\r\n$4\r\nEXEC")),
+                "{what}: {}: redis-server answers {} where the simulated server answers {}",
+                String::from_utf8_lossy(&cmd[..cmd.len().min(60)]),
+                shown(&real),
+                shown(&sim)
+            );
+        }
+    }
+}
+
+/// Makes the real server refuse writes as `refusal` says, as `tests/refused_writes.rs` does.
+fn refuse(real: &mut Real, refusal: super::server::Refusal, scratch: &std::path::Path) {
+    use super::server::Refusal;
+    let ok = |v: Value| assert!(!matches!(v, Value::Error(_)), "{v:?}");
+    match refusal {
+        // Port 1 on loopback: nothing listens, so the node stays a replica that never syncs.
+        Refusal::ReadOnly => ok(real.call(&command(&[b"REPLICAOF", b"127.0.0.1", b"1"]))),
+        Refusal::Misconf => {
+            let dir = scratch.join("misconf");
+            std::fs::create_dir_all(&dir).expect("a directory");
+            let d = dir.to_str().expect("a path").as_bytes();
+            ok(real.call(&command(&[b"CONFIG", b"SET", b"dir", d])));
+            ok(real.call(&command(&[b"CONFIG", b"SET", b"save", b"3600 1"])));
+            ok(real.call(&command(&[
+                b"CONFIG",
+                b"SET",
+                b"stop-writes-on-bgsave-error",
+                b"yes",
+            ])));
+            std::fs::remove_dir_all(&dir).expect("removed");
+            real.call(&command(&[b"BGSAVE"]));
+            let failed = (0..200).any(|_| {
+                std::thread::sleep(Duration::from_millis(50));
+                matches!(real.call(&command(&[b"INFO", b"persistence"])),
+                    Value::Bulk(Some(t)) if t.windows(24).any(|w| w == b"rdb_last_bgsave_status:e"))
+            });
+            assert!(failed, "the background save did not fail");
+        }
+        Refusal::Oom => {
+            ok(real.call(&command(&[
+                b"CONFIG",
+                b"SET",
+                b"maxmemory-policy",
+                b"noeviction",
+            ])));
+            ok(real.call(&command(&[b"CONFIG", b"SET", b"maxmemory", b"1"])));
+        }
+    }
+}
+
+/// A server that refuses writes (`READONLY`, `MISCONF`, `OOM`) answers every command the
+/// locks send as Redis 7.0 and 8.2 do: reads and `PUBLISH` run; refused commands answer the
+/// refusal, inside `MULTI` when queued (and `EXEC` answers `EXECABORT`); a script runs until
+/// its first write, which is refused (under `OOM` only a command that may grow memory, before
+/// any write); deletes run under `OOM`, and Redis 7 refuses everything queued in a
+/// transaction once out of memory where Redis 8 refuses only what may grow memory.
+#[test]
+fn refused_writes_answer_like_redis_7_and_8() {
+    use super::server::Refusal;
+    use crate::engine::ops::{Caps, SCRIPTS};
+    let mut programs = vec![(super::local_servers::redis7_program(), (7, 0, 15))];
+    match super::local_servers::redis8_program() {
+        Some(p) => programs.push((p, (8, 2, 3))),
+        None => eprintln!(
+            "refused_writes_answer_like_redis_7_and_8: Redis 8 part skipped, no Redis 8 \
+             redis-server (run `bash .ci/install`, or set {})",
+            super::local_servers::REDIS8_SERVER_ENV
+        ),
+    }
+    let a: &[u8] = b"0000000000000000000000000000000000000001";
+    let b: &[u8] = b"0000000000000000000000000000000000000002";
+    let rw = RwKeys::new(b"doc");
+    let sem = SemKeys::new(b"sem");
+    let set: [&[u8]; 2] = [b"m:a", b"m:b"];
+    let mut compared = 0;
+    for (program, version) in programs {
+        let native = version.0 >= 8;
+        let caps = Caps {
+            delex: false,
+            hsetex: native,
+        };
+        let enc = |op: &dyn Op, form| {
+            let mut out = Vec::new();
+            op.encode_for(&mut out, form, caps);
+            out
+        };
+        for refusal in [Refusal::ReadOnly, Refusal::Misconf, Refusal::Oom] {
+            // `dir` is a protected setting; the MISCONF refusal moves it.
+            let server =
+                RedisServer::start_program(&program, &["--enable-protected-configs", "yes"])
+                    .expect("start redis-server");
+            let scratch = server.dir().to_path_buf();
+            let mut pair = ServerPair::new(&server, version);
+            let what = format!("{version:?} {refusal:?}");
+            // What the nodes hold before they refuse: a mutex, a writer, readers (a hash
+            // field on Redis 8, a sorted-set member), a semaphore holder, a set; the scripts.
+            let mut setup = Vec::new();
+            for s in SCRIPTS {
+                setup.extend(command(&[b"SCRIPT", b"LOAD", s.body.as_bytes()]));
+            }
+            setup.extend(enc(
+                &Acquire {
+                    key: b"mx",
+                    token: a,
+                    ttl_ms: 100_000,
+                },
+                ScriptForm::Sha,
+            ));
+            setup.extend(enc(
+                &WriteAcquire {
+                    keys: &RwKeys::new(b"wr"),
+                    ids: AttemptIds {
+                        waiter: a,
+                        token: a,
+                    },
+                    ttl_ms: 100_000,
+                    intent_ms: 0,
+                },
+                ScriptForm::Sha,
+            ));
+            setup.extend(enc(
+                &ReadAcquire {
+                    keys: &rw,
+                    token: a,
+                    ttl_ms: 100_000,
+                    native,
+                },
+                ScriptForm::Sha,
+            ));
+            setup.extend(enc(
+                &ReadAcquire {
+                    keys: &rw,
+                    token: b,
+                    ttl_ms: 100_000,
+                    native: false,
+                },
+                ScriptForm::Sha,
+            ));
+            setup.extend(enc(
+                &SemAcquire {
+                    keys: &sem,
+                    token: a,
+                    ttl_ms: 100_000,
+                    capacity: 2,
+                },
+                ScriptForm::Sha,
+            ));
+            setup.extend(enc(
+                &AcquireAll {
+                    keys: &set,
+                    token: a,
+                    ttl_ms: 100_000,
+                },
+                ScriptForm::Sha,
+            ));
+            pair.same_each(&setup, &format!("{what}: before"));
+            refuse(&mut pair.real, refusal, &scratch);
+            pair.sim.refusal = Some(refusal);
+            let wr = RwKeys::new(b"wr");
+            let block = |cmds: &[&[&[u8]]]| {
+                let mut out = Vec::new();
+                for c in cmds {
+                    out.extend(command(c));
+                }
+                out
+            };
+            let cases: Vec<(&str, Vec<u8>)> = vec![
+                ("GET", command(&[b"GET", b"mx"])),
+                ("EXISTS", command(&[b"EXISTS", b"mx", rw.readers()])),
+                ("PUBLISH", command(&[b"PUBLISH", b"ch", b"m"])),
+                ("SCRIPT LOAD", command(&[b"SCRIPT", b"LOAD", b"return 1"])),
+                ("SET", command(&[b"SET", b"free", a, b"NX", b"PX", b"1000"])),
+                ("DEL", command(&[b"DEL", b"nothing"])),
+                ("ZREM", command(&[b"ZREM", rw.readers(), b"nobody"])),
+                ("PEXPIRE", command(&[b"PEXPIRE", b"nothing", b"1000"])),
+                (
+                    "acquire",
+                    enc(
+                        &Acquire {
+                            key: b"free",
+                            token: a,
+                            ttl_ms: 1000,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "acquire on a held key",
+                    enc(
+                        &Acquire {
+                            key: b"mx",
+                            token: b,
+                            ttl_ms: 1000,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "release of someone else's",
+                    enc(
+                        &Release {
+                            key: b"mx",
+                            token: b,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "extend of someone else's",
+                    enc(
+                        &Extend {
+                            key: b"mx",
+                            token: b,
+                            ttl_ms: 1000,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "extend",
+                    enc(
+                        &Extend {
+                            key: b"mx",
+                            token: a,
+                            ttl_ms: 100_000,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "release",
+                    enc(
+                        &Release {
+                            key: b"mx",
+                            token: a,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "release with the body",
+                    enc(
+                        &Release {
+                            key: b"mx",
+                            token: a,
+                        },
+                        ScriptForm::Body,
+                    ),
+                ),
+                (
+                    "write acquire",
+                    enc(
+                        &WriteAcquire {
+                            keys: &rw,
+                            ids: AttemptIds {
+                                waiter: b,
+                                token: b,
+                            },
+                            ttl_ms: 1000,
+                            intent_ms: 0,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "read acquire",
+                    enc(
+                        &ReadAcquire {
+                            keys: &wr,
+                            token: b,
+                            ttl_ms: 1000,
+                            native,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "read extend",
+                    enc(
+                        &ReadExtend {
+                            keys: &rw,
+                            token: a,
+                            ttl_ms: 100_000,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "write extend",
+                    enc(
+                        &WriteExtend {
+                            keys: &wr,
+                            token: a,
+                            ttl_ms: 100_000,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "read release",
+                    enc(
+                        &ReadRelease {
+                            resource: b"doc",
+                            keys: &rw,
+                            token: a,
+                            announce: true,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "read release of a scripted reader",
+                    enc(
+                        &ReadRelease {
+                            resource: b"doc",
+                            keys: &rw,
+                            token: b,
+                            announce: true,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "write release",
+                    enc(
+                        &WriteRelease {
+                            resource: b"wr",
+                            keys: &wr,
+                            token: a,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "semaphore acquire",
+                    enc(
+                        &SemAcquire {
+                            keys: &sem,
+                            token: b,
+                            ttl_ms: 1000,
+                            capacity: 2,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "semaphore release",
+                    enc(
+                        &SemRelease {
+                            resource: b"sem",
+                            holders: sem.holders(),
+                            token: a,
+                        },
+                        ScriptForm::Sha,
+                    ),
+                ),
+                (
+                    "set release",
+                    enc(&ReleaseAll::new(&set, a), ScriptForm::Sha),
+                ),
+                (
+                    "a transaction of a delete and a read",
+                    block(&[
+                        &[b"MULTI"],
+                        &[b"DEL", b"nothing"],
+                        &[b"GET", b"mx"],
+                        &[b"EXEC"],
+                    ]),
+                ),
+                (
+                    "a transaction of reads and PUBLISH",
+                    block(&[
+                        &[b"MULTI"],
+                        &[b"GET", b"mx"],
+                        &[b"PUBLISH", b"ch", b"m"],
+                        &[b"EXEC"],
+                    ]),
+                ),
+                (
+                    "a transaction that may grow memory",
+                    block(&[&[b"MULTI"], &[b"SET", b"free", a], &[b"EXEC"]]),
+                ),
+            ];
+            for (name, bytes) in cases {
+                pair.same_each(&bytes, &format!("{what}: {name}"));
+            }
+            // Writes were refused, and not all of them: reads, PUBLISH and (out of memory)
+            // deletes went through.
+            assert!(
+                pair.refusals >= 5 && pair.refusals + 10 < pair.compared,
+                "{what}: {} refusals in {} replies",
+                pair.refusals,
+                pair.compared
+            );
+            println!(
+                "{what}: {} of {} replies refused",
+                pair.refusals, pair.compared
+            );
+            compared += pair.compared;
+        }
+    }
+    println!("differential (refused writes): {compared} commands compared");
+}
+
+/// A connection's setup as the endpoint writes it, against Redis 7.0 and 8.2: `AUTH` refused
+/// without a password and with a wrong one, commands refused before `AUTH`, `SELECT`, and
+/// what `INFO server` and `COMMAND INFO DELEX HSETEX` say of the server.
+#[test]
+fn connection_setups_answer_like_redis_7_and_8() {
+    use super::server::Server;
+    use crate::engine::endpoint::setup::Server as Learnt;
+    let mut programs = vec![(super::local_servers::redis7_program(), (7, 0, 15))];
+    if let Some(p) = super::local_servers::redis8_program() {
+        programs.push((p, (8, 2, 3)));
+    }
+    let mut compared = 0;
+    for (program, version) in programs {
+        for password in [None, Some(&b"sim-secret"[..])] {
+            let pw = password.map(|p| String::from_utf8_lossy(p).into_owned());
+            let args: Vec<&str> = match &pw {
+                Some(p) => vec!["--requirepass", p],
+                None => Vec::new(),
+            };
+            let server = RedisServer::start_program(&program, &args).expect("start redis-server");
+            let mut pair = ServerPair::new(&server, version);
+            pair.sim.password = password.map(<[u8]>::to_vec);
+            let what = format!("{version:?}, password {pw:?}");
+            pair.same_each(&command(&[b"AUTH", b"wrong"]), &what);
+            pair.same_each(&command(&[b"SCRIPT", b"LOAD", b"return 1"]), &what);
+            if let Some(p) = password {
+                pair.same_each(&command(&[b"AUTH", p]), &what);
+            }
+            pair.same_each(&command(&[b"SELECT", b"3"]), &what);
+            pair.same_each(&command(&[b"SELECT", b"99"]), &what);
+            // The server's identity: the same software and version learnt from both.
+            let info = command(&[b"INFO", b"server"]);
+            let real = pair.real.call(&info);
+            let mut out = Vec::new();
+            pair.sim.execute(&mut pair.session, 0, &info, &mut out);
+            let learnt = |v: &Value| {
+                let mut s = Learnt::default();
+                let Value::Bulk(Some(text)) = v else {
+                    panic!("INFO: {v:?}")
+                };
+                s.read_info(text);
+                (s.software, s.version, s.run_id.is_some())
+            };
+            assert_eq!(learnt(&real), learnt(&value(&out)), "{what}");
+            // What it offers, byte for byte.
+            let caps = command(&[b"COMMAND", b"INFO", b"DELEX", b"HSETEX"]);
+            pair.real.stream.write_all(&caps).expect("write");
+            let real = pair.real.next();
+            let mut out = Vec::new();
+            pair.sim.execute(&mut pair.session, 0, &caps, &mut out);
+            assert_eq!(real, value(&out), "{what}: COMMAND INFO");
+            pair.same_each(
+                &command(&[b"HSETEX", b"h", b"PX", b"1000", b"FIELDS", b"1", b"f", b"v"]),
+                &what,
+            );
+            compared += pair.compared + 2;
+            let _ = Server::has_hash_fields;
+        }
+    }
+    println!("differential (setups): {compared} commands compared");
+}

@@ -1,44 +1,61 @@
-//! Deterministic simulation of Redlock: the engine's own state machines on virtual time.
+//! Deterministic simulation of Redlock: the engine's own state machines and the client's own
+//! multiplexer on virtual time.
 //!
-//! The world here is a driver. Its simulated clients run the very machines the real driver
-//! runs: an [`Acquisition`] for every lock taken, a [`HoldRound`] (from [`Hold::round`]) for
-//! every extend and release, and a keep-alive [`Schedule`] for kept locks. The world polls
-//! their transmits, encodes them, carries the bytes over a simulated network to N simulated
-//! nodes ([`node::Node`]: keys with expiry, sorted sets, the scripts' semantics in Rust,
-//! checked against a real `redis-server` by `diff.rs`), and feeds the replies, connection
-//! failures, deadlines, published release announcements and subscription confirmations back.
-//! Nothing of the client's procedure is written here: what to send, when to retry, what a
-//! reply means, how long a lock is valid, all come from the engine.
+//! The world here is an I/O shell, as the mio driver is. Each simulated client is one
+//! [`Endpoint`] (the multiplexer: every node's command and pub/sub connection, the replies owed
+//! and whom each belongs to, setups, what each node's server offers, backoff, the slow-node
+//! breaker, releases sent again after a broken connection, wake channels, closing) with many
+//! callers sharing its one pipelined connection per node. Each caller runs lock cycles with
+//! the very machines the library runs: an [`Acquisition`] for every lock taken, a
+//! [`HoldRound`] (from [`Hold::round`]) for every extend, downgrade and release, and a kept
+//! lock's [`KeptValidity`] for the keeper. The world only does what the driver does: it carries
+//! the bytes an endpoint writes over simulated TCP connections to N simulated servers
+//! ([`server::Server`] around [`node::Node`]: keys with expiry, sorted sets, hashes with field
+//! expiry, the scripts' semantics in Rust, the connection setup, `MULTI`, refused writes;
+//! checked against a real `redis-server` by `diff.rs`), feeds the bytes they answer back,
+//! reports connects and failures, runs the endpoint's timers, and steps a caller's machine
+//! when its mailbox has what it needs or its deadline passes. What to send, in which form, to
+//! which node, when to reconnect, what a reply means, whom it belongs to, how long a lock is
+//! valid: all of it comes from the engine.
 //!
-//! The network delays, loses and partitions messages, delivers in order per connection,
-//! resets connections (bytes already written still reach the node; their replies are lost,
-//! and the machine is told of every reply it was owed), refuses the setup of connections to
-//! misconfigured nodes (nothing is ever written there), and carries pub/sub: subscriptions,
-//! their confirmations, and the release announcements, delayed or lost, on subscriber
-//! connections that are reset and reconnect. Each node has its own clock that drifts and may
-//! jump; nodes crash, losing everything, and restart. Holders pause; keepers run late.
+//! The network keeps TCP's promises and breaks them no other way: each connection delivers in
+//! order, with delays (some long), split at any byte; it may break (a reset, a crash, a
+//! transport that finds a partitioned peer dead), and then a prefix of what was written lands
+//! and runs and the rest does not (a command cut in two never runs), while the replies not yet
+//! arrived are lost. Partitions hold bytes until they heal, or until the transport gives the
+//! connection up. Servers crash (losing their data, or keeping it when persistent), restart
+//! (with a new run id, loading their data for a while, sometimes upgraded from Redis 7 to
+//! Redis 8 on their data, or downgraded where their data allows), refuse setups (a wrong
+//! password; the maximum number of clients), refuse writes for a while (`READONLY`, `MISCONF`,
+//! `OOM`) while still answering reads and `PUBLISH`, pause, and may be too slow for the load
+//! (their backlog grows). Each server has its own clock that drifts and may jump. Holders
+//! pause; keepers run late. Clients close (drop) once their callers are done, often with
+//! replies still owed.
 //!
-//! Every client records its grants in a [`History`], and increments a per-key counter while
-//! it believes it holds the lock; the shared checker (`redlock_mux_kit::history`) looks for
-//! overlapping windows, lost updates and fencing tokens out of order. Lock kinds: the mutex,
-//! read and write locks (writers downgrading to readers now and then), all-or-none sets (mixed
-//! with single keys), fenced mutexes and fenced write locks; clients wait or try once, in fair queues or not, read- or write-preferring;
-//! holders extend with any TTL (shorter ones too) and go on working after a failed extend
-//! while the guard's validity lasts, or keep their lock alive with a keeper.
+//! Every caller records its grants and releases in a [`History`], and increments a per-key
+//! counter while it believes it holds the lock; the shared checker (`redlock_mux_kit::history`)
+//! looks for overlapping windows, lost updates, fencing tokens out of order, releases reported
+//! done that did not happen (the lock's entries still live, when the release returned, on more
+//! nodes than it allows), and keys left behind once every release returned and every client
+//! closed (in runs without faults). Lock kinds: the mutex, read and write locks (writers
+//! downgrading to readers now and then), all-or-none sets (mixed with single keys), fenced
+//! mutexes and fenced write locks, semaphores; callers wait or try once, in fair queues or not,
+//! read- or write-preferring; holders extend with any TTL (shorter ones too) and go on working
+//! after a failed extend while the guard's validity lasts, or keep their lock alive.
 //!
-//! Within the model's assumptions (node clocks drift less than the drift factor allows and
-//! jump forward at most 1 ms; a crashed node stays down longer than the longest TTL; fencing
-//! runs on nodes that persist their writes; a client checks its validity before it writes)
-//! there must be no violation. Each assumption, broken on purpose, must produce violations,
-//! which shows the checker can see them. Calm runs (no faults) also check liveness: every
-//! waiting acquisition gets its lock, no kept lock is lost, and no lock is granted much
-//! later than what was in its way was released (a waiter that missed the announcement sleeps
-//! out its backstop).
+//! Within the model's assumptions (server clocks drift less than the drift factor allows and
+//! jump forward at most 1 ms; a crashed server that loses its data stays down longer than the
+//! longest TTL; fencing runs on servers that persist their writes; a holder checks its
+//! validity before it writes) there must be no violation. Each assumption, broken on purpose,
+//! must produce violations, which shows the checker can see them. Calm runs (no faults) also
+//! check liveness: every waiting acquisition gets its lock, no kept lock is lost, and no lock
+//! is granted much later than what was in its way was released.
 //!
 //! `REDLOCK_SIM_SEEDS=100000 cargo test --release --lib engine::sim` runs more seeds;
 //! `REDLOCK_SIM_SEED=n` replays one seed with a trace.
 
 mod node;
+mod server;
 
 pub(crate) use redlock_mux_kit::history;
 
@@ -47,29 +64,32 @@ use redlock_mux_kit::local_servers;
 mod diff;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand_core::{Rng as _, SeedableRng};
 
 use crate::config::{Config, RwPolicy};
 use crate::engine::acquire::{Acquisition, Grant, Params};
+use crate::engine::endpoint::{CallerId, ConnId, Endpoint, Io};
 use crate::engine::hold::{Hold, HoldRound, Step};
-use crate::engine::keepalive::Schedule;
+use crate::engine::keepalive::{KeptValidity, Schedule};
 use crate::engine::keys::{fence_key, RwKeys, SemKeys};
 use crate::engine::kind::{Keys, Spec};
-use crate::engine::machine::{Machine, Tag, To, Transmit, What};
-use crate::engine::ops::Caps;
+use crate::engine::machine::Machine;
 use crate::engine::{Round, Timing};
 use crate::error::{Error, NodeErrorKind};
-use crate::resp::{self, Limits, ServerErrorKind, Status, Value};
+use crate::resp::{self, Limits};
 use crate::rng::{Jitter, Token};
+use crate::stats::Recorder;
 use crate::url::NodeAddr;
 
 use history::{History, Increment, Kind, Report};
 use node::Node;
+use server::{Refusal, Server, Session};
 
 const MS: u64 = 1_000_000;
 
@@ -112,8 +132,12 @@ pub(crate) enum Scenario {
     /// Every fault, all within the model's assumptions.
     Model,
     /// No fault at all, short delays, keepers on time: every waiting acquisition must get its
-    /// lock and no kept lock may be lost (liveness).
+    /// lock, no kept lock may be lost (liveness), and no key is left once every release
+    /// returned and every client closed.
     Calm,
+    /// No fault but one server too slow for the load, whose backlog grows: no key may be left
+    /// on it once every release returned and every client closed.
+    Slow,
     /// Crashed nodes restart at once, empty: no persistence, no delayed restart.
     InstantRestart,
     /// Node clocks jump forward by more than the drift allowance.
@@ -123,6 +147,13 @@ pub(crate) enum Scenario {
     /// Crashed nodes restart after the longest TTL, as in the model, but without persistence.
     /// Lock keys have expired by then anyway; fence counters, which never expire, are lost.
     ForgetfulRestart,
+}
+
+impl Scenario {
+    /// Runs without faults, in which nothing of a lock may be left behind.
+    fn calm(self) -> bool {
+        matches!(self, Scenario::Calm | Scenario::Slow)
+    }
 }
 
 /// Which locks the simulated clients take.
@@ -161,21 +192,30 @@ struct Settings {
     locks: Locks,
     nodes: usize,
     clients: usize,
+    /// Callers per client, sharing its endpoint.
+    callers: usize,
     keys: usize,
     ttl_ms: u64,
     drift_factor: f64,
     node_timeout: Duration,
+    connect_timeout: Duration,
     retry_delay: Duration,
     retry_count: u32,
     wait_timeout: Duration,
     /// Typical one-way delay bounds, in ns.
     delay: (u64, u64),
-    /// Chance that a message takes up to twice the TTL instead.
+    /// Chance that a segment takes up to twice the TTL instead (and those behind it wait).
     long_delay: f64,
+    /// Chance that a connection breaks before a segment written to it lands.
     request_loss: f64,
+    /// Chance that a connection breaks after a command ran, before its reply arrives.
     reply_loss: f64,
     /// Chance that a release announcement to one subscriber is lost.
     wake_loss: f64,
+    /// Chance that a write is split into segments that land apart.
+    split: f64,
+    /// How long a partitioned connection lives before the transport gives it up, in ns.
+    dead_after: u64,
     /// Chance that a holder pauses between reading and writing the counter.
     pause: f64,
     /// Chance that a keeper runs late (by up to a TTL).
@@ -186,16 +226,23 @@ struct Settings {
     keep: f64,
     /// Chance that a client waits in fair queues.
     fair: f64,
-    /// Nodes whose connection setup is refused (a wrong password, say).
+    /// Nodes whose connection setup is refused (a wrong password).
     refused: usize,
+    /// The servers require this password (and the clients' URLs carry it), and the clients
+    /// select this database.
+    password: Option<&'static str>,
+    db: u32,
     /// A semaphore's permits, and the quorum its clients use.
     permits: u32,
     quorum: usize,
-    /// Which nodes run Redis 8 (hash-field expiry), drawn apart from the rest (see
+    /// Which nodes run Redis 8 (hash-field commands), drawn apart from the rest (see
     /// [`Settings::versions`]).
     native: Vec<bool>,
-    /// Chance that a restart of a Redis 7 node upgrades it to Redis 8 on its persisted data.
+    /// Chance that a restart of a node on its data upgrades it to Redis 8 (or downgrades it
+    /// back to Redis 7, where its data allows).
     upgrade: f64,
+    /// Per command, in ns, on each node: 0 for most; above the load on a slow one.
+    service: Vec<u64>,
     /// Mean gap between fault events, in ns; 0 for none.
     fault_gap: u64,
     horizon: u64,
@@ -206,10 +253,18 @@ impl Settings {
     fn draw(rng: &mut Rng, scenario: Scenario, locks: Locks) -> Settings {
         let ttl_ms = rng.range(50, 150);
         let nodes = if rng.chance(0.7) { 3 } else { 5 };
+        // Many callers share one client, or a few clients have one or two each.
+        let (clients, callers) = match rng.below(4) {
+            0 => (rng.range(2, 4) as usize, 1),
+            1 => (rng.range(1, 3) as usize, rng.range(2, 4) as usize),
+            2 => (rng.range(1, 2) as usize, rng.range(4, 8) as usize),
+            _ => (1, rng.range(8, 16) as usize),
+        };
         let mut p = Settings {
             locks,
             nodes,
-            clients: rng.range(2, 4) as usize,
+            clients,
+            callers,
             keys: if locks == Locks::All {
                 rng.range(2, 3) as usize
             } else {
@@ -218,30 +273,47 @@ impl Settings {
             ttl_ms,
             drift_factor: 0.01,
             node_timeout: Duration::from_millis(rng.range(5, 20)),
+            connect_timeout: Duration::from_millis(rng.range(ttl_ms / 2, 3 * ttl_ms)),
             retry_delay: Duration::from_millis(rng.range(5, 30)),
             retry_count: rng.range(5, 20) as u32,
             wait_timeout: Duration::from_millis(rng.range(300, 1000)),
             delay: (rng.range(50_000, 500_000), rng.range(500_000, 4 * MS)),
             long_delay: if rng.chance(0.3) { 0.02 } else { 0.0 },
-            request_loss: if rng.chance(0.5) { 0.03 } else { 0.0 },
-            reply_loss: if rng.chance(0.5) { 0.03 } else { 0.0 },
+            request_loss: if rng.chance(0.5) { 0.01 } else { 0.0 },
+            reply_loss: if rng.chance(0.5) { 0.01 } else { 0.0 },
             wake_loss: if rng.chance(0.5) { 0.2 } else { 0.0 },
+            split: if rng.chance(0.5) { 0.3 } else { 0.0 },
+            dead_after: rng.range(ttl_ms / 2, 2 * ttl_ms) * MS,
             pause: 0.1,
             slow_keeper: 0.3,
             try_once: 0.15,
             keep: 0.25,
             fair: if rng.chance(0.5) { 0.5 } else { 0.0 },
             refused: 0,
+            password: None,
+            db: 0,
             permits: 1,
             quorum: nodes / 2 + 1,
             native: vec![false; nodes],
             upgrade: 0.0,
+            service: vec![0; nodes],
             fault_gap: rng.range(ttl_ms / 2, 3 * ttl_ms) * MS,
             horizon: 1500 * MS,
             cycles: rng.range(3, 8) as u32,
         };
+        if rng.chance(0.3) {
+            p.password = Some("sim-secret");
+        }
+        if rng.chance(0.2) {
+            p.db = rng.range(1, 15) as u32;
+        }
+        if rng.chance(0.2) {
+            // A server too slow for the load: a command every 0.2 to 2 ms.
+            let slow = rng.below(nodes as u64) as usize;
+            p.service[slow] = rng.range(200_000, 2 * MS);
+        }
         if locks.semaphore() {
-            // Enough clients on one key to fill every permit and want more.
+            // Enough callers on one key to fill every permit and want more.
             p.permits = rng.range(2, 3) as u32;
             p.quorum = if locks == Locks::NaiveSemaphore {
                 nodes / 2 + 1
@@ -249,7 +321,9 @@ impl Settings {
                 crate::engine::sem::safe_quorum(p.permits, nodes)
             };
             p.keys = 1;
-            p.clients = rng.range(u64::from(p.permits) + 1, u64::from(p.permits) + 3) as usize;
+            if p.clients * p.callers <= p.permits as usize {
+                p.clients = rng.range(u64::from(p.permits) + 1, u64::from(p.permits) + 3) as usize;
+            }
         }
         if rng.chance(0.1) {
             // A minority refused (the lock works on the others), or too many for a quorum
@@ -264,8 +338,10 @@ impl Settings {
         }
         match scenario {
             Scenario::Model => {}
-            Scenario::Calm => {
-                p.clients = rng.range(3, 7) as usize;
+            Scenario::Calm | Scenario::Slow => {
+                if p.clients * p.callers < 3 {
+                    p.clients = rng.range(3, 6) as usize;
+                }
                 p.keys = if locks == Locks::All { 2 } else { 1 };
                 p.delay = (50_000, 500_000);
                 (p.long_delay, p.request_loss, p.reply_loss, p.wake_loss) = (0.0, 0.0, 0.0, 0.0);
@@ -279,10 +355,17 @@ impl Settings {
                 p.wait_timeout = Duration::from_secs(60);
                 p.cycles = rng.range(2, 5) as u32;
                 p.horizon = 10_000 * MS;
+                p.service = vec![0; nodes];
+                if scenario == Scenario::Slow {
+                    // Well below the offered load: a backlog of many node timeouts builds.
+                    let slow = rng.below(nodes as u64) as usize;
+                    p.service[slow] = rng.range(MS, 4 * MS);
+                    p.cycles = rng.range(3, 6) as u32;
+                }
             }
             Scenario::InstantRestart | Scenario::ClockJump => {
                 p.fault_gap = ttl_ms * MS / 4;
-                p.request_loss = 0.05;
+                p.request_loss = 0.02;
                 p.pause = 0.0;
                 p.refused = 0;
             }
@@ -296,6 +379,7 @@ impl Settings {
             }
             Scenario::UncheckedPause => {
                 p.clients = rng.range(3, 4) as usize;
+                p.callers = 1;
                 p.keys = if locks == Locks::All { 2 } else { 1 };
                 p.pause = 0.5;
                 p.refused = 0;
@@ -303,12 +387,10 @@ impl Settings {
         }
         p
     }
-}
 
-impl Settings {
     /// Draws the nodes' server versions from their own generator, so that the rest of a seed's
-    /// run is what it was before versions were drawn: a third of the seeds run Redis 7 only, a
-    /// third Redis 8 only, a third a mix, in which restarts may upgrade a node.
+    /// run does not depend on them: a third of the seeds run Redis 7 only, a third Redis 8
+    /// only, a third a mix, in which restarts may upgrade or downgrade a node.
     fn versions(&mut self, seed: u64) {
         let mut rng = Rng::new(seed ^ 0x8e15_8e15_8e15_8e15);
         match rng.below(3) {
@@ -320,7 +402,15 @@ impl Settings {
             }
         }
     }
+
+    /// The callers of all clients.
+    fn all_callers(&self) -> usize {
+        self.clients * self.callers
+    }
 }
+
+const REDIS_7: (u16, u16, u16) = (7, 0, 15);
+const REDIS_8: (u16, u16, u16) = (8, 2, 3);
 
 /// A node's memory as the simulation runs it: a hash whose fields all expired is deleted by
 /// the expiry cycle 20 ms later, unless a field access deletes it first.
@@ -335,19 +425,31 @@ fn node_memory() -> Node {
 pub(crate) struct Stats {
     pub seeds: u64,
     pub events: u64,
-    /// Acquisition attempts (transmits of an attempt to every node).
-    pub attempts: u64,
+    /// Callers that ran lock cycles, and the most of them sharing one client.
+    pub callers: u64,
+    pub most_callers: u64,
+    /// Acquisitions started (each runs one or more attempts).
+    pub acquisitions: u64,
     pub crashes: u64,
     pub partitions: u64,
     pub clock_jumps: u64,
     pub pauses: u64,
+    /// Segments written that never landed, the connection having broken first.
     pub lost_requests: u64,
+    /// Segments of replies lost with their connection.
     pub lost_replies: u64,
     pub long_delays: u64,
-    /// Command connections reset with commands in flight.
+    /// Writes split into segments that land apart.
+    pub split_writes: u64,
+    /// Command connections reset by a fault, and those reset with some of what was written
+    /// landed and some not.
     pub resets: u64,
-    /// Commands written to a connection that was then reset, executed by the node anyway.
+    pub mid_batch_resets: u64,
+    /// Commands that ran after their connection broke (written before, landed before the
+    /// break).
     pub late_commands: u64,
+    /// Connections the transport gave up on (a partition).
+    pub dead_connections: u64,
     /// Subscriber connections reset (their subscriptions gone until the next subscribe).
     pub subscriber_resets: u64,
     /// Release announcements delivered to a subscriber, and lost on the way.
@@ -356,8 +458,24 @@ pub(crate) struct Stats {
     /// Runs with nodes whose connection setup was refused, and the refusals.
     pub refused_runs: u64,
     pub setup_refusals: u64,
+    /// Connections refused for the maximum number of clients (a transient setup failure).
+    pub max_clients: u64,
+    /// Restarts that loaded the data for a while, and commands answered `LOADING`.
+    pub loading_restarts: u64,
+    pub loading_replies: u64,
     /// Acquisitions that ended with a configuration error.
     pub config_errors: u64,
+    /// Periods in which a node refused writes, and the commands it refused then.
+    pub refusals: u64,
+    pub refused_commands: u64,
+    /// Server pauses (the process stopped), and runs with a server too slow for the load.
+    pub server_pauses: u64,
+    pub slow_runs: u64,
+    /// The longest backlog of commands a server had, in ms of its work.
+    pub longest_backlog_ms: u64,
+    /// Clients closed, and those closed with replies still owed.
+    pub closes: u64,
+    pub closes_owing: u64,
     /// Grants by what they held.
     pub grants: u64,
     pub fair_grants: u64,
@@ -365,10 +483,11 @@ pub(crate) struct Stats {
     pub fenced_grants: u64,
     /// Read grants whose window overlapped another reader's: readers really shared.
     pub shared_reads: u64,
-    /// Cleanups of lost attempts by write-preferring writers (each leaves an intent).
-    pub intents: u64,
     /// Fenced grants that needed the write-back round.
     pub write_backs: u64,
+    /// Releases that returned, and those that returned `Ok`.
+    pub releases: u64,
+    pub releases_ok: u64,
     /// Extends asked for by holders, those with a TTL shorter than the lock's, and those lost.
     pub extends: u64,
     pub shorter_extends: u64,
@@ -383,10 +502,12 @@ pub(crate) struct Stats {
     /// Write locks downgraded to read locks, and downgrade rounds lost (undone).
     pub downgrades: u64,
     pub lost_downgrades: u64,
-    /// Runs whose quorum mixed Redis 7 and Redis 8 nodes, upgrades of a node to Redis 8 on
-    /// its data, and commands sent without Lua to Redis 8 nodes (`HSETEX`, `MULTI` blocks).
+    /// Runs whose quorum mixed Redis 7 and Redis 8 nodes, restarts that changed a server's
+    /// version on its data (up, and down), and commands sent without Lua to Redis 8 nodes
+    /// (`HSETEX`, `MULTI` blocks).
     pub mixed_runs: u64,
     pub upgrades: u64,
+    pub server_downgrades: u64,
     pub native_commands: u64,
 }
 
@@ -398,7 +519,8 @@ impl Stats {
         add!(
             seeds,
             events,
-            attempts,
+            callers,
+            acquisitions,
             crashes,
             partitions,
             clock_jumps,
@@ -406,21 +528,34 @@ impl Stats {
             lost_requests,
             lost_replies,
             long_delays,
+            split_writes,
             resets,
+            mid_batch_resets,
             late_commands,
+            dead_connections,
             subscriber_resets,
             wakes,
             lost_wakes,
             refused_runs,
             setup_refusals,
+            max_clients,
+            loading_restarts,
+            loading_replies,
             config_errors,
+            refusals,
+            refused_commands,
+            server_pauses,
+            slow_runs,
+            closes,
+            closes_owing,
             grants,
             fair_grants,
             set_grants,
             fenced_grants,
             shared_reads,
-            intents,
             write_backs,
+            releases,
+            releases_ok,
             extends,
             shorter_extends,
             lost_extends,
@@ -433,8 +568,11 @@ impl Stats {
             lost_downgrades,
             mixed_runs,
             upgrades,
+            server_downgrades,
             native_commands
         );
+        self.most_callers = self.most_callers.max(o.most_callers);
+        self.longest_backlog_ms = self.longest_backlog_ms.max(o.longest_backlog_ms);
     }
 
     fn faults(&self) -> u64 {
@@ -446,9 +584,14 @@ impl Stats {
             + self.lost_replies
             + self.long_delays
             + self.resets
+            + self.dead_connections
             + self.subscriber_resets
             + self.lost_wakes
             + self.setup_refusals
+            + self.max_clients
+            + self.loading_restarts
+            + self.refusals
+            + self.server_pauses
             + self.slow_keepers
     }
 }
@@ -457,41 +600,62 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} seeds, {} events, {} attempts, {} grants ({} fair, {} sets, {} fenced); \
-             {} faults: {} crashes, {} partitions, {} clock jumps, {} client pauses, \
-             {} requests lost, {} replies lost after the command ran, {} long delays, \
-             {} connection resets ({} commands ran after their connection was reset), \
-             {} subscriber resets, {} wakes lost ({} delivered), {} setup refusals in {} runs \
-             ({} configuration errors), {} slow keepers; {} shared reads, {} writer intents, \
-             {} fence write-backs; {} extends ({} shorter, {} lost, {} writes after a lost one); \
-             {} kept locks ({} keeper rounds, {} lost); {} downgrades ({} lost); {} runs mixing \
-             Redis 7 and 8 nodes, {} upgrades, {} commands without Lua",
+            "{} seeds, {} events, {} callers (up to {} on one client), {} acquisitions, \
+             {} grants ({} fair, {} sets, {} fenced), {} releases ({} Ok); \
+             {} faults: {} crashes, {} partitions, {} clock jumps, {} holder pauses, \
+             {} segments lost with their connection ({} replies), {} long delays, {} split \
+             writes, {} connection resets ({} mid-batch, {} commands ran after their \
+             connection broke), {} connections given up in partitions, {} subscriber resets, \
+             {} wakes lost ({} delivered), {} setup refusals in {} runs ({} configuration \
+             errors), {} connections over the client limit, {} restarts loading ({} LOADING \
+             replies), {} write refusals ({} commands refused), {} server pauses, {} runs with \
+             a slow server (longest backlog {} ms), {} slow keepers; {} clients closed ({} \
+             owing replies); {} shared reads, {} fence write-backs; {} extends ({} shorter, {} \
+             lost, {} writes after a lost one); {} kept locks ({} keeper rounds, {} lost); {} \
+             downgrades ({} lost); {} runs mixing Redis 7 and 8 nodes, {} upgrades, {} \
+             downgrades of a server, {} commands without Lua",
             self.seeds,
             self.events,
-            self.attempts,
+            self.callers,
+            self.most_callers,
+            self.acquisitions,
             self.grants,
             self.fair_grants,
             self.set_grants,
             self.fenced_grants,
+            self.releases,
+            self.releases_ok,
             self.faults(),
             self.crashes,
             self.partitions,
             self.clock_jumps,
             self.pauses,
-            self.lost_requests,
+            self.lost_requests + self.lost_replies,
             self.lost_replies,
             self.long_delays,
+            self.split_writes,
             self.resets,
+            self.mid_batch_resets,
             self.late_commands,
+            self.dead_connections,
             self.subscriber_resets,
             self.lost_wakes,
             self.wakes,
             self.setup_refusals,
             self.refused_runs,
             self.config_errors,
+            self.max_clients,
+            self.loading_restarts,
+            self.loading_replies,
+            self.refusals,
+            self.refused_commands,
+            self.server_pauses,
+            self.slow_runs,
+            self.longest_backlog_ms,
             self.slow_keepers,
+            self.closes,
+            self.closes_owing,
             self.shared_reads,
-            self.intents,
             self.write_backs,
             self.extends,
             self.shorter_extends,
@@ -504,27 +668,37 @@ impl fmt::Display for Stats {
             self.lost_downgrades,
             self.mixed_runs,
             self.upgrades,
+            self.server_downgrades,
             self.native_commands
         )
     }
 }
 
-/// A simulated node and its clock.
+/// A simulated server process, and the machine it runs on.
 struct SimNode {
-    mem: Node,
-    /// Redis 8: hash-field expiry, so the read-preferring lock goes without Lua here.
-    native: bool,
+    server: Server,
     up: bool,
-    /// Messages sent before this instant were on connections the crash reset.
-    crashed_at: u64,
+    /// Bumped at every crash: connections the process before accepted are gone with it.
+    incarnation: u64,
     /// Wall clock = `offset + t + t * ppm / 1e6`, in ns.
     offset: i64,
     ppm: i64,
     last_forward_jump: Option<u64>,
-    /// Its connection setup is refused: nothing may ever be written here.
+    /// Its setup is refused: it requires a password the clients do not have. No fault
+    /// reaches it, so that the refusal is all a client can learn of it.
     refused: bool,
-    /// Subscriptions, per client: the subscriber connection's epoch, and its channels.
-    subs: BTreeMap<usize, (u64, BTreeSet<Vec<u8>>)>,
+    /// Commands received and not yet run, oldest first.
+    backlog: VecDeque<Work>,
+    /// Busy (running a command, or stopped) until then.
+    busy_until: u64,
+    /// A run of the backlog is scheduled.
+    exec_scheduled: bool,
+    /// Time per command, in ns.
+    service: u64,
+    /// The next this many connections are refused for the maximum number of clients.
+    reject_connects: u32,
+    /// Bumped when a refusal of writes starts, so that only the last one's end ends it.
+    refusal_gen: u64,
 }
 
 impl SimNode {
@@ -534,62 +708,61 @@ impl SimNode {
     }
 }
 
-/// Reconnect backoff bounds, as the driver's.
-const BACKOFF_MIN: u64 = 10 * MS;
-const BACKOFF_MAX: u64 = 1000 * MS;
-
-/// A client's connection to one node (commands, or subscriptions).
-#[derive(Debug, Default)]
-struct Conn {
-    /// Bumped at every new connection: what came on an older one is dropped.
-    epoch: u64,
-    up: bool,
-    /// Down (after a failure) until then; then it may connect again.
-    down_until: u64,
-    backoff: u64,
-    last_error: Option<NodeErrorKind>,
-    /// Nothing arrives before its setup is answered.
-    ready_at: u64,
-    /// The tagged commands whose replies it owes: run, tag.
-    owed: Vec<(u64, Tag)>,
-    /// Last arrival on this connection, each way: TCP keeps the order.
-    request_link: u64,
-    reply_link: u64,
+/// A command a server received and has not run yet.
+struct Work {
+    sock: usize,
+    command: Vec<u8>,
+    /// Where it ends in its connection's stream.
+    end: u64,
 }
 
-impl Conn {
-    /// The connection failed at `now` with `why`: it may reconnect after a backoff.
-    fn fail(&mut self, now: u64, why: NodeErrorKind) -> Vec<(u64, Tag)> {
-        self.up = false;
-        self.epoch += 1;
-        self.backoff = (self.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
-        self.down_until = now + self.backoff;
-        self.last_error = Some(why);
-        std::mem::take(&mut self.owed)
-    }
-
-    /// A new connection: its setup takes a round trip before the first command arrives.
-    fn connect(&mut self, now: u64, setup: u64) {
-        self.up = true;
-        self.epoch += 1;
-        self.backoff = 0;
-        self.last_error = None;
-        self.ready_at = now + setup;
-        self.request_link = 0;
-        self.reply_link = 0;
-    }
+/// What travels from a client to a server on one connection, in order.
+enum Seg {
+    /// The connect.
+    Syn,
+    /// Bytes written, starting at `offset` in the connection's stream.
+    Data { offset: u64, bytes: Vec<u8> },
 }
 
-/// What a cycle takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Mutex,
-    Read,
-    Write,
-    Permit,
+/// What travels back, in order.
+enum Back {
+    /// The connect is accepted.
+    Accepted,
+    /// Nothing listens there (the server is down): the connect is refused.
+    Refused,
+    Data(Vec<u8>),
+    /// The server's end is gone.
+    Closed(NodeErrorKind),
 }
 
-/// The machine a client is driving, if any.
+/// One TCP connection between a client and a server: its client end and its server end.
+struct Sock {
+    client: usize,
+    id: ConnId,
+    /// The client still has it: no failure reported, not closed.
+    open: bool,
+    /// The client knows it is connected.
+    connected: bool,
+    /// Bytes the client wrote to it so far.
+    sent: u64,
+    /// Each way, what is on its way, with its arrival time, and whether a partition holds it.
+    to_server: VecDeque<(u64, Seg)>,
+    to_client: VecDeque<(u64, Back)>,
+    /// Each way: a partition holds it; a landing is scheduled.
+    held: [bool; 2],
+    landing: [bool; 2],
+    /// The server process that accepted it.
+    accepted: Option<u64>,
+    session: Session,
+    /// The server's end is there: replies go out.
+    server_open: bool,
+    /// After a break: how much of the stream may still land (and run), at most.
+    cut: Option<u64>,
+    /// The server refused its setup (a wrong password).
+    setup_refused: bool,
+}
+
+/// The machine a caller is driving, if any.
 enum Job<'a> {
     None,
     Acquire(Box<Acquisition<'a>>),
@@ -613,6 +786,15 @@ enum Purpose {
     },
 }
 
+/// What a cycle takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Mutex,
+    Read,
+    Write,
+    Permit,
+}
+
 /// The lock a cycle takes, and what it holds once granted.
 struct Cycle<'a> {
     spec: Spec<'a>,
@@ -632,129 +814,99 @@ struct Held {
     steps: u32,
     reading: bool,
     read: Vec<u64>,
-    kept: Option<Kept>,
+    kept: Option<KeptValidity>,
     /// The holder is done, and releases once the keeper's round in flight is over.
     release_wanted: bool,
     releasing: bool,
     lost_extend: bool,
 }
 
-/// A kept lock's state, as the keeper and the holder share it (see `src/keepalive.rs`).
-struct Kept {
-    plan: Schedule,
-    until: Instant,
-    lost: bool,
-}
-
-impl Kept {
-    /// The validity left, `None` once lost (its end having passed is a loss).
-    fn left(&mut self, now: Instant) -> Option<Duration> {
-        if !self.lost && self.until > now {
-            return Some(self.until - now);
-        }
-        self.lost = true;
-        None
-    }
-}
-
-/// Timer slots of a client.
+/// Timer slots of a caller.
 const MACHINE: usize = 0;
 const HOLDER: usize = 1;
 const KEEPER: usize = 2;
 
-struct Client<'a> {
-    config: &'a Config,
-    conns: Vec<Conn>,
-    subs: Vec<Conn>,
-    /// Subscriptions confirmed and expected since the last subscription was sent.
-    confirmed: usize,
-    expected: usize,
-    subscribing: bool,
-    /// The id of the machine being driven; replies of earlier ones are dropped.
+/// One caller of a client's endpoint: a thread running lock cycles.
+struct Caller<'a> {
+    id: CallerId,
+    /// Its number in the history, over every client's callers.
+    global: u64,
+    /// The endpoint's run of the machine being driven.
     run: u64,
     job: Job<'a>,
     cycle: Option<Cycle<'a>>,
     /// Carried from one acquisition to the next, as the driver does.
     spread: Duration,
-    /// This client's wall clock offset (fair queue tickets), in ns.
-    clock: u64,
     timers: [u64; 3],
     cycles_left: u32,
+    /// No cycle left to run.
+    done: bool,
+}
+
+/// A simulated client: one endpoint, shared by its callers.
+struct Client<'a> {
+    config: &'a Config,
+    ep: Endpoint,
+    /// The socket of each of the endpoint's connections (by [`ConnId::index`]), if any.
+    socks: Vec<Option<usize>>,
+    callers: Vec<Caller<'a>>,
+    /// This client's wall clock offset (fair queue tickets), in ns.
+    clock: u64,
+    /// The endpoint's timer: its id, and when it is set for.
+    timer: (u64, Option<u64>),
+    /// Warming up its connections, as a client does before its first lock, until then.
+    warming: Option<u64>,
+    closing: bool,
+    closed: bool,
 }
 
 #[derive(Debug)]
 enum Ev {
-    /// Bytes written to a command connection reach the node.
-    Deliver {
-        node: usize,
-        client: usize,
-        sent: u64,
-        epoch: u64,
-        slot: Option<(u64, Tag)>,
-        bytes: Vec<u8>,
+    /// The head of what travels on a connection arrives (at the server, or `back` at the
+    /// client).
+    Land {
+        sock: usize,
+        back: bool,
     },
-    Reply {
-        client: usize,
+    /// A server runs what its backlog holds.
+    Exec {
         node: usize,
-        epoch: u64,
-        run: u64,
-        tag: Tag,
-        bytes: Vec<u8>,
-    },
-    /// A command's node timeout passed: unanswered, its machine counts the node as failed.
-    /// (Until the simulation drives the endpoint, which decides this for real clients.)
-    NodeTimeout {
-        client: usize,
-        node: usize,
-        epoch: u64,
-        run: u64,
-        tag: Tag,
-    },
-    /// The setup of a connection was refused: the command behind it fails.
-    SetupRefused {
-        client: usize,
-        node: usize,
-        run: u64,
-        tag: Tag,
-    },
-    /// A SUBSCRIBE or UNSUBSCRIBE reaches the node.
-    SubDeliver {
-        node: usize,
-        client: usize,
-        sent: u64,
-        epoch: u64,
-        bytes: Vec<u8>,
-    },
-    Confirmed {
-        client: usize,
-        node: usize,
-        epoch: u64,
-        count: usize,
-    },
-    Wake {
-        client: usize,
-        node: usize,
-        epoch: u64,
-        channel: Vec<u8>,
-        message: Vec<u8>,
-    },
-    /// The client sees node `node` close its connections (a crash).
-    Closed {
-        client: usize,
-        node: usize,
-        epoch: u64,
-        sub_epoch: u64,
     },
     Timer {
         client: usize,
+        caller: usize,
         slot: usize,
         id: u64,
+    },
+    /// The endpoint's timer.
+    Endpoint {
+        client: usize,
+        id: u64,
+    },
+    /// A client's warm-up is over, whatever it came to.
+    WarmedUp {
+        client: usize,
     },
     Fault,
     Restart {
         node: usize,
     },
-    Heal,
+    /// A partition heals; the transport gives up the connections it still cuts after
+    /// `dead_after`.
+    Heal {
+        generation: u64,
+    },
+    Dead {
+        generation: u64,
+    },
+    RefusalEnds {
+        node: usize,
+        generation: u64,
+    },
+    LoadingEnds {
+        node: usize,
+        incarnation: u64,
+    },
 }
 
 struct Queued {
@@ -781,22 +933,11 @@ impl Ord for Queued {
 }
 
 /// At most this many events per run: a run that does not settle is a bug in the simulation.
-const MAX_EVENTS: u64 = 2_000_000;
-
-/// What a machine is told.
-enum Input<'b> {
-    /// Nothing: only poll it (it was just made).
-    Poll,
-    Reply(usize, Tag, &'b [u8]),
-    Failure(usize, Tag, NodeErrorKind),
-    Timeout,
-    Wake(usize, &'b [u8], &'b [u8]),
-    Subscribed,
-}
+const MAX_EVENTS: u64 = 4_000_000;
 
 /// What the clients' locks are made of, owned for the whole run: the machines borrow it.
 struct Arena {
-    configs: Vec<Config>,
+    configs: Vec<Arc<Config>>,
     keys: Vec<Vec<u8>>,
     rw: Vec<RwKeys>,
     fences: Vec<Vec<u8>>,
@@ -814,6 +955,7 @@ struct World<'a> {
     queue: BinaryHeap<Reverse<Queued>>,
     nodes: Vec<SimNode>,
     clients: Vec<Client<'a>>,
+    socks: Vec<Sock>,
     arena: &'a Arena,
     /// Every all-or-none set of keys (sorted), for `Keys::All`.
     sets: &'a [Vec<&'a [u8]>],
@@ -821,6 +963,7 @@ struct World<'a> {
     holds: std::slice::IterMut<'a, Hold>,
     /// `blocked[client][node]`: a partition cuts that link.
     blocked: Vec<Vec<bool>>,
+    partition: u64,
     counters: Vec<u64>,
     history: History,
     stats: Stats,
@@ -862,28 +1005,40 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
     let mut p = Settings::draw(&mut rng, scenario, locks);
     p.versions(seed);
     let addrs: Vec<NodeAddr> = (0..p.nodes)
-        .map(|i| NodeAddr::parse(&format!("127.0.0.1:{}", 7000 + i)).expect("an address"))
+        .map(|i| {
+            let auth = p.password.map_or(String::new(), |pw| format!(":{pw}@"));
+            let db = if p.db == 0 {
+                String::new()
+            } else {
+                format!("/{}", p.db)
+            };
+            NodeAddr::parse(&format!("redis://{auth}127.0.0.1:{}{db}", 7000 + i))
+                .expect("an address")
+        })
         .collect();
     // One configuration per fairness and policy.
     let configs = [(false, false), (false, true), (true, false), (true, true)]
         .into_iter()
-        .map(|(fair, write_preferring)| Config {
-            nodes: addrs.clone(),
-            node_timeout: p.node_timeout,
-            connect_timeout: Duration::from_secs(1),
-            dead_peer_timeout: Duration::from_secs(3),
-            retry_count: p.retry_count,
-            retry_delay: p.retry_delay,
-            wait_timeout: p.wait_timeout,
-            drift_factor: p.drift_factor,
-            fair,
-            fair_after: Duration::ZERO,
-            limits: Limits::default(),
-            rw_policy: if write_preferring {
-                RwPolicy::WritePreferring
-            } else {
-                RwPolicy::ReadPreferring
-            },
+        .map(|(fair, write_preferring)| {
+            Arc::new(Config {
+                nodes: addrs.clone(),
+                node_timeout: p.node_timeout,
+                connect_timeout: p.connect_timeout,
+                // The simulated transport gives a cut connection up after `dead_after`.
+                dead_peer_timeout: Duration::from_nanos(p.dead_after),
+                retry_count: p.retry_count,
+                retry_delay: p.retry_delay,
+                wait_timeout: p.wait_timeout,
+                drift_factor: p.drift_factor,
+                fair,
+                fair_after: Duration::ZERO,
+                limits: Limits::default(),
+                rw_policy: if write_preferring {
+                    RwPolicy::WritePreferring
+                } else {
+                    RwPolicy::ReadPreferring
+                },
+            })
         })
         .collect();
     let keys: Vec<Vec<u8>> = (0..p.keys).map(key_name).collect();
@@ -906,8 +1061,17 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
                 .collect()
         })
         .collect();
-    let mut holds = vec![Hold::new(Instant::now()); 1 << 13];
+    let mut holds = vec![Hold::new(Instant::now()); 1 << 15];
     run_world(seed, scenario, p, rng, &arena, &sets, &mut holds, trace)
+}
+
+/// A run id: 40 hex digits.
+fn run_id(rng: &mut Rng) -> [u8; 40] {
+    let mut id = [0u8; 40];
+    for b in &mut id {
+        *b = b"0123456789abcdef"[rng.below(16) as usize];
+    }
+    id
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -927,53 +1091,81 @@ fn run_world<'a>(
         Scenario::Model => 8_000,
         _ => 0,
     };
-    let refused: BTreeSet<usize> = {
-        let mut r = BTreeSet::new();
+    let refused: Vec<usize> = {
+        let mut r = Vec::new();
         while r.len() < p.refused {
-            r.insert(rng.below(p.nodes as u64) as usize);
+            let n = rng.below(p.nodes as u64) as usize;
+            if !r.contains(&n) {
+                r.push(n);
+            }
         }
         r
     };
     let nodes = (0..p.nodes)
-        .map(|i| SimNode {
-            mem: node_memory(),
-            native: p.native[i],
-            up: true,
-            crashed_at: 0,
-            offset: rng.range(1 << 40, 1 << 41) as i64,
-            ppm: rng.range(0, 2 * max_ppm) as i64 - max_ppm as i64,
-            last_forward_jump: None,
-            refused: refused.contains(&i),
-            subs: BTreeMap::new(),
+        .map(|i| {
+            let version = if p.native[i] { REDIS_8 } else { REDIS_7 };
+            let mut server = Server::new(node_memory(), version, run_id(&mut rng));
+            server.password = if refused.contains(&i) {
+                Some(b"another-secret".to_vec())
+            } else {
+                p.password.map(|pw| pw.as_bytes().to_vec())
+            };
+            SimNode {
+                server,
+                refused: refused.contains(&i),
+                up: true,
+                incarnation: 0,
+                offset: rng.range(1 << 40, 1 << 41) as i64,
+                ppm: rng.range(0, 2 * max_ppm) as i64 - max_ppm as i64,
+                last_forward_jump: None,
+                backlog: VecDeque::new(),
+                busy_until: 0,
+                exec_scheduled: false,
+                service: p.service[i],
+                reject_connects: 0,
+                refusal_gen: 0,
+            }
         })
         .collect();
     let clients = (0..p.clients)
-        .map(|_| {
+        .map(|c| {
             let fair = rng.chance(p.fair);
             let write_preferring = rng.chance(0.5);
+            let config = &arena.configs[usize::from(fair) * 2 + usize::from(write_preferring)];
+            let mut ep = Endpoint::new(config.clone(), Arc::new(Recorder::new(p.nodes)), base);
+            let callers = (0..p.callers)
+                .map(|k| Caller {
+                    id: ep.open_caller(),
+                    global: (c * p.callers + k) as u64,
+                    run: 0,
+                    job: Job::None,
+                    cycle: None,
+                    spread: Duration::ZERO,
+                    timers: [0; 3],
+                    cycles_left: p.cycles,
+                    done: false,
+                })
+                .collect();
             Client {
-                config: &arena.configs[usize::from(fair) * 2 + usize::from(write_preferring)],
-                conns: (0..p.nodes).map(|_| Conn::default()).collect(),
-                subs: (0..p.nodes).map(|_| Conn::default()).collect(),
-                confirmed: 0,
-                expected: 0,
-                subscribing: false,
-                run: 0,
-                job: Job::None,
-                cycle: None,
-                spread: Duration::ZERO,
+                config,
+                ep,
+                socks: vec![None; 2 * p.nodes],
+                callers,
                 clock: rng.range(0, 2 * MS),
-                timers: [0; 3],
-                cycles_left: p.cycles,
+                timer: (0, None),
+                warming: Some(p.connect_timeout.as_nanos() as u64),
+                closing: false,
+                closed: false,
             }
         })
         .collect();
     let mixed = p.native.contains(&true) && p.native.contains(&false);
+    let slow = p.service.iter().any(|&s| s > 0);
     let mut w = World {
         scenario,
         blocked: vec![vec![false; p.nodes]; p.clients],
+        partition: 0,
         counters: vec![0; p.keys],
-        p,
         rng,
         base,
         now: 0,
@@ -981,16 +1173,21 @@ fn run_world<'a>(
         queue: BinaryHeap::new(),
         nodes,
         clients,
+        socks: Vec::new(),
         arena,
         sets,
         holds: holds.iter_mut(),
         history: History::default(),
         stats: Stats {
             seeds: 1,
+            callers: p.all_callers() as u64,
+            most_callers: p.callers as u64,
             refused_runs: u64::from(!refused.is_empty()),
             mixed_runs: u64::from(mixed),
+            slow_runs: u64::from(slow),
             ..Stats::default()
         },
+        p,
         failures: Vec::new(),
         trace,
     };
@@ -998,8 +1195,13 @@ fn run_world<'a>(
         eprintln!("seed {seed} {scenario:?}: {:?}; refused {refused:?}", w.p);
     }
     for c in 0..w.p.clients {
-        let start = w.rng.below(w.p.ttl_ms * MS);
-        w.set_timer(c, HOLDER, start);
+        // A client warms its connections up as it is built, until every setup is answered or
+        // the connect timeout has passed: then its callers start.
+        let start = w.instant(0);
+        w.clients[c].ep.connect_all(start);
+        let deadline = w.p.connect_timeout.as_nanos() as u64;
+        w.schedule(deadline, Ev::WarmedUp { client: c });
+        w.after_io(c);
     }
     if w.p.fault_gap > 0 {
         let first_fault = w.rng.below(2 * w.p.fault_gap);
@@ -1013,6 +1215,12 @@ fn run_world<'a>(
             "seed {seed}: the simulation did not settle"
         );
         w.handle(q.ev);
+    }
+    for (c, client) in w.clients.iter().enumerate() {
+        if !client.closed {
+            w.failures
+                .push(format!("client {c} never finished closing"));
+        }
     }
     for (k, v) in w.counters.iter().enumerate() {
         w.history.counters.insert(key_name(k), (0, *v));
@@ -1040,7 +1248,7 @@ fn run_world<'a>(
 /// Grants that came more than `bound` after every lock in their way was released: their
 /// waiter missed the release's announcement and slept out its backstop (with no announcement
 /// lost, in a calm run, there is no other reason). The acquisitions of all-or-none sets are
-/// the ops of one client that share their start; a set was in the way until its last key was
+/// the ops of one caller that share their start; a set was in the way until its last key was
 /// free. A reader counts every holder of its key as in its way: a writer waiting for the
 /// readers to leave may keep it out (the write-preferring policy).
 fn late_grants(h: &History, bound: Duration) -> Vec<String> {
@@ -1068,7 +1276,7 @@ fn late_grants(h: &History, bound: Duration) -> Vec<String> {
         };
         if ok.saturating_sub(since) > bound {
             late.push(format!(
-                "client {} got {:?} {:?} after what was in its way was released (at {since:?})",
+                "caller {} got {:?} {:?} after what was in its way was released (at {since:?})",
                 o.client,
                 String::from_utf8_lossy(&o.key),
                 ok - since
@@ -1099,13 +1307,28 @@ fn shared_reads(h: &History) -> u64 {
         .count() as u64
 }
 
+fn reset_error() -> NodeErrorKind {
+    NodeErrorKind::Io(io::ErrorKind::ConnectionReset)
+}
+
+/// The first word of a command, upper case.
+fn command_name(command: &[u8]) -> Vec<u8> {
+    match resp::decode(command, &Limits::default()) {
+        Ok(resp::Status::Complete((resp::Reply::Array(Some(items)), _))) => match items.first() {
+            Some(resp::Reply::Bulk(Some(w))) => w.to_ascii_uppercase(),
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
 /// The commands in `bytes` (one encode's output), each as its own slice.
 fn commands(bytes: &[u8]) -> Vec<&[u8]> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < bytes.len() {
         match resp::decode(&bytes[at..], &Limits::default()) {
-            Ok(Status::Complete((_, used))) => {
+            Ok(resp::Status::Complete((_, used))) => {
                 out.push(&bytes[at..at + used]);
                 at += used;
             }
@@ -1115,35 +1338,33 @@ fn commands(bytes: &[u8]) -> Vec<&[u8]> {
     out
 }
 
-/// A command's arguments.
-fn args(command: &[u8]) -> Vec<Vec<u8>> {
-    let Ok(Status::Complete((reply, _))) = resp::decode(command, &Limits::default()) else {
-        return Vec::new();
+/// Whether `command` runs the script `script` (by digest or with its body).
+fn runs_script(command: &[u8], script: &crate::engine::ops::Script) -> bool {
+    let Ok(resp::Status::Complete((resp::Reply::Array(Some(items)), _))) =
+        resp::decode(command, &Limits::default())
+    else {
+        return false;
     };
-    match reply.to_value() {
-        Value::Array(Some(items)) => items
-            .into_iter()
-            .filter_map(|v| match v {
-                Value::Bulk(Some(b)) => Some(b),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
+    match (items.first(), items.get(1)) {
+        (Some(resp::Reply::Bulk(Some(name))), Some(resp::Reply::Bulk(Some(arg)))) => {
+            if name.eq_ignore_ascii_case(b"EVALSHA") {
+                arg.eq_ignore_ascii_case(&script.sha)
+            } else {
+                name.eq_ignore_ascii_case(b"EVAL") && *arg == script.body.as_bytes()
+            }
+        }
+        _ => false,
     }
 }
 
-fn reset_error() -> NodeErrorKind {
-    NodeErrorKind::Io(io::ErrorKind::ConnectionReset)
-}
-
-fn setup_error() -> NodeErrorKind {
-    NodeErrorKind::Setup {
-        command: "AUTH",
-        cause: Box::new(NodeErrorKind::Server {
-            kind: ServerErrorKind::Err,
-            message: "ERR AUTH <password> called without any password configured".into(),
-        }),
-    }
+/// A published message, as a subscriber receives it.
+fn message_push(channel: &[u8], message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    resp::write_array_len(&mut out, 3);
+    resp::write_bulk(&mut out, b"message");
+    resp::write_bulk(&mut out, channel);
+    resp::write_bulk(&mut out, message);
+    out
 }
 
 impl<'a> World<'a> {
@@ -1164,22 +1385,25 @@ impl<'a> World<'a> {
         }));
     }
 
-    /// Replaces client `c`'s timer in `slot` (there is at most one) by one `delay` from now.
-    fn set_timer(&mut self, c: usize, slot: usize, delay: u64) {
-        self.clients[c].timers[slot] += 1;
-        let id = self.clients[c].timers[slot];
+    /// Replaces caller `k` of client `c`'s timer in `slot` (there is at most one) by one
+    /// `delay` from now.
+    fn set_timer(&mut self, c: usize, k: usize, slot: usize, delay: u64) {
+        let caller = &mut self.clients[c].callers[k];
+        caller.timers[slot] += 1;
+        let id = caller.timers[slot];
         self.schedule(
             delay,
             Ev::Timer {
                 client: c,
+                caller: k,
                 slot,
                 id,
             },
         );
     }
 
-    fn cancel_timer(&mut self, c: usize, slot: usize) {
-        self.clients[c].timers[slot] += 1;
+    fn cancel_timer(&mut self, c: usize, k: usize, slot: usize) {
+        self.clients[c].callers[k].timers[slot] += 1;
     }
 
     fn log(&self, what: fmt::Arguments<'_>) {
@@ -1188,232 +1412,83 @@ impl<'a> World<'a> {
         }
     }
 
+    fn caller(&mut self, c: usize, k: usize) -> &mut Caller<'a> {
+        &mut self.clients[c].callers[k]
+    }
+
     fn handle(&mut self, ev: Ev) {
         match ev {
-            Ev::Deliver {
-                node,
+            Ev::Land { sock, back: false } => self.land_at_server(sock),
+            Ev::Land { sock, back: true } => self.land_at_client(sock),
+            Ev::Exec { node } => self.exec(node),
+            Ev::Timer {
                 client,
-                sent,
-                epoch,
+                caller,
                 slot,
-                bytes,
-            } => self.deliver(node, client, sent, epoch, slot, &bytes),
-            Ev::Reply {
-                client,
-                node,
-                epoch,
-                run,
-                tag,
-                bytes,
-            } => {
-                let conn = &mut self.clients[client].conns[node];
-                if conn.epoch != epoch {
-                    return;
+                id,
+            } if self.clients[client].callers[caller].timers[slot] == id => {
+                match slot {
+                    MACHINE => self.drive(client, caller),
+                    HOLDER => self.holder(client, caller),
+                    _ => self.keeper(client, caller),
                 }
-                if let Some(i) = conn.owed.iter().position(|&o| o == (run, tag)) {
-                    conn.owed.remove(i);
-                }
-                if run == self.clients[client].run {
-                    self.drive(client, Input::Reply(node, tag, &bytes));
-                }
+                self.after_io(client);
             }
-            Ev::NodeTimeout {
-                client,
-                node,
-                epoch,
-                run,
-                tag,
-            } => {
-                let conn = &self.clients[client].conns[node];
-                if conn.epoch == epoch
-                    && conn.owed.contains(&(run, tag))
-                    && run == self.clients[client].run
-                {
-                    self.drive(client, Input::Failure(node, tag, NodeErrorKind::Timeout));
-                }
-            }
-            Ev::SetupRefused {
-                client,
-                node,
-                run,
-                tag,
-            } => {
-                if run == self.clients[client].run {
-                    self.drive(client, Input::Failure(node, tag, setup_error()));
-                }
-            }
-            Ev::SubDeliver {
-                node,
-                client,
-                sent,
-                epoch,
-                bytes,
-            } => self.sub_deliver(node, client, sent, epoch, &bytes),
-            Ev::Confirmed {
-                client,
-                node,
-                epoch,
-                count,
-            } => {
-                let cl = &mut self.clients[client];
-                if cl.subs[node].epoch != epoch || !cl.subscribing {
-                    return;
-                }
-                cl.confirmed += count;
-                if cl.confirmed >= cl.expected {
-                    cl.subscribing = false;
-                    self.drive(client, Input::Subscribed);
-                }
-            }
-            Ev::Wake {
-                client,
-                node,
-                epoch,
-                channel,
-                message,
-            } => {
-                if self.clients[client].subs[node].epoch == epoch {
-                    self.stats.wakes += 1;
-                    self.drive(client, Input::Wake(node, &channel, &message));
-                }
-            }
-            Ev::Closed {
-                client,
-                node,
-                epoch,
-                sub_epoch,
-            } => {
-                if self.clients[client].conns[node].epoch == epoch {
-                    self.reset(client, node);
-                }
-                let sub = &mut self.clients[client].subs[node];
-                if sub.epoch == sub_epoch && sub.up {
-                    sub.fail(self.now, reset_error());
-                }
-            }
-            Ev::Timer { client, slot, id } if self.clients[client].timers[slot] == id => match slot
-            {
-                MACHINE => self.drive(client, Input::Timeout),
-                HOLDER => self.holder(client),
-                _ => self.keeper(client),
-            },
             Ev::Timer { .. } => {}
-            Ev::Fault => self.fault(),
-            Ev::Restart { node } => {
-                self.log(format_args!("node {node} restarts"));
-                self.nodes[node].up = true;
+            Ev::Endpoint { client, id } if self.clients[client].timer.0 == id => {
+                let now = self.instant(self.now);
+                let cl = &mut self.clients[client];
+                cl.timer.1 = None;
+                if cl.ep.poll_timeout().is_some_and(|t| t <= now) {
+                    cl.ep.handle_timeout(now);
+                }
+                self.after_io(client);
             }
-            Ev::Heal => {
+            Ev::Endpoint { .. } => {}
+            Ev::WarmedUp { client } => self.warmed_up(client),
+            Ev::Fault => self.fault(),
+            Ev::Restart { node } => self.restart(node),
+            Ev::Heal { generation } if generation == self.partition => {
                 self.log(format_args!("partition heals"));
                 self.blocked.iter_mut().flatten().for_each(|b| *b = false);
-            }
-        }
-    }
-
-    // --- the driver: machines in, bytes out ------------------------------------------------
-
-    /// Feeds `input` to client `c`'s machine, sends what it transmits, and acts on its outcome.
-    fn drive(&mut self, c: usize, input: Input<'_>) {
-        match std::mem::replace(&mut self.clients[c].job, Job::None) {
-            Job::None => {}
-            Job::Acquire(mut m) => {
-                self.feed(&mut *m, input);
-                self.pump(c, &mut *m);
-                match m.poll_outcome() {
-                    Some(outcome) => {
-                        self.cancel_timer(c, MACHINE);
-                        self.clients[c].spread = m.learnt_spread();
-                        self.acquired(c, outcome);
-                    }
-                    None => {
-                        self.arm(c, m.poll_timeout());
-                        self.clients[c].job = Job::Acquire(m);
+                for s in 0..self.socks.len() {
+                    for back in [false, true] {
+                        if std::mem::take(&mut self.socks[s].held[usize::from(back)]) {
+                            self.release_held(s, back);
+                        }
                     }
                 }
             }
-            Job::Round(mut m, purpose) => {
-                self.feed(&mut *m, input);
-                self.pump(c, &mut *m);
-                match m.poll_outcome() {
-                    Some(outcome) => {
-                        self.cancel_timer(c, MACHINE);
-                        let hold = m.hold();
-                        self.round_over(c, purpose, outcome, hold);
-                    }
-                    None => {
-                        self.arm(c, m.poll_timeout());
-                        self.clients[c].job = Job::Round(m, purpose);
-                    }
+            Ev::Heal { .. } => {}
+            Ev::Dead { generation } if generation == self.partition => self.partition_dead(),
+            Ev::Dead { .. } => {}
+            Ev::RefusalEnds { node, generation } if self.nodes[node].refusal_gen == generation => {
+                self.log(format_args!("node {node} takes writes again"));
+                self.nodes[node].server.refusal = None;
+            }
+            Ev::RefusalEnds { .. } => {}
+            Ev::LoadingEnds { node, incarnation } => {
+                if self.nodes[node].incarnation == incarnation {
+                    self.nodes[node].server.loading = false;
+                    self.kick(node);
                 }
             }
         }
     }
 
-    fn feed<M: Machine>(&mut self, m: &mut M, input: Input<'_>) {
-        let now = self.instant(self.now);
-        let rng = &mut self.rng.0;
-        match input {
-            Input::Poll => {}
-            Input::Reply(node, tag, bytes) => {
-                let reply = match resp::decode(bytes, &Limits::default()) {
-                    Ok(Status::Complete((r, n))) if n == bytes.len() => r,
-                    other => panic!("the simulated node sent an undecodable reply: {other:?}"),
-                };
-                m.handle_reply(node, tag, &reply, now, rng);
-            }
-            Input::Failure(node, tag, why) => m.handle_failure(node, tag, why, now, rng),
-            Input::Timeout => {
-                // The machine timer fires at the machine's deadline; a deadline that moved
-                // later since is re-armed by `drive`.
-                if m.poll_timeout().is_some_and(|t| t <= now) {
-                    m.handle_timeout(now, rng);
-                }
-            }
-            Input::Wake(node, channel, message) => m.handle_wake(node, channel, message, now, rng),
-            Input::Subscribed => m.handle_subscribed(now, rng),
-        }
-    }
-
-    fn arm(&mut self, c: usize, at: Option<Instant>) {
-        // A machine that is not done always has a deadline; should one not, it still gets
-        // its input, as the driver does.
-        let at = at.map_or(self.now + self.p.node_timeout.as_nanos() as u64, |t| {
-            self.nanos(t)
-        });
-        let delay = at.saturating_sub(self.now);
-        self.set_timer(c, MACHINE, delay);
-    }
-
-    /// Sends every transmit `m` has.
-    fn pump<M: Machine>(&mut self, c: usize, m: &mut M) {
-        while let Some(t) = m.poll_transmit() {
-            match (t.to, t.what) {
-                (To::All, What::Acquire { .. }) => self.stats.attempts += 1,
-                (To::All, What::FenceWrite { .. }) => self.stats.write_backs += 1,
-                (To::All, What::Cleanup { .. })
-                    if self.clients[c].config.rw_policy == RwPolicy::WritePreferring
-                        && self.clients[c]
-                            .cycle
-                            .as_ref()
-                            .is_some_and(|cy| cy.side == Side::Write) =>
-                {
-                    self.stats.intents += 1
-                }
-                _ => {}
-            }
-            match t.to {
-                To::All => {
-                    for n in 0..self.p.nodes {
-                        self.send_command(c, n, &t, m);
-                    }
-                }
-                To::Node(n) => self.send_command(c, n, &t, m),
-                To::Subscribers => self.send_subscribers(c, &t, m),
-            }
-        }
-    }
+    // --- the network: TCP connections, in order, held by partitions, broken ---------------
 
     fn delay(&mut self) -> u64 {
+        self.delay_to(None)
+    }
+
+    /// A one-way delay on a connection to `node`: a node whose setup is refused answers it
+    /// well within a node timeout (how fast a misconfiguration shows is not what is tested).
+    fn delay_to(&mut self, node: Option<usize>) -> u64 {
+        if node.is_some_and(|n| self.nodes[n].refused) {
+            let most = (self.p.node_timeout.as_nanos() as u64 / 4).max(self.p.delay.0);
+            return self.rng.range(self.p.delay.0.min(most), most);
+        }
         if self.rng.chance(self.p.long_delay) {
             self.stats.long_delays += 1;
             return self
@@ -1423,312 +1498,753 @@ impl<'a> World<'a> {
         self.rng.range(self.p.delay.0, self.p.delay.1)
     }
 
-    /// A round trip on a quiet network: what a connection's setup takes.
-    fn setup_time(&mut self) -> u64 {
-        self.rng.range(self.p.delay.0, self.p.delay.1) * 2
+    /// Sends `seg` on connection `sock` towards its server: it arrives after what was sent
+    /// before it.
+    fn send_to_server(&mut self, sock: usize, seg: Seg) {
+        let d = self.delay_to(Some(self.socks[sock].id.node));
+        let s = &mut self.socks[sock];
+        let at = (self.now + d).max(s.to_server.back().map_or(0, |(t, _)| *t));
+        s.to_server.push_back((at, seg));
+        self.wake_landing(sock, false);
     }
 
-    /// Sends `t` on client `c`'s command connection to node `n`, as the driver does: a tagged
-    /// command that cannot be sent is a failure of that node at once; an untagged one goes
-    /// only where something of ours may be (a connection that is up, or still owes replies).
-    fn send_command<M: Machine>(&mut self, c: usize, n: usize, t: &Transmit, m: &mut M) {
-        let now = self.now;
-        let run = self.clients[c].run;
-        let conn = &mut self.clients[c].conns[n];
-        if !conn.up {
-            let failure = if now < conn.down_until {
-                Some(conn.last_error.clone().unwrap_or(NodeErrorKind::Backoff))
-            } else if t.tag.is_none() {
-                return;
-            } else if !self.nodes[n].up {
-                let why = NodeErrorKind::Connect(io::ErrorKind::ConnectionRefused);
-                conn.fail(now, why.clone());
-                Some(why)
-            } else if self.nodes[n].refused {
-                // The setup goes out and is refused a round trip later; nothing behind it is
-                // ever written there. The connection stays down with that reason.
-                let rtt = self.setup_time();
-                let conn = &mut self.clients[c].conns[n];
-                conn.fail(now + rtt, setup_error());
-                self.stats.setup_refusals += 1;
-                let tag = t.tag.expect("tagged");
-                self.schedule(
-                    rtt,
-                    Ev::SetupRefused {
-                        client: c,
-                        node: n,
-                        run,
-                        tag,
-                    },
-                );
-                return;
-            } else {
-                let rtt = self.setup_time();
-                self.clients[c].conns[n].connect(now, rtt);
-                None
-            };
-            if let Some(why) = failure {
-                if let Some(tag) = t.tag {
-                    let now = self.instant(now);
-                    m.handle_failure(n, tag, why, now, &mut self.rng.0);
+    /// Sends `back` on connection `sock` towards its client.
+    fn send_to_client(&mut self, sock: usize, back: Back) {
+        let d = self.delay_to(Some(self.socks[sock].id.node));
+        let s = &mut self.socks[sock];
+        let at = (self.now + d).max(s.to_client.back().map_or(0, |(t, _)| *t));
+        s.to_client.push_back((at, back));
+        self.wake_landing(sock, true);
+    }
+
+    /// Schedules the landing of the head of one direction of `sock`, if none is and a
+    /// partition does not hold it.
+    fn wake_landing(&mut self, sock: usize, back: bool) {
+        let s = &mut self.socks[sock];
+        let b = usize::from(back);
+        if s.landing[b] || s.held[b] {
+            return;
+        }
+        let head = if back {
+            s.to_client.front().map(|(t, _)| *t)
+        } else {
+            s.to_server.front().map(|(t, _)| *t)
+        };
+        if let Some(at) = head {
+            s.landing[b] = true;
+            self.schedule(at.saturating_sub(self.now), Ev::Land { sock, back });
+        }
+    }
+
+    /// Whether the head of one direction of `sock` lands now: not held by a partition (which
+    /// then holds it), and due.
+    fn lands(&mut self, sock: usize, back: bool) -> bool {
+        let b = usize::from(back);
+        self.socks[sock].landing[b] = false;
+        if self.blocked(sock) {
+            self.socks[sock].held[b] = true;
+            return false;
+        }
+        let s = &self.socks[sock];
+        let head = if back {
+            s.to_client.front().map(|(t, _)| *t)
+        } else {
+            s.to_server.front().map(|(t, _)| *t)
+        };
+        match head {
+            Some(at) if at <= self.now => true,
+            Some(_) => {
+                self.wake_landing(sock, back);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// A partition held one direction of `sock`; it healed: what waited goes on, in order.
+    fn release_held(&mut self, sock: usize, back: bool) {
+        let d = self.delay();
+        let mut at = self.now + d;
+        let s = &mut self.socks[sock];
+        let queue: Vec<&mut u64> = if back {
+            s.to_client.iter_mut().map(|(t, _)| t).collect()
+        } else {
+            s.to_server.iter_mut().map(|(t, _)| t).collect()
+        };
+        for t in queue {
+            at = at.max(*t);
+            *t = at;
+        }
+        self.wake_landing(sock, back);
+    }
+
+    fn blocked(&self, sock: usize) -> bool {
+        let s = &self.socks[sock];
+        self.blocked[s.client][s.id.node]
+    }
+
+    fn land_at_server(&mut self, sock: usize) {
+        if !self.lands(sock, false) {
+            return;
+        }
+        let Some((_, seg)) = self.socks[sock].to_server.pop_front() else {
+            return;
+        };
+        self.wake_landing(sock, false);
+        let node = self.socks[sock].id.node;
+        match seg {
+            Seg::Syn => {
+                if !self.nodes[node].up {
+                    self.send_to_client(sock, Back::Refused);
+                    return;
                 }
-                return;
+                let n = &mut self.nodes[node];
+                let s = &mut self.socks[sock];
+                s.accepted = Some(n.incarnation);
+                s.server_open = true;
+                self.send_to_client(sock, Back::Accepted);
+                let n = &mut self.nodes[node];
+                if n.reject_connects > 0 {
+                    // Over the limit of clients: the server says so, and closes.
+                    n.reject_connects -= 1;
+                    self.stats.max_clients += 1;
+                    self.send_to_client(
+                        sock,
+                        Back::Data(b"-ERR max number of clients reached\r\n".to_vec()),
+                    );
+                    self.close_server_end(sock, reset_error());
+                }
+            }
+            Seg::Data { offset, mut bytes } => {
+                let s = &self.socks[sock];
+                let n = &self.nodes[node];
+                if !n.up || s.accepted != Some(n.incarnation) {
+                    // The process that accepted the connection is gone.
+                    self.stats.lost_requests += 1;
+                    return;
+                }
+                if let Some(cut) = s.cut {
+                    let end = offset + bytes.len() as u64;
+                    if end > cut {
+                        self.stats.lost_requests += 1;
+                        bytes.truncate(cut.saturating_sub(offset) as usize);
+                    }
+                }
+                let commands = self.socks[sock].session.receive(&bytes);
+                for (command, end) in commands {
+                    self.nodes[node]
+                        .backlog
+                        .push_back(Work { sock, command, end });
+                }
+                let n = &self.nodes[node];
+                let backlog_ms = n.backlog.len() as u64 * n.service / MS;
+                self.stats.longest_backlog_ms = self.stats.longest_backlog_ms.max(backlog_ms);
+                self.kick(node);
             }
         }
-        let mut bytes = Vec::new();
-        let caps = Caps {
-            delex: false,
-            hsetex: self.nodes[n].native,
-        };
-        m.encode(t, caps, &mut bytes);
-        let conn = &mut self.clients[c].conns[n];
-        let slot = t.tag.map(|tag| (run, tag));
-        if let Some(s) = slot {
-            conn.owed.push(s);
-        }
-        let epoch = conn.epoch;
-        if let Some(tag) = t.tag {
-            let timeout = self.p.node_timeout.as_nanos() as u64;
-            self.schedule(
-                timeout,
-                Ev::NodeTimeout {
-                    client: c,
-                    node: n,
-                    epoch,
-                    run,
-                    tag,
-                },
-            );
-        }
-        if self.blocked[c][n] {
-            return;
-        }
-        if self.rng.chance(self.p.request_loss) {
-            self.stats.lost_requests += 1;
-            return;
-        }
-        let d = self.delay();
-        let conn = &mut self.clients[c].conns[n];
-        let at = (now + d).max(conn.request_link).max(conn.ready_at);
-        conn.request_link = at;
-        self.schedule(
-            at - now,
-            Ev::Deliver {
-                node: n,
-                client: c,
-                sent: now,
-                epoch,
-                slot,
-                bytes,
-            },
-        );
     }
 
-    fn deliver(
-        &mut self,
-        node: usize,
-        client: usize,
-        sent: u64,
-        epoch: u64,
-        slot: Option<(u64, Tag)>,
-        bytes: &[u8],
-    ) {
-        let n = &mut self.nodes[node];
-        if !n.up || sent < n.crashed_at || self.blocked[client][node] {
+    fn land_at_client(&mut self, sock: usize) {
+        if !self.lands(sock, true) {
             return;
         }
-        if n.refused {
-            self.failures.push(format!(
-                "a command reached node {node}, whose connection setup was refused"
+        let Some((_, back)) = self.socks[sock].to_client.pop_front() else {
+            return;
+        };
+        self.wake_landing(sock, true);
+        let (c, id) = (self.socks[sock].client, self.socks[sock].id);
+        if !self.socks[sock].open {
+            if matches!(back, Back::Data(_)) {
+                self.stats.lost_replies += 1;
+            }
+            return;
+        }
+        let now = self.instant(self.now);
+        let ep = &mut self.clients[c].ep;
+        match back {
+            Back::Accepted => {
+                self.socks[sock].connected = true;
+                if ep.is_open(id) {
+                    ep.handle_connected(id);
+                }
+            }
+            Back::Refused => {
+                self.socks[sock].open = false;
+                let why = NodeErrorKind::Connect(io::ErrorKind::ConnectionRefused);
+                ep.handle_connect_failed(id, why, now);
+            }
+            Back::Data(bytes) => {
+                if self.trace && std::env::var_os("REDLOCK_SIM_WIRE").is_some() {
+                    self.log(format_args!(
+                        "client {c} gets on {id:?}: {:?}",
+                        String::from_utf8_lossy(&bytes[..bytes.len().min(90)])
+                    ));
+                }
+                let ep = &mut self.clients[c].ep;
+                let mut rest = &bytes[..];
+                while !rest.is_empty() && ep.is_open(id) {
+                    let Some(buf) = ep.recv_buf(id, now) else {
+                        break;
+                    };
+                    let n = buf.len().min(rest.len());
+                    buf[..n].copy_from_slice(&rest[..n]);
+                    ep.handle_recv(id, n, now);
+                    rest = &rest[n..];
+                }
+            }
+            Back::Closed(why) => {
+                self.socks[sock].open = false;
+                ep.handle_failed(id, why, now);
+            }
+        }
+        self.after_io(c);
+    }
+
+    /// The server's end of `sock` goes (a crash, a reset, a refusal): its client is told once
+    /// what was sent before has arrived.
+    fn close_server_end(&mut self, sock: usize, why: NodeErrorKind) {
+        let s = &mut self.socks[sock];
+        if !s.server_open {
+            return;
+        }
+        s.server_open = false;
+        if s.cut.is_none() {
+            s.cut = Some(s.session.received);
+        }
+        self.send_to_client(sock, Back::Closed(why));
+    }
+
+    /// Connection `sock` breaks (a reset on the way): of what its client wrote, a prefix
+    /// lands and runs, and the rest does not (a command cut in two never runs); what its server
+    /// answered and has not arrived yet may be lost; its client learns of it a moment later.
+    fn break_sock(&mut self, sock: usize, why: NodeErrorKind) {
+        let s = &self.socks[sock];
+        if !s.server_open && s.cut.is_some() {
+            return;
+        }
+        let (landed, sent) = (s.session.received, s.sent);
+        let cut = self.rng.range(landed, sent.max(landed));
+        if cut > landed && cut < sent {
+            self.stats.mid_batch_resets += 1;
+        }
+        let lose_replies = self.rng.chance(0.5);
+        let s = &mut self.socks[sock];
+        s.cut = Some(cut);
+        if lose_replies {
+            // The reset overtakes the replies on their way: they are lost.
+            let lost = s.to_client.len() as u64;
+            s.to_client.clear();
+            self.stats.lost_replies += lost;
+        }
+        self.close_server_end(sock, why);
+    }
+
+    /// The client closes `sock` (the endpoint gave it up, or the client closed): of what was
+    /// on its way to the server, a prefix lands; nothing comes back.
+    fn close_client_end(&mut self, sock: usize) {
+        let s = &mut self.socks[sock];
+        if !s.open {
+            return;
+        }
+        s.open = false;
+        if s.cut.is_none() {
+            let (landed, sent) = (s.session.received, s.sent);
+            let cut = self.rng.range(landed, sent.max(landed));
+            self.socks[sock].cut = Some(cut);
+        }
+        self.socks[sock].server_open = false;
+    }
+
+    /// The transport gives up the connections a partition still cuts: nothing more of what
+    /// they carry lands.
+    fn partition_dead(&mut self) {
+        for sock in 0..self.socks.len() {
+            let s = &self.socks[sock];
+            if !s.open || !self.blocked(sock) {
+                continue;
+            }
+            self.stats.dead_connections += 1;
+            let (c, id) = (s.client, s.id);
+            let now = self.instant(self.now);
+            let s = &mut self.socks[sock];
+            s.open = false;
+            s.server_open = false;
+            s.cut = Some(s.cut.unwrap_or(s.session.received).min(s.session.received));
+            s.to_client.clear();
+            let connecting = !s.connected;
+            let why = NodeErrorKind::Io(io::ErrorKind::TimedOut);
+            let ep = &mut self.clients[c].ep;
+            if ep.is_open(id) {
+                if connecting {
+                    ep.handle_connect_failed(id, why, now);
+                } else {
+                    ep.handle_failed(id, why, now);
+                }
+            }
+            self.log(format_args!(
+                "client {c}'s connection {id:?} is given up in the partition"
             ));
+            self.after_io(c);
+        }
+    }
+
+    // --- the servers: a backlog run in order of arrival -------------------------------------
+
+    /// Schedules a run of node `node`'s backlog, once it can work.
+    fn kick(&mut self, node: usize) {
+        let n = &mut self.nodes[node];
+        if n.exec_scheduled || n.backlog.is_empty() || !n.up {
             return;
         }
-        let live = self.clients[client].conns[node].epoch == epoch;
-        if !live {
-            // Written to a connection that was reset since: it still runs.
+        n.exec_scheduled = true;
+        let at = n.busy_until.max(self.now);
+        self.schedule(at - self.now, Ev::Exec { node });
+    }
+
+    /// Runs what node `node` received, in order: everything at once on a fast server, one
+    /// command per service time on a slow one.
+    fn exec(&mut self, node: usize) {
+        self.nodes[node].exec_scheduled = false;
+        if !self.nodes[node].up || self.nodes[node].busy_until > self.now {
+            return self.kick(node);
+        }
+        // What each connection is answered in this run goes out in one segment (or a few).
+        let mut replies: Vec<(usize, Vec<u8>)> = Vec::new();
+        while let Some(work) = self.nodes[node].backlog.pop_front() {
+            self.run_command(node, work, &mut replies);
+            let service = self.nodes[node].service;
+            if service > 0 {
+                self.nodes[node].busy_until = self.now + service;
+                break;
+            }
+        }
+        for (sock, bytes) in replies {
+            if self.socks[sock].server_open {
+                self.reply(sock, bytes);
+            }
+        }
+        self.kick(node);
+    }
+
+    fn run_command(&mut self, node: usize, work: Work, replies: &mut Vec<(usize, Vec<u8>)>) {
+        let s = &self.socks[work.sock];
+        if s.cut.is_some_and(|cut| work.end > cut) {
+            // Cut off by a break before it all landed.
+            return;
+        }
+        let n = &self.nodes[node];
+        if s.accepted != Some(n.incarnation) {
+            return;
+        }
+        let name = command_name(&work.command);
+        if s.setup_refused
+            && !matches!(
+                name.as_slice(),
+                b"AUTH"
+                    | b"SELECT"
+                    | b"SCRIPT"
+                    | b"INFO"
+                    | b"COMMAND"
+                    | b"SUBSCRIBE"
+                    | b"UNSUBSCRIBE"
+            )
+        {
+            self.failures.push(format!(
+                "a lock command ({}) reached node {node} behind a refused setup",
+                String::from_utf8_lossy(&name)
+            ));
+        }
+        if !s.server_open {
             self.stats.late_commands += 1;
         }
-        let now_ms = n.clock_ms(self.now);
-        if bytes.starts_with(b"*8\r\n$6\r\nHSETEX") || bytes.starts_with(b"*1\r\n$5\r\nMULTI") {
+        if name == b"HSETEX" || name == b"MULTI" {
             self.stats.native_commands += 1;
         }
-        // One write runs at once on the node (a `MULTI` ... `EXEC` in it too); the last reply
-        // is the vote.
-        let last = self.nodes[node]
-            .mem
-            .execute_all(now_ms, &commands(bytes))
-            .pop();
+        if runs_script(&work.command, &crate::engine::fencing::FENCE_WRITE) {
+            self.stats.write_backs += 1;
+        }
+        let now_ms = self.nodes[node].clock_ms(self.now);
+        let mut out = Vec::new();
+        if self.trace && std::env::var_os("REDLOCK_SIM_WIRE").is_some() {
+            self.log(format_args!(
+                "node {node} runs {:?} from sock {} (client {})",
+                String::from_utf8_lossy(&work.command[..work.command.len().min(90)]),
+                work.sock,
+                self.socks[work.sock].client
+            ));
+        }
+        let session = &mut self.socks[work.sock].session;
+        self.nodes[node]
+            .server
+            .execute(session, now_ms, &work.command, &mut out);
+        let refused = [&b"-READONLY"[..], b"-MISCONF", b"-OOM"]
+            .iter()
+            .any(|r| out.starts_with(r));
+        self.stats.refused_commands += u64::from(refused);
+        self.stats.loading_replies += u64::from(out.starts_with(b"-LOADING"));
+        if out.starts_with(b"-") && (name == b"AUTH" || out.starts_with(b"-NOAUTH")) {
+            if !self.socks[work.sock].setup_refused {
+                self.stats.setup_refusals += 1;
+            }
+            self.socks[work.sock].setup_refused = true;
+        }
         self.publish(node);
-        let (Some((run, tag)), Some(reply), true) = (slot, last, live) else {
-            return;
-        };
-        if self.rng.chance(self.p.reply_loss) {
-            self.stats.lost_replies += 1;
+        if !self.socks[work.sock].server_open {
             return;
         }
-        let d = self.delay();
-        let conn = &mut self.clients[client].conns[node];
-        let at = (self.now + d).max(conn.reply_link);
-        conn.reply_link = at;
-        self.schedule(
-            at - self.now,
-            Ev::Reply {
-                client,
-                node,
-                epoch,
-                run,
-                tag,
-                bytes: reply,
-            },
-        );
+        if !self.nodes[node].refused && self.rng.chance(self.p.reply_loss) {
+            // The command ran; the connection breaks before its reply arrives.
+            self.stats.lost_replies += 1;
+            let s = &mut self.socks[work.sock];
+            s.cut = Some(s.session.received);
+            self.close_server_end(work.sock, reset_error());
+            return;
+        }
+        match replies.iter_mut().find(|(s, _)| *s == work.sock) {
+            Some((_, bytes)) => bytes.extend_from_slice(&out),
+            None => replies.push((work.sock, out)),
+        }
     }
 
-    /// Carries what node `node` published to the clients subscribed to it.
+    /// Sends what a server answered on `sock`, in one segment or a few.
+    fn reply(&mut self, sock: usize, bytes: Vec<u8>) {
+        if bytes.len() > 1 && self.rng.chance(self.p.split) {
+            self.stats.split_writes += 1;
+            let at = self.rng.range(1, bytes.len() as u64 - 1) as usize;
+            self.send_to_client(sock, Back::Data(bytes[..at].to_vec()));
+            self.send_to_client(sock, Back::Data(bytes[at..].to_vec()));
+        } else {
+            self.send_to_client(sock, Back::Data(bytes));
+        }
+    }
+
+    /// Carries what node `node` published to the connections subscribed to it.
     fn publish(&mut self, node: usize) {
-        for (channel, message) in std::mem::take(&mut self.nodes[node].mem.outbox) {
-            let to: Vec<(usize, u64)> = self.nodes[node]
-                .subs
-                .iter()
-                .filter(|(_, (_, chans))| chans.contains(&channel))
-                .map(|(&c, &(epoch, _))| (c, epoch))
-                .collect();
-            for (client, epoch) in to {
-                if self.blocked[client][node] || self.clients[client].subs[node].epoch != epoch {
+        let outbox = std::mem::take(&mut self.nodes[node].server.node.outbox);
+        if outbox.is_empty() {
+            return;
+        }
+        let incarnation = self.nodes[node].incarnation;
+        for (channel, message) in outbox {
+            for sock in 0..self.socks.len() {
+                let s = &self.socks[sock];
+                if s.id.node != node
+                    || !s.id.sub
+                    || !s.server_open
+                    || s.accepted != Some(incarnation)
+                    || !s.session.channels.contains(&channel)
+                {
                     continue;
                 }
                 if self.rng.chance(self.p.wake_loss) {
                     self.stats.lost_wakes += 1;
                     continue;
                 }
-                let d = self.delay();
-                let sub = &mut self.clients[client].subs[node];
-                let at = (self.now + d).max(sub.reply_link);
-                sub.reply_link = at;
-                self.schedule(
-                    at - self.now,
-                    Ev::Wake {
-                        client,
-                        node,
-                        epoch,
-                        channel: channel.clone(),
-                        message: message.clone(),
-                    },
-                );
+                self.stats.wakes += 1;
+                self.send_to_client(sock, Back::Data(message_push(&channel, &message)));
             }
         }
     }
 
-    /// Sends a subscription change on every subscriber connection that can take it, as the
-    /// driver does, and counts the confirmations a subscription expects.
-    fn send_subscribers<M: Machine>(&mut self, c: usize, t: &Transmit, m: &mut M) {
-        let now = self.now;
-        let mut expected = 0;
-        for n in 0..self.p.nodes {
-            let sub = &self.clients[c].subs[n];
-            if !sub.up {
-                if now < sub.down_until {
-                    continue;
-                }
-                if !self.nodes[n].up || self.nodes[n].refused || self.blocked[c][n] {
-                    let why = NodeErrorKind::Connect(io::ErrorKind::ConnectionRefused);
-                    self.clients[c].subs[n].fail(now, why);
-                    continue;
-                }
-                let rtt = self.setup_time();
-                self.clients[c].subs[n].connect(now, rtt);
+    // --- the clients' I/O shell: what the driver does, and nothing else ---------------------
+
+    /// After anything reached client `c`'s endpoint: the system calls it asks for, the bytes it
+    /// has to write, the callers it posted to, its timer, and its closing.
+    fn after_io(&mut self, c: usize) {
+        loop {
+            self.do_io(c);
+            self.flush(c);
+            let Some(k) = self.clients[c].ep.poll_notified() else {
+                break;
+            };
+            if self.clients[c].callers[k].run != 0 {
+                self.drive(c, k);
             }
-            let mut bytes = Vec::new();
-            expected += m.encode(t, Caps::default(), &mut bytes);
-            if self.rng.chance(self.p.request_loss) {
-                self.stats.lost_requests += 1;
+        }
+        if self.clients[c].warming.is_some() && self.clients[c].ep.is_settled() {
+            self.warmed_up(c);
+        }
+        let now = self.instant(self.now);
+        let cl = &mut self.clients[c];
+        if cl.closing && !cl.closed {
+            if let Some(left) = cl.ep.close_outcome(now) {
+                return self.closed(c, left);
+            }
+        }
+        let due = self.clients[c].ep.poll_timeout().map(|t| self.nanos(t));
+        let cl = &mut self.clients[c];
+        if let Some(t) = due {
+            let t = t.max(self.now);
+            if cl.timer.1.is_none_or(|at| t < at) {
+                cl.timer.0 += 1;
+                cl.timer.1 = Some(t);
+                let id = cl.timer.0;
+                self.schedule(t - self.now, Ev::Endpoint { client: c, id });
+            }
+        }
+    }
+
+    /// Client `c` is built: its callers start their cycles.
+    fn warmed_up(&mut self, c: usize) {
+        if self.clients[c].warming.take().is_none() {
+            return;
+        }
+        for k in 0..self.p.callers {
+            let start = self.rng.below(self.p.ttl_ms * MS);
+            self.set_timer(c, k, HOLDER, start);
+        }
+    }
+
+    /// Makes the system calls client `c`'s endpoint asks for.
+    fn do_io(&mut self, c: usize) {
+        while let Some(io) = self.clients[c].ep.poll_io() {
+            self.log(format_args!("client {c}: {io:?}"));
+            match io {
+                Io::Connect(id) => {
+                    if let Some(old) = self.clients[c].socks[id.index()] {
+                        self.close_client_end(old);
+                    }
+                    let sock = self.socks.len();
+                    self.socks.push(Sock {
+                        client: c,
+                        id,
+                        open: true,
+                        connected: false,
+                        sent: 0,
+                        to_server: VecDeque::new(),
+                        to_client: VecDeque::new(),
+                        held: [false; 2],
+                        landing: [false; 2],
+                        accepted: None,
+                        session: Session::default(),
+                        server_open: false,
+                        cut: None,
+                        setup_refused: false,
+                    });
+                    self.clients[c].socks[id.index()] = Some(sock);
+                    self.send_to_server(sock, Seg::Syn);
+                }
+                Io::Close(id) => {
+                    if let Some(sock) = self.clients[c].socks[id.index()] {
+                        self.close_client_end(sock);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes what each of client `c`'s connections has pending, once connected.
+    fn flush(&mut self, c: usize) {
+        let now = self.instant(self.now);
+        for i in 0..self.clients[c].socks.len() {
+            let Some(sock) = self.clients[c].socks[i] else {
+                continue;
+            };
+            let id = ConnId::from_index(i);
+            let s = &self.socks[sock];
+            let ep = &mut self.clients[c].ep;
+            if !s.open || !s.connected || !ep.is_open(id) || !ep.wants_write(id) {
                 continue;
             }
-            let d = self.delay();
-            let sub = &mut self.clients[c].subs[n];
-            let at = (now + d).max(sub.request_link).max(sub.ready_at);
-            sub.request_link = at;
-            let epoch = sub.epoch;
-            self.schedule(
-                at - now,
-                Ev::SubDeliver {
-                    node: n,
-                    client: c,
-                    sent: now,
-                    epoch,
-                    bytes,
-                },
-            );
-        }
-        if t.what != What::Subscribe {
-            return;
-        }
-        let cl = &mut self.clients[c];
-        if expected > 0 {
-            (cl.confirmed, cl.expected, cl.subscribing) = (0, expected, true);
-        } else {
-            let now = self.instant(now);
-            m.handle_subscribed(now, &mut self.rng.0);
+            let bytes = ep.pending(id).to_vec();
+            ep.handle_sent(id, bytes.len(), now);
+            self.write(sock, bytes);
         }
     }
 
-    fn sub_deliver(&mut self, node: usize, client: usize, sent: u64, epoch: u64, bytes: &[u8]) {
-        let n = &mut self.nodes[node];
-        if !n.up || sent < n.crashed_at || self.blocked[client][node] {
-            return;
-        }
-        if self.clients[client].subs[node].epoch != epoch {
-            return; // That connection is gone, and its subscriptions with it.
-        }
-        let args = args(bytes);
-        let Some((command, channels)) = args.split_first() else {
-            return;
+    /// Sends what a client wrote on `sock`, in one segment or a few.
+    fn write(&mut self, sock: usize, bytes: Vec<u8>) {
+        let offset = self.socks[sock].sent;
+        self.socks[sock].sent += bytes.len() as u64;
+        let cuts: Vec<usize> = if bytes.len() > 1 && self.rng.chance(self.p.split) {
+            self.stats.split_writes += 1;
+            let a = self.rng.range(1, bytes.len() as u64 - 1) as usize;
+            let b = self.rng.range(1, bytes.len() as u64 - 1) as usize;
+            vec![a.min(b), a.max(b)]
+        } else {
+            Vec::new()
         };
-        let entry = n.subs.entry(client).or_default();
-        if entry.0 != epoch {
-            *entry = (epoch, BTreeSet::new());
-        }
-        match command.as_slice() {
-            b"SUBSCRIBE" => {
-                entry.1.extend(channels.iter().cloned());
-                if self.rng.chance(self.p.reply_loss) {
-                    self.stats.lost_replies += 1;
-                    return;
-                }
-                let d = self.delay();
-                let sub = &mut self.clients[client].subs[node];
-                let at = (self.now + d).max(sub.reply_link);
-                sub.reply_link = at;
-                self.schedule(
-                    at - self.now,
-                    Ev::Confirmed {
-                        client,
-                        node,
-                        epoch,
-                        count: channels.len(),
+        let mut start = 0;
+        for end in cuts.into_iter().chain([bytes.len()]) {
+            if end > start {
+                self.send_to_server(
+                    sock,
+                    Seg::Data {
+                        offset: offset + start as u64,
+                        bytes: bytes[start..end].to_vec(),
                     },
                 );
             }
-            b"UNSUBSCRIBE" => {
-                for ch in channels {
-                    entry.1.remove(ch);
-                }
-            }
-            other => panic!("not a subscription: {other:?}"),
+            start = end;
+        }
+        let refused = self.nodes[self.socks[sock].id.node].refused;
+        if !refused && self.rng.chance(self.p.request_loss) {
+            // The connection breaks while this write is on its way.
+            self.break_sock(sock, reset_error());
         }
     }
 
-    /// Client `c`'s connection to node `n` is reset: every reply it owed the machine being
-    /// driven is a failure. What was written to it may still reach the node.
-    fn reset(&mut self, c: usize, n: usize) {
-        if !self.clients[c].conns[n].up {
+    // --- the callers: machines stepped on the endpoint, as the driver steps them -------------
+
+    /// Starts `job` for caller `k` of client `c`, and drives it.
+    fn start_job(&mut self, c: usize, k: usize, job: Job<'a>) {
+        let id = self.clients[c].callers[k].id;
+        let run = self.clients[c].ep.begin(id);
+        let caller = self.caller(c, k);
+        caller.run = run;
+        caller.job = job;
+        self.drive(c, k);
+    }
+
+    /// Steps caller `k` of client `c`'s machine, and acts on its outcome once it has one.
+    fn drive(&mut self, c: usize, k: usize) {
+        match std::mem::replace(&mut self.caller(c, k).job, Job::None) {
+            Job::None => {}
+            Job::Acquire(mut m) => match self.step(c, k, &mut *m) {
+                Some(outcome) => {
+                    self.caller(c, k).spread = m.learnt_spread();
+                    self.acquired(c, k, outcome);
+                }
+                None => self.caller(c, k).job = Job::Acquire(m),
+            },
+            Job::Round(mut m, purpose) => match self.step(c, k, &mut *m) {
+                Some(outcome) => {
+                    let hold = m.hold();
+                    self.round_over(c, k, purpose, outcome, hold);
+                }
+                None => self.caller(c, k).job = Job::Round(m, purpose),
+            },
+        }
+    }
+
+    /// The driver's loop for one caller: the machine takes its mail (or its deadline), the
+    /// endpoint queues its commands and they are written, until it waits for its mailbox or
+    /// its deadline (the machine timer is set), or is over (the run finishes).
+    fn step<M: Machine>(&mut self, c: usize, k: usize, m: &mut M) -> Option<M::Output> {
+        let (id, run) = (
+            self.clients[c].callers[k].id,
+            self.clients[c].callers[k].run,
+        );
+        for _ in 0..100_000 {
+            let now = self.instant(self.now);
+            self.clients[c].ep.step(id, run, m, now, &mut self.rng.0);
+            self.do_io(c);
+            self.flush(c);
+            if self.clients[c].ep.has_mail(id) {
+                continue;
+            }
+            if let Some(outcome) = m.poll_outcome() {
+                self.cancel_timer(c, k, MACHINE);
+                self.clients[c].ep.finish(id, run, now);
+                self.caller(c, k).run = 0;
+                return Some(outcome);
+            }
+            // A machine that is not done always has a deadline; should one not, it still gets
+            // its input, as the driver does.
+            let deadline = m.poll_timeout().unwrap_or(now + self.p.node_timeout);
+            if now >= deadline {
+                m.handle_timeout(now, &mut self.rng.0);
+                continue;
+            }
+            if self.clients[c].ep.is_ready(id, m.replies_wanted()) {
+                continue;
+            }
+            let at = self.nanos(deadline);
+            self.set_timer(c, k, MACHINE, at - self.now);
+            return None;
+        }
+        panic!("a machine that never waits");
+    }
+
+    /// Client `c` is done: it closes once its callers' cycles are over, as a program drops its
+    /// client, with replies maybe still owed.
+    fn maybe_close(&mut self, c: usize) {
+        let cl = &self.clients[c];
+        if cl.closing || !cl.callers.iter().all(|k| k.done) {
             return;
         }
-        let owed = self.clients[c].conns[n].fail(self.now, reset_error());
-        for (run, tag) in owed {
-            // A failure may end the machine, and the next one starts with tags of its own.
-            if run == self.clients[c].run {
-                self.drive(c, Input::Failure(n, tag, reset_error()));
+        let now = self.instant(self.now);
+        self.log(format_args!("client {c} closes"));
+        let cl = &mut self.clients[c];
+        cl.closing = true;
+        self.stats.closes += 1;
+        self.stats.closes_owing += u64::from(cl.ep.busy(now));
+        cl.ep.begin_close(now);
+    }
+
+    /// Client `c`'s closing is over, leaving compare-and-deletes undelivered to `left`: its
+    /// sockets close.
+    fn closed(&mut self, c: usize, left: Vec<usize>) {
+        self.log(format_args!("client {c} closed; undelivered to {left:?}"));
+        self.clients[c].closed = true;
+        for i in 0..self.clients[c].socks.len() {
+            if let Some(sock) = self.clients[c].socks[i] {
+                self.close_client_end(sock);
             }
+        }
+        if self.scenario.calm() && self.clients.iter().all(|cl| cl.closed) {
+            self.left_behind();
+        }
+    }
+
+    /// Every release returned and every client closed: the keys still on the nodes are left
+    /// behind (fence counters, which never expire, are not lock keys).
+    fn left_behind(&mut self) {
+        for node in 0..self.nodes.len() {
+            let now_ms = self.nodes[node].clock_ms(self.now);
+            let n = &mut self.nodes[node];
+            for key in n.server.node.live_key_names(now_ms) {
+                let fence =
+                    self.arena.fences.contains(&key) || self.arena.write_fences.contains(&key);
+                if !fence {
+                    self.log(format_args!(
+                        "left behind on node {node}: {:?}",
+                        String::from_utf8_lossy(&key)
+                    ));
+                    self.history.left_behind.push((node, key));
+                }
+            }
+        }
+    }
+
+    /// Caller `k` of client `c`'s release returned `Ok`: the nodes on which the lock's entries
+    /// are still live now (none of them may be, beyond those the release quorum allows).
+    fn record_release(&mut self, c: usize, k: usize) {
+        let cycle = self.clients[c].callers[k].cycle.as_ref().expect("a cycle");
+        let token = cycle.held.as_ref().expect("held").token;
+        let token = token.as_bytes();
+        let names: Vec<Vec<u8>> = match cycle.spec.keys {
+            Keys::Mutex(key) => vec![key.to_vec()],
+            Keys::Read { keys, .. } | Keys::Write { keys, .. } | Keys::Downgraded { keys, .. } => {
+                vec![keys.writer().to_vec(), keys.readers().to_vec()]
+            }
+            Keys::All(set) => set.iter().map(|k| k.to_vec()).collect(),
+            Keys::Semaphore { keys, .. } => vec![keys.holders().to_vec()],
+        };
+        let quorum = cycle.spec.release_quorum(self.p.nodes);
+        let ops = cycle.ops.clone();
+        let mut live_on = Vec::new();
+        for node in 0..self.nodes.len() {
+            if !self.nodes[node].up {
+                continue;
+            }
+            let now_ms = self.nodes[node].clock_ms(self.now);
+            let mem = &mut self.nodes[node].server.node;
+            if names
+                .iter()
+                .any(|name| mem.holds_token(now_ms, name, token))
+            {
+                live_on.push(node);
+            }
+        }
+        for op in ops {
+            self.history.releases.push(history::Release {
+                op,
+                at: Duration::from_nanos(self.now),
+                live_on: live_on.clone(),
+                nodes: self.p.nodes,
+                quorum,
+            });
         }
     }
 
@@ -1745,83 +2261,37 @@ impl<'a> World<'a> {
         let max_ttl = 2 * self.p.ttl_ms * MS;
         let node = self.rng.below(self.p.nodes as u64) as usize;
         let client = self.rng.below(self.p.clients as u64) as usize;
+        if self.nodes[node].refused {
+            // A node whose setup is refused shows that refusal, and nothing else.
+            return;
+        }
         let kind = match self.scenario {
             // A crashed node cannot show that its setup would be refused: runs with
             // misconfigured nodes keep theirs up, so that the check on configuration
             // errors (see `acquired`) applies.
-            Scenario::Model if self.p.refused > 0 => 1 + self.rng.below(4),
-            Scenario::Model => self.rng.below(5),
+            Scenario::Model if self.p.refused > 0 => 1 + self.rng.below(8),
+            Scenario::Model => self.rng.below(9),
             Scenario::InstantRestart | Scenario::ForgetfulRestart => 0,
             Scenario::ClockJump => 2,
-            Scenario::UncheckedPause | Scenario::Calm => return,
+            Scenario::UncheckedPause | Scenario::Calm | Scenario::Slow => return,
         };
         match kind {
-            0 => {
-                if !self.nodes[node].up {
-                    return;
-                }
-                self.stats.crashes += 1;
-                // Within the model, fencing runs on nodes that persist every acknowledged write
-                // (AOF, `appendfsync always`): a restart keeps the data, not the script cache.
-                let mut persistent = self.p.locks.fenced() && self.scenario == Scenario::Model;
-                // An upgrade to Redis 8 reloads the data the Redis 7 node persisted (AOF):
-                // readers in sorted sets, while new ones become hash fields there.
-                if !self.nodes[node].native
-                    && self.p.upgrade > 0.0
-                    && self.rng.chance(self.p.upgrade)
-                {
-                    self.log(format_args!("node {node} is upgraded to Redis 8"));
-                    self.nodes[node].native = true;
-                    self.stats.upgrades += 1;
-                    persistent = true;
-                }
-                {
-                    let n = &mut self.nodes[node];
-                    if persistent {
-                        n.mem.forget_scripts();
-                    } else {
-                        n.mem = node_memory();
-                    }
-                    n.subs.clear();
-                    n.crashed_at = self.now;
-                }
-                // Every client sees its connections closed, a moment later.
-                for c in 0..self.p.clients {
-                    let (epoch, sub_epoch) = (
-                        self.clients[c].conns[node].epoch,
-                        self.clients[c].subs[node].epoch,
-                    );
-                    let d = self.rng.range(self.p.delay.0, self.p.delay.1);
-                    self.schedule(
-                        d,
-                        Ev::Closed {
-                            client: c,
-                            node,
-                            epoch,
-                            sub_epoch,
-                        },
-                    );
-                }
-                if self.scenario == Scenario::InstantRestart {
-                    self.log(format_args!("node {node} crashes and restarts at once"));
-                } else {
-                    self.nodes[node].up = false;
-                    let down = self.rng.range(max_ttl, 3 * max_ttl);
-                    self.log(format_args!("node {node} crashes for {down} ns"));
-                    self.schedule(down, Ev::Restart { node });
-                }
-            }
+            0 => self.crash(node),
             1 => {
                 self.stats.partitions += 1;
+                self.partition += 1;
                 for c in 0..self.p.clients {
                     let cut_client = self.rng.chance(0.5);
                     for n in 0..self.p.nodes {
-                        self.blocked[c][n] = cut_client && self.rng.chance(0.5);
+                        self.blocked[c][n] =
+                            cut_client && self.rng.chance(0.5) && !self.nodes[n].refused;
                     }
                 }
                 let heal = self.rng.range(max_ttl / 8, max_ttl);
                 self.log(format_args!("partition {:?}", self.blocked));
-                self.schedule(heal, Ev::Heal);
+                let generation = self.partition;
+                self.schedule(heal, Ev::Heal { generation });
+                self.schedule(self.p.dead_after, Ev::Dead { generation });
             }
             2 => {
                 let ttl = self.p.ttl_ms * MS;
@@ -1843,37 +2313,157 @@ impl<'a> World<'a> {
                 self.nodes[node].offset += by;
             }
             3 => {
-                // The connection breaks (a proxy, a NAT, a reset): what was written to it is
-                // on its way and still runs on the node.
-                if self.clients[client].conns[node].up {
-                    self.stats.resets += 1;
-                    self.log(format_args!(
-                        "client {client}'s connection to {node} resets"
-                    ));
-                    self.reset(client, node);
+                // The connection breaks (a proxy, a NAT, a reset): part of what was written to
+                // it lands and runs, the rest does not.
+                if let Some(sock) = self.clients[client].socks[2 * node] {
+                    if self.socks[sock].open {
+                        self.stats.resets += 1;
+                        self.log(format_args!(
+                            "client {client}'s connection to {node} resets"
+                        ));
+                        self.break_sock(sock, reset_error());
+                    }
                 }
             }
+            4 => {
+                if let Some(sock) = self.clients[client].socks[2 * node + 1] {
+                    if self.socks[sock].open {
+                        self.stats.subscriber_resets += 1;
+                        self.log(format_args!(
+                            "client {client}'s subscriber to {node} resets"
+                        ));
+                        self.break_sock(sock, reset_error());
+                    }
+                }
+            }
+            5 => {
+                // Writes refused for a while: a replica, a failed save, memory full.
+                let refusal = match self.rng.below(3) {
+                    0 => Refusal::ReadOnly,
+                    1 => Refusal::Misconf,
+                    _ => Refusal::Oom,
+                };
+                let n = &mut self.nodes[node];
+                n.server.refusal = Some(refusal);
+                n.refusal_gen += 1;
+                let generation = n.refusal_gen;
+                self.stats.refusals += 1;
+                let lasts = self.rng.range(max_ttl / 8, max_ttl);
+                self.log(format_args!("node {node} refuses writes ({refusal:?})"));
+                self.schedule(lasts, Ev::RefusalEnds { node, generation });
+            }
+            6 => {
+                // The server process stops (SIGSTOP) and goes on later: connections stay.
+                let pause = self.rng.range(max_ttl / 8, max_ttl);
+                let n = &mut self.nodes[node];
+                n.busy_until = n.busy_until.max(self.now + pause);
+                self.stats.server_pauses += 1;
+                self.log(format_args!("node {node} pauses for {pause} ns"));
+            }
+            7 => {
+                // The server is at its limit of clients for the next few connections.
+                self.nodes[node].reject_connects += self.rng.range(1, 3) as u32;
+            }
             _ => {
-                let sub = &mut self.clients[client].subs[node];
-                if sub.up {
-                    self.stats.subscriber_resets += 1;
-                    sub.fail(self.now, reset_error());
-                    self.nodes[node].subs.remove(&client);
-                    self.log(format_args!(
-                        "client {client}'s subscriber to {node} resets"
-                    ));
+                // A client's command connection to a node breaks from the server's side
+                // (an idle timeout, `CLIENT KILL`), whatever is in flight.
+                if let Some(sock) = self.clients[client].socks[2 * node] {
+                    if self.socks[sock].open {
+                        self.stats.resets += 1;
+                        self.log(format_args!(
+                            "node {node} kills client {client}'s connection"
+                        ));
+                        self.close_server_end(sock, reset_error());
+                    }
                 }
             }
         }
     }
 
-    // --- the clients' programs -------------------------------------------------------------
-
-    /// Starts the next lock cycle of client `c`.
-    fn start_cycle(&mut self, c: usize) {
-        if self.clients[c].cycles_left == 0 || self.now > self.p.horizon {
+    /// Node `node`'s server crashes: its connections close, what it had not run is gone, and
+    /// it restarts later (with its data if it persists it).
+    fn crash(&mut self, node: usize) {
+        if !self.nodes[node].up {
             return;
         }
+        self.stats.crashes += 1;
+        let n = &mut self.nodes[node];
+        n.up = false;
+        n.incarnation += 1;
+        n.backlog.clear();
+        n.exec_scheduled = false;
+        n.busy_until = 0;
+        n.server.refusal = None;
+        for sock in 0..self.socks.len() {
+            let s = &self.socks[sock];
+            if s.id.node == node && s.accepted == Some(self.nodes[node].incarnation - 1) {
+                self.socks[sock].to_server.clear();
+                self.close_server_end(sock, reset_error());
+            }
+        }
+        let max_ttl = 2 * self.p.ttl_ms * MS;
+        if self.scenario == Scenario::InstantRestart {
+            self.log(format_args!("node {node} crashes and restarts at once"));
+            self.restart(node);
+        } else {
+            let down = self.rng.range(max_ttl, 3 * max_ttl);
+            self.log(format_args!("node {node} crashes for {down} ns"));
+            self.schedule(down, Ev::Restart { node });
+        }
+    }
+
+    /// Node `node`'s server starts again: a new process (a new run id), loading its data for a
+    /// while if it kept any. Within the model, fencing runs on nodes that persist every
+    /// acknowledged write (AOF, `appendfsync always`), and a node restarted as another version
+    /// of Redis restarts on its data: a Redis 7 node upgraded to Redis 8 (readers stay in
+    /// sorted sets, new ones become hash fields), or a Redis 8 node downgraded to Redis 7 when
+    /// its data holds no hash (which Redis 7 could not load).
+    fn restart(&mut self, node: usize) {
+        let mut persistent = self.p.locks.fenced() && self.scenario == Scenario::Model;
+        if self.p.upgrade > 0.0 && self.rng.chance(self.p.upgrade) {
+            let server = &self.nodes[node].server;
+            if !server.has_hash_fields() {
+                self.log(format_args!("node {node} is upgraded to Redis 8"));
+                self.nodes[node].server.version = REDIS_8;
+                self.stats.upgrades += 1;
+                persistent = true;
+            } else if !server.node.has_hashes() {
+                self.log(format_args!("node {node} is downgraded to Redis 7"));
+                self.nodes[node].server.version = REDIS_7;
+                self.stats.server_downgrades += 1;
+                persistent = true;
+            }
+        }
+        let id = run_id(&mut self.rng);
+        let loading = persistent && self.rng.chance(0.5);
+        let n = &mut self.nodes[node];
+        n.up = true;
+        n.server.run_id = id;
+        if persistent {
+            n.server.node.forget_scripts();
+        } else {
+            n.server.node = node_memory();
+        }
+        self.log(format_args!("node {node} restarts"));
+        if loading {
+            let n = &mut self.nodes[node];
+            n.server.loading = true;
+            let incarnation = n.incarnation;
+            self.stats.loading_restarts += 1;
+            let lasts = self.rng.range(0, self.p.ttl_ms * MS);
+            self.schedule(lasts, Ev::LoadingEnds { node, incarnation });
+        }
+    }
+    // --- the clients' programs -------------------------------------------------------------
+
+    /// Starts the next lock cycle of caller `k` of client `c`; once it has none left, the
+    /// client may close.
+    fn start_cycle(&mut self, c: usize, k: usize) {
+        if self.clients[c].callers[k].cycles_left == 0 || self.now > self.p.horizon {
+            self.caller(c, k).done = true;
+            return self.maybe_close(c);
+        }
+        let global = self.clients[c].callers[k].global;
         let arena = self.arena;
         let key = self.rng.below(self.p.keys as u64) as usize;
         let (side, spec, keys) = match self.p.locks {
@@ -1945,7 +2535,7 @@ impl<'a> World<'a> {
             .iter()
             .map(|&k| {
                 self.history.push(history::Op {
-                    client: c as u64,
+                    client: global,
                     kind,
                     key: key_name(k),
                     invoke,
@@ -1979,23 +2569,25 @@ impl<'a> World<'a> {
         };
         let now = self.instant(self.now);
         let cl = &mut self.clients[c];
+        let config = cl.config;
         let params = Params {
             ttl_ms,
             timing,
             wait,
-            fair: cl.config.fair,
+            fair: config.fair,
             ticket: (self.now + cl.clock) / 1000,
-            spread: cl.spread,
+            spread: cl.callers[k].spread,
         };
         if self.trace {
             eprintln!(
-                "{:>10.3} ms  client {c} takes {side:?} on {keys:?} (ops {ops:?}), wait {wait}, fair {}, keep {}",
+                "{:>10.3} ms  caller {c}.{k} takes {side:?} on {keys:?} (ops {ops:?}), wait {wait}, fair {}, keep {}",
                 self.now as f64 / MS as f64,
-                cl.config.fair,
+                config.fair,
                 keep.is_some()
             );
         }
-        cl.cycle = Some(Cycle {
+        self.stats.acquisitions += 1;
+        self.caller(c, k).cycle = Some(Cycle {
             spec,
             ops,
             keys,
@@ -2004,14 +2596,9 @@ impl<'a> World<'a> {
             keep,
             held: None,
         });
-        let config = cl.config;
         let round = Round::new(self.p.nodes, now, None, None);
         let m = Acquisition::new(spec, config, params, now, round, &mut self.rng.0);
-        let cl = &mut self.clients[c];
-        cl.run += 1;
-        cl.subscribing = false;
-        cl.job = Job::Acquire(Box::new(m));
-        self.drive(c, Input::Poll);
+        self.start_job(c, k, Job::Acquire(Box::new(m)));
     }
 
     fn timing(&self, ttl_ms: u64) -> Timing {
@@ -2022,18 +2609,26 @@ impl<'a> World<'a> {
     }
 
     /// The acquisition of client `c`'s cycle is over.
-    fn acquired(&mut self, c: usize, outcome: Result<Grant, Error>) {
+    fn acquired(&mut self, c: usize, k: usize, outcome: Result<Grant, Error>) {
         let refused_quorum = self.p.nodes - self.p.refused < self.p.quorum;
-        let wait = self.clients[c].cycle.as_ref().is_some_and(|cy| cy.wait);
+        let wait = self.clients[c].callers[k]
+            .cycle
+            .as_ref()
+            .is_some_and(|cy| cy.wait);
         let grant = match outcome {
             Ok(grant) => grant,
             Err(e) => {
-                self.log(format_args!("client {c} gives up: {e}"));
+                self.log(format_args!("caller {c}.{k} gives up: {e}"));
+                // Which nodes accept the setup but failed the last attempt: the network's
+                // doing (a reset, a pause, a partition), which may decide a round before every
+                // refused setup is in.
+                let network = e.failures().iter().any(|f| !self.nodes[f.node].refused);
                 if e.is_config() {
                     self.stats.config_errors += 1;
-                } else if refused_quorum && wait {
+                } else if refused_quorum && wait && !network {
                     // One attempt (`try_*`) may be decided by a node's refusal before every
-                    // refused setup is in; a wait must find out, and end at once.
+                    // refused setup is in; a wait lost only on the refused nodes must find out,
+                    // and end at once.
                     self.failures.push(format!(
                         "too few nodes accept the setup for a quorum, yet the acquisition ended with: {e}"
                     ));
@@ -2042,7 +2637,7 @@ impl<'a> World<'a> {
                     self.failures
                         .push(format!("a wait in a calm run ended with: {e}"));
                 }
-                return self.end_cycle(c);
+                return self.end_cycle(c, k);
             }
         };
         if refused_quorum {
@@ -2053,7 +2648,7 @@ impl<'a> World<'a> {
         let steps = self.rng.range(1, 3) as u32;
         let kept_steps = self.rng.range(3, 6) as u32;
         let fair = self.clients[c].config.fair;
-        let cycle = self.clients[c].cycle.as_mut().expect("a cycle");
+        let cycle = self.clients[c].callers[k].cycle.as_mut().expect("a cycle");
         self.stats.grants += 1;
         self.stats.fair_grants += u64::from(fair);
         self.stats.set_grants += u64::from(matches!(cycle.spec.keys, Keys::All(_)));
@@ -2064,11 +2659,9 @@ impl<'a> World<'a> {
             op.valid_until = Some(grant.valid_until - self.base);
             op.fence = grant.fencing_token;
         }
-        let kept = cycle.keep.map(|plan| Kept {
-            plan,
-            until: grant.valid_until,
-            lost: false,
-        });
+        let kept = cycle
+            .keep
+            .map(|plan| KeptValidity::new(plan, now, grant.valid_until));
         let steps = if kept.is_some() { kept_steps } else { steps };
         cycle.held = Some(Held {
             token: grant.token,
@@ -2083,55 +2676,53 @@ impl<'a> World<'a> {
         });
         let ops = cycle.ops.clone();
         self.log(format_args!(
-            "client {c} holds {ops:?} until {:?}, fence {:?}",
+            "caller {c}.{k} holds {ops:?} until {:?}, fence {:?}",
             grant.valid_until, grant.fencing_token
         ));
-        if let Some(due) = self.kept_due(c, now) {
+        if let Some(due) = self.kept_due(c, k, now) {
             self.stats.kept += 1;
-            self.set_keeper(c, due);
+            self.set_keeper(c, k, due);
         }
-        self.next_step(c);
+        self.next_step(c, k);
     }
 
     /// When a kept lock's first extension is due.
-    fn kept_due(&mut self, c: usize, now: Instant) -> Option<Instant> {
-        let held = self.clients[c].cycle.as_mut()?.held.as_mut()?;
-        let kept = held.kept.as_mut()?;
-        let left = kept.left(now).unwrap_or_default();
-        Some(kept.plan.next_due(now, left))
+    fn kept_due(&mut self, c: usize, k: usize, now: Instant) -> Option<Instant> {
+        let held = self.clients[c].callers[k].cycle.as_ref()?.held.as_ref()?;
+        Some(held.kept.as_ref()?.next_due(now))
     }
 
     /// Schedules the keeper at `due`, or later when it runs slow.
-    fn set_keeper(&mut self, c: usize, due: Instant) {
+    fn set_keeper(&mut self, c: usize, k: usize, due: Instant) {
         let mut at = self.nanos(due).max(self.now);
         if self.rng.chance(self.p.slow_keeper) {
             self.stats.slow_keepers += 1;
             at += self.rng.below(self.p.ttl_ms * MS);
         }
-        self.set_timer(c, KEEPER, at - self.now);
+        self.set_timer(c, k, KEEPER, at - self.now);
     }
 
     /// The validity the holder sees at `now`: its guard's, or its kept lock's.
-    fn valid(&mut self, c: usize) -> bool {
+    fn valid(&mut self, c: usize, k: usize) -> bool {
         let now = self.instant(self.now);
-        let Some(held) = self.clients[c]
+        let Some(held) = self.clients[c].callers[k]
             .cycle
             .as_mut()
             .and_then(|cy| cy.held.as_mut())
         else {
             return false;
         };
-        match held.kept.as_mut() {
+        match held.kept.as_ref() {
             Some(kept) => kept.left(now).is_some(),
             None => held.hold.validity(now) > Duration::ZERO,
         }
     }
 
     /// Schedules the holder's next work step.
-    fn next_step(&mut self, c: usize) {
+    fn next_step(&mut self, c: usize, k: usize) {
         let now = self.instant(self.now);
         let ttl = self.p.ttl_ms * MS;
-        let Some(held) = self.clients[c]
+        let Some(held) = self.clients[c].callers[k]
             .cycle
             .as_ref()
             .and_then(|cy| cy.held.as_ref())
@@ -2143,13 +2734,13 @@ impl<'a> World<'a> {
             None => held.hold.validity(now).as_nanos() as u64,
         };
         let work = self.rng.below(left / 2 + 1);
-        self.set_timer(c, HOLDER, work);
+        self.set_timer(c, k, HOLDER, work);
     }
 
     /// The holder's work: read the counters, then (after a while, maybe a pause) write them.
-    fn holder(&mut self, c: usize) {
-        let Some(cycle) = self.clients[c].cycle.as_ref() else {
-            return self.start_cycle(c);
+    fn holder(&mut self, c: usize, k: usize) {
+        let Some(cycle) = self.clients[c].callers[k].cycle.as_ref() else {
+            return self.start_cycle(c, k);
         };
         let Some(held) = cycle.held.as_ref() else {
             return;
@@ -2165,14 +2756,14 @@ impl<'a> World<'a> {
         );
         let checked = self.scenario != Scenario::UncheckedPause;
         if reading {
-            if !self.valid(c) {
-                self.log(format_args!("client {c} finds its validity gone"));
-                return self.start_release(c);
+            if !self.valid(c, k) {
+                self.log(format_args!("caller {c}.{k} finds its validity gone"));
+                return self.start_release(c, k);
             }
             let read = keys.iter().map(|&k| self.counters[k]).collect();
             let now = self.instant(self.now);
             let ttl = self.p.ttl_ms * MS;
-            let held = self.held(c);
+            let held = self.held(c, k);
             held.read = read;
             held.reading = false;
             let left = if held.kept.is_some() {
@@ -2188,52 +2779,58 @@ impl<'a> World<'a> {
                 } else {
                     self.rng.range(0, 2 * ttl)
                 };
-                self.log(format_args!("client {c} pauses for {work} ns"));
+                self.log(format_args!("caller {c}.{k} pauses for {work} ns"));
             }
-            return self.set_timer(c, HOLDER, work);
+            return self.set_timer(c, k, HOLDER, work);
         }
-        if checked && !self.valid(c) {
-            self.log(format_args!("client {c} finds its validity gone"));
-            return self.start_release(c);
+        if checked && !self.valid(c, k) {
+            self.log(format_args!("caller {c}.{k} finds its validity gone"));
+            return self.start_release(c, k);
         }
         if matches!(side, Side::Mutex | Side::Write) {
-            let held = self.held(c);
+            let held = self.held(c, k);
             let read = held.read.clone();
             let after_lost = held.lost_extend;
             self.stats.writes_after_lost_extend += u64::from(after_lost);
-            for ((k, op), r) in keys.into_iter().zip(ops).zip(read) {
-                self.counters[k] = r + 1;
+            let global = self.clients[c].callers[k].global;
+            for ((key, op), r) in keys.into_iter().zip(ops).zip(read) {
+                self.counters[key] = r + 1;
                 self.history.increments.push(Increment {
-                    client: c as u64,
-                    key: key_name(k),
+                    client: global,
+                    key: key_name(key),
                     read: r,
                     at: Duration::from_nanos(self.now),
                     op,
                 });
             }
         }
-        let held = self.held(c);
+        let held = self.held(c, k);
         held.reading = true;
         held.steps = held.steps.saturating_sub(1);
         let (steps, kept) = (held.steps, held.kept.is_some());
-        if steps == 0 || !self.valid(c) {
-            return self.start_release(c);
+        if steps == 0 || !self.valid(c, k) {
+            return self.start_release(c, k);
         }
         if !kept && side == Side::Write && self.rng.chance(0.3) {
             // The writer goes on as a reader: any TTL, as for an extend. Its write window ends
             // as the round starts (it writes no more); its read window starts there.
             let ttl = self.p.ttl_ms;
             let ttl_ms = self.rng.range((ttl / 4).max(10), 2 * ttl);
-            let ops = self.clients[c].cycle.as_ref().expect("a cycle").ops.clone();
+            let ops = self.clients[c].callers[k]
+                .cycle
+                .as_ref()
+                .expect("a cycle")
+                .ops
+                .clone();
             for op in ops {
                 self.history.ops[op].release = Some(Duration::from_nanos(self.now));
             }
-            self.log(format_args!("client {c} downgrades for {ttl_ms} ms"));
+            self.log(format_args!("caller {c}.{k} downgrades for {ttl_ms} ms"));
             let step = Step::Downgrade {
                 ttl_ms,
                 timing: self.timing(ttl_ms),
             };
-            return self.start_round(c, step, Purpose::Downgrade { at: self.now });
+            return self.start_round(c, k, step, Purpose::Downgrade { at: self.now });
         }
         if !kept && self.rng.chance(0.4) {
             // Any TTL, a shorter one than the lock's too.
@@ -2245,13 +2842,13 @@ impl<'a> World<'a> {
                 ttl_ms,
                 timing: self.timing(ttl_ms),
             };
-            return self.start_round(c, step, Purpose::Extend { ttl_ms });
+            return self.start_round(c, k, step, Purpose::Extend { ttl_ms });
         }
-        self.next_step(c);
+        self.next_step(c, k);
     }
 
-    fn held(&mut self, c: usize) -> &mut Held {
-        self.clients[c]
+    fn held(&mut self, c: usize, k: usize) -> &mut Held {
+        self.clients[c].callers[k]
             .cycle
             .as_mut()
             .and_then(|cy| cy.held.as_mut())
@@ -2259,9 +2856,9 @@ impl<'a> World<'a> {
     }
 
     /// The keeper's turn for client `c`'s kept lock.
-    fn keeper(&mut self, c: usize) {
+    fn keeper(&mut self, c: usize, k: usize) {
         let now = self.instant(self.now);
-        let Some(held) = self.clients[c]
+        let Some(held) = self.clients[c].callers[k]
             .cycle
             .as_mut()
             .and_then(|cy| cy.held.as_mut())
@@ -2271,97 +2868,114 @@ impl<'a> World<'a> {
         if held.releasing || held.release_wanted {
             return;
         }
-        let Some(kept) = held.kept.as_mut() else {
+        let Some(kept) = held.kept.as_ref() else {
             return;
         };
-        if kept.left(now).is_none() {
+        if kept.round_starts(now).is_err() {
             self.stats.kept_lost += 1;
-            self.log(format_args!("client {c}'s kept lock is lost"));
+            self.log(format_args!("caller {c}.{k}'s kept lock is lost"));
             return;
         }
-        // `validity()` and `is_lost()` do not wait for the round: what it may leave on the
-        // nodes is what they say while it is in flight.
-        if let Some(cap) = kept.plan.cap_from(now) {
-            kept.until = kept.until.min(cap);
-        }
-        let ttl = kept.plan.ttl();
+        let ttl = kept.plan().ttl();
         let ttl_ms = ttl.as_millis() as u64;
         self.stats.keeper_rounds += 1;
-        self.record_until(c);
+        self.record_until(c, k);
         let step = Step::Extend {
             ttl_ms,
             timing: self.timing(ttl_ms),
         };
-        self.start_round(c, step, Purpose::Keep);
+        self.start_round(c, k, step, Purpose::Keep);
     }
 
     /// Writes the holder's end of validity into the history.
-    fn record_until(&mut self, c: usize) {
-        let cycle = self.clients[c].cycle.as_ref().expect("a cycle");
+    fn record_until(&mut self, c: usize, k: usize) {
+        let cycle = self.clients[c].callers[k].cycle.as_ref().expect("a cycle");
         let held = cycle.held.as_ref().expect("held");
         let until = held
             .kept
             .as_ref()
-            .map_or(held.hold.valid_until(), |k| k.until);
+            .map_or(held.hold.valid_until(), KeptValidity::until);
         for &op in &cycle.ops {
             self.history.ops[op].valid_until = Some(until - self.base);
         }
     }
 
     /// Starts a round of `step` on the held lock.
-    fn start_round(&mut self, c: usize, step: Step, purpose: Purpose) {
+    fn start_round(&mut self, c: usize, k: usize, step: Step, purpose: Purpose) {
         let now = self.instant(self.now);
         let Some(slot) = self.holds.next() else {
-            // Out of storage: this client stops here (its lock expires on its own).
-            self.clients[c].cycles_left = 0;
-            return;
+            // Out of storage: this caller stops here (its lock expires on its own).
+            self.failures
+                .push("the simulation ran out of storage for holds".into());
+            self.caller(c, k).cycles_left = 0;
+            return self.end_cycle(c, k);
         };
         let cl = &mut self.clients[c];
-        let cycle = cl.cycle.as_ref().expect("a cycle");
+        let config = cl.config;
+        let cycle = cl.callers[k].cycle.as_ref().expect("a cycle");
         let held = cycle.held.as_ref().expect("held");
         *slot = held.hold;
         let round = Round::new(self.p.nodes, now, None, None);
-        let m = slot.round(cycle.spec, held.token, cl.config, step, now, round);
-        cl.run += 1;
-        cl.job = Job::Round(Box::new(m), purpose);
-        self.drive(c, Input::Poll);
+        let m = slot.round(cycle.spec, held.token, config, step, now, round);
+        self.start_job(c, k, Job::Round(Box::new(m), purpose));
     }
 
-    fn start_release(&mut self, c: usize) {
-        let busy = matches!(self.clients[c].job, Job::Round(..));
-        let held = self.held(c);
+    fn start_release(&mut self, c: usize, k: usize) {
+        let busy = matches!(self.clients[c].callers[k].job, Job::Round(..));
+        let held = self.held(c, k);
         if busy {
             held.release_wanted = true;
             return;
         }
         held.releasing = true;
-        self.cancel_timer(c, KEEPER);
-        self.cancel_timer(c, HOLDER);
-        let ops = self.clients[c].cycle.as_ref().expect("a cycle").ops.clone();
+        self.cancel_timer(c, k, KEEPER);
+        self.cancel_timer(c, k, HOLDER);
+        let ops = self.clients[c].callers[k]
+            .cycle
+            .as_ref()
+            .expect("a cycle")
+            .ops
+            .clone();
         for op in ops {
             self.history.ops[op].release = Some(Duration::from_nanos(self.now));
         }
-        self.log(format_args!("client {c} releases"));
-        self.start_round(c, Step::Release, Purpose::Release);
+        self.log(format_args!("caller {c}.{k} releases"));
+        self.start_round(c, k, Step::Release, Purpose::Release);
     }
 
     /// A round of the held lock is over; `hold` is what it left.
-    fn round_over(&mut self, c: usize, purpose: Purpose, result: Result<(), Error>, hold: Hold) {
+    fn round_over(
+        &mut self,
+        c: usize,
+        k: usize,
+        purpose: Purpose,
+        result: Result<(), Error>,
+        hold: Hold,
+    ) {
         let now = self.instant(self.now);
         self.log(format_args!(
-            "client {c}: {purpose:?} {result:?}, valid until {:?}",
+            "caller {c}.{k}: {purpose:?} {result:?}, valid until {:?}",
             hold.valid_until()
         ));
         if purpose == Purpose::Release {
-            return self.end_cycle(c);
+            self.stats.releases += 1;
+            if result.is_ok() {
+                self.stats.releases_ok += 1;
+                self.record_release(c, k);
+            } else if self.scenario.calm() {
+                self.failures.push(format!(
+                    "a release in a run without faults failed: {result:?}"
+                ));
+            }
+            return self.end_cycle(c, k);
         }
         if let Purpose::Downgrade { at } = purpose {
-            return self.downgraded(c, at, result, hold);
+            return self.downgraded(c, k, at, result, hold);
         }
         if purpose == Purpose::Keep && result.is_err() {
             self.stats.lost_extends += 1;
         }
-        let held = self.held(c);
+        let held = self.held(c, k);
         held.hold = hold;
         match purpose {
             Purpose::Extend { .. } => {
@@ -2369,32 +2983,26 @@ impl<'a> World<'a> {
                     held.lost_extend = true;
                     self.stats.lost_extends += 1;
                 }
-                self.record_until(c);
-                if self.held(c).release_wanted || !self.valid(c) {
-                    return self.start_release(c);
+                self.record_until(c, k);
+                if self.held(c, k).release_wanted || !self.valid(c, k) {
+                    return self.start_release(c, k);
                 }
                 // Won or not, the holder goes on while its guard's validity lasts.
-                self.next_step(c);
+                self.next_step(c, k);
             }
             Purpose::Keep => {
-                let kept = held.kept.as_mut().expect("kept");
-                if result.is_ok() {
-                    kept.until = hold.valid_until();
-                } else {
-                    kept.until = kept.until.min(hold.valid_until());
-                }
-                let left = kept.left(now);
-                let next = kept.plan.after_round(result, now, left);
-                self.record_until(c);
-                if self.held(c).release_wanted {
-                    return self.start_release(c);
+                let kept = held.kept.as_ref().expect("kept");
+                let next = kept.round_ended(result, hold.valid_until(), now);
+                self.record_until(c, k);
+                if self.held(c, k).release_wanted {
+                    return self.start_release(c, k);
                 }
                 match next {
-                    Ok(due) => self.set_keeper(c, due),
+                    Ok(due) => self.set_keeper(c, k, due),
                     Err(e) => {
                         self.stats.kept_lost += 1;
-                        self.held(c).kept.as_mut().expect("kept").lost = true;
-                        self.log(format_args!("client {c}'s kept lock is lost: {e}"));
+                        self.held(c, k).kept.as_ref().expect("kept").set_lost();
+                        self.log(format_args!("caller {c}.{k}'s kept lock is lost: {e}"));
                     }
                 }
             }
@@ -2404,19 +3012,19 @@ impl<'a> World<'a> {
 
     /// Client `c`'s downgrade round, started at `at`, is over: won, the cycle goes on as a
     /// reader with the same token; lost, it was undone on every node and nothing is held.
-    fn downgraded(&mut self, c: usize, at: u64, result: Result<(), Error>, hold: Hold) {
+    fn downgraded(&mut self, c: usize, k: usize, at: u64, result: Result<(), Error>, hold: Hold) {
         if let Err(e) = result {
             self.stats.lost_downgrades += 1;
-            self.log(format_args!("client {c}'s downgrade is lost: {e}"));
+            self.log(format_args!("caller {c}.{k}'s downgrade is lost: {e}"));
             if self.scenario == Scenario::Calm {
                 self.failures
                     .push(format!("a downgrade in a calm run was lost: {e}"));
             }
-            return self.end_cycle(c);
+            return self.end_cycle(c, k);
         }
         self.stats.downgrades += 1;
         let steps = self.rng.range(1, 3) as u32;
-        let cycle = self.clients[c].cycle.as_mut().expect("a cycle");
+        let cycle = self.clients[c].callers[k].cycle.as_mut().expect("a cycle");
         let Keys::Write { resource, keys } = cycle.spec.keys else {
             unreachable!("only a write lock downgrades");
         };
@@ -2433,8 +3041,9 @@ impl<'a> World<'a> {
         held.lost_extend = false;
         // The read window starts with the round: every node of its quorum held our writer key
         // or our reader from then on.
+        let global = self.clients[c].callers[k].global;
         let op = self.history.push(history::Op {
-            client: c as u64,
+            client: global,
             kind: Kind::Read,
             key: key_name(key),
             invoke: Duration::from_nanos(at),
@@ -2443,34 +3052,34 @@ impl<'a> World<'a> {
             valid_until: Some(hold.valid_until() - self.base),
             release: None,
         });
-        let cycle = self.clients[c].cycle.as_mut().expect("a cycle");
+        let cycle = self.clients[c].callers[k].cycle.as_mut().expect("a cycle");
         cycle.ops = vec![op];
-        if self.held(c).release_wanted || !self.valid(c) {
-            return self.start_release(c);
+        if self.held(c, k).release_wanted || !self.valid(c, k) {
+            return self.start_release(c, k);
         }
-        self.next_step(c);
+        self.next_step(c, k);
     }
 
-    fn end_cycle(&mut self, c: usize) {
+    fn end_cycle(&mut self, c: usize, k: usize) {
         if self.scenario == Scenario::Calm {
-            let kept_lost = self.clients[c]
+            let kept_lost = self.clients[c].callers[k]
                 .cycle
                 .as_ref()
                 .and_then(|cy| cy.held.as_ref())
                 .and_then(|h| h.kept.as_ref())
-                .is_some_and(|k| k.lost);
+                .is_some_and(KeptValidity::was_lost);
             if kept_lost {
                 self.failures
                     .push("a kept lock was lost in a calm run".into());
             }
         }
-        self.cancel_timer(c, KEEPER);
-        let cl = &mut self.clients[c];
+        self.cancel_timer(c, k, KEEPER);
+        let cl = self.caller(c, k);
         cl.cycle = None;
         cl.job = Job::None;
         cl.cycles_left = cl.cycles_left.saturating_sub(1);
         let think = self.rng.below(self.p.ttl_ms * MS / 2);
-        self.set_timer(c, HOLDER, think);
+        self.set_timer(c, k, HOLDER, think);
     }
 }
 

@@ -744,7 +744,7 @@ struct Entry {
 }
 
 /// One simulated Redis node's memory. Crashing it is dropping it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Node {
     data: BTreeMap<Vec<u8>, Entry>,
     scripts: BTreeSet<[u8; 40]>,
@@ -757,6 +757,10 @@ pub(crate) struct Node {
     /// How long after its last field expired the expiry cycle deletes a hash nobody touched;
     /// `None`: never (active expiry off).
     pub hash_expiry_lag: Option<i64>,
+    /// Whether a write command was called since this was last reset, and if so whether the
+    /// first one may grow memory (`denyoom` in Redis's command table): what a server that
+    /// refuses writes looks at in a script (see `server.rs`).
+    pub first_write: Option<bool>,
 }
 
 impl Node {
@@ -827,6 +831,44 @@ impl Node {
     /// A restart that reloads the data from disk: only the script cache is lost.
     pub fn forget_scripts(&mut self) {
         self.scripts.clear();
+    }
+
+    /// Takes the script cache of `other` (what a script that was stopped brought to the cache
+    /// stays there).
+    pub fn adopt_scripts(&mut self, other: Node) {
+        self.scripts = other.scripts;
+    }
+
+    /// A write command is called (`denyoom`: one that may grow memory).
+    fn wrote(&mut self, denyoom: bool) {
+        self.first_write.get_or_insert(denyoom);
+    }
+
+    /// Whether some key holds a hash: a Redis 7 server cannot load this data (hash fields with
+    /// their own expiry are a Redis 8 encoding).
+    pub fn has_hashes(&self) -> bool {
+        self.data.values().any(|e| matches!(e.data, Data::Hash(_)))
+    }
+
+    /// Whether the key `key` holds `token` live: as its string value, as a hash field that has
+    /// not expired, or as a member of a sorted set scored by an expiry still ahead (a reader,
+    /// a semaphore holder).
+    pub fn holds_token(&mut self, now_ms: i64, key: &[u8], token: &[u8]) -> bool {
+        self.now = now_ms;
+        let now = now_ms;
+        match self.entry(key).map(|e| &e.data) {
+            Some(Data::Str(v)) => v == token,
+            Some(Data::Hash(h)) => h.get(token).is_some_and(|(_, at)| !field_expired(*at, now)),
+            Some(Data::ZSet(z)) => z.get(token).is_some_and(|s| *s > now as f64),
+            None => false,
+        }
+    }
+
+    /// The names of the keys that hold something at `now_ms` (expired ones are not counted).
+    pub fn live_key_names(&mut self, now_ms: i64) -> Vec<Vec<u8>> {
+        self.now = now_ms;
+        self.live_keys();
+        self.data.keys().cloned().collect()
     }
 
     /// The keys that hold something now (expired ones are not counted).
@@ -936,6 +978,7 @@ impl Node {
 
     /// `SET key value [NX|XX] [PX ms|EX s]`
     fn set_command(&mut self, args: &[&[u8]]) -> Value {
+        self.wrote(true);
         let (key, value) = (args[0], args[1]);
         let (mut nx, mut xx, mut px) = (false, false, None);
         let mut i = 2;
@@ -1069,6 +1112,7 @@ impl Node {
 
     /// `HSETEX key PX ms FIELDS n field value ...` (the only form the locks send): 1.
     fn hsetex(&mut self, args: &[&[u8]]) -> Result<Value, Value> {
+        self.wrote(true);
         let key = args[0];
         if !args[1].eq_ignore_ascii_case(b"PX") {
             return Err(err("ERR syntax error"));
@@ -1099,6 +1143,7 @@ impl Node {
     /// expired but was not deleted yet gets the new expiry too (see `engine::rw` for why that
     /// is harmless).
     fn hpexpire(&mut self, args: &[&[u8]]) -> Result<Value, Value> {
+        self.wrote(false);
         let key = args[0];
         let ms = parse_i64(args[1])
             .filter(|&ms| ms >= 0)
@@ -1147,6 +1192,7 @@ impl Node {
     /// `HDEL key field ...`: fields deleted (an expired one not deleted yet counts, as in
     /// Redis 8.2); an emptied hash is deleted.
     pub fn hdel(&mut self, key: &[u8], fields: &[&[u8]]) -> Result<i64, Value> {
+        self.wrote(false);
         let mut deleted = 0;
         for f in fields {
             if self.field_present(key, f)? {
@@ -1190,6 +1236,7 @@ impl Node {
 
     /// `DEL` of one key: whether it existed.
     pub fn del(&mut self, key: &[u8]) -> bool {
+        self.wrote(false);
         self.entry(key).is_some() && self.data.remove(key).is_some()
     }
 
@@ -1206,6 +1253,7 @@ impl Node {
 
     /// `PEXPIRE` with a number of milliseconds.
     pub fn pexpire_ms(&mut self, key: &[u8], ms: i64) -> i64 {
+        self.wrote(false);
         let now = self.now;
         match self.entry(key) {
             None => 0,
@@ -1299,6 +1347,7 @@ impl Node {
         member: &[u8],
         xx: bool,
     ) -> Result<i64, Value> {
+        self.wrote(true);
         if self.zset(key)?.is_none() {
             if xx {
                 return Ok(0);
@@ -1325,6 +1374,7 @@ impl Node {
 
     /// `ZREM key member...`: members removed; an emptied set is deleted, as in Redis.
     pub fn zrem(&mut self, key: &[u8], members: &[&[u8]]) -> Result<i64, Value> {
+        self.wrote(false);
         let removed = match self.zset(key)? {
             None => 0,
             Some(z) => members.iter().filter(|m| z.remove(**m).is_some()).count(),
@@ -1383,6 +1433,7 @@ impl Node {
 
     /// `ZREMRANGEBYSCORE key min max` (both inclusive): members removed.
     pub fn zrem_range_by_score(&mut self, key: &[u8], min: f64, max: f64) -> Result<i64, Value> {
+        self.wrote(false);
         let removed = match self.zset(key)? {
             None => 0,
             Some(z) => {

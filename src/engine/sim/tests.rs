@@ -3,15 +3,15 @@
 use super::*;
 
 /// Seeds CI runs within the model with mutexes; `REDLOCK_SIM_SEEDS` overrides every count.
-const CI_SEEDS: u64 = 400;
+/// CI runs the scenarios in a release build; a debug build (a plain `cargo test`) runs a tenth.
+const CI_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 400 };
 /// Seeds CI runs within the model for each other kind of lock.
-const LOCK_SEEDS: u64 = 120;
-/// Seeds of calm runs for each kind of lock. A waiter that misses a release's announcement
-/// may show in a calm run only once in thousands of seeds (a retry that met the lock of the
-/// attempt it replaced did so first at seed 4737 of the read-write locks), so an optimized
-/// build (`cargo test --release --lib engine::sim::tests`) runs 5000; a debug build, about
-/// ten times slower, runs 400. `REDLOCK_SIM_SEEDS` overrides both.
-const CALM_SEEDS: u64 = if cfg!(debug_assertions) { 400 } else { 5000 };
+const LOCK_SEEDS: u64 = if cfg!(debug_assertions) { 12 } else { 120 };
+/// Seeds of calm runs for each kind of lock: enough for a waiter that misses a release's
+/// announcement, which a calm run shows once in a few hundred seeds, to be found.
+const CALM_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 5000 };
+/// Seeds of runs with a server too slow for the load, for each kind of lock tried.
+const SLOW_SEEDS: u64 = if cfg!(debug_assertions) { 20 } else { 200 };
 /// Seeds each broken scenario runs at the most; it stops once the checker has seen what it
 /// must.
 const BROKEN_SEEDS: u64 = 200;
@@ -97,11 +97,22 @@ fn within_the_model_no_seed_finds_a_violation() {
             ("lost requests", s.lost_requests),
             ("lost replies", s.lost_replies),
             ("long delays", s.long_delays),
+            ("split writes", s.split_writes),
             ("connection resets", s.resets),
+            ("resets mid-batch", s.mid_batch_resets),
             (
                 "commands that ran after their connection was reset",
                 s.late_commands,
             ),
+            ("connections given up in partitions", s.dead_connections),
+            ("connections over the client limit", s.max_clients),
+            ("write refusals", s.refusals),
+            ("commands refused", s.refused_commands),
+            ("server pauses", s.server_pauses),
+            ("runs with a slow server", s.slow_runs),
+            ("clients closed owing replies", s.closes_owing),
+            ("releases checked", s.releases_ok),
+            ("many callers on one client", u64::from(s.most_callers >= 8)),
             ("subscriber resets", s.subscriber_resets),
             ("wakes delivered", s.wakes),
             ("wakes lost", s.lost_wakes),
@@ -162,11 +173,12 @@ fn every_lock_kind_within_the_model() {
                     s,
                     &[
                         ("shared reads", s.shared_reads),
-                        ("intents", s.intents),
                         ("downgrades", s.downgrades),
                         ("lost downgrades", s.lost_downgrades),
                         ("runs mixing Redis 7 and 8", s.mixed_runs),
                         ("upgrades to Redis 8", s.upgrades),
+                        ("downgrades to Redis 7", s.server_downgrades),
+                        ("restarts loading their data", s.loading_restarts),
                         ("commands without Lua", s.native_commands),
                     ],
                 );
@@ -220,6 +232,30 @@ fn semaphores_within_the_model() {
         } else {
             require(s, &[("fair grants", s.fair_grants), ("wakes", s.wakes)]);
         }
+    }
+}
+
+/// A server too slow for the load, with no other fault: its backlog grows, acquisitions skip
+/// it, and clients close with replies still owed there. Every release and cleanup must reach
+/// it all the same: once every release returned and every client closed, no key is left.
+#[test]
+fn a_server_too_slow_for_the_load_is_left_nothing() {
+    let test = "a_server_too_slow_for_the_load_is_left_nothing";
+    for locks in [Locks::Mutex, Locks::ReadWrite, Locks::Semaphore] {
+        let Some(sum) = within(Scenario::Slow, locks, SLOW_SEEDS, test) else {
+            continue;
+        };
+        let s = &sum.stats;
+        require(
+            s,
+            &[
+                ("clients closed owing replies", s.closes_owing),
+                (
+                    "a backlog of many node timeouts",
+                    u64::from(s.longest_backlog_ms >= 50),
+                ),
+            ],
+        );
     }
 }
 
@@ -386,6 +422,7 @@ fn first_violation() {
     let scenario = match scenario {
         "Model" => Scenario::Model,
         "Calm" => Scenario::Calm,
+        "Slow" => Scenario::Slow,
         "InstantRestart" => Scenario::InstantRestart,
         "ClockJump" => Scenario::ClockJump,
         "UncheckedPause" => Scenario::UncheckedPause,
