@@ -306,6 +306,14 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
             // Read with the library's parser now, for a usage error before anything runs.
             for url in &urls {
                 let url = NodeUrl::parse(url).map_err(|e| usage!("{e}"))?;
+                // Its probes (INFO cpu, CLIENT LIST) and baselines address one server per URL.
+                if url.is_cluster() {
+                    return Err(usage!(
+                        "{url}: bench measures one server per node and cannot measure a Redis \
+                         Cluster yet"
+                    )
+                    .into());
+                }
                 let plain_tcp = !url.is_tls() && url.unix_path().is_none();
                 if !plain_tcp && (mutex || !rw_kinds.is_empty() || scale) {
                     return Err(usage!(
