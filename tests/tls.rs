@@ -14,8 +14,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -34,19 +33,6 @@ impl Pki {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl (apt-get install openssl)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A CA, and certificates it signs: `server` (127.0.0.1, localhost), `elsewhere` (another
 /// name only) and `client`; EC P-256 keys, valid two days.
 fn pki() -> &'static Pki {
@@ -54,26 +40,7 @@ fn pki() -> &'static Pki {
     PKI.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("redlock-mux-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let key = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-        ];
-        let mut ca = vec!["req", "-x509"];
-        ca.extend(key);
-        ca.extend([
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=redlock-mux test CA",
-        ]);
-        openssl(&dir, &ca);
+        redlock_mux_kit::pki::make_ca(&dir, "redlock-mux test CA", 2).expect("openssl CA");
         for (name, ext) in [
             (
                 "server",
@@ -85,39 +52,8 @@ fn pki() -> &'static Pki {
             ),
             ("client", "extendedKeyUsage=clientAuth\n"),
         ] {
-            std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
-            let (k, csr, crt, extfile) = (
-                format!("{name}.key"),
-                format!("{name}.csr"),
-                format!("{name}.crt"),
-                format!("{name}.ext"),
-            );
-            let mut req = vec!["req"];
-            req.extend(key);
-            req.extend(["-keyout", &k, "-out", &csr, "-subj"]);
-            let subject = format!("/CN={name}");
-            req.push(&subject);
-            openssl(&dir, &req);
-            openssl(
-                &dir,
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    &csr,
-                    "-CA",
-                    "ca.crt",
-                    "-CAkey",
-                    "ca.key",
-                    "-CAcreateserial",
-                    "-out",
-                    &crt,
-                    "-days",
-                    "2",
-                    "-extfile",
-                    &extfile,
-                ],
-            );
+            redlock_mux_kit::pki::sign(&dir, name, ext, 2)
+                .unwrap_or_else(|e| panic!("{e} (apt-get install openssl)"));
         }
         Pki { dir }
     })

@@ -23,6 +23,8 @@ mod supervise;
 #[cfg(feature = "tls")]
 mod tls;
 
+#[cfg(feature = "tls")]
+use redlock_mux_kit::pki;
 use redlock_mux_kit::{local_servers, raw, stats};
 use std::fmt;
 use std::io::{self, Write};

@@ -8,6 +8,7 @@
 //! - [`stats`]: latency percentiles and summaries;
 //! - [`history`]: the history checker of the safety suites and the simulation;
 //! - [`fault_proxy`]: an in-process TCP proxy that delays, drops or resets;
+//! - [`pki`]: throw-away certificates made with `openssl`, for TLS tests and `bench --tls`;
 //! - [`probe`] (feature `probe`): a tiny blocking RESP client for assertions about what a
 //!   server holds, and a scripted fake server for what no installable server does.
 //!
@@ -16,6 +17,7 @@
 pub mod fault_proxy;
 pub mod history;
 pub mod local_servers;
+pub mod pki;
 #[cfg(feature = "probe")]
 pub mod probe;
 pub mod raw;

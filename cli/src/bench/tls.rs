@@ -5,7 +5,6 @@
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use redlock_mux::Client;
 use serde_json::json;
@@ -27,26 +26,6 @@ impl Drop for Pki {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) -> Result<(), Fail> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .map_err(|e| {
-            Fail::other(format!(
-                "bench --tls makes a throw-away certificate with the openssl command: {e}"
-            ))
-        })?;
-    if !out.status.success() {
-        return Err(Fail::other(format!(
-            "openssl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(())
-}
-
 impl Pki {
     /// A CA and a server certificate for 127.0.0.1 and localhost (EC P-256, one day).
     fn make() -> Result<Pki, Fail> {
@@ -54,61 +33,19 @@ impl Pki {
             std::env::temp_dir().join(format!("redlock-mux-bench-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let pki = Pki { dir };
-        let key = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-        ];
-        let mut ca = vec!["req", "-x509"];
-        ca.extend(key);
-        ca.extend([
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=bench CA",
-        ]);
-        openssl(&pki.dir, &ca)?;
-        std::fs::write(
-            pki.dir.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
-        )?;
-        let mut req = vec!["req"];
-        req.extend(key);
-        req.extend([
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ]);
-        openssl(&pki.dir, &req)?;
-        openssl(
-            &pki.dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "server.crt",
-                "-days",
-                "1",
-                "-extfile",
-                "server.ext",
-            ],
-        )?;
+        let made = crate::pki::make_ca(&pki.dir, "bench CA", 1).and_then(|()| {
+            crate::pki::sign(
+                &pki.dir,
+                "server",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+                1,
+            )
+        });
+        made.map_err(|e| {
+            Fail::other(format!(
+                "bench --tls makes a throw-away certificate with the openssl command: {e}"
+            ))
+        })?;
         Ok(pki)
     }
 

@@ -137,6 +137,17 @@ impl Net {
         }
     }
 
+    /// One node whose command connection is up and set up as a server with `info` and
+    /// `hsetex` (run id of 'a's).
+    fn ready(info: &str, hsetex: bool) -> Net {
+        let mut net = Net::new(1);
+        net.ep.connect_all(net.now);
+        net.connect_all();
+        net.take_output(Self::cmd(0));
+        net.answer_setup(0, info, 'a', hsetex);
+        net
+    }
+
     fn cmd(node: usize) -> ConnId {
         ConnId { node, sub: false }
     }
@@ -282,11 +293,7 @@ fn commands_written_for_a_server_that_changed_are_not_sent() {
 
 #[test]
 fn a_release_whose_connection_broke_is_sent_again_first_on_the_next() {
-    let mut net = Net::new(1);
-    net.ep.connect_all(net.now);
-    net.connect_all();
-    net.take_output(Net::cmd(0));
-    net.answer_setup(0, INFO_82, 'a', false);
+    let mut net = Net::ready(INFO_82, false);
     let caller = net.ep.open_caller();
     let run = net.ep.begin(caller);
     let token = Token::from_random([1; 20]);
@@ -319,11 +326,7 @@ fn a_release_whose_connection_broke_is_sent_again_first_on_the_next() {
 
 #[test]
 fn an_acquisition_written_before_a_break_is_failed_and_never_sent_again() {
-    let mut net = Net::new(1);
-    net.ep.connect_all(net.now);
-    net.connect_all();
-    net.take_output(Net::cmd(0));
-    net.answer_setup(0, INFO_82, 'a', false);
+    let mut net = Net::ready(INFO_82, false);
     let caller = net.ep.open_caller();
     let run = net.ep.begin(caller);
     let token = Token::from_random([2; 20]);
@@ -383,11 +386,7 @@ fn a_transaction_aborted_for_a_refused_command_reports_the_refusal() {
             None
         }
     }
-    let mut net = Net::new(1);
-    net.ep.connect_all(net.now);
-    net.connect_all();
-    net.take_output(Net::cmd(0));
-    net.answer_setup(0, INFO_82, 'a', false);
+    let mut net = Net::ready(INFO_82, false);
     let caller = net.ep.open_caller();
     let run = net.ep.begin(caller);
     let mut m = Multi(Probe::new(What::Subscribe, None));
@@ -424,11 +423,7 @@ fn one_server_reached_as_two_nodes_is_a_configuration_error() {
 
 #[test]
 fn acquisitions_skip_a_node_that_is_behind_and_releases_do_not() {
-    let mut net = Net::new(1);
-    net.ep.connect_all(net.now);
-    net.connect_all();
-    net.take_output(Net::cmd(0));
-    net.answer_setup(0, INFO_82, 'a', false);
+    let mut net = Net::ready(INFO_82, false);
     let caller = net.ep.open_caller();
     let run = net.ep.begin(caller);
     let mut first = Probe::new(
@@ -472,11 +467,7 @@ fn acquisitions_skip_a_node_that_is_behind_and_releases_do_not() {
 
 #[test]
 fn a_release_waiting_for_a_node_that_stays_down_is_failed_to_its_owner_at_its_node_timeout() {
-    let mut net = Net::new(1);
-    net.ep.connect_all(net.now);
-    net.connect_all();
-    net.take_output(Net::cmd(0));
-    net.answer_setup(0, INFO_82, 'a', false);
+    let mut net = Net::ready(INFO_82, false);
     let caller = net.ep.open_caller();
     let run = net.ep.begin(caller);
     let token = Token::from_random([3; 20]);
@@ -585,11 +576,7 @@ fn a_node_that_refuses_every_setup_is_reconnected_ever_more_slowly() {
 
 #[test]
 fn the_cleanup_of_an_attempt_kept_off_a_node_is_not_sent_there() {
-    let mut net = Net::new(1);
-    net.ep.connect_all(net.now);
-    net.connect_all();
-    net.take_output(Net::cmd(0));
-    net.answer_setup(0, INFO_82, 'a', false);
+    let mut net = Net::ready(INFO_82, false);
     let caller = net.ep.open_caller();
     let run = net.ep.begin(caller);
     let mut first = Probe::new(

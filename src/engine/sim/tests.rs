@@ -3,15 +3,15 @@
 use super::*;
 
 /// Seeds CI runs within the model with mutexes; `REDLOCK_SIM_SEEDS` overrides every count.
-/// CI runs the scenarios in a release build; a debug build (a plain `cargo test`) runs a tenth.
+/// CI runs the scenarios in a release build; a debug build (a plain `cargo test`) runs fewer.
 const CI_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 400 };
 /// Seeds CI runs within the model for each other kind of lock.
-const LOCK_SEEDS: u64 = if cfg!(debug_assertions) { 12 } else { 120 };
+const LOCK_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 120 };
 /// Seeds of calm runs for each kind of lock: enough for a waiter that misses a release's
 /// announcement, which a calm run shows once in a few hundred seeds, to be found.
 const CALM_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 5000 };
 /// Seeds of runs with a server too slow for the load, for each kind of lock tried.
-const SLOW_SEEDS: u64 = if cfg!(debug_assertions) { 20 } else { 200 };
+const SLOW_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 200 };
 /// Seeds each broken scenario runs at the most; it stops once the checker has seen what it
 /// must.
 const BROKEN_SEEDS: u64 = 200;
