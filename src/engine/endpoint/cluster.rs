@@ -164,10 +164,15 @@ fn address(text: &str, from: Option<SocketAddr>) -> Option<SocketAddr> {
 pub(crate) type Range = (u16, u16, SocketAddr);
 
 /// Reads a `CLUSTER SHARDS` reply: for each shard, its slot ranges and its master that is
-/// online (`tls` picks `tls-port` where the master has one). A shard without such a master
+/// online (`tls` picks `tls-port` where the master has one; an empty IP is the node that
+/// answered, `from`). A shard without such a master
 /// serves none of its slots (`None` in the ranges' place is simply no range). `None` for a
 /// reply that is not one.
-pub(crate) fn parse_shards(reply: &Reply<'_>, tls: bool) -> Option<Vec<Range>> {
+pub(crate) fn parse_shards(
+    reply: &Reply<'_>,
+    tls: bool,
+    from: Option<SocketAddr>,
+) -> Option<Vec<Range>> {
     let Reply::Array(Some(shards)) = reply else {
         return None;
     };
@@ -208,8 +213,8 @@ pub(crate) fn parse_shards(reply: &Reply<'_>, tls: bool) -> Option<Vec<Range>> {
                 return None;
             }
             let port = if tls { tls_port.or(port) } else { port }?;
-            let ip = std::str::from_utf8(ip?).ok()?.parse::<IpAddr>().ok()?;
-            Some(SocketAddr::new(ip, u16::try_from(port).ok()?))
+            let ip = std::str::from_utf8(ip?).ok()?;
+            address(&format!("{ip}:{port}"), from)
         });
         let Some(master) = master else { continue };
         for range in slots.chunks(2) {
@@ -496,7 +501,7 @@ mod tests {
         ]));
         let a: SocketAddr = "127.0.0.1:7000".parse().unwrap();
         assert_eq!(
-            parse_shards(&reply, false),
+            parse_shards(&reply, false, None),
             Some(vec![(0, 10, a), (20, 30, a)])
         );
         let slots = Reply::Array(Some(vec![Reply::Array(Some(vec![
@@ -505,5 +510,31 @@ mod tests {
             Reply::Array(Some(vec![Reply::Bulk(Some(b"")), Reply::Integer(7000)])),
         ]))]));
         assert_eq!(parse_slots(&slots, Some(a)), Some(vec![(0, 16383, a)]));
+    }
+
+    #[test]
+    fn a_shard_master_without_an_ip_is_the_node_that_answered() {
+        // A node that never met another (a one-master cluster) knows no IP of its own and
+        // gives "" for it, as in CLUSTER SLOTS.
+        let reply = Reply::Array(Some(vec![Reply::Array(Some(vec![
+            Reply::Bulk(Some(b"slots")),
+            Reply::Array(Some(vec![Reply::Integer(0), Reply::Integer(16383)])),
+            Reply::Bulk(Some(b"nodes")),
+            Reply::Array(Some(vec![Reply::Array(Some(vec![
+                Reply::Bulk(Some(b"port")),
+                Reply::Integer(7000),
+                Reply::Bulk(Some(b"ip")),
+                Reply::Bulk(Some(b"")),
+                Reply::Bulk(Some(b"role")),
+                Reply::Bulk(Some(b"master")),
+                Reply::Bulk(Some(b"health")),
+                Reply::Bulk(Some(b"online")),
+            ]))])),
+        ]))]));
+        let a: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        assert_eq!(
+            parse_shards(&reply, false, Some(a)),
+            Some(vec![(0, 16383, a)])
+        );
     }
 }

@@ -732,7 +732,7 @@ impl Endpoint {
                 return;
             }
             Some(r) if slots_only => cluster::parse_slots(r, from),
-            Some(r) => cluster::parse_shards(r, tls),
+            Some(r) => cluster::parse_shards(r, tls, from),
             None => None,
         };
         let Some(ranges) = ranges else {
