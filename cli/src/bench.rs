@@ -78,7 +78,11 @@ Modes:
             of the rounds), acquire and cycle p50/p99, failed calls and why,
             connections per node and how many of them are pub/sub (CLIENT
             LIST, without the bench's own probe connection) and server CPU
-            per cycle (INFO cpu, user + sys, summed over the nodes)
+            per cycle (INFO cpu, user + sys, summed over the nodes). A
+            redis+cluster:// node is measured on each of its masters (CPU
+            per cycle per master too), each thread spreads over 64 keys so
+            that slots spread, and rawN is left out; the other modes refuse
+            a cluster
   all       every mode above
 
 TLS: with --tls (in a build with the `tls` feature), it starts N local servers
