@@ -455,6 +455,31 @@ impl Client {
     }
 
     /// The buffers this client's guards keep the names of their keys in.
+    /// An all-or-none set on a client with a Redis Cluster member must be of keys of one hash
+    /// slot: each node runs one script over the whole set, and a cluster runs a script only
+    /// on keys of one slot. Refused before anything is sent, rather than failing on every
+    /// cluster member.
+    pub(crate) fn check_one_slot(
+        &self,
+        keys: &crate::names::KeySet,
+    ) -> Result<(), InvalidArgument> {
+        if !self.inner.config.nodes.iter().any(|n| n.cluster) {
+            return Ok(());
+        }
+        let slot = crate::engine::endpoint::cluster::key_slot;
+        let mut keys = keys.iter();
+        let Some(first) = keys.next() else {
+            return Ok(());
+        };
+        match keys.find(|k| slot(k) != slot(first)) {
+            None => Ok(()),
+            Some(other) => Err(InvalidArgument::KeysInSeveralSlots {
+                first: first.to_vec(),
+                other: other.to_vec(),
+            }),
+        }
+    }
+
     pub(crate) fn bufs(&self) -> &BufPool {
         &self.inner.bufs
     }

@@ -330,6 +330,16 @@ pub enum InvalidArgument {
         /// The cap.
         max: usize,
     },
+    /// An all-or-none lock on a client with a Redis Cluster member (`redis+cluster://`) was
+    /// given keys that hash to different slots. Each node runs one script over the whole set,
+    /// and a cluster runs a script only on keys of one slot: give the keys of a set one hash
+    /// tag (`{order:42}:a`, `{order:42}:b`).
+    KeysInSeveralSlots {
+        /// The set's first key (in sorted order).
+        first: Vec<u8>,
+        /// A key whose slot is not the first one's.
+        other: Vec<u8>,
+    },
     /// A builder option is out of range.
     BadOption {
         /// The option's name.
@@ -402,6 +412,14 @@ impl fmt::Display for InvalidArgument {
             InvalidArgument::TooManyKeys { count, max } => {
                 write!(f, "{count} keys given, more than the cap of {max}")
             }
+            InvalidArgument::KeysInSeveralSlots { first, other } => write!(
+                f,
+                "keys {:?} and {:?} hash to different Redis Cluster slots: an all-or-none lock \
+                 on a cluster member takes keys of one slot (give them one hash tag, such as \
+                 {{order:42}}:a and {{order:42}}:b)",
+                String::from_utf8_lossy(first),
+                String::from_utf8_lossy(other)
+            ),
             InvalidArgument::BadOption { name, reason } => write!(f, "option {name}: {reason}"),
             InvalidArgument::BadTlsFile { path, reason } => {
                 write!(f, "TLS file {path:?}: {reason}")

@@ -907,6 +907,7 @@ impl Client {
         I::Item: AsRef<[u8]>,
     {
         let keys = KeySet::build(keys, self.bufs())?;
+        self.check_one_slot(&keys)?;
         Held::acquire(self, Owned::All(keys), None, ttl, false, &NO_OPTIONS).map(Guard::new)
     }
 
@@ -944,6 +945,7 @@ impl Client {
         I::Item: AsRef<[u8]>,
     {
         let keys = KeySet::build(keys, self.bufs())?;
+        self.check_one_slot(&keys)?;
         Held::acquire(self, Owned::All(keys), None, ttl, true, &NO_OPTIONS).map(Guard::new)
     }
 
@@ -1093,6 +1095,7 @@ impl Client {
         I::Item: AsRef<[u8]>,
     {
         let keys = KeySet::build(keys, self.bufs())?;
+        self.check_one_slot(&keys)?;
         Held::acquire(self, Owned::All(keys), None, ttl, true, opts).map(Guard::new)
     }
 
@@ -1209,6 +1212,7 @@ impl Client {
         I::Item: AsRef<[u8]>,
     {
         let keys = KeySet::build(keys, self.bufs())?;
+        self.check_one_slot(&keys)?;
         Held::resume(self, Owned::All(keys), token.as_ref(), ttl).map(Guard::new)
     }
 

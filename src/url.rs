@@ -1,5 +1,7 @@
 //! Node URLs: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS), bare `host:port`,
-//! and Unix domain sockets as `unix:///path/to/redis.sock` or `redis+unix:///path…`.
+//! Unix domain sockets as `unix:///path/to/redis.sock` or `redis+unix:///path…`, and Redis
+//! Clusters as `redis+cluster://[user:password@]host:port[,host:port…]` (`rediss+cluster://`
+//! with TLS): the seed addresses of one cluster, which is one quorum member.
 #![forbid(unsafe_code)]
 
 use std::fmt;
@@ -10,9 +12,12 @@ use crate::error::InvalidArgument;
 
 /// The default Redis port, used when a `redis://` or `rediss://` URL names none.
 const DEFAULT_PORT: u16 = 6379;
+/// The most replicas a cluster URL's `?wait=N` may ask a grant to reach.
+const MAX_WAIT: u32 = 16;
 
 /// The schemes a node URL may have, for the message that refuses another one.
-const SCHEMES: &str = "the scheme must be redis://, rediss:// (TLS), unix:// or redis+unix://";
+const SCHEMES: &str = "the scheme must be redis://, rediss:// (TLS), unix://, redis+unix://, \
+     redis+cluster:// or rediss+cluster:// (TLS)";
 
 /// One node, parsed and resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +38,12 @@ pub(crate) struct NodeAddr {
     pub user: Option<Vec<u8>>,
     pub password: Option<Vec<u8>>,
     pub db: u32,
+    /// `redis+cluster://`: the node is a Redis Cluster, whose seeds are `addrs` (every
+    /// address of every seed host, in the URL's order).
+    pub cluster: bool,
+    /// `?wait=N` on a cluster URL: a grant (an acquisition, an extension, a downgrade, a fence
+    /// raised) counts only once `WAIT N` says that many replicas have it. 0: no wait.
+    pub wait: u32,
 }
 
 /// Where one connect goes: one of a node's addresses.
@@ -154,6 +165,10 @@ enum Scheme {
     Redis,
     RedisTls,
     Unix,
+    /// `redis+cluster://` (`tls`: `rediss+cluster://`).
+    Cluster {
+        tls: bool,
+    },
 }
 
 /// The query parameters of a URL: `db` for every scheme, and for Unix sockets (whose URL has
@@ -223,8 +238,16 @@ impl NodeAddr {
             Some(s) if s.eq_ignore_ascii_case("unix") || s.eq_ignore_ascii_case("redis+unix") => {
                 Scheme::Unix
             }
+            Some(s) if s.eq_ignore_ascii_case("redis+cluster") => Scheme::Cluster { tls: false },
+            Some(s) if s.eq_ignore_ascii_case("rediss+cluster") => Scheme::Cluster { tls: true },
             Some(_) => return Err(bad(url, SCHEMES)),
         };
+        if scheme == (Scheme::Cluster { tls: true }) && !cfg!(feature = "tls") {
+            return Err(bad(
+                url,
+                "rediss+cluster:// (TLS) needs redlock-mux built with its `tls` feature",
+            ));
+        }
         if scheme == Scheme::RedisTls && !cfg!(feature = "tls") {
             return Err(bad(
                 url,
@@ -257,6 +280,9 @@ impl NodeAddr {
         };
         if password.as_ref().is_some_and(|p| p.is_empty()) {
             return Err(bad(url, "empty password"));
+        }
+        if let Scheme::Cluster { tls } = scheme {
+            return Self::parse_cluster(url, tls, user, password, hostport, path, query);
         }
         let (host, port) = split_host_port(hostport).ok_or_else(|| bad(url, "bad host:port"))?;
         let port = match port {
@@ -312,7 +338,109 @@ impl NodeAddr {
             user,
             password,
             db,
+            cluster: false,
+            wait: 0,
         })
+    }
+
+    /// `redis+cluster://[user:password@]host:port[,host:port…]`, split by [`split`], with its
+    /// credentials read: every seed resolved, in order. A cluster has database 0 only, so the
+    /// URL takes neither a path nor a query.
+    fn parse_cluster(
+        url: &str,
+        tls: bool,
+        user: Option<Vec<u8>>,
+        password: Option<Vec<u8>>,
+        hostport: &str,
+        path: &str,
+        query: Option<&str>,
+    ) -> Result<NodeAddr, InvalidArgument> {
+        if !path.is_empty() {
+            return Err(bad(
+                url,
+                "a cluster URL takes no database: a Redis Cluster has database 0 only",
+            ));
+        }
+        let mut wait = 0;
+        for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
+            wait = match kv.split_once('=') {
+                Some(("wait", n)) => n
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&n| (1..=MAX_WAIT).contains(&n))
+                    .ok_or_else(|| bad(url, "wait=N takes 1 to 16 replicas"))?,
+                _ => {
+                    return Err(bad(
+                        url,
+                        "a cluster URL takes only ?wait=N (replicas a grant must reach); \
+                         a Redis Cluster has database 0 only",
+                    ))
+                }
+            };
+        }
+        let mut addrs: Vec<SocketAddr> = Vec::new();
+        let mut first_host = None;
+        let mut display = String::new();
+        for seed in hostport.split(',') {
+            let (host, port) =
+                split_host_port(seed).ok_or_else(|| bad(url, "bad host:port among the seeds"))?;
+            let port = match port {
+                Some(p) => p.parse::<u16>().map_err(|_| bad(url, "bad port"))?,
+                None => DEFAULT_PORT,
+            };
+            if port == 0 {
+                return Err(bad(url, "port 0"));
+            }
+            let resolved = (host, port)
+                .to_socket_addrs()
+                .map_err(|_| bad(url, "a seed host does not resolve"))?;
+            for addr in resolved {
+                if !addrs.contains(&addr) {
+                    addrs.push(addr);
+                }
+            }
+            first_host.get_or_insert(host);
+            if !display.is_empty() {
+                display.push(',');
+            }
+            if host.contains(':') {
+                display.push_str(&format!("[{host}]:{port}"));
+            } else {
+                display.push_str(&format!("{host}:{port}"));
+            }
+        }
+        if addrs.is_empty() {
+            return Err(bad(url, "a seed host does not resolve"));
+        }
+        Ok(NodeAddr {
+            display,
+            host: first_host.unwrap_or_default().to_owned(),
+            addrs,
+            unix: None,
+            tls,
+            user,
+            password,
+            db: 0,
+            cluster: true,
+            wait,
+        })
+    }
+
+    /// One master of the cluster this node is (`self.cluster`), at `addr`: reached with the
+    /// cluster's credentials and TLS (checked against the name of the URL's first seed).
+    pub fn master(&self, addr: SocketAddr) -> NodeAddr {
+        NodeAddr {
+            display: addr.to_string(),
+            host: self.host.clone(),
+            addrs: vec![addr],
+            unix: None,
+            tls: self.tls,
+            user: self.user.clone(),
+            password: self.password.clone(),
+            db: 0,
+            cluster: false,
+            wait: 0,
+        }
     }
 
     /// `unix:///path/to/redis.sock[?db=N&user=U&pass=P]`, split by [`split`].
@@ -355,6 +483,8 @@ impl NodeAddr {
             user: q.user,
             password: q.password,
             db: q.db.unwrap_or(0),
+            cluster: false,
+            wait: 0,
         })
     }
 
@@ -475,6 +605,12 @@ impl NodeUrl {
     pub fn db(&self) -> u32 {
         self.0.db
     }
+
+    /// Whether the URL is `redis+cluster://` (or `rediss+cluster://`): a Redis Cluster whose
+    /// seeds are [`addrs`](Self::addrs).
+    pub fn is_cluster(&self) -> bool {
+        self.0.cluster
+    }
 }
 
 impl fmt::Display for NodeUrl {
@@ -499,7 +635,12 @@ impl fmt::Display for NodeUrl {
             }
             return Ok(());
         }
-        f.write_str(if n.tls { "rediss://" } else { "redis://" })?;
+        f.write_str(match (n.tls, n.cluster) {
+            (false, false) => "redis://",
+            (true, false) => "rediss://",
+            (false, true) => "redis+cluster://",
+            (true, true) => "rediss+cluster://",
+        })?;
         match (&n.user, &n.password) {
             (Some(user), Some(_)) => write!(f, "{}:***@", String::from_utf8_lossy(user))?,
             (None, Some(_)) => f.write_str(":***@")?,
@@ -508,6 +649,9 @@ impl fmt::Display for NodeUrl {
         f.write_str(&n.display)?;
         if n.db != 0 {
             write!(f, "/{}", n.db)?;
+        }
+        if n.wait != 0 {
+            write!(f, "?wait={}", n.wait)?;
         }
         Ok(())
     }
@@ -700,6 +844,62 @@ mod tests {
             );
             assert!(!e.to_string().contains("secret"), "{e}");
         }
+    }
+
+    #[test]
+    fn cluster_urls_name_the_seeds_of_one_cluster() {
+        let n = NodeAddr::parse("redis+cluster://app:pw@127.0.0.1:7000,127.0.0.1:7001,[::1]:7002")
+            .unwrap();
+        assert!(n.cluster && !n.tls);
+        assert_eq!(
+            n.addrs,
+            [
+                "127.0.0.1:7000".parse().unwrap(),
+                "127.0.0.1:7001".parse().unwrap(),
+                "[::1]:7002".parse().unwrap()
+            ]
+        );
+        assert_eq!(n.display, "127.0.0.1:7000,127.0.0.1:7001,[::1]:7002");
+        assert_eq!(n.host, "127.0.0.1");
+        assert_eq!(n.user.as_deref(), Some(&b"app"[..]));
+        assert_eq!(n.password.as_deref(), Some(&b"pw"[..]));
+        let url = NodeUrl::parse("REDIS+CLUSTER://:pw@127.0.0.1:7000").unwrap();
+        assert!(url.is_cluster());
+        assert_eq!(url.to_string(), "redis+cluster://:***@127.0.0.1:7000");
+        // The default port, as for redis://.
+        let n = NodeAddr::parse("redis+cluster://127.0.0.1").unwrap();
+        assert_eq!(n.addrs, ["127.0.0.1:6379".parse().unwrap()]);
+        // A master reached from it keeps its credentials and its TLS name.
+        let m = n.master("127.0.0.1:7005".parse().unwrap());
+        assert!(!m.cluster && m.db == 0 && m.host == "127.0.0.1");
+        let n = NodeAddr::parse("redis+cluster://127.0.0.1:7000?wait=1").unwrap();
+        assert_eq!((n.cluster, n.wait), (true, 1));
+        assert_eq!(
+            NodeUrl(n).to_string(),
+            "redis+cluster://127.0.0.1:7000?wait=1"
+        );
+        for (url, why) in [
+            ("redis+cluster://127.0.0.1:7000/1", "database"),
+            ("redis+cluster://127.0.0.1:7000?db=1", "database"),
+            ("redis+cluster://127.0.0.1:7000?wait=0", "wait"),
+            ("redis+cluster://127.0.0.1:7000?wait=17", "wait"),
+            (
+                "redis+cluster://127.0.0.1:7000,,127.0.0.1:7001",
+                "host:port",
+            ),
+            ("redis+cluster://127.0.0.1:0", "port 0"),
+            ("redis+cluster://127.0.0.1:x", "bad port"),
+            ("redis+cluster://:@127.0.0.1:7000", "empty password"),
+        ] {
+            match NodeAddr::parse(url) {
+                Err(InvalidArgument::BadUrl { reason, .. }) => {
+                    assert!(reason.contains(why), "{url}: {reason}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        #[cfg(not(feature = "tls"))]
+        assert!(NodeAddr::parse("rediss+cluster://127.0.0.1:7000").is_err());
     }
 
     #[test]

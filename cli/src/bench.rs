@@ -78,7 +78,11 @@ Modes:
             of the rounds), acquire and cycle p50/p99, failed calls and why,
             connections per node and how many of them are pub/sub (CLIENT
             LIST, without the bench's own probe connection) and server CPU
-            per cycle (INFO cpu, user + sys, summed over the nodes)
+            per cycle (INFO cpu, user + sys, summed over the nodes). A
+            redis+cluster:// node is measured on each of its masters (CPU
+            per cycle per master too), each thread spreads over 64 keys so
+            that slots spread, and rawN is left out; the other modes refuse
+            a cluster
   all       every mode above
 
 TLS: with --tls (in a build with the `tls` feature), it starts N local servers
@@ -306,6 +310,15 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
             // Read with the library's parser now, for a usage error before anything runs.
             for url in &urls {
                 let url = NodeUrl::parse(url).map_err(|e| usage!("{e}"))?;
+                // The probes and baselines of the other modes address one server per URL;
+                // the threads mode probes every master of a cluster and leaves rawN out.
+                if url.is_cluster() && !scale {
+                    return Err(usage!(
+                        "{url}: bench measures a Redis Cluster in --mode threads only (its other \
+                         modes address one server per node)"
+                    )
+                    .into());
+                }
                 let plain_tcp = !url.is_tls() && url.unix_path().is_none();
                 if !plain_tcp && (mutex || !rw_kinds.is_empty() || scale) {
                     return Err(usage!(
@@ -1117,6 +1130,8 @@ struct ScaleFigures {
     rates: Vec<f64>,
     /// Server CPU (user + sys, all nodes) per cycle of each round, in microseconds.
     cpu_per_cycle: Vec<f64>,
+    /// Each probed server's CPU per cycle in each round (rounds × servers), in microseconds.
+    cpu_by_server: Vec<Vec<f64>>,
     /// The most connections any node had from this client during each round.
     conns: Vec<u64>,
     /// The most of those that were subscribers (pub/sub), during each round.
@@ -1136,6 +1151,14 @@ impl ScaleFigures {
 
     fn cpu_us_per_cycle(&self) -> f64 {
         median(&self.cpu_per_cycle)
+    }
+
+    /// The median over the rounds of each probed server's CPU per cycle, in microseconds.
+    fn cpu_us_per_cycle_by_server(&self) -> Vec<f64> {
+        let servers = self.cpu_by_server.first().map_or(0, Vec::len);
+        (0..servers)
+            .map(|i| median(&self.cpu_by_server.iter().map(|r| r[i]).collect::<Vec<_>>()))
+            .collect()
     }
 
     fn connections(&self) -> u64 {
@@ -1165,6 +1188,7 @@ impl ScaleFigures {
             "subscriber_connections_per_node": self.subscribers(),
             "server_cpu_us_per_cycle": self.cpu_us_per_cycle(),
             "server_cpu_us_per_cycle_rounds": self.cpu_per_cycle,
+            "server_cpu_us_per_cycle_by_server": self.cpu_us_per_cycle_by_server(),
         })
     }
 }
@@ -1194,6 +1218,10 @@ struct ThreadsResult {
     threads: usize,
     ours: ScaleFigures,
     raw: ScaleFigures,
+    /// The masters probed on each node (1 for a standalone server).
+    masters: Vec<usize>,
+    /// rawN left out: a node is a Redis Cluster (the baseline addresses one server per node).
+    raw_skipped: bool,
 }
 
 /// What one thread of a cell measured.
@@ -1213,11 +1241,37 @@ fn bench_threads(
     progress: &Progress,
 ) -> Result<Vec<ThreadsResult>, Fail> {
     let targets = targets(urls)?;
-    let mut probes = targets
+    let clustered: Vec<bool> = urls
         .iter()
-        .map(Probe::connect)
-        .collect::<io::Result<Vec<_>>>()
-        .map_err(|e| Fail::other(format!("the probe could not connect: {e}")))?;
+        .map(|u| NodeUrl::parse(u).is_ok_and(|u| u.is_cluster()))
+        .collect();
+    let raw_skipped = clustered.iter().any(|&c| c);
+    // One probe per server: a standalone node's, or each master of a cluster node.
+    let mut probes = Vec::new();
+    let mut masters = Vec::new();
+    for (target, &clustered) in targets.iter().zip(&clustered) {
+        let mut probe = Probe::connect(target)
+            .map_err(|e| Fail::other(format!("the probe could not connect: {e}")))?;
+        if !clustered {
+            probes.push(probe);
+            masters.push(1);
+            continue;
+        }
+        let addrs = probe
+            .cluster_masters()
+            .map_err(|e| Fail::other(format!("the cluster's masters: {e}")))?;
+        masters.push(addrs.len());
+        for addr in addrs {
+            let master = Target {
+                addrs: vec![addr],
+                setup: target.setup.clone(),
+            };
+            probes.push(
+                Probe::connect(&master)
+                    .map_err(|e| Fail::other(format!("the probe could not connect: {e}")))?,
+            );
+        }
+    }
     // Connections the nodes have before anything is measured (other than the probe's).
     let idle = clients(&mut probes)?;
     let mut results = Vec::new();
@@ -1229,6 +1283,8 @@ fn bench_threads(
             threads,
             ours: ScaleFigures::default(),
             raw: ScaleFigures::default(),
+            masters: masters.clone(),
+            raw_skipped,
         };
         for round in 0..plan.rounds {
             let order = if (round + i) % 2 == 0 {
@@ -1237,6 +1293,9 @@ fn bench_threads(
                 [Scaler::RawN, Scaler::Ours]
             };
             for who in order {
+                if raw_skipped && who == Scaler::RawN {
+                    continue;
+                }
                 progress.show(&format!("{} x{threads}", who.name()), done, cells);
                 let into = match who {
                     Scaler::Ours => &mut result.ours,
@@ -1249,6 +1308,7 @@ fn bench_threads(
                     threads,
                     length: plan.cell,
                     round,
+                    spread: raw_skipped,
                 };
                 cell.run(&mut probes, &idle, into)?;
                 done += 1;
@@ -1269,12 +1329,12 @@ fn clients(probes: &mut [Probe]) -> Result<Vec<Connections>, Fail> {
         .map_err(|e| Fail::other(format!("CLIENT LIST: {e}")))
 }
 
-/// The nodes' CPU time so far, summed.
-fn server_cpu(probes: &mut [Probe]) -> Result<Duration, Fail> {
+/// Each probed server's CPU time so far.
+fn server_cpus(probes: &mut [Probe]) -> Result<Vec<Duration>, Fail> {
     probes
         .iter_mut()
         .map(|p| p.cpu())
-        .sum::<io::Result<Duration>>()
+        .collect::<io::Result<Vec<Duration>>>()
         .map_err(|e| Fail::other(format!("INFO cpu: {e}")))
 }
 
@@ -1286,7 +1346,13 @@ struct Cell<'a> {
     threads: usize,
     length: Duration,
     round: usize,
+    /// Each thread cycles over [`SPREAD_KEYS`] keys instead of one, so that a cluster's
+    /// slots, and so its masters, share the load.
+    spread: bool,
 }
+
+/// The keys each thread of a cell cycles over when a node is a Redis Cluster.
+const SPREAD_KEYS: usize = 64;
 
 impl Cell<'_> {
     /// Runs the cell and adds its figures to `into`. The previous cell's connections are
@@ -1327,6 +1393,11 @@ impl Cell<'_> {
                     self.who.name(),
                     self.round
                 );
+                let keys: Vec<String> = if self.spread {
+                    (0..SPREAD_KEYS).map(|k| format!("{key}:{k}")).collect()
+                } else {
+                    vec![key]
+                };
                 let mut locker = match &client {
                     Some(client) => Locker::Ours(client.clone()),
                     None => Locker::Raw(None, self.targets.to_vec(), Tokens::new()),
@@ -1334,8 +1405,8 @@ impl Cell<'_> {
                 thread::spawn(move || {
                     // Connections open here, before the cell, whatever they cost.
                     locker.connect();
-                    for _ in 0..CELL_WARMUP {
-                        let _ = locker.cycle(&key);
+                    for w in 0..CELL_WARMUP {
+                        let _ = locker.cycle(&keys[w % keys.len()]);
                     }
                     ready.wait();
                     go.wait();
@@ -1346,9 +1417,12 @@ impl Cell<'_> {
                         failures: BTreeMap::new(),
                         ended: Instant::now(),
                     };
+                    let mut next = 0;
                     while run.cycle.len() < per_thread && Instant::now() < deadline {
                         let start = Instant::now();
-                        match locker.cycle(&key) {
+                        let key = &keys[next % keys.len()];
+                        next += 1;
+                        match locker.cycle(key) {
                             Ok(acquired) => {
                                 let released = Instant::now();
                                 run.acquire.push(acquired - start);
@@ -1368,7 +1442,7 @@ impl Cell<'_> {
             })
             .collect();
         ready.wait();
-        let cpu_before = server_cpu(probes)?;
+        let cpu_before = server_cpus(probes)?;
         go.wait();
         let start = Instant::now();
         // Connections per node, sampled at a quarter, half and three quarters of the cell.
@@ -1395,7 +1469,24 @@ impl Cell<'_> {
             }
             end = end.max(run.ended);
         }
-        let cpu = server_cpu(probes)?.saturating_sub(cpu_before);
+        let by_server: Vec<Duration> = server_cpus(probes)?
+            .iter()
+            .zip(&cpu_before)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect();
+        let cpu: Duration = by_server.iter().sum();
+        into.cpu_by_server.push(
+            by_server
+                .iter()
+                .map(|c| {
+                    if cycles > 0 {
+                        us(*c) / cycles as f64
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
+        );
         let wall = (end - start).as_secs_f64();
         into.rates.push(if wall > 0.0 {
             cycles as f64 / wall
@@ -1595,8 +1686,9 @@ impl Report {
                     "n": t.n,
                     "threads": t.threads,
                     "ratio_ops_ours_to_raw_n": rate_ratio(t.ours.ops_per_sec(), t.raw.ops_per_sec()),
+                    "masters_per_node": t.masters,
                     "ours": t.ours.json(),
-                    "raw_n": t.raw.json(),
+                    "raw_n": if t.raw_skipped { serde_json::Value::Null } else { t.raw.json() },
                 })
             })
             .collect();
@@ -2059,7 +2151,11 @@ fn print_threads(
         "cpu/cycle"
     )?;
     for t in results.iter_mut() {
+        let skipped = t.raw_skipped;
         for (who, f) in [("ours", &mut t.ours), ("rawN", &mut t.raw)] {
+            if who == "rawN" && skipped {
+                continue;
+            }
             let (a, c) = (f.acquire.summary(), f.cycle.summary());
             writeln!(
                 out,
@@ -2079,9 +2175,49 @@ fn print_threads(
             )?;
         }
     }
+    if let Some(t) = results
+        .iter()
+        .find(|t| t.masters.iter().any(|&m| m > 1) || t.raw_skipped)
+    {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "Redis Cluster nodes: masters per node {:?}; rawN left out (it addresses one server per node); {SPREAD_KEYS} keys per thread, so that slots spread",
+            t.masters
+        )?;
+        writeln!(
+            out,
+            "cpu/cycle per master (ours, INFO cpu of each master, median of the rounds), by node:"
+        )?;
+        for t in results.iter() {
+            let by = t.ours.cpu_us_per_cycle_by_server();
+            let mut at = 0;
+            let nodes: Vec<String> = t
+                .masters
+                .iter()
+                .map(|&m| {
+                    let part = by.get(at..at + m).unwrap_or(&[]);
+                    at += m;
+                    let each: Vec<String> = part.iter().map(|c| format!("{c:.1}")).collect();
+                    format!("[{}]", each.join(" "))
+                })
+                .collect();
+            let total: usize = t.masters.iter().sum();
+            writeln!(
+                out,
+                "  T={:<4} {} µs; mean per master {:.1}µs",
+                t.threads,
+                nodes.join(" "),
+                t.ours.cpu_us_per_cycle() / total.max(1) as f64
+            )?;
+        }
+    }
+    let raw_skipped = results.iter().any(|t| t.raw_skipped);
     writeln!(out)?;
-    writeln!(out, "ratios (ours ÷ rawN: ops/s; cycle p50, p99):")?;
-    for t in results.iter_mut() {
+    if !raw_skipped {
+        writeln!(out, "ratios (ours ÷ rawN: ops/s; cycle p50, p99):")?;
+    }
+    for t in results.iter_mut().filter(|_| !raw_skipped) {
         writeln!(
             out,
             "  T={:<4} ops/s {:.2}x; cycle p50 {:.2}x, p99 {:.2}x",

@@ -178,6 +178,13 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         .iter()
         .map(|url| NodeUrl::parse(url).map_err(|e| usage!("{e}")))
         .collect::<Result<Vec<_>, _>>()?;
+    // Its probes ask one server per URL; a cluster's key lives on the master of its slot.
+    if let Some(url) = urls.iter().find(|u| u.is_cluster()) {
+        return Err(usage!(
+            "{url}: inspect reads one server per node and cannot read a Redis Cluster yet"
+        )
+        .into());
+    }
     if timeout.is_zero() {
         return Err(usage!("--timeout: must be more than zero").into());
     }

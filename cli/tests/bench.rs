@@ -204,6 +204,98 @@ fn bench_scales_over_threads_on_distinct_keys() {
     }
 }
 
+/// A one-master Redis Cluster: a server with `--cluster-enabled yes` that serves every slot.
+fn one_master_cluster() -> RedisServer {
+    let server = RedisServer::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+    ])
+    .expect("start redis-server");
+    cmd(
+        server.addr(),
+        &[b"CLUSTER", b"ADDSLOTSRANGE", b"0", b"16383"],
+    );
+    let ok = eventually(Duration::from_secs(10), || {
+        matches!(cmd(server.addr(), &[b"CLUSTER", b"INFO"]),
+            redlock_mux::resp::Value::Bulk(Some(info))
+                if String::from_utf8_lossy(&info).contains("cluster_state:ok"))
+    });
+    assert!(ok, "the cluster did not reach cluster_state:ok");
+    server
+}
+
+#[test]
+fn bench_threads_measures_cluster_members_per_master() {
+    // One standalone server and two clusters: no quorum without a cluster's vote.
+    let standalone = RedisCluster::start(1).expect("start redis-server");
+    let members = [one_master_cluster(), one_master_cluster()];
+    let nodes = format!(
+        "{},redis+cluster://127.0.0.1:{},redis+cluster://127.0.0.1:{}",
+        nodes(&standalone),
+        members[0].port(),
+        members[1].port()
+    );
+    let report = bench_json(
+        &standalone,
+        &[
+            "--nodes",
+            &nodes,
+            "--threads",
+            "2",
+            "--duration",
+            "300ms",
+            "--rounds",
+            "1",
+        ],
+    );
+    let run = &report["threads"][0];
+    assert_eq!(
+        run["masters_per_node"],
+        serde_json::json!([1, 1, 1]),
+        "{run}"
+    );
+    // The raw baseline addresses one server per node: left out for a cluster.
+    assert!(run["raw_n"].is_null(), "{run}");
+    let ours = &run["ours"];
+    assert!(ours["cycles"].as_u64().unwrap() >= 10, "{ours}");
+    // A loaded machine may time a node out; anything else is a failure.
+    let reasons = ours["failure_reasons"].as_object().expect("reasons");
+    assert!(
+        reasons.keys().all(|why| why.contains("timed out")),
+        "{ours}"
+    );
+    let by_server = ours["server_cpu_us_per_cycle_by_server"]
+        .as_array()
+        .expect("by server");
+    assert_eq!(by_server.len(), 3, "{ours}");
+    // The clusters' masters did work for the cycles: the locks went there.
+    assert!(by_server[1].as_f64().unwrap() > 0.0, "{ours}");
+    assert!(by_server[2].as_f64().unwrap() > 0.0, "{ours}");
+    let keys = |addr| {
+        keys(addr)
+            .into_iter()
+            .filter(|k| k.starts_with(b"redlock-mux:bench:"))
+            .count()
+    };
+    for member in &members {
+        assert_eq!(keys(member.addr()), 0, "no lock left on a cluster");
+    }
+
+    // The other modes still refuse a cluster, as a usage error.
+    let out = output(
+        &standalone,
+        &["bench", "--mode", "mutex", "--nodes", &nodes],
+    );
+    assert_eq!(out.status.code(), Some(64), "{}", both(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--mode threads only"),
+        "{}",
+        both(&out)
+    );
+}
+
 #[test]
 fn bench_exits_cleanly_on_a_broken_pipe() {
     let cluster = RedisCluster::start(1).expect("start redis-server");

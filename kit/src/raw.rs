@@ -482,6 +482,41 @@ impl Probe {
         Ok(Connections::of(&list))
     }
 
+    /// The masters of the Redis Cluster this node belongs to, as `CLUSTER NODES` lists them:
+    /// the nodes flagged `master` (not `fail`) that serve at least one slot, in the order listed.
+    pub fn cluster_masters(&mut self) -> io::Result<Vec<SocketAddr>> {
+        let nodes = self.text(&[b"CLUSTER", b"NODES"])?;
+        let mut masters = Vec::new();
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
+                continue;
+            };
+            let flags: Vec<&str> = flags.split(',').collect();
+            if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
+                continue;
+            }
+            if fields.len() <= 8 {
+                continue; // a master without slots
+            }
+            // `ip:port@cport[,hostname]`; a node that never met another has no IP yet (`:port`),
+            // and that is the node this probe speaks to.
+            let addr = addr.split(['@', ',']).next().unwrap_or("");
+            let addr = match addr.strip_prefix(':') {
+                Some(port) => format!("{}:{port}", self.node.stream.peer_addr()?.ip()),
+                None => addr.to_owned(),
+            };
+            let addr: SocketAddr = addr.parse().map_err(|_| {
+                io::Error::other(format!("CLUSTER NODES: an address that is not one: {addr}"))
+            })?;
+            masters.push(addr);
+        }
+        if masters.is_empty() {
+            return Err(io::Error::other("CLUSTER NODES: no master serves a slot"));
+        }
+        Ok(masters)
+    }
+
     /// Sends a command and reads its bulk string reply as text.
     fn text(&mut self, command: &[&[u8]]) -> io::Result<String> {
         let mut cmd = Vec::new();

@@ -572,6 +572,10 @@ impl Core {
         while let Some(io) = self.ep.poll_io() {
             match io {
                 Io::Connect(id) => {
+                    // A cluster member's links are added as its topology names masters.
+                    if self.sockets.len() <= id.index() {
+                        self.sockets.resize_with(id.index() + 1, || None);
+                    }
                     if let Some(old) = self.sockets[id.index()].take() {
                         old.close(&self.registry);
                     }
@@ -594,7 +598,7 @@ impl Core {
                     }
                 }
                 Io::Close(id) => {
-                    if let Some(s) = self.sockets[id.index()].take() {
+                    if let Some(s) = self.sockets.get_mut(id.index()).and_then(Option::take) {
                         s.close(&self.registry);
                     }
                 }
@@ -605,7 +609,7 @@ impl Core {
     /// The TLS session for a connect of `id`, if its node is `rediss://`.
     #[cfg(feature = "tls")]
     fn tls_session(&self, id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
-        let node = &self.ep.config().nodes[id.node];
+        let node = self.ep.node_addr(id.node);
         match (&self.tls, node.tls) {
             (Some(tls), true) => tls.connect(&node.host).map(Some),
             // Never plaintext to a TLS node: the client is built with a TLS configuration
@@ -844,7 +848,7 @@ impl Core {
                 .ep
                 .connecting_since(id)
                 .is_some_and(|since| now.saturating_duration_since(since) >= connect);
-            if handshaking && overdue && self.ep.config().nodes[id.node].tls {
+            if handshaking && overdue && self.ep.node_addr(id.node).tls {
                 let why = NodeErrorKind::Setup {
                     command: "TLS",
                     cause: Box::new(NodeErrorKind::Tls(crate::TlsFailure::NotTls)),

@@ -7,3 +7,6 @@
 pub use redlock_mux_kit::local_servers::*;
 pub use redlock_mux_kit::probe::*;
 pub use redlock_mux_kit::{assert_settles, assert_settles_eq};
+
+#[allow(dead_code)]
+pub mod cluster;

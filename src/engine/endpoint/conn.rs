@@ -66,6 +66,11 @@ pub(crate) enum Slot {
     Discard { redo: Option<Redo> },
     /// A message on a subscriber connection (confirmations and published messages alike).
     Push,
+    /// The reply to a topology read (`CLUSTER SHARDS`) on a link of a cluster member.
+    Topology,
+    /// The reply to the `WAIT` that follows a grant on a cluster member asked to wait for
+    /// replicas: whether the reply just before it counts.
+    Wait,
 }
 
 impl Slot {
@@ -338,7 +343,8 @@ impl Conn {
                 resent: false,
             }
         });
-        self.held_fresh |= held;
+        // A topology read is the same whatever the server offers.
+        self.held_fresh |= held && slot != Slot::Topology;
         self.push_slots(slot, before, redo);
     }
 

@@ -43,9 +43,20 @@
 //!   the server's side (it was closed, reset or found dead), so no command of the old
 //!   connection can still run after it.
 //! - **Duplicate servers.** Two nodes whose setups report the same `run_id` are one server
-//!   reached twice: the later one's setup fails as a configuration error.
+//!   reached twice: the later one's setup fails as a configuration error. (The links of one
+//!   cluster member may reach one server twice; two members may not share one.)
+//! - **Routing on a cluster member.** A member that is a Redis Cluster has a node (a *link*)
+//!   per master in use, and a command goes to the master of its first key's slot, as the
+//!   member's slot map says (see the `cluster` module). A `MOVED` moves the slot in the map
+//!   and the command is sent to the master named, an `ASK` sends it there after `ASKING`, both
+//!   within its node timeout and at most a few times; a slot without a master fails the
+//!   member for that command (`CLUSTERDOWN`), and `TRYAGAIN` or `CLUSTERDOWN` replies are
+//!   failures as any error reply is: never a vote. The map is read again on a `MOVED`, when a
+//!   link breaks, and periodically. Replies, failures and timeouts of every link are the
+//!   member's.
 #![forbid(unsafe_code)]
 
+pub(crate) mod cluster;
 mod conn;
 mod mail;
 pub(crate) mod setup;
@@ -63,8 +74,9 @@ use crate::error::NodeErrorKind;
 use crate::resp::Reply;
 use crate::rng::{Entropy, Token};
 use crate::stats::Recorder;
-use crate::url::Target;
+use crate::url::{NodeAddr, Target};
 
+use cluster::{Kept, Topology};
 use conn::{Conn, Redo, Slot, MAX_OWED};
 pub(crate) use mail::Event;
 use mail::Mail;
@@ -114,9 +126,19 @@ struct Retry {
     redo: Redo,
 }
 
-/// One node: its connections, and what the endpoint knows of its server.
+/// One node: its connections, and what the endpoint knows of its server. The first nodes are
+/// the quorum members, one each; a member that is a Redis Cluster has more, one per master in
+/// use (its *links*; see the `cluster` module).
 #[derive(Debug)]
 struct Node {
+    /// The quorum member it is, or is a link of.
+    member: usize,
+    /// A master of a cluster member: its address (a member's own is in the configuration).
+    addr: Option<Box<NodeAddr>>,
+    /// On a cluster member's links: the bytes of the commands owed a reply, to redirect.
+    kept: Kept,
+    /// On a cluster member's links: a grant's reply held until the `WAIT` after it answers.
+    awaiting: Option<(Slot, Vec<u8>)>,
     cmd: Conn,
     sub: Conn,
     /// As the last completed setup said; what commands are written for.
@@ -194,6 +216,12 @@ pub(crate) struct Endpoint {
     config: Arc<Config>,
     stats: Arc<Recorder>,
     nodes: Vec<Node>,
+    /// How many quorum members: the first nodes.
+    members: usize,
+    /// Per member, its slot map when it is a Redis Cluster.
+    topo: Vec<Option<Topology>>,
+    /// Where a command for a cluster member is written to find its slot.
+    scratch: Vec<u8>,
     mail: Mail,
     channels: Channels,
     encoded: Encoded,
@@ -206,6 +234,25 @@ pub(crate) struct Endpoint {
     /// The connections (bit [`ConnId::index`]) that may have bytes to write since the shell
     /// last asked ([`take_dirty`](Endpoint::take_dirty)).
     dirty: u128,
+}
+
+/// The most nodes (members and links of cluster members) an endpoint has: connections are
+/// named by bits of a `u128`.
+const MAX_LINKS: usize = 64;
+
+/// A reply that redirected a command of a cluster member, to follow once the replies read
+/// with it are routed.
+struct Redirected {
+    to: cluster::Redirect,
+    slot: Slot,
+    /// The command's bytes, `before` replies before its own, and the redirections followed.
+    bytes: Vec<u8>,
+    before: usize,
+    hops: u8,
+    /// A `WAIT` followed it, and follows it again.
+    wait: bool,
+    /// The reply itself: what the owner is given if the redirection is not followed.
+    reply: Vec<u8>,
 }
 
 /// How long after a connection broke the endpoint still asks for the compare-and-deletes that
@@ -230,7 +277,11 @@ impl Endpoint {
         let n = config.nodes.len();
         Endpoint {
             nodes: (0..n)
-                .map(|_| Node {
+                .map(|i| Node {
+                    member: i,
+                    addr: None,
+                    kept: Kept::default(),
+                    awaiting: None,
                     cmd: Conn::new(true, now),
                     sub: Conn::new(false, now),
                     server: Server::default(),
@@ -241,6 +292,13 @@ impl Endpoint {
                     unsent_next: 0,
                 })
                 .collect(),
+            members: n,
+            topo: config
+                .nodes
+                .iter()
+                .map(|a| a.cluster.then(|| Topology::new(now)))
+                .collect(),
+            scratch: Vec::new(),
             mail: Mail::default(),
             channels: Channels::new(n),
             encoded: Encoded::default(),
@@ -338,13 +396,11 @@ impl Endpoint {
             self.encoded.for_caps = None;
             match t.to {
                 To::All => {
-                    for i in 0..self.nodes.len() {
+                    for i in 0..self.members {
                         self.send_to(i, &t, m, caller, run, now, rng);
                     }
                 }
-                To::Node(i) if i < self.nodes.len() => {
-                    self.send_to(i, &t, m, caller, run, now, rng)
-                }
+                To::Node(i) if i < self.members => self.send_to(i, &t, m, caller, run, now, rng),
                 To::Node(_) => {}
                 To::Subscribers => match t.what {
                     What::Unsubscribe => self.unsubscribe(caller, run, now),
@@ -358,7 +414,7 @@ impl Endpoint {
     #[allow(clippy::too_many_arguments)]
     fn send_to<M: Machine>(
         &mut self,
-        i: usize,
+        member: usize,
         t: &Transmit,
         m: &mut M,
         caller: CallerId,
@@ -366,6 +422,18 @@ impl Endpoint {
         now: Instant,
         rng: &mut dyn Entropy,
     ) {
+        let i = match self.topo[member] {
+            None => member,
+            Some(_) => match self.route(member, t, m, now) {
+                Ok(link) => link,
+                Err(why) => {
+                    if let Some(tag) = t.tag {
+                        m.handle_failure(member, tag, why, now, rng);
+                    }
+                    return;
+                }
+            },
+        };
         if let (None, What::Cleanup { token }) = (t.tag, t.what) {
             if self.nodes[i].was_unsent(token) {
                 // The attempt never went there: nothing of it to delete.
@@ -400,6 +468,7 @@ impl Endpoint {
                 .queue(Slot::Discard { redo: None }, t.redo, |out| {
                     encoded.write(caps, out, |out| m.encode(t, caps, out))
                 });
+            self.keep_sent(i, false);
             return;
         };
         if !conn.can_send(now) {
@@ -411,7 +480,7 @@ impl Endpoint {
                 // What the node may hold of ours is deleted once it is reachable again.
                 self.retry_later(i, t, m, until);
             }
-            m.handle_failure(i, tag, why, now, rng);
+            m.handle_failure(member, tag, why, now, rng);
             return;
         }
         let backlog = t.redo.is_none() && conn.owed() >= MAX_OWED;
@@ -424,7 +493,7 @@ impl Endpoint {
             if let What::Acquire { token } = t.what {
                 self.nodes[i].unsent(token);
             }
-            m.handle_failure(i, tag, NodeErrorKind::Timeout, now, rng);
+            m.handle_failure(member, tag, NodeErrorKind::Timeout, now, rng);
             return;
         }
         self.connect_if_down(i, now);
@@ -449,6 +518,330 @@ impl Endpoint {
             t.redo,
             |out| encoded.write(caps, out, |out| m.encode(t, caps, out)),
         );
+        let wait = self.config.nodes[member].wait > 0
+            && matches!(
+                t.what,
+                What::Acquire { .. }
+                    | What::Extend { .. }
+                    | What::Downgrade { .. }
+                    | What::FenceWrite { .. }
+            );
+        self.keep_sent(i, wait);
+        if wait {
+            self.queue_wait(i);
+        }
+    }
+
+    /// On a link of a cluster member, keeps the bytes of the command just queued (the last
+    /// encoding) until its reply comes, to follow a redirection (with a `WAIT` after it if
+    /// `wait`).
+    fn keep_sent(&mut self, link: usize, wait: bool) {
+        if self.topo[self.nodes[link].member].is_none() {
+            return;
+        }
+        let before = self.encoded.for_caps.map_or(0, |(_, b)| b);
+        self.nodes[link]
+            .kept
+            .push(&self.encoded.bytes, before, 0, wait);
+    }
+
+    /// Queues on `link`, after a grant, `WAIT N ms` for the replicas its member's URL asks a
+    /// grant to reach (`?wait=N`), bounded by the node timeout: the grant's reply is held until
+    /// it answers, and counts only if that many replicas have it.
+    fn queue_wait(&mut self, link: usize) {
+        let n = self.config.nodes[self.nodes[link].member].wait;
+        let ms = (self.config.node_timeout.as_millis() as u64).max(1);
+        self.nodes[link].cmd.queue(Slot::Wait, None, |out| {
+            crate::resp::write_array_len(out, 3);
+            crate::resp::write_bulk(out, b"WAIT");
+            crate::resp::write_bulk_u64(out, n.into());
+            crate::resp::write_bulk_u64(out, ms);
+            0
+        });
+    }
+
+    /// The link of cluster member `member` that `t` goes to: the master of the slot of its
+    /// first key, as the slot map says; the seed link while no topology was read, or for a
+    /// command without a key. A slot that the topology last read gives no master fails the
+    /// member for this command, as the cluster would (`CLUSTERDOWN`).
+    fn route<M: Machine>(
+        &mut self,
+        member: usize,
+        t: &Transmit,
+        m: &M,
+        now: Instant,
+    ) -> Result<usize, NodeErrorKind> {
+        let caps = self.nodes[member].server.caps;
+        self.scratch.clear();
+        m.encode(t, caps, &mut self.scratch);
+        let slot = cluster::first_key_slot(&self.scratch);
+        self.refresh_if_due(member, now);
+        let Some(topo) = &self.topo[member] else {
+            return Ok(member);
+        };
+        match slot.map(|s| (s, topo.link(s))) {
+            None => Ok(member),
+            Some((_, Some(link))) => Ok(link),
+            Some((_, None)) if !topo.known => Ok(member),
+            Some((s, None)) => {
+                // The cluster may be electing a new master for it: read again soon.
+                if let Some(topo) = self.topo[member].as_mut() {
+                    topo.want = true;
+                }
+                Err(NodeErrorKind::Server {
+                    kind: crate::resp::ServerErrorKind::ClusterDown,
+                    message: format!(
+                        "CLUSTERDOWN no master serves hash slot {s} in the cluster's topology"
+                    ),
+                })
+            }
+        }
+    }
+
+    /// The address of node `link`'s connections: a member's URL, or a cluster master's.
+    pub fn node_addr(&self, link: usize) -> &NodeAddr {
+        match &self.nodes[link].addr {
+            Some(a) => a,
+            None => &self.config.nodes[link],
+        }
+    }
+
+    /// The address node `link`'s command connection is to (or was last to).
+    fn link_target(&self, link: usize) -> Option<std::net::SocketAddr> {
+        match self.node_addr(link).target(self.nodes[link].cmd.trying) {
+            Target::Tcp(a) => Some(a),
+            Target::Unix(_) => None,
+        }
+    }
+
+    /// The link of cluster member `member` to the master at `addr`, added if there is none
+    /// (its server taken to be what the member's seed said, until its setup says); `None`
+    /// when the endpoint has as many nodes as it can have.
+    fn link_for(
+        &mut self,
+        member: usize,
+        addr: std::net::SocketAddr,
+        now: Instant,
+    ) -> Option<usize> {
+        let found = (self.members..self.nodes.len()).find(|&l| {
+            self.nodes[l].member == member
+                && self.nodes[l]
+                    .addr
+                    .as_ref()
+                    .is_some_and(|a| a.addrs[0] == addr)
+        });
+        if found.is_some() {
+            return found;
+        }
+        if self.nodes.len() >= MAX_LINKS {
+            return None;
+        }
+        let server = self.nodes[member].server;
+        self.nodes.push(Node {
+            member,
+            addr: Some(Box::new(self.config.nodes[member].master(addr))),
+            kept: Kept::default(),
+            awaiting: None,
+            cmd: Conn::new(true, now),
+            sub: Conn::new(false, now),
+            server,
+            known: false,
+            retries: Vec::new(),
+            retry_bytes: Vec::new(),
+            unsent: [None; UNSENT],
+            unsent_next: 0,
+        });
+        Some(self.nodes.len() - 1)
+    }
+
+    /// Sends a topology read of cluster member `member`: on its seed link if that is set up,
+    /// else on a master's link that is, else on the seed link if it can take it (connecting
+    /// it), else on any link that is up; if none can, it stays wanted.
+    fn refresh(&mut self, member: usize, now: Instant) {
+        let links = || (self.members..self.nodes.len()).filter(|&l| self.nodes[l].member == member);
+        let link = if self.nodes[member].cmd.is_ready() {
+            Some(member)
+        } else if let Some(l) = links().find(|&l| self.nodes[l].cmd.is_ready()) {
+            Some(l)
+        } else if self.nodes[member].cmd.can_send(now) {
+            Some(member)
+        } else {
+            links().find(|&l| self.nodes[l].cmd.is_up())
+        };
+        let Some(topo) = self.topo[member].as_mut() else {
+            return;
+        };
+        topo.last = Some(now);
+        topo.next = now + cluster::REFRESH_PERIOD;
+        let Some(link) = link else {
+            topo.want = true;
+            return;
+        };
+        topo.want = false;
+        topo.asked = Some(now);
+        let slots_only = topo.slots_only;
+        self.connect_if_down(link, now);
+        self.nodes[link].cmd.queue(Slot::Topology, None, |out| {
+            let what: &[u8] = if slots_only { b"SLOTS" } else { b"SHARDS" };
+            crate::resp::encode_command(out, &[b"CLUSTER", what]);
+            0
+        });
+        self.touch(ConnId {
+            node: link,
+            sub: false,
+        });
+    }
+
+    /// A topology read's reply came on `link`: the member's slot map is what it says (or the
+    /// older form is asked next, for a server without `CLUSTER SHARDS`). A server with cluster
+    /// support disabled fails the link as a configuration error.
+    fn read_topology(&mut self, link: usize, bytes: &[u8], now: Instant) {
+        let member = self.nodes[link].member;
+        let from = self.link_target(link);
+        let tls = self.config.nodes[member].tls;
+        let limits = self.config.limits;
+        let Some(slots_only) = self.topo[member].as_ref().map(|t| t.slots_only) else {
+            return;
+        };
+        let reply = cluster::decode(bytes, &limits);
+        let ranges = match &reply {
+            Some(Reply::Error(m)) if !slots_only && m.starts_with(b"ERR unknown subcommand") => {
+                if let Some(topo) = self.topo[member].as_mut() {
+                    topo.slots_only = true;
+                    topo.asked = None;
+                }
+                self.refresh(member, now);
+                return;
+            }
+            Some(Reply::Error(m)) if m.windows(8).any(|w| w == b"disabled") => {
+                let command = if slots_only {
+                    "CLUSTER SLOTS"
+                } else {
+                    "CLUSTER SHARDS"
+                };
+                let why = NodeErrorKind::Setup {
+                    command,
+                    cause: Box::new(crate::engine::ops::server_error(m)),
+                };
+                let id = ConnId {
+                    node: link,
+                    sub: false,
+                };
+                self.fail(id, why, now);
+                self.io.push_back(Io::Close(id));
+                return;
+            }
+            Some(r) if slots_only => cluster::parse_slots(r, from),
+            Some(r) => cluster::parse_shards(r, tls, from),
+            None => None,
+        };
+        let Some(ranges) = ranges else {
+            if let Some(topo) = self.topo[member].as_mut() {
+                topo.asked = None;
+                topo.want = true;
+            }
+            return;
+        };
+        let linked: Vec<(u16, u16, Option<usize>)> = ranges
+            .iter()
+            .map(|&(a, b, addr)| (a, b, self.link_for(member, addr, now)))
+            .collect();
+        if let Some(topo) = self.topo[member].as_mut() {
+            topo.replace(&linked);
+            topo.asked = None;
+        }
+        // Every master in use is connected ahead of its first command, as members are.
+        for link in linked.iter().filter_map(|&(_, _, l)| l) {
+            self.connect_if_down(link, now);
+        }
+    }
+
+    /// Follows a redirection read on `from` (see the module docs of `cluster`): `MOVED` moves
+    /// the slot in the map and asks for a topology read; the command is sent to the node named
+    /// (after `ASKING` for `ASK`) within its node timeout, a compare-and-delete until what it
+    /// deletes expires. Otherwise (no such node, too many hops, too late) the owner is given
+    /// the redirection as the reply, a failure of that member: never a vote.
+    fn follow(&mut self, from: usize, r: Redirected, now: Instant) {
+        let member = self.nodes[from].member;
+        let target = r.to.to.and_then(|a| self.link_for(member, a, now));
+        if let Some(topo) = self.topo[member].as_mut() {
+            if !r.to.ask {
+                if let Some(t) = target {
+                    topo.set(r.to.slot, t);
+                }
+                topo.want = true;
+            }
+        }
+        let redo = match r.slot {
+            Slot::Reply { redo, .. } | Slot::Discard { redo } => redo,
+            _ => None,
+        };
+        let worth = match (redo, r.slot) {
+            (Some(redo), _) => redo.until > now,
+            // An acquisition only while its round waits for it: once the round is over (its
+            // owner may have released already), sending it again could only leave a key behind.
+            (
+                None,
+                Slot::Reply {
+                    caller,
+                    run,
+                    due,
+                    fired,
+                    ..
+                },
+            ) => !fired && due > now && self.mail.run_of(caller as usize) == Some(run),
+            _ => false,
+        };
+        let to = target
+            .filter(|&t| worth && r.hops < cluster::MAX_HOPS && self.nodes[t].cmd.can_send(now));
+        let Some(to) = to else {
+            // A compare-and-delete for a master in its reconnect backoff waits for its next
+            // connection, as on any node.
+            let waits = target.filter(|&t| worth && !self.nodes[t].cmd.can_send(now));
+            if let (Some(t), Some(redo)) = (waits, redo) {
+                let node = &mut self.nodes[t];
+                node.retry_bytes.extend_from_slice(&r.bytes);
+                node.retries.push(Retry {
+                    slot: Slot::Discard { redo: None },
+                    redo: Redo {
+                        until: redo.until,
+                        len: r.bytes.len() as u32,
+                        before: r.before as u32,
+                        resent: false,
+                    },
+                });
+            }
+            if let Slot::Reply {
+                caller, run, tag, ..
+            } = r.slot
+            {
+                self.mail
+                    .post_reply(caller as usize, run, member, tag, &r.reply);
+            }
+            return;
+        };
+        self.connect_if_down(to, now);
+        let mut bytes = Vec::with_capacity(r.bytes.len() + 16);
+        let mut before = r.before;
+        if r.to.ask {
+            crate::resp::encode_command(&mut bytes, &[b"ASKING"]);
+            before += 1;
+        }
+        bytes.extend_from_slice(&r.bytes);
+        self.nodes[to]
+            .cmd
+            .queue(r.slot, redo.map(|r| r.until), |out| {
+                out.extend_from_slice(&bytes);
+                before
+            });
+        self.nodes[to].kept.push(&bytes, before, r.hops + 1, r.wait);
+        if r.wait {
+            self.queue_wait(to);
+        }
+        self.touch(ConnId {
+            node: to,
+            sub: false,
+        });
     }
 
     /// Keeps the compare-and-delete `t` for node `i`'s next connection.
@@ -498,7 +891,11 @@ impl Endpoint {
             return;
         }
         let why = node.cmd.down_reason();
-        node.cmd.start(&self.config.nodes[i], now);
+        let addr = match &node.addr {
+            Some(a) => a,
+            None => &self.config.nodes[i],
+        };
+        node.cmd.start(addr, now);
         self.dirty |= 1
             << ConnId {
                 node: i,
@@ -539,6 +936,10 @@ impl Endpoint {
                 };
                 node.cmd
                     .queue_redo(slot, r.redo, &node.retry_bytes[at..end]);
+                if self.topo[node.member].is_some() {
+                    node.kept
+                        .push(&node.retry_bytes[at..end], r.redo.before as usize, 0, false);
+                }
             } else if let Slot::Reply {
                 caller,
                 run,
@@ -553,7 +954,7 @@ impl Endpoint {
                     caller as usize,
                     run,
                     Event::Failure {
-                        node: i,
+                        node: node.member,
                         tag,
                         why: why.clone(),
                     },
@@ -571,6 +972,9 @@ impl Endpoint {
     pub fn connect_all(&mut self, now: Instant) {
         for i in 0..self.nodes.len() {
             self.connect_if_down(i, now);
+        }
+        for member in 0..self.members {
+            self.refresh_if_due(member, now);
         }
     }
 
@@ -620,7 +1024,7 @@ impl Endpoint {
     pub fn connect_addr(&self, id: ConnId) -> Target<'_> {
         let node = &self.nodes[id.node];
         let trying = if id.sub { &node.sub } else { &node.cmd }.trying;
-        self.config.nodes[id.node].target(trying)
+        self.node_addr(id.node).target(trying)
     }
 
     /// The connect of `id` failed with `why` at `now` (its socket, if any, is closed): the
@@ -628,7 +1032,7 @@ impl Endpoint {
     /// connection fails. A configuration error (a TLS handshake that failed) fails it at once:
     /// another address of the same name would not cure it.
     pub fn handle_connect_failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
-        let addresses = self.config.nodes[id.node].targets();
+        let addresses = self.node_addr(id.node).targets();
         let config = matches!(why, NodeErrorKind::Setup { .. });
         if !config && self.conn(id).next_address(addresses, now) {
             self.io.push_back(Io::Connect(id));
@@ -683,6 +1087,10 @@ impl Endpoint {
         }
         let limits = self.config.limits;
         let i = id.node;
+        let member = self.nodes[i].member;
+        if !id.sub && self.topo[member].is_some() {
+            return self.handle_recv_cluster(i, now);
+        }
         let result = if id.sub {
             let channels = &mut self.channels;
             let mail = &mut self.mail;
@@ -722,20 +1130,167 @@ impl Endpoint {
         }
     }
 
+    /// [`handle_recv`](Self::handle_recv) for the command connection of `link`, a link of a
+    /// cluster member: redirections are followed, topology replies read, and every other
+    /// reply is routed to its caller as the member's.
+    fn handle_recv_cluster(&mut self, link: usize, now: Instant) {
+        let limits = self.config.limits;
+        let member = self.nodes[link].member;
+        let from = self.link_target(link);
+        let mut topology: Vec<Vec<u8>> = Vec::new();
+        let mut redirected: Vec<Redirected> = Vec::new();
+        let replicas = self.config.nodes[member].wait;
+        let mut down = false;
+        let mail = &mut self.mail;
+        let stats = &self.stats;
+        let Node {
+            cmd,
+            kept,
+            awaiting,
+            ..
+        } = &mut self.nodes[link];
+        let result = cmd.take_replies(&limits, |slot, bytes| match slot {
+            Slot::Topology => topology.push(bytes.to_vec()),
+            // After a redirection, nothing waits for it.
+            Slot::Wait => {
+                let Some((
+                    Slot::Reply {
+                        caller,
+                        run,
+                        tag,
+                        sent,
+                        ..
+                    },
+                    reply,
+                )) = awaiting.take()
+                else {
+                    return;
+                };
+                stats.reply(member, now.saturating_duration_since(sent));
+                match cluster::decode(bytes, &limits) {
+                    Some(Reply::Integer(n)) if n >= i64::from(replicas) => {
+                        mail.post_reply(caller as usize, run, member, tag, &reply)
+                    }
+                    answer => {
+                        let reached = match answer {
+                            Some(Reply::Integer(n)) => n.to_string(),
+                            _ => "none".to_owned(),
+                        };
+                        let why = NodeErrorKind::Server {
+                            kind: crate::resp::ServerErrorKind::Other,
+                            message: format!(
+                                "NOREPLICAS the write reached {reached} of the {replicas} \
+                                 replicas WAIT asked for within the node timeout"
+                            ),
+                        };
+                        mail.post(
+                            caller as usize,
+                            run,
+                            Event::Failure {
+                                node: member,
+                                tag,
+                                why,
+                            },
+                        );
+                    }
+                }
+            }
+            Slot::Reply { .. } | Slot::Discard { .. } => {
+                let command = kept.pop();
+                down |= bytes.starts_with(b"-CLUSTERDOWN");
+                let to = if bytes.first() == Some(&b'-') {
+                    cluster::redirect(bytes, from)
+                } else {
+                    None
+                };
+                if let (Some((b, before, hops, wait)), Some(to)) = (command, to) {
+                    redirected.push(Redirected {
+                        to,
+                        slot,
+                        bytes: b.to_vec(),
+                        before,
+                        hops,
+                        wait,
+                        reply: bytes.to_vec(),
+                    });
+                    return;
+                }
+                if command.is_some_and(|c| c.3) && matches!(slot, Slot::Reply { .. }) {
+                    *awaiting = Some((slot, bytes.to_vec()));
+                    return;
+                }
+                if let Slot::Reply {
+                    caller,
+                    run,
+                    tag,
+                    sent,
+                    ..
+                } = slot
+                {
+                    stats.reply(member, now.saturating_duration_since(sent));
+                    mail.post_reply(caller as usize, run, member, tag, bytes);
+                }
+            }
+            _ => {}
+        });
+        let id = ConnId {
+            node: link,
+            sub: false,
+        };
+        match result {
+            Ok(false) => {}
+            Ok(true) => self.set_up(link, now),
+            Err(why) => {
+                self.fail(id, why, now);
+                self.io.push_back(Io::Close(id));
+            }
+        }
+        for bytes in topology {
+            self.read_topology(link, &bytes, now);
+        }
+        for r in redirected {
+            self.follow(link, r, now);
+        }
+        if down {
+            // The cluster is electing a master, or lost a slot's: read again soon.
+            if let Some(topo) = self.topo[member].as_mut() {
+                topo.want = true;
+            }
+        }
+        self.refresh_if_due(member, now);
+    }
+
+    /// Sends a topology read of cluster member `member` if one is due (none is under way, or
+    /// the one under way went unanswered for too long).
+    fn refresh_if_due(&mut self, member: usize, now: Instant) {
+        let due = self.topo[member]
+            .as_ref()
+            .is_some_and(|t| t.due().is_some_and(|d| d <= now));
+        if due {
+            self.refresh(member, now);
+        }
+    }
+
     /// Node `i`'s command connection has answered its whole setup: the node's server is what
     /// it said, and what waited behind the setup goes out (see the module docs for what a
     /// changed server and a duplicate one mean).
     fn set_up(&mut self, i: usize, now: Instant) {
         let learnt = self.nodes[i].cmd.learnt;
+        // The links of one cluster member may reach one server twice (its seed link and a
+        // master's); servers of two members may not be one.
+        let member = self.nodes[i].member;
         let twin = learnt.run_id.and_then(|id| {
-            (0..self.nodes.len()).find(|&j| j != i && self.nodes[j].server.run_id == Some(id))
+            (0..self.nodes.len()).find(|&j| {
+                self.nodes[j].member != member && self.nodes[j].server.run_id == Some(id)
+            })
         });
         let id = ConnId {
             node: i,
             sub: false,
         };
         if let Some(j) = twin {
-            let why = Setup::Info.failed(NodeErrorKind::SameServer { node: j });
+            let node = self.nodes[j].member;
+            let why = Setup::Info.failed(NodeErrorKind::SameServer { node });
             self.fail(id, why, now);
             self.io.push_back(Io::Close(id));
             return;
@@ -768,16 +1323,43 @@ impl Endpoint {
             self.channels.lost_subscriber(i, &mut self.mail);
             return;
         }
+        let member = self.nodes[i].member;
         if self.nodes[i].cmd.is_up() {
             self.troubled = Some(now);
-            self.stats.disconnect(i);
+            self.stats.disconnect(member);
+        }
+        if let Some(topo) = self.topo[member].as_mut() {
+            // A topology read on it is lost, and the cluster may have changed.
+            topo.asked = None;
+            topo.want = true;
         }
         let Node {
             cmd,
             retries,
             retry_bytes,
+            kept,
+            awaiting,
             ..
         } = &mut self.nodes[i];
+        kept.clear();
+        if let Some((
+            Slot::Reply {
+                caller, run, tag, ..
+            },
+            _,
+        )) = awaiting.take()
+        {
+            // Its `WAIT` will not answer: the grant does not count.
+            self.mail.post(
+                caller as usize,
+                run,
+                Event::Failure {
+                    node: member,
+                    tag,
+                    why: why.clone(),
+                },
+            );
+        }
         let mail = &mut self.mail;
         cmd.fail(why.clone(), now, |slot, bytes| {
             let redo = match slot {
@@ -800,7 +1382,7 @@ impl Endpoint {
                             caller as usize,
                             run,
                             Event::Failure {
-                                node: i,
+                                node: member,
                                 tag,
                                 why: why.clone(),
                             },
@@ -824,6 +1406,9 @@ impl Endpoint {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         };
+        for topo in self.topo.iter().flatten() {
+            consider(topo.due());
+        }
         for n in &mut self.nodes {
             consider(n.cmd.next_due());
             consider(n.cmd.connecting_since().map(|s| s + connect));
@@ -852,6 +1437,7 @@ impl Endpoint {
         let connect = self.config.connect_timeout;
         for i in 0..self.nodes.len() {
             let mail = &mut self.mail;
+            let member = self.nodes[i].member;
             self.nodes[i].cmd.fire_due(now, |slot| {
                 if let Slot::Reply {
                     caller, run, tag, ..
@@ -861,7 +1447,7 @@ impl Endpoint {
                         caller as usize,
                         run,
                         Event::Failure {
-                            node: i,
+                            node: member,
                             tag,
                             why: NodeErrorKind::Timeout,
                         },
@@ -903,7 +1489,7 @@ impl Endpoint {
                                 caller as usize,
                                 run,
                                 Event::Failure {
-                                    node: i,
+                                    node: member,
                                     tag,
                                     why: NodeErrorKind::Timeout,
                                 },
@@ -918,6 +1504,9 @@ impl Endpoint {
                     self.connect_if_down(i, now);
                 }
             }
+        }
+        for member in 0..self.members {
+            self.refresh_if_due(member, now);
         }
     }
 
@@ -980,13 +1569,18 @@ impl Endpoint {
     /// The nodes with compare-and-deletes (releases, cleanups) not known to have reached them,
     /// worth sending still at `now`: those a client that closes now would leave behind.
     pub fn undelivered(&self, now: Instant) -> Vec<usize> {
-        (0..self.nodes.len())
-            .filter(|&i| {
-                let n = &self.nodes[i];
+        let mut members: Vec<usize> = self
+            .nodes
+            .iter()
+            .filter(|n| {
                 n.retries.iter().any(|r| r.redo.until > now)
                     || n.cmd.redo_until().is_some_and(|u| u > now)
             })
-            .collect()
+            .map(|n| n.member)
+            .collect();
+        members.sort_unstable();
+        members.dedup();
+        members
     }
 
     /// Every command connection is down, or set up and owes nothing: a warm-up is over.
@@ -999,11 +1593,16 @@ impl Endpoint {
     /// The nodes whose last connection was closed because its setup was refused (see
     /// [`NodeErrorKind::Setup`]), with the reason.
     pub fn setup_failures(&self) -> Vec<(usize, NodeErrorKind)> {
-        self.nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| Some((i, n.cmd.setup_error()?.clone())))
-            .collect()
+        let mut failures: Vec<(usize, NodeErrorKind)> = Vec::new();
+        for n in &self.nodes {
+            if let Some(e) = n.cmd.setup_error() {
+                if !failures.iter().any(|(m, _)| *m == n.member) {
+                    failures.push((n.member, e.clone()));
+                }
+            }
+        }
+        failures.sort_by_key(|(m, _)| *m);
+        failures
     }
 
     // --- wake channels -------------------------------------------------------------------
@@ -1021,7 +1620,7 @@ impl Endpoint {
             .add(t, m, caller, run, &self.config.limits, &mut self.mail);
         for k in 0..self.channels.changed.len() {
             let idx = self.channels.changed[k];
-            for i in 0..self.nodes.len() {
+            for i in 0..self.members {
                 self.subscribe_on(i, idx, now);
             }
         }
@@ -1055,7 +1654,7 @@ impl Endpoint {
         self.channels.remove(caller, run, &mut self.mail);
         for k in 0..self.channels.changed.len() {
             let idx = self.channels.changed[k];
-            for (i, node) in self.nodes.iter_mut().enumerate() {
+            for (i, node) in self.nodes[..self.members].iter_mut().enumerate() {
                 let sub = &mut node.sub;
                 if sub.is_up() {
                     self.channels
@@ -1075,5 +1674,7 @@ pub(crate) fn decode_reply<'a>(
     conn::decoded(bytes, limits)
 }
 
+#[cfg(test)]
+mod cluster_tests;
 #[cfg(test)]
 mod tests;

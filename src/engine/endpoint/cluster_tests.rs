@@ -1,0 +1,372 @@
+//! A cluster member's routing, driven by hand: the topology read (and its older form), commands
+//! sent to the master of their slot, `MOVED` and `ASK` followed, a slot without a master.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::cluster::key_slot;
+use super::*;
+use crate::config::{Config, RwPolicy};
+use crate::engine::machine::{Tag, Transmit, What};
+use crate::engine::ops::{ScriptForm, SCRIPTS};
+use crate::resp::{self, Limits};
+use crate::rng::{Jitter, Token};
+use crate::url::NodeAddr;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn config(url: &str) -> Arc<Config> {
+    Arc::new(Config {
+        nodes: vec![NodeAddr::parse(url).unwrap()],
+        node_timeout: 50 * MS,
+        connect_timeout: 100 * MS,
+        dead_peer_timeout: Duration::from_secs(3),
+        retry_count: 0,
+        retry_delay: 10 * MS,
+        wait_timeout: Duration::from_secs(1),
+        drift_factor: 0.01,
+        fair: false,
+        fair_after: Duration::ZERO,
+        limits: Limits::default(),
+        rw_policy: RwPolicy::ReadPreferring,
+    })
+}
+
+/// Sends `SET key v` to every member and records what comes back.
+struct Keyed {
+    key: &'static [u8],
+    sent: bool,
+    replies: Vec<String>,
+    failures: Vec<NodeErrorKind>,
+}
+
+impl Keyed {
+    fn new(key: &'static [u8]) -> Keyed {
+        Keyed {
+            key,
+            sent: false,
+            replies: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+}
+
+impl Machine for Keyed {
+    type Output = ();
+
+    fn handle_reply(
+        &mut self,
+        _: usize,
+        _: Tag,
+        reply: &Reply<'_>,
+        _: Instant,
+        _: &mut dyn Entropy,
+    ) {
+        self.replies.push(match reply {
+            Reply::Error(m) => format!("Error({})", String::from_utf8_lossy(m)),
+            other => format!("{other:?}"),
+        });
+    }
+
+    fn handle_failure(
+        &mut self,
+        _: usize,
+        _: Tag,
+        why: NodeErrorKind,
+        _: Instant,
+        _: &mut dyn Entropy,
+    ) {
+        self.failures.push(why);
+    }
+
+    fn handle_timeout(&mut self, _: Instant, _: &mut dyn Entropy) {}
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        if std::mem::replace(&mut self.sent, true) {
+            return None;
+        }
+        Some(Transmit {
+            to: To::All,
+            tag: Some(1),
+            form: ScriptForm::Sha,
+            what: What::Acquire {
+                token: Token::from_random([1; 20]),
+            },
+            redo: None,
+        })
+    }
+
+    fn encode(&self, _: &Transmit, _: Caps, out: &mut Vec<u8>) -> usize {
+        resp::encode_command(out, &[b"SET", self.key, b"v"]);
+        0
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+
+    fn poll_outcome(&mut self) -> Option<()> {
+        None
+    }
+}
+
+struct Net {
+    ep: Endpoint,
+    now: Instant,
+}
+
+fn cmd(node: usize) -> ConnId {
+    ConnId { node, sub: false }
+}
+
+impl Net {
+    fn new(url: &str) -> Net {
+        let now = Instant::now();
+        Net {
+            ep: Endpoint::new(config(url), Arc::new(Recorder::new(1)), now),
+            now,
+        }
+    }
+
+    /// Takes every `Io::Connect`, reports them done, and returns the links connected.
+    fn connect(&mut self) -> Vec<usize> {
+        let mut done = Vec::new();
+        while let Some(io) = self.ep.poll_io() {
+            if let Io::Connect(id) = io {
+                self.ep.handle_connected(id);
+                done.push(id.node);
+            }
+        }
+        done
+    }
+
+    /// The commands `link` has to write, by their words, as written.
+    fn output(&mut self, link: usize) -> Vec<String> {
+        let out = self.ep.pending(cmd(link)).to_vec();
+        self.ep.handle_sent(cmd(link), out.len(), self.now);
+        let mut rest = &out[..];
+        let mut commands = Vec::new();
+        while let Ok(resp::Status::Complete((Reply::Array(Some(items)), used))) =
+            resp::decode(rest, &Limits::default())
+        {
+            let words: Vec<String> = items
+                .iter()
+                .map(|i| match i {
+                    Reply::Bulk(Some(w)) => String::from_utf8_lossy(w).into_owned(),
+                    _ => String::new(),
+                })
+                .collect();
+            commands.push(words.join(" "));
+            rest = &rest[used..];
+        }
+        commands
+    }
+
+    fn reply(&mut self, link: usize, bytes: &[u8]) {
+        let buf = self.ep.recv_buf(cmd(link), self.now).expect("room");
+        buf[..bytes.len()].copy_from_slice(bytes);
+        self.ep.handle_recv(cmd(link), bytes.len(), self.now);
+    }
+
+    /// Answers `link`'s setup as a Redis 7 server whose run id is made of `id`.
+    fn answer_setup(&mut self, link: usize, id: char) {
+        self.answer_setup_as(link, id, "7.0.15", false);
+    }
+
+    /// Answers `link`'s setup as a Redis `version` server, with `HSETEX` if `hsetex`.
+    fn answer_setup_as(&mut self, link: usize, id: char, version: &str, hsetex: bool) {
+        let mut r = Vec::new();
+        for _ in SCRIPTS {
+            r.extend_from_slice(b"$40\r\n0000000000000000000000000000000000000000\r\n");
+        }
+        let text = format!(
+            "redis_version:{version}\r\nrun_id:{}\r\n",
+            id.to_string().repeat(40)
+        );
+        r.extend_from_slice(format!("${}\r\n{text}\r\n", text.len()).as_bytes());
+        if hsetex {
+            r.extend_from_slice(b"*2\r\n$-1\r\n*1\r\n$6\r\nhsetex\r\n");
+        } else {
+            r.extend_from_slice(b"*2\r\n$-1\r\n$-1\r\n");
+        }
+        self.reply(link, &r);
+    }
+
+    /// Runs `m` as a new caller's operation: its caller and run.
+    fn step(&mut self, m: &mut Keyed) -> (CallerId, u64) {
+        let caller = self.ep.open_caller();
+        let run = self.ep.begin(caller);
+        let mut rng = {
+            use rand_core::SeedableRng;
+            Jitter::from_seed([7; 32])
+        };
+        self.ep.step(caller, run, m, self.now, &mut rng);
+        (caller, run)
+    }
+
+    /// Delivers what the endpoint posted for `m`, run as `(caller, run)`.
+    fn deliver(&mut self, (caller, run): (CallerId, u64), m: &mut Keyed) {
+        let mut rng = {
+            use rand_core::SeedableRng;
+            Jitter::from_seed([7; 32])
+        };
+        self.ep.step(caller, run, m, self.now, &mut rng);
+    }
+}
+
+/// `CLUSTER SLOTS`' reply: each range served by the master on 127.0.0.1 at its port.
+fn slots(ranges: &[(u16, u16, u16)]) -> Vec<u8> {
+    let mut r = format!("*{}\r\n", ranges.len()).into_bytes();
+    for &(a, b, port) in ranges {
+        r.extend_from_slice(
+            format!("*3\r\n:{a}\r\n:{b}\r\n*3\r\n$9\r\n127.0.0.1\r\n:{port}\r\n$1\r\nx\r\n")
+                .as_bytes(),
+        );
+    }
+    r
+}
+
+/// A member whose seed is set up and whose topology, read with `CLUSTER SLOTS` after the
+/// server refused `CLUSTER SHARDS`, is `ranges`; the masters' links connected and set up.
+fn member(ranges: &[(u16, u16, u16)]) -> Net {
+    let mut net = Net::new("redis+cluster://127.0.0.1:7000");
+    net.ep.connect_all(net.now);
+    assert_eq!(net.connect(), [0]);
+    net.output(0);
+    net.answer_setup(0, 's');
+    assert_eq!(net.output(0), ["CLUSTER SHARDS"], "behind the setup");
+    net.reply(
+        0,
+        b"-ERR unknown subcommand 'SHARDS'. Try CLUSTER HELP.\r\n",
+    );
+    assert_eq!(net.output(0), ["CLUSTER SLOTS"], "the older form, at once");
+    net.reply(0, &slots(ranges));
+    let links = net.connect();
+    assert_eq!(
+        links.len(),
+        ranges.len(),
+        "one link per master, connected at once"
+    );
+    for (k, &link) in links.iter().enumerate() {
+        net.output(link);
+        net.answer_setup(link, char::from(b'a' + k as u8));
+    }
+    net
+}
+
+#[test]
+fn commands_go_to_the_master_of_their_slot() {
+    let (a, b) = (key_slot(b"a"), key_slot(b"b"));
+    assert!(b < 8192 && a >= 8192, "{a} {b}");
+    let mut net = member(&[(0, 8191, 7001), (8192, 16383, 7002)]);
+    let mut ma = Keyed::new(b"a");
+    net.step(&mut ma);
+    let mut mb = Keyed::new(b"b");
+    net.step(&mut mb);
+    assert_eq!(net.output(2), ["SET a v"]);
+    assert_eq!(net.output(1), ["SET b v"]);
+    assert!(net.output(0).is_empty(), "nothing on the seed");
+}
+
+#[test]
+fn moved_sends_the_command_to_the_new_owner_and_rereads_the_topology() {
+    let a = key_slot(b"a");
+    let mut net = member(&[(0, 16383, 7001)]);
+    let mut m = Keyed::new(b"a");
+    let run = net.step(&mut m);
+    assert_eq!(net.output(1), ["SET a v"]);
+    net.reply(1, format!("-MOVED {a} 127.0.0.1:7003\r\n").as_bytes());
+    assert_eq!(net.connect(), [2], "a link to the new owner");
+    net.output(2);
+    net.answer_setup(2, 'c');
+    assert_eq!(
+        net.output(2),
+        ["SET a v"],
+        "sent again behind the new link's setup"
+    );
+    net.reply(2, b"+OK\r\n");
+    net.deliver(run, &mut m);
+    assert_eq!(
+        m.replies,
+        ["Simple([79, 75])"],
+        "the new owner's reply is the vote"
+    );
+    assert!(m.failures.is_empty());
+    // The map moved, and the topology is read again.
+    let mut again = Keyed::new(b"a");
+    net.step(&mut again);
+    assert_eq!(net.output(2), ["SET a v"]);
+    net.now += 200 * MS;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.output(0), ["CLUSTER SLOTS"]);
+}
+
+#[test]
+fn ask_sends_that_command_alone_after_asking() {
+    let a = key_slot(b"a");
+    let mut net = member(&[(0, 8191, 7001), (8192, 16383, 7002)]);
+    let mut m = Keyed::new(b"a");
+    let run = net.step(&mut m);
+    assert_eq!(net.output(2), ["SET a v"]);
+    net.reply(2, format!("-ASK {a} 127.0.0.1:7001\r\n").as_bytes());
+    assert_eq!(net.output(1), ["ASKING", "SET a v"]);
+    net.reply(1, b"+OK\r\n+OK\r\n");
+    net.deliver(run, &mut m);
+    assert_eq!(m.replies, ["Simple([79, 75])"], "one reply: the command's");
+    // The slot stays where it was.
+    let mut again = Keyed::new(b"a");
+    net.step(&mut again);
+    assert_eq!(net.output(2), ["SET a v"]);
+}
+
+#[test]
+fn a_slot_without_a_master_or_a_refusal_is_a_failure_never_a_vote() {
+    let (a, b) = (key_slot(b"a"), key_slot(b"b"));
+    let (lo, hi) = (a.min(b), a.max(b));
+    let mut net = member(&[(lo, lo, 7001)]);
+    let hi_key: &'static [u8] = if hi == a { b"a" } else { b"b" };
+    let lo_key: &'static [u8] = if lo == a { b"a" } else { b"b" };
+    let mut m = Keyed::new(hi_key);
+    net.step(&mut m);
+    assert!(
+        matches!(
+            &m.failures[..],
+            [NodeErrorKind::Server {
+                kind: crate::resp::ServerErrorKind::ClusterDown,
+                ..
+            }]
+        ),
+        "{:?}",
+        m.failures
+    );
+    assert!(m.replies.is_empty());
+    let mut m = Keyed::new(lo_key);
+    let run = net.step(&mut m);
+    assert_eq!(
+        net.output(1),
+        [format!("SET {} v", String::from_utf8_lossy(lo_key))]
+    );
+    net.reply(
+        1,
+        b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+    );
+    net.deliver(run, &mut m);
+    assert_eq!(
+        m.replies,
+        ["Error(TRYAGAIN Multiple keys request during rehashing of slot)"],
+        "given to the machine, which counts it as a failure"
+    );
+}
+
+#[test]
+fn the_first_topology_read_goes_out_whatever_the_server_offers() {
+    // The read waits behind the seed's first setup, before anything is known of the server;
+    // a server with newer commands must not make it fail as written for another one.
+    let mut net = Net::new("redis+cluster://127.0.0.1:7000");
+    net.ep.connect_all(net.now);
+    assert_eq!(net.connect(), [0]);
+    net.output(0);
+    net.answer_setup_as(0, 's', "8.2.3", true);
+    assert!(net.ep.is_open(cmd(0)), "the seed's connection stays up");
+    assert_eq!(net.output(0), ["CLUSTER SHARDS"]);
+}
