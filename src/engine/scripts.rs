@@ -17,9 +17,9 @@
 //! Every fragment ends with a newline, so a `--` comment never runs into the next one. Redis
 //! ignores the comments; the SHA-1 digest that `EVALSHA` sends is computed at compile time from
 //! the final text. Which command sends each script, and how its reply is read, is in the module
-//! of its lock kind (`ops`, `fair`, `rw`, `multi`, `fencing`). The simulated node models every
-//! script in [`SCRIPTS`] (`sim/node.rs`), and a differential test runs both against a real
-//! `redis-server`.
+//! of its lock kind (`ops`, `fair`, `rw`, `multi`, `fencing`). The simulation's nodes run
+//! these very texts in Lua 5.1 as Redis does (`sim/node/lua.rs`), and a differential test runs
+//! them on both against a real `redis-server`.
 #![forbid(unsafe_code)]
 
 use crate::sha1::sha1_hex;

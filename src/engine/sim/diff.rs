@@ -2003,3 +2003,728 @@ fn connection_setups_answer_like_redis_7_and_8() {
     }
     println!("differential (setups): {compared} commands compared");
 }
+
+/// Redis's Lua, as the simulated node runs it: conversions of replies and of a script's value
+/// both ways, `redis.call` and `redis.pcall` on errors, `error_reply` and `status_reply`,
+/// locked globals, errors raised by the runtime, commands a script may not call, `KEYS` and
+/// `ARGV`, `TIME`, the library functions the lock scripts use, and the commands only scripts
+/// send. Errors alike by kind (the servers word them differently), everything else exactly.
+#[test]
+fn lua_runs_like_redis_server() {
+    let server = RedisServer::start().expect("start redis-server");
+    let mut pair = Pair::new(&server);
+    let eval = |body: &str, keys: &[&[u8]], args: &[&[u8]]| {
+        let mut cmd = Vec::new();
+        let numkeys = keys.len().to_string();
+        let mut all: Vec<&[u8]> = vec![b"EVAL", body.as_bytes(), numkeys.as_bytes()];
+        all.extend_from_slice(keys);
+        all.extend_from_slice(args);
+        resp::encode_command(&mut cmd, &all);
+        cmd
+    };
+    pair.same(&command(&[b"SET", b"s", b"v"]), "SET");
+    pair.same(
+        &command(&[b"ZADD", b"z", b"1", b"a", b"2", b"b", b"3", b"c"]),
+        "ZADD",
+    );
+    for body in [
+        // A script's value as a reply.
+        "return 3.9",
+        "return -3.9",
+        "return 2^53",
+        "return {1, 2, nil, 4}",
+        "return {1, {2, 'x', {}}, false, true, {ok = 'FINE'}}",
+        "return true",
+        "return false",
+        "return nil",
+        "return 'text'",
+        "return {ok = 'FINE'}",
+        "return {err = 'MYCODE my message'}",
+        "return redis.status_reply('FINE')",
+        "return redis.error_reply('ERR fence counter is not a whole number')",
+        "return redis.error_reply('no code')",
+        "return redis.error_reply('-WRONGTYPE with a dash')",
+        "return redis.error_reply(1, 2)",
+        // Replies as a script sees them.
+        "return redis.call('get', KEYS[1])",
+        "return type(redis.call('get', 'missing'))",
+        "return redis.call('get', 'missing') == false",
+        "return redis.call('set', 'q', '1').ok",
+        "return type(redis.call('set', 'q', '1'))",
+        "return redis.call('set', 'q', '1')",
+        "return redis.call('zrange', 'z', 0, -1)",
+        "return #redis.call('zrange', 'z', 0, -1)",
+        "return redis.call('exists', 's', 's', 'z', 'missing')",
+        "return redis.call('zscore', 'z', 'b') + 0.5",
+        // Errors: returned by pcall, raised by call, and raised by the runtime.
+        "return redis.pcall('get', 'z')",
+        "return redis.pcall('get', 'z').err",
+        "return redis.call('get', 'z')",
+        "local ok, e = pcall(redis.call, 'get', 'z'); return {tostring(ok), type(e), e}",
+        "local ok, e = pcall(error, {err = 'x'}); return {tostring(ok), type(e), e}",
+        "local ok, e = pcall(error, {}); return {tostring(ok), type(e)}",
+        "return {pcall(function(a, b) return a, nil, b end, 1, 2)}",
+        "return redis.pcall('zadd', 's', 1, 'm')",
+        "return redis.call('get', {})",
+        "return redis.pcall('get', {})",
+        "return redis.call()",
+        "return redis.pcall('nosuchcommand')",
+        "return redis.call('eval', 'return 1', 0)",
+        "return redis.pcall('script', 'load', 'return 1')",
+        "return undefined_global",
+        "defined_global = 1",
+        "return nil + 1",
+        "error('boom')",
+        "error({err = 'WRONGTYPE raised by the script'})",
+        "local function f() return redis.call('get', 'z') end\nreturn f()",
+        // KEYS and ARGV, TIME, numbers passed to commands.
+        "return {#KEYS, #ARGV, KEYS[1], ARGV[1], ARGV[2]}",
+        "local t = redis.call('time'); return {type(t[1]), type(t[2]), #t, tonumber(t[2]) < 1000000}",
+        "redis.call('set', 'n', 2^53); return redis.call('get', 'n')",
+        "redis.call('set', 'n', -7); return redis.call('get', 'n')",
+        "redis.call('zadd', 'zn', 1700000000123 + 30000, 'm'); return redis.call('zscore', 'zn', 'm')",
+        // The library functions the lock scripts use.
+        "return {tostring(tonumber(' 0x10 ')), tostring(tonumber('1e3')), tostring(tonumber('x'))}",
+        "return {string.format('%d', 2^53 - 1), tostring(1e15), tostring(-0.5), tostring(1/3)}",
+        "return {math.floor(-2.5), math.floor(7), string.sub('0123456789abcdefXYZ', 1, 16)}",
+        "return '(' .. 1700000000123",
+        // The commands only scripts send.
+        "return {redis.call('zrank', 'z', 'c'), redis.call('zrank', 'z', 'x')}",
+        "return {redis.call('zcount', 'z', '(1', '+inf'), redis.call('zcount', 'z', '-inf', '(3')}",
+        "return redis.call('zcount', 'z', '(0', '(+inf')",
+        "return {redis.call('zadd', 'z', 'XX', 9, 'a'), redis.call('zadd', 'z', 'XX', 9, 'new')}",
+        "return {redis.call('zadd', 'z', 'NX', 5, 'a'), redis.call('zadd', 'z', 'NX', 5, 'd')}",
+        "return redis.call('zadd', 'z', 'XX', 'CH', 4, 'a', 4, 'b')",
+        "return redis.pcall('zadd', 'z', 'XX', 'NX', 1, 'a')",
+        "return redis.call('zrange', 'z', 0, -1)",
+        "return redis.call('zremrangebyscore', 'z', '(4', 5)",
+        "return redis.call('zrangebyscore', 'z', '-inf', '(5')",
+    ] {
+        pair.same(&eval(body, &[b"s"], &[b"a1", b"a2"]), body);
+    }
+    // Exclusive bounds outside scripts too.
+    pair.same(
+        &command(&[b"ZRANGEBYSCORE", b"z", b"(3", b"+inf"]),
+        "ZRANGEBYSCORE",
+    );
+    // A script that does not compile is not cached.
+    let broken = eval("return +", &[], &[]);
+    pair.same(&broken, "compile error");
+    let sha = crate::sha1::sha1_hex(b"return +");
+    pair.same(&command(&[b"EVALSHA", &sha, b"0"]), "not cached");
+    // The error a script raised names the script and the line, as Redis's does.
+    let (real, sim) = pair.both(&eval(
+        "local x = 1\nreturn redis.call('get', 'z')",
+        &[],
+        &[],
+    ));
+    let sha = crate::sha1::sha1_hex(b"local x = 1\nreturn redis.call('get', 'z')");
+    let tail = format!(
+        " script: {}, on @user_script:2.",
+        String::from_utf8_lossy(&sha)
+    );
+    for reply in [&real, &sim] {
+        assert!(
+            matches!(reply, Value::Error(e) if e.starts_with(b"WRONGTYPE") && e.ends_with(tail.as_bytes())),
+            "{} against {}",
+            shown(&real),
+            shown(&sim)
+        );
+    }
+    println!("differential (Lua): {} commands compared", pair.compared);
+}
+
+/// Whether `cmd` is one `EVAL` or `EVALSHA`.
+fn is_script(cmd: &[u8]) -> bool {
+    let name = match resp::decode(cmd, &Limits::default()) {
+        Ok(Status::Complete((resp::Reply::Array(Some(items)), _))) => match items.first() {
+            Some(resp::Reply::Bulk(Some(name))) => name.to_ascii_uppercase(),
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    name == b"EVAL" || name == b"EVALSHA"
+}
+
+/// `INFO persistence`'s field `name`.
+fn persistence(real: &mut Real, name: &str) -> String {
+    let Value::Bulk(Some(info)) = real.call(&command(&[b"INFO", b"persistence"])) else {
+        panic!("INFO did not answer a bulk string");
+    };
+    let info = String::from_utf8_lossy(&info).into_owned();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// A node that refuses writes (a read-only replica, one whose background save failed, one over
+/// `maxmemory`) refuses its scripts' write commands as Redis does: `redis.call` raises the
+/// refusal, reads and `PUBLISH` still run, and over `maxmemory` only commands that add memory
+/// are refused, and only until the script's first write went through. Every lock script runs
+/// on the same state on both, with the refusal set on the simulated node, and the state must
+/// match afterwards.
+#[test]
+fn scripts_refuse_writes_like_redis_server() {
+    let server = RedisServer::start_with(&["--enable-protected-configs", "yes"])
+        .expect("start redis-server");
+    let mut admin = Real::connect(server.addr());
+    let tokens: [&[u8]; 3] = [
+        b"0000000000000000000000000000000000000001",
+        b"0000000000000000000000000000000000000002",
+        b"ffffffffffffffffffffffffffffffffffffffff",
+    ];
+    let ttl_ms = 100_000;
+    let rw = [
+        RwKeys::new(b"doc:a"),
+        RwKeys::new(b"{doc}:b"),
+        RwKeys::new(b"doc:c"),
+    ];
+    let sem = SemKeys::new(b"sem");
+    let fence = fence_key(b"f");
+    let writer_fence = fence_key(rw[2].writer());
+    let set: [&[u8]; 2] = [b"m:b", b"m:c"];
+    let free_set: [&[u8]; 2] = [b"m:d", b"m:e"];
+    let ids = |w: usize, t: usize| AttemptIds {
+        waiter: tokens[w],
+        token: tokens[t],
+    };
+    let joined = FairState::new(3, ttl_ms, Duration::ZERO);
+    joined.on_retry(Duration::ZERO);
+    let read = FenceRead::new();
+    let ok = Value::Simple(b"OK".to_vec());
+    for mode in ["READONLY", "OOM", "MISCONF"] {
+        let mut pair = Pair::new(&server);
+        pair.same(&command(&[b"FLUSHALL"]), "FLUSHALL");
+        // The state: a reader and a writer's intent on doc:a, a writer on {doc}:b, a mutex, a
+        // queue behind it, a semaphore holder, a fence counter, a set.
+        let setup: Vec<Vec<u8>> = vec![
+            encode(
+                &ReadAcquire {
+                    keys: &rw[0],
+                    token: tokens[0],
+                    ttl_ms,
+                    native: false,
+                },
+                ScriptForm::Body,
+            ),
+            encode(
+                &WriteAcquire {
+                    keys: &rw[0],
+                    ids: ids(1, 1),
+                    ttl_ms,
+                    intent_ms: ttl_ms,
+                },
+                ScriptForm::Body,
+            ),
+            encode(
+                &WriteAcquire {
+                    keys: &rw[1],
+                    ids: ids(1, 1),
+                    ttl_ms,
+                    intent_ms: 0,
+                },
+                ScriptForm::Body,
+            ),
+            encode(
+                &Acquire {
+                    key: b"m:a",
+                    token: tokens[0],
+                    ttl_ms,
+                },
+                ScriptForm::Body,
+            ),
+            encode(
+                &FairAcquire::new(b"m:a", ids(2, 2), ttl_ms, &joined),
+                ScriptForm::Body,
+            ),
+            encode(
+                &SemAcquire {
+                    keys: &sem,
+                    token: tokens[0],
+                    ttl_ms,
+                    capacity: 2,
+                },
+                ScriptForm::Body,
+            ),
+            encode(
+                &FencedAcquire {
+                    key: b"f",
+                    fence: &fence,
+                    token: tokens[0],
+                    ttl_ms,
+                    read: &read,
+                },
+                ScriptForm::Body,
+            ),
+            encode(
+                &AcquireAll {
+                    keys: &set,
+                    token: tokens[2],
+                    ttl_ms,
+                },
+                ScriptForm::Body,
+            ),
+        ];
+        for cmd in &setup {
+            pair.same(cmd, "setup");
+        }
+        // Enter the mode.
+        match mode {
+            "READONLY" => {
+                // A replica of a master that is not there keeps its data and refuses writes.
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .expect("a free port")
+                    .port()
+                    .to_string();
+                let r = admin.call(&command(&[b"REPLICAOF", b"127.0.0.1", port.as_bytes()]));
+                assert_eq!(r, ok, "REPLICAOF");
+                pair.sim.refusals.read_only = true;
+            }
+            "OOM" => {
+                let r = admin.call(&command(&[b"CONFIG", b"SET", b"maxmemory", b"1"]));
+                assert_eq!(r, ok, "CONFIG SET maxmemory");
+                pair.sim.refusals.oom = true;
+            }
+            _ => {
+                // A background save into a directory that is gone fails.
+                let gone = std::env::temp_dir().join(format!(
+                    "redlock-mux-misconf-{}-{}",
+                    std::process::id(),
+                    server.addr().port()
+                ));
+                std::fs::create_dir_all(&gone).expect("a directory");
+                let path = gone.to_string_lossy().into_owned();
+                let r = admin.call(&command(&[b"CONFIG", b"SET", b"dir", path.as_bytes()]));
+                assert_eq!(r, ok, "CONFIG SET dir");
+                // Writes are refused only where saves are configured.
+                let r = admin.call(&command(&[b"CONFIG", b"SET", b"save", b"3600 1"]));
+                assert_eq!(r, ok, "CONFIG SET save");
+                std::fs::remove_dir(&gone).expect("remove the directory");
+                admin.call(&command(&[b"BGSAVE"]));
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while persistence(&mut admin, "rdb_last_bgsave_status") != "err"
+                    || persistence(&mut admin, "rdb_bgsave_in_progress") != "0"
+                {
+                    assert!(std::time::Instant::now() < deadline, "BGSAVE did not fail");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                pair.sim.refusals.misconf = true;
+            }
+        }
+        let fair = |w: usize| {
+            let fair = FairState::new(5 + w as u64, ttl_ms, Duration::ZERO);
+            fair.on_retry(Duration::ZERO);
+            fair
+        };
+        let (f0, f1) = (fair(0), fair(1));
+        let ops: Vec<(&str, Vec<u8>)> = vec![
+            // Refused before any write: by the writer key, by the intent, by a held key.
+            (
+                "read acquire, writer holds",
+                encode(
+                    &ReadAcquire {
+                        keys: &rw[1],
+                        token: tokens[2],
+                        ttl_ms,
+                        native: false,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            // Prunes intents (a write, allowed over maxmemory), then refused by the live intent.
+            (
+                "read acquire, intent",
+                encode(
+                    &ReadAcquire {
+                        keys: &rw[0],
+                        token: tokens[2],
+                        ttl_ms,
+                        native: false,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            // Adds a reader: ZADD first, refused at once.
+            (
+                "read acquire, free",
+                encode(
+                    &ReadAcquire {
+                        keys: &rw[2],
+                        token: tokens[2],
+                        ttl_ms,
+                        native: false,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "fair read acquire",
+                encode(
+                    &FairRwAcquire::read(&rw[2], ids(0, 0), ttl_ms, &f0),
+                    ScriptForm::Sha,
+                ),
+            ),
+            // Prunes readers, then leaves an intent.
+            (
+                "write acquire, reader",
+                encode(
+                    &WriteAcquire {
+                        keys: &rw[0],
+                        ids: ids(2, 2),
+                        ttl_ms,
+                        intent_ms: ttl_ms,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "write acquire, free",
+                encode(
+                    &WriteAcquire {
+                        keys: &rw[2],
+                        ids: ids(2, 2),
+                        ttl_ms,
+                        intent_ms: 0,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "fair write acquire",
+                encode(
+                    &FairRwAcquire::write(&rw[2], ids(1, 1), ttl_ms, ttl_ms, &f1),
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "fenced write acquire",
+                encode(
+                    &FencedWriteAcquire {
+                        keys: &rw[2],
+                        fence: &writer_fence,
+                        ids: ids(0, 0),
+                        ttl_ms,
+                        intent_ms: 0,
+                        fair: None,
+                        read: &read,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "write cleanup",
+                encode(
+                    &WriteCleanup {
+                        resource: b"doc",
+                        keys: &rw[1],
+                        ids: ids(1, 1),
+                        intent_ms: ttl_ms,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "write release",
+                encode(
+                    &WriteRelease {
+                        resource: b"doc",
+                        keys: &rw[1],
+                        token: tokens[1],
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "reader release",
+                encode(
+                    &SetRelease {
+                        resource: b"doc",
+                        set: rw[0].readers(),
+                        token: tokens[0],
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "read extend",
+                encode(
+                    &ReadExtend {
+                        keys: &rw[0],
+                        token: tokens[0],
+                        ttl_ms: 2 * ttl_ms,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "downgrade",
+                encode(
+                    &Downgrade {
+                        resource: b"doc",
+                        keys: &rw[1],
+                        token: tokens[1],
+                        ttl_ms,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "downgrade undo",
+                encode(
+                    &DowngradeUndo {
+                        resource: b"doc",
+                        keys: &rw[1],
+                        token: tokens[1],
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "release",
+                encode(
+                    &Release {
+                        key: b"m:a",
+                        token: tokens[0],
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "release of another's",
+                encode(
+                    &Release {
+                        key: b"m:a",
+                        token: tokens[1],
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "extend",
+                encode(
+                    &Extend {
+                        key: b"m:a",
+                        token: tokens[0],
+                        ttl_ms: 2 * ttl_ms,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "fair acquire, queue",
+                encode(
+                    &FairAcquire::new(b"m:a", ids(1, 1), ttl_ms, &f1),
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "leave",
+                encode(
+                    &Leave {
+                        resource: b"m:a",
+                        keys: QueueKeys::Mutex(b"m:a"),
+                        kind: b"",
+                        waiter: tokens[2],
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "semaphore acquire",
+                encode(
+                    &SemAcquire {
+                        keys: &sem,
+                        token: tokens[1],
+                        ttl_ms,
+                        capacity: 2,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "fair semaphore acquire",
+                encode(
+                    &FairSemAcquire {
+                        keys: &sem,
+                        ids: ids(2, 2),
+                        ttl_ms,
+                        capacity: 2,
+                        fair: &f0,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "semaphore extend",
+                encode(
+                    &SemExtend {
+                        holders: sem.holders(),
+                        token: tokens[0],
+                        ttl_ms: 2 * ttl_ms,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "semaphore release",
+                encode(
+                    &SemRelease {
+                        resource: b"sem",
+                        holders: sem.holders(),
+                        token: tokens[0],
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "fenced acquire, held",
+                encode(
+                    &FencedAcquire {
+                        key: b"f",
+                        fence: &fence,
+                        token: tokens[1],
+                        ttl_ms,
+                        read: &read,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "fenced acquire, free",
+                encode(
+                    &FencedAcquire {
+                        key: b"g",
+                        fence: &fence_key(b"g"),
+                        token: tokens[1],
+                        ttl_ms,
+                        read: &read,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "fair fenced acquire",
+                encode(
+                    &FairFencedAcquire {
+                        key: b"f",
+                        fence: &fence,
+                        ids: ids(1, 1),
+                        ttl_ms,
+                        fair: &f1,
+                        read: &read,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "fence write",
+                encode(
+                    &FenceWrite {
+                        key: b"f",
+                        fence: &fence,
+                        token: tokens[0],
+                        value: 40,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "acquire all, held",
+                encode(
+                    &AcquireAll {
+                        keys: &set,
+                        token: tokens[0],
+                        ttl_ms,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "acquire all, free",
+                encode(
+                    &AcquireAll {
+                        keys: &free_set,
+                        token: tokens[0],
+                        ttl_ms,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "fair acquire all",
+                encode(
+                    &FairAcquireAll {
+                        keys: &free_set,
+                        ids: ids(0, 0),
+                        ttl_ms,
+                        fair: &f0,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "extend all",
+                encode(
+                    &ExtendAll {
+                        keys: &set,
+                        token: tokens[2],
+                        ttl_ms: 2 * ttl_ms,
+                    },
+                    ScriptForm::Sha,
+                ),
+            ),
+            (
+                "release all",
+                encode(&ReleaseAll::new(&set, tokens[2]), ScriptForm::Sha),
+            ),
+        ];
+        for (what, cmd) in &ops {
+            assert!(is_script(cmd), "{what}: not a script");
+            pair.same(cmd, &format!("{mode}: {what}"));
+        }
+        // The same state on both.
+        let keys: Vec<&[u8]> = vec![
+            rw[0].writer(),
+            rw[0].readers(),
+            rw[0].intents(),
+            rw[1].writer(),
+            rw[1].readers(),
+            rw[1].intents(),
+            rw[2].writer(),
+            rw[2].readers(),
+            rw[2].intents(),
+            b"m:a",
+            b"f",
+            b"g",
+            &fence,
+            set[0],
+            set[1],
+            free_set[0],
+            free_set[1],
+        ];
+        for key in keys {
+            pair.same(&command(&[b"EXISTS", key]), &format!("{mode}: EXISTS"));
+        }
+        for (key, member) in [(rw[0].readers(), tokens[0]), (rw[0].intents(), tokens[1])] {
+            pair.close_score(key, member);
+        }
+        pair.same(&command(&[b"GET", &fence]), &format!("{mode}: fence"));
+        pair.same(
+            &command(&[b"ZRANGE", sem.holders(), b"0", b"-1"]),
+            &format!("{mode}: holders"),
+        );
+        pair.same(
+            &command(&[b"ZRANGE", &queue_key(b"m:a"), b"0", b"-1"]),
+            &format!("{mode}: queue"),
+        );
+        // Leave the mode.
+        let back = match mode {
+            "READONLY" => admin.call(&command(&[b"REPLICAOF", b"NO", b"ONE"])),
+            "OOM" => admin.call(&command(&[b"CONFIG", b"SET", b"maxmemory", b"0"])),
+            _ => admin.call(&command(&[b"CONFIG", b"SET", b"save", b""])),
+        };
+        assert_eq!(back, ok, "{mode}: leaving the mode");
+        println!("differential ({mode}): {} commands compared", pair.compared);
+    }
+}

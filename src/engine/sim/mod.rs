@@ -11,7 +11,8 @@
 //! lock's [`KeptValidity`] for the keeper. The world only does what the driver does: it carries
 //! the bytes an endpoint writes over simulated TCP connections to N simulated servers
 //! ([`server::Server`] around [`node::Node`]: keys with expiry, sorted sets, hashes with field
-//! expiry, the scripts' semantics in Rust, the connection setup, `MULTI`, refused writes;
+//! expiry, the scripts' own Lua source run as Redis runs it, the connection setup, `MULTI`,
+//! refused writes;
 //! checked against a real `redis-server` by `diff.rs`), feeds the bytes they answer back,
 //! reports connects and failures, runs the endpoint's timers, and steps a caller's machine
 //! when its mailbox has what it needs or its deadline passes. What to send, in which form, to

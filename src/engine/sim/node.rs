@@ -1,6 +1,6 @@
 //! A simulated Redis node: strings, sorted sets and hashes with millisecond expiry (per key,
-//! and per hash field as Redis 8 has it), `MULTI`/`EXEC`, a script cache, and the lock scripts'
-//! semantics written in Rust.
+//! and per hash field as Redis 8 has it), `MULTI`/`EXEC`, a script cache, and the lock scripts
+//! run from their own Lua source (`lua.rs`).
 //!
 //! Hash fields expire as in Redis 8.2: reads (`HPTTL`) skip an expired field, `HRANDFIELD`
 //! deletes every expired field (and the hash, if none is left), `HPEXPIRE` and `HDEL` act on an
@@ -12,702 +12,16 @@
 //!
 //! It reads real RESP commands (the bytes `Op::encode` writes) and answers with real RESP
 //! replies, so the simulation runs the client's own encode and classify code. Only what the
-//! lock algorithms send is modelled; `diff.rs` checks it against a real `redis-server`.
-//!
-//! To model a new script, write its semantics as a [`ScriptFn`] over the node's primitives and
-//! add it to [`SCRIPT_MODELS`]; a test fails while any entry of `scripts::SCRIPTS` has no model.
+//! lock algorithms send, and what their scripts call, is modelled; `diff.rs` checks it against
+//! a real `redis-server`.
+
+mod lua;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::engine::ops::{Script, EXTEND, RELEASE};
-use crate::engine::{fair, fencing, multi, rw, sem};
 use crate::resp::{self, Limits, Reply, Status, Value};
-use crate::sha1::sha1_hex;
 
-/// A script's semantics: `(node, KEYS, ARGV) -> reply`. `Err` is an error reply, as a Lua
-/// error raised by `redis.call` (or returned by `redis.error_reply`) would be; effects made
-/// before it stay, as in Redis, which does not roll a script back.
-pub(crate) type ScriptFn = fn(&mut Node, &[&[u8]], &[&[u8]]) -> Result<Value, Value>;
-
-/// Every script the simulation knows, by digest.
-pub(crate) static SCRIPT_MODELS: &[(&Script, ScriptFn)] = &[
-    (&RELEASE, release_script),
-    (&EXTEND, extend_script),
-    (&fair::FAIR_ACQUIRE, fair_acquire_script),
-    (&fair::LEAVE, leave_script),
-    (&rw::WRITE_ACQUIRE, write_acquire_script),
-    (&rw::FAIR_WRITE_ACQUIRE, fair_write_acquire_script),
-    (&rw::FAIR_READ_ACQUIRE, fair_read_acquire_script),
-    (&rw::WRITE_CLEANUP, write_cleanup_script),
-    (&rw::READ_ACQUIRE, read_acquire_script),
-    (&rw::SET_RELEASE, set_release_script),
-    (&rw::READ_EXTEND, read_extend_script),
-    (&rw::DOWNGRADE, downgrade_script),
-    (&rw::DOWNGRADE_UNDO, downgrade_undo_script),
-    (&multi::ACQUIRE_ALL, acquire_all_script),
-    (&multi::RELEASE_ALL, release_all_script),
-    (&multi::EXTEND_ALL, extend_all_script),
-    (&fencing::FENCED_ACQUIRE, fenced_acquire_script),
-    (&fencing::FAIR_FENCED_ACQUIRE, fair_fenced_acquire_script),
-    (&fencing::FENCED_WRITE_ACQUIRE, fenced_write_acquire_script),
-    (
-        &fencing::FAIR_FENCED_WRITE_ACQUIRE,
-        fair_fenced_write_acquire_script,
-    ),
-    (&multi::FAIR_ACQUIRE_ALL, fair_acquire_all_script),
-    (&fencing::FENCE_WRITE, fence_write_script),
-    (&sem::SEM_ACQUIRE, sem_acquire_script),
-    (&sem::FAIR_SEM_ACQUIRE, fair_sem_acquire_script),
-    (&sem::SEM_COUNT, sem_count_script),
-    (&sem::SEM_RELEASE, sem_release_script),
-];
-
-/// A script's `KEYS` and `ARGV`.
-type KeysArgs<'a, 'b> = (&'b [&'a [u8]], &'b [&'a [u8]]);
-
-/// `KEYS[1..=n]` and `ARGV[1..=m]`, or the error Redis raises when a script passes `nil` to
-/// `redis.call`.
-fn need<'a, 'b>(
-    what: &str,
-    keys: &'b [&'a [u8]],
-    n: usize,
-    args: &'b [&'a [u8]],
-    m: usize,
-) -> Result<KeysArgs<'a, 'b>, Value> {
-    if keys.len() < n || args.len() < m {
-        return Err(script_error(&format!(
-            "{what}: {n} KEYS and {m} ARGV are required"
-        )));
-    }
-    Ok((&keys[..n], &args[..m]))
-}
-
-/// Lua's `tonumber` of a script argument, where the script goes on to compare it.
-fn lua_number(what: &str, b: &[u8]) -> Result<f64, Value> {
-    lua_tonumber(b).ok_or_else(|| script_error(&format!("{what}: not a number")))
-}
-
-/// `if get(K) == token then del(K); publish(channel, token[..16]); return 1 else return 0 end`
-fn release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("release", keys, 1, args, 2)?;
-    if node.get(k[0])? == Some(a[0]) {
-        node.del(k[0]);
-        node.publish(a[1], a[0]);
-        Ok(Value::Integer(1))
-    } else {
-        Ok(Value::Integer(0))
-    }
-}
-
-/// `if get(K) == token then return pexpire(K, ttl) else return 0 end`
-fn extend_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("extend", keys, 1, args, 2)?;
-    if node.get(k[0])? == Some(a[0]) {
-        node.pexpire(k[0], a[1])
-    } else {
-        Ok(Value::Integer(0))
-    }
-}
-
-/// `SET key value NX PX ttl` as a script calls it: whether it was set.
-fn set_nx_px(node: &mut Node, key: &[u8], value: &[u8], ttl: &[u8]) -> Result<bool, Value> {
-    match node.set_command(&[key, value, b"NX", b"PX", ttl]) {
-        Value::Error(e) => Err(Value::Error(e)),
-        reply => Ok(reply != Value::Bulk(None)),
-    }
-}
-
-/// `if PTTL(key) < ttl then PEXPIRE(key, ttl) end`
-fn keep_ttl_at_least(node: &mut Node, key: &[u8], ttl: f64) -> Result<(), Value> {
-    if (node.pttl(key) as f64) < ttl {
-        node.pexpire_ms(key, ttl as i64);
-    }
-    Ok(())
-}
-
-/// The queue gate every fair acquire script starts with (`scripts/fair_gate.lua`): the
-/// queue and its expiries are the last two KEYS, waiter id, ticket, entry TTL and join the last
-/// four ARGV, the entry is `kind` followed by the waiter id. A refusal comes back as
-/// `Ok(Err(rank))`, the script answering `2 + rank`; `Ok(Ok((entry, queued)))` lets the body
-/// run.
-fn fair_gate(
-    node: &mut Node,
-    keys: &[&[u8]],
-    args: &[&[u8]],
-    kind: &[u8],
-    readers_share: bool,
-) -> Result<Result<(Vec<u8>, bool), i64>, Value> {
-    let (qk, xk) = (keys[keys.len() - 2], keys[keys.len() - 1]);
-    let n = args.len();
-    let (ticket, ettl, join) = (args[n - 3], args[n - 2], args[n - 1]);
-    let entry = [kind, args[n - 4]].concat();
-    let now = node.now;
-    for dead in node.zrange_by_score(xk, f64::NEG_INFINITY, now as f64)? {
-        node.zrem(qk, &[&dead])?;
-        node.zrem(xk, &[&dead])?;
-    }
-    if join != b"1" && node.zcard(qk)? == 0 {
-        return Ok(Ok((entry, false)));
-    }
-    let ettl = lua_number("fair gate", ettl)?;
-    node.zadd(&[qk, ticket, &entry])?;
-    node.zadd_score(xk, now as f64 + ettl, &entry, false)?;
-    keep_ttl_at_least(node, qk, ettl)?;
-    keep_ttl_at_least(node, xk, ettl)?;
-    let ahead: Vec<Vec<u8>> = node
-        .zrange(qk, 0, -1)?
-        .into_iter()
-        .take_while(|e| *e != entry)
-        .collect();
-    // How many entries ahead must leave first: all of them, or for a reader those up to and
-    // including the last writer ahead.
-    let rank = if readers_share {
-        ahead
-            .iter()
-            .rposition(|e| e.first() == Some(&b'w'))
-            .map_or(0, |i| i + 1)
-    } else {
-        ahead.len()
-    };
-    Ok(if rank == 0 {
-        Ok((entry, true))
-    } else {
-        Err(rank as i64)
-    })
-}
-
-/// The answer of a fair script that the gate refused: `2 + rank`.
-fn queued_behind(rank: i64) -> Value {
-    Value::Integer(2 + rank)
-}
-
-/// What a fair script answers once the gate let its body run: `won()` takes the entry out of
-/// the queue; `refused()` is 2 (queued at rank 0) when the waiter is queued, else 0.
-fn fair_outcome(
-    node: &mut Node,
-    keys: &[&[u8]],
-    (entry, queued): (Vec<u8>, bool),
-    won: bool,
-) -> Result<Value, Value> {
-    if won {
-        node.zrem(keys[keys.len() - 2], &[&entry])?;
-        node.zrem(keys[keys.len() - 1], &[&entry])?;
-        return Ok(Value::Integer(1));
-    }
-    Ok(Value::Integer(if queued { 2 } else { 0 }))
-}
-
-/// [`fair::FAIR_ACQUIRE`]: KEYS lock, queue, expiries; ARGV token, ttl, waiter, ticket, entry
-/// TTL, join.
-fn fair_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("fair acquire", keys, 3, args, 6)?;
-    let gate = match fair_gate(node, k, a, b"", false)? {
-        Ok(gate) => gate,
-        Err(rank) => return Ok(queued_behind(rank)),
-    };
-    let won = set_nx_px(node, k[0], a[0], a[1])?;
-    fair_outcome(node, k, gate, won)
-}
-
-/// [`sem::SEM_ACQUIRE`]: KEYS holders; ARGV token, ttl, capacity.
-fn sem_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("semaphore acquire", keys, 1, args, 3)?;
-    Ok(Value::Integer(i64::from(sem_acquire_body(node, k, a)?)))
-}
-
-/// [`sem::FAIR_SEM_ACQUIRE`]: [`sem::SEM_ACQUIRE`] behind the gate, only the head going.
-/// KEYS holders, queue, expiries; ARGV token, ttl, capacity, waiter, ticket, entry TTL, join.
-fn fair_sem_acquire_script(
-    node: &mut Node,
-    keys: &[&[u8]],
-    args: &[&[u8]],
-) -> Result<Value, Value> {
-    let (k, a) = need("fair semaphore acquire", keys, 3, args, 7)?;
-    let gate = match fair_gate(node, k, a, b"", false)? {
-        Ok(gate) => gate,
-        Err(rank) => return Ok(queued_behind(rank)),
-    };
-    let won = sem_acquire_body(node, k, a)?;
-    fair_outcome(node, k, gate, won)
-}
-
-/// The body of a semaphore acquire: whether the holder went in.
-fn sem_acquire_body(node: &mut Node, k: &[&[u8]], a: &[&[u8]]) -> Result<bool, Value> {
-    let cap = lua_number("semaphore acquire", a[2])?;
-    let mark = node.zscore(k[0], b"=")?;
-    if let Some(m) = mark {
-        if -m != cap {
-            return Err(Value::Error(
-                format!(
-                    "ERR redlock-mux semaphore has {} permits, not {}",
-                    -m as i64, cap as i64
-                )
-                .into_bytes(),
-            ));
-        }
-    }
-    let now = node.now as f64;
-    node.zrem_range_by_score(k[0], f64::MIN_POSITIVE, now)?;
-    if live_holders(node, k[0], 0.0)? as f64 >= cap {
-        return Ok(false);
-    }
-    let ttl = lua_number("semaphore acquire", a[1])?;
-    node.zadd_score(k[0], now + ttl, a[0], false)?;
-    if mark.is_none() {
-        node.zadd_score(k[0], -cap, b"=", false)?;
-    }
-    keep_ttl_at_least(node, k[0], ttl)?;
-    Ok(true)
-}
-
-/// `ZCOUNT key (after +inf`.
-fn live_holders(node: &mut Node, key: &[u8], after: f64) -> Result<i64, Value> {
-    Ok(node
-        .zset(key)?
-        .map_or(0, |z| z.values().filter(|s| **s > after).count() as i64))
-}
-
-/// [`sem::SEM_RELEASE`]: KEYS holders; ARGV token, wake channel.
-fn sem_release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("semaphore release", keys, 1, args, 2)?;
-    if node.zrem(k[0], &[a[0]])? == 0 {
-        return Ok(Value::Integer(0));
-    }
-    let now = node.now as f64;
-    if live_holders(node, k[0], now)? == 0 {
-        node.del(k[0]);
-    }
-    node.publish(a[1], a[0]);
-    Ok(Value::Integer(1))
-}
-
-/// [`sem::SEM_COUNT`]: KEYS holders.
-fn sem_count_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, _) = need("semaphore count", keys, 1, args, 0)?;
-    let now = node.now as f64;
-    Ok(Value::Integer(live_holders(node, k[0], now)?))
-}
-
-/// [`rw::FAIR_WRITE_ACQUIRE`]: [`rw::WRITE_ACQUIRE`] behind the gate. KEYS writer, readers,
-/// intents, queue, expiries; ARGV token, ttl, intent ms, waiter, ticket, entry TTL, join.
-fn fair_write_acquire_script(
-    node: &mut Node,
-    keys: &[&[u8]],
-    args: &[&[u8]],
-) -> Result<Value, Value> {
-    let (k, a) = need("fair write acquire", keys, 5, args, 7)?;
-    let gate = match fair_gate(node, k, a, b"w", false)? {
-        Ok(gate) => gate,
-        Err(rank) => return Ok(queued_behind(rank)),
-    };
-    let won = write_acquire_body(node, k, a)?;
-    fair_outcome(node, k, gate, won)
-}
-
-/// [`rw::FAIR_READ_ACQUIRE`]: [`rw::READ_ACQUIRE`] behind the gate, readers at the head
-/// sharing. KEYS writer, readers, intents, queue, expiries; ARGV token, ttl, unused, waiter,
-/// ticket, entry TTL, join.
-fn fair_read_acquire_script(
-    node: &mut Node,
-    keys: &[&[u8]],
-    args: &[&[u8]],
-) -> Result<Value, Value> {
-    let (k, a) = need("fair read acquire", keys, 5, args, 7)?;
-    let gate = match fair_gate(node, k, a, b"r", true)? {
-        Ok(gate) => gate,
-        Err(rank) => return Ok(queued_behind(rank)),
-    };
-    // A reader the queue let through is not held back by intents.
-    let won = read_acquire_body(node, k, a, !gate.1)?;
-    fair_outcome(node, k, gate, won)
-}
-
-/// [`fair::LEAVE`]: KEYS lock, queue, expiries; ARGV token, wake channel.
-fn leave_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("leave", keys, 3, args, 2)?;
-    let gone = node.zrem(k[1], &[a[0]])?;
-    node.zrem(k[2], &[a[0]])?;
-    if gone == 1 && !node.exists(k[0]) {
-        node.publish(a[1], a[0]);
-    }
-    Ok(Value::Integer(gone))
-}
-
-/// [`rw::WRITE_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl, intent ms, waiter.
-fn write_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("write acquire", keys, 3, args, 4)?;
-    Ok(Value::Integer(i64::from(write_acquire_body(node, k, a)?)))
-}
-
-/// The body of a write acquire: whether it took the writer key.
-fn write_acquire_body(node: &mut Node, k: &[&[u8]], a: &[&[u8]]) -> Result<bool, Value> {
-    let now = node.now as f64;
-    let mut free = !node.exists(k[0]) && !node.exists(k[1]);
-    if !free && !node.exists(k[0]) {
-        node.zrem_range_by_score(k[1], f64::NEG_INFINITY, now)?;
-        free = !node.exists(k[1]);
-    }
-    let intent = lua_number("write acquire", a[2])?;
-    if free {
-        if let Value::Error(e) = node.set_command(&[k[0], a[0], b"px", a[1]]) {
-            return Err(Value::Error(e));
-        }
-        if intent > 0.0 {
-            node.zrem(k[2], &[a[3]])?;
-        }
-        return Ok(true);
-    }
-    if intent > 0.0 {
-        node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
-        node.zadd_score(k[2], now + intent, a[3], false)?;
-        keep_ttl_at_least(node, k[2], intent)?;
-    }
-    Ok(false)
-}
-
-/// [`rw::WRITE_CLEANUP`]: KEYS writer, intents; ARGV token, wake channel, intent ms, waiter.
-fn write_cleanup_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("write cleanup", keys, 2, args, 4)?;
-    if node.get(k[0])? == Some(a[0]) {
-        node.del(k[0]);
-        node.publish(a[1], a[0]);
-    }
-    let intent = lua_number("write cleanup", a[2])?;
-    if intent > 0.0 {
-        node.zadd_score(k[1], node.now as f64 + intent, a[3], false)?;
-        keep_ttl_at_least(node, k[1], intent)?;
-    }
-    Ok(Value::Integer(1))
-}
-
-/// [`rw::READ_ACQUIRE`]: KEYS writer, readers, intents; ARGV token, ttl.
-fn read_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("read acquire", keys, 3, args, 2)?;
-    Ok(Value::Integer(i64::from(read_acquire_body(
-        node, k, a, true,
-    )?)))
-}
-
-/// The body of a read acquire: whether the reader went in.
-fn read_acquire_body(
-    node: &mut Node,
-    k: &[&[u8]],
-    a: &[&[u8]],
-    heed_intents: bool,
-) -> Result<bool, Value> {
-    let now = node.now as f64;
-    if node.exists(k[0]) {
-        return Ok(false);
-    }
-    if heed_intents && node.exists(k[2]) {
-        node.zrem_range_by_score(k[2], f64::NEG_INFINITY, now)?;
-        if node.exists(k[2]) {
-            return Ok(false);
-        }
-    }
-    let ttl = lua_number("read acquire", a[1])?;
-    node.zrem_range_by_score(k[1], f64::NEG_INFINITY, now)?;
-    node.zadd_score(k[1], now + ttl, a[0], false)?;
-    keep_ttl_at_least(node, k[1], ttl)?;
-    Ok(true)
-}
-
-/// [`rw::SET_RELEASE`]: KEYS set; ARGV token, wake channel.
-fn set_release_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("set release", keys, 1, args, 2)?;
-    if node.zrem(k[0], &[a[0]])? == 1 {
-        node.publish(a[1], a[0]);
-        Ok(Value::Integer(1))
-    } else {
-        Ok(Value::Integer(0))
-    }
-}
-
-/// [`rw::READ_EXTEND`]: KEYS readers; ARGV token, ttl.
-fn read_extend_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("read extend", keys, 1, args, 2)?;
-    let now = node.now as f64;
-    match node.zscore(k[0], a[0])? {
-        Some(s) if s > now => {}
-        _ => return Ok(Value::Integer(0)),
-    }
-    let ttl = lua_number("read extend", a[1])?;
-    node.zadd_score(k[0], now + ttl, a[0], true)?;
-    keep_ttl_at_least(node, k[0], ttl)?;
-    Ok(Value::Integer(1))
-}
-
-/// [`rw::DOWNGRADE`]: KEYS writer, readers; ARGV token, ttl, wake channel.
-fn downgrade_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("downgrade", keys, 2, args, 3)?;
-    if node.get(k[0])? != Some(a[0]) {
-        return Ok(Value::Integer(0));
-    }
-    let now = node.now as f64;
-    let ttl = lua_number("downgrade", a[1])?;
-    node.del(k[0]);
-    node.zadd_score(k[1], now + ttl, a[0], false)?;
-    keep_ttl_at_least(node, k[1], ttl)?;
-    node.publish(a[2], a[0]);
-    Ok(Value::Integer(1))
-}
-
-/// [`rw::DOWNGRADE_UNDO`]: KEYS writer, readers; ARGV token, wake channel.
-fn downgrade_undo_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("downgrade undo", keys, 2, args, 2)?;
-    let mut n = node.zrem(k[1], &[a[0]])?;
-    if node.get(k[0])? == Some(a[0]) {
-        node.del(k[0]);
-        n += 1;
-    }
-    if n > 0 {
-        node.publish(a[1], a[0]);
-    }
-    Ok(Value::Integer(n))
-}
-
-/// [`multi::ACQUIRE_ALL`]: KEYS the set; ARGV token, ttl.
-fn acquire_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (_, a) = need("acquire all", keys, 0, args, 2)?;
-    if keys.iter().any(|k| node.exists(k)) {
-        return Ok(Value::Integer(0));
-    }
-    for k in keys {
-        if let Value::Error(e) = node.set_command(&[k, a[0], b"PX", a[1]]) {
-            return Err(Value::Error(e));
-        }
-    }
-    Ok(Value::Integer(1))
-}
-
-/// [`multi::RELEASE_ALL`]: KEYS the set; ARGV token, then each key's wake channel.
-fn release_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (_, a) = need("release all", keys, 0, args, 1)?;
-    let mut n = 0;
-    for (i, k) in keys.iter().enumerate() {
-        // `pcall('get')`: a key of another type is not ours, and does not stop the script.
-        if node.get(k) == Ok(Some(a[0])) {
-            node.del(k);
-            let Some(channel) = args.get(i + 1) else {
-                return Err(script_error(
-                    "release all: a wake channel per key is required",
-                ));
-            };
-            node.publish(channel, a[0]);
-            n += 1;
-        }
-    }
-    Ok(Value::Integer(n))
-}
-
-/// [`multi::EXTEND_ALL`]: KEYS the set; ARGV token, ttl.
-fn extend_all_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (_, a) = need("extend all", keys, 0, args, 2)?;
-    for k in keys {
-        // `pcall('get')`: a key of another type is not ours.
-        if node.get(k) != Ok(Some(a[0])) {
-            return Ok(Value::Integer(0));
-        }
-    }
-    for k in keys {
-        node.pexpire(k, a[1])?;
-    }
-    Ok(Value::Integer(1))
-}
-
-/// The fence counter at `fence`, checked as `fence_check.lua` does before anything is set.
-fn fence_counter(node: &mut Node, fence: &[u8]) -> Result<f64, Value> {
-    let n = match node.get(fence)? {
-        None => 0.0,
-        Some(f) => match lua_tonumber(f) {
-            Some(n) if n >= 0.0 && n == n.floor() => n,
-            _ => return Err(err("ERR fence counter is not a whole number")),
-        },
-    };
-    if n >= 9_007_199_254_740_991.0 {
-        return Err(err("ERR fence counter exhausted"));
-    }
-    Ok(n)
-}
-
-/// `fence_grant.lua` after a fair `attempt()` that answered `attempt`: a queued refusal at
-/// `2 + rank` is `-1 - rank`.
-fn fence_grant_after(
-    node: &mut Node,
-    fence: &[u8],
-    n: f64,
-    attempt: Value,
-) -> Result<Value, Value> {
-    match attempt {
-        Value::Integer(1) => fence_grant(node, fence, n, true),
-        Value::Integer(a) if a > 2 => Ok(Value::Integer(1 - a)),
-        _ => fence_grant(node, fence, n, false),
-    }
-}
-
-/// `fence_grant.lua`: the counter `n` at `fence` raised and returned when the attempt `taken`,
-/// else -1.
-fn fence_grant(node: &mut Node, fence: &[u8], n: f64, taken: bool) -> Result<Value, Value> {
-    if !taken {
-        return Ok(Value::Integer(-1));
-    }
-    let n = n as i64 + 1;
-    node.set_command(&[fence, n.to_string().as_bytes()]);
-    Ok(Value::Integer(n))
-}
-
-/// [`fencing::FENCED_ACQUIRE`]: KEYS lock, fence counter; ARGV token, ttl.
-fn fenced_acquire_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("fenced acquire", keys, 2, args, 2)?;
-    let n = fence_counter(node, k[1])?;
-    let taken = set_nx_px(node, k[0], a[0], a[1])?;
-    fence_grant(node, k[1], n, taken)
-}
-
-/// [`fencing::FAIR_FENCED_ACQUIRE`]: [`fair::FAIR_ACQUIRE`], fenced. KEYS lock, fence counter,
-/// queue, expiries; ARGV token, ttl, waiter, ticket, entry TTL, join.
-fn fair_fenced_acquire_script(
-    node: &mut Node,
-    keys: &[&[u8]],
-    args: &[&[u8]],
-) -> Result<Value, Value> {
-    let (k, a) = need("fair fenced acquire", keys, 4, args, 6)?;
-    let n = fence_counter(node, k[1])?;
-    let attempt = match fair_gate(node, k, a, b"", false)? {
-        Err(rank) => queued_behind(rank),
-        Ok(gate) => {
-            let won = set_nx_px(node, k[0], a[0], a[1])?;
-            fair_outcome(node, k, gate, won)?
-        }
-    };
-    fence_grant_after(node, k[1], n, attempt)
-}
-
-/// [`fencing::FENCED_WRITE_ACQUIRE`]: [`rw::WRITE_ACQUIRE`], fenced on the writer key. KEYS
-/// writer, readers, intents, fence counter; ARGV token, ttl, intent ms, waiter.
-fn fenced_write_acquire_script(
-    node: &mut Node,
-    keys: &[&[u8]],
-    args: &[&[u8]],
-) -> Result<Value, Value> {
-    let (k, a) = need("fenced write acquire", keys, 4, args, 4)?;
-    let n = fence_counter(node, k[3])?;
-    let taken = write_acquire_body(node, k, a)?;
-    fence_grant(node, k[3], n, taken)
-}
-
-/// [`fencing::FAIR_FENCED_WRITE_ACQUIRE`]: [`rw::FAIR_WRITE_ACQUIRE`], fenced on the writer
-/// key. KEYS writer, readers, intents, fence counter, queue, expiries; ARGV token, ttl, intent
-/// ms, waiter, ticket, entry TTL, join.
-fn fair_fenced_write_acquire_script(
-    node: &mut Node,
-    keys: &[&[u8]],
-    args: &[&[u8]],
-) -> Result<Value, Value> {
-    let (k, a) = need("fair fenced write acquire", keys, 6, args, 7)?;
-    let n = fence_counter(node, k[3])?;
-    let attempt = match fair_gate(node, k, a, b"w", false)? {
-        Err(rank) => queued_behind(rank),
-        Ok(gate) => {
-            let won = write_acquire_body(node, k, a)?;
-            fair_outcome(node, k, gate, won)?
-        }
-    };
-    fence_grant_after(node, k[3], n, attempt)
-}
-
-/// [`multi::FAIR_ACQUIRE_ALL`]: KEYS the set, then each key's queue and expiries in pairs;
-/// ARGV token, ttl, waiter, ticket, entry TTL, join.
-fn fair_acquire_all_script(
-    node: &mut Node,
-    keys: &[&[u8]],
-    args: &[&[u8]],
-) -> Result<Value, Value> {
-    let (_, a) = need("fair acquire all", keys, 0, args, 6)?;
-    let n = keys.len() / 3;
-    let (waiter, ticket, join) = (a[2], a[3], a[5]);
-    let ettl = lua_number("fair acquire all", a[4])?;
-    let now = node.now;
-    let (mut queued, mut rank) = (false, 0);
-    for i in 0..n {
-        let (qk, xk) = (keys[n + 2 * i], keys[n + 2 * i + 1]);
-        for dead in node.zrange_by_score(xk, f64::NEG_INFINITY, now as f64)? {
-            node.zrem(qk, &[&dead])?;
-            node.zrem(xk, &[&dead])?;
-        }
-        if join == b"1" || node.zcard(qk)? > 0 {
-            queued = true;
-            node.zadd(&[qk, ticket, waiter])?;
-            node.zadd_score(xk, now as f64 + ettl, waiter, false)?;
-            keep_ttl_at_least(node, qk, ettl)?;
-            keep_ttl_at_least(node, xk, ettl)?;
-            let r = node
-                .zrange(qk, 0, -1)?
-                .iter()
-                .position(|e| e.as_slice() == waiter)
-                .unwrap_or(0);
-            rank = rank.max(r);
-        }
-    }
-    if rank > 0 {
-        return Ok(queued_behind(rank as i64));
-    }
-    if keys[..n].iter().any(|k| node.exists(k)) {
-        return Ok(Value::Integer(if queued { 2 } else { 0 }));
-    }
-    for k in &keys[..n] {
-        if let Value::Error(e) = node.set_command(&[k, a[0], b"PX", a[1]]) {
-            return Err(Value::Error(e));
-        }
-    }
-    for i in 0..n {
-        node.zrem(keys[n + 2 * i], &[waiter])?;
-        node.zrem(keys[n + 2 * i + 1], &[waiter])?;
-    }
-    Ok(Value::Integer(1))
-}
-
-/// [`fencing::FENCE_WRITE`]: KEYS lock, fence counter; ARGV token, value.
-fn fence_write_script(node: &mut Node, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, Value> {
-    let (k, a) = need("fence write", keys, 2, args, 2)?;
-    if node.get(k[0])? != Some(a[0]) {
-        return Ok(Value::Integer(0));
-    }
-    let n = match node.get(k[1])? {
-        None => 0.0,
-        Some(f) => lua_tonumber(f).ok_or_else(|| err("ERR fence counter is not a whole number"))?,
-    };
-    if lua_number("fence write", a[1])? > n {
-        node.set_command(&[k[1], a[1]]);
-    }
-    Ok(Value::Integer(1))
-}
-
-/// Lua 5.1's `tonumber` of a string (`strtod`, or hex after `0x`, surrounding spaces allowed).
-fn lua_tonumber(b: &[u8]) -> Option<f64> {
-    let s = std::str::from_utf8(b)
-        .ok()?
-        .trim_matches(|c: char| c.is_ascii_whitespace());
-    let (neg, digits) = match s.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, s.strip_prefix('+').unwrap_or(s)),
-    };
-    if let Some(hex) = digits
-        .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
-    {
-        let v = u64::from_str_radix(hex, 16).ok()? as f64;
-        return Some(if neg { -v } else { v });
-    }
-    if digits.is_empty() || digits.starts_with(['+', '-']) {
-        return None;
-    }
-    s.parse::<f64>().ok()
-}
-
-fn script_error(what: &str) -> Value {
-    Value::Error(format!("ERR simulated script: {what}").into_bytes())
-}
+pub(crate) use lua::Refusals;
 
 fn err(message: &str) -> Value {
     Value::Error(message.as_bytes().to_vec())
@@ -748,6 +62,8 @@ struct Entry {
 pub(crate) struct Node {
     data: BTreeMap<Vec<u8>, Entry>,
     scripts: BTreeSet<[u8; 40]>,
+    /// What this node refuses to the write commands of its scripts (see [`Refusals`]).
+    pub refusals: Refusals,
     /// This node's wall clock in ms, set by the caller before each command.
     now: i64,
     /// Messages published (release announcements).
@@ -757,10 +73,6 @@ pub(crate) struct Node {
     /// How long after its last field expired the expiry cycle deletes a hash nobody touched;
     /// `None`: never (active expiry off).
     pub hash_expiry_lag: Option<i64>,
-    /// Whether a write command was called since this was last reset, and if so whether the
-    /// first one may grow memory (`denyoom` in Redis's command table): what a server that
-    /// refuses writes looks at in a script (see `server.rs`).
-    pub first_write: Option<bool>,
 }
 
 impl Node {
@@ -831,17 +143,6 @@ impl Node {
     /// A restart that reloads the data from disk: only the script cache is lost.
     pub fn forget_scripts(&mut self) {
         self.scripts.clear();
-    }
-
-    /// Takes the script cache of `other` (what a script that was stopped brought to the cache
-    /// stays there).
-    pub fn adopt_scripts(&mut self, other: Node) {
-        self.scripts = other.scripts;
-    }
-
-    /// A write command is called (`denyoom`: one that may grow memory).
-    fn wrote(&mut self, denyoom: bool) {
-        self.first_write.get_or_insert(denyoom);
     }
 
     /// Whether some key holds a hash: a Redis 7 server cannot load this data (hash fields with
@@ -981,9 +282,10 @@ impl Node {
             }),
             b"EVAL" | b"EVALSHA" if rest.len() >= 2 => Ok(self.eval(name == b"EVAL", rest)),
             b"SCRIPT" if rest.len() == 2 && rest[0].eq_ignore_ascii_case(b"LOAD") => {
-                let sha = sha1_hex(rest[1]);
-                self.scripts.insert(sha);
-                Ok(Value::Bulk(Some(sha.to_vec())))
+                lua::load(rest[1]).map(|sha| {
+                    self.scripts.insert(sha);
+                    Value::Bulk(Some(sha.to_vec()))
+                })
             }
             b"FLUSHALL" => {
                 self.data.clear();
@@ -1005,7 +307,6 @@ impl Node {
 
     /// `SET key value [NX|XX] [PX ms|EX s]`
     fn set_command(&mut self, args: &[&[u8]]) -> Value {
-        self.wrote(true);
         let (key, value) = (args[0], args[1]);
         let (mut nx, mut xx, mut px) = (false, false, None);
         let mut i = 2;
@@ -1047,22 +348,8 @@ impl Node {
         Value::Simple(b"OK".to_vec())
     }
 
+    /// `EVAL` and `EVALSHA`: the script's own source, run by [`lua`].
     fn eval(&mut self, by_body: bool, args: &[&[u8]]) -> Value {
-        let sha = if by_body {
-            let sha = sha1_hex(args[0]);
-            // Redis 7.0 caches the body of every EVAL, so a later EVALSHA finds it.
-            self.scripts.insert(sha);
-            sha
-        } else {
-            let mut sha = [0u8; 40];
-            if args[0].len() == 40 {
-                sha.copy_from_slice(&args[0].to_ascii_lowercase());
-            }
-            if !self.scripts.contains(&sha) {
-                return err("NOSCRIPT No matching script. Please use EVAL.");
-            }
-            sha
-        };
         let Some(numkeys) = parse_i64(args[1]) else {
             return err(NOT_INTEGER);
         };
@@ -1074,10 +361,26 @@ impl Node {
                 "ERR Number of keys can't be greater than number of args"
             });
         };
-        let Some((_, model)) = SCRIPT_MODELS.iter().find(|(s, _)| s.sha == sha) else {
-            return script_error("no model for this script");
+        let sha = if by_body {
+            // Redis caches the body of every EVAL, so a later EVALSHA finds it.
+            match lua::load(args[0]) {
+                Ok(sha) => {
+                    self.scripts.insert(sha);
+                    sha
+                }
+                Err(e) => return e,
+            }
+        } else {
+            let mut sha = [0u8; 40];
+            if args[0].len() == 40 {
+                sha.copy_from_slice(&args[0].to_ascii_lowercase());
+            }
+            if !self.scripts.contains(&sha) {
+                return err("NOSCRIPT No matching script. Please use EVAL.");
+            }
+            sha
         };
-        model(self, &rest[..numkeys], &rest[numkeys..]).unwrap_or_else(|e| e)
+        lua::run(self, &sha, &rest[..numkeys], &rest[numkeys..])
     }
 
     /// The live entry at `key`, dropping it first if it has expired (for a hash whose fields
@@ -1139,7 +442,6 @@ impl Node {
 
     /// `HSETEX key PX ms FIELDS n field value ...` (the only form the locks send): 1.
     fn hsetex(&mut self, args: &[&[u8]]) -> Result<Value, Value> {
-        self.wrote(true);
         let key = args[0];
         if !args[1].eq_ignore_ascii_case(b"PX") {
             return Err(err("ERR syntax error"));
@@ -1170,7 +472,6 @@ impl Node {
     /// expired but was not deleted yet gets the new expiry too (see `engine::rw` for why that
     /// is harmless).
     fn hpexpire(&mut self, args: &[&[u8]]) -> Result<Value, Value> {
-        self.wrote(false);
         let key = args[0];
         let ms = parse_i64(args[1])
             .filter(|&ms| ms >= 0)
@@ -1219,7 +520,6 @@ impl Node {
     /// `HDEL key field ...`: fields deleted (an expired one not deleted yet counts, as in
     /// Redis 8.2); an emptied hash is deleted.
     pub fn hdel(&mut self, key: &[u8], fields: &[&[u8]]) -> Result<i64, Value> {
-        self.wrote(false);
         let mut deleted = 0;
         for f in fields {
             if self.field_present(key, f)? {
@@ -1263,7 +563,6 @@ impl Node {
 
     /// `DEL` of one key: whether it existed.
     pub fn del(&mut self, key: &[u8]) -> bool {
-        self.wrote(false);
         self.entry(key).is_some() && self.data.remove(key).is_some()
     }
 
@@ -1280,7 +579,6 @@ impl Node {
 
     /// `PEXPIRE` with a number of milliseconds.
     pub fn pexpire_ms(&mut self, key: &[u8], ms: i64) -> i64 {
-        self.wrote(false);
         let now = self.now;
         match self.entry(key) {
             None => 0,
@@ -1308,14 +606,6 @@ impl Node {
                 ..
             }) => (*at - now).max(0),
         }
-    }
-
-    /// What the scripts publish: `message`'s first 16 characters on `channel`, as
-    /// `string.sub(token, 1, 16)` does. The simulated network delivers them to subscribers.
-    pub fn publish(&mut self, channel: &[u8], message: &[u8]) {
-        self.published += 1;
-        let message = &message[..message.len().min(16)];
-        self.outbox.push((channel.to_vec(), message.to_vec()));
     }
 
     /// The sorted set at `key` (`None` if missing), or a WRONGTYPE error reply.
@@ -1374,7 +664,6 @@ impl Node {
         member: &[u8],
         xx: bool,
     ) -> Result<i64, Value> {
-        self.wrote(true);
         if self.zset(key)?.is_none() {
             if xx {
                 return Ok(0);
@@ -1401,7 +690,6 @@ impl Node {
 
     /// `ZREM key member...`: members removed; an emptied set is deleted, as in Redis.
     pub fn zrem(&mut self, key: &[u8], members: &[&[u8]]) -> Result<i64, Value> {
-        self.wrote(false);
         let removed = match self.zset(key)? {
             None => 0,
             Some(z) => members.iter().filter(|m| z.remove(**m).is_some()).count(),
@@ -1460,7 +748,6 @@ impl Node {
 
     /// `ZREMRANGEBYSCORE key min max` (both inclusive): members removed.
     pub fn zrem_range_by_score(&mut self, key: &[u8], min: f64, max: f64) -> Result<i64, Value> {
-        self.wrote(false);
         let removed = match self.zset(key)? {
             None => 0,
             Some(z) => {
@@ -1496,19 +783,46 @@ fn bulk_array(items: Vec<Vec<u8>>) -> Value {
     ))
 }
 
-/// The bounds of `ZRANGEBYSCORE`: numbers, `-inf` or `+inf` (exclusive bounds are not modelled).
+/// The bounds of `ZRANGEBYSCORE`: numbers, `-inf` or `+inf`, exclusive after `(`, as the
+/// inclusive bounds that admit the same scores (NaN where none is admitted).
 fn score_range(min: &[u8], max: &[u8]) -> Result<(f64, f64), Value> {
-    let bound = |b: &[u8]| match b {
-        b"-inf" => Some(f64::NEG_INFINITY),
-        b"+inf" | b"inf" => Some(f64::INFINITY),
-        _ => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse::<f64>().ok())
-            .filter(|s| !s.is_nan()),
+    let bound = |b: &[u8], low: bool| {
+        let (open, b) = match b.strip_prefix(b"(") {
+            Some(rest) => (true, rest),
+            None => (false, b),
+        };
+        let v = match b {
+            b"-inf" => Some(f64::NEG_INFINITY),
+            b"+inf" | b"inf" => Some(f64::INFINITY),
+            _ => std::str::from_utf8(b)
+                .ok()
+                .and_then(|s| s.parse::<f64>().ok())
+                .filter(|s| !s.is_nan()),
+        }?;
+        Some(match (open, low) {
+            (false, _) => v,
+            (true, true) => next_up(v),
+            (true, false) => -next_up(-v),
+        })
     };
-    match (bound(min), bound(max)) {
+    match (bound(min, true), bound(max, false)) {
         (Some(a), Some(b)) => Ok((a, b)),
         _ => Err(err("ERR min or max is not a float")),
+    }
+}
+
+/// The least score above `x` (NaN above `+inf`).
+fn next_up(x: f64) -> f64 {
+    if x.is_nan() || x == f64::INFINITY {
+        f64::NAN
+    } else if x == f64::NEG_INFINITY {
+        f64::MIN
+    } else if x == 0.0 {
+        f64::from_bits(1)
+    } else if x > 0.0 {
+        f64::from_bits(x.to_bits() + 1)
+    } else {
+        f64::from_bits(x.to_bits() - 1)
     }
 }
 
@@ -1548,11 +862,18 @@ mod tests {
     }
 
     #[test]
-    fn every_script_the_client_loads_has_a_model() {
+    fn every_script_the_client_loads_compiles_under_its_digest() {
         for script in ops::SCRIPTS {
-            assert!(
-                SCRIPT_MODELS.iter().any(|(s, _)| s.sha == script.sha),
-                "no simulated model for script {}",
+            let mut n = Node::default();
+            let mut load = Vec::new();
+            resp::encode_command(&mut load, &[b"SCRIPT", b"LOAD", script.body.as_bytes()]);
+            let reply = n.execute(0, &load);
+            let mut want = Vec::new();
+            Value::Bulk(Some(script.sha.to_vec())).encode(&mut want);
+            assert_eq!(
+                String::from_utf8_lossy(&reply),
+                String::from_utf8_lossy(&want),
+                "{}",
                 script.body
             );
         }

@@ -18,9 +18,8 @@
 
 use std::collections::BTreeSet;
 
-use super::node::Node;
+use super::node::{Node, Refusals};
 use crate::resp::{self, Limits, Reply, Status};
-use crate::sha1::sha1_hex;
 
 /// Why a server refuses writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -364,41 +363,14 @@ impl Server {
         refused.then(|| refusal.message())
     }
 
-    /// Runs one command on the data (a script with the refusal's semantics).
+    /// Runs one command on the data. A script runs with the refusal set on the node, which
+    /// refuses its write commands inside it as Redis does (`node/lua.rs`).
     fn run(&mut self, now_ms: i64, command: &[u8], out: &mut Vec<u8>) {
-        let script = words(command)
-            .and_then(|w| w.first().map(|n| n.to_ascii_uppercase()))
-            .is_some_and(|n| n == b"EVAL" || n == b"EVALSHA");
-        let Some(refusal) = self.refusal.filter(|_| script) else {
-            out.extend_from_slice(&self.node.execute(now_ms, command));
-            return;
+        self.node.refusals = Refusals {
+            read_only: self.refusal == Some(Refusal::ReadOnly),
+            misconf: self.refusal == Some(Refusal::Misconf),
+            oom: self.refusal == Some(Refusal::Oom),
         };
-        let before = self.node.clone();
-        self.node.first_write = None;
-        let reply = self.node.execute(now_ms, command);
-        let refused = match (refusal, self.node.first_write) {
-            (Refusal::ReadOnly | Refusal::Misconf, Some(_)) => true,
-            (Refusal::Oom, Some(denyoom)) => denyoom,
-            (_, None) => false,
-        };
-        if !refused {
-            out.extend_from_slice(&reply);
-            return;
-        }
-        // The script stopped at its first write, before it: nothing it did stays (it only
-        // read), but the script cache keeps the body it brought.
-        let scripts_after = std::mem::take(&mut self.node);
-        self.node = before;
-        self.node.adopt_scripts(scripts_after);
-        let args = words(command).unwrap_or_default();
-        let sha = match args.first().map(|n| n.to_ascii_uppercase()) {
-            Some(n) if n == b"EVAL" => sha1_hex(args.get(1).copied().unwrap_or(b"")).to_vec(),
-            _ => args.get(1).map_or(Vec::new(), |s| s.to_ascii_lowercase()),
-        };
-        let mut m = refusal.message().to_vec();
-        m.extend_from_slice(b" script: ");
-        m.extend_from_slice(&sha);
-        m.extend_from_slice(b", on @user_script:1.");
-        error(out, &m);
+        out.extend_from_slice(&self.node.execute(now_ms, command));
     }
 }
