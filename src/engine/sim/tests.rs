@@ -10,6 +10,14 @@ const LOCK_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 120 };
 /// Seeds of calm runs for each kind of lock: enough for a waiter that misses a release's
 /// announcement, which a calm run shows once in a few hundred seeds, to be found.
 const CALM_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 5000 };
+/// [`CALM_SEEDS`], or `REDLOCK_SIM_CALM_SEEDS` (CI runs fewer, to stay within its time;
+/// `REDLOCK_SIM_SEEDS` still overrides every count).
+fn calm_seeds() -> u64 {
+    std::env::var("REDLOCK_SIM_CALM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(CALM_SEEDS)
+}
 /// Seeds of runs with a server too slow for the load, for each kind of lock tried.
 const SLOW_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 200 };
 /// Seeds each broken scenario runs at the most; it stops once the checker has seen what it
@@ -210,7 +218,10 @@ fn every_lock_kind_within_the_model() {
 #[test]
 fn semaphores_within_the_model() {
     let test = "semaphores_within_the_model";
-    for (scenario, seeds) in [(Scenario::Model, LOCK_SEEDS), (Scenario::Calm, CALM_SEEDS)] {
+    for (scenario, seeds) in [
+        (Scenario::Model, LOCK_SEEDS),
+        (Scenario::Calm, calm_seeds()),
+    ] {
         let Some(sum) = within(scenario, Locks::Semaphore, seeds, test) else {
             continue;
         };
@@ -285,7 +296,7 @@ fn the_naive_majority_semaphore_admits_more_than_k_holders() {
 /// With no fault at all, every waiter gets its lock (fair or not, read- or write-preferring,
 /// however many wake-ups it takes), no kept lock is lost, and fair queues keep their order.
 fn calm(locks: Locks, test: &str) {
-    let Some(sum) = within(Scenario::Calm, locks, CALM_SEEDS, test) else {
+    let Some(sum) = within(Scenario::Calm, locks, calm_seeds(), test) else {
         return;
     };
     let s = &sum.stats;
