@@ -616,11 +616,7 @@ fn the_cleanup_of_an_attempt_kept_off_a_node_is_not_sent_there() {
 
 #[test]
 fn a_release_kept_to_send_again_that_expires_before_the_reconnect_is_failed_to_its_owner() {
-    let mut net = Net::new(1);
-    net.ep.connect_all(net.now);
-    net.connect_all();
-    net.take_output(Net::cmd(0));
-    net.answer_setup(0, INFO_82, 'a', false);
+    let mut net = Net::ready(INFO_82, false);
     let caller = net.ep.open_caller();
     let run = net.ep.begin(caller);
     let token = Token::from_random([3; 20]);
