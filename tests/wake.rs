@@ -293,6 +293,17 @@ fn crowd(
     client: &Client,
     key: &'static str,
     order: &Arc<Mutex<Vec<usize>>>,
+    arrived: impl FnMut(usize),
+) -> Vec<thread::JoinHandle<Result<(), String>>> {
+    crowd_for(client, key, TTL, order, arrived)
+}
+
+/// As [`crowd`], with locks of `ttl`.
+fn crowd_for(
+    client: &Client,
+    key: &'static str,
+    ttl: Duration,
+    order: &Arc<Mutex<Vec<usize>>>,
     mut arrived: impl FnMut(usize),
 ) -> Vec<thread::JoinHandle<Result<(), String>>> {
     (0..CROWD)
@@ -300,7 +311,7 @@ fn crowd(
             let (client, order) = (client.clone(), order.clone());
             let t = thread::spawn(move || {
                 let lock = client
-                    .lock(key, TTL)
+                    .lock(key, ttl)
                     .map_err(|e| format!("waiter {i}: {e}"))?;
                 order.lock().unwrap().push(i);
                 thread::sleep(Duration::from_millis(10));
@@ -310,6 +321,37 @@ fn crowd(
             t
         })
         .collect()
+}
+
+/// A caller parked on the shared client is woken as soon as what it waits for has come, by
+/// whichever caller read it: not at its own timeout. With node timeouts and a TTL of a minute,
+/// one waiter left asleep with its won round (its replies read by another waiter, which then
+/// parked too) holds the lock, unknowing, for that minute: 64 waiters, served in about a
+/// second, would take far longer than the 20 s allowed.
+#[test]
+fn every_waiter_is_woken_by_whichever_caller_read_its_replies() {
+    const LONG: Duration = Duration::from_secs(60);
+    let cluster = RedisCluster::start(3).unwrap();
+    let urls = cluster.urls();
+    let served = within(Duration::from_secs(20), move || {
+        let holder = patient(&urls, false).lock("crowd", LONG).unwrap();
+        let client = Client::builder()
+            .nodes(&urls)
+            .node_timeout(LONG)
+            .wait_timeout(LONG)
+            .build()
+            .unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let waiters = crowd_for(&client, "crowd", LONG, &order, |_| {});
+        thread::sleep(Duration::from_millis(300));
+        holder.release().unwrap();
+        for t in waiters {
+            t.join().unwrap().unwrap();
+        }
+        let served = order.lock().unwrap().len();
+        served
+    });
+    assert_eq!(served, CROWD);
 }
 
 /// Waiters blocked in `lock()` wait up to the wait timeout, however many releases wake them

@@ -298,6 +298,12 @@ impl Shared {
                 return core;
             }
             drop(core);
+            // The callers this one posted to (it read their replies, or wrote for them) are
+            // woken before it sleeps itself: they are marked as not parked, and nobody else
+            // will wake them.
+            for t in wakeups.drain(..) {
+                t.unpark();
+            }
             thread::park_timeout(timeout);
             let mut core = self.lock();
             core.callers[slot].parked = false;
@@ -450,7 +456,8 @@ impl Session<'_> {
         let next = core.finish(slot, run);
         let resend = core.needs_resender(Instant::now());
         drop(core);
-        if let Some(t) = next {
+        // Those it posted to on its last step are woken too.
+        for t in self.wakeups.drain(..).chain(next) {
             t.unpark();
         }
         if resend {
@@ -504,7 +511,7 @@ impl Shared {
         }
         let next = core.finish(slot, run);
         drop(core);
-        if let Some(t) = next {
+        for t in session.wakeups.drain(..).chain(next) {
             t.unpark();
         }
     }
