@@ -575,7 +575,7 @@ fn read_write(addrs: &[SocketAddr], plan: &Plan) -> String {
         }
     }
     let mut out = String::from(
-        "Read-write locks, uncontended, N = 5: redlock-mux next to rawQ-rw (seed 000's acquire scripts by EVALSHA\nto all N sockets at once, returning at the quorum). Cells are p50 / p99.\n\n| workload | redlock-mux | rawQ-rw | ours ÷ rawQ-rw |\n|---|---:|---:|---:|\n",
+        "Read-write locks, uncontended, N = 5: redlock-mux next to rawQ-rw (the read-write lock design's acquire scripts by EVALSHA\nto all N sockets at once, returning at the quorum). Cells are p50 / p99.\n\n| workload | redlock-mux | rawQ-rw | ours ÷ rawQ-rw |\n|---|---:|---:|---:|\n",
     );
     let mut goals = String::from("\nTargets (N = 5, Redis 7: acquire p50 ≤ 1.05× rawQ-rw):\n");
     let r = |a: Duration, b: Duration| (!b.is_zero()).then(|| ratio(a, b));
