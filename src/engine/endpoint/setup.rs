@@ -149,6 +149,14 @@ impl Server {
         .unwrap_or_default();
     }
 
+    /// What is known of a node before its first setup: nothing, but whether it is a master
+    /// of a Redis Cluster member, which its URL says (see [`Caps::sharded`]).
+    pub fn for_member(cluster: bool) -> Server {
+        let mut s = Server::default();
+        s.caps.sharded = cluster;
+        s
+    }
+
     /// Which of the newer commands this server's lock operations use, from what `COMMAND
     /// INFO DELEX HSETEX` says exists and what the server is. A path is used only on servers
     /// whose behaviour the project's tests verify: Redis 8.0 and later for `HSETEX` (the read-
@@ -161,6 +169,7 @@ impl Server {
         self.caps = Caps {
             hsetex: offered.hsetex && redis && at_least(8, 0),
             delex: offered.delex && redis && at_least(8, 4),
+            sharded: self.caps.sharded,
         };
     }
 }
