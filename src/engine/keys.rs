@@ -212,14 +212,14 @@ pub enum Family {
 /// without one is wrapped as the lock's keys are: `redlock-mux:wake:{K}` for a mutex (the
 /// slot of `K` itself), `redlock-mux:wake:{rw:K}` for a read-write lock and
 /// `redlock-mux:wake:{sem:K}` for a semaphore. A mutex key without a hash tag that contains
-/// `}` cannot be wrapped (its tag would end early): its channel is `K` itself, a channel
-/// in the slot of the key `K`.
+/// `}` (or is empty) cannot be wrapped (its tag would end early, or be empty): its channel is
+/// `K` itself, a channel in the slot of the key `K`.
 pub fn wake_channel_for(key: &[u8], family: Family, sharded: bool) -> Name<'_> {
     if !sharded || has_hash_tag(key) {
         return wake_channel(key);
     }
     let (head, tail): (&'static [u8], &'static [u8]) = match family {
-        Family::Mutex if key.contains(&b'}') => (b"", b""),
+        Family::Mutex if key.is_empty() || key.contains(&b'}') => (b"", b""),
         Family::Mutex => (b"redlock-mux:wake:{", b"}"),
         Family::Rw => (b"redlock-mux:wake:{rw:", b"}"),
         Family::Semaphore => (b"redlock-mux:wake:{sem:", b"}"),
@@ -497,6 +497,55 @@ mod tests {
     use super::*;
 
     // Moved from fair.rs, rw.rs and fencing.rs with the derivations they test.
+
+    #[test]
+    fn the_sharded_wake_channel_is_in_the_slot_of_the_locks_keys() {
+        use crate::engine::endpoint::cluster::key_slot;
+        let families = [
+            (Family::Mutex, None),
+            (Family::Rw, Some(Derived::Writer)),
+            (Family::Semaphore, Some(Derived::Semaphore)),
+        ];
+        for key in [
+            &b"invoice:42"[..],
+            b"user:{42}",
+            b"{a}b",
+            b"a}b",
+            b"}",
+            b"a{}b",
+            b"",
+            b"rw:x",
+        ] {
+            for (family, lock) in families {
+                // Standalone members keep the one channel name they always had.
+                assert_eq!(wake_channel_for(key, family, false), wake_channel(key));
+                let lock_key = match lock {
+                    None => key.to_vec(),
+                    Some(d) => d.of(key).to_vec(),
+                };
+                let channel = wake_channel_for(key, family, true).to_vec();
+                assert_eq!(
+                    key_slot(&channel),
+                    key_slot(&lock_key),
+                    "{family:?} {:?}: {:?}",
+                    String::from_utf8_lossy(key),
+                    String::from_utf8_lossy(&channel)
+                );
+            }
+        }
+        assert_eq!(
+            wake_channel_for(b"invoice:42", Family::Mutex, true).to_vec(),
+            b"redlock-mux:wake:{invoice:42}"
+        );
+        assert_eq!(
+            wake_channel_for(b"invoice:42", Family::Rw, true).to_vec(),
+            b"redlock-mux:wake:{rw:invoice:42}"
+        );
+        assert_eq!(
+            wake_channel_for(b"user:{42}", Family::Semaphore, true).to_vec(),
+            b"redlock-mux:wake:user:{42}"
+        );
+    }
 
     fn derived(key: &[u8], which: usize) -> Vec<u8> {
         let mut out = Vec::new();

@@ -783,6 +783,64 @@ mod tests {
     }
 
     #[test]
+    fn releases_on_cluster_members_announce_with_spublish_in_the_locks_slot() {
+        use crate::engine::scripts::{RELEASE_SHARDED, SET_RELEASE_SHARDED};
+        let keys = RwKeys::new(b"k");
+        let sharded = Caps {
+            sharded: true,
+            ..Caps::default()
+        };
+        let mut out = Vec::new();
+        let op = WriteRelease {
+            resource: b"k",
+            keys: &keys,
+            token: b"t",
+        };
+        op.encode_for(&mut out, ScriptForm::Sha, sharded);
+        let mut want = Vec::new();
+        write_eval(
+            &mut want,
+            &RELEASE_SHARDED,
+            ScriptForm::Sha,
+            &[b"{rw:k}:w"],
+            &[Arg::Bytes(b"t"), Arg::Bytes(b"redlock-mux:wake:{rw:k}")],
+        );
+        assert_eq!(
+            out, want,
+            "the SPUBLISH script, the channel in {{rw:k}}'s slot"
+        );
+        // Without Lua: SPUBLISH in the transaction, which must keep to one slot.
+        out.clear();
+        let delex = Caps {
+            delex: true,
+            ..sharded
+        };
+        op.encode_for(&mut out, ScriptForm::Sha, delex);
+        let spublish = b"*3\r\n$8\r\nSPUBLISH\r\n$23\r\nredlock-mux:wake:{rw:k}\r\n";
+        assert!(out.windows(spublish.len()).any(|w| w == spublish));
+        assert!(!out.windows(9).any(|w| w == b"\nPUBLISH\r"));
+        let read = ReadRelease {
+            resource: b"k",
+            keys: &keys,
+            token: b"t",
+            announce: true,
+        };
+        out.clear();
+        read.encode_for(&mut out, ScriptForm::Sha, sharded);
+        assert!(out.windows(40).any(|w| w == SET_RELEASE_SHARDED.sha));
+        out.clear();
+        read.encode_for(
+            &mut out,
+            ScriptForm::Sha,
+            Caps {
+                hsetex: true,
+                ..sharded
+            },
+        );
+        assert!(out.windows(8).any(|w| w == b"SPUBLISH"));
+    }
+
+    #[test]
     fn the_writer_release_uses_delex_only_where_the_node_has_it() {
         let keys = RwKeys::new(b"k");
         let op = WriteRelease {
