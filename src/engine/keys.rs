@@ -408,7 +408,7 @@ impl SemKeys {
 /// | semaphore holders | `K:sem` | `{sem:K}:s` |
 /// | semaphore fair queue, its expiries | `K:sem:q`, `K:sem:qx` | `{sem:K}:sq`, `{sem:K}:sqx` |
 /// | wake channel (pub/sub) | `redlock-mux:wake:K` | `redlock-mux:wake:K` |
-/// | wake channel on a Redis Cluster member (sharded pub/sub) | `redlock-mux:wake:K` | `redlock-mux:wake:{K}`, `redlock-mux:wake:{rw:K}`, `redlock-mux:wake:{sem:K}` (see [`wake_channel_for`]) |
+/// | wake channel on a Redis Cluster member (sharded pub/sub) | `redlock-mux:wake:K` | mutex `redlock-mux:wake:{K}` (`K` if `K` contains `}`), read-write `redlock-mux:wake:{rw:K}`, semaphore `redlock-mux:wake:{sem:K}` |
 ///
 ///
 /// A name derived from a key with a hash tag keeps that tag, so it sits in the Redis Cluster
