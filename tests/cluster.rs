@@ -70,6 +70,8 @@ fn locks_land_on_the_master_of_their_slot() {
             assert_eq!(releases, want, "releases on {master} of member {m}");
             assert_eq!(ClusterMember::errors(master, "MOVED"), 0);
             assert_eq!(ClusterMember::errors(master, "ASK"), 0);
+            // The release script that announces with SPUBLISH was loaded with the setup.
+            assert_eq!(ClusterMember::errors(master, "NOSCRIPT"), 0, "on {master}");
         }
         assert!(member.keys().is_empty(), "keys left on member {m}");
     }

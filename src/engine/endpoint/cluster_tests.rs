@@ -214,8 +214,12 @@ impl Net {
     /// Answers `link`'s setup as a Redis `version` server, with `HSETEX` if `hsetex`.
     fn answer_setup_as(&mut self, link: usize, id: char, version: &str, hsetex: bool) {
         let mut r = Vec::new();
-        for _ in SCRIPTS {
+        // Every script, and the variant of each that announces with SPUBLISH.
+        for s in SCRIPTS {
             r.extend_from_slice(b"$40\r\n0000000000000000000000000000000000000000\r\n");
+            if !std::ptr::eq(s.announcing(true), *s) {
+                r.extend_from_slice(b"$40\r\n0000000000000000000000000000000000000000\r\n");
+            }
         }
         let text = format!(
             "redis_version:{version}\r\nrun_id:{}\r\n",
@@ -638,6 +642,41 @@ fn a_topology_read_moves_subscriptions_to_the_masters_it_names() {
     let ids = net.connect_ids();
     assert!(ids.contains(&sub(2)), "{ids:?}");
     assert_eq!(net.output_of(sub(2)), [format!("SSUBSCRIBE {ch}")]);
+}
+
+#[test]
+fn a_masters_setup_loads_the_scripts_that_announce_with_spublish() {
+    let mut net = Net::new("redis+cluster://127.0.0.1:7000");
+    net.ep.connect_all(net.now);
+    net.connect();
+    let setup = net.output(0);
+    let loads: Vec<&String> = setup
+        .iter()
+        .filter(|c| c.starts_with("SCRIPT LOAD"))
+        .collect();
+    let sharded = SCRIPTS
+        .iter()
+        .filter(|s| !std::ptr::eq(s.announcing(true), **s))
+        .count();
+    assert_eq!(sharded, 8);
+    assert_eq!(loads.len(), SCRIPTS.len() + sharded);
+    assert_eq!(
+        loads.iter().filter(|c| c.contains("'spublish'")).count(),
+        sharded
+    );
+    // A standalone member's setup is what it was.
+    let mut net = Net::new("redis://127.0.0.1:6379");
+    net.ep.connect_all(net.now);
+    net.connect();
+    let setup = net.output(0);
+    assert_eq!(
+        setup
+            .iter()
+            .filter(|c| c.starts_with("SCRIPT LOAD"))
+            .count(),
+        SCRIPTS.len()
+    );
+    assert!(!setup.iter().any(|c| c.contains("'spublish'")));
 }
 
 #[test]

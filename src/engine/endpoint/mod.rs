@@ -896,7 +896,7 @@ impl Endpoint {
             Some(a) => a,
             None => &self.config.nodes[i],
         };
-        node.cmd.start(addr, now);
+        node.cmd.start(addr, self.topo[node.member].is_some(), now);
         self.dirty |= 1
             << ConnId {
                 node: i,
@@ -1682,7 +1682,7 @@ impl Endpoint {
                 Some(a) => a,
                 None => &self.config.nodes[i],
             };
-            node.sub.start(addr, now);
+            node.sub.start(addr, sharded.is_some(), now);
             self.io
                 .push_back(Io::Connect(ConnId { node: i, sub: true }));
         }

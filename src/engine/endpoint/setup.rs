@@ -189,12 +189,14 @@ fn parse_version(v: &[u8]) -> Option<(u16, u16, u16)> {
 
 /// Writes a connection's setup into `out` and pushes each command's step to `steps`: AUTH and
 /// SELECT as the URL asks and, for a command connection, every script loaded (so that EVALSHA
-/// hits), the server's identity, and the commands it offers. A subscriber needs no database
-/// and no scripts: channels are global to the server.
+/// hits; on a master of a Redis Cluster member, `sharded`, the variants that announce with
+/// `SPUBLISH` too), the server's identity, and the commands it offers. A subscriber needs no
+/// database and no scripts: channels are global to the server.
 pub(crate) fn write(
     out: &mut Vec<u8>,
     node: &NodeAddr,
     commands: bool,
+    sharded: bool,
     mut step: impl FnMut(Setup),
 ) {
     if let Some(password) = &node.password {
@@ -216,6 +218,11 @@ pub(crate) fn write(
     for script in SCRIPTS {
         resp::encode_command(out, &[b"SCRIPT", b"LOAD", script.body.as_bytes()]);
         step(Setup::ScriptLoad);
+        let variant = script.announcing(true);
+        if sharded && !std::ptr::eq(variant, *script) {
+            resp::encode_command(out, &[b"SCRIPT", b"LOAD", variant.body.as_bytes()]);
+            step(Setup::ScriptLoad);
+        }
     }
     resp::encode_command(out, &[b"INFO", b"server"]);
     step(Setup::Info);
