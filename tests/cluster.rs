@@ -1,7 +1,8 @@
 //! Quorum members that are Redis Clusters (`redis+cluster://`), against real clusters of
 //! `redis-server` 7.0 processes started here: commands land on the master of their lock's
 //! slot, a slot migrated while threads lock and release lets no two of them hold at once and
-//! leaves nothing behind, a master failover is followed, and every lock kind works.
+//! leaves nothing behind, a master failover is followed, every lock kind works, and wake-ups
+//! go through the master of the lock's slot alone (sharded pub/sub).
 
 mod common;
 use redlock_mux_kit::history;
@@ -69,6 +70,8 @@ fn locks_land_on_the_master_of_their_slot() {
             assert_eq!(releases, want, "releases on {master} of member {m}");
             assert_eq!(ClusterMember::errors(master, "MOVED"), 0);
             assert_eq!(ClusterMember::errors(master, "ASK"), 0);
+            // The release script that announces with SPUBLISH was loaded with the setup.
+            assert_eq!(ClusterMember::errors(master, "NOSCRIPT"), 0, "on {master}");
         }
         assert!(member.keys().is_empty(), "keys left on member {m}");
     }
@@ -179,6 +182,142 @@ fn every_lock_kind_works_on_cluster_members() {
             common::eventually(Duration::from_secs(5), || lock_keys(c).is_empty()),
             "keys left on member {m}: {:?}",
             lock_keys(c)
+        );
+    }
+}
+
+/// A waiter on cluster members is woken by the release, announced with `SPUBLISH` on the
+/// master that owns the lock's slot alone (no cluster-wide `PUBLISH`), and heard on a
+/// subscription to that master; once the slot migrates to another master while the waiter
+/// waits, the subscription follows it and the next release wakes the waiter from there.
+#[test]
+fn a_release_wakes_a_waiter_through_the_master_of_its_slot_alone() {
+    const KEY: &str = "wake:sharded";
+    let members = members(3, 3);
+    // A retry delay long enough that only a wake-up explains a quick grant.
+    let retry = Duration::from_secs(10);
+    let client = Client::builder()
+        .nodes(urls(&members))
+        .node_timeout(Duration::from_millis(500))
+        .retry_delay(retry)
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .expect("client");
+    // The wake channel of a key without a hash tag is `redlock-mux:wake:{KEY}`, in its slot.
+    let slot = members[0].slot(KEY.as_bytes());
+    let channel_slot = members[0].slot(format!("redlock-mux:wake:{{{KEY}}}").as_bytes());
+    assert_eq!(slot, channel_slot);
+    let owners: Vec<SocketAddr> = members
+        .iter()
+        .map(|m| m.owner(slot, m.masters()[0]).expect("owner"))
+        .collect();
+
+    // Holds the lock, starts a waiter, runs `meanwhile`, releases: how long after the release
+    // the waiter got the lock, and how long it waited in all.
+    let wait_for_release = |meanwhile: &dyn Fn()| {
+        let held = client.try_lock(KEY, TTL).expect("lock");
+        let waiter = {
+            let client = client.clone();
+            thread::spawn(move || {
+                let started = Instant::now();
+                let lock = client.lock(KEY, TTL).expect("waiter");
+                let (granted, waited) = (Instant::now(), started.elapsed());
+                lock.release().expect("release");
+                (granted, waited)
+            })
+        };
+        thread::sleep(Duration::from_millis(300));
+        meanwhile();
+        let released = Instant::now();
+        held.release().expect("release");
+        let (granted, waited) = waiter.join().unwrap();
+        (granted.saturating_duration_since(released), waited)
+    };
+
+    let before = client.stats().wakeups;
+    let (after_release, waited) = wait_for_release(&|| {});
+    let wakeups = client.stats().wakeups - before;
+    eprintln!("waiter granted {after_release:?} after the release ({waited:?} in all), {wakeups} wake-ups");
+    assert!(wakeups >= 1, "woken by an announcement");
+    assert!(waited < retry / 2, "not by its retry timer: {waited:?}");
+    for (m, member) in members.iter().enumerate() {
+        for master in member.masters() {
+            let (spublish, publish) = (
+                ClusterMember::calls(master, "spublish"),
+                ClusterMember::calls(master, "publish"),
+            );
+            let (ssubscribe, subscribe) = (
+                ClusterMember::calls(master, "ssubscribe"),
+                ClusterMember::calls(master, "subscribe"),
+            );
+            eprintln!(
+                "member {m} master {master}{}: {spublish} SPUBLISH, {publish} PUBLISH, \
+                 {ssubscribe} SSUBSCRIBE, {subscribe} SUBSCRIBE",
+                if master == owners[m] {
+                    " (the slot's)"
+                } else {
+                    ""
+                }
+            );
+            assert_eq!(publish, 0, "no cluster-wide PUBLISH on {master}");
+            assert_eq!(subscribe, 0, "no SUBSCRIBE on {master}");
+            if master == owners[m] {
+                assert!(spublish >= 2, "both releases announced on {master}");
+                assert!(ssubscribe >= 1, "the waiter subscribed on {master}");
+            } else {
+                assert_eq!(spublish, 0, "SPUBLISH on {master}, not the slot's");
+                assert_eq!(ssubscribe, 0, "SSUBSCRIBE on {master}, not the slot's");
+            }
+        }
+    }
+
+    // While a waiter waits, subscribed on the slot's master, the slot (the held key with it)
+    // moves to another master of every member: each old owner drops the subscription
+    // (`sunsubscribe`), the client subscribes at the new owner, and the release, made there,
+    // wakes the waiter.
+    let targets: Vec<SocketAddr> = members
+        .iter()
+        .zip(&owners)
+        .map(|(m, &o)| {
+            m.masters()
+                .into_iter()
+                .find(|&a| a != o)
+                .expect("another master")
+        })
+        .collect();
+    let before = client.stats().wakeups;
+    let (after_release, waited) = wait_for_release(&|| {
+        for ((m, &from), &to) in members.iter().zip(&owners).zip(&targets) {
+            m.migrate(slot, from, to, || {});
+        }
+        // Time for the pushes to be read and the subscriptions to move.
+        thread::sleep(Duration::from_millis(300));
+    });
+    let wakeups = client.stats().wakeups - before;
+    eprintln!(
+        "after the slot moved: waiter granted {after_release:?} after the release ({waited:?} \
+         in all), {wakeups} wake-ups"
+    );
+    assert!(wakeups >= 1, "woken by an announcement from the new owner");
+    assert!(waited < retry / 2, "not by its retry timer: {waited:?}");
+    for (m, member) in members.iter().enumerate() {
+        let to = targets[m];
+        let spublish = ClusterMember::calls(to, "spublish");
+        let ssubscribe = ClusterMember::calls(to, "ssubscribe");
+        let moved = ClusterMember::errors(owners[m], "MOVED");
+        eprintln!(
+            "member {m} new owner {to}: {spublish} SPUBLISH, {ssubscribe} SSUBSCRIBE; \
+             {moved} MOVED from the old owner"
+        );
+        assert!(spublish >= 1, "announced on the new owner {to}");
+        assert!(ssubscribe >= 1, "subscribed at the new owner {to}");
+        for master in member.masters() {
+            assert_eq!(ClusterMember::calls(master, "publish"), 0);
+        }
+        assert!(
+            common::eventually(Duration::from_secs(5), || lock_keys(member).is_empty()),
+            "keys left on member {m}: {:?}",
+            lock_keys(member)
         );
     }
 }
@@ -581,10 +720,12 @@ fn the_read_write_lock_without_lua_works_on_redis_8_clusters() {
         );
         w.release().expect("release");
     }
-    let (mut hsetex, mut multi, mut evalsha) = (0, 0, 0);
+    let (mut hsetex, mut multi, mut evalsha, mut spublish) = (0, 0, 0, 0);
     for m in &members {
         for master in m.masters() {
             hsetex += ClusterMember::calls(master, "hsetex");
+            spublish += ClusterMember::calls(master, "spublish");
+            assert_eq!(ClusterMember::calls(master, "publish"), 0, "no PUBLISH");
             multi += ClusterMember::calls(master, "multi");
             evalsha += ClusterMember::calls(master, "evalsha");
             assert_eq!(ClusterMember::errors(master, "CROSSSLOT"), 0);
@@ -596,7 +737,11 @@ fn the_read_write_lock_without_lua_works_on_redis_8_clusters() {
             lock_keys(m)
         );
     }
-    eprintln!("Redis 8 clusters: {hsetex} HSETEX, {multi} MULTI, {evalsha} EVALSHA");
+    eprintln!(
+        "Redis 8 clusters: {hsetex} HSETEX, {multi} MULTI, {evalsha} EVALSHA, {spublish} SPUBLISH"
+    );
+    // Each reader's release announces with SPUBLISH in its transaction, in the lock's slot.
+    assert!(spublish >= 120, "{spublish} SPUBLISH");
     assert!(
         hsetex >= 120 && multi > 0,
         "the native path: {hsetex} HSETEX, {multi} MULTI"

@@ -855,9 +855,9 @@ impl Machine for Acquisition<'_> {
 
     fn encode(&self, t: &Transmit, caps: Caps, out: &mut Vec<u8>) -> usize {
         match t.what {
-            What::Subscribe => self.spec.write_channels(out, b"SUBSCRIBE"),
+            What::Subscribe => self.spec.write_channels(out, true, caps),
             What::Unsubscribe => {
-                self.spec.write_channels(out, b"UNSUBSCRIBE");
+                self.spec.write_channels(out, false, caps);
                 0
             }
             what => match self.cmd(&what) {

@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use crate::config::MAX_NODES;
 use crate::engine::keys::{self, Derived};
-use crate::engine::ops::{int_verdict, Op, Script, ScriptForm, Verdict};
+use crate::engine::ops::{int_verdict, Caps, Op, Script, ScriptForm, Verdict};
 pub use crate::engine::scripts::{FAIR_ACQUIRE, LEAVE};
 use crate::engine::Vote;
 use crate::resp::{self, Reply};
@@ -362,16 +362,23 @@ pub struct Leave<'a> {
     pub keys: QueueKeys<'a>,
     /// What kind of waiter this is, the start of its queue entry (empty for a mutex).
     pub kind: &'a [u8],
+    /// Which lock's queue it is: the slot of its wake channel on a Redis Cluster member.
+    pub family: keys::Family,
     /// The waiter's id, the rest of its queue entry.
     pub waiter: &'a [u8],
 }
 
 impl Op for Leave<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
-        write_eval_head(out, &LEAVE, form, 3, 2);
+        self.encode_for(out, form, Caps::default());
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        write_eval_head(out, LEAVE.announcing(caps.sharded), form, 3, 2);
         self.keys.write(out);
         resp::write_bulk_parts(out, &[self.kind, self.waiter]);
-        keys::wake_channel(self.resource).write_bulk(out);
+        keys::wake_channel_for(self.resource, self.family, caps.sharded).write_bulk(out);
+        0
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {

@@ -190,6 +190,43 @@ pub fn wake_channel(key: &[u8]) -> Name<'_> {
     Derived::Wake.of(key)
 }
 
+/// Which lock's keys a release announces the freeing of: the slot its wake channel must share
+/// on a Redis Cluster member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// A mutex (fenced or not, fair or not) and the all-or-none set: the key itself.
+    Mutex,
+    /// A read-write lock: its writer key, readers, intents and queue.
+    Rw,
+    /// A semaphore: its holders and queue.
+    Semaphore,
+}
+
+/// The wake channel of resource `key` for a lock of `family`, on a member whose releases are
+/// announced with `SPUBLISH` (`sharded`, a Redis Cluster) or `PUBLISH`.
+///
+/// `PUBLISH` reaches every node of a cluster, so its channel is simply [`wake_channel`].
+/// `SPUBLISH` reaches the shard that owns the channel's slot, and from a script (or a
+/// transaction) only that of the lock's own keys: the channel carries the hash tag of the
+/// lock's keys. A key with a hash tag keeps the plain name, whose tag is the key's; a key
+/// without one is wrapped as the lock's keys are: `redlock-mux:wake:{K}` for a mutex (the
+/// slot of `K` itself), `redlock-mux:wake:{rw:K}` for a read-write lock and
+/// `redlock-mux:wake:{sem:K}` for a semaphore. A mutex key without a hash tag that contains
+/// `}` (or is empty) cannot be wrapped (its tag would end early, or be empty): its channel is
+/// `K` itself, a channel in the slot of the key `K`.
+pub fn wake_channel_for(key: &[u8], family: Family, sharded: bool) -> Name<'_> {
+    if !sharded || has_hash_tag(key) {
+        return wake_channel(key);
+    }
+    let (head, tail): (&'static [u8], &'static [u8]) = match family {
+        Family::Mutex if key.is_empty() || key.contains(&b'}') => (b"", b""),
+        Family::Mutex => (b"redlock-mux:wake:{", b"}"),
+        Family::Rw => (b"redlock-mux:wake:{rw:", b"}"),
+        Family::Semaphore => (b"redlock-mux:wake:{sem:", b"}"),
+    };
+    Name { head, key, tail }
+}
+
 /// The key of the fence counter of `lock_key` (see [`Derived::Fence`] and the module's table).
 /// Wrapping needs a tag of the whole key; a key without a hash tag that contains `}` cannot be
 /// made one, so its counter sits in another slot. That only matters to proxies that insist on
@@ -371,6 +408,7 @@ impl SemKeys {
 /// | semaphore holders | `K:sem` | `{sem:K}:s` |
 /// | semaphore fair queue, its expiries | `K:sem:q`, `K:sem:qx` | `{sem:K}:sq`, `{sem:K}:sqx` |
 /// | wake channel (pub/sub) | `redlock-mux:wake:K` | `redlock-mux:wake:K` |
+/// | wake channel on a Redis Cluster member (sharded pub/sub) | `redlock-mux:wake:K` | mutex `redlock-mux:wake:{K}` (`K` if `K` contains `}`), read-write `redlock-mux:wake:{rw:K}`, semaphore `redlock-mux:wake:{sem:K}` |
 ///
 ///
 /// A name derived from a key with a hash tag keeps that tag, so it sits in the Redis Cluster
@@ -459,6 +497,55 @@ mod tests {
     use super::*;
 
     // Moved from fair.rs, rw.rs and fencing.rs with the derivations they test.
+
+    #[test]
+    fn the_sharded_wake_channel_is_in_the_slot_of_the_locks_keys() {
+        use crate::engine::endpoint::cluster::key_slot;
+        let families = [
+            (Family::Mutex, None),
+            (Family::Rw, Some(Derived::Writer)),
+            (Family::Semaphore, Some(Derived::Semaphore)),
+        ];
+        for key in [
+            &b"invoice:42"[..],
+            b"user:{42}",
+            b"{a}b",
+            b"a}b",
+            b"}",
+            b"a{}b",
+            b"",
+            b"rw:x",
+        ] {
+            for (family, lock) in families {
+                // Standalone members keep the one channel name they always had.
+                assert_eq!(wake_channel_for(key, family, false), wake_channel(key));
+                let lock_key = match lock {
+                    None => key.to_vec(),
+                    Some(d) => d.of(key).to_vec(),
+                };
+                let channel = wake_channel_for(key, family, true).to_vec();
+                assert_eq!(
+                    key_slot(&channel),
+                    key_slot(&lock_key),
+                    "{family:?} {:?}: {:?}",
+                    String::from_utf8_lossy(key),
+                    String::from_utf8_lossy(&channel)
+                );
+            }
+        }
+        assert_eq!(
+            wake_channel_for(b"invoice:42", Family::Mutex, true).to_vec(),
+            b"redlock-mux:wake:{invoice:42}"
+        );
+        assert_eq!(
+            wake_channel_for(b"invoice:42", Family::Rw, true).to_vec(),
+            b"redlock-mux:wake:{rw:invoice:42}"
+        );
+        assert_eq!(
+            wake_channel_for(b"user:{42}", Family::Semaphore, true).to_vec(),
+            b"redlock-mux:wake:user:{42}"
+        );
+    }
 
     fn derived(key: &[u8], which: usize) -> Vec<u8> {
         let mut out = Vec::new();

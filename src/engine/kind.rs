@@ -10,10 +10,10 @@ use crate::engine::fair::{AttemptIds, FairAcquire, FairState, Leave, QueueKeys};
 use crate::engine::fencing::{
     FairFencedAcquire, FenceRead, FenceWrite, FencedAcquire, FencedWriteAcquire,
 };
-use crate::engine::keys::{self, RwKeys, SemKeys, WAKE_PREFIX};
+use crate::engine::keys::{self, Family, RwKeys, SemKeys};
 use crate::engine::multi::{AcquireAll, ExtendAll, FairAcquireAll, ReleaseAll};
 use crate::engine::ops::{Acquire, Extend, Op, Release};
-use crate::engine::ops::{ScriptForm, Verdict};
+use crate::engine::ops::{Caps, ScriptForm, Verdict};
 use crate::engine::round::quorum;
 use crate::engine::rw::{
     self, Downgrade, DowngradeUndo, FairRwAcquire, ReadAcquire, ReadExtend, ReadRelease,
@@ -212,21 +212,48 @@ impl<'a> Spec<'a> {
         one.into_iter().chain(all.iter().copied())
     }
 
-    /// Whether `channel` is the wake channel of one of this lock's resource keys.
-    pub fn is_wake_channel(&self, channel: &[u8]) -> bool {
-        channel
-            .strip_prefix(WAKE_PREFIX)
-            .is_some_and(|key| self.resources().any(|r| r == key))
+    /// Which lock's keys these are: the slot of its wake channels on a Redis Cluster member.
+    pub fn family(&self) -> Family {
+        match self.keys {
+            Keys::Mutex(_) | Keys::All(_) => Family::Mutex,
+            Keys::Read { .. } | Keys::Write { .. } | Keys::Downgraded { .. } => Family::Rw,
+            Keys::Semaphore { .. } => Family::Semaphore,
+        }
     }
 
-    /// Writes `command` (`SUBSCRIBE` or `UNSUBSCRIBE`) with the wake channel of every resource
-    /// key; returns how many channels that is.
-    pub fn write_channels(&self, out: &mut Vec<u8>, command: &[u8]) -> usize {
+    /// Whether `channel` is the wake channel of one of this lock's resource keys, as a
+    /// standalone node or a Redis Cluster member names it.
+    pub fn is_wake_channel(&self, channel: &[u8]) -> bool {
+        let family = self.family();
+        self.resources().any(|r| {
+            [false, true].into_iter().any(|sharded| {
+                let name = keys::wake_channel_for(r, family, sharded);
+                name.len() == channel.len()
+                    && name
+                        .parts()
+                        .iter()
+                        .try_fold(channel, |rest, part| rest.strip_prefix(*part))
+                        == Some(&[][..])
+            })
+        })
+    }
+
+    /// Writes `command` (`SUBSCRIBE` or `UNSUBSCRIBE`; `SSUBSCRIBE` or `SUNSUBSCRIBE` when
+    /// `caps` says the node is a Redis Cluster member's master) with the wake channel of every
+    /// resource key; returns how many channels that is.
+    pub fn write_channels(&self, out: &mut Vec<u8>, subscribe: bool, caps: Caps) -> usize {
         let count = self.resources().count();
+        let command: &[u8] = match (subscribe, caps.sharded) {
+            (true, false) => b"SUBSCRIBE",
+            (false, false) => b"UNSUBSCRIBE",
+            (true, true) => b"SSUBSCRIBE",
+            (false, true) => b"SUNSUBSCRIBE",
+        };
         resp::write_array_len(out, 1 + count);
         resp::write_bulk(out, command);
+        let family = self.family();
         for resource in self.resources() {
-            keys::wake_channel(resource).write_bulk(out);
+            keys::wake_channel_for(resource, family, caps.sharded).write_bulk(out);
         }
         count
     }
@@ -277,18 +304,21 @@ impl<'a> Spec<'a> {
                         resource: k,
                         keys: QueueKeys::Mutex(k),
                         kind: b"",
+                        family: Family::Mutex,
                         waiter,
                     },
                     Keys::Read { resource, keys } | Keys::Downgraded { resource, keys } => Leave {
                         resource,
                         keys: rw::queue_keys(keys),
                         kind: b"r",
+                        family: Family::Rw,
                         waiter,
                     },
                     Keys::Write { resource, keys } => Leave {
                         resource,
                         keys: rw::queue_keys(keys),
                         kind: b"w",
+                        family: Family::Rw,
                         waiter,
                     },
                     Keys::Semaphore { resource, keys, .. } => Leave {
@@ -299,6 +329,7 @@ impl<'a> Spec<'a> {
                             expiries: keys.queue_expiries(),
                         },
                         kind: b"",
+                        family: Family::Semaphore,
                         waiter,
                     },
                     Keys::All(keys) => {
@@ -307,6 +338,7 @@ impl<'a> Spec<'a> {
                             resource: k,
                             keys: QueueKeys::Mutex(k),
                             kind: b"",
+                            family: Family::Mutex,
                             waiter,
                         }
                     }

@@ -18,7 +18,7 @@
 
 use crate::engine::fair::{write_eval_head, AttemptIds, FairState};
 use crate::engine::keys::{self, Derived};
-use crate::engine::ops::{int_verdict, write_eval, Arg, Op, ScriptForm, Verdict};
+use crate::engine::ops::{int_verdict, write_eval, Arg, Caps, Op, ScriptForm, Verdict};
 pub use crate::engine::scripts::{ACQUIRE_ALL, EXTEND_ALL, FAIR_ACQUIRE_ALL, RELEASE_ALL};
 use crate::engine::Vote;
 use crate::resp::{self, Reply};
@@ -108,15 +108,22 @@ impl<'a> ReleaseAll<'a> {
 impl Op for ReleaseAll<'_> {
     /// The keys, then the token, then the wake channel of each key.
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        self.encode_for(out, form, Caps::default());
+    }
+
+    /// On a Redis Cluster member's master, announced with `SPUBLISH` on each key's channel in
+    /// the set's slot.
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         let n = self.keys.len();
-        write_eval_head(out, &RELEASE_ALL, form, n, 1 + n);
+        write_eval_head(out, RELEASE_ALL.announcing(caps.sharded), form, n, 1 + n);
         for key in self.keys {
             resp::write_bulk(out, key);
         }
         resp::write_bulk(out, self.token);
         for key in self.keys {
-            keys::wake_channel(key).write_bulk(out);
+            keys::wake_channel_for(key, keys::Family::Mutex, caps.sharded).write_bulk(out);
         }
+        0
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {

@@ -27,15 +27,15 @@ pub enum Arg<'a> {
     /// A number, sent as its decimal digits.
     Num(u64),
     /// The pub/sub channel on which releases of this resource key are announced
-    /// ([`keys::wake_channel`]).
-    Wake(&'a [u8]),
+    /// ([`keys::wake_channel_for`]).
+    Wake(keys::Name<'a>),
 }
 
 fn write_arg(out: &mut Vec<u8>, arg: Arg<'_>) {
     match arg {
         Arg::Bytes(b) => resp::write_bulk(out, b),
         Arg::Num(n) => resp::write_bulk_u64(out, n),
-        Arg::Wake(key) => keys::wake_channel(key).write_bulk(out),
+        Arg::Wake(name) => name.write_bulk(out),
     }
 }
 
@@ -81,6 +81,10 @@ pub struct Caps {
     /// Hash-field expiry with `HSETEX` (Redis 8.0): the read-preferring read-write lock goes
     /// without Lua there (see `engine::rw`, "Native nodes").
     pub hsetex: bool,
+    /// The node is a master of a Redis Cluster member (its URL says so, whatever it
+    /// offers): releases are announced with `SPUBLISH`, on the wake channel in the lock's
+    /// slot ([`keys::wake_channel_for`]), to that shard only.
+    pub sharded: bool,
 }
 
 /// A command fanned out to every node.
@@ -176,15 +180,34 @@ pub struct Release<'a> {
     pub token: &'a [u8],
 }
 
-impl Op for Release<'_> {
-    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+impl Release<'_> {
+    /// The release, announced with `SPUBLISH` when `sharded` (see [`Caps::sharded`]).
+    fn write(&self, out: &mut Vec<u8>, form: ScriptForm, sharded: bool) {
         write_eval(
             out,
-            &RELEASE,
+            RELEASE.announcing(sharded),
             form,
             &[self.key],
-            &[Arg::Bytes(self.token), Arg::Wake(self.key)],
+            &[
+                Arg::Bytes(self.token),
+                Arg::Wake(keys::wake_channel_for(
+                    self.key,
+                    keys::Family::Mutex,
+                    sharded,
+                )),
+            ],
         );
+    }
+}
+
+impl Op for Release<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        self.write(out, form, false);
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        self.write(out, form, caps.sharded);
+        0
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {

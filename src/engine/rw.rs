@@ -244,18 +244,23 @@ pub struct WriteCleanup<'a> {
 
 impl Op for WriteCleanup<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        self.encode_for(out, form, Caps::default());
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         write_eval(
             out,
-            &WRITE_CLEANUP,
+            WRITE_CLEANUP.announcing(caps.sharded),
             form,
             &[self.keys.writer(), self.keys.intents()],
             &[
                 Arg::Bytes(self.ids.token),
-                Arg::Wake(self.resource),
+                wake(self.resource, caps),
                 Arg::Num(self.intent_ms),
                 Arg::Bytes(self.ids.waiter),
             ],
         );
+        0
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
@@ -281,18 +286,18 @@ pub struct WriteRelease<'a> {
 
 impl Op for WriteRelease<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
-        write_eval(
-            out,
-            &RELEASE,
-            form,
-            &[self.keys.writer()],
-            &[Arg::Bytes(self.token), Arg::Wake(self.resource)],
-        );
+        self.encode_for(out, form, Caps::default());
     }
 
     fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         if !caps.delex {
-            self.encode(out, form);
+            write_eval(
+                out,
+                RELEASE.announcing(caps.sharded),
+                form,
+                &[self.keys.writer()],
+                &[Arg::Bytes(self.token), wake(self.resource, caps)],
+            );
             return 0;
         }
         // `DELEX` is no script, so the announcement follows it in the same transaction. It is
@@ -301,7 +306,7 @@ impl Op for WriteRelease<'_> {
         // delete (`READONLY`, `MISCONF`) aborts the transaction, and never acknowledges it.
         resp::encode_command(out, &[b"MULTI"]);
         resp::encode_command(out, &[b"DELEX", self.keys.writer(), b"IFEQ", self.token]);
-        write_publish(out, self.resource, self.token);
+        write_publish(out, self.resource, self.token, caps);
         resp::encode_command(out, &[b"EXEC"]);
         3
     }
@@ -321,11 +326,29 @@ impl Op for WriteRelease<'_> {
 
 /// `PUBLISH` of a release of `token` on `resource`'s wake channel, for a release made without
 /// a script; sent even when nothing was released (a waiter woken for nothing only retries once).
-fn write_publish(out: &mut Vec<u8>, resource: &[u8], token: &[u8]) {
+/// On a Redis Cluster member's master, `SPUBLISH` on the channel in the lock's slot: a
+/// transaction's commands must all be in one slot there.
+fn write_publish(out: &mut Vec<u8>, resource: &[u8], token: &[u8], caps: Caps) {
     resp::write_array_len(out, 3);
-    resp::write_bulk(out, b"PUBLISH");
-    keys::wake_channel(resource).write_bulk(out);
+    resp::write_bulk(
+        out,
+        if caps.sharded {
+            b"SPUBLISH"
+        } else {
+            b"PUBLISH"
+        },
+    );
+    keys::wake_channel_for(resource, keys::Family::Rw, caps.sharded).write_bulk(out);
     resp::write_bulk(out, &token[..token.len().min(16)]);
+}
+
+/// The wake channel of the read-write lock on `resource`, for a node that offers `caps`.
+fn wake(resource: &[u8], caps: Caps) -> Arg<'_> {
+    Arg::Wake(keys::wake_channel_for(
+        resource,
+        keys::Family::Rw,
+        caps.sharded,
+    ))
 }
 
 /// Every integer a delete answers acknowledges a release: 0 only means there was nothing of
@@ -427,8 +450,12 @@ impl Op for ReadRelease<'_> {
 
     fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         if !caps.hsetex {
-            self.encode(out, form);
-            return 0;
+            return SetRelease {
+                resource: self.resource,
+                set: self.keys.readers(),
+                token: self.token,
+            }
+            .encode_for(out, form, caps);
         }
         // One transaction, voted on by the replies of both deletes (read from the `EXEC`), not
         // by the announcement's: a node that refused them (`READONLY`, `MISCONF`) aborts the
@@ -437,7 +464,7 @@ impl Op for ReadRelease<'_> {
         resp::encode_command(out, &[b"HDEL", self.keys.writer(), self.token]);
         resp::encode_command(out, &[b"ZREM", self.keys.readers(), self.token]);
         if self.announce {
-            write_publish(out, self.resource, self.token);
+            write_publish(out, self.resource, self.token, caps);
         }
         resp::encode_command(out, &[b"EXEC"]);
         3 + usize::from(self.announce)
@@ -474,13 +501,18 @@ pub struct SetRelease<'a> {
 
 impl Op for SetRelease<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        self.encode_for(out, form, Caps::default());
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         write_eval(
             out,
-            &SET_RELEASE,
+            SET_RELEASE.announcing(caps.sharded),
             form,
             &[self.set],
-            &[Arg::Bytes(self.token), Arg::Wake(self.resource)],
+            &[Arg::Bytes(self.token), wake(self.resource, caps)],
         );
+        0
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
@@ -577,17 +609,22 @@ pub struct Downgrade<'a> {
 
 impl Op for Downgrade<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        self.encode_for(out, form, Caps::default());
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         write_eval(
             out,
-            &DOWNGRADE,
+            DOWNGRADE.announcing(caps.sharded),
             form,
             &[self.keys.writer(), self.keys.readers()],
             &[
                 Arg::Bytes(self.token),
                 Arg::Num(self.ttl_ms),
-                Arg::Wake(self.resource),
+                wake(self.resource, caps),
             ],
         );
+        0
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
@@ -608,13 +645,18 @@ pub struct DowngradeUndo<'a> {
 
 impl Op for DowngradeUndo<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        self.encode_for(out, form, Caps::default());
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         write_eval(
             out,
-            &DOWNGRADE_UNDO,
+            DOWNGRADE_UNDO.announcing(caps.sharded),
             form,
             &[self.keys.writer(), self.keys.readers()],
-            &[Arg::Bytes(self.token), Arg::Wake(self.resource)],
+            &[Arg::Bytes(self.token), wake(self.resource, caps)],
         );
+        0
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
@@ -728,6 +770,7 @@ pub fn caps_of(reply: &Reply<'_>) -> Caps {
     Caps {
         delex: known(0),
         hsetex: known(1),
+        sharded: false,
     }
 }
 
@@ -737,6 +780,64 @@ mod tests {
 
     fn unexpected() -> Verdict {
         Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply))
+    }
+
+    #[test]
+    fn releases_on_cluster_members_announce_with_spublish_in_the_locks_slot() {
+        use crate::engine::scripts::{RELEASE_SHARDED, SET_RELEASE_SHARDED};
+        let keys = RwKeys::new(b"k");
+        let sharded = Caps {
+            sharded: true,
+            ..Caps::default()
+        };
+        let mut out = Vec::new();
+        let op = WriteRelease {
+            resource: b"k",
+            keys: &keys,
+            token: b"t",
+        };
+        op.encode_for(&mut out, ScriptForm::Sha, sharded);
+        let mut want = Vec::new();
+        write_eval(
+            &mut want,
+            &RELEASE_SHARDED,
+            ScriptForm::Sha,
+            &[b"{rw:k}:w"],
+            &[Arg::Bytes(b"t"), Arg::Bytes(b"redlock-mux:wake:{rw:k}")],
+        );
+        assert_eq!(
+            out, want,
+            "the SPUBLISH script, the channel in {{rw:k}}'s slot"
+        );
+        // Without Lua: SPUBLISH in the transaction, which must keep to one slot.
+        out.clear();
+        let delex = Caps {
+            delex: true,
+            ..sharded
+        };
+        op.encode_for(&mut out, ScriptForm::Sha, delex);
+        let spublish = b"*3\r\n$8\r\nSPUBLISH\r\n$23\r\nredlock-mux:wake:{rw:k}\r\n";
+        assert!(out.windows(spublish.len()).any(|w| w == spublish));
+        assert!(!out.windows(9).any(|w| w == b"\nPUBLISH\r"));
+        let read = ReadRelease {
+            resource: b"k",
+            keys: &keys,
+            token: b"t",
+            announce: true,
+        };
+        out.clear();
+        read.encode_for(&mut out, ScriptForm::Sha, sharded);
+        assert!(out.windows(40).any(|w| w == SET_RELEASE_SHARDED.sha));
+        out.clear();
+        read.encode_for(
+            &mut out,
+            ScriptForm::Sha,
+            Caps {
+                hsetex: true,
+                ..sharded
+            },
+        );
+        assert!(out.windows(8).any(|w| w == b"SPUBLISH"));
     }
 
     #[test]
@@ -815,14 +916,16 @@ mod tests {
             ]))),
             Caps {
                 delex: false,
-                hsetex: true
+                hsetex: true,
+                sharded: false,
             }
         );
         assert_eq!(
             caps_of(&Reply::Array(Some(vec![entry(b"delex"), entry(b"hsetex")]))),
             Caps {
                 delex: true,
-                hsetex: true
+                hsetex: true,
+                sharded: false,
             }
         );
         assert_eq!(
@@ -835,6 +938,7 @@ mod tests {
         Caps {
             delex: false,
             hsetex: true,
+            sharded: false,
         }
     }
 

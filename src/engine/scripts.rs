@@ -31,6 +31,9 @@ pub struct Script {
     pub body: &'static str,
     /// Lowercase hex SHA-1 of `body`, as `EVALSHA` wants it.
     pub sha: [u8; 40],
+    /// For a script that announces releases with `PUBLISH`: the same script announcing with
+    /// `SPUBLISH`, for the masters of Redis Cluster members (see [`Script::announcing`]).
+    sharded: Option<&'static Script>,
 }
 
 impl Script {
@@ -39,8 +42,111 @@ impl Script {
         Script {
             body,
             sha: sha1_hex(body.as_bytes()),
+            sharded: None,
         }
     }
+
+    /// A script that announces releases with `PUBLISH`, and `sharded`, its text with
+    /// `SPUBLISH` instead.
+    const fn announcing_with(body: &'static str, sharded: &'static Script) -> Script {
+        Script {
+            body,
+            sha: sha1_hex(body.as_bytes()),
+            sharded: Some(sharded),
+        }
+    }
+
+    /// The script to send to a node: this one, or, on a Redis Cluster member's master
+    /// (`sharded`), its variant that announces with `SPUBLISH` on the channel in the lock's
+    /// slot, when it announces at all.
+    pub fn announcing(&'static self, sharded: bool) -> &'static Script {
+        match self.sharded {
+            Some(s) if sharded => s,
+            _ => self,
+        }
+    }
+}
+
+/// How long `body` is with every `'publish'` made `'spublish'`.
+const fn sharded_len(body: &str) -> usize {
+    body.len() + count_publish(body.as_bytes())
+}
+
+const PUBLISH: &[u8] = b"'publish'";
+
+/// Whether `PUBLISH` starts at `at` in `b`.
+const fn publish_at(b: &[u8], at: usize) -> bool {
+    if at + PUBLISH.len() > b.len() {
+        return false;
+    }
+    let mut k = 0;
+    while k < PUBLISH.len() {
+        if b[at + k] != PUBLISH[k] {
+            return false;
+        }
+        k += 1;
+    }
+    true
+}
+
+/// How many times `'publish'` occurs in `b`.
+const fn count_publish(b: &[u8]) -> usize {
+    let (mut at, mut n) = (0, 0);
+    while at < b.len() {
+        if publish_at(b, at) {
+            n += 1;
+            at += PUBLISH.len();
+        } else {
+            at += 1;
+        }
+    }
+    n
+}
+
+/// `body` with every `'publish'` made `'spublish'`, `N` bytes long ([`sharded_len`]).
+const fn sharded_text<const N: usize>(body: &str) -> [u8; N] {
+    let b = body.as_bytes();
+    let mut out = [0u8; N];
+    let (mut at, mut o) = (0, 0);
+    while at < b.len() {
+        if publish_at(b, at) {
+            let mut k = 0;
+            out[o] = b'\'';
+            out[o + 1] = b's';
+            o += 2;
+            while k + 1 < PUBLISH.len() {
+                out[o] = PUBLISH[k + 1];
+                o += 1;
+                k += 1;
+            }
+            at += PUBLISH.len();
+        } else {
+            out[o] = b[at];
+            o += 1;
+            at += 1;
+        }
+    }
+    out
+}
+
+/// The script `$body` announces with, and its variant that announces with `SPUBLISH` (the
+/// same text, each `'publish'` made `'spublish'`), as statics `$name` and `$sharded`.
+macro_rules! announcing {
+    ($(#[$doc:meta])* $name:ident, $sharded:ident, $body:expr) => {
+        $(#[$doc])*
+        pub static $name: Script = Script::announcing_with($body, &$sharded);
+
+        #[doc = concat!("[`", stringify!($name), "`] announcing with `SPUBLISH`, for Redis Cluster members.")]
+        pub static $sharded: Script = Script::new({
+            const BODY: &str = $body;
+            const N: usize = sharded_len(BODY);
+            const TEXT: [u8; N] = sharded_text::<N>(BODY);
+            match core::str::from_utf8(&TEXT) {
+                Ok(s) => s,
+                Err(_) => panic!("a script's text is UTF-8"),
+            }
+        });
+    };
 }
 
 /// Includes a file of `scripts/`.
@@ -65,8 +171,12 @@ macro_rules! fair_gate {
     };
 }
 
-/// Mutex compare-and-delete, announced on the wake channel: `release.lua`.
-pub static RELEASE: Script = Script::new(lua!("release.lua"));
+announcing!(
+    /// Mutex compare-and-delete, announced on the wake channel: `release.lua`.
+    RELEASE,
+    RELEASE_SHARDED,
+    lua!("release.lua")
+);
 
 /// Mutex compare-and-PEXPIRE: `extend.lua`.
 pub static EXTEND: Script = Script::new(lua!("extend.lua"));
@@ -76,8 +186,12 @@ pub static EXTEND: Script = Script::new(lua!("extend.lua"));
 pub static FAIR_ACQUIRE: Script =
     Script::new(concat!(fair_gate!("", "false"), lua!("fair_acquire.lua")));
 
-/// A waiter leaves a fair queue, telling the next one if the lock is free: `leave.lua`.
-pub static LEAVE: Script = Script::new(lua!("leave.lua"));
+announcing!(
+    /// A waiter leaves a fair queue, telling the next one if the lock is free: `leave.lua`.
+    LEAVE,
+    LEAVE_SHARDED,
+    lua!("leave.lua")
+);
 
 /// Write acquire of a read-write lock, leaving an intent when refused (write-preferring
 /// policy): `write_acquire.lua`.
@@ -106,13 +220,20 @@ pub static READ_ACQUIRE: Script = Script::new(concat!(
 pub static FAIR_READ_ACQUIRE: Script =
     Script::new(concat!(fair_gate!("r", "true"), lua!("read_acquire.lua")));
 
-/// Cleanup after a lost write attempt, refreshing the intent of a writer that goes on waiting:
-/// `write_cleanup.lua`.
-pub static WRITE_CLEANUP: Script =
-    Script::new(concat!(lua!("node_now.lua"), lua!("write_cleanup.lua")));
+announcing!(
+    /// Cleanup after a lost write attempt, refreshing the intent of a writer that goes on
+    /// waiting: `write_cleanup.lua`.
+    WRITE_CLEANUP,
+    WRITE_CLEANUP_SHARDED,
+    concat!(lua!("node_now.lua"), lua!("write_cleanup.lua"))
+);
 
-/// Removes a reader's token or a writer's intent, announcing it: `set_release.lua`.
-pub static SET_RELEASE: Script = Script::new(lua!("set_release.lua"));
+announcing!(
+    /// Removes a reader's token or a writer's intent, announcing it: `set_release.lua`.
+    SET_RELEASE,
+    SET_RELEASE_SHARDED,
+    lua!("set_release.lua")
+);
 
 /// A reader's extend, on the node's clock: `read_extend.lua`.
 pub static READ_EXTEND: Script =
@@ -131,27 +252,42 @@ pub static SEM_ACQUIRE: Script = Script::new(concat!(
 pub static FAIR_SEM_ACQUIRE: Script =
     Script::new(concat!(fair_gate!("", "false"), lua!("sem_acquire.lua")));
 
-/// A semaphore holder's release (and a lost attempt's cleanup), deleting the set with its
-/// last live holder: `sem_release.lua`.
-pub static SEM_RELEASE: Script =
-    Script::new(concat!(lua!("node_now.lua"), lua!("sem_release.lua")));
+announcing!(
+    /// A semaphore holder's release (and a lost attempt's cleanup), deleting the set with its
+    /// last live holder: `sem_release.lua`.
+    SEM_RELEASE,
+    SEM_RELEASE_SHARDED,
+    concat!(lua!("node_now.lua"), lua!("sem_release.lua"))
+);
 
 /// The live holders of a semaphore on one node: `sem_count.lua`.
 pub static SEM_COUNT: Script = Script::new(concat!(lua!("node_now.lua"), lua!("sem_count.lua")));
-/// A writer becomes a reader of the same read-write lock, atomically on each node:
-/// `downgrade.lua`.
-pub static DOWNGRADE: Script = Script::new(concat!(lua!("node_now.lua"), lua!("downgrade.lua")));
+announcing!(
+    /// A writer becomes a reader of the same read-write lock, atomically on each node:
+    /// `downgrade.lua`.
+    DOWNGRADE,
+    DOWNGRADE_SHARDED,
+    concat!(lua!("node_now.lua"), lua!("downgrade.lua"))
+);
 
-/// Undoes a lost downgrade: removes the reader entry and the writer key holding the token:
-/// `downgrade_undo.lua`.
-pub static DOWNGRADE_UNDO: Script = Script::new(lua!("downgrade_undo.lua"));
+announcing!(
+    /// Undoes a lost downgrade: removes the reader entry and the writer key holding the token:
+    /// `downgrade_undo.lua`.
+    DOWNGRADE_UNDO,
+    DOWNGRADE_UNDO_SHARDED,
+    lua!("downgrade_undo.lua")
+);
 
 /// All-or-none acquire of a set of keys: `acquire_all.lua`.
 pub static ACQUIRE_ALL: Script = Script::new(lua!("acquire_all.lua"));
 
-/// Compare-and-delete of every key of a set, each announced on its own channel:
-/// `release_all.lua`.
-pub static RELEASE_ALL: Script = Script::new(lua!("release_all.lua"));
+announcing!(
+    /// Compare-and-delete of every key of a set, each announced on its own channel:
+    /// `release_all.lua`.
+    RELEASE_ALL,
+    RELEASE_ALL_SHARDED,
+    lua!("release_all.lua")
+);
 
 /// All-or-none compare-and-PEXPIRE of a set: `extend_all.lua`.
 pub static EXTEND_ALL: Script = Script::new(lua!("extend_all.lua"));
@@ -267,6 +403,22 @@ mod tests {
             lua!("fair_acquire_all.lua"),
         ] {
             assert!(fragment.ends_with('\n'));
+        }
+    }
+
+    #[test]
+    fn the_sharded_variants_announce_with_spublish_and_nothing_else_changes() {
+        for s in SCRIPTS {
+            let Some(sharded) = s.sharded else {
+                assert!(!s.body.contains("'publish'"), "{}", s.body);
+                assert!(std::ptr::eq(s.announcing(true), *s));
+                continue;
+            };
+            assert!(s.body.contains("redis.pcall('publish', "));
+            assert_eq!(sharded.body, s.body.replace("'publish'", "'spublish'"));
+            assert_eq!(sharded.sha, sha1_hex(sharded.body.as_bytes()));
+            assert!(std::ptr::eq(s.announcing(true), sharded));
+            assert!(std::ptr::eq(s.announcing(false), *s));
         }
     }
 

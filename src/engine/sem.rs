@@ -21,7 +21,7 @@
 use std::time::Instant;
 
 use crate::engine::fair::{write_eval_head, AttemptIds, FairState};
-use crate::engine::keys::SemKeys;
+use crate::engine::keys::{self, SemKeys};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{error_verdict, int_verdict, write_eval, Arg, Caps, Op, ScriptForm};
 use crate::engine::ops::{server_error, Verdict};
@@ -178,13 +178,25 @@ pub struct SemRelease<'a> {
 
 impl Op for SemRelease<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        self.encode_for(out, form, Caps::default());
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         write_eval(
             out,
-            &SEM_RELEASE,
+            SEM_RELEASE.announcing(caps.sharded),
             form,
             &[self.holders],
-            &[Arg::Bytes(self.token), Arg::Wake(self.resource)],
+            &[
+                Arg::Bytes(self.token),
+                Arg::Wake(keys::wake_channel_for(
+                    self.resource,
+                    keys::Family::Semaphore,
+                    caps.sharded,
+                )),
+            ],
         );
+        0
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {

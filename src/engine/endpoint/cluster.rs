@@ -4,8 +4,9 @@
 //! A cluster member has one *seed link* (its own node index: a connection to the URL's seed
 //! addresses, tried in turn) and one link per master in use, added as the topology names them.
 //! Every link is a node of the endpoint with its own command connection, setup, backoff and
-//! compare-and-deletes to send again; only the seed link has a subscriber connection (wake
-//! announcements are published cluster-wide, so any node of the cluster hears them).
+//! compare-and-deletes to send again, and its own subscriber connection: wake announcements
+//! are published with `SPUBLISH` on a channel in the lock's slot, so a wake channel is
+//! subscribed to (`SSUBSCRIBE`) on the master that owns its slot, and follows the slot.
 //!
 //! A command goes to the master of the slot of its first key (every key of one lock shares a
 //! hash tag, so a command touches one slot). While no topology has been read, it goes to the
@@ -89,7 +90,7 @@ fn command(bytes: &[u8]) -> Option<(Vec<&[u8]>, usize)> {
 
 /// The hash slot of the first key among the commands in `bytes` (a command, or a sequence
 /// such as `MULTI` … `EXEC`), as the engine writes them; `None` when they name no key.
-/// Channels are not keys: `PUBLISH` is sent to any node of a cluster.
+/// Channels are not keys here: an `SPUBLISH` goes with the command of the lock it announces.
 pub(crate) fn first_key_slot(mut bytes: &[u8]) -> Option<u16> {
     while let Some((args, used)) = command(bytes) {
         bytes = &bytes[used..];

@@ -1,5 +1,7 @@
 //! A cluster member's routing, driven by hand: the topology read (and its older form), commands
-//! sent to the master of their slot, `MOVED` and `ASK` followed, a slot without a master.
+//! sent to the master of their slot, `MOVED` and `ASK` followed, a slot without a master; wake
+//! channels subscribed to on the master of their slot, following `MOVED` and the
+//! `sunsubscribe` of a slot that left its master.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::cluster::key_slot;
 use super::*;
 use crate::config::{Config, RwPolicy};
+use crate::engine::keys;
 use crate::engine::machine::{Tag, Transmit, What};
 use crate::engine::ops::{ScriptForm, SCRIPTS};
 use crate::resp::{self, Limits};
@@ -142,8 +145,13 @@ impl Net {
 
     /// The commands `link` has to write, by their words, as written.
     fn output(&mut self, link: usize) -> Vec<String> {
-        let out = self.ep.pending(cmd(link)).to_vec();
-        self.ep.handle_sent(cmd(link), out.len(), self.now);
+        self.output_of(cmd(link))
+    }
+
+    /// The commands connection `id` has to write, by their words, as written.
+    fn output_of(&mut self, id: ConnId) -> Vec<String> {
+        let out = self.ep.pending(id).to_vec();
+        self.ep.handle_sent(id, out.len(), self.now);
         let mut rest = &out[..];
         let mut commands = Vec::new();
         while let Ok(resp::Status::Complete((Reply::Array(Some(items)), used))) =
@@ -163,9 +171,39 @@ impl Net {
     }
 
     fn reply(&mut self, link: usize, bytes: &[u8]) {
-        let buf = self.ep.recv_buf(cmd(link), self.now).expect("room");
+        self.reply_to(cmd(link), bytes);
+    }
+
+    fn reply_to(&mut self, id: ConnId, bytes: &[u8]) {
+        let buf = self.ep.recv_buf(id, self.now).expect("room");
         buf[..bytes.len()].copy_from_slice(bytes);
-        self.ep.handle_recv(cmd(link), bytes.len(), self.now);
+        self.ep.handle_recv(id, bytes.len(), self.now);
+    }
+
+    /// Takes every `Io::Connect`, reports them done, and returns the connections.
+    fn connect_ids(&mut self) -> Vec<ConnId> {
+        let mut done = Vec::new();
+        while let Some(io) = self.ep.poll_io() {
+            if let Io::Connect(id) = io {
+                self.ep.handle_connected(id);
+                done.push(id);
+            }
+        }
+        done
+    }
+
+    /// Runs `m` as a new caller's operation, or as `(caller, run)`'s.
+    fn run<M: Machine>(&mut self, at: Option<(CallerId, u64)>, m: &mut M) -> (CallerId, u64) {
+        let (caller, run) = at.unwrap_or_else(|| {
+            let caller = self.ep.open_caller();
+            (caller, self.ep.begin(caller))
+        });
+        let mut rng = {
+            use rand_core::SeedableRng;
+            Jitter::from_seed([7; 32])
+        };
+        self.ep.step(caller, run, m, self.now, &mut rng);
+        (caller, run)
     }
 
     /// Answers `link`'s setup as a Redis 7 server whose run id is made of `id`.
@@ -176,8 +214,12 @@ impl Net {
     /// Answers `link`'s setup as a Redis `version` server, with `HSETEX` if `hsetex`.
     fn answer_setup_as(&mut self, link: usize, id: char, version: &str, hsetex: bool) {
         let mut r = Vec::new();
-        for _ in SCRIPTS {
+        // Every script, and the variant of each that announces with SPUBLISH.
+        for s in SCRIPTS {
             r.extend_from_slice(b"$40\r\n0000000000000000000000000000000000000000\r\n");
+            if !std::ptr::eq(s.announcing(true), *s) {
+                r.extend_from_slice(b"$40\r\n0000000000000000000000000000000000000000\r\n");
+            }
         }
         let text = format!(
             "redis_version:{version}\r\nrun_id:{}\r\n",
@@ -369,4 +411,285 @@ fn the_first_topology_read_goes_out_whatever_the_server_offers() {
     net.answer_setup_as(0, 's', "8.2.3", true);
     assert!(net.ep.is_open(cmd(0)), "the seed's connection stays up");
     assert_eq!(net.output(0), ["CLUSTER SHARDS"]);
+}
+
+/// Subscribes to the wake channel of the mutex on `key`, as a waiter does, and records what it
+/// hears.
+struct Waiter {
+    key: &'static [u8],
+    sent: bool,
+    subscribed: bool,
+    wakes: Vec<(usize, String, String)>,
+}
+
+impl Waiter {
+    fn new(key: &'static [u8]) -> Waiter {
+        Waiter {
+            key,
+            sent: false,
+            subscribed: false,
+            wakes: Vec::new(),
+        }
+    }
+}
+
+impl Machine for Waiter {
+    type Output = ();
+
+    fn handle_reply(&mut self, _: usize, _: Tag, _: &Reply<'_>, _: Instant, _: &mut dyn Entropy) {}
+
+    fn handle_failure(
+        &mut self,
+        _: usize,
+        _: Tag,
+        _: NodeErrorKind,
+        _: Instant,
+        _: &mut dyn Entropy,
+    ) {
+    }
+
+    fn handle_timeout(&mut self, _: Instant, _: &mut dyn Entropy) {}
+
+    fn handle_wake(
+        &mut self,
+        node: usize,
+        channel: &[u8],
+        message: &[u8],
+        _: Instant,
+        _: &mut dyn Entropy,
+    ) {
+        self.wakes.push((
+            node,
+            String::from_utf8_lossy(channel).into_owned(),
+            String::from_utf8_lossy(message).into_owned(),
+        ));
+    }
+
+    fn handle_subscribed(&mut self, _: Instant, _: &mut dyn Entropy) {
+        self.subscribed = true;
+    }
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        if std::mem::replace(&mut self.sent, true) {
+            return None;
+        }
+        Some(Transmit {
+            to: To::Subscribers,
+            tag: None,
+            form: ScriptForm::Body,
+            what: What::Subscribe,
+            redo: None,
+        })
+    }
+
+    fn encode(&self, _: &Transmit, caps: Caps, out: &mut Vec<u8>) -> usize {
+        let command: &[u8] = if caps.sharded {
+            b"SSUBSCRIBE"
+        } else {
+            b"SUBSCRIBE"
+        };
+        let channel = keys::wake_channel_for(self.key, keys::Family::Mutex, caps.sharded);
+        resp::encode_command(out, &[command, &channel.to_vec()]);
+        1
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+
+    fn poll_outcome(&mut self) -> Option<()> {
+        None
+    }
+}
+
+fn sub(node: usize) -> ConnId {
+    ConnId { node, sub: true }
+}
+
+/// A pub/sub message of `kind` on `channel`: `*3 $kind $channel <last>`.
+fn push(kind: &str, channel: &str, last: &str) -> Vec<u8> {
+    format!(
+        "*3\r\n${}\r\n{kind}\r\n${}\r\n{channel}\r\n{last}\r\n",
+        kind.len(),
+        channel.len()
+    )
+    .into_bytes()
+}
+
+fn bulk(s: &str) -> String {
+    format!("${}\r\n{s}", s.len())
+}
+
+#[test]
+fn a_wake_channel_is_subscribed_to_on_the_master_of_its_slot_alone() {
+    let a = key_slot(b"a");
+    assert!(a >= 8192);
+    let mut net = member(&[(0, 8191, 7001), (8192, 16383, 7002)]);
+    let mut w = Waiter::new(b"a");
+    let run = net.run(None, &mut w);
+    assert_eq!(
+        net.connect_ids(),
+        [sub(2)],
+        "the slot's master's subscriber only"
+    );
+    let ch = "redlock-mux:wake:{a}";
+    assert_eq!(key_slot(ch.as_bytes()), a, "in the lock's slot");
+    assert_eq!(net.output_of(sub(2)), [format!("SSUBSCRIBE {ch}")]);
+    net.run(Some(run), &mut w);
+    assert!(!w.subscribed, "not before the master confirms");
+    net.reply_to(sub(2), &push("ssubscribe", ch, ":1"));
+    net.run(Some(run), &mut w);
+    assert!(w.subscribed);
+    net.reply_to(sub(2), &push("smessage", ch, &bulk("0123456789abcdef")));
+    net.run(Some(run), &mut w);
+    assert_eq!(
+        w.wakes,
+        [(0, ch.to_owned(), "0123456789abcdef".to_owned())],
+        "heard as the member's"
+    );
+    // The last caller gone, the channel is left; the master's confirmation of that is no
+    // reason to subscribe again.
+    net.ep.finish(run.0, run.1, net.now);
+    assert_eq!(net.output_of(sub(2)), [format!("SUNSUBSCRIBE {ch}")]);
+    net.reply_to(sub(2), &push("sunsubscribe", ch, ":0"));
+    assert!(net.output_of(sub(2)).is_empty());
+    assert!(net.output_of(sub(1)).is_empty());
+}
+
+#[test]
+fn moved_on_ssubscribe_subscribes_at_the_master_named() {
+    let a = key_slot(b"a");
+    let mut net = member(&[(0, 16383, 7001)]);
+    let mut w = Waiter::new(b"a");
+    let run = net.run(None, &mut w);
+    assert_eq!(net.connect_ids(), [sub(1)]);
+    let ch = "redlock-mux:wake:{a}";
+    assert_eq!(net.output_of(sub(1)), [format!("SSUBSCRIBE {ch}")]);
+    net.reply_to(sub(1), format!("-MOVED {a} 127.0.0.1:7003\r\n").as_bytes());
+    assert_eq!(net.connect_ids(), [sub(2)], "the new owner's subscriber");
+    assert_eq!(net.output_of(sub(2)), [format!("SSUBSCRIBE {ch}")]);
+    net.run(Some(run), &mut w);
+    assert!(!w.subscribed, "waits for the new owner's confirmation");
+    net.reply_to(sub(2), &push("ssubscribe", ch, ":1"));
+    net.run(Some(run), &mut w);
+    assert!(w.subscribed);
+    net.reply_to(sub(2), &push("smessage", ch, &bulk("t")));
+    net.run(Some(run), &mut w);
+    assert_eq!(w.wakes.len(), 1);
+    // The slot moved in the map (a command goes there), and the topology is read again.
+    let mut m = Keyed::new(b"a");
+    net.step(&mut m);
+    net.connect_ids();
+    net.output(2);
+    net.answer_setup(2, 'c');
+    assert_eq!(net.output(2), ["SET a v"]);
+    net.now += 200 * MS;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.output(0), ["CLUSTER SLOTS"]);
+}
+
+#[test]
+fn a_slot_that_leaves_its_master_is_subscribed_to_at_its_new_owner() {
+    let a = key_slot(b"a");
+    let mut net = member(&[(0, 16383, 7001)]);
+    let mut w = Waiter::new(b"a");
+    let run = net.run(None, &mut w);
+    net.connect_ids();
+    let ch = "redlock-mux:wake:{a}";
+    assert_eq!(net.output_of(sub(1)), [format!("SSUBSCRIBE {ch}")]);
+    net.reply_to(sub(1), &push("ssubscribe", ch, ":1"));
+    net.run(Some(run), &mut w);
+    assert!(w.subscribed);
+    // The slot migrated: the master drops the subscription with a push of its own.
+    net.reply_to(sub(1), &push("sunsubscribe", ch, ":0"));
+    assert_eq!(
+        net.output_of(sub(1)),
+        [format!("SSUBSCRIBE {ch}")],
+        "at once where the map says, which answers where the slot went"
+    );
+    net.reply_to(sub(1), format!("-MOVED {a} 127.0.0.1:7003\r\n").as_bytes());
+    assert_eq!(net.connect_ids(), [sub(2)]);
+    assert_eq!(net.output_of(sub(2)), [format!("SSUBSCRIBE {ch}")]);
+    net.reply_to(sub(2), &push("ssubscribe", ch, ":1"));
+    net.reply_to(sub(2), &push("smessage", ch, &bulk("t")));
+    net.run(Some(run), &mut w);
+    assert_eq!(w.wakes.len(), 1, "heard from the new owner");
+    // The topology read that the move asked for names the new owner: nothing changes.
+    net.now += 200 * MS;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.output(0), ["CLUSTER SLOTS"]);
+    net.reply(0, &slots(&[(0, 16383, 7003)]));
+    assert!(net.output_of(sub(2)).is_empty());
+    assert!(net.output_of(sub(1)).is_empty());
+}
+
+#[test]
+fn a_topology_read_moves_subscriptions_to_the_masters_it_names() {
+    let mut net = member(&[(0, 16383, 7001)]);
+    let mut w = Waiter::new(b"a");
+    let run = net.run(None, &mut w);
+    net.connect_ids();
+    let ch = "redlock-mux:wake:{a}";
+    assert_eq!(net.output_of(sub(1)), [format!("SSUBSCRIBE {ch}")]);
+    net.reply_to(sub(1), &push("ssubscribe", ch, ":1"));
+    net.run(Some(run), &mut w);
+    // A periodic read finds the slot elsewhere (a failover, say): the subscription follows.
+    net.now += cluster::REFRESH_PERIOD;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.output(0), ["CLUSTER SLOTS"]);
+    net.reply(0, &slots(&[(0, 16383, 7003)]));
+    assert_eq!(net.output_of(sub(1)), [format!("SUNSUBSCRIBE {ch}")]);
+    let ids = net.connect_ids();
+    assert!(ids.contains(&sub(2)), "{ids:?}");
+    assert_eq!(net.output_of(sub(2)), [format!("SSUBSCRIBE {ch}")]);
+}
+
+#[test]
+fn a_masters_setup_loads_the_scripts_that_announce_with_spublish() {
+    let mut net = Net::new("redis+cluster://127.0.0.1:7000");
+    net.ep.connect_all(net.now);
+    net.connect();
+    let setup = net.output(0);
+    let loads: Vec<&String> = setup
+        .iter()
+        .filter(|c| c.starts_with("SCRIPT LOAD"))
+        .collect();
+    let sharded = SCRIPTS
+        .iter()
+        .filter(|s| !std::ptr::eq(s.announcing(true), **s))
+        .count();
+    assert_eq!(sharded, 8);
+    assert_eq!(loads.len(), SCRIPTS.len() + sharded);
+    assert_eq!(
+        loads.iter().filter(|c| c.contains("'spublish'")).count(),
+        sharded
+    );
+    // A standalone member's setup is what it was.
+    let mut net = Net::new("redis://127.0.0.1:6379");
+    net.ep.connect_all(net.now);
+    net.connect();
+    let setup = net.output(0);
+    assert_eq!(
+        setup
+            .iter()
+            .filter(|c| c.starts_with("SCRIPT LOAD"))
+            .count(),
+        SCRIPTS.len()
+    );
+    assert!(!setup.iter().any(|c| c.contains("'spublish'")));
+}
+
+#[test]
+fn standalone_members_subscribe_as_before() {
+    let mut net = Net::new("redis://127.0.0.1:6379");
+    let mut w = Waiter::new(b"a");
+    let run = net.run(None, &mut w);
+    assert_eq!(net.connect_ids(), [sub(0)]);
+    let ch = "redlock-mux:wake:a";
+    assert_eq!(net.output_of(sub(0)), [format!("SUBSCRIBE {ch}")]);
+    net.reply_to(sub(0), &push("subscribe", ch, ":1"));
+    net.reply_to(sub(0), &push("message", ch, &bulk("t")));
+    net.run(Some(run), &mut w);
+    assert!(w.subscribed);
+    assert_eq!(w.wakes.len(), 1);
 }

@@ -266,14 +266,15 @@ impl Conn {
     }
 
     /// Starts a connection at `now`: its setup is the first thing queued, and everything
-    /// queued after it is held until the setup is answered.
-    pub fn start(&mut self, node: &NodeAddr, now: Instant) {
+    /// queued after it is held until the setup is answered. `sharded`: the node is a master
+    /// of a Redis Cluster member, whose scripts announce with `SPUBLISH`.
+    pub fn start(&mut self, node: &NodeAddr, sharded: bool, now: Instant) {
         debug_assert!(self.owed.is_empty() && self.out.is_empty() && self.held.is_empty());
         self.state = State::Connecting { since: now };
         self.trying = 0;
         self.learnt = Server::default();
         let owed = &mut self.owed;
-        setup::write(&mut self.out, node, self.commands, |step| {
+        setup::write(&mut self.out, node, self.commands, sharded, |step| {
             owed.push_back(Slot::Setup(step))
         });
         self.setup_owed = self.owed.len();

@@ -81,7 +81,7 @@ use conn::{Conn, Redo, Slot, MAX_OWED};
 pub(crate) use mail::Event;
 use mail::Mail;
 use setup::{Server, Setup};
-use subs::Channels;
+use subs::{Channels, Push};
 
 /// A caller of an endpoint: one thread (or simulated caller) running lock operations.
 pub(crate) type CallerId = usize;
@@ -284,7 +284,7 @@ impl Endpoint {
                     awaiting: None,
                     cmd: Conn::new(true, now),
                     sub: Conn::new(false, now),
-                    server: Server::default(),
+                    server: Server::for_member(config.nodes[i].cluster),
                     known: false,
                     retries: Vec::new(),
                     retry_bytes: Vec::new(),
@@ -300,7 +300,7 @@ impl Endpoint {
                 .collect(),
             scratch: Vec::new(),
             mail: Mail::default(),
-            channels: Channels::new(n),
+            channels: Channels::new(n, MAX_LINKS),
             encoded: Encoded::default(),
             io: VecDeque::new(),
             next_run: 1,
@@ -754,6 +754,7 @@ impl Endpoint {
         for link in linked.iter().filter_map(|&(_, _, l)| l) {
             self.connect_if_down(link, now);
         }
+        self.resubscribe(member, now);
     }
 
     /// Follows a redirection read on `from` (see the module docs of `cluster`): `MOVED` moves
@@ -895,7 +896,7 @@ impl Endpoint {
             Some(a) => a,
             None => &self.config.nodes[i],
         };
-        node.cmd.start(addr, now);
+        node.cmd.start(addr, self.topo[node.member].is_some(), now);
         self.dirty |= 1
             << ConnId {
                 node: i,
@@ -1091,11 +1092,15 @@ impl Endpoint {
         if !id.sub && self.topo[member].is_some() {
             return self.handle_recv_cluster(i, now);
         }
+        let mut pushes = Vec::new();
         let result = if id.sub {
             let channels = &mut self.channels;
             let mail = &mut self.mail;
             self.nodes[i].sub.take_replies(&limits, |_, bytes| {
-                channels.handle_push(i, bytes, &limits, mail)
+                match channels.handle_push(i, member, bytes, &limits, mail) {
+                    Push::Nothing => {}
+                    push => pushes.push(push),
+                }
             })
         } else {
             let mail = &mut self.mail;
@@ -1127,6 +1132,9 @@ impl Endpoint {
                 self.fail(id, why, now);
                 self.io.push_back(Io::Close(id));
             }
+        }
+        for push in pushes {
+            self.handle_sharded_push(i, push, now);
         }
     }
 
@@ -1275,7 +1283,8 @@ impl Endpoint {
     /// it said, and what waited behind the setup goes out (see the module docs for what a
     /// changed server and a duplicate one mean).
     fn set_up(&mut self, i: usize, now: Instant) {
-        let learnt = self.nodes[i].cmd.learnt;
+        let mut learnt = self.nodes[i].cmd.learnt;
+        learnt.caps.sharded = self.topo[self.nodes[i].member].is_some();
         // The links of one cluster member may reach one server twice (its seed link and a
         // master's); servers of two members may not be one.
         let member = self.nodes[i].member;
@@ -1321,6 +1330,11 @@ impl Endpoint {
             let node = &mut self.nodes[i];
             node.sub.fail(why, now, |_, _| {});
             self.channels.lost_subscriber(i, &mut self.mail);
+            if let Some(topo) = self.topo[self.nodes[i].member].as_mut() {
+                // Its channels are subscribed to again after the next topology read, at
+                // whichever masters own their slots then.
+                topo.want = true;
+            }
             return;
         }
         let member = self.nodes[i].member;
@@ -1621,31 +1635,172 @@ impl Endpoint {
         for k in 0..self.channels.changed.len() {
             let idx = self.channels.changed[k];
             for i in 0..self.members {
-                self.subscribe_on(i, idx, now);
+                if self.topo[i].is_some() {
+                    self.subscribe_sharded(i, idx, now);
+                } else {
+                    self.subscribe_on(i, idx, now);
+                }
             }
         }
         self.channels
             .await_confirmations(caller, run, &mut self.mail);
     }
 
-    /// Subscribes node `i`'s pub/sub connection to channel `idx`, connecting it first if it is
-    /// down and due (then every live channel is subscribed to).
-    fn subscribe_on(&mut self, i: usize, idx: usize, now: Instant) {
-        let sub = &mut self.nodes[i].sub;
-        if !sub.can_send(now) {
-            return;
+    /// Subscribes cluster member `member` to channel `idx`: on the link of the master that
+    /// owns the channel's slot, as the slot map says (the seed link while no map was read,
+    /// or while the slot has no master: the cluster answers where it is).
+    fn subscribe_sharded(&mut self, member: usize, idx: usize, now: Instant) {
+        self.refresh_if_due(member, now);
+        let slot = self.channels.slot(idx);
+        let link = self.topo[member]
+            .as_ref()
+            .and_then(|t| t.link(slot))
+            .unwrap_or(member);
+        self.channels.set_on(idx, member, Some(link));
+        if !self.subscribe_on(link, idx, now) {
+            // Its connection waits out its backoff: tried again after the next topology read.
+            self.channels.set_on(idx, member, None);
+            if let Some(topo) = self.topo[member].as_mut() {
+                topo.want = true;
+            }
         }
-        let fresh = sub.is_down();
+    }
+
+    /// Subscribes node `i`'s pub/sub connection to channel `idx`, connecting it first if it is
+    /// down and due (then every live channel of that connection is subscribed to); `false`
+    /// when it cannot be now (a connection in its backoff).
+    fn subscribe_on(&mut self, i: usize, idx: usize, now: Instant) -> bool {
+        let member = self.nodes[i].member;
+        let sharded = self.topo[member].is_some().then_some(member);
+        let node = &mut self.nodes[i];
+        if !node.sub.can_send(now) {
+            return false;
+        }
+        let fresh = node.sub.is_down();
         if fresh {
-            sub.start(&self.config.nodes[i], now);
+            let addr = match &node.addr {
+                Some(a) => a,
+                None => &self.config.nodes[i],
+            };
+            node.sub.start(addr, sharded.is_some(), now);
             self.io
                 .push_back(Io::Connect(ConnId { node: i, sub: true }));
         }
         let sub = &mut self.nodes[i].sub;
-        self.channels.write_subscribe(i, Some(idx), fresh, |write| {
-            sub.queue_unmatched(|out| write(out))
-        });
+        self.channels
+            .write_subscribe(i, Some(idx), fresh, sharded, |write| {
+                sub.queue_unmatched(|out| write(out))
+            });
         self.touch(ConnId { node: i, sub: true });
+        true
+    }
+
+    /// After a topology read of cluster member `member`: every channel callers hold is
+    /// subscribed to at the master its slot's map names, and unsubscribed from where it was.
+    fn resubscribe(&mut self, member: usize, now: Instant) {
+        for idx in 0..self.channels.len() {
+            if !self.channels.held(idx) {
+                continue;
+            }
+            let slot = self.channels.slot(idx);
+            let want = self.topo[member].as_ref().and_then(|t| t.link(slot));
+            let was = self.channels.on(idx, member);
+            if was == want && want.is_some() {
+                continue;
+            }
+            if let Some(old) = was {
+                self.channels.set_on(idx, member, None);
+                self.unsubscribe_on(old, idx, true);
+            }
+            if want.is_some() {
+                self.subscribe_sharded(member, idx, now);
+            }
+        }
+    }
+
+    /// What a message on node `i`'s pub/sub connection asked for, on a cluster member: a
+    /// channel whose slot left the master is subscribed to where the map says its slot is
+    /// (a stale map is corrected by the `-MOVED` that answers, and a topology read is asked
+    /// for); a `-MOVED` answer moves the slot in the map and sends the subscriptions it
+    /// answered to the master named. Any other error leaves the channels it answered to the
+    /// next topology read: their waiters are not kept waiting for a confirmation.
+    fn handle_sharded_push(&mut self, i: usize, push: Push, now: Instant) {
+        let member = self.nodes[i].member;
+        if self.topo[member].is_none() {
+            return;
+        }
+        match push {
+            Push::Nothing => {}
+            Push::Dropped(idx) => {
+                if let Some(topo) = self.topo[member].as_mut() {
+                    topo.want = true;
+                }
+                self.subscribe_sharded(member, idx, now);
+            }
+            Push::Error(bytes) => {
+                let from = match self.node_addr(i).target(self.nodes[i].sub.trying) {
+                    Target::Tcp(a) => Some(a),
+                    Target::Unix(_) => None,
+                };
+                let redirect = cluster::redirect(&bytes, from);
+                let slot = match redirect {
+                    Some(r) => r.slot,
+                    // An error without a slot answers the oldest subscription still owed.
+                    None => match (0..self.channels.len()).find(|&k| {
+                        self.channels.on(k, member) == Some(i)
+                            && !self
+                                .channels
+                                .owed_at(i, member, self.channels.slot(k))
+                                .is_empty()
+                    }) {
+                        Some(k) => self.channels.slot(k),
+                        None => return,
+                    },
+                };
+                let answered = self.channels.owed_at(i, member, slot);
+                let target = redirect
+                    .filter(|r| !r.ask)
+                    .and_then(|r| r.to)
+                    .and_then(|a| self.link_for(member, a, now))
+                    .filter(|&t| t != i);
+                if let Some(topo) = self.topo[member].as_mut() {
+                    if let Some(t) = target {
+                        topo.set(slot, t);
+                    }
+                    topo.want = true;
+                }
+                // One error answers one subscription.
+                let Some(&idx) = answered.first() else {
+                    return;
+                };
+                match target {
+                    Some(t) => {
+                        self.channels.set_on(idx, member, Some(t));
+                        if self.subscribe_on(t, idx, now) {
+                            self.channels.move_awaiting(idx, i, t);
+                        } else {
+                            self.channels.set_on(idx, member, None);
+                            self.channels.not_owed(i, idx, &mut self.mail);
+                        }
+                    }
+                    None => {
+                        self.channels.set_on(idx, member, None);
+                        self.channels.not_owed(i, idx, &mut self.mail);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Unsubscribes node `i`'s pub/sub connection from channel `idx`, if it is up.
+    fn unsubscribe_on(&mut self, i: usize, idx: usize, sharded: bool) {
+        let sub = &mut self.nodes[i].sub;
+        if sub.is_up() {
+            self.channels.write_unsubscribe(i, idx, sharded, |write| {
+                sub.queue_unmatched(|out| write(out))
+            });
+            self.dirty |= 1 << ConnId { node: i, sub: true }.index();
+        }
     }
 
     /// Drops the caller's references to its channels; those nobody holds any more are
@@ -1654,12 +1809,12 @@ impl Endpoint {
         self.channels.remove(caller, run, &mut self.mail);
         for k in 0..self.channels.changed.len() {
             let idx = self.channels.changed[k];
-            for (i, node) in self.nodes[..self.members].iter_mut().enumerate() {
-                let sub = &mut node.sub;
-                if sub.is_up() {
-                    self.channels
-                        .write_unsubscribe(idx, |write| sub.queue_unmatched(|out| write(out)));
-                    self.dirty |= 1 << ConnId { node: i, sub: true }.index();
+            for i in 0..self.members {
+                if self.topo[i].is_none() {
+                    self.unsubscribe_on(i, idx, false);
+                } else if let Some(link) = self.channels.on(idx, i) {
+                    self.channels.set_on(idx, i, None);
+                    self.unsubscribe_on(link, idx, true);
                 }
             }
         }

@@ -149,6 +149,14 @@ impl Server {
         .unwrap_or_default();
     }
 
+    /// What is known of a node before its first setup: nothing, but whether it is a master
+    /// of a Redis Cluster member, which its URL says (see [`Caps::sharded`]).
+    pub fn for_member(cluster: bool) -> Server {
+        let mut s = Server::default();
+        s.caps.sharded = cluster;
+        s
+    }
+
     /// Which of the newer commands this server's lock operations use, from what `COMMAND
     /// INFO DELEX HSETEX` says exists and what the server is. A path is used only on servers
     /// whose behaviour the project's tests verify: Redis 8.0 and later for `HSETEX` (the read-
@@ -161,6 +169,7 @@ impl Server {
         self.caps = Caps {
             hsetex: offered.hsetex && redis && at_least(8, 0),
             delex: offered.delex && redis && at_least(8, 4),
+            sharded: self.caps.sharded,
         };
     }
 }
@@ -180,12 +189,14 @@ fn parse_version(v: &[u8]) -> Option<(u16, u16, u16)> {
 
 /// Writes a connection's setup into `out` and pushes each command's step to `steps`: AUTH and
 /// SELECT as the URL asks and, for a command connection, every script loaded (so that EVALSHA
-/// hits), the server's identity, and the commands it offers. A subscriber needs no database
-/// and no scripts: channels are global to the server.
+/// hits; on a master of a Redis Cluster member, `sharded`, the variants that announce with
+/// `SPUBLISH` too), the server's identity, and the commands it offers. A subscriber needs no
+/// database and no scripts: channels are global to the server.
 pub(crate) fn write(
     out: &mut Vec<u8>,
     node: &NodeAddr,
     commands: bool,
+    sharded: bool,
     mut step: impl FnMut(Setup),
 ) {
     if let Some(password) = &node.password {
@@ -207,6 +218,11 @@ pub(crate) fn write(
     for script in SCRIPTS {
         resp::encode_command(out, &[b"SCRIPT", b"LOAD", script.body.as_bytes()]);
         step(Setup::ScriptLoad);
+        let variant = script.announcing(true);
+        if sharded && !std::ptr::eq(variant, *script) {
+            resp::encode_command(out, &[b"SCRIPT", b"LOAD", variant.body.as_bytes()]);
+            step(Setup::ScriptLoad);
+        }
     }
     resp::encode_command(out, &[b"INFO", b"server"]);
     step(Setup::Info);

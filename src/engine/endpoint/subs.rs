@@ -5,8 +5,16 @@
 //! connection to it, the last one unsubscribes them. A published message goes to the callers
 //! of its channel only. A caller is told it is subscribed once every confirmation owed for its
 //! channels on every node has come (or that node's pub/sub connection failed).
+//!
+//! A channel has two names: the one standalone members announce on (`PUBLISH`, `SUBSCRIBE`),
+//! and the one in the lock's hash slot that Redis Cluster members announce on (`SPUBLISH`,
+//! `SSUBSCRIBE`; see `keys::wake_channel_for`). On a cluster member, a channel is subscribed
+//! to on the pub/sub connection of one link only, the master that owns its slot, and moves
+//! with the slot: the endpoint follows a `-MOVED` answer to `SSUBSCRIBE` and the
+//! `sunsubscribe` a master pushes when the slot leaves it.
 #![forbid(unsafe_code)]
 
+use super::cluster;
 use super::mail::{Event, Mail};
 use super::CallerId;
 use crate::engine::machine::{Machine, Transmit};
@@ -16,20 +24,45 @@ use crate::resp::{self, Limits, Reply, Status};
 /// A wake channel the pub/sub connections are (being) subscribed to.
 #[derive(Debug)]
 struct Channel {
+    /// The name standalone members announce on.
     name: Vec<u8>,
+    /// The name cluster members announce on, in the lock's slot.
+    sharded: Vec<u8>,
+    /// The hash slot of `sharded`.
+    slot: u16,
     /// Callers holding it; unsubscribed when this drops to zero.
     refs: usize,
     /// The callers (caller, run) to wake on a message.
     waiters: Vec<(CallerId, u64)>,
-    /// Per node, confirmations owed for the SUBSCRIBE commands sent.
+    /// Per node, confirmations owed for the SUBSCRIBE (SSUBSCRIBE) commands sent.
     owed: Vec<u32>,
     /// Per node, the callers waiting for those confirmations.
     awaiting: Vec<Vec<(CallerId, u64)>>,
+    /// Per node, the `SUNSUBSCRIBE` commands sent whose confirmation has not come: a
+    /// `sunsubscribe` beyond those is the server's, for a slot that left it.
+    leaving: Vec<u32>,
+    /// Per quorum member that is a cluster: the link subscribed (or subscribing) to it.
+    on: Vec<Option<usize>>,
+}
+
+/// What a message on a pub/sub connection asks of the endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Push {
+    /// Nothing.
+    Nothing,
+    /// The master pushed `sunsubscribe` for channel `idx`, which callers still hold: its slot
+    /// left that master, and the channel is to be subscribed to at the slot's new owner.
+    Dropped(usize),
+    /// An error answered a subscription (`-MOVED`, `-ASK`, `-CLUSTERDOWN`…): its bytes.
+    Error(Vec<u8>),
 }
 
 #[derive(Debug)]
 pub(crate) struct Channels {
+    /// How many nodes a channel counts confirmations for (members and links).
     nodes: usize,
+    /// How many quorum members.
+    members: usize,
     channels: Vec<Channel>,
     /// Where a machine's subscription is written before it is read back for its channels.
     scratch: Vec<u8>,
@@ -38,10 +71,27 @@ pub(crate) struct Channels {
     pub changed: Vec<usize>,
 }
 
+/// The channel names of the subscription written in `bytes`.
+fn names<'a>(bytes: &'a [u8], limits: &Limits) -> Vec<&'a [u8]> {
+    let mut rest = bytes;
+    let mut out = Vec::new();
+    while let Ok(Status::Complete((Reply::Array(Some(items)), used))) = resp::decode(rest, limits) {
+        rest = &rest[used..];
+        for item in items.iter().skip(1) {
+            if let Reply::Bulk(Some(name)) = item {
+                out.push(*name);
+            }
+        }
+    }
+    out
+}
+
 impl Channels {
-    pub fn new(nodes: usize) -> Channels {
+    /// Channels for `members` quorum members and `nodes` nodes in all (links included).
+    pub fn new(members: usize, nodes: usize) -> Channels {
         Channels {
             nodes,
+            members,
             channels: Vec::new(),
             scratch: Vec::new(),
             changed: Vec::new(),
@@ -50,7 +100,7 @@ impl Channels {
 
     /// Adds the caller to the channels `m` subscribes to with `t`. The channels nobody held
     /// before are left in [`changed`](Self::changed): they are to be subscribed to on every
-    /// node.
+    /// member.
     pub fn add<M: Machine>(
         &mut self,
         t: &Transmit,
@@ -64,49 +114,57 @@ impl Channels {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         m.encode(t, Caps::default(), &mut scratch);
-        let mut rest = &scratch[..];
-        while let Ok(Status::Complete((Reply::Array(Some(items)), used))) =
-            resp::decode(rest, limits)
-        {
-            rest = &rest[used..];
-            for item in items.iter().skip(1) {
-                let Reply::Bulk(Some(name)) = item else {
-                    continue;
-                };
-                let idx = self.index_of(name);
-                let c = mail.caller(caller);
-                if c.chans.contains(&idx) {
-                    continue;
-                }
-                c.chans.push(idx);
-                let ch = &mut self.channels[idx];
-                ch.refs += 1;
-                ch.waiters.push((caller, run));
-                if ch.refs == 1 {
-                    self.changed.push(idx);
-                }
+        let plain_end = scratch.len();
+        let sharded = Caps {
+            sharded: true,
+            ..Caps::default()
+        };
+        m.encode(t, sharded, &mut scratch);
+        let (plain, sharded) = scratch.split_at(plain_end);
+        let plain = names(plain, limits);
+        let sharded = names(sharded, limits);
+        for (k, name) in plain.iter().enumerate() {
+            let sname = sharded.get(k).copied().unwrap_or(name);
+            let idx = self.index_of(name, sname);
+            let c = mail.caller(caller);
+            if c.chans.contains(&idx) {
+                continue;
+            }
+            c.chans.push(idx);
+            let ch = &mut self.channels[idx];
+            ch.refs += 1;
+            ch.waiters.push((caller, run));
+            if ch.refs == 1 {
+                self.changed.push(idx);
             }
         }
         self.scratch = scratch;
     }
 
-    /// The channel named `name`, made (or a slot nobody uses reused) if there is none.
-    fn index_of(&mut self, name: &[u8]) -> usize {
+    /// The channel named `name` (`sharded` on cluster members), made (or a slot nobody uses
+    /// reused) if there is none.
+    fn index_of(&mut self, name: &[u8], sharded: &[u8]) -> usize {
         if let Some(idx) = self.channels.iter().position(|c| c.name == name) {
             return idx;
         }
         let fresh = Channel {
             name: name.to_vec(),
+            sharded: sharded.to_vec(),
+            slot: cluster::key_slot(sharded),
             refs: 0,
             waiters: Vec::new(),
             owed: vec![0; self.nodes],
             awaiting: (0..self.nodes).map(|_| Vec::new()).collect(),
+            leaving: vec![0; self.nodes],
+            on: vec![None; self.members],
         };
-        match self
-            .channels
-            .iter()
-            .position(|c| c.refs == 0 && c.owed.iter().all(|&o| o == 0))
-        {
+        let unused = |c: &Channel| {
+            c.refs == 0
+                && c.owed.iter().all(|&o| o == 0)
+                && c.leaving.iter().all(|&o| o == 0)
+                && c.on.iter().all(Option::is_none)
+        };
+        match self.channels.iter().position(unused) {
             Some(k) => {
                 self.channels[k] = fresh;
                 k
@@ -116,6 +174,31 @@ impl Channels {
                 self.channels.len() - 1
             }
         }
+    }
+
+    /// The hash slot of channel `idx` on cluster members.
+    pub fn slot(&self, idx: usize) -> u16 {
+        self.channels[idx].slot
+    }
+
+    /// Whether callers hold channel `idx`.
+    pub fn held(&self, idx: usize) -> bool {
+        self.channels[idx].refs > 0
+    }
+
+    /// How many channels there are (held or not).
+    pub fn len(&self) -> usize {
+        self.channels.len()
+    }
+
+    /// The link of cluster member `member` subscribed to channel `idx`, if any.
+    pub fn on(&self, idx: usize, member: usize) -> Option<usize> {
+        self.channels[idx].on[member]
+    }
+
+    /// Channel `idx` is subscribed to on `link` for cluster member `member` (`None`: on none).
+    pub fn set_on(&mut self, idx: usize, member: usize, link: Option<usize>) {
+        self.channels[idx].on[member] = link;
     }
 
     /// After [`add`](Self::add) and the subscriptions it called for: the caller waits for
@@ -144,27 +227,54 @@ impl Channels {
     }
 
     /// Writes, with `queue`, the subscriptions node `node`'s pub/sub connection needs: channel
-    /// `idx`, or on a fresh connection every channel somebody holds.
+    /// `idx`, or on a fresh connection every channel somebody holds there. On a link of
+    /// cluster member `sharded` those are `SSUBSCRIBE`s, of the channels subscribed on it.
     pub fn write_subscribe(
         &mut self,
         node: usize,
         idx: Option<usize>,
         fresh: bool,
+        sharded: Option<usize>,
         mut queue: impl FnMut(&mut dyn FnMut(&mut Vec<u8>)),
     ) {
         for (k, ch) in self.channels.iter_mut().enumerate() {
-            let wanted = if fresh { ch.refs > 0 } else { Some(k) == idx };
-            if wanted {
-                queue(&mut |out| resp::encode_command(out, &[b"SUBSCRIBE", &ch.name]));
-                ch.owed[node] += 1;
+            let here = sharded.is_none_or(|m| ch.on[m] == Some(node));
+            let wanted = if fresh {
+                ch.refs > 0 && here
+            } else {
+                Some(k) == idx
+            };
+            if !wanted {
+                continue;
             }
+            match sharded {
+                None => queue(&mut |out| resp::encode_command(out, &[b"SUBSCRIBE", &ch.name])),
+                Some(_) => {
+                    queue(&mut |out| resp::encode_command(out, &[b"SSUBSCRIBE", &ch.sharded]))
+                }
+            }
+            ch.owed[node] += 1;
         }
     }
 
-    /// Writes, with `queue`, the unsubscription from channel `idx`.
-    pub fn write_unsubscribe(&self, idx: usize, queue: impl FnOnce(&mut dyn FnMut(&mut Vec<u8>))) {
-        let name = &self.channels[idx].name;
-        queue(&mut |out| resp::encode_command(out, &[b"UNSUBSCRIBE", name]));
+    /// Writes, with `queue`, the unsubscription of node `node` from channel `idx`
+    /// (`SUNSUBSCRIBE` when `sharded`).
+    pub fn write_unsubscribe(
+        &mut self,
+        node: usize,
+        idx: usize,
+        sharded: bool,
+        queue: impl FnOnce(&mut dyn FnMut(&mut Vec<u8>)),
+    ) {
+        let ch = &mut self.channels[idx];
+        if sharded {
+            ch.leaving[node] += 1;
+            let name = &ch.sharded;
+            queue(&mut |out| resp::encode_command(out, &[b"SUNSUBSCRIBE", name]));
+        } else {
+            let name = &ch.name;
+            queue(&mut |out| resp::encode_command(out, &[b"UNSUBSCRIBE", name]));
+        }
     }
 
     /// Drops the caller's references to its channels; those nobody holds any more are left
@@ -187,50 +297,118 @@ impl Channels {
         }
     }
 
-    /// One message on node `node`'s pub/sub connection: a confirmation is counted, a
-    /// published message posted to the callers of its channel.
-    pub fn handle_push(&mut self, node: usize, bytes: &[u8], limits: &Limits, mail: &mut Mail) {
-        let Ok(Status::Complete((Reply::Array(Some(items)), _))) = resp::decode(bytes, limits)
-        else {
-            return;
+    /// One confirmation owed by `node` for channel `idx` will not come (its subscription was
+    /// answered with an error, or is sent elsewhere): the callers waiting for it are told
+    /// when none is owed any more.
+    pub fn not_owed(&mut self, node: usize, idx: usize, mail: &mut Mail) {
+        let ch = &mut self.channels[idx];
+        ch.owed[node] = ch.owed[node].saturating_sub(1);
+        if ch.owed[node] == 0 {
+            for (caller, run) in ch.awaiting[node].drain(..) {
+                mail.confirmed(caller, run);
+            }
+        }
+    }
+
+    /// Moves the callers waiting for node `from`'s confirmations of channel `idx` to wait
+    /// for `to`'s (the subscription was sent there instead).
+    pub fn move_awaiting(&mut self, idx: usize, from: usize, to: usize) {
+        let ch = &mut self.channels[idx];
+        ch.owed[from] = ch.owed[from].saturating_sub(1);
+        if ch.owed[from] == 0 && ch.owed[to] > 0 {
+            let moved = std::mem::take(&mut ch.awaiting[from]);
+            for w in moved {
+                if !ch.awaiting[to].contains(&w) {
+                    ch.awaiting[to].push(w);
+                }
+            }
+        }
+    }
+
+    /// The channels subscribed (or subscribing) on `link` for cluster member `member` whose
+    /// slot is `slot` and that are still owed a confirmation there: those an error reply on
+    /// `link`'s pub/sub connection about `slot` answered.
+    pub fn owed_at(&self, link: usize, member: usize, slot: u16) -> Vec<usize> {
+        (0..self.channels.len())
+            .filter(|&k| {
+                let ch = &self.channels[k];
+                ch.slot == slot && ch.on[member] == Some(link) && ch.owed[link] > 0
+            })
+            .collect()
+    }
+
+    /// One message on node `node`'s pub/sub connection (`node` is a link of quorum member
+    /// `member`, or the member itself): a confirmation is counted, a published message posted
+    /// to the callers of its channel as `member`'s.
+    pub fn handle_push(
+        &mut self,
+        node: usize,
+        member: usize,
+        bytes: &[u8],
+        limits: &Limits,
+        mail: &mut Mail,
+    ) -> Push {
+        let items = match resp::decode(bytes, limits) {
+            Ok(Status::Complete((Reply::Array(Some(items)), _))) => items,
+            Ok(Status::Complete((Reply::Error(_), _))) => return Push::Error(bytes.to_vec()),
+            _ => return Push::Nothing,
         };
         let (Some(Reply::Bulk(Some(kind))), Some(Reply::Bulk(Some(name)))) =
             (items.first(), items.get(1))
         else {
-            return;
+            return Push::Nothing;
         };
-        let Some(ch) = self.channels.iter_mut().find(|c| c.name == *name) else {
-            return;
+        let sharded = matches!(*kind, b"smessage" | b"ssubscribe" | b"sunsubscribe");
+        let Some(idx) = self.channels.iter().position(|c| {
+            if sharded {
+                c.sharded == *name
+            } else {
+                c.name == *name
+            }
+        }) else {
+            return Push::Nothing;
         };
+        let ch = &mut self.channels[idx];
         match *kind {
-            b"message" => {
+            b"message" | b"smessage" => {
                 let message = match items.get(2) {
                     Some(Reply::Bulk(Some(m))) => *m,
                     _ => &[],
                 };
                 for &(caller, run) in &ch.waiters {
-                    mail.post_wake(caller, run, node, name, message);
+                    mail.post_wake(caller, run, member, name, message);
                 }
             }
-            b"subscribe" => {
-                if let Some(owed) = ch.owed.get_mut(node) {
-                    *owed = owed.saturating_sub(1);
-                    if *owed == 0 {
-                        for (caller, run) in ch.awaiting[node].drain(..) {
-                            mail.confirmed(caller, run);
-                        }
+            b"subscribe" | b"ssubscribe" if ch.owed[node] > 0 => self.not_owed(node, idx, mail),
+            b"sunsubscribe" => {
+                if ch.leaving[node] > 0 {
+                    ch.leaving[node] -= 1;
+                } else if ch.on.get(member) == Some(&Some(node)) {
+                    // The slot left this master: it dropped every subscription to the
+                    // channels in it.
+                    ch.on[member] = None;
+                    if ch.refs > 0 {
+                        return Push::Dropped(idx);
                     }
                 }
             }
             _ => {}
         }
+        Push::Nothing
     }
 
     /// Node `node`'s pub/sub connection failed: its confirmations will not come, so nobody
-    /// waits for them. (A lost subscriber only costs wake-ups; the retry delay is the backstop.)
+    /// waits for them, and it is subscribed to nothing. (A lost subscriber only costs
+    /// wake-ups; the retry delay is the backstop.)
     pub fn lost_subscriber(&mut self, node: usize, mail: &mut Mail) {
         for ch in &mut self.channels {
             ch.owed[node] = 0;
+            ch.leaving[node] = 0;
+            for on in &mut ch.on {
+                if *on == Some(node) {
+                    *on = None;
+                }
+            }
             for (caller, run) in ch.awaiting[node].drain(..) {
                 mail.confirmed(caller, run);
             }

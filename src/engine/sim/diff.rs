@@ -357,6 +357,7 @@ fn every_lock_script_answers_like_redis_server() {
                     resource: fair_key,
                     keys: QueueKeys::Mutex(fair_key),
                     kind: b"",
+                    family: crate::engine::keys::Family::Mutex,
                     waiter,
                 },
                 form,
@@ -587,6 +588,7 @@ fn every_lock_script_answers_like_redis_server() {
                         expiries: s.queue_expiries(),
                     },
                     kind: b"",
+                    family: crate::engine::keys::Family::Semaphore,
                     waiter: tokens[w],
                 };
                 pair.same(&encode(&op, form), &what);
@@ -995,6 +997,7 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             resource: r,
             keys: QueueKeys::Mutex(r),
             kind: b"",
+            family: crate::engine::keys::Family::Mutex,
             waiter: b,
         };
         run(&mut real, &encode(&leave, ScriptForm::Body));
@@ -1052,6 +1055,7 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
                 resource: r,
                 keys: crate::engine::rw::queue_keys(&k),
                 kind,
+                family: crate::engine::keys::Family::Rw,
                 waiter,
             };
             run(&mut real, &encode(&leave, ScriptForm::Body));
@@ -1124,6 +1128,7 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
                 expiries: s.queue_expiries(),
             },
             kind: b"",
+            family: crate::engine::keys::Family::Semaphore,
             waiter: b,
         };
         run(&mut real, &encode(&leave, ScriptForm::Body));
@@ -1327,6 +1332,7 @@ fn native_read_write_commands_answer_like_redis_8() {
     let native = crate::engine::ops::Caps {
         delex: false,
         hsetex: true,
+        sharded: false,
     };
     let encode_for = |op: &dyn Op, form: ScriptForm| {
         let mut out = Vec::new();
@@ -1618,6 +1624,7 @@ fn refused_writes_answer_like_redis_7_and_8() {
         let caps = Caps {
             delex: false,
             hsetex: native,
+            sharded: false,
         };
         let enc = |op: &dyn Op, form| {
             let mut out = Vec::new();
@@ -2525,6 +2532,7 @@ fn scripts_refuse_writes_like_redis_server() {
                         resource: b"m:a",
                         keys: QueueKeys::Mutex(b"m:a"),
                         kind: b"",
+                        family: crate::engine::keys::Family::Mutex,
                         waiter: tokens[2],
                     },
                     ScriptForm::Sha,
