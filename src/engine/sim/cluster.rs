@@ -190,7 +190,12 @@ impl Settings {
             }
         }
         self.wait = u32::from(scenario == Scenario::ClusterWait);
-        self.replication = rng.range(MS, 10 * MS);
+        // Replicas lag by up to a TTL; far behind where the failovers lose grants.
+        self.replication = if scenario == Scenario::LossyFailover {
+            rng.range(self.ttl_ms / 2, 2 * self.ttl_ms) * MS
+        } else {
+            rng.range(MS, self.ttl_ms * MS)
+        };
     }
 }
 
@@ -320,7 +325,11 @@ impl<'a> World<'a> {
         let Some(cl) = self.clusters[m].as_ref() else {
             return false;
         };
-        let (a, b, failed) = (cl.shards[s].master, cl.shards[s].replica, cl.shards[s].failed);
+        let (a, b, failed) = (
+            cl.shards[s].master,
+            cl.shards[s].replica,
+            cl.shards[s].failed,
+        );
         if failed || !self.nodes[a].up || !self.nodes[b].up || self.nodes[a].server.loading {
             return false;
         }
@@ -373,7 +382,10 @@ impl<'a> World<'a> {
         let in_multi = session.queued().is_some();
         let exec = name == b"EXEC";
         let commands: Vec<Vec<u8>> = if exec {
-            session.queued().map(<[Vec<u8>]>::to_vec).unwrap_or_default()
+            session
+                .queued()
+                .map(<[Vec<u8>]>::to_vec)
+                .unwrap_or_default()
         } else {
             vec![command.to_vec()]
         };
@@ -550,15 +562,15 @@ impl<'a> World<'a> {
             return;
         }
         let m = members[self.rng.below(members.len() as u64) as usize];
-        if failover {
-            let shards = self.clusters[m].as_ref().map_or(0, |c| c.shards.len());
-            let s = self.rng.below(shards as u64) as usize;
-            return self.failover(m, s);
-        }
+        // The slot of one of the locks: its shard fails over, or it migrates.
         let slot = self.lock_slots[self.rng.below(self.lock_slots.len() as u64) as usize];
         let Some(cl) = self.clusters[m].as_ref() else {
             return;
         };
+        if failover {
+            let s = usize::from(cl.owner[slot as usize]);
+            return self.failover(m, s);
+        }
         let from = usize::from(cl.owner[slot as usize]);
         let other = self.rng.below(cl.shards.len() as u64 - 1) as usize;
         let to = if other >= from { other + 1 } else { other };
@@ -675,7 +687,10 @@ impl<'a> World<'a> {
         let now_ms = self.nodes[a].clock_ms(self.now);
         self.nodes[a].server.node.live_keys_at(now_ms);
         self.nodes[b].server.node.live_keys_at(now_ms);
-        let same = self.nodes[a].server.node.same_data(&self.nodes[b].server.node);
+        let same = self.nodes[a]
+            .server
+            .node
+            .same_data(&self.nodes[b].server.node);
         self.stats.failovers += 1;
         self.stats.lossy_failovers += u64::from(!same);
         self.kill(a);
@@ -691,7 +706,13 @@ impl<'a> World<'a> {
         self.log(format_args!(
             "member {m}: master {a} fails; replica {b} is promoted in {after} ns"
         ));
-        self.schedule(after, Ev::Promote { member: m, shard: s });
+        self.schedule(
+            after,
+            Ev::Promote {
+                member: m,
+                shard: s,
+            },
+        );
     }
 
     /// Shard `s` of member `m`'s replica is its master now; the old master comes back later as
@@ -708,7 +729,13 @@ impl<'a> World<'a> {
         self.log(format_args!("member {m}: node {b} is promoted"));
         let max_ttl = 2 * self.p.ttl_ms * MS;
         let back = self.rng.range(max_ttl / 4, max_ttl);
-        self.schedule(back, Ev::Rejoin { member: m, shard: s });
+        self.schedule(
+            back,
+            Ev::Rejoin {
+                member: m,
+                shard: s,
+            },
+        );
     }
 
     /// Shard `s` of member `m`'s failed master restarts, as a replica of the promoted one.
@@ -727,7 +754,9 @@ impl<'a> World<'a> {
         n.server.loading = false;
         n.server.refusal = None;
         n.server.node = node_memory();
-        self.log(format_args!("member {m}: node {a} is back, a replica of {b}"));
+        self.log(format_args!(
+            "member {m}: node {a} is back, a replica of {b}"
+        ));
         self.catch_up(m, s);
     }
 }

@@ -1274,7 +1274,9 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
         })
         .collect();
     let mut holds = vec![Hold::new(Instant::now()); 1 << 15];
-    run_world(seed, scenario, p, rng, &arena, &sets, &mut holds, trace, layout)
+    run_world(
+        seed, scenario, p, rng, &arena, &sets, &mut holds, trace, layout,
+    )
 }
 
 /// A run id: 40 hex digits.

@@ -154,7 +154,11 @@ impl Node {
     /// Takes out the keys live at `now_ms` whose names `pick` picks, with their data and
     /// expiry (as `MIGRATE` moves keys to another node of a cluster, which shares this one's
     /// clock).
-    pub fn take_keys(&mut self, now_ms: i64, pick: impl Fn(&[u8]) -> bool) -> Vec<(Vec<u8>, Entry)> {
+    pub fn take_keys(
+        &mut self,
+        now_ms: i64,
+        pick: impl Fn(&[u8]) -> bool,
+    ) -> Vec<(Vec<u8>, Entry)> {
         self.now = now_ms;
         self.live_keys();
         let names: Vec<Vec<u8>> = self.data.keys().filter(|k| pick(k)).cloned().collect();
