@@ -56,6 +56,13 @@
 //! check liveness: every waiting acquisition gets its lock, no kept lock is lost, and no lock
 //! is granted much later than what was in its way was released.
 //!
+//! Quorum members may be Redis Clusters (the `cluster` module): masters with replicas, slot
+//! maps the endpoint reads and follows (`MOVED`, `ASK`), slots migrating mid-round, topology
+//! replies that lag, and failovers that lose the writes a replica had not caught up with.
+//! Within the model a replica that lost writes is promoted only once every TTL it could have
+//! lost ran out, or at once where a grant counts only after `WAIT` (`?wait=1`); promoted at
+//! once without `WAIT`, it loses grants, and the checker sees it.
+//!
 //! `REDLOCK_SIM_SEEDS=100000 cargo test --release --lib engine::sim` runs more seeds;
 //! `REDLOCK_SIM_SEED=n` replays one seed with a trace.
 
@@ -2212,9 +2219,9 @@ impl<'a> World<'a> {
                 return self.closed(c, left);
             }
         }
-        if self.clients[c].closed {
+        if self.clients[c].closed && self.clusters.iter().any(Option::is_some) {
             // The client is gone (a driver drops a closed endpoint): its timers with it, such
-            // as a cluster member's periodic topology read.
+            // as a cluster member's periodic topology read, which would run for ever.
             return;
         }
         let due = self.clients[c].ep.poll_timeout().map(|t| self.nanos(t));
