@@ -309,7 +309,10 @@ impl<'a> World<'a> {
     pub(super) fn start_replication(&mut self) {
         for m in 0..self.clusters.len() {
             if self.clusters[m].is_some() {
-                self.stats.cluster_runs += u64::from(m == self.first_cluster());
+                let first = m == self.first_cluster();
+                let mixed = self.clusters.iter().any(Option::is_none);
+                self.stats.cluster_runs += u64::from(first);
+                self.stats.mixed_cluster_runs += u64::from(first && mixed);
                 let at = self.rng.range(0, self.p.replication);
                 self.schedule(at, Ev::Replicate { member: m });
             }

@@ -608,6 +608,8 @@ pub(crate) struct Stats {
     /// the clusters answered: topology reads, `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, and
     /// `WAIT` (and those a replica reached).
     pub cluster_runs: u64,
+    /// Runs whose quorum mixed cluster members and standalone servers.
+    pub mixed_cluster_runs: u64,
     pub migrations: u64,
     pub moves_at_once: u64,
     pub keys_migrated: u64,
@@ -685,6 +687,7 @@ impl Stats {
             server_downgrades,
             native_commands,
             cluster_runs,
+            mixed_cluster_runs,
             migrations,
             moves_at_once,
             keys_migrated,
@@ -808,11 +811,12 @@ impl fmt::Display for Stats {
         if self.cluster_runs > 0 {
             write!(
                 f,
-                "; {} runs with clusters: {} slot migrations ({} at once, {} keys moved), {} \
+                "; {} runs with clusters ({} mixed with standalone servers): {} slot migrations ({} at once, {} keys moved), {} \
                  topology views lagging ({} stale replies), {} failovers ({} without some of \
                  the master's keys); {} topology reads, {} MOVED, {} ASK, {} TRYAGAIN, {} \
                  CLUSTERDOWN, {} WAIT ({} reached a replica)",
                 self.cluster_runs,
+                self.mixed_cluster_runs,
                 self.migrations,
                 self.moves_at_once,
                 self.keys_migrated,

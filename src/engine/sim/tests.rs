@@ -454,6 +454,10 @@ fn cluster_members_within_the_model() {
             s,
             &[
                 ("runs with clusters", s.cluster_runs),
+                (
+                    "runs mixing clusters and standalone servers",
+                    s.mixed_cluster_runs,
+                ),
                 ("slot migrations", s.migrations),
                 ("slots moved at once", s.moves_at_once),
                 ("keys migrated", s.keys_migrated),
