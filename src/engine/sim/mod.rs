@@ -56,9 +56,17 @@
 //! check liveness: every waiting acquisition gets its lock, no kept lock is lost, and no lock
 //! is granted much later than what was in its way was released.
 //!
+//! Quorum members may be Redis Clusters (the `cluster` module): masters with replicas, slot
+//! maps the endpoint reads and follows (`MOVED`, `ASK`), slots migrating mid-round, topology
+//! replies that lag, and failovers that lose the writes a replica had not caught up with.
+//! Within the model a replica that lost writes is promoted only once every TTL it could have
+//! lost ran out, or at once where a grant counts only after `WAIT` (`?wait=1`); promoted at
+//! once without `WAIT`, it loses grants, and the checker sees it.
+//!
 //! `REDLOCK_SIM_SEEDS=100000 cargo test --release --lib engine::sim` runs more seeds;
 //! `REDLOCK_SIM_SEED=n` replays one seed with a trace.
 
+mod cluster;
 mod node;
 mod server;
 
@@ -152,12 +160,40 @@ pub(crate) enum Scenario {
     /// Crashed nodes restart after the longest TTL, as in the model, but without persistence.
     /// Lock keys have expired by then anyway; fence counters, which never expire, are lost.
     ForgetfulRestart,
+    /// Every fault of [`Scenario::Model`], on quorums of which some or all members are Redis
+    /// Clusters, plus the cluster's own: slots migrating mid-round (`ASK`, then `MOVED`, the
+    /// keys moved as `MIGRATE` moves them), topology replies that lag behind a move, and
+    /// failovers that lose the master's last writes, the replica promoted only once every TTL
+    /// it could have lost ran out (as a crashed node without persistence stays down).
+    ClusterModel,
+    /// [`Scenario::ClusterModel`] with every member a cluster whose URL asks for `?wait=1`
+    /// (a grant counts only once a replica has it): failovers promote the replica at once.
+    ClusterWait,
+    /// Clusters without `?wait` whose failovers promote a replica at once, without the
+    /// master's last writes: grants are lost with them.
+    LossyFailover,
 }
 
 impl Scenario {
     /// Runs without faults, in which nothing of a lock may be left behind.
     fn calm(self) -> bool {
         matches!(self, Scenario::Calm | Scenario::Slow)
+    }
+
+    /// Runs within the model's assumptions, with every fault it allows.
+    fn model(self) -> bool {
+        matches!(
+            self,
+            Scenario::Model | Scenario::ClusterModel | Scenario::ClusterWait
+        )
+    }
+
+    /// Runs with Redis Cluster members.
+    fn clusters(self) -> bool {
+        matches!(
+            self,
+            Scenario::ClusterModel | Scenario::ClusterWait | Scenario::LossyFailover
+        )
     }
 }
 
@@ -253,6 +289,13 @@ struct Settings {
     service: Vec<u64>,
     /// Mean gap between fault events, in ns; 0 for none.
     fault_gap: u64,
+    /// Masters of each member that is a Redis Cluster (each with one replica); 0 for a
+    /// standalone member.
+    masters: Vec<usize>,
+    /// `?wait=N` on the cluster members' URLs.
+    wait: u32,
+    /// How often a cluster's replicas catch up with their masters, in ns.
+    replication: u64,
     horizon: u64,
     cycles: u32,
 }
@@ -307,6 +350,9 @@ impl Settings {
             upgrade: 0.0,
             service: vec![0; nodes],
             fault_gap: rng.range(ttl_ms / 2, 3 * ttl_ms) * MS,
+            masters: vec![0; nodes],
+            wait: 0,
+            replication: 0,
             horizon: 1500 * MS,
             cycles: rng.range(3, 8) as u32,
         };
@@ -347,6 +393,16 @@ impl Settings {
         }
         match scenario {
             Scenario::Model => {}
+            Scenario::ClusterModel | Scenario::ClusterWait => {
+                // A cluster has database 0 only; misconfigured members are not what is tested.
+                (p.refused, p.db) = (0, 0);
+            }
+            Scenario::LossyFailover => {
+                (p.refused, p.db) = (0, 0);
+                p.fault_gap = ttl_ms * MS / 2;
+                p.request_loss = 0.02;
+                p.pause = 0.0;
+            }
             Scenario::Calm | Scenario::Slow => {
                 if p.clients * p.callers < 3 {
                     p.clients = rng.range(3, 6) as usize;
@@ -421,7 +477,7 @@ impl Settings {
     /// microseconds. Without the drift term, or with the validity counted from a round's
     /// decision rather than its start, grants then outlive their keys within a few dozen seeds.
     fn pressure(&mut self, seed: u64, scenario: Scenario) {
-        if scenario != Scenario::Model {
+        if !scenario.model() {
             return;
         }
         let mut rng = Rng::new(seed ^ 0xd21f_d21f_d21f_d21f);
@@ -546,6 +602,28 @@ pub(crate) struct Stats {
     pub upgrades: u64,
     pub server_downgrades: u64,
     pub native_commands: u64,
+    /// Runs with cluster members; slot migrations (and those done at once), keys moved,
+    /// topology replies that lagged behind a move (the nodes that lagged, the replies),
+    /// failovers (and those whose promoted replica lacked some of the master's keys); what
+    /// the clusters answered: topology reads, `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, and
+    /// `WAIT` (and those a replica reached).
+    pub cluster_runs: u64,
+    /// Runs whose quorum mixed cluster members and standalone servers.
+    pub mixed_cluster_runs: u64,
+    pub migrations: u64,
+    pub moves_at_once: u64,
+    pub keys_migrated: u64,
+    pub stale_views: u64,
+    pub stale_topology_reads: u64,
+    pub failovers: u64,
+    pub lossy_failovers: u64,
+    pub topology_reads: u64,
+    pub moved: u64,
+    pub asks: u64,
+    pub tryagains: u64,
+    pub clusterdowns: u64,
+    pub waits: u64,
+    pub waits_reached: u64,
 }
 
 impl Stats {
@@ -607,7 +685,23 @@ impl Stats {
             mixed_runs,
             upgrades,
             server_downgrades,
-            native_commands
+            native_commands,
+            cluster_runs,
+            mixed_cluster_runs,
+            migrations,
+            moves_at_once,
+            keys_migrated,
+            stale_views,
+            stale_topology_reads,
+            failovers,
+            lossy_failovers,
+            topology_reads,
+            moved,
+            asks,
+            tryagains,
+            clusterdowns,
+            waits,
+            waits_reached
         );
         self.most_callers = self.most_callers.max(o.most_callers);
         self.longest_backlog_ms = self.longest_backlog_ms.max(o.longest_backlog_ms);
@@ -631,6 +725,9 @@ impl Stats {
             + self.refusals
             + self.server_pauses
             + self.slow_keepers
+            + self.migrations
+            + self.stale_views
+            + self.failovers
     }
 }
 
@@ -710,7 +807,33 @@ impl fmt::Display for Stats {
             self.upgrades,
             self.server_downgrades,
             self.native_commands
-        )
+        )?;
+        if self.cluster_runs > 0 {
+            write!(
+                f,
+                "; {} runs with clusters ({} mixed with standalone servers): {} slot migrations ({} at once, {} keys moved), {} \
+                 topology views lagging ({} stale replies), {} failovers ({} without some of \
+                 the master's keys); {} topology reads, {} MOVED, {} ASK, {} TRYAGAIN, {} \
+                 CLUSTERDOWN, {} WAIT ({} reached a replica)",
+                self.cluster_runs,
+                self.mixed_cluster_runs,
+                self.migrations,
+                self.moves_at_once,
+                self.keys_migrated,
+                self.stale_views,
+                self.stale_topology_reads,
+                self.failovers,
+                self.lossy_failovers,
+                self.topology_reads,
+                self.moved,
+                self.asks,
+                self.tryagains,
+                self.clusterdowns,
+                self.waits,
+                self.waits_reached
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -739,6 +862,8 @@ struct SimNode {
     reject_connects: u32,
     /// Bumped when a refusal of writes starts, so that only the last one's end ends it.
     refusal_gen: u64,
+    /// Its place in a cluster member, if it is a node of one.
+    place: Option<cluster::Place>,
 }
 
 impl SimNode {
@@ -779,6 +904,9 @@ enum Back {
 struct Sock {
     client: usize,
     id: ConnId,
+    /// The server process it connects to (the endpoint's link `id.node` may be any node of a
+    /// cluster member).
+    server: usize,
     /// The client still has it: no failure reported, not closed.
     open: bool,
     /// The client knows it is connected.
@@ -953,6 +1081,28 @@ enum Ev {
         node: usize,
         incarnation: u64,
     },
+    /// A cluster member's replicas catch up with their masters.
+    Replicate {
+        member: usize,
+    },
+    /// The replica of a cluster member's failed master is promoted.
+    Promote {
+        member: usize,
+        shard: usize,
+    },
+    /// A failed master comes back, as a replica of the one promoted in its place.
+    Rejoin {
+        member: usize,
+        shard: usize,
+    },
+    /// The next key of a slot migrating between two masters of a cluster member moves.
+    MigrateKey {
+        member: usize,
+    },
+    /// The migrating slot is the target's, on every node.
+    MigrationEnds {
+        member: usize,
+    },
     /// The last instant of a grant's validity: what the nodes hold of it is looked at.
     ValidityEnd {
         client: usize,
@@ -1008,6 +1158,10 @@ struct World<'a> {
     seq: u64,
     queue: BinaryHeap<Reverse<Queued>>,
     nodes: Vec<SimNode>,
+    /// The state of each member that is a Redis Cluster.
+    clusters: Vec<Option<cluster::Cluster>>,
+    /// The hash slots the run's lock keys live in.
+    lock_slots: Vec<u16>,
     clients: Vec<Client<'a>>,
     socks: Vec<Sock>,
     arena: &'a Arena,
@@ -1059,15 +1213,29 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
     let mut p = Settings::draw(&mut rng, scenario, locks);
     p.versions(seed);
     p.pressure(seed, scenario);
+    p.clusters(seed, scenario);
+    let layout = cluster::layout(&p.masters);
     let addrs: Vec<NodeAddr> = (0..p.nodes)
         .map(|i| {
             let auth = p.password.map_or(String::new(), |pw| format!(":{pw}@"));
+            if p.masters[i] > 0 {
+                let seeds: Vec<String> = cluster::seeds(&layout, i)
+                    .map(|n| format!("127.0.0.1:{}", cluster::port(n)))
+                    .collect();
+                let wait = if p.wait > 0 {
+                    format!("?wait={}", p.wait)
+                } else {
+                    String::new()
+                };
+                let url = format!("redis+cluster://{auth}{}{wait}", seeds.join(","));
+                return NodeAddr::parse(&url).expect("a cluster address");
+            }
             let db = if p.db == 0 {
                 String::new()
             } else {
                 format!("/{}", p.db)
             };
-            NodeAddr::parse(&format!("redis://{auth}127.0.0.1:{}{db}", 7000 + i))
+            NodeAddr::parse(&format!("redis://{auth}127.0.0.1:{}{db}", cluster::port(i)))
                 .expect("an address")
         })
         .collect();
@@ -1117,7 +1285,9 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
         })
         .collect();
     let mut holds = vec![Hold::new(Instant::now()); 1 << 15];
-    run_world(seed, scenario, p, rng, &arena, &sets, &mut holds, trace)
+    run_world(
+        seed, scenario, p, rng, &arena, &sets, &mut holds, trace, layout,
+    )
 }
 
 /// A run id: 40 hex digits.
@@ -1139,11 +1309,12 @@ fn run_world<'a>(
     sets: &'a [Vec<&'a [u8]>],
     holds: &'a mut [Hold],
     trace: bool,
+    layout: Vec<cluster::Place>,
 ) -> Outcome {
     let base = Instant::now();
     // Within the model, relative drift stays under the factor: up to 95 % of it.
     let max_ppm = match scenario {
-        Scenario::Model => (p.drift_factor * 0.95 * 1e6) as u64,
+        s if s.model() => (p.drift_factor * 0.95 * 1e6) as u64,
         _ => 0,
     };
     let refused: Vec<usize> = {
@@ -1156,8 +1327,9 @@ fn run_world<'a>(
         }
         r
     };
-    let nodes = (0..p.nodes)
+    let mut nodes: Vec<SimNode> = (0..layout.len())
         .map(|i| {
+            let i = layout[i].member;
             let version = if p.native[i] { REDIS_8 } else { REDIS_7 };
             let mut server = Server::new(node_memory(), version, run_id(&mut rng));
             server.password = if refused.contains(&i) {
@@ -1184,9 +1356,11 @@ fn run_world<'a>(
                 },
                 reject_connects: 0,
                 refusal_gen: 0,
+                place: None,
             }
         })
         .collect();
+    let clusters = cluster::build(&p, &layout, &mut nodes);
     let clients = (0..p.clients)
         .map(|c| {
             let fair = rng.chance(p.fair);
@@ -1223,7 +1397,7 @@ fn run_world<'a>(
     let slow = p.service.iter().any(|&s| s > 0);
     let mut w = World {
         scenario,
-        blocked: vec![vec![false; p.nodes]; p.clients],
+        blocked: vec![vec![false; nodes.len()]; p.clients],
         partition: 0,
         counters: vec![0; p.keys],
         rng,
@@ -1232,6 +1406,8 @@ fn run_world<'a>(
         seq: 0,
         queue: BinaryHeap::new(),
         nodes,
+        clusters,
+        lock_slots: cluster::lock_slots(arena),
         clients,
         socks: Vec::new(),
         arena,
@@ -1263,6 +1439,7 @@ fn run_world<'a>(
         w.schedule(deadline, Ev::WarmedUp { client: c });
         w.after_io(c);
     }
+    w.start_replication();
     if w.p.fault_gap > 0 {
         let first_fault = w.rng.below(2 * w.p.fault_gap);
         w.schedule(first_fault, Ev::Fault);
@@ -1533,6 +1710,11 @@ impl<'a> World<'a> {
                 grant,
                 until,
             } => self.validity_end(client, caller, grant, until),
+            Ev::Replicate { member } => self.replicate(member),
+            Ev::Promote { member, shard } => self.promote(member, shard),
+            Ev::Rejoin { member, shard } => self.rejoin(member, shard),
+            Ev::MigrateKey { member } => self.migrate_key(member),
+            Ev::MigrationEnds { member } => self.migration_ends(member),
             Ev::LoadingEnds { node, incarnation } => {
                 if self.nodes[node].incarnation == incarnation {
                     self.nodes[node].server.loading = false;
@@ -1567,7 +1749,7 @@ impl<'a> World<'a> {
     /// Sends `seg` on connection `sock` towards its server: it arrives after what was sent
     /// before it.
     fn send_to_server(&mut self, sock: usize, seg: Seg) {
-        let d = self.delay_to(Some(self.socks[sock].id.node));
+        let d = self.delay_to(Some(self.socks[sock].server));
         let s = &mut self.socks[sock];
         let at = (self.now + d).max(s.to_server.back().map_or(0, |(t, _)| *t));
         s.to_server.push_back((at, seg));
@@ -1576,7 +1758,7 @@ impl<'a> World<'a> {
 
     /// Sends `back` on connection `sock` towards its client.
     fn send_to_client(&mut self, sock: usize, back: Back) {
-        let d = self.delay_to(Some(self.socks[sock].id.node));
+        let d = self.delay_to(Some(self.socks[sock].server));
         let s = &mut self.socks[sock];
         let at = (self.now + d).max(s.to_client.back().map_or(0, |(t, _)| *t));
         s.to_client.push_back((at, back));
@@ -1646,7 +1828,7 @@ impl<'a> World<'a> {
 
     fn blocked(&self, sock: usize) -> bool {
         let s = &self.socks[sock];
-        self.blocked[s.client][s.id.node]
+        self.blocked[s.client][s.server]
     }
 
     fn land_at_server(&mut self, sock: usize) {
@@ -1657,7 +1839,7 @@ impl<'a> World<'a> {
             return;
         };
         self.wake_landing(sock, false);
-        let node = self.socks[sock].id.node;
+        let node = self.socks[sock].server;
         match seg {
             Seg::Syn => {
                 if !self.nodes[node].up {
@@ -1939,10 +2121,14 @@ impl<'a> World<'a> {
                 self.socks[work.sock].client
             ));
         }
-        let session = &mut self.socks[work.sock].session;
-        self.nodes[node]
-            .server
-            .execute(session, now_ms, &work.command, &mut out);
+        if let Some(answer) = self.cluster_gate(node, work.sock, now_ms, &work.command, &name) {
+            out = answer;
+        } else {
+            let session = &mut self.socks[work.sock].session;
+            self.nodes[node]
+                .server
+                .execute(session, now_ms, &work.command, &mut out);
+        }
         let refused = [&b"-READONLY"[..], b"-MISCONF", b"-OOM"]
             .iter()
             .any(|r| out.starts_with(r));
@@ -1990,14 +2176,14 @@ impl<'a> World<'a> {
         if outbox.is_empty() {
             return;
         }
-        let incarnation = self.nodes[node].incarnation;
         for (channel, message) in outbox {
             for sock in 0..self.socks.len() {
                 let s = &self.socks[sock];
-                if s.id.node != node
+                // A cluster's nodes pass what one of them publishes on to the others.
+                if !self.hears(s.server, node)
                     || !s.id.sub
                     || !s.server_open
-                    || s.accepted != Some(incarnation)
+                    || s.accepted != Some(self.nodes[s.server].incarnation)
                     || !s.session.channels.contains(&channel)
                 {
                     continue;
@@ -2037,6 +2223,11 @@ impl<'a> World<'a> {
                 return self.closed(c, left);
             }
         }
+        if self.clients[c].closed && self.clusters.iter().any(Option::is_some) {
+            // The client is gone (a driver drops a closed endpoint): its timers with it, such
+            // as a cluster member's periodic topology read, which would run for ever.
+            return;
+        }
         let due = self.clients[c].ep.poll_timeout().map(|t| self.nanos(t));
         let cl = &mut self.clients[c];
         if let Some(t) = due {
@@ -2067,6 +2258,15 @@ impl<'a> World<'a> {
             self.log(format_args!("client {c}: {io:?}"));
             match io {
                 Io::Connect(id) => {
+                    let server = match self.clients[c].ep.connect_addr(id) {
+                        crate::url::Target::Tcp(a) => cluster::process(a.port()),
+                        crate::url::Target::Unix(_) => unreachable!("no unix sockets here"),
+                    };
+                    assert!(server < self.nodes.len(), "a connect to no server: {id:?}");
+                    let socks = &mut self.clients[c].socks;
+                    if socks.len() <= id.index() {
+                        socks.resize(id.index() + 1, None);
+                    }
                     if let Some(old) = self.clients[c].socks[id.index()] {
                         self.close_client_end(old);
                     }
@@ -2074,6 +2274,7 @@ impl<'a> World<'a> {
                     self.socks.push(Sock {
                         client: c,
                         id,
+                        server,
                         open: true,
                         connected: false,
                         sent: 0,
@@ -2091,7 +2292,7 @@ impl<'a> World<'a> {
                     self.send_to_server(sock, Seg::Syn);
                 }
                 Io::Close(id) => {
-                    if let Some(sock) = self.clients[c].socks[id.index()] {
+                    if let Some(&Some(sock)) = self.clients[c].socks.get(id.index()) {
                         self.close_client_end(sock);
                     }
                 }
@@ -2143,7 +2344,7 @@ impl<'a> World<'a> {
             }
             start = end;
         }
-        let refused = self.nodes[self.socks[sock].id.node].refused;
+        let refused = self.nodes[self.socks[sock].server].refused;
         if !refused && self.rng.chance(self.p.request_loss) {
             // The connection breaks while this write is on its way.
             self.break_sock(sock, reset_error());
@@ -2291,7 +2492,7 @@ impl<'a> World<'a> {
         let ops = cycle.ops.clone();
         let mut live_on = Vec::new();
         for node in 0..self.nodes.len() {
-            if !self.nodes[node].up {
+            if !self.nodes[node].up || !self.votes(node) {
                 continue;
             }
             let now_ms = self.nodes[node].clock_ms(self.now);
@@ -2300,9 +2501,11 @@ impl<'a> World<'a> {
                 .iter()
                 .any(|name| mem.holds_token(now_ms, name, token))
             {
-                live_on.push(node);
+                live_on.push(self.member_of(node));
             }
         }
+        live_on.sort_unstable();
+        live_on.dedup();
         for op in ops {
             self.history.releases.push(history::Release {
                 op,
@@ -2325,13 +2528,15 @@ impl<'a> World<'a> {
             .range(self.p.fault_gap / 2, self.p.fault_gap * 3 / 2);
         self.schedule(gap, Ev::Fault);
         let max_ttl = 2 * self.p.ttl_ms * MS;
-        let node = self.rng.below(self.p.nodes as u64) as usize;
+        let node = self.rng.below(self.nodes.len() as u64) as usize;
         let client = self.rng.below(self.p.clients as u64) as usize;
         if self.nodes[node].refused {
             // A node whose setup is refused shows that refusal, and nothing else.
             return;
         }
         let kind = match self.scenario {
+            Scenario::ClusterModel | Scenario::ClusterWait => self.rng.below(12),
+            Scenario::LossyFailover => 10,
             // A crashed node cannot show that its setup would be refused: runs with
             // misconfigured nodes keep theirs up, so that the check on configuration
             // errors (see `acquired`) applies.
@@ -2348,7 +2553,7 @@ impl<'a> World<'a> {
                 self.partition += 1;
                 for c in 0..self.p.clients {
                     let cut_client = self.rng.chance(0.5);
-                    for n in 0..self.p.nodes {
+                    for n in 0..self.nodes.len() {
                         self.blocked[c][n] =
                             cut_client && self.rng.chance(0.5) && !self.nodes[n].refused;
                     }
@@ -2377,11 +2582,12 @@ impl<'a> World<'a> {
                 self.stats.clock_jumps += 1;
                 self.log(format_args!("node {node} clock jumps by {by} ns"));
                 self.nodes[node].offset += by;
+                self.share_clock(node);
             }
             3 => {
                 // The connection breaks (a proxy, a NAT, a reset): part of what was written to
                 // it lands and runs, the rest does not.
-                if let Some(sock) = self.clients[client].socks[2 * node] {
+                if let Some(sock) = self.sock_to(client, node, false) {
                     if self.socks[sock].open {
                         self.stats.resets += 1;
                         self.log(format_args!(
@@ -2392,7 +2598,7 @@ impl<'a> World<'a> {
                 }
             }
             4 => {
-                if let Some(sock) = self.clients[client].socks[2 * node + 1] {
+                if let Some(sock) = self.sock_to(client, node, true) {
                     if self.socks[sock].open {
                         self.stats.subscriber_resets += 1;
                         self.log(format_args!(
@@ -2430,10 +2636,13 @@ impl<'a> World<'a> {
                 // The server is at its limit of clients for the next few connections.
                 self.nodes[node].reject_connects += self.rng.range(1, 3) as u32;
             }
+            9 => self.cluster_fault(false, false),
+            10 => self.cluster_fault(true, false),
+            11 => self.cluster_fault(false, true),
             _ => {
                 // A client's command connection to a node breaks from the server's side
                 // (an idle timeout, `CLIENT KILL`), whatever is in flight.
-                if let Some(sock) = self.clients[client].socks[2 * node] {
+                if let Some(sock) = self.sock_to(client, node, false) {
                     if self.socks[sock].open {
                         self.stats.resets += 1;
                         self.log(format_args!(
@@ -2453,20 +2662,7 @@ impl<'a> World<'a> {
             return;
         }
         self.stats.crashes += 1;
-        let n = &mut self.nodes[node];
-        n.up = false;
-        n.incarnation += 1;
-        n.backlog.clear();
-        n.exec_scheduled = false;
-        n.busy_until = 0;
-        n.server.refusal = None;
-        for sock in 0..self.socks.len() {
-            let s = &self.socks[sock];
-            if s.id.node == node && s.accepted == Some(self.nodes[node].incarnation - 1) {
-                self.socks[sock].to_server.clear();
-                self.close_server_end(sock, reset_error());
-            }
-        }
+        self.kill(node);
         let max_ttl = 2 * self.p.ttl_ms * MS;
         if self.scenario == Scenario::InstantRestart {
             self.log(format_args!("node {node} crashes and restarts at once"));
@@ -2478,6 +2674,25 @@ impl<'a> World<'a> {
         }
     }
 
+    /// Node `node`'s server process is gone: its connections close, and what it had not run
+    /// is lost.
+    fn kill(&mut self, node: usize) {
+        let n = &mut self.nodes[node];
+        n.up = false;
+        n.incarnation += 1;
+        n.backlog.clear();
+        n.exec_scheduled = false;
+        n.busy_until = 0;
+        n.server.refusal = None;
+        for sock in 0..self.socks.len() {
+            let s = &self.socks[sock];
+            if s.server == node && s.accepted == Some(self.nodes[node].incarnation - 1) {
+                self.socks[sock].to_server.clear();
+                self.close_server_end(sock, reset_error());
+            }
+        }
+    }
+
     /// Node `node`'s server starts again: a new process (a new run id), loading its data for a
     /// while if it kept any. Within the model, fencing runs on nodes that persist every
     /// acknowledged write (AOF, `appendfsync always`), and a node restarted as another version
@@ -2485,8 +2700,10 @@ impl<'a> World<'a> {
     /// sorted sets, new ones become hash fields), or a Redis 8 node downgraded to Redis 7 when
     /// its data holds no hash (which Redis 7 could not load).
     fn restart(&mut self, node: usize) {
-        let mut persistent = self.p.locks.fenced() && self.scenario == Scenario::Model;
-        if self.p.upgrade > 0.0 && self.rng.chance(self.p.upgrade) {
+        let mut persistent = self.p.locks.fenced() && self.scenario.model();
+        // A cluster's nodes run one version: a restart does not change it.
+        let in_cluster = self.nodes[node].place.is_some();
+        if !in_cluster && self.p.upgrade > 0.0 && self.rng.chance(self.p.upgrade) {
             let server = &self.nodes[node].server;
             if !server.has_hash_fields() {
                 self.log(format_args!("node {node} is upgraded to Redis 8"));
@@ -2887,15 +3104,20 @@ impl<'a> World<'a> {
             };
             let mut live_on = Vec::new();
             for node in 0..self.nodes.len() {
+                if !self.votes(node) {
+                    continue;
+                }
                 let now_ms = self.nodes[node].clock_ms(self.now);
                 let mem = &mut self.nodes[node].server.node;
                 if names
                     .iter()
                     .any(|name| mem.holds_token(now_ms, name, token.as_bytes()))
                 {
-                    live_on.push(node);
+                    live_on.push(self.member_of(node));
                 }
             }
+            live_on.sort_unstable();
+            live_on.dedup();
             if live_on.len() < quorum {
                 self.log(format_args!(
                     "op {op}'s validity ends with its entries live on {live_on:?} only"

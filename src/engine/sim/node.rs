@@ -51,7 +51,7 @@ fn field_expired(at: Option<i64>, now: i64) -> bool {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-struct Entry {
+pub(crate) struct Entry {
     data: Data,
     /// Absolute expiry on this node's clock, in ms; the key is gone once `now > expire_at`.
     expire_at: Option<i64>,
@@ -143,6 +143,59 @@ impl Node {
     /// A restart that reloads the data from disk: only the script cache is lost.
     pub fn forget_scripts(&mut self) {
         self.scripts.clear();
+    }
+
+    /// Whether `key` holds something at `now_ms`.
+    pub fn has_key(&mut self, now_ms: i64, key: &[u8]) -> bool {
+        self.now = now_ms;
+        self.entry(key).is_some()
+    }
+
+    /// Takes out the keys live at `now_ms` whose names `pick` picks, with their data and
+    /// expiry (as `MIGRATE` moves keys to another node of a cluster, which shares this one's
+    /// clock).
+    pub fn take_keys(
+        &mut self,
+        now_ms: i64,
+        pick: impl Fn(&[u8]) -> bool,
+    ) -> Vec<(Vec<u8>, Entry)> {
+        self.now = now_ms;
+        self.live_keys();
+        let names: Vec<Vec<u8>> = self.data.keys().filter(|k| pick(k)).cloned().collect();
+        names
+            .into_iter()
+            .filter_map(|k| self.data.remove(&k).map(|e| (k, e)))
+            .collect()
+    }
+
+    /// Puts keys taken out of another node in, replacing any of the same name.
+    pub fn put_keys(&mut self, keys: Vec<(Vec<u8>, Entry)>) {
+        self.data.extend(keys);
+    }
+
+    /// What a replica of this node holds once it has every write so far: the data, without
+    /// the script cache (scripts reach a replica as their effects) or what is still to publish.
+    pub fn replica(&self) -> Node {
+        Node {
+            data: self.data.clone(),
+            scripts: BTreeSet::new(),
+            refusals: Refusals::default(),
+            now: self.now,
+            published: 0,
+            outbox: Vec::new(),
+            hash_expiry_lag: self.hash_expiry_lag,
+        }
+    }
+
+    /// Drops what expired by `now_ms`.
+    pub fn live_keys_at(&mut self, now_ms: i64) {
+        self.now = now_ms;
+        self.live_keys();
+    }
+
+    /// Whether it holds what `other` holds, key for key.
+    pub fn same_data(&self, other: &Node) -> bool {
+        self.data == other.data
     }
 
     /// Whether some key holds a hash: a Redis 7 server cannot load this data (hash fields with

@@ -130,6 +130,8 @@ pub(crate) struct Session {
     multi: Option<(Vec<Vec<u8>>, bool)>,
     /// The channels it is subscribed to.
     pub channels: BTreeSet<Vec<u8>>,
+    /// On a cluster node: `ASKING` came, for the next command (or the transaction under way).
+    pub asking: bool,
 }
 
 impl Session {
@@ -158,6 +160,26 @@ impl Session {
         }
         self.input.drain(..at);
         out
+    }
+}
+
+impl Session {
+    /// The commands queued since `MULTI`, if a transaction is under way.
+    pub fn queued(&self) -> Option<&[Vec<u8>]> {
+        self.multi.as_ref().map(|(q, _)| q.as_slice())
+    }
+
+    /// A command queued in the transaction under way was refused: its `EXEC` answers
+    /// `EXECABORT`.
+    pub fn flag_multi(&mut self) {
+        if let Some((_, dirty)) = &mut self.multi {
+            *dirty = true;
+        }
+    }
+
+    /// The transaction under way is discarded (its `EXEC` was redirected).
+    pub fn discard_multi(&mut self) {
+        self.multi = None;
     }
 }
 

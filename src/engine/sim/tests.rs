@@ -18,6 +18,17 @@ fn calm_seeds() -> u64 {
         .and_then(|s| s.parse().ok())
         .unwrap_or(CALM_SEEDS)
 }
+/// Seeds of runs with cluster members, for each kind of lock and scenario: 5,000 by hand in a
+/// release build.
+const CLUSTER_SEEDS: u64 = if cfg!(debug_assertions) { 20 } else { 5000 };
+/// [`CLUSTER_SEEDS`], or `REDLOCK_SIM_CLUSTER_SEEDS` (CI runs fewer, to stay within its time;
+/// `REDLOCK_SIM_SEEDS` still overrides every count).
+fn cluster_seeds() -> u64 {
+    std::env::var("REDLOCK_SIM_CLUSTER_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(CLUSTER_SEEDS)
+}
 /// Seeds of runs with a server too slow for the load, for each kind of lock tried.
 const SLOW_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 200 };
 /// Seeds each broken scenario runs at the most; it stops once the checker has seen what it
@@ -425,6 +436,118 @@ fn restarts_without_persistence_break_fencing() {
     }
 }
 
+/// Quorums of Redis Cluster members (all of them clusters, or a mix with standalone servers)
+/// under every fault within the model and the clusters' own: slots migrating mid-round (`ASK`
+/// while the keys move, `MOVED` once the slot moved), slots moved at once, topology replies
+/// that lag behind, and failovers that lose the master's last writes with the replica
+/// promoted only after the longest TTL. The endpoint reaches the simulated masters through
+/// its own cluster code.
+#[test]
+fn cluster_members_within_the_model() {
+    let test = "cluster_members_within_the_model";
+    for locks in [Locks::Mutex, Locks::ReadWrite] {
+        let Some(sum) = within(Scenario::ClusterModel, locks, cluster_seeds(), test) else {
+            continue;
+        };
+        let s = &sum.stats;
+        require(
+            s,
+            &[
+                ("runs with clusters", s.cluster_runs),
+                (
+                    "runs mixing clusters and standalone servers",
+                    s.mixed_cluster_runs,
+                ),
+                ("slot migrations", s.migrations),
+                ("slots moved at once", s.moves_at_once),
+                ("keys migrated", s.keys_migrated),
+                ("topology views lagging", s.stale_views),
+                ("stale topology replies", s.stale_topology_reads),
+                ("failovers", s.failovers),
+                (
+                    "failovers without some of the master's keys",
+                    s.lossy_failovers,
+                ),
+                ("topology reads", s.topology_reads),
+                ("MOVED", s.moved),
+                ("ASK", s.asks),
+                ("CLUSTERDOWN", s.clusterdowns),
+                ("crashes", s.crashes),
+                ("partitions", s.partitions),
+                ("lost replies", s.lost_replies),
+                ("kept locks", s.kept),
+            ],
+        );
+        if locks == Locks::ReadWrite {
+            require(
+                s,
+                &[
+                    ("shared reads", s.shared_reads),
+                    ("commands without Lua", s.native_commands),
+                    // Scripts of several keys, some of them moved already.
+                    ("TRYAGAIN", s.tryagains),
+                ],
+            );
+        }
+    }
+}
+
+/// Cluster members whose URL asks for `?wait=1`: a grant counts only once a replica has it, so
+/// a failover that promotes the replica at once loses no grant.
+#[test]
+fn cluster_members_with_wait_survive_failovers() {
+    let test = "cluster_members_with_wait_survive_failovers";
+    for locks in [Locks::Mutex, Locks::ReadWrite] {
+        let Some(sum) = within(Scenario::ClusterWait, locks, cluster_seeds(), test) else {
+            continue;
+        };
+        let s = &sum.stats;
+        require(
+            s,
+            &[
+                ("failovers", s.failovers),
+                (
+                    "failovers without some of the master's keys",
+                    s.lossy_failovers,
+                ),
+                ("WAIT reaching a replica", s.waits_reached),
+                ("slot migrations", s.migrations),
+                ("ASK", s.asks),
+                ("MOVED", s.moved),
+            ],
+        );
+    }
+}
+
+/// Failovers that promote a replica at once, without the master's last writes, on clusters
+/// without `WAIT`: a grant is lost with them, as with a node restarting at once without its
+/// data, and the checker must see two holders at once.
+#[test]
+fn failovers_that_lose_writes_break_the_lock() {
+    if let Some(seed) = replay_seed() {
+        run_locks(seed, Scenario::LossyFailover, Locks::Mutex, true);
+        return;
+    }
+    let sum = until(Scenario::LossyFailover, Locks::Mutex, |r| {
+        !r.overlaps.is_empty()
+    });
+    println!(
+        "Mutex, LossyFailover: {}\nchecker: {}",
+        sum.stats, sum.report
+    );
+    if let Some(&seed) = sum.failing.first() {
+        let hint = replay_hint(
+            seed,
+            Scenario::LossyFailover,
+            Locks::Mutex,
+            "failovers_that",
+        );
+        println!("e.g. {hint}");
+    }
+    assert!(sum.stats.lossy_failovers > 0, "{}", sum.stats);
+    assert!(!sum.report.overlaps.is_empty(), "{}", sum.report);
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     for seed in [1, 77, 4242] {
@@ -457,6 +580,9 @@ fn first_violation() {
         "ClockJump" => Scenario::ClockJump,
         "UncheckedPause" => Scenario::UncheckedPause,
         "ForgetfulRestart" => Scenario::ForgetfulRestart,
+        "ClusterModel" => Scenario::ClusterModel,
+        "ClusterWait" => Scenario::ClusterWait,
+        "LossyFailover" => Scenario::LossyFailover,
         other => panic!("no scenario {other}"),
     };
     let locks = match locks {

@@ -1,0 +1,765 @@
+//! Quorum members that are Redis Clusters, as the simulation runs them.
+//!
+//! A cluster member has K masters (1 to 3), each with one replica, every one of them a server
+//! process of its own with its own address (`127.0.0.1:7000 + n` for process `n`), which the
+//! endpoint reaches through its own cluster code: its URL names the masters as seeds, it reads
+//! the topology with `CLUSTER SHARDS`, and every connection it opens goes to the process whose
+//! address it names. What a cluster answers before a command reaches the data (see
+//! [`World::cluster_gate`]), as Redis 7 and 8 do:
+//!
+//! - a command whose keys' slot another master serves: `-MOVED slot host:port`; on a replica,
+//!   `MOVED` to its master; while a shard has no master (a failover under way), every command
+//!   with keys: `-CLUSTERDOWN The cluster is down` (`cluster-require-full-coverage`);
+//! - a slot migrating away: a command runs if all its keys are still here; if none are, or
+//!   (Redis 7) only some, `-ASK slot host:port` to the importing master; Redis 8 answers
+//!   `-TRYAGAIN` when only some are; on the importing master, a command after `ASKING` runs,
+//!   but one of several keys, some missing, answers `-TRYAGAIN`;
+//! - inside `MULTI` a redirected command flags the transaction (`EXEC` then answers
+//!   `EXECABORT`), and an `EXEC` whose commands' slot is redirected is discarded and answers the
+//!   redirection; `ASKING` holds for the whole transaction;
+//! - `WAIT n ms` answers how many replicas have every write so far (the replica catches up);
+//! - `PUBLISH` reaches the subscribers of every node of the cluster.
+//!
+//! A cluster's nodes share one clock (hosts kept in step; Redis replicates expiry times as
+//! absolute times, and the scripts' scores are times of the node that wrote them). Replicas
+//! catch up with their masters every few ms (asynchronous replication): a failover promotes a
+//! replica without the master's writes since. Faults of a cluster: a slot migrating while locks
+//! are taken (the keys moved one at a time, as `MIGRATE` moves them, then the slot the target's
+//! on every node), a slot moved at once (the client's map is wrong until a `MOVED`), a node
+//! whose topology replies lag behind a move, and failovers.
+
+use super::*;
+use crate::engine::endpoint::cluster::{key_slot, SLOTS};
+
+/// The address of process `n`.
+pub(super) fn port(n: usize) -> u16 {
+    7000 + n as u16
+}
+
+/// The process at port `port`.
+pub(super) fn process(port: u16) -> usize {
+    usize::from(port) - 7000
+}
+
+/// Where a server process is: its member, and its shard if the member is a cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Place {
+    pub member: usize,
+    pub shard: Option<usize>,
+}
+
+/// The processes of a run: each member's first (its server, or its first master) at the
+/// member's own number, then the rest of each cluster's (replicas and further masters), a
+/// shard's master before its replica.
+pub(super) fn layout(masters: &[usize]) -> Vec<Place> {
+    let mut out: Vec<Place> = (0..masters.len())
+        .map(|m| Place {
+            member: m,
+            shard: (masters[m] > 0).then_some(0),
+        })
+        .collect();
+    for (m, &k) in masters.iter().enumerate() {
+        for s in 0..k {
+            let both = if s == 0 { 1 } else { 2 };
+            for _ in 0..both {
+                out.push(Place {
+                    member: m,
+                    shard: Some(s),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The first process of each shard of member `member` (its masters at the start): the seeds of
+/// its URL.
+pub(super) fn seeds(layout: &[Place], member: usize) -> impl Iterator<Item = usize> + '_ {
+    let mut seen = Vec::new();
+    (0..layout.len()).filter(move |&n| {
+        let p = layout[n];
+        if p.member != member || p.shard.is_none() || seen.contains(&p.shard) {
+            return false;
+        }
+        seen.push(p.shard);
+        true
+    })
+}
+
+/// The hash slots of the run's locks: their keys', whatever the kind.
+pub(super) fn lock_slots(arena: &Arena) -> Vec<u16> {
+    let mut slots: Vec<u16> = arena
+        .keys
+        .iter()
+        .map(|k| key_slot(k))
+        .chain(arena.rw.iter().map(|k| key_slot(k.writer())))
+        .chain(arena.sems.iter().map(|k| key_slot(k.holders())))
+        .collect();
+    slots.sort_unstable();
+    slots.dedup();
+    slots
+}
+
+/// One shard: its master and its replica.
+#[derive(Debug)]
+pub(super) struct Shard {
+    pub master: usize,
+    pub replica: usize,
+    /// Its master failed, and its replica is not promoted yet.
+    pub failed: bool,
+}
+
+/// A slot moving from one shard to another.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Migration {
+    slot: u16,
+    from: usize,
+    to: usize,
+}
+
+/// A cluster member's state: what the cluster's nodes agree on.
+#[derive(Debug)]
+pub(super) struct Cluster {
+    pub shards: Vec<Shard>,
+    /// The shard serving each slot.
+    owner: Vec<u8>,
+    migration: Option<Migration>,
+    /// A node that answers topology reads from the map before the last move, until then.
+    stale: Option<(usize, Vec<u8>, u64)>,
+}
+
+/// Every cluster member's state, with its processes placed and sharing the clock of its
+/// first; the slots spread evenly over the masters.
+pub(super) fn build(p: &Settings, layout: &[Place], nodes: &mut [SimNode]) -> Vec<Option<Cluster>> {
+    let mut out = Vec::new();
+    for m in 0..p.nodes {
+        let k = p.masters[m];
+        if k == 0 {
+            out.push(None);
+            continue;
+        }
+        let mut shards = Vec::new();
+        for s in 0..k {
+            let of: Vec<usize> = (0..layout.len())
+                .filter(|&n| layout[n].member == m && layout[n].shard == Some(s))
+                .collect();
+            shards.push(Shard {
+                master: of[0],
+                replica: of[1],
+                failed: false,
+            });
+        }
+        let (offset, ppm) = (nodes[m].offset, nodes[m].ppm);
+        for (n, node) in nodes.iter_mut().enumerate() {
+            if layout[n].member == m {
+                node.place = Some(layout[n]);
+                node.offset = offset;
+                node.ppm = ppm;
+            }
+        }
+        let owner = (0..SLOTS).map(|s| (s * k / SLOTS) as u8).collect();
+        out.push(Some(Cluster {
+            shards,
+            owner,
+            migration: None,
+            stale: None,
+        }));
+    }
+    out
+}
+
+impl Settings {
+    /// In the cluster scenarios, which members are clusters and of how many masters, drawn from
+    /// a generator of their own (as [`Settings::versions`]): in half the seeds of
+    /// [`Scenario::ClusterModel`] a mix of clusters and standalone servers, else clusters
+    /// only.
+    pub(super) fn clusters(&mut self, seed: u64, scenario: Scenario) {
+        self.masters = vec![0; self.nodes];
+        if !scenario.clusters() {
+            return;
+        }
+        let mut rng = Rng::new(seed ^ 0xc105_7e85_c105_7e85);
+        let all = scenario != Scenario::ClusterModel || rng.chance(0.5);
+        while self.masters.iter().all(|&k| k == 0) {
+            for m in 0..self.nodes {
+                self.masters[m] = if all || rng.chance(0.5) {
+                    rng.range(1, 3) as usize
+                } else {
+                    0
+                };
+            }
+        }
+        self.wait = u32::from(scenario == Scenario::ClusterWait);
+        // Replicas lag by up to a TTL; far behind where the failovers lose grants.
+        self.replication = if scenario == Scenario::LossyFailover {
+            rng.range(self.ttl_ms / 2, 2 * self.ttl_ms) * MS
+        } else {
+            rng.range(MS, self.ttl_ms * MS)
+        };
+    }
+}
+
+/// The words of a command.
+fn words(command: &[u8]) -> Vec<Vec<u8>> {
+    let Ok(resp::Status::Complete((resp::Reply::Array(Some(items)), _))) =
+        resp::decode(command, &Limits::default())
+    else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|r| match r {
+            resp::Reply::Bulk(Some(b)) => Some(b.to_vec()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The keys a command names, as the cluster finds them.
+fn keys_of(command: &[u8]) -> Vec<Vec<u8>> {
+    let words = words(command);
+    let args: Vec<&[u8]> = words.iter().map(Vec::as_slice).collect();
+    let Some(name) = args.first() else {
+        return Vec::new();
+    };
+    let name = name.to_ascii_uppercase();
+    match &name[..] {
+        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" => {
+            let n = args
+                .get(2)
+                .and_then(|n| std::str::from_utf8(n).ok())
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0);
+            args.iter().skip(3).take(n).map(|k| k.to_vec()).collect()
+        }
+        b"DEL" | b"EXISTS" => args[1..].iter().map(|k| k.to_vec()).collect(),
+        b"MULTI" | b"EXEC" | b"DISCARD" | b"PUBLISH" | b"SUBSCRIBE" | b"UNSUBSCRIBE" | b"INFO"
+        | b"SCRIPT" | b"COMMAND" | b"AUTH" | b"SELECT" | b"PING" | b"TIME" | b"HELLO"
+        | b"CLIENT" => Vec::new(),
+        _ => args.get(1).map(|k| vec![k.to_vec()]).unwrap_or_default(),
+    }
+}
+
+fn integer(out: &mut Vec<u8>, n: i64) {
+    out.extend_from_slice(format!(":{n}\r\n").as_bytes());
+}
+
+impl<'a> World<'a> {
+    /// The member process `node` belongs to.
+    pub(super) fn member_of(&self, node: usize) -> usize {
+        self.nodes[node].place.map_or(node, |p| p.member)
+    }
+
+    /// Whether what process `node` holds is its member's vote: a standalone server, or a
+    /// cluster's master (not a replica, whose copy no command reads).
+    pub(super) fn votes(&self, node: usize) -> bool {
+        match self.nodes[node].place {
+            Some(Place {
+                member,
+                shard: Some(s),
+            }) => self.clusters[member]
+                .as_ref()
+                .is_some_and(|c| c.shards[s].master == node),
+            _ => true,
+        }
+    }
+
+    /// Whether subscribers of process `listener` hear what `publisher` publishes: its own, or
+    /// (a cluster passing messages on to all its nodes) another node's of the same cluster.
+    pub(super) fn hears(&self, listener: usize, publisher: usize) -> bool {
+        listener == publisher
+            || (self.nodes[listener].up
+                && matches!(
+                    (self.nodes[listener].place, self.nodes[publisher].place),
+                    (Some(a), Some(b)) if a.member == b.member
+                ))
+    }
+
+    /// Client `c`'s connection (`sub`: its subscriber) to process `node`, if it has one.
+    pub(super) fn sock_to(&self, c: usize, node: usize, sub: bool) -> Option<usize> {
+        let socks = &self.clients[c].socks;
+        if self.nodes[node].place.is_none() {
+            return socks.get(2 * node + usize::from(sub)).copied().flatten();
+        }
+        let mine = |&s: &usize| self.socks[s].server == node && self.socks[s].id.sub == sub;
+        let all: Vec<usize> = socks.iter().flatten().copied().filter(mine).collect();
+        all.iter()
+            .copied()
+            .find(|&s| self.socks[s].open)
+            .or(all.first().copied())
+    }
+
+    /// Node `node`'s clock changed: the other nodes of its cluster, if any, share it.
+    pub(super) fn share_clock(&mut self, node: usize) {
+        let Some(place) = self.nodes[node].place else {
+            return;
+        };
+        let (offset, ppm, jump) = {
+            let n = &self.nodes[node];
+            (n.offset, n.ppm, n.last_forward_jump)
+        };
+        for n in &mut self.nodes {
+            if n.place.is_some_and(|p| p.member == place.member) {
+                (n.offset, n.ppm, n.last_forward_jump) = (offset, ppm, jump);
+            }
+        }
+    }
+
+    /// Replication starts on every cluster member.
+    pub(super) fn start_replication(&mut self) {
+        for m in 0..self.clusters.len() {
+            if self.clusters[m].is_some() {
+                let first = m == self.first_cluster();
+                let mixed = self.clusters.iter().any(Option::is_none);
+                self.stats.cluster_runs += u64::from(first);
+                self.stats.mixed_cluster_runs += u64::from(first && mixed);
+                let at = self.rng.range(0, self.p.replication);
+                self.schedule(at, Ev::Replicate { member: m });
+            }
+        }
+    }
+
+    fn first_cluster(&self) -> usize {
+        self.clusters.iter().position(Option::is_some).unwrap_or(0)
+    }
+
+    /// Shard `s` of member `m`'s replica has every write its master made so far.
+    fn catch_up(&mut self, m: usize, s: usize) -> bool {
+        let Some(cl) = self.clusters[m].as_ref() else {
+            return false;
+        };
+        let (a, b, failed) = (
+            cl.shards[s].master,
+            cl.shards[s].replica,
+            cl.shards[s].failed,
+        );
+        if failed || !self.nodes[a].up || !self.nodes[b].up || self.nodes[a].server.loading {
+            return false;
+        }
+        let copy = self.nodes[a].server.node.replica();
+        self.nodes[b].server.node = copy;
+        true
+    }
+
+    /// Member `m`'s replicas catch up, and will again, until every client closed.
+    pub(super) fn replicate(&mut self, m: usize) {
+        let shards = self.clusters[m].as_ref().map_or(0, |c| c.shards.len());
+        for s in 0..shards {
+            self.catch_up(m, s);
+        }
+        if !self.clients.iter().all(|c| c.closed) {
+            self.schedule(self.p.replication, Ev::Replicate { member: m });
+        }
+    }
+
+    /// The cluster's answer to a command on process `node`, before it reaches the data (see
+    /// the module docs); `None`: it runs.
+    pub(super) fn cluster_gate(
+        &mut self,
+        node: usize,
+        sock: usize,
+        now_ms: i64,
+        command: &[u8],
+        name: &[u8],
+    ) -> Option<Vec<u8>> {
+        let place = self.nodes[node].place?;
+        let (m, shard) = (place.member, place.shard?);
+        match name {
+            b"ASKING" => {
+                self.socks[sock].session.asking = true;
+                return Some(b"+OK\r\n".to_vec());
+            }
+            b"CLUSTER" => return Some(self.topology_reply(m, node, command)),
+            b"WAIT" => {
+                let mine = self.clusters[m]
+                    .as_ref()
+                    .is_some_and(|c| c.shards[shard].master == node);
+                let reached = mine && self.catch_up(m, shard);
+                self.stats.waits += 1;
+                self.stats.waits_reached += u64::from(reached);
+                return Some(format!(":{}\r\n", u8::from(reached)).into_bytes());
+            }
+            _ => {}
+        }
+        let session = &mut self.socks[sock].session;
+        let in_multi = session.queued().is_some();
+        let exec = name == b"EXEC";
+        let commands: Vec<Vec<u8>> = if exec {
+            session
+                .queued()
+                .map(<[Vec<u8>]>::to_vec)
+                .unwrap_or_default()
+        } else {
+            vec![command.to_vec()]
+        };
+        let asking = session.asking;
+        // ASKING holds for the next command, or for a whole transaction.
+        let multi_after = (in_multi && !exec && name != b"DISCARD") || name == b"MULTI";
+        if !multi_after {
+            session.asking = false;
+        }
+        let keys: Vec<Vec<u8>> = commands.iter().flat_map(|c| keys_of(c)).collect();
+        let first = keys.first()?;
+        let slot = key_slot(first);
+        let cl = self.clusters[m].as_ref()?;
+        let masters: Vec<usize> = cl.shards.iter().map(|s| s.master).collect();
+        let addr = |s: usize| format!("127.0.0.1:{}", port(masters[s]));
+        let owner = usize::from(cl.owner[slot as usize]);
+        let migration = cl.migration.filter(|g| g.slot == slot);
+        let down = cl.shards.iter().any(|s| s.failed);
+        let v8 = self.nodes[node].server.version.0 >= 8;
+        let mut present = |n: usize| {
+            keys.iter()
+                .filter(|k| self.nodes[n].server.node.has_key(now_ms, k))
+                .count()
+        };
+        let answer: Option<String> = if masters[shard] != node {
+            Some(format!("MOVED {slot} {}", addr(owner)))
+        } else if down {
+            Some("CLUSTERDOWN The cluster is down".to_owned())
+        } else if owner == shard {
+            match migration {
+                Some(g) if g.from == shard => {
+                    let to = addr(g.to);
+                    let here = present(node);
+                    if here == keys.len() {
+                        None
+                    } else if here > 0 && v8 {
+                        Some("TRYAGAIN Multiple keys request during rehashing of slot".to_owned())
+                    } else {
+                        Some(format!("ASK {slot} {to}"))
+                    }
+                }
+                _ => None,
+            }
+        } else if migration.is_some_and(|g| g.to == shard) && asking {
+            if keys.len() > 1 && present(node) < keys.len() {
+                Some("TRYAGAIN Multiple keys request during rehashing of slot".to_owned())
+            } else {
+                None
+            }
+        } else {
+            Some(format!("MOVED {slot} {}", addr(owner)))
+        };
+        let answer = answer?;
+        let stats = &mut self.stats;
+        match answer.split(' ').next() {
+            Some("MOVED") => stats.moved += 1,
+            Some("ASK") => stats.asks += 1,
+            Some("TRYAGAIN") => stats.tryagains += 1,
+            _ => stats.clusterdowns += 1,
+        }
+        let session = &mut self.socks[sock].session;
+        if exec {
+            session.discard_multi();
+        } else {
+            session.flag_multi();
+        }
+        Some(format!("-{answer}\r\n").into_bytes())
+    }
+
+    /// What process `node` of member `m` answers to `CLUSTER SHARDS` (or `SLOTS`): the slot
+    /// map, or the one before the last move while its view lags.
+    fn topology_reply(&mut self, m: usize, node: usize, command: &[u8]) -> Vec<u8> {
+        let sub = words(command)
+            .get(1)
+            .map(|s| s.to_ascii_uppercase())
+            .unwrap_or_default();
+        let now = self.now;
+        self.stats.topology_reads += 1;
+        let stale = self.clusters[m].as_ref().is_some_and(
+            |cl| matches!(&cl.stale, Some((n, _, until)) if *n == node && now < *until),
+        );
+        self.stats.stale_topology_reads += u64::from(stale);
+        let Some(cl) = self.clusters[m].as_ref() else {
+            return b"-ERR This instance has cluster support disabled\r\n".to_vec();
+        };
+        let map = match &cl.stale {
+            Some((_, map, _)) if stale => map,
+            _ => &cl.owner,
+        };
+        let ranges = |s: usize| {
+            let mut out: Vec<(usize, usize)> = Vec::new();
+            for (slot, &o) in map.iter().enumerate() {
+                if usize::from(o) != s {
+                    continue;
+                }
+                match out.last_mut() {
+                    Some((_, b)) if *b + 1 == slot => *b = slot,
+                    _ => out.push((slot, slot)),
+                }
+            }
+            out
+        };
+        let mut out = Vec::new();
+        let node_info = |out: &mut Vec<u8>, n: usize, master: bool, healthy: bool| {
+            resp::write_array_len(out, 14);
+            resp::write_bulk(out, b"id");
+            resp::write_bulk(out, &self.nodes[n].server.run_id);
+            resp::write_bulk(out, b"port");
+            integer(out, i64::from(port(n)));
+            resp::write_bulk(out, b"ip");
+            resp::write_bulk(out, b"127.0.0.1");
+            resp::write_bulk(out, b"endpoint");
+            resp::write_bulk(out, b"127.0.0.1");
+            resp::write_bulk(out, b"role");
+            resp::write_bulk(out, if master { b"master" } else { b"replica" });
+            resp::write_bulk(out, b"replication-offset");
+            integer(out, 0);
+            resp::write_bulk(out, b"health");
+            resp::write_bulk(out, if healthy { b"online" } else { b"fail" });
+        };
+        match &sub[..] {
+            b"SHARDS" => {
+                resp::write_array_len(&mut out, cl.shards.len());
+                for (s, shard) in cl.shards.iter().enumerate() {
+                    let r = ranges(s);
+                    resp::write_array_len(&mut out, 4);
+                    resp::write_bulk(&mut out, b"slots");
+                    resp::write_array_len(&mut out, 2 * r.len());
+                    for (a, b) in r {
+                        integer(&mut out, a as i64);
+                        integer(&mut out, b as i64);
+                    }
+                    resp::write_bulk(&mut out, b"nodes");
+                    resp::write_array_len(&mut out, 2);
+                    let up = !shard.failed && self.nodes[shard.master].up;
+                    node_info(&mut out, shard.master, true, up);
+                    node_info(&mut out, shard.replica, false, self.nodes[shard.replica].up);
+                }
+            }
+            b"SLOTS" => {
+                let all: Vec<(usize, usize, usize)> = (0..cl.shards.len())
+                    .flat_map(|s| ranges(s).into_iter().map(move |(a, b)| (a, b, s)))
+                    .collect();
+                resp::write_array_len(&mut out, all.len());
+                for (a, b, s) in all {
+                    resp::write_array_len(&mut out, 3);
+                    integer(&mut out, a as i64);
+                    integer(&mut out, b as i64);
+                    let n = cl.shards[s].master;
+                    resp::write_array_len(&mut out, 3);
+                    resp::write_bulk(&mut out, b"127.0.0.1");
+                    integer(&mut out, i64::from(port(n)));
+                    resp::write_bulk(&mut out, &self.nodes[n].server.run_id);
+                }
+            }
+            _ => out.extend_from_slice(b"-ERR unknown subcommand\r\n"),
+        }
+        out
+    }
+
+    /// A cluster fault: a slot migrating (`at_once`: moved in one step, keys and all, the
+    /// clients' maps wrong until a `MOVED`), or a failover.
+    pub(super) fn cluster_fault(&mut self, failover: bool, at_once: bool) {
+        let members: Vec<usize> = (0..self.clusters.len())
+            .filter(|&m| {
+                self.clusters[m].as_ref().is_some_and(|c| {
+                    c.migration.is_none()
+                        && c.shards.iter().all(|s| !s.failed)
+                        && (failover || c.shards.len() >= 2)
+                })
+            })
+            .collect();
+        if members.is_empty() {
+            return;
+        }
+        let m = members[self.rng.below(members.len() as u64) as usize];
+        // The slot of one of the locks: its shard fails over, or it migrates.
+        let slot = self.lock_slots[self.rng.below(self.lock_slots.len() as u64) as usize];
+        let Some(cl) = self.clusters[m].as_ref() else {
+            return;
+        };
+        if failover {
+            let s = usize::from(cl.owner[slot as usize]);
+            return self.failover(m, s);
+        }
+        let from = usize::from(cl.owner[slot as usize]);
+        let other = self.rng.below(cl.shards.len() as u64 - 1) as usize;
+        let to = if other >= from { other + 1 } else { other };
+        let (a, b) = (cl.shards[from].master, cl.shards[to].master);
+        if !self.nodes[a].up || !self.nodes[b].up {
+            return;
+        }
+        self.stats.migrations += 1;
+        let g = Migration { slot, from, to };
+        if let Some(cl) = self.clusters[m].as_mut() {
+            cl.migration = Some(g);
+        }
+        if at_once {
+            self.stats.moves_at_once += 1;
+            self.log(format_args!(
+                "member {m}: slot {slot} moves at once from node {a} to node {b}"
+            ));
+            while self.move_one(m, g) {}
+            return self.migration_ends(m);
+        }
+        self.log(format_args!(
+            "member {m}: slot {slot} migrates from node {a} to node {b}"
+        ));
+        let first = self.rng.range(0, self.p.ttl_ms * MS);
+        self.schedule(first, Ev::MigrateKey { member: m });
+    }
+
+    /// Moves one key of the migrating slot from its source to its target, if one is left.
+    fn move_one(&mut self, m: usize, g: Migration) -> bool {
+        let Some(cl) = self.clusters[m].as_ref() else {
+            return false;
+        };
+        let (a, b) = (cl.shards[g.from].master, cl.shards[g.to].master);
+        let now_ms = self.nodes[a].clock_ms(self.now);
+        let names = self.nodes[a].server.node.live_key_names(now_ms);
+        let Some(name) = names.into_iter().find(|k| key_slot(k) == g.slot) else {
+            return false;
+        };
+        let moved = self.nodes[a]
+            .server
+            .node
+            .take_keys(now_ms, |k| k == name.as_slice());
+        self.nodes[b].server.node.put_keys(moved);
+        self.stats.keys_migrated += 1;
+        true
+    }
+
+    /// The next key of member `m`'s migrating slot moves (`MIGRATE`), or, once none is left,
+    /// the slot changes hands a moment later.
+    pub(super) fn migrate_key(&mut self, m: usize) {
+        let Some(g) = self.clusters[m].as_ref().and_then(|c| c.migration) else {
+            return;
+        };
+        let Some(cl) = self.clusters[m].as_ref() else {
+            return;
+        };
+        let (a, b) = (cl.shards[g.from].master, cl.shards[g.to].master);
+        if !self.nodes[a].up || !self.nodes[b].up {
+            // MIGRATE fails while either is down: it is tried again later.
+            let later = self.p.ttl_ms * MS / 4;
+            return self.schedule(later, Ev::MigrateKey { member: m });
+        }
+        if self.move_one(m, g) {
+            let next = self.rng.range(0, 2 * MS);
+            self.schedule(next, Ev::MigrateKey { member: m });
+        } else {
+            let end = self.rng.range(0, self.p.ttl_ms * MS / 2);
+            self.schedule(end, Ev::MigrationEnds { member: m });
+        }
+    }
+
+    /// Member `m`'s migrating slot is its target's (`CLUSTER SETSLOT … NODE` on every node):
+    /// its source answers `MOVED` from now on. Half the time one master's topology replies
+    /// lag behind for a while.
+    pub(super) fn migration_ends(&mut self, m: usize) {
+        let Some(g) = self.clusters[m].as_ref().and_then(|c| c.migration) else {
+            return;
+        };
+        // Keys written since the last move (none, unless its source was down) go too.
+        while self.move_one(m, g) {}
+        let lag = self.rng.chance(0.5);
+        let until = self.now + self.rng.range(0, 4 * self.p.ttl_ms * MS);
+        let Some(cl) = self.clusters[m].as_mut() else {
+            return;
+        };
+        let before = cl.owner.clone();
+        cl.owner[g.slot as usize] = g.to as u8;
+        cl.migration = None;
+        let k = cl.shards.len();
+        let who = cl.shards[self.rng.below(k as u64) as usize].master;
+        let cl = self.clusters[m].as_mut().expect("a cluster");
+        if lag {
+            cl.stale = Some((who, before, until));
+            self.stats.stale_views += 1;
+        }
+        self.log(format_args!(
+            "member {m}: slot {} is shard {}'s now",
+            g.slot, g.to
+        ));
+    }
+
+    /// Shard `s` of member `m`'s master fails. Its replica, without the writes it had not
+    /// replicated yet, is promoted: within the model once every TTL it may have lost ran
+    /// out, or at once where a grant counts only once a replica has it (`?wait=1`); at once
+    /// without `WAIT` in the scenario that breaks the assumption.
+    fn failover(&mut self, m: usize, s: usize) {
+        let Some(cl) = self.clusters[m].as_ref() else {
+            return;
+        };
+        let (a, b) = (cl.shards[s].master, cl.shards[s].replica);
+        if !self.nodes[a].up || !self.nodes[b].up {
+            return;
+        }
+        let now_ms = self.nodes[a].clock_ms(self.now);
+        self.nodes[a].server.node.live_keys_at(now_ms);
+        self.nodes[b].server.node.live_keys_at(now_ms);
+        let same = self.nodes[a]
+            .server
+            .node
+            .same_data(&self.nodes[b].server.node);
+        self.stats.failovers += 1;
+        self.stats.lossy_failovers += u64::from(!same);
+        self.kill(a);
+        if let Some(cl) = self.clusters[m].as_mut() {
+            cl.shards[s].failed = true;
+        }
+        let max_ttl = 2 * self.p.ttl_ms * MS;
+        let after = match self.scenario {
+            Scenario::ClusterWait => self.rng.range(0, max_ttl),
+            Scenario::LossyFailover => self.rng.range(0, self.p.ttl_ms * MS / 2),
+            _ => self.rng.range(max_ttl, 3 * max_ttl),
+        };
+        self.log(format_args!(
+            "member {m}: master {a} fails; replica {b} is promoted in {after} ns"
+        ));
+        self.schedule(
+            after,
+            Ev::Promote {
+                member: m,
+                shard: s,
+            },
+        );
+    }
+
+    /// Shard `s` of member `m`'s replica is its master now; the old master comes back later as
+    /// its replica.
+    pub(super) fn promote(&mut self, m: usize, s: usize) {
+        let Some(cl) = self.clusters[m].as_mut() else {
+            return;
+        };
+        let shard = &mut cl.shards[s];
+        (shard.master, shard.replica) = (shard.replica, shard.master);
+        shard.failed = false;
+        let b = shard.master;
+        self.nodes[b].server.refusal = None;
+        self.log(format_args!("member {m}: node {b} is promoted"));
+        let max_ttl = 2 * self.p.ttl_ms * MS;
+        let back = self.rng.range(max_ttl / 4, max_ttl);
+        self.schedule(
+            back,
+            Ev::Rejoin {
+                member: m,
+                shard: s,
+            },
+        );
+    }
+
+    /// Shard `s` of member `m`'s failed master restarts, as a replica of the promoted one.
+    pub(super) fn rejoin(&mut self, m: usize, s: usize) {
+        let Some(cl) = self.clusters[m].as_ref() else {
+            return;
+        };
+        let (a, b) = (cl.shards[s].replica, cl.shards[s].master);
+        if self.nodes[a].up {
+            return;
+        }
+        let id = run_id(&mut self.rng);
+        let n = &mut self.nodes[a];
+        n.up = true;
+        n.server.run_id = id;
+        n.server.loading = false;
+        n.server.refusal = None;
+        n.server.node = node_memory();
+        self.log(format_args!(
+            "member {m}: node {a} is back, a replica of {b}"
+        ));
+        self.catch_up(m, s);
+    }
+}
