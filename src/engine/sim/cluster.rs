@@ -18,7 +18,11 @@
 //!   `EXECABORT`), and an `EXEC` whose commands' slot is redirected is discarded and answers the
 //!   redirection; `ASKING` holds for the whole transaction;
 //! - `WAIT n ms` answers how many replicas have every write so far (the replica catches up);
-//! - `PUBLISH` reaches the subscribers of every node of the cluster.
+//! - `PUBLISH` reaches the subscribers of every node of the cluster; `SPUBLISH` (what the
+//!   scripts sent to cluster members announce with) only those of the publishing node, and
+//!   `SSUBSCRIBE` is routed by the channel's slot as a key is; when a slot leaves a master, the
+//!   master unsubscribes every connection from that slot's shard channels with a
+//!   `sunsubscribe` push.
 //!
 //! A cluster's nodes share one clock (hosts kept in step; Redis replicates expiry times as
 //! absolute times, and the scripts' scores are times of the node that wrote them). Replicas
@@ -233,6 +237,8 @@ fn keys_of(command: &[u8]) -> Vec<Vec<u8>> {
             args.iter().skip(3).take(n).map(|k| k.to_vec()).collect()
         }
         b"DEL" | b"EXISTS" => args[1..].iter().map(|k| k.to_vec()).collect(),
+        // A shard channel is routed by its slot, as a key.
+        b"SSUBSCRIBE" | b"SUNSUBSCRIBE" => args[1..].iter().map(|k| k.to_vec()).collect(),
         b"MULTI" | b"EXEC" | b"DISCARD" | b"PUBLISH" | b"SUBSCRIBE" | b"UNSUBSCRIBE" | b"INFO"
         | b"SCRIPT" | b"COMMAND" | b"AUTH" | b"SELECT" | b"PING" | b"TIME" | b"HELLO"
         | b"CLIENT" => Vec::new(),
@@ -662,6 +668,11 @@ impl<'a> World<'a> {
         let before = cl.owner.clone();
         cl.owner[g.slot as usize] = g.to as u8;
         cl.migration = None;
+        let source = cl.shards[g.from].master;
+        self.unsubscribe_moved(source, g.slot);
+        let Some(cl) = self.clusters[m].as_mut() else {
+            return;
+        };
         let k = cl.shards.len();
         let who = cl.shards[self.rng.below(k as u64) as usize].master;
         let cl = self.clusters[m].as_mut().expect("a cluster");
@@ -673,6 +684,36 @@ impl<'a> World<'a> {
             "member {m}: slot {} is shard {}'s now",
             g.slot, g.to
         ));
+    }
+
+    /// Slot `slot` left process `node`: it unsubscribes every connection from the shard
+    /// channels of that slot, with a `sunsubscribe` push for each, as Redis does.
+    fn unsubscribe_moved(&mut self, node: usize, slot: u16) {
+        let incarnation = self.nodes[node].incarnation;
+        for sock in 0..self.socks.len() {
+            let s = &mut self.socks[sock];
+            if s.server != node || !s.server_open || s.accepted != Some(incarnation) {
+                continue;
+            }
+            let gone: Vec<Vec<u8>> = s
+                .session
+                .shard_channels
+                .iter()
+                .filter(|c| key_slot(c) == slot)
+                .cloned()
+                .collect();
+            if gone.is_empty() {
+                continue;
+            }
+            let mut out = Vec::new();
+            for ch in gone {
+                s.session.shard_channels.remove(&ch);
+                let left = s.session.shard_channels.len();
+                server::shard_confirmation(&mut out, b"sunsubscribe", &ch, left);
+            }
+            self.stats.shard_unsubscribes += 1;
+            self.send_to_client(sock, Back::Data(out));
+        }
     }
 
     /// Shard `s` of member `m`'s master fails. Its replica, without the writes it had not

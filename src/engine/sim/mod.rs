@@ -612,6 +612,8 @@ pub(crate) struct Stats {
     pub mixed_cluster_runs: u64,
     pub migrations: u64,
     pub moves_at_once: u64,
+    /// Subscriber connections told `sunsubscribe` by a master that a slot left.
+    pub shard_unsubscribes: u64,
     pub keys_migrated: u64,
     pub stale_views: u64,
     pub stale_topology_reads: u64,
@@ -690,6 +692,7 @@ impl Stats {
             mixed_cluster_runs,
             migrations,
             moves_at_once,
+            shard_unsubscribes,
             keys_migrated,
             stale_views,
             stale_topology_reads,
@@ -814,7 +817,7 @@ impl fmt::Display for Stats {
                 "; {} runs with clusters ({} mixed with standalone servers): {} slot migrations ({} at once, {} keys moved), {} \
                  topology views lagging ({} stale replies), {} failovers ({} without some of \
                  the master's keys); {} topology reads, {} MOVED, {} ASK, {} TRYAGAIN, {} \
-                 CLUSTERDOWN, {} WAIT ({} reached a replica)",
+                 CLUSTERDOWN, {} WAIT ({} reached a replica), {} sunsubscribe pushes",
                 self.cluster_runs,
                 self.mixed_cluster_runs,
                 self.migrations,
@@ -830,7 +833,8 @@ impl fmt::Display for Stats {
                 self.tryagains,
                 self.clusterdowns,
                 self.waits,
-                self.waits_reached
+                self.waits_reached,
+                self.shard_unsubscribes
             )?;
         }
         Ok(())
@@ -1595,10 +1599,10 @@ fn runs_script(command: &[u8], script: &crate::engine::ops::Script) -> bool {
 }
 
 /// A published message, as a subscriber receives it.
-fn message_push(channel: &[u8], message: &[u8]) -> Vec<u8> {
+fn message_push(channel: &[u8], message: &[u8], sharded: bool) -> Vec<u8> {
     let mut out = Vec::new();
     resp::write_array_len(&mut out, 3);
-    resp::write_bulk(&mut out, b"message");
+    resp::write_bulk(&mut out, if sharded { b"smessage" } else { b"message" });
     resp::write_bulk(&mut out, channel);
     resp::write_bulk(&mut out, message);
     out
@@ -2176,15 +2180,20 @@ impl<'a> World<'a> {
         if outbox.is_empty() {
             return;
         }
-        for (channel, message) in outbox {
+        for (channel, message, sharded) in outbox {
             for sock in 0..self.socks.len() {
                 let s = &self.socks[sock];
-                // A cluster's nodes pass what one of them publishes on to the others.
-                if !self.hears(s.server, node)
+                // A cluster's nodes pass what one of them publishes on to the others; a
+                // sharded message stays on the node that published it (the slot's master).
+                let heard = if sharded {
+                    s.server == node && s.session.shard_channels.contains(&channel)
+                } else {
+                    self.hears(s.server, node) && s.session.channels.contains(&channel)
+                };
+                if !heard
                     || !s.id.sub
                     || !s.server_open
                     || s.accepted != Some(self.nodes[s.server].incarnation)
-                    || !s.session.channels.contains(&channel)
                 {
                     continue;
                 }
@@ -2193,7 +2202,8 @@ impl<'a> World<'a> {
                     continue;
                 }
                 self.stats.wakes += 1;
-                self.send_to_client(sock, Back::Data(message_push(&channel, &message)));
+                let push = message_push(&channel, &message, sharded);
+                self.send_to_client(sock, Back::Data(push));
             }
         }
     }

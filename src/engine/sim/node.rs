@@ -69,7 +69,8 @@ pub(crate) struct Node {
     /// Messages published (release announcements).
     pub published: u64,
     /// The messages published and not yet taken by the simulated network: channel, message.
-    pub outbox: Vec<(Vec<u8>, Vec<u8>)>,
+    /// `true` for a sharded message (`SPUBLISH`).
+    pub outbox: Vec<(Vec<u8>, Vec<u8>, bool)>,
     /// How long after its last field expired the expiry cycle deletes a hash nobody touched;
     /// `None`: never (active expiry off).
     pub hash_expiry_lag: Option<i64>,
@@ -294,8 +295,10 @@ impl Node {
             )),
             b"PEXPIRE" => arity(2).and_then(|()| self.pexpire(rest[0], rest[1])),
             b"PTTL" => arity(1).map(|()| Value::Integer(self.pttl(rest[0]))),
-            b"PUBLISH" => arity(2).map(|()| {
-                self.outbox.push((rest[0].to_vec(), rest[1].to_vec()));
+            b"PUBLISH" | b"SPUBLISH" => arity(2).map(|()| {
+                let sharded = name == b"SPUBLISH";
+                self.outbox
+                    .push((rest[0].to_vec(), rest[1].to_vec(), sharded));
                 self.published += 1;
                 Value::Integer(0)
             }),

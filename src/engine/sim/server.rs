@@ -90,6 +90,8 @@ fn flags(name: &[u8], version: (u16, u16, u16)) -> Option<Flags> {
         b"EVAL" | b"EVALSHA" => Flags::default(),
         b"PUBLISH" | b"AUTH" | b"SELECT" | b"INFO" | b"COMMAND" | b"MULTI" | b"EXEC"
         | b"SUBSCRIBE" | b"UNSUBSCRIBE" | b"TIME" => f(false, false, true),
+        // Sharded pub/sub (Redis 7.0 and later).
+        b"SPUBLISH" | b"SSUBSCRIBE" | b"SUNSUBSCRIBE" => f(false, false, true),
         _ => return None,
     })
 }
@@ -130,6 +132,8 @@ pub(crate) struct Session {
     multi: Option<(Vec<Vec<u8>>, bool)>,
     /// The channels it is subscribed to.
     pub channels: BTreeSet<Vec<u8>>,
+    /// The shard channels it is subscribed to (`SSUBSCRIBE`).
+    pub shard_channels: BTreeSet<Vec<u8>>,
     /// On a cluster node: `ASKING` came, for the next command (or the transaction under way).
     pub asking: bool,
 }
@@ -328,6 +332,22 @@ impl Server {
                     }
                 }
             }
+            (b"SSUBSCRIBE" | b"SUNSUBSCRIBE", None) => {
+                let subscribe = name == b"SSUBSCRIBE";
+                for ch in rest {
+                    if subscribe {
+                        session.shard_channels.insert(ch.to_vec());
+                    } else {
+                        session.shard_channels.remove(*ch);
+                    }
+                    let kind: &[u8] = if subscribe {
+                        b"ssubscribe"
+                    } else {
+                        b"sunsubscribe"
+                    };
+                    shard_confirmation(out, kind, ch, session.shard_channels.len());
+                }
+            }
             (b"SUBSCRIBE" | b"UNSUBSCRIBE", None) => {
                 let subscribe = name == b"SUBSCRIBE";
                 for ch in rest {
@@ -395,4 +415,13 @@ impl Server {
         };
         out.extend_from_slice(&self.node.execute(now_ms, command));
     }
+}
+
+/// A sharded subscription's confirmation, or the push of a shard channel that a node no longer
+/// serves: `kind` (`ssubscribe` or `sunsubscribe`), the channel, the count left.
+pub(crate) fn shard_confirmation(out: &mut Vec<u8>, kind: &[u8], channel: &[u8], count: usize) {
+    resp::write_array_len(out, 3);
+    resp::write_bulk(out, kind);
+    resp::write_bulk(out, channel);
+    out.extend_from_slice(format!(":{count}\r\n").as_bytes());
 }

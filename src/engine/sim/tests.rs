@@ -472,6 +472,11 @@ fn cluster_members_within_the_model() {
                 ("MOVED", s.moved),
                 ("ASK", s.asks),
                 ("CLUSTERDOWN", s.clusterdowns),
+                ("wake-ups delivered", s.wakes),
+                (
+                    "sunsubscribe pushes of slots that moved",
+                    s.shard_unsubscribes,
+                ),
                 ("crashes", s.crashes),
                 ("partitions", s.partitions),
                 ("lost replies", s.lost_replies),
