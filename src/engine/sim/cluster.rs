@@ -709,7 +709,7 @@ impl<'a> World<'a> {
             for ch in gone {
                 s.session.shard_channels.remove(&ch);
                 let left = s.session.shard_channels.len();
-                server::shard_confirmation(&mut out, b"sunsubscribe", &ch, left);
+                server::subscription_reply(&mut out, b"sunsubscribe", &ch, left);
             }
             self.stats.shard_unsubscribes += 1;
             self.send_to_client(sock, Back::Data(out));

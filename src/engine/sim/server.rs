@@ -332,39 +332,22 @@ impl Server {
                     }
                 }
             }
-            (b"SSUBSCRIBE" | b"SUNSUBSCRIBE", None) => {
-                let subscribe = name == b"SSUBSCRIBE";
+            (b"SUBSCRIBE" | b"UNSUBSCRIBE" | b"SSUBSCRIBE" | b"SUNSUBSCRIBE", None) => {
+                let sharded = matches!(&name[..], b"SSUBSCRIBE" | b"SUNSUBSCRIBE");
+                let subscribe = matches!(&name[..], b"SUBSCRIBE" | b"SSUBSCRIBE");
+                let kind = name.to_ascii_lowercase();
+                let channels = if sharded {
+                    &mut session.shard_channels
+                } else {
+                    &mut session.channels
+                };
                 for ch in rest {
                     if subscribe {
-                        session.shard_channels.insert(ch.to_vec());
+                        channels.insert(ch.to_vec());
                     } else {
-                        session.shard_channels.remove(*ch);
+                        channels.remove(*ch);
                     }
-                    let kind: &[u8] = if subscribe {
-                        b"ssubscribe"
-                    } else {
-                        b"sunsubscribe"
-                    };
-                    shard_confirmation(out, kind, ch, session.shard_channels.len());
-                }
-            }
-            (b"SUBSCRIBE" | b"UNSUBSCRIBE", None) => {
-                let subscribe = name == b"SUBSCRIBE";
-                for ch in rest {
-                    if subscribe {
-                        session.channels.insert(ch.to_vec());
-                    } else {
-                        session.channels.remove(*ch);
-                    }
-                    let kind: &[u8] = if subscribe {
-                        b"subscribe"
-                    } else {
-                        b"unsubscribe"
-                    };
-                    resp::write_array_len(out, 3);
-                    resp::write_bulk(out, kind);
-                    resp::write_bulk(out, ch);
-                    out.extend_from_slice(format!(":{}\r\n", session.channels.len()).as_bytes());
+                    subscription_reply(out, &kind, ch, channels.len());
                 }
             }
             _ => self.run(now_ms, command, out),
@@ -417,9 +400,9 @@ impl Server {
     }
 }
 
-/// A sharded subscription's confirmation, or the push of a shard channel that a node no longer
-/// serves: `kind` (`ssubscribe` or `sunsubscribe`), the channel, the count left.
-pub(crate) fn shard_confirmation(out: &mut Vec<u8>, kind: &[u8], channel: &[u8], count: usize) {
+/// A subscription's confirmation, or the push of a shard channel that a node no longer serves:
+/// `kind` (`subscribe`, `ssubscribe`, their `un…` forms), the channel, the count left.
+pub(crate) fn subscription_reply(out: &mut Vec<u8>, kind: &[u8], channel: &[u8], count: usize) {
     resp::write_array_len(out, 3);
     resp::write_bulk(out, kind);
     resp::write_bulk(out, channel);
