@@ -26,18 +26,25 @@
 //! Nodes are reached over TCP, over TLS (`rediss://` URLs, with the `tls` cargo feature, off by
 //! default: rustls with the ring provider, the system's roots and
 //! [`ClientBuilder::tls_ca_file`]) or over Unix domain sockets (`unix:///path/to/redis.sock`);
-//! see [`ClientBuilder::nodes`].
+//! a quorum member may also be a whole Redis Cluster (`redis+cluster://`), one vote cast by the
+//! master of the lock's slot, with `MOVED` and `ASK` followed; see [`ClientBuilder::nodes`].
 //!
-//! What is not: Redis Cluster routing, Sentinel failover, RESP3, and any safety beyond what
-//! Redlock's timing assumptions give (see the README's "Guarantees and their limits").
+//! What is not: Sentinel failover, RESP3, and any safety beyond what Redlock's timing
+//! assumptions give (see the README's "Guarantees and their limits").
 //!
-//! Layers, from the bottom: [`resp`] (codec) and the lock engine (crate-private: every lock
-//! operation end to end as a state machine, from the attempts and retries of an acquisition to
-//! the extend and release rounds and the keep-alive schedule) never touch a socket, read the
-//! clock or draw randomness on their own; a thin mio driver pumps bytes and time for the
-//! engine's machines over TCP, TLS or Unix sockets; the [`Client`] and its one [`Guard`] are
-//! the API; the keeper thread runs the keep-alive schedule; the C API sits at the edge. Every setting lives in one
-//! leaf module that the driver and the engine read without knowing the client.
+//! Layers, from the bottom:
+//! - [`resp`], the codec, and the lock engine (crate-private) never touch a socket, read the
+//!   clock or draw randomness on their own. The engine holds every lock operation end to end
+//!   as a state machine (the attempts and retries of an acquisition, the extend and release
+//!   rounds, the keep-alive schedule) and the *endpoint*: every node's connections and every
+//!   decision about them (what is owed, setup, redirections, backoff, wake channels);
+//! - a thin mio driver makes the system calls the endpoint asks for over TCP, TLS or Unix
+//!   sockets, and parks and wakes the threads that share a client;
+//! - the [`Client`] and its one [`Guard`] are the API; the keeper thread runs the keep-alive
+//!   schedule; the C API sits at the edge.
+//!
+//! Every setting lives in one leaf module that the driver and the engine read without knowing
+//! the client.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
