@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use redlock_mux::Client;
 use serde_json::json;
 
-use super::{ours_cycles, phases_json, print_detail_header, print_detail_rows, Kind, Phases};
+use super::phases::{
+    ours_cycles, phases_json, print_detail_header, print_detail_rows, Kind, Phases,
+};
 use super::{Progress, BLOCK};
 use crate::local_servers::{free_port, RedisServer};
 use crate::stats::{fmt_duration, ratio};
