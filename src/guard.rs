@@ -536,17 +536,17 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// Acquires the lock with keys `owned` (and fence counter `fence`) for `ttl`, retrying
-    /// while `wait` and the client's budget allow.
+    /// Acquires the lock with keys `owned` (and fence counter `fence`) for `ttl`: one attempt,
+    /// or retrying while the client's budget allows, as `attempts` says.
     pub(crate) fn acquire(
         client: &Client,
         owned: Owned,
         fence: Option<Vec<u8>>,
         ttl: Duration,
-        wait: bool,
+        attempts: Attempts,
         opts: &Acquire,
     ) -> Result<Held, Error> {
-        match Held::grant(client, &owned, fence.as_deref(), ttl, wait, opts) {
+        match Held::grant(client, &owned, fence.as_deref(), ttl, attempts, opts) {
             Ok(grant) => Ok(Held {
                 client: client.clone(),
                 owned,
@@ -573,7 +573,7 @@ impl Held {
         owned: &Owned,
         fence: Option<&[u8]>,
         ttl: Duration,
-        wait: bool,
+        attempts: Attempts,
         opts: &Acquire,
     ) -> Result<Grant, Error> {
         let (ttl_ms, timing) = client.timing(ttl)?;
@@ -590,7 +590,7 @@ impl Held {
                 let params = Params {
                     ttl_ms,
                     timing,
-                    wait,
+                    wait: attempts == Attempts::UntilGranted,
                     fair: config.fair,
                     ticket: if config.fair { wall_micros() } else { 0 },
                     spread: driver.spread,
@@ -800,6 +800,36 @@ fn wall_micros() -> u64 {
 /// The client's settings, for the calls without options.
 pub(crate) const NO_OPTIONS: Acquire = Acquire::new();
 
+/// Whether an acquisition makes one attempt (the `try_*` calls) or waits for the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempts {
+    /// One attempt, without retrying.
+    Once,
+    /// Retries, and waits for announced releases, until granted or the wait ends.
+    UntilGranted,
+}
+
+/// Which lock a call takes on one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum On {
+    Mutex,
+    FencedMutex,
+    Read,
+    Write,
+    FencedWrite,
+}
+
+impl On {
+    /// The keys of this lock on `key`.
+    fn owned(self, bufs: &BufPool, key: &[u8]) -> Owned {
+        match self {
+            On::Mutex | On::FencedMutex => Owned::mutex(bufs, key),
+            On::Read => Owned::rw(bufs, Side::Read, key),
+            On::Write | On::FencedWrite => Owned::rw(bufs, Side::Write, key),
+        }
+    }
+}
+
 /// Taking locks. Every call comes in two forms: `try_*` makes one attempt, without retrying;
 /// the other waits, as [`lock`](Client::lock) says. Both fail with [`Error::Contended`] when
 /// someone else holds the lock, and every bad argument is refused before anything is sent.
@@ -810,7 +840,7 @@ impl Client {
     ///
     /// Fails with [`Error::Contended`] when someone else holds it.
     pub fn try_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.mutex(key.as_ref(), ttl, false, false, &NO_OPTIONS)
+        self.take(On::Mutex, key.as_ref(), ttl, Attempts::Once, &NO_OPTIONS)
             .map(Guard::new)
     }
 
@@ -826,8 +856,14 @@ impl Client {
     /// The returned guard is valid for [`Lock::validity`], which is less than `ttl` by the time
     /// the quorum took and the drift allowance.
     pub fn lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.mutex(key.as_ref(), ttl, false, true, &NO_OPTIONS)
-            .map(Guard::new)
+        self.take(
+            On::Mutex,
+            key.as_ref(),
+            ttl,
+            Attempts::UntilGranted,
+            &NO_OPTIONS,
+        )
+        .map(Guard::new)
     }
 
     /// One attempt to take a read lock on `key` for `ttl`, without retrying.
@@ -835,7 +871,7 @@ impl Client {
     /// Fails with [`Error::Contended`] while a writer holds the lock (or, with
     /// [`RwPolicy::WritePreferring`](crate::RwPolicy::WritePreferring), waits for it).
     pub fn try_read_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<ReadLock, Error> {
-        self.rw(Side::Read, key.as_ref(), ttl, false, false, &NO_OPTIONS)
+        self.take(On::Read, key.as_ref(), ttl, Attempts::Once, &NO_OPTIONS)
             .map(Guard::new)
     }
 
@@ -847,23 +883,35 @@ impl Client {
     /// key `K` without a hash tag, and `K:rw:w`, `K:rw:r` and `K:rw:wi` for one with a hash
     /// tag ([`KeyNames`](crate::KeyNames) lists them all).
     pub fn read_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<ReadLock, Error> {
-        self.rw(Side::Read, key.as_ref(), ttl, false, true, &NO_OPTIONS)
-            .map(Guard::new)
+        self.take(
+            On::Read,
+            key.as_ref(),
+            ttl,
+            Attempts::UntilGranted,
+            &NO_OPTIONS,
+        )
+        .map(Guard::new)
     }
 
     /// One attempt to take the write lock on `key` for `ttl`, without retrying.
     ///
     /// Fails with [`Error::Contended`] while readers or a writer hold the lock.
     pub fn try_write_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<WriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, false, false, &NO_OPTIONS)
+        self.take(On::Write, key.as_ref(), ttl, Attempts::Once, &NO_OPTIONS)
             .map(Guard::new)
     }
 
     /// Takes the write lock on `key` for `ttl`, retrying like [`Client::lock`]. It excludes
     /// every reader and every other writer.
     pub fn write_lock(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<WriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, false, true, &NO_OPTIONS)
-            .map(Guard::new)
+        self.take(
+            On::Write,
+            key.as_ref(),
+            ttl,
+            Attempts::UntilGranted,
+            &NO_OPTIONS,
+        )
+        .map(Guard::new)
     }
 
     /// Runs `f` under a read lock on `key` taken for `ttl` (waiting as [`read_lock`] does),
@@ -908,7 +956,15 @@ impl Client {
     {
         let keys = KeySet::build(keys, self.bufs())?;
         self.check_one_slot(&keys)?;
-        Held::acquire(self, Owned::All(keys), None, ttl, false, &NO_OPTIONS).map(Guard::new)
+        Held::acquire(
+            self,
+            Owned::All(keys),
+            None,
+            ttl,
+            Attempts::Once,
+            &NO_OPTIONS,
+        )
+        .map(Guard::new)
     }
 
     /// Locks every key of `keys` for `ttl`, or none of them, retrying as [`lock`](Client::lock)
@@ -946,7 +1002,15 @@ impl Client {
     {
         let keys = KeySet::build(keys, self.bufs())?;
         self.check_one_slot(&keys)?;
-        Held::acquire(self, Owned::All(keys), None, ttl, true, &NO_OPTIONS).map(Guard::new)
+        Held::acquire(
+            self,
+            Owned::All(keys),
+            None,
+            ttl,
+            Attempts::UntilGranted,
+            &NO_OPTIONS,
+        )
+        .map(Guard::new)
     }
 
     /// Like [`try_lock`](Client::try_lock), and the guard carries a fencing token: see
@@ -956,8 +1020,14 @@ impl Client {
         key: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<FencedLock, Error> {
-        self.mutex(key.as_ref(), ttl, true, false, &NO_OPTIONS)
-            .map(Guard::new)
+        self.take(
+            On::FencedMutex,
+            key.as_ref(),
+            ttl,
+            Attempts::Once,
+            &NO_OPTIONS,
+        )
+        .map(Guard::new)
     }
 
     /// Like [`lock`](Client::lock), and the guard carries a fencing token: see [`FencedLock`].
@@ -989,8 +1059,14 @@ impl Client {
     /// # Ok::<(), redlock_mux::Error>(())
     /// ```
     pub fn lock_fenced(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<FencedLock, Error> {
-        self.mutex(key.as_ref(), ttl, true, true, &NO_OPTIONS)
-            .map(Guard::new)
+        self.take(
+            On::FencedMutex,
+            key.as_ref(),
+            ttl,
+            Attempts::UntilGranted,
+            &NO_OPTIONS,
+        )
+        .map(Guard::new)
     }
 
     /// Like [`try_write_lock`](Client::try_write_lock), and the guard carries a fencing token:
@@ -1000,8 +1076,14 @@ impl Client {
         key: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<FencedWriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, true, false, &NO_OPTIONS)
-            .map(Guard::new)
+        self.take(
+            On::FencedWrite,
+            key.as_ref(),
+            ttl,
+            Attempts::Once,
+            &NO_OPTIONS,
+        )
+        .map(Guard::new)
     }
 
     /// Like [`write_lock`](Client::write_lock), and the guard carries a fencing token, as
@@ -1030,8 +1112,14 @@ impl Client {
         key: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<FencedWriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, true, true, &NO_OPTIONS)
-            .map(Guard::new)
+        self.take(
+            On::FencedWrite,
+            key.as_ref(),
+            ttl,
+            Attempts::UntilGranted,
+            &NO_OPTIONS,
+        )
+        .map(Guard::new)
     }
 
     /// [`lock`](Client::lock), waiting as `opts` says: its timeout or deadline, its retry
@@ -1054,7 +1142,7 @@ impl Client {
         ttl: Duration,
         opts: &Acquire,
     ) -> Result<Lock, Error> {
-        self.mutex(key.as_ref(), ttl, false, true, opts)
+        self.take(On::Mutex, key.as_ref(), ttl, Attempts::UntilGranted, opts)
             .map(Guard::new)
     }
 
@@ -1066,7 +1154,7 @@ impl Client {
         ttl: Duration,
         opts: &Acquire,
     ) -> Result<ReadLock, Error> {
-        self.rw(Side::Read, key.as_ref(), ttl, false, true, opts)
+        self.take(On::Read, key.as_ref(), ttl, Attempts::UntilGranted, opts)
             .map(Guard::new)
     }
 
@@ -1078,7 +1166,7 @@ impl Client {
         ttl: Duration,
         opts: &Acquire,
     ) -> Result<WriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, false, true, opts)
+        self.take(On::Write, key.as_ref(), ttl, Attempts::UntilGranted, opts)
             .map(Guard::new)
     }
 
@@ -1096,7 +1184,15 @@ impl Client {
     {
         let keys = KeySet::build(keys, self.bufs())?;
         self.check_one_slot(&keys)?;
-        Held::acquire(self, Owned::All(keys), None, ttl, true, opts).map(Guard::new)
+        Held::acquire(
+            self,
+            Owned::All(keys),
+            None,
+            ttl,
+            Attempts::UntilGranted,
+            opts,
+        )
+        .map(Guard::new)
     }
 
     /// [`lock_fenced`](Client::lock_fenced), waiting as `opts` says (see
@@ -1107,8 +1203,14 @@ impl Client {
         ttl: Duration,
         opts: &Acquire,
     ) -> Result<FencedLock, Error> {
-        self.mutex(key.as_ref(), ttl, true, true, opts)
-            .map(Guard::new)
+        self.take(
+            On::FencedMutex,
+            key.as_ref(),
+            ttl,
+            Attempts::UntilGranted,
+            opts,
+        )
+        .map(Guard::new)
     }
 
     /// [`write_lock_fenced`](Client::write_lock_fenced), waiting as `opts` says (see
@@ -1119,8 +1221,14 @@ impl Client {
         ttl: Duration,
         opts: &Acquire,
     ) -> Result<FencedWriteLock, Error> {
-        self.rw(Side::Write, key.as_ref(), ttl, true, true, opts)
-            .map(Guard::new)
+        self.take(
+            On::FencedWrite,
+            key.as_ref(),
+            ttl,
+            Attempts::UntilGranted,
+            opts,
+        )
+        .map(Guard::new)
     }
 
     /// Rebuilds the guard of a mutex on `key` that was taken with `token` by another process,
@@ -1168,10 +1276,8 @@ impl Client {
         token: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        let key = key.as_ref();
-        check_key(key)?;
-        let owned = Owned::mutex(self.bufs(), key);
-        Held::resume(self, owned, token.as_ref(), ttl).map(Guard::new)
+        self.resume_on(On::Mutex, key.as_ref(), token.as_ref(), ttl)
+            .map(Guard::new)
     }
 
     /// Rebuilds the guard of a read lock on `key` held with `token` (see
@@ -1182,7 +1288,7 @@ impl Client {
         token: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<ReadLock, Error> {
-        self.resume_rw(Side::Read, key.as_ref(), token.as_ref(), ttl)
+        self.resume_on(On::Read, key.as_ref(), token.as_ref(), ttl)
             .map(Guard::new)
     }
 
@@ -1194,7 +1300,7 @@ impl Client {
         token: impl AsRef<[u8]>,
         ttl: Duration,
     ) -> Result<WriteLock, Error> {
-        self.resume_rw(Side::Write, key.as_ref(), token.as_ref(), ttl)
+        self.resume_on(On::Write, key.as_ref(), token.as_ref(), ttl)
             .map(Guard::new)
     }
 
@@ -1216,50 +1322,30 @@ impl Client {
         Held::resume(self, Owned::All(keys), token.as_ref(), ttl).map(Guard::new)
     }
 
-    fn resume_rw(
-        &self,
-        side: Side,
-        key: &[u8],
-        token: &[u8],
-        ttl: Duration,
-    ) -> Result<Held, Error> {
+    /// Rebuilds the guard of the lock `on` the one key `key` held with `token` (see
+    /// [`resume_lock`](Client::resume_lock)).
+    fn resume_on(&self, on: On, key: &[u8], token: &[u8], ttl: Duration) -> Result<Held, Error> {
         check_key(key)?;
-        let owned = Owned::rw(self.bufs(), side, key);
-        Held::resume(self, owned, token, ttl)
+        Held::resume(self, on.owned(self.bufs(), key), token, ttl)
     }
 
-    /// The mutex on `key`, fenced or not.
-    fn mutex(
+    /// The lock `on` the one key `key`: one attempt, or waiting, as `attempts` says.
+    fn take(
         &self,
+        on: On,
         key: &[u8],
         ttl: Duration,
-        fenced: bool,
-        wait: bool,
+        attempts: Attempts,
         opts: &Acquire,
     ) -> Result<Held, Error> {
         check_key(key)?;
         let bufs = self.bufs();
-        let fence = fenced.then(|| fence_key(bufs, key));
-        Held::acquire(self, Owned::mutex(bufs, key), fence, ttl, wait, opts)
-    }
-
-    /// One side of the read-write lock on `key`; a fenced write lock when `fenced`.
-    fn rw(
-        &self,
-        side: Side,
-        key: &[u8],
-        ttl: Duration,
-        fenced: bool,
-        wait: bool,
-        opts: &Acquire,
-    ) -> Result<Held, Error> {
-        check_key(key)?;
-        let bufs = self.bufs();
-        let owned = Owned::rw(bufs, side, key);
-        let fence = match &owned {
-            Owned::Rw { keys, .. } if fenced => Some(fence_key(bufs, keys.writer())),
+        let owned = on.owned(bufs, key);
+        let fence = match (&owned, on) {
+            (Owned::Mutex(_), On::FencedMutex) => Some(fence_key(bufs, key)),
+            (Owned::Rw { keys, .. }, On::FencedWrite) => Some(fence_key(bufs, keys.writer())),
             _ => None,
         };
-        Held::acquire(self, owned, fence, ttl, wait, opts)
+        Held::acquire(self, owned, fence, ttl, attempts, opts)
     }
 }

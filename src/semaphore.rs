@@ -8,7 +8,7 @@ use crate::config::check_key;
 use crate::engine::keys::SemKeys;
 use crate::engine::sem::{self, Census};
 use crate::error::Error;
-use crate::guard::{kind, Guard, Held, Owned, Permit, NO_OPTIONS};
+use crate::guard::{kind, Attempts, Guard, Held, Owned, Permit, NO_OPTIONS};
 use crate::options::Acquire;
 
 pub use crate::engine::sem::MAX_PERMITS;
@@ -158,7 +158,7 @@ impl Semaphore {
     /// One attempt to take a permit for `ttl`, without retrying. Fails with
     /// [`Error::Contended`] when too few nodes have a free slot.
     pub fn try_acquire(&self, ttl: Duration) -> Result<Permit, Error> {
-        self.take(ttl, false, &NO_OPTIONS)
+        self.take(ttl, Attempts::Once, &NO_OPTIONS)
     }
 
     /// Takes a permit for `ttl`, retrying as [`Client::lock`] does: at once when a release
@@ -166,13 +166,13 @@ impl Semaphore {
     /// wait timeout. With [`fair`](crate::ClientBuilder::fair) set, waiters queue in arrival
     /// order.
     pub fn acquire(&self, ttl: Duration) -> Result<Permit, Error> {
-        self.take(ttl, true, &NO_OPTIONS)
+        self.take(ttl, Attempts::UntilGranted, &NO_OPTIONS)
     }
 
     /// [`acquire`](Semaphore::acquire), waiting as `opts` says (see
     /// [`Client::lock_with`]).
     pub fn acquire_with(&self, ttl: Duration, opts: &Acquire) -> Result<Permit, Error> {
-        self.take(ttl, true, opts)
+        self.take(ttl, Attempts::UntilGranted, opts)
     }
 
     /// Rebuilds the guard of a permit held with `token` elsewhere, and extends it to `ttl`;
@@ -207,8 +207,8 @@ impl Semaphore {
         Owned::semaphore(self.client.bufs(), &self.key, self.permits, self.quorum)
     }
 
-    fn take(&self, ttl: Duration, wait: bool, opts: &Acquire) -> Result<Permit, Error> {
-        Held::acquire(&self.client, self.owned(), None, ttl, wait, opts).map(Guard::new)
+    fn take(&self, ttl: Duration, attempts: Attempts, opts: &Acquire) -> Result<Permit, Error> {
+        Held::acquire(&self.client, self.owned(), None, ttl, attempts, opts).map(Guard::new)
     }
 }
 
