@@ -86,6 +86,10 @@ pub mod internals {
     pub use crate::engine::ops::{Acquire, Extend, Op, Release, ScriptForm, Verdict};
     pub use crate::engine::{quorum, Decision, Round, Timing, Vote};
 
+    /// The fencing write-back script, as nodes are sent it (its text is the code of
+    /// `fence_write.lua`, without comments): for tests that tell it apart in `MONITOR`.
+    pub use crate::engine::scripts::{Script, FENCE_WRITE};
+
     // For the C API (capi/, a package of its own).
 
     /// The length of a lock's token, in bytes.

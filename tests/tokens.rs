@@ -116,19 +116,9 @@ fn parse_args(s: &[u8]) -> Vec<Vec<u8>> {
 type Args = [Vec<u8>];
 
 /// The keys and arguments of an `EVAL` or `EVALSHA`.
-/// The SHA1 of the fenced grant's write-back script, as `EVALSHA` names it (`SCRIPT LOAD`
-/// on a server of its own, started once).
+/// The SHA1 of the fenced grant's write-back script, as `EVALSHA` names it.
 fn fence_write_sha() -> Vec<u8> {
-    static SHA: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    SHA.get_or_init(|| {
-        let server = RedisServer::start().unwrap();
-        let body = include_str!("../src/engine/scripts/fence_write.lua");
-        match cmd(server.addr(), &[b"SCRIPT", b"LOAD", body.as_bytes()]) {
-            redlock_mux::resp::Value::Bulk(Some(sha)) => sha,
-            other => panic!("SCRIPT LOAD: {}", show(&other)),
-        }
-    })
-    .clone()
+    redlock_mux::internals::FENCE_WRITE.sha.to_vec()
 }
 
 fn eval_parts(args: &Args) -> Option<(&Args, &Args)> {
@@ -198,7 +188,9 @@ impl Kind {
                 // The write-back of a fenced grant has the same keys and token: it is told
                 // apart by its script, sent by body or by SHA1.
                 let script = args.get(1)?;
-                if script.starts_with(b"-- FENCE_WRITE") || *script == fence_write_sha() {
+                if *script == redlock_mux::internals::FENCE_WRITE.body.as_bytes()
+                    || *script == fence_write_sha()
+                {
                     return None;
                 }
                 let (keys, argv) = eval_parts(args)?;

@@ -14,9 +14,11 @@
 //!   becomes a function `attempt()` between them (see `fenced!`), and they check, raise and
 //!   return the lock key's fence counter.
 //!
-//! Every fragment ends with a newline, so a `--` comment never runs into the next one. Redis
-//! ignores the comments; the SHA-1 digest that `EVALSHA` sends is computed at compile time from
-//! the final text. Which command sends each script, and how its reply is read, is in the module
+//! Every fragment ends with a newline, so a `--` comment never runs into the next one. What is
+//! sent and hashed is the code alone: comments, indentation and trailing blanks are taken out at
+//! compile time ([`code`]), and every line break is kept, so that the line a Lua error names is
+//! the line in the files. The SHA-1 digest that `EVALSHA` sends is computed at compile time from
+//! that final text. Which command sends each script, and how its reply is read, is in the module
 //! of its lock kind (`ops`, `fair`, `rw`, `multi`, `fencing`). The simulation's nodes run
 //! these very texts in Lua 5.1 as Redis does (`sim/node/lua.rs`), and a differential test runs
 //! them on both against a real `redis-server`.
@@ -65,6 +67,117 @@ impl Script {
             _ => self,
         }
     }
+}
+
+/// The code of the Lua text `src`: each line without its comment, its indentation and its
+/// trailing blanks, every line break kept. Quoted strings are kept as they are; a long bracket
+/// (`[[`, `--[[`), which no script uses, stops the build rather than be misread. Writes into
+/// `out` when it is long enough (the second pass), and returns the code's length.
+const fn strip(src: &[u8], out: &mut [u8]) -> usize {
+    let write = !out.is_empty();
+    let (mut at, mut o) = (0, 0);
+    // Where the line's code ends once trailing blanks are dropped.
+    let mut line_end = 0;
+    let mut line_start = true;
+    while at < src.len() {
+        let c = src[at];
+        if c == b'\n' {
+            o = line_end;
+            if write {
+                out[o] = b'\n';
+            }
+            o += 1;
+            line_end = o;
+            line_start = true;
+            at += 1;
+            continue;
+        }
+        if line_start && (c == b' ' || c == b'\t') {
+            at += 1;
+            continue;
+        }
+        line_start = false;
+        if c == b'-' && at + 1 < src.len() && src[at + 1] == b'-' {
+            if at + 2 < src.len() && src[at + 2] == b'[' {
+                panic!("a long comment in a script: write `--` comments");
+            }
+            while at < src.len() && src[at] != b'\n' {
+                at += 1;
+            }
+            continue;
+        }
+        if c == b'[' && at + 1 < src.len() && (src[at + 1] == b'[' || src[at + 1] == b'=') {
+            panic!("a long string in a script: write a quoted string");
+        }
+        if c == b'\'' || c == b'"' {
+            // A quoted string, escapes included, to its closing quote.
+            if write {
+                out[o] = c;
+            }
+            o += 1;
+            at += 1;
+            while at < src.len() && src[at] != c {
+                if src[at] == b'\n' {
+                    panic!("an unterminated string in a script");
+                }
+                let n = if src[at] == b'\\' { 2 } else { 1 };
+                let mut k = 0;
+                while k < n && at < src.len() {
+                    if write {
+                        out[o] = src[at];
+                    }
+                    o += 1;
+                    at += 1;
+                    k += 1;
+                }
+            }
+            if at == src.len() {
+                panic!("an unterminated string in a script");
+            }
+            if write {
+                out[o] = c;
+            }
+            o += 1;
+            at += 1;
+            line_end = o;
+            continue;
+        }
+        if write {
+            out[o] = c;
+        }
+        o += 1;
+        at += 1;
+        if c != b' ' && c != b'\t' {
+            line_end = o;
+        }
+    }
+    line_end
+}
+
+/// The length of [`strip`]'s code of `src`.
+const fn code_len(src: &str) -> usize {
+    strip(src.as_bytes(), &mut [])
+}
+
+/// [`strip`]'s code of `src`, `N` bytes long ([`code_len`]).
+const fn code<const N: usize>(src: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let n = strip(src.as_bytes(), &mut out);
+    assert!(n == N);
+    out
+}
+
+/// The code of a script's text, as a `&'static str` (see [`code`]).
+macro_rules! code {
+    ($body:expr) => {{
+        const SRC: &str = $body;
+        const N: usize = code_len(SRC);
+        const TEXT: [u8; N] = code::<N>(SRC);
+        match core::str::from_utf8(&TEXT) {
+            Ok(s) => s,
+            Err(_) => panic!("a script's text is UTF-8"),
+        }
+    }};
 }
 
 /// How long `body` is with every `'publish'` made `'spublish'`.
@@ -134,11 +247,11 @@ const fn sharded_text<const N: usize>(body: &str) -> [u8; N] {
 macro_rules! announcing {
     ($(#[$doc:meta])* $name:ident, $sharded:ident, $body:expr) => {
         $(#[$doc])*
-        pub static $name: Script = Script::announcing_with($body, &$sharded);
+        pub static $name: Script = Script::announcing_with(code!($body), &$sharded);
 
         #[doc = concat!("[`", stringify!($name), "`] announcing with `SPUBLISH`, for Redis Cluster members.")]
         pub static $sharded: Script = Script::new({
-            const BODY: &str = $body;
+            const BODY: &str = code!($body);
             const N: usize = sharded_len(BODY);
             const TEXT: [u8; N] = sharded_text::<N>(BODY);
             match core::str::from_utf8(&TEXT) {
@@ -179,12 +292,14 @@ announcing!(
 );
 
 /// Mutex compare-and-PEXPIRE: `extend.lua`.
-pub static EXTEND: Script = Script::new(lua!("extend.lua"));
+pub static EXTEND: Script = Script::new(code!(lua!("extend.lua")));
 
 /// Fair mutex acquire: the fair gate, then `fair_acquire.lua`. Returns 1 (taken), 0 (refused,
 /// not queued) or 2 + rank (refused, queued behind `rank` others; see `fair_gate.lua`).
-pub static FAIR_ACQUIRE: Script =
-    Script::new(concat!(fair_gate!("", "false"), lua!("fair_acquire.lua")));
+pub static FAIR_ACQUIRE: Script = Script::new(code!(concat!(
+    fair_gate!("", "false"),
+    lua!("fair_acquire.lua")
+)));
 
 announcing!(
     /// A waiter leaves a fair queue, telling the next one if the lock is free: `leave.lua`.
@@ -195,30 +310,34 @@ announcing!(
 
 /// Write acquire of a read-write lock, leaving an intent when refused (write-preferring
 /// policy): `write_acquire.lua`.
-pub static WRITE_ACQUIRE: Script = Script::new(concat!(
+pub static WRITE_ACQUIRE: Script = Script::new(code!(concat!(
     lua!("node_now.lua"),
     lua!("no_queue.lua"),
     lua!("write_acquire.lua"),
-));
+)));
 
 /// [`WRITE_ACQUIRE`] behind the fair queue's gate; 2 + rank is a refusal that left the writer
 /// queued behind `rank` others.
-pub static FAIR_WRITE_ACQUIRE: Script =
-    Script::new(concat!(fair_gate!("w", "false"), lua!("write_acquire.lua")));
+pub static FAIR_WRITE_ACQUIRE: Script = Script::new(code!(concat!(
+    fair_gate!("w", "false"),
+    lua!("write_acquire.lua")
+)));
 
 /// Read acquire of a read-write lock, refused by a writer or a live writer intent:
 /// `read_acquire.lua`.
-pub static READ_ACQUIRE: Script = Script::new(concat!(
+pub static READ_ACQUIRE: Script = Script::new(code!(concat!(
     lua!("node_now.lua"),
     lua!("no_queue.lua"),
     lua!("read_acquire.lua"),
-));
+)));
 
 /// [`READ_ACQUIRE`] behind the fair queue's gate, where readers at the head share and a reader
 /// the queue lets through ignores intents; 2 + rank is a refusal that left the reader queued
 /// behind `rank` others (those up to the last writer ahead of it).
-pub static FAIR_READ_ACQUIRE: Script =
-    Script::new(concat!(fair_gate!("r", "true"), lua!("read_acquire.lua")));
+pub static FAIR_READ_ACQUIRE: Script = Script::new(code!(concat!(
+    fair_gate!("r", "true"),
+    lua!("read_acquire.lua")
+)));
 
 announcing!(
     /// Cleanup after a lost write attempt, refreshing the intent of a writer that goes on
@@ -236,21 +355,25 @@ announcing!(
 );
 
 /// A reader's extend, on the node's clock: `read_extend.lua`.
-pub static READ_EXTEND: Script =
-    Script::new(concat!(lua!("node_now.lua"), lua!("read_extend.lua")));
+pub static READ_EXTEND: Script = Script::new(code!(concat!(
+    lua!("node_now.lua"),
+    lua!("read_extend.lua")
+)));
 
 /// Semaphore acquire: one of the node's slots, refused when they are all taken:
 /// `sem_acquire.lua`.
-pub static SEM_ACQUIRE: Script = Script::new(concat!(
+pub static SEM_ACQUIRE: Script = Script::new(code!(concat!(
     lua!("node_now.lua"),
     lua!("no_queue.lua"),
     lua!("sem_acquire.lua"),
-));
+)));
 
 /// [`SEM_ACQUIRE`] behind the fair queue's gate (only the head may go); 2 is a refusal that
 /// left the waiter queued.
-pub static FAIR_SEM_ACQUIRE: Script =
-    Script::new(concat!(fair_gate!("", "false"), lua!("sem_acquire.lua")));
+pub static FAIR_SEM_ACQUIRE: Script = Script::new(code!(concat!(
+    fair_gate!("", "false"),
+    lua!("sem_acquire.lua")
+)));
 
 announcing!(
     /// A semaphore holder's release (and a lost attempt's cleanup), deleting the set with its
@@ -261,7 +384,8 @@ announcing!(
 );
 
 /// The live holders of a semaphore on one node: `sem_count.lua`.
-pub static SEM_COUNT: Script = Script::new(concat!(lua!("node_now.lua"), lua!("sem_count.lua")));
+pub static SEM_COUNT: Script =
+    Script::new(code!(concat!(lua!("node_now.lua"), lua!("sem_count.lua"))));
 announcing!(
     /// A writer becomes a reader of the same read-write lock, atomically on each node:
     /// `downgrade.lua`.
@@ -279,7 +403,7 @@ announcing!(
 );
 
 /// All-or-none acquire of a set of keys: `acquire_all.lua`.
-pub static ACQUIRE_ALL: Script = Script::new(lua!("acquire_all.lua"));
+pub static ACQUIRE_ALL: Script = Script::new(code!(lua!("acquire_all.lua")));
 
 announcing!(
     /// Compare-and-delete of every key of a set, each announced on its own channel:
@@ -290,7 +414,7 @@ announcing!(
 );
 
 /// All-or-none compare-and-PEXPIRE of a set: `extend_all.lua`.
-pub static EXTEND_ALL: Script = Script::new(lua!("extend_all.lua"));
+pub static EXTEND_ALL: Script = Script::new(code!(lua!("extend_all.lua")));
 
 /// A fenced acquire script: the fence counter's check (`fence_check.lua`) with the counter at
 /// `KEYS[$fence]`, the acquire made a function `attempt()` of the fragments given, and
@@ -312,43 +436,51 @@ macro_rules! fenced {
 /// Mutex acquire that raises and returns the fence counter: the acquire of
 /// `fair_acquire.lua` without a queue, fenced. KEYS lock, fence counter; ARGV token, ttl.
 /// Returns the counter (1 or more) or -1.
-pub static FENCED_ACQUIRE: Script =
-    Script::new(fenced!(2, lua!("no_queue.lua"), lua!("fair_acquire.lua")));
+pub static FENCED_ACQUIRE: Script = Script::new(code!(fenced!(
+    2,
+    lua!("no_queue.lua"),
+    lua!("fair_acquire.lua")
+)));
 
 /// [`FAIR_ACQUIRE`], fenced. KEYS lock, fence counter, queue, expiries; ARGV token, ttl,
 /// waiter, ticket, entry TTL, join. Returns the counter (1 or more), or -1 - rank (`-1` when not
 /// queued, or at the head).
-pub static FAIR_FENCED_ACQUIRE: Script = Script::new(fenced!(
+pub static FAIR_FENCED_ACQUIRE: Script = Script::new(code!(fenced!(
     2,
     "local kind, readers_share = '', false\n",
     lua!("fair_gate.lua"),
     lua!("fair_acquire.lua")
-));
+)));
 
 /// [`WRITE_ACQUIRE`], fenced on the writer key. KEYS writer, readers, intents, fence counter;
 /// ARGV token, ttl, intent ms, waiter. Returns the counter (1 or more) or -1.
-pub static FENCED_WRITE_ACQUIRE: Script =
-    Script::new(fenced!(4, lua!("no_queue.lua"), lua!("write_acquire.lua")));
+pub static FENCED_WRITE_ACQUIRE: Script = Script::new(code!(fenced!(
+    4,
+    lua!("no_queue.lua"),
+    lua!("write_acquire.lua")
+)));
 
 /// [`FAIR_WRITE_ACQUIRE`], fenced on the writer key. KEYS writer, readers, intents, fence
 /// counter, queue, expiries; ARGV token, ttl, intent ms, waiter, ticket, entry TTL, join.
 /// Returns the counter (1 or more), or -1 - rank (`-1` when not queued, or at the head).
-pub static FAIR_FENCED_WRITE_ACQUIRE: Script = Script::new(fenced!(
+pub static FAIR_FENCED_WRITE_ACQUIRE: Script = Script::new(code!(fenced!(
     4,
     "local kind, readers_share = 'w', false\n",
     lua!("fair_gate.lua"),
     lua!("write_acquire.lua")
-));
+)));
 
 /// All-or-none acquire behind the fair queue of every key of the set:
 /// `fair_acquire_all.lua`. Returns 1, 0 or 2 + rank as [`FAIR_ACQUIRE`] does (the rank: the most
 /// entries ahead of the waiter in any of its queues).
-pub static FAIR_ACQUIRE_ALL: Script =
-    Script::new(concat!(lua!("node_now.lua"), lua!("fair_acquire_all.lua")));
+pub static FAIR_ACQUIRE_ALL: Script = Script::new(code!(concat!(
+    lua!("node_now.lua"),
+    lua!("fair_acquire_all.lua")
+)));
 
 /// The fencing write-back: raises the counter while the lock is still held:
 /// `fence_write.lua`.
-pub static FENCE_WRITE: Script = Script::new(lua!("fence_write.lua"));
+pub static FENCE_WRITE: Script = Script::new(code!(lua!("fence_write.lua")));
 
 /// Every script, loaded on each connection as it is set up so `EVALSHA` rarely misses.
 pub static SCRIPTS: &[&Script] = &[
@@ -419,6 +551,32 @@ mod tests {
             assert_eq!(sharded.sha, sha1_hex(sharded.body.as_bytes()));
             assert!(std::ptr::eq(s.announcing(true), sharded));
             assert!(std::ptr::eq(s.announcing(false), *s));
+        }
+    }
+
+    #[test]
+    fn scripts_are_sent_without_comments_and_keep_their_lines() {
+        let src = "-- a comment\n  local a = '--not a comment' -- but this is\n\tlocal b = \"it's \\\" --\"  \n\nreturn a..b\n";
+        let want = "\nlocal a = '--not a comment'\nlocal b = \"it's \\\" --\"\n\nreturn a..b\n";
+        let n = code_len(src);
+        let mut out = vec![0u8; n];
+        assert_eq!(strip(src.as_bytes(), &mut out), n);
+        assert_eq!(std::str::from_utf8(&out).unwrap(), want);
+        for (script, file) in [
+            (&RELEASE, lua!("release.lua")),
+            (&EXTEND, lua!("extend.lua")),
+            (&ACQUIRE_ALL, lua!("acquire_all.lua")),
+            (&FENCE_WRITE, lua!("fence_write.lua")),
+        ] {
+            assert_eq!(script.body.lines().count(), file.lines().count());
+            for (code, line) in script.body.lines().zip(file.lines()) {
+                let kept = line.split("--").next().unwrap().trim();
+                assert_eq!(code, kept, "{line}");
+            }
+        }
+        for s in SCRIPTS {
+            assert!(!s.body.contains("--"), "{}", s.body);
+            assert!(s.body.lines().all(|l| l.trim() == l), "{}", s.body);
         }
     }
 
