@@ -51,6 +51,7 @@ mod keepalive;
 mod keeper;
 mod names;
 mod options;
+mod process;
 pub mod resp;
 mod rng;
 mod semaphore;
