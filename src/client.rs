@@ -512,9 +512,11 @@ impl Client {
     /// It waits at most 10 s, and gives up sooner on nodes that make no progress for 2 s (a
     /// node that is down, or paused). Those nodes are returned in
     /// [`Error::Undelivered`]: what the releases were to delete stays there until its TTL
-    /// runs out. The client can still be used afterwards (other handles to it too).
-    /// [`Error::Io`] if the system refuses a poller (in a child after `fork()`, which needs one
-    /// of its own).
+    /// runs out. It waits the same while other threads use the client (one of them may be
+    /// polling its connections, waiting for a lock); threads that call `close` at once wait
+    /// for the same closing. The client can still be used afterwards (other handles to it
+    /// too). [`Error::Io`] if the system refuses a poller (in a child after `fork()`, which
+    /// needs one of its own).
     ///
     /// ```
     /// # use std::time::Duration;
@@ -526,7 +528,7 @@ impl Client {
     /// # Ok::<(), redlock_mux::Error>(())
     /// ```
     pub fn close(self) -> Result<(), Error> {
-        let left = self.inner.driver.close().map_err(|e| Error::Io(e.kind()))?;
+        let left = Shared::close(&self.inner.driver).map_err(|e| Error::Io(e.kind()))?;
         if left.is_empty() {
             return Ok(());
         }

@@ -91,6 +91,10 @@ const RESEND_POLL: Duration = Duration::from_millis(50);
 /// How long a caller waits at most without anything scheduled, before it looks again.
 const IDLE_LOOK: Duration = Duration::from_millis(100);
 
+/// How long a closing caller waits at most before it looks again whether every node answered:
+/// while another caller leads, nobody posts to it when they do.
+const CLOSE_LOOK: Duration = Duration::from_millis(20);
+
 /// The poller, held by the leader while it polls.
 struct Poller {
     poll: Poll,
@@ -130,6 +134,12 @@ struct Core {
     free: Vec<CallerId>,
     /// Kept between finishes, for the threads a finishing caller unparks.
     unparked: Vec<Thread>,
+    /// The callers waiting in [`Shared::close`] for the closing under way.
+    closers: Vec<CallerId>,
+    /// How many closings have ended, and what the last one left undelivered: every caller
+    /// that waited for it returns that.
+    closes: u64,
+    close_left: Vec<usize>,
 }
 
 impl Shared {
@@ -219,8 +229,13 @@ impl Shared {
     /// connection has been sent again and answered, or the endpoint gives up (see
     /// `Endpoint::begin_close`). Returns the nodes left with releases that are not known to
     /// have reached them.
-    pub fn close(&self) -> io::Result<Vec<usize>> {
-        Ok(self.here()?.lock().settle())
+    ///
+    /// The closing thread is a caller like any other: it leads the polling if nobody does,
+    /// and otherwise leaves it to the leader and looks again every [`CLOSE_LOOK`]. Whoever
+    /// sees the closing end (see `Core::end_close`) ends it for every thread that waits in
+    /// `close` at the time.
+    pub fn close(this: &Arc<Shared>) -> io::Result<Vec<usize>> {
+        Ok(Shared::session(this)?.close())
     }
 
     /// A caller slot for this thread, for one or more operations in a row.
@@ -475,6 +490,7 @@ impl Session<'_> {
                     core.handshake_timeouts(now);
                     core.ep.handle_timeout(now);
                     core.do_io(now);
+                    core.end_close(now);
                 }
                 if mine.is_some_and(|t| now >= t) {
                     m.handle_timeout(now, &mut entropy);
@@ -553,6 +569,49 @@ impl Session<'_> {
             t.unpark();
         }
     }
+
+    /// Closes the client for this process: see [`Shared::close`].
+    fn close(mut self) -> Vec<usize> {
+        let local = self.local;
+        let slot = self.slot;
+        let mut core = local.lock();
+        let run = core.ep.begin(slot);
+        let now = Instant::now();
+        let ended = core.closes;
+        // A closing under way is waited for as it is, not made longer.
+        if core.closers.is_empty() {
+            core.ep.begin_close(now);
+        }
+        core.closers.push(slot);
+        core.do_io(now);
+        core.write_or_leave(slot, now);
+        // Each turn ends the closing or waits (at least 1 ms): bounded by the closing's own
+        // limit.
+        let left = loop {
+            let now = Instant::now();
+            // The timers that are due run first (the closing's end among them), whoever leads:
+            // a follower's turn comes at least every `CLOSE_LOOK`.
+            core.timers(now);
+            if core.closes == ended {
+                core.end_close(now);
+            }
+            if core.closes != ended {
+                break core.close_left.clone();
+            }
+            let timeout = core
+                .ep
+                .poll_timeout()
+                .map_or(CLOSE_LOOK, |t| t.saturating_duration_since(now))
+                .clamp(Duration::from_millis(1), CLOSE_LOOK);
+            core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
+        };
+        let next = core.finish(slot, run);
+        drop(core);
+        for t in self.wakeups.drain(..).chain(next) {
+            t.unpark();
+        }
+        left
+    }
 }
 
 impl Drop for Session<'_> {
@@ -600,6 +659,9 @@ impl Core {
             callers: Vec::new(),
             free: Vec::new(),
             unparked: Vec::new(),
+            closers: Vec::new(),
+            closes: 0,
+            close_left: Vec::new(),
         })
     }
 
@@ -612,6 +674,30 @@ impl Core {
         self.sockets.clear();
         self.poll = None;
         self.waker = None;
+    }
+
+    /// Ends the closing under way once it is over (see `Endpoint::close_outcome`), for every
+    /// caller waiting in [`Shared::close`], which are woken. Whichever thread sees the
+    /// closing's end first ends it, so that the end is not taken for a timer still due.
+    fn end_close(&mut self, now: Instant) {
+        if self.closers.is_empty() {
+            return;
+        }
+        let Some(left) = self.ep.close_outcome(now) else {
+            return;
+        };
+        self.closes += 1;
+        self.close_left = left;
+        for c in std::mem::take(&mut self.closers) {
+            if let Some(caller) = self.callers.get_mut(c) {
+                if caller.parked {
+                    caller.parked = false;
+                    if let Some(t) = &caller.thread {
+                        t.unpark();
+                    }
+                }
+            }
+        }
     }
 
     /// Makes the system calls the endpoint asks for.
@@ -915,6 +1001,7 @@ impl Core {
             self.ep.handle_timeout(now);
             self.do_io(now);
             self.flush_all(now);
+            self.end_close(now);
         }
     }
 
