@@ -99,6 +99,7 @@ pub mod internals {
         WaitEnded,
         Cancelled,
         Undelivered,
+        OtherProcess,
     }
 
     impl ErrorKind {
@@ -115,6 +116,7 @@ pub mod internals {
                 E::WaitEnded { .. } => ErrorKind::WaitEnded,
                 E::Cancelled => ErrorKind::Cancelled,
                 E::Undelivered { .. } => ErrorKind::Undelivered,
+                E::OtherProcess { .. } => ErrorKind::OtherProcess,
             }
         }
     }

@@ -1,5 +1,6 @@
 //! Children forked from a process whose client is in use: a child never waits on a lock held
-//! by a thread it does not have, and keeps alive the locks it takes itself.
+//! by a thread it does not have, never releases, extends or keeps alive a lock its parent
+//! took, and keeps alive the locks it takes itself.
 //!
 //! A binary of its own, apart from `fork.rs`: these tests fork while other threads of the
 //! process run, on purpose. A child only uses the client, writes its report with plain system
@@ -15,7 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redlock_mux::{Client, KeepAlive};
+use redlock_mux::{Client, Error, KeepAlive};
 
 // A test may call the C library directly; the library itself has no unsafe code here.
 #[allow(unsafe_code)]
@@ -168,6 +169,84 @@ fn a_child_forked_while_threads_use_the_client_never_waits_on_them() {
         .expect("the parent's client still works")
         .release()
         .expect("release");
+}
+
+#[test]
+fn a_child_never_releases_or_extends_its_parents_locks() {
+    let cluster = RedisCluster::start(3).expect("redis");
+    let addrs = cluster.addrs();
+    let client = Client::new(cluster.urls()).expect("client");
+    let ttl = Duration::from_secs(20);
+    let dropped = client.try_lock("inherited:dropped", ttl).expect("lock");
+    let released = client.try_lock("inherited:released", ttl).expect("lock");
+    let mut extended = client.try_lock("inherited:extended", ttl).expect("lock");
+    let kept = client.try_lock("inherited:kept", ttl).expect("lock");
+    let tokens: Vec<(&[u8], Vec<u8>)> = vec![
+        (b"inherited:dropped", dropped.token().to_vec()),
+        (b"inherited:released", released.token().to_vec()),
+        (b"inherited:extended", extended.token().to_vec()),
+        (b"inherited:kept", kept.token().to_vec()),
+    ];
+    for (key, token) in &tokens {
+        assert_settles!(addrs
+            .iter()
+            .all(|&a| get(a, key).as_deref() == Some(&token[..])));
+    }
+
+    let pid = fork_child(|| {
+        // As a child returning from `main` does, or cleanup code: drop, release, extend.
+        drop(dropped);
+        let mut code = 0;
+        if !matches!(released.release(), Err(Error::OtherProcess { .. })) {
+            code |= 1;
+        }
+        if !matches!(
+            extended.extend(Duration::from_secs(1)),
+            Err(Error::OtherProcess { .. })
+        ) {
+            code |= 2;
+        }
+        match kept.keep_alive(KeepAlive::new(Duration::from_secs(1))) {
+            Ok(_) => code |= 4,
+            Err(refused) if !matches!(refused.error, Error::OtherProcess { .. }) => code |= 8,
+            Err(_) => {}
+        }
+        code
+    });
+    let code = wait_child(pid, Duration::from_secs(20));
+    let mut changed = Vec::new();
+    for (key, token) in &tokens {
+        for (i, &a) in addrs.iter().enumerate() {
+            if get(a, key).as_deref() != Some(&token[..]) || pttl(a, key) < 10_000 {
+                changed.push(format!("{} on node {i}", String::from_utf8_lossy(key)));
+            }
+        }
+    }
+    assert!(
+        changed.is_empty(),
+        "a child's drop, release, extend or keep-alive changed its parent's locks: {changed:?}"
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "the child's release, extend or keep_alive of an inherited lock was not refused with \
+         Error::OtherProcess (exit code: bit 0 release, 1 extend, 2-3 keep_alive)"
+    );
+    let other = Client::new(cluster.urls()).expect("other client");
+    for (key, _) in &tokens {
+        let taken = other.try_lock(key, ttl);
+        assert!(
+            taken.as_ref().is_err_and(Error::is_contended),
+            "another client took {}: {taken:?}",
+            String::from_utf8_lossy(key)
+        );
+    }
+    extended
+        .extend(ttl)
+        .expect("the parent still extends its lock");
+    extended
+        .release()
+        .expect("the parent still releases its lock");
 }
 
 #[test]
