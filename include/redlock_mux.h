@@ -175,6 +175,13 @@ enum redlock_mux_result
    * again. What those releases were to delete stays there until its TTL runs out.
    */
   REDLOCK_MUX_UNDELIVERED = 13,
+  /**
+   * The lock handle is a copy that a child process inherited through `fork()`: only the
+   * process that took the lock may release, extend, downgrade or keep it alive. Nothing was
+   * sent; the lock stays its holder's. The child may only free the handle, which does not
+   * touch the lock either.
+   */
+  REDLOCK_MUX_OTHER_PROCESS = 14,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -892,6 +899,12 @@ redlock_mux_result redlock_mux_client_close(const redlock_mux_client *client);
  * `redlock_mux_client_close` does, so that a release that returned at its quorum still
  * reaches the slower nodes, but cannot say whether it did.
  *
+ * A client may be used on both sides of a `fork()`: a child opens connections of its own at
+ * its first use of the client, and never touches its parent's, nor waits on anything a thread
+ * of its parent held at the fork. A child freeing its copy of the client (or of a lock its
+ * parent took, see `redlock_mux_lock_free`) leaves the parent's connections and locks as they
+ * were.
+ *
  * # Safety
  * `client` is NULL or a client not yet freed, which no other thread is using.
  */
@@ -975,7 +988,7 @@ redlock_mux_result redlock_mux_lock_kind(const redlock_mux_lock *lock, redlock_m
  * the start of the attempt. A failed extend to a TTL longer than the validity left leaves the
  * lock as it was (held until its current validity ends, if it was held). A fencing token stays
  * the same. `REDLOCK_MUX_UNSUPPORTED` once the lock is kept alive: the keeper thread extends
- * it.
+ * it. `REDLOCK_MUX_OTHER_PROCESS` in a child after `fork()`, for a lock its parent took.
  *
  * # Safety
  * `lock` is NULL or a live lock used by no other thread.
@@ -1072,7 +1085,8 @@ redlock_mux_result redlock_mux_lock_fencing_token(const redlock_mux_lock *lock, 
  * was undone on every node and **nothing is held**: the handle is released, and must only be
  * freed. A lock that is not a write lock, or is kept alive, gives `REDLOCK_MUX_UNSUPPORTED`
  * and is left as it was. There is no upgrade (read to write): two readers upgrading at once
- * would wait for each other.
+ * would wait for each other. In a child after `fork()`, a lock its parent took gives
+ * `REDLOCK_MUX_OTHER_PROCESS`: nothing is sent, and the lock stays the parent's.
  *
  * # Safety
  * `lock` is NULL or a live lock used by no other thread.
@@ -1087,7 +1101,10 @@ redlock_mux_result redlock_mux_lock_downgrade(redlock_mux_lock *lock, uint64_t t
  * `_downgrade` and another `_keep_alive` give `REDLOCK_MUX_UNSUPPORTED`. A `ttl_ms` that
  * cannot keep the lock (one the client refuses, or one too close to the drift allowance for
  * `ttl_ms / 3` to be less than the validity it gives) is refused with
- * `REDLOCK_MUX_INVALID_ARGUMENT`, and the lock stays held as before, not kept alive.
+ * `REDLOCK_MUX_INVALID_ARGUMENT`, and the lock stays held as before, not kept alive. In a
+ * child after `fork()`, a lock its parent took is refused with `REDLOCK_MUX_OTHER_PROCESS`:
+ * the parent's keeper thread keeps the parent's locks, and the child's keeper (its own, started
+ * with its first kept lock) only the locks the child took.
  *
  * A lost lock (an extension refused by the quorum, or no extension won before the validity
  * ran out) is reported by `redlock_mux_lock_is_lost`; poll it before each step that needs the
@@ -1139,6 +1156,9 @@ redlock_mux_result redlock_mux_lock_is_lost(const redlock_mux_lock *lock, uint8_
  * and its waiters woken. Whatever the result, the handle is released afterwards: further calls
  * on it give `REDLOCK_MUX_RELEASED`, and it must still be freed with `redlock_mux_lock_free`.
  *
+ * In a child after `fork()`, a handle its parent took is a copy, not the lock: this gives
+ * `REDLOCK_MUX_OTHER_PROCESS` and sends nothing, and the lock stays the parent's.
+ *
  * # Safety
  * `lock` is NULL or a live lock used by no other thread.
  */
@@ -1148,6 +1168,13 @@ redlock_mux_result redlock_mux_lock_release(redlock_mux_lock *lock);
  * Frees a lock handle. A lock still held is released first, best effort (call
  * `redlock_mux_lock_release` to learn whether that worked); a kept lock's extensions stop, and
  * no lost-lock callback runs after this returns. NULL is a no-op.
+ *
+ * In a child after `fork()`, freeing a handle its parent took (as cleanup code and `atexit`
+ * handlers do) only frees the child's copy: nothing is sent, and the lock stays the parent's,
+ * held and kept alive as before. Release, extend, downgrade and keep-alive of such a handle
+ * give `REDLOCK_MUX_OTHER_PROCESS`; `_validity_ms` and `_is_lost` tell what the parent's handle
+ * told at the fork, counting down. A child takes locks of its own for its own work (with
+ * connections and a keeper thread of its own, made at its first use of the client).
  *
  * # Safety
  * `lock` is NULL or a lock not yet freed, which no other thread is using.

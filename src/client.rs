@@ -2,15 +2,16 @@
 //! thread's slot. The calls that take locks are with the guard they return (`guard`).
 #![forbid(unsafe_code)]
 
+use std::convert::Infallible;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::config::{Config, RwPolicy, MAX_NODES};
 use crate::driver::{Session, Shared};
 use crate::engine::{quorum, Retry, Timing};
 use crate::error::{Error, InvalidArgument};
-use crate::keeper::KeeperSlot;
+use crate::keeper::{Keeper, KeeperSlot};
 use crate::names::BufPool;
 use crate::resp::Limits;
 use crate::stats::{Recorder, Stats};
@@ -375,7 +376,7 @@ impl ClientBuilder {
             inner: Arc::new(Inner {
                 config,
                 driver,
-                keeper: KeeperSlot::new(),
+                keeper: KeeperSlot::new(OnceLock::new()),
                 stats,
                 bufs: BufPool::default(),
             }),
@@ -409,9 +410,16 @@ impl Client {
         ClientBuilder::default()
     }
 
-    /// The slot of this client's keeper thread (see [`crate::keepalive`]).
-    pub(crate) fn keeper(&self) -> &KeeperSlot {
-        &self.inner.keeper
+    /// The slot of this process's keeper thread for this client (see [`crate::keepalive`]).
+    pub(crate) fn keeper(&self) -> &OnceLock<Keeper> {
+        match self
+            .inner
+            .keeper
+            .here(|_| Ok::<_, Infallible>(OnceLock::new()))
+        {
+            Ok(slot) => slot,
+            Err(never) => match never {},
+        }
     }
 
     /// What this client's locks have been doing since it was built (shared by its clones):
@@ -504,7 +512,11 @@ impl Client {
     /// It waits at most 10 s, and gives up sooner on nodes that make no progress for 2 s (a
     /// node that is down, or paused). Those nodes are returned in
     /// [`Error::Undelivered`]: what the releases were to delete stays there until its TTL
-    /// runs out. The client can still be used afterwards (other handles to it too).
+    /// runs out. It waits the same while other threads use the client (one of them may be
+    /// polling its connections, waiting for a lock); threads that call `close` at once wait
+    /// for the same closing. The client can still be used afterwards (other handles to it
+    /// too). [`Error::Io`] if the system refuses a poller (in a child after `fork()`, which
+    /// needs one of its own).
     ///
     /// ```
     /// # use std::time::Duration;
@@ -516,7 +528,7 @@ impl Client {
     /// # Ok::<(), redlock_mux::Error>(())
     /// ```
     pub fn close(self) -> Result<(), Error> {
-        let left = self.inner.driver.close();
+        let left = Shared::close(&self.inner.driver).map_err(|e| Error::Io(e.kind()))?;
         if left.is_empty() {
             return Ok(());
         }
@@ -534,7 +546,7 @@ impl Client {
 
     /// Runs `f` with a session of this client's shared driver.
     pub(crate) fn with_driver<R>(&self, f: impl FnOnce(&mut Session<'_>) -> R) -> Result<R, Error> {
-        let mut session = Shared::session(&self.inner.driver);
+        let mut session = Shared::session(&self.inner.driver).map_err(|e| Error::Io(e.kind()))?;
         Ok(f(&mut session))
     }
 }

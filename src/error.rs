@@ -85,6 +85,14 @@ pub enum Error {
         /// The nodes still owed releases, each with why they were given up.
         failures: Vec<NodeFailure>,
     },
+    /// The lock was taken by another process: this is a copy of it that a child inherited
+    /// through `fork()`. Only the process that took a lock may release, extend, downgrade or
+    /// keep it alive; nothing was sent to any node. The lock stays its holder's, and dropping
+    /// the copy does nothing.
+    OtherProcess {
+        /// The process that took the lock, and holds it.
+        holder: u32,
+    },
 }
 
 /// A deadline that ended a lock operation; see [`Error::deadline`].
@@ -219,6 +227,11 @@ impl fmt::Display for Error {
                 )?;
                 write_failures(f, failures)
             }
+            Error::OtherProcess { holder } => write!(
+                f,
+                "the lock belongs to process {holder}, which took it: a process it forked may \
+                 not release, extend or keep it alive"
+            ),
         }
     }
 }

@@ -533,6 +533,9 @@ pub(crate) struct Held {
     /// downgrade gives the read lock unless told otherwise.
     ttl: Duration,
     released: bool,
+    /// The process that took the lock: the only one that may release, extend or keep it
+    /// alive. A child after `fork()` has a copy of the guard, not the lock.
+    pid: u32,
 }
 
 impl Held {
@@ -556,6 +559,7 @@ impl Held {
                 hold: Hold::new(grant.valid_until).written_with(ttl),
                 ttl,
                 released: false,
+                pid: std::process::id(),
             }),
             Err(e) => {
                 owned.give_back(client.bufs());
@@ -634,6 +638,7 @@ impl Held {
             hold: Hold::new(Instant::now() + ttl).written_with(ttl),
             ttl,
             released: false,
+            pid: std::process::id(),
         };
         match held.round(Step::Extend { ttl_ms, timing }) {
             Ok(()) => Ok(held),
@@ -692,6 +697,21 @@ impl Held {
         self.hold.valid_until()
     }
 
+    /// The process that took the lock.
+    pub fn holder(&self) -> u32 {
+        self.pid
+    }
+
+    /// Fails with [`Error::OtherProcess`] unless the calling process took the lock: a child
+    /// after `fork()` has a copy of its parent's guard, and must leave the lock alone.
+    pub fn check_holder(&self) -> Result<(), Error> {
+        if self.pid == std::process::id() {
+            Ok(())
+        } else {
+            Err(Error::OtherProcess { holder: self.pid })
+        }
+    }
+
     /// Runs an extend round to `ttl` (see [`Guard::extend`]).
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let (ttl_ms, timing) = self.client.timing(ttl)?;
@@ -705,6 +725,8 @@ impl Held {
     /// nothing is held (the round's undo went to every node, or, when no round could be run,
     /// the undo goes out on drop).
     fn downgrade(&mut self, ttl: Option<Duration>) -> Result<(), Error> {
+        // A child's copy of its parent's write lock stays as it is.
+        self.check_holder()?;
         let ttl = ttl.unwrap_or(self.ttl);
         let checked = self.client.timing(ttl).map_err(Error::from);
         let mut ran = false;
@@ -749,6 +771,9 @@ impl Held {
     /// [`round`](Self::round), calling `started` once the round's machine is made (something
     /// may be sent from then on).
     fn round_then(&mut self, step: Step, started: impl FnOnce()) -> Result<(), Error> {
+        // Every round (release, extend, downgrade) is the holder's alone: nothing is sent for
+        // a guard a child inherited.
+        self.check_holder()?;
         let Held {
             client,
             owned,
@@ -777,6 +802,8 @@ impl Held {
 }
 
 impl Drop for Held {
+    /// Releases the lock, best effort; a guard that a child inherited through `fork()` is
+    /// dropped without a word to any node (the lock is its parent's).
     fn drop(&mut self) {
         if !self.released {
             let _ = self.release();

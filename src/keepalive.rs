@@ -19,6 +19,9 @@
 //!
 //! The keeper thread holds no [`Client`] of its own, only weak references to the guards it
 //! serves, so dropping every client and guard ends it.
+//!
+//! The keeper thread is per process: a child after `fork()` starts one of its own for the locks
+//! it takes itself, and never touches the locks its parent took (see [`Error::OtherProcess`]).
 #![forbid(unsafe_code)]
 
 use std::fmt;
@@ -149,7 +152,8 @@ pub struct Lost {
 }
 
 /// Why [`Guard::keep_alive`] refused its settings, with the guard given back as it was: still held, and not kept
-/// alive. The error is always [`Error::InvalidArgument`].
+/// alive. The error is [`Error::InvalidArgument`], or [`Error::OtherProcess`] for a guard a
+/// child inherited through `fork()`.
 ///
 /// It converts into [`Error`], so `?` works in functions that return `Result<_, Error>`; the
 /// guard is then dropped, which releases it. To keep the guard, take it back with
@@ -209,6 +213,7 @@ fn keep_alive(held: Held, plan: Schedule, settings: KeepAlive) -> KeptLock {
     let key = held.key().to_vec();
     let token = held.token().to_vec();
     let fencing_token = held.fencing_token();
+    let holder = held.holder();
     let now = Instant::now();
     let validity = KeptValidity::new(plan, now, held.valid_until());
     let shared = Arc::new(Shared {
@@ -226,6 +231,7 @@ fn keep_alive(held: Held, plan: Schedule, settings: KeepAlive) -> KeptLock {
         key,
         token,
         fencing_token,
+        holder,
     }
 }
 
@@ -272,6 +278,8 @@ pub struct KeptLock {
     key: Vec<u8>,
     token: Vec<u8>,
     fencing_token: Option<u64>,
+    /// The process that took the lock, whose keeper thread extends it.
+    holder: u32,
 }
 
 impl fmt::Debug for Shared {
@@ -317,7 +325,15 @@ impl KeptLock {
     /// Stops the extensions and releases the lock on every node (see [`Guard::release`]). A
     /// lost lock is released too, in case some
     /// node still holds our token.
+    ///
+    /// In a child after `fork()`, the lock is its parent's: this fails with
+    /// [`Error::OtherProcess`], and nothing is sent.
     pub fn release(self) -> Result<(), Error> {
+        if self.holder != std::process::id() {
+            return Err(Error::OtherProcess {
+                holder: self.holder,
+            });
+        }
         let lock = self.shared.lock().take();
         match lock {
             Some(mut lock) => lock.release(),
@@ -328,6 +344,13 @@ impl KeptLock {
 
 impl Drop for KeptLock {
     fn drop(&mut self) {
+        if self.holder != std::process::id() {
+            // A child's copy of its parent's kept lock: the parent's keeper thread, which does
+            // not exist here, may have been extending it at the fork, with its mutex held. It
+            // is left as it is, never waited on, never dropped.
+            std::mem::forget(Arc::clone(&self.shared));
+            return;
+        }
         // Dropping the guard releases it; the keeper finds `None` and forgets the entry.
         let lock = self.shared.lock().take();
         drop(lock);
@@ -341,7 +364,10 @@ impl<K: Kind> Guard<K> {
     ///
     /// Settings that cannot keep the lock (see [`KeepAlive`]) are refused with a
     /// [`KeepAliveError`] that gives this guard back, still held; `?` turns it into an
-    /// [`Error`] and releases the guard.
+    /// [`Error`] and releases the guard. In a child after `fork()`, a guard its parent took is
+    /// refused with [`Error::OtherProcess`]: the parent's keeper extends the parent's locks,
+    /// and the child's keeper (a thread of its own, started on first use there) only those the
+    /// child took itself.
     ///
     /// ```
     /// use std::sync::mpsc;
@@ -367,6 +393,9 @@ impl<K: Kind> Guard<K> {
     // boxing it would only make the rare refusal awkward to use.
     #[allow(clippy::result_large_err)]
     pub fn keep_alive(self, settings: KeepAlive) -> Result<KeptLock, KeepAliveError<Self>> {
+        if let Err(error) = self.held().check_holder() {
+            return Err(KeepAliveError { guard: self, error });
+        }
         match settings.plan(self.client()) {
             Ok(plan) => Ok(keep_alive(self.into_held(), plan, settings)),
             Err(e) => Err(KeepAliveError {

@@ -10,6 +10,8 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::Instant;
 
+use crate::process::PerProcess;
+
 /// Work the keeper thread does when it is due.
 pub(crate) trait Job: Send {
     /// Does the work; returns when it is due again, or `None` when it is done.
@@ -30,8 +32,9 @@ pub(crate) struct Keeper {
     tx: mpsc::Sender<Entry>,
 }
 
-/// Where a client keeps its keeper, started on first use.
-pub(crate) type KeeperSlot = OnceLock<Keeper>;
+/// Where a client keeps its keeper, started on first use in each process: a child after
+/// `fork()` has none of its parent's threads, and starts its own.
+pub(crate) type KeeperSlot = PerProcess<OnceLock<Keeper>>;
 
 impl Keeper {
     /// Starts the thread.

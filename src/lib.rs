@@ -58,6 +58,7 @@ mod keepalive;
 mod keeper;
 mod names;
 mod options;
+mod process;
 pub mod resp;
 mod rng;
 mod semaphore;
@@ -109,6 +110,7 @@ pub mod internals {
         WaitEnded,
         Cancelled,
         Undelivered,
+        OtherProcess,
     }
 
     impl ErrorKind {
@@ -125,6 +127,7 @@ pub mod internals {
                 E::WaitEnded { .. } => ErrorKind::WaitEnded,
                 E::Cancelled => ErrorKind::Cancelled,
                 E::Undelivered { .. } => ErrorKind::Undelivered,
+                E::OtherProcess { .. } => ErrorKind::OtherProcess,
             }
         }
     }

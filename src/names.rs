@@ -4,7 +4,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 use crate::config::{check_key, MAX_LOCK_ALL_KEYS};
 use crate::error::InvalidArgument;
@@ -21,23 +21,49 @@ const MIN_CAPACITY: usize = 64;
 /// and kept when given back, so that taking a lock reuses the buffers of the locks before it.
 /// A buffer keeps the capacity it grew to: once every size in use has been seen, nothing is
 /// allocated.
-#[derive(Debug, Default)]
+///
+/// In a child after `fork()` whose parent had a thread in the pool at the fork, the pool is
+/// never waited on (that thread does not exist in the child): the child's guards allocate
+/// their buffers and drop them.
+#[derive(Debug)]
 pub(crate) struct BufPool {
     free: Mutex<Vec<Vec<u8>>>,
+    /// The process that made the pool: it alone waits for the pool when another thread has it.
+    pid: u32,
+}
+
+impl Default for BufPool {
+    fn default() -> BufPool {
+        BufPool {
+            free: Mutex::default(),
+            pid: std::process::id(),
+        }
+    }
 }
 
 impl BufPool {
-    fn free(&self) -> MutexGuard<'_, Vec<Vec<u8>>> {
+    /// The free buffers, or `None` in a child after `fork()` whose parent held them at the
+    /// fork (checked only when they are not free at once: no `getpid` in the usual case).
+    fn free(&self) -> Option<MutexGuard<'_, Vec<Vec<u8>>>> {
         // A panic while the list was held cannot leave it inconsistent: it is only pushed to
         // and taken from.
-        self.free.lock().unwrap_or_else(PoisonError::into_inner)
+        match self.free.try_lock() {
+            Ok(free) => Some(free),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) if self.pid == std::process::id() => {
+                Some(self.free.lock().unwrap_or_else(PoisonError::into_inner))
+            }
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 
     /// An empty buffer with room for `len` bytes: the smallest free one that fits, or else the
     /// largest, grown (to a power of two, at least [`MIN_CAPACITY`]); with `usize::MAX`, the
     /// largest as it is.
     pub fn take(&self, len: usize) -> Vec<u8> {
-        let mut free = self.free();
+        let Some(mut free) = self.free() else {
+            return Vec::with_capacity(if len == usize::MAX { 0 } else { len });
+        };
         let fits = free
             .iter()
             .enumerate()
@@ -75,9 +101,10 @@ impl BufPool {
         if buf.capacity() == 0 {
             return;
         }
-        let mut free = self.free();
-        if free.len() < MAX_FREE {
-            free.push(buf);
+        if let Some(mut free) = self.free() {
+            if free.len() < MAX_FREE {
+                free.push(buf);
+            }
         }
     }
 }
@@ -287,11 +314,11 @@ mod tests {
         // None fits: the largest is grown, to a power of two.
         let grown = pool.take(5000);
         assert_eq!(grown.capacity(), 8192);
-        assert!(pool.free().is_empty());
+        assert!(pool.free().unwrap().is_empty());
         pool.put(grown);
         pool.put(Vec::with_capacity(10));
         assert!(pool.take(usize::MAX).capacity() >= 5000);
         pool.put(Vec::new());
-        assert_eq!(pool.free().len(), 1);
+        assert_eq!(pool.free().unwrap().len(), 1);
     }
 }

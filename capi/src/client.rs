@@ -350,6 +350,12 @@ pub unsafe extern "C" fn redlock_mux_client_close(
 /// `redlock_mux_client_close` does, so that a release that returned at its quorum still
 /// reaches the slower nodes, but cannot say whether it did.
 ///
+/// A client may be used on both sides of a `fork()`: a child opens connections of its own at
+/// its first use of the client, and never touches its parent's, nor waits on anything a thread
+/// of its parent held at the fork. A child freeing its copy of the client (or of a lock its
+/// parent took, see `redlock_mux_lock_free`) leaves the parent's connections and locks as they
+/// were.
+///
 /// # Safety
 /// `client` is NULL or a client not yet freed, which no other thread is using.
 #[no_mangle]

@@ -54,6 +54,11 @@ pub enum redlock_mux_result {
     /// every node: the nodes the message names stopped answering, or could not be reached
     /// again. What those releases were to delete stays there until its TTL runs out.
     REDLOCK_MUX_UNDELIVERED = 13,
+    /// The lock handle is a copy that a child process inherited through `fork()`: only the
+    /// process that took the lock may release, extend, downgrade or keep it alive. Nothing was
+    /// sent; the lock stays its holder's. The child may only free the handle, which does not
+    /// touch the lock either.
+    REDLOCK_MUX_OTHER_PROCESS = 14,
 }
 
 pub use redlock_mux_result::*;
@@ -144,6 +149,7 @@ pub(crate) fn failure_code(e: &Error) -> redlock_mux_result {
         },
         ErrorKind::Cancelled => REDLOCK_MUX_CANCELLED,
         ErrorKind::Undelivered => REDLOCK_MUX_UNDELIVERED,
+        ErrorKind::OtherProcess => REDLOCK_MUX_OTHER_PROCESS,
     }
 }
 
@@ -235,6 +241,7 @@ pub extern "C" fn redlock_mux_result_text(result: u32) -> *const c_char {
         11 => c"cancelled",
         12 => c"not supported by this lock",
         13 => c"releases not delivered to every node",
+        14 => c"the lock belongs to another process",
         _ => c"unknown result code",
     };
     text.as_ptr()
@@ -377,7 +384,7 @@ mod tests {
 
     #[test]
     fn every_result_code_has_its_own_text() {
-        let texts: Vec<&CStr> = (0..=REDLOCK_MUX_UNDELIVERED as u32)
+        let texts: Vec<&CStr> = (0..=REDLOCK_MUX_OTHER_PROCESS as u32)
             // SAFETY: `redlock_mux_result_text` returns a static NUL-terminated string.
             .map(|code| unsafe { CStr::from_ptr(redlock_mux_result_text(code)) })
             .collect();

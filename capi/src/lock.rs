@@ -192,14 +192,24 @@ fn lock_slot(slot: &CallbackSlot) -> MutexGuard<'_, Option<LostCallback>> {
     slot.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Silences a kept lock's callback when dropped, or when asked to.
-struct Disarm(Option<CallbackSlot>);
+/// Silences a kept lock's callback when dropped, or when asked to, in the process that kept
+/// the lock.
+struct Disarm(Option<CallbackSlot>, u32);
 
 impl Disarm {
+    fn new(slot: Option<CallbackSlot>) -> Disarm {
+        Disarm(slot, std::process::id())
+    }
+
     /// Makes sure no lost-lock callback starts from now on, after waiting for one in progress.
+    /// In a child after `fork()`, there is no keeper thread to call it, and the slot is never
+    /// waited on: the parent's keeper thread may have held it at the fork, and it does not
+    /// exist here.
     fn disarm(&self) {
         if let Some(slot) = &self.0 {
-            *lock_slot(slot) = None;
+            if self.1 == std::process::id() {
+                *lock_slot(slot) = None;
+            }
         }
     }
 }
@@ -286,7 +296,7 @@ pub unsafe extern "C" fn redlock_mux_lock_kind(
 /// the start of the attempt. A failed extend to a TTL longer than the validity left leaves the
 /// lock as it was (held until its current validity ends, if it was held). A fencing token stays
 /// the same. `REDLOCK_MUX_UNSUPPORTED` once the lock is kept alive: the keeper thread extends
-/// it.
+/// it. `REDLOCK_MUX_OTHER_PROCESS` in a child after `fork()`, for a lock its parent took.
 ///
 /// # Safety
 /// `lock` is NULL or a live lock used by no other thread.
@@ -518,7 +528,8 @@ pub unsafe extern "C" fn redlock_mux_lock_fencing_token(
 /// was undone on every node and **nothing is held**: the handle is released, and must only be
 /// freed. A lock that is not a write lock, or is kept alive, gives `REDLOCK_MUX_UNSUPPORTED`
 /// and is left as it was. There is no upgrade (read to write): two readers upgrading at once
-/// would wait for each other.
+/// would wait for each other. In a child after `fork()`, a lock its parent took gives
+/// `REDLOCK_MUX_OTHER_PROCESS`: nothing is sent, and the lock stays the parent's.
 ///
 /// # Safety
 /// `lock` is NULL or a live lock used by no other thread.
@@ -606,7 +617,7 @@ unsafe fn keep_alive(
         match kept {
             Ok(lock) => {
                 handle.state = State::Kept(Kept {
-                    on_lost: Disarm(slot),
+                    on_lost: Disarm::new(slot),
                     lock,
                     keys,
                 });
@@ -627,7 +638,10 @@ unsafe fn keep_alive(
 /// `_downgrade` and another `_keep_alive` give `REDLOCK_MUX_UNSUPPORTED`. A `ttl_ms` that
 /// cannot keep the lock (one the client refuses, or one too close to the drift allowance for
 /// `ttl_ms / 3` to be less than the validity it gives) is refused with
-/// `REDLOCK_MUX_INVALID_ARGUMENT`, and the lock stays held as before, not kept alive.
+/// `REDLOCK_MUX_INVALID_ARGUMENT`, and the lock stays held as before, not kept alive. In a
+/// child after `fork()`, a lock its parent took is refused with `REDLOCK_MUX_OTHER_PROCESS`:
+/// the parent's keeper thread keeps the parent's locks, and the child's keeper (its own, started
+/// with its first kept lock) only the locks the child took.
 ///
 /// A lost lock (an extension refused by the quorum, or no extension won before the validity
 /// ran out) is reported by `redlock_mux_lock_is_lost`; poll it before each step that needs the
@@ -708,6 +722,9 @@ pub unsafe extern "C" fn redlock_mux_lock_is_lost(
 /// and its waiters woken. Whatever the result, the handle is released afterwards: further calls
 /// on it give `REDLOCK_MUX_RELEASED`, and it must still be freed with `redlock_mux_lock_free`.
 ///
+/// In a child after `fork()`, a handle its parent took is a copy, not the lock: this gives
+/// `REDLOCK_MUX_OTHER_PROCESS` and sends nothing, and the lock stays the parent's.
+///
 /// # Safety
 /// `lock` is NULL or a live lock used by no other thread.
 #[no_mangle]
@@ -732,6 +749,13 @@ pub unsafe extern "C" fn redlock_mux_lock_release(
 /// Frees a lock handle. A lock still held is released first, best effort (call
 /// `redlock_mux_lock_release` to learn whether that worked); a kept lock's extensions stop, and
 /// no lost-lock callback runs after this returns. NULL is a no-op.
+///
+/// In a child after `fork()`, freeing a handle its parent took (as cleanup code and `atexit`
+/// handlers do) only frees the child's copy: nothing is sent, and the lock stays the parent's,
+/// held and kept alive as before. Release, extend, downgrade and keep-alive of such a handle
+/// give `REDLOCK_MUX_OTHER_PROCESS`; `_validity_ms` and `_is_lost` tell what the parent's handle
+/// told at the fork, counting down. A child takes locks of its own for its own work (with
+/// connections and a keeper thread of its own, made at its first use of the client).
 ///
 /// # Safety
 /// `lock` is NULL or a lock not yet freed, which no other thread is using.

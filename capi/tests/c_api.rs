@@ -350,3 +350,16 @@ fn a_client_used_after_fork_opens_its_own_connections() {
     assert!(output.status.success(), "{}", show(&output));
     eprintln!("{}", String::from_utf8_lossy(&output.stdout));
 }
+
+/// A child never releases its parent's locks (see `tests/c/fork_inherit.c`): freeing or
+/// releasing an inherited handle leaves the lock its parent's.
+#[test]
+fn a_child_freeing_inherited_locks_leaves_them_to_its_parent() {
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    let exe = compile("fork_inherit", "fork_inherit");
+    let mut command = Command::new(exe);
+    command.args(cluster.urls());
+    let output = run_bounded(command, Duration::from_secs(30));
+    assert!(output.status.success(), "{}", show(&output));
+    eprintln!("{}", String::from_utf8_lossy(&output.stdout));
+}

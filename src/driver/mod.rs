@@ -30,15 +30,19 @@
 //!
 //! The sockets belong to the process that opened them. A client used in a child process after
 //! a `fork()` never reads or writes its parent's sockets (both would read each other's replies):
-//! at its first use there, it drops them without a system call that could touch the parent's
-//! (no deregistration from the poller both share), and opens connections of its own.
+//! at its first use there, it makes a core of its own ([`PerProcess`]), with a poller and
+//! connections of its own, and never waits on the parent's: a thread of the parent that was
+//! inside the client at the fork does not exist in the child, and the parent's mutex may have
+//! been copied locked. If it was not, the parent's sockets are closed in the child (without a
+//! system call that could touch the parent's: no deregistration from the poller both share);
+//! if it was, they are left as they are. The resender thread is per process too.
 #![forbid(unsafe_code)]
 
 mod socket;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
@@ -50,6 +54,7 @@ use crate::engine::machine::Machine;
 use crate::engine::Round;
 use crate::error::NodeErrorKind;
 use crate::options::Cancel;
+use crate::process::PerProcess;
 use crate::rng::OsEntropy;
 use crate::stats::Recorder;
 use crate::tls::TlsContext;
@@ -63,11 +68,17 @@ const WAKER: Token = Token(usize::MAX);
 
 /// A client's connections, shared by every thread that uses it.
 pub(crate) struct Shared {
-    core: Mutex<Core>,
     config: Arc<Config>,
     stats: Arc<Recorder>,
     /// The TLS configuration of `rediss://` nodes, when any node is one or TLS was set up.
     tls: Option<TlsContext>,
+    /// The connections of each process that uses the client.
+    local: PerProcess<Local>,
+}
+
+/// A client's connections in one process.
+struct Local {
+    core: Mutex<Core>,
     /// A thread sends again the releases of broken connections, while no caller runs.
     resender: AtomicBool,
 }
@@ -79,6 +90,10 @@ const RESEND_POLL: Duration = Duration::from_millis(50);
 
 /// How long a caller waits at most without anything scheduled, before it looks again.
 const IDLE_LOOK: Duration = Duration::from_millis(100);
+
+/// How long a closing caller waits at most before it looks again whether every node answered:
+/// while another caller leads, nobody posts to it when they do.
+const CLOSE_LOOK: Duration = Duration::from_millis(20);
 
 /// The poller, held by the leader while it polls.
 struct Poller {
@@ -100,9 +115,6 @@ struct Caller {
 
 struct Core {
     ep: Endpoint,
-    /// The process that opened the sockets: another one (a child after `fork()`) must not
-    /// touch them.
-    pid: u32,
     /// The poller, while nobody polls with it.
     poll: Option<Poller>,
     /// The TLS configuration of `rediss://` nodes.
@@ -122,6 +134,12 @@ struct Core {
     free: Vec<CallerId>,
     /// Kept between finishes, for the threads a finishing caller unparks.
     unparked: Vec<Thread>,
+    /// The callers waiting in [`Shared::close`] for the closing under way.
+    closers: Vec<CallerId>,
+    /// How many closings have ended, and what the last one left undelivered: every caller
+    /// that waited for it returns that.
+    closes: u64,
+    close_left: Vec<usize>,
 }
 
 impl Shared {
@@ -132,33 +150,32 @@ impl Shared {
     ) -> io::Result<Shared> {
         let core = Core::new(config.clone(), stats.clone(), tls.clone())?;
         Ok(Shared {
-            core: Mutex::new(core),
             config,
             stats,
             tls,
-            resender: AtomicBool::new(false),
+            local: PerProcess::new(Local::new(core)),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Core> {
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The core, for this process: in a child after `fork()`, the parent's sockets are dropped
-    /// first and the connections start anew. One `getpid` per call: every entry point that
-    /// may reach a socket (a session, a warm-up, a close) comes through here first.
-    fn lock_here(&self) -> MutexGuard<'_, Core> {
-        let mut core = self.lock();
-        if core.pid != std::process::id() {
-            if let Ok(mut fresh) =
-                Core::new(self.config.clone(), self.stats.clone(), self.tls.clone())
-            {
-                fresh.ep.adopt_servers(&core.ep);
-                let old = std::mem::replace(&mut *core, fresh);
+    /// The connections of this process: in a child after `fork()`, a core of its own, made at
+    /// its first use there (see the module's documentation). One `getpid` per call: every
+    /// entry point that may reach a socket (a session, a warm-up, a close) comes through here
+    /// first.
+    fn here(&self) -> io::Result<&Local> {
+        self.local.here(|parent| {
+            let mut fresh = Core::new(self.config.clone(), self.stats.clone(), self.tls.clone())?;
+            // Never waited on: a thread that held it at the fork does not exist here.
+            let old = match parent.core.try_lock() {
+                Ok(core) => Some(core),
+                Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) => None,
+            };
+            if let Some(mut old) = old {
+                fresh.ep.adopt_servers(&old.ep);
                 old.forget_sockets();
             }
-        }
-        core
+            Ok(Local::new(fresh))
+        })
     }
 
     /// Opens every command connection and waits, `timeout` at the most, for each to be
@@ -166,7 +183,10 @@ impl Shared {
     /// setup. Nodes that are down only count against the quorum later; nodes whose setup was
     /// refused are listed by [`setup_failures`](Self::setup_failures).
     pub fn warm_up(&self, timeout: Duration) {
-        let mut core = self.lock_here();
+        let Ok(local) = self.here() else {
+            return;
+        };
+        let mut core = local.lock();
         let start = Instant::now();
         // The connects' own timeouts count from the same instant, so that those that run out
         // (a TLS handshake nobody answers) are judged before the warm-up ends.
@@ -189,7 +209,7 @@ impl Shared {
                 &mut poller.events,
                 Some(timeout.saturating_duration_since(now)),
             );
-            core = self.lock();
+            core = local.lock();
             let now = Instant::now();
             core.service_events(&mut poller, now);
             core.poll = Some(poller);
@@ -200,20 +220,28 @@ impl Shared {
     /// The nodes whose last connection was closed because its setup was refused (see
     /// [`NodeErrorKind::Setup`]), with the reason.
     pub fn setup_failures(&self) -> Vec<(usize, NodeErrorKind)> {
-        self.lock_here().ep.setup_failures()
+        self.here()
+            .map(|local| local.lock().ep.setup_failures())
+            .unwrap_or_default()
     }
 
     /// Waits until every node has answered what it was sent, and every release of a broken
     /// connection has been sent again and answered, or the endpoint gives up (see
     /// `Endpoint::begin_close`). Returns the nodes left with releases that are not known to
     /// have reached them.
-    pub fn close(&self) -> Vec<usize> {
-        self.lock_here().settle()
+    ///
+    /// The closing thread is a caller like any other: it leads the polling if nobody does,
+    /// and otherwise leaves it to the leader and looks again every [`CLOSE_LOOK`]. Whoever
+    /// sees the closing end (see `Core::end_close`) ends it for every thread that waits in
+    /// `close` at the time.
+    pub fn close(this: &Arc<Shared>) -> io::Result<Vec<usize>> {
+        Ok(Shared::session(this)?.close())
     }
 
     /// A caller slot for this thread, for one or more operations in a row.
-    pub fn session(this: &Arc<Shared>) -> Session<'_> {
-        let mut core = this.lock_here();
+    pub fn session(this: &Arc<Shared>) -> io::Result<Session<'_>> {
+        let local = this.here()?;
+        let mut core = local.lock();
         let slot = match core.free.pop() {
             Some(s) => s,
             None => {
@@ -236,14 +264,28 @@ impl Shared {
         c.in_use = true;
         let entropy = c.entropy.take().unwrap_or_else(OsEntropy::new);
         let wakeups = std::mem::take(&mut c.wakeups);
-        Session {
+        Ok(Session {
             shared: this,
+            local,
             slot,
             wakeups,
             entropy: Some(entropy),
             round: c.round.take(),
             spread: c.spread,
+        })
+    }
+}
+
+impl Local {
+    fn new(core: Core) -> Local {
+        Local {
+            core: Mutex::new(core),
+            resender: AtomicBool::new(false),
         }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits at most `timeout` for input (the caller's deadline, which includes the endpoint's
@@ -328,25 +370,29 @@ impl Shared {
     }
 }
 
-impl Drop for Shared {
+impl Drop for Local {
     /// Closing a socket with replies unread resets its connection, and the node then drops
     /// whatever of ours it had not read yet. A release returns at its quorum while slower
     /// nodes may still be working through a backlog: a program that ends right after its last
     /// release would lose what they were owed, and leave its keys there for the whole TTL. So
     /// the connections are closed once they owe nothing, or once the nodes that still owe stop
     /// making progress (see [`Shared::close`]).
+    ///
+    /// Only the process that made it drops it ([`PerProcess`]): a child never settles, nor
+    /// closes, its parent's connections.
     fn drop(&mut self) {
-        let core = self.core.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if core.pid != std::process::id() {
-            return;
-        }
-        core.settle();
+        self.core
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .settle();
     }
 }
 
 /// One thread's use of a [`Shared`] driver: a caller slot, with what its operations reuse.
 pub(crate) struct Session<'a> {
     shared: &'a Arc<Shared>,
+    /// This process's connections.
+    local: &'a Local,
     slot: CallerId,
     /// The threads this caller, as the leader, unparks after servicing.
     wakeups: Vec<Thread>,
@@ -391,9 +437,10 @@ impl Session<'_> {
         cancel: Option<&Cancel>,
     ) -> M::Output {
         let shared = self.shared;
+        let local = self.local;
         let slot = self.slot;
         let mut entropy = self.entropy.take().unwrap_or_else(OsEntropy::new);
-        let mut core = shared.lock();
+        let mut core = local.lock();
         let run = core.ep.begin(slot);
         // Without a waker (the system refused one), the flag is still read at every wake-up.
         let registration = cancel.map(|c| c.register(core.waker.clone(), thread::current()));
@@ -443,6 +490,7 @@ impl Session<'_> {
                     core.handshake_timeouts(now);
                     core.ep.handle_timeout(now);
                     core.do_io(now);
+                    core.end_close(now);
                 }
                 if mine.is_some_and(|t| now >= t) {
                     m.handle_timeout(now, &mut entropy);
@@ -451,7 +499,7 @@ impl Session<'_> {
             }
             drained = false;
             let wanted = m.replies_wanted();
-            core = shared.wait(core, slot, deadline - now, wanted, &mut self.wakeups);
+            core = local.wait(core, slot, deadline - now, wanted, &mut self.wakeups);
         };
         let next = core.finish(slot, run);
         let resend = core.needs_resender(Instant::now());
@@ -461,7 +509,7 @@ impl Session<'_> {
             t.unpark();
         }
         if resend {
-            Shared::start_resender(shared);
+            Shared::start_resender(shared, local);
         }
         drop(registration);
         self.entropy = Some(entropy);
@@ -475,28 +523,34 @@ impl Shared {
     /// returned at its quorum must still reach the other nodes. The thread leads the polling
     /// like any caller, and ends once they are sent and answered (10 s at most: what is left
     /// goes with the next operation, or when the client is closed).
-    fn start_resender(this: &Arc<Shared>) {
-        if this.resender.swap(true, Ordering::AcqRel) {
+    fn start_resender(this: &Arc<Shared>, local: &Local) {
+        if local.resender.swap(true, Ordering::AcqRel) {
             return;
         }
         let shared = this.clone();
         let started = thread::Builder::new()
             .name("redlock-mux-resend".into())
             .spawn(move || {
-                shared.resend();
-                shared.resender.store(false, Ordering::Release);
+                // The thread runs in the process that started it: `here` is `local`.
+                if let Ok(session) = Shared::session(&shared) {
+                    let local = session.local;
+                    session.resend();
+                    local.resender.store(false, Ordering::Release);
+                }
             });
         if started.is_err() {
-            this.resender.store(false, Ordering::Release);
+            local.resender.store(false, Ordering::Release);
         }
     }
+}
 
-    /// The resender thread's work (see [`start_resender`](Self::start_resender)).
-    fn resend(self: &Arc<Shared>) {
-        let mut session = Shared::session(self);
-        let slot = session.slot;
+impl Session<'_> {
+    /// The resender thread's work (see [`Shared::start_resender`]).
+    fn resend(mut self) {
+        let local = self.local;
+        let slot = self.slot;
         let until = Instant::now() + RESEND_LIMIT;
-        let mut core = self.lock();
+        let mut core = local.lock();
         let run = core.ep.begin(slot);
         loop {
             let now = Instant::now();
@@ -507,19 +561,62 @@ impl Shared {
             let timeout = core.ep.poll_timeout().map_or(RESEND_POLL, |t| {
                 t.saturating_duration_since(now).min(RESEND_POLL)
             });
-            core = self.wait(core, slot, timeout, usize::MAX, &mut session.wakeups);
+            core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
         }
         let next = core.finish(slot, run);
         drop(core);
-        for t in session.wakeups.drain(..).chain(next) {
+        for t in self.wakeups.drain(..).chain(next) {
             t.unpark();
         }
+    }
+
+    /// Closes the client for this process: see [`Shared::close`].
+    fn close(mut self) -> Vec<usize> {
+        let local = self.local;
+        let slot = self.slot;
+        let mut core = local.lock();
+        let run = core.ep.begin(slot);
+        let now = Instant::now();
+        let ended = core.closes;
+        // A closing under way is waited for as it is, not made longer.
+        if core.closers.is_empty() {
+            core.ep.begin_close(now);
+        }
+        core.closers.push(slot);
+        core.do_io(now);
+        core.write_or_leave(slot, now);
+        // Each turn ends the closing or waits (at least 1 ms): bounded by the closing's own
+        // limit.
+        let left = loop {
+            let now = Instant::now();
+            // The timers that are due run first (the closing's end among them), whoever leads:
+            // a follower's turn comes at least every `CLOSE_LOOK`.
+            core.timers(now);
+            if core.closes == ended {
+                core.end_close(now);
+            }
+            if core.closes != ended {
+                break core.close_left.clone();
+            }
+            let timeout = core
+                .ep
+                .poll_timeout()
+                .map_or(CLOSE_LOOK, |t| t.saturating_duration_since(now))
+                .clamp(Duration::from_millis(1), CLOSE_LOOK);
+            core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
+        };
+        let next = core.finish(slot, run);
+        drop(core);
+        for t in self.wakeups.drain(..).chain(next) {
+            t.unpark();
+        }
+        left
     }
 }
 
 impl Drop for Session<'_> {
     fn drop(&mut self) {
-        let mut core = self.shared.lock();
+        let mut core = self.local.lock();
         // An operation that unwound (a panic) did not finish: it must not stay the leader, or
         // keep its channels and mailbox.
         let next = core.abandon(self.slot);
@@ -548,7 +645,6 @@ impl Core {
         let now = Instant::now();
         Ok(Core {
             ep: Endpoint::new(config, stats, now),
-            pid: std::process::id(),
             poll: Some(Poller {
                 poll,
                 events: Events::with_capacity(64.max(n * 4)),
@@ -563,15 +659,45 @@ impl Core {
             callers: Vec::new(),
             free: Vec::new(),
             unparked: Vec::new(),
+            closers: Vec::new(),
+            closes: 0,
+            close_left: Vec::new(),
         })
     }
 
-    /// Lets go of every socket without deregistering it: in a child after `fork()`, the poller
-    /// is shared with the parent, and a deregistration would remove the parent's registration.
-    /// Closing this process's descriptors leaves the parent's connections as they were.
-    fn forget_sockets(self) {
+    /// Lets go of every socket without deregistering it, and of the poller and its waker: in a
+    /// child after `fork()`, the poller is shared with the parent, and a deregistration would
+    /// remove the parent's registration. Closing this process's descriptors leaves the
+    /// parent's connections as they were. The core is never used again.
+    fn forget_sockets(&mut self) {
         // Dropping a socket only closes its descriptor; nothing here deregisters.
-        drop(self);
+        self.sockets.clear();
+        self.poll = None;
+        self.waker = None;
+    }
+
+    /// Ends the closing under way once it is over (see `Endpoint::close_outcome`), for every
+    /// caller waiting in [`Shared::close`], which are woken. Whichever thread sees the
+    /// closing's end first ends it, so that the end is not taken for a timer still due.
+    fn end_close(&mut self, now: Instant) {
+        if self.closers.is_empty() {
+            return;
+        }
+        let Some(left) = self.ep.close_outcome(now) else {
+            return;
+        };
+        self.closes += 1;
+        self.close_left = left;
+        for c in std::mem::take(&mut self.closers) {
+            if let Some(caller) = self.callers.get_mut(c) {
+                if caller.parked {
+                    caller.parked = false;
+                    if let Some(t) = &caller.thread {
+                        t.unpark();
+                    }
+                }
+            }
+        }
     }
 
     /// Makes the system calls the endpoint asks for.
@@ -875,6 +1001,7 @@ impl Core {
             self.ep.handle_timeout(now);
             self.do_io(now);
             self.flush_all(now);
+            self.end_close(now);
         }
     }
 
