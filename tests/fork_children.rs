@@ -274,22 +274,29 @@ fn a_child_keeps_alive_the_locks_it_takes_itself() {
         let token = kept.token().to_vec();
         // Three TTLs: the lock lives only if someone extends it.
         let until = Instant::now() + ttl * 3;
-        let mut expired = Vec::new();
+        // What the library promises is a quorum, not every node: on a loaded machine one
+        // node's extension may come after its key expired there.
+        let quorum = addrs.len() / 2 + 1;
+        let mut fewest = addrs.len();
         while Instant::now() < until {
-            for (i, &a) in addrs.iter().enumerate() {
-                if get(a, b"kept:child").as_deref() != Some(&token[..]) && !expired.contains(&i) {
-                    expired.push(i);
-                }
-            }
+            let holding = addrs
+                .iter()
+                .filter(|&&a| get(a, b"kept:child").as_deref() == Some(&token[..]))
+                .count();
+            fewest = fewest.min(holding);
             thread::sleep(Duration::from_millis(50));
         }
         let lost = kept.is_lost();
         let released = kept.release().is_ok();
         let _ = std::fs::write(
             &report,
-            format!("expired on nodes {expired:?}, lost {lost}, released {released}"),
+            format!(
+                "held on {fewest} of {} nodes at the least (quorum {quorum}), lost {lost}, \
+                 released {released}",
+                addrs.len()
+            ),
         );
-        if expired.is_empty() && !lost && released {
+        if fewest >= quorum && !lost && released {
             0
         } else {
             3
