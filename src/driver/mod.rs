@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Poll, Registry, Token, Waker};
 
 use crate::config::Config;
-use crate::engine::endpoint::{CallerId, ConnId, Endpoint, Io};
+use crate::engine::endpoint::{Bits, CallerId, ConnId, Endpoint, Io};
 use crate::engine::machine::Machine;
 use crate::engine::Round;
 use crate::error::NodeErrorKind;
@@ -122,6 +122,8 @@ struct Core {
     free: Vec<CallerId>,
     /// Kept between finishes, for the threads a finishing caller unparks.
     unparked: Vec<Thread>,
+    /// Kept between flushes and late reads: the connections (or nodes) to go through.
+    bits: Bits,
 }
 
 impl Shared {
@@ -563,6 +565,7 @@ impl Core {
             callers: Vec::new(),
             free: Vec::new(),
             unparked: Vec::new(),
+            bits: Bits::with_room(2 * n),
         })
     }
 
@@ -719,15 +722,15 @@ impl Core {
 
     /// Writes what every connection has pending (those the endpoint says may have some).
     fn flush_all(&mut self, now: Instant) {
-        let mut dirty = self.ep.take_dirty();
-        while dirty != 0 {
-            let i = dirty.trailing_zeros() as usize;
-            dirty &= dirty - 1;
+        let mut dirty = std::mem::take(&mut self.bits);
+        self.ep.take_dirty(&mut dirty);
+        while let Some(i) = dirty.pop_first() {
             let id = ConnId::from_index(i);
             if self.sockets.get(i).is_some_and(Option::is_some) && self.ep.wants_write(id) {
                 self.flush(id, now);
             }
         }
+        self.bits = dirty;
     }
 
     /// After a caller queued commands: it writes them itself if it leads or nobody does;
@@ -827,10 +830,9 @@ impl Core {
 
     /// Reads the nodes whose oldest owed reply looks late (see `Endpoint::late_nodes`).
     fn read_late(&mut self, now: Instant) {
-        let mut late = self.ep.late_nodes(now);
-        while late != 0 {
-            let i = late.trailing_zeros() as usize;
-            late &= late - 1;
+        let mut late = std::mem::take(&mut self.bits);
+        self.ep.late_nodes(now, &mut late);
+        while let Some(i) = late.pop_first() {
             self.service(
                 ConnId {
                     node: i,
@@ -839,6 +841,7 @@ impl Core {
                 now,
             );
         }
+        self.bits = late;
     }
 
     /// Fails the TLS handshakes still unanswered at the connect timeout, on connections whose

@@ -56,6 +56,7 @@
 //!   member's.
 #![forbid(unsafe_code)]
 
+mod bits;
 pub(crate) mod cluster;
 mod conn;
 mod mail;
@@ -76,6 +77,7 @@ use crate::rng::{Entropy, Token};
 use crate::stats::Recorder;
 use crate::url::{NodeAddr, Target};
 
+pub(crate) use bits::Bits;
 use cluster::{Kept, Topology};
 use conn::{Conn, Redo, Slot, MAX_OWED};
 pub(crate) use mail::Event;
@@ -231,14 +233,10 @@ pub(crate) struct Endpoint {
     closing: Option<Closing>,
     /// When a command connection last broke (not a failed connect).
     troubled: Option<Instant>,
-    /// The connections (bit [`ConnId::index`]) that may have bytes to write since the shell
+    /// The connections (by [`ConnId::index`]) that may have bytes to write since the shell
     /// last asked ([`take_dirty`](Endpoint::take_dirty)).
-    dirty: u128,
+    dirty: Bits,
 }
-
-/// The most nodes (members and links of cluster members) an endpoint has: connections are
-/// named by bits of a `u128`.
-const MAX_LINKS: usize = 64;
 
 /// A reply that redirected a command of a cluster member, to follow once the replies read
 /// with it are routed.
@@ -300,13 +298,13 @@ impl Endpoint {
                 .collect(),
             scratch: Vec::new(),
             mail: Mail::default(),
-            channels: Channels::new(n, MAX_LINKS),
+            channels: Channels::new(n, n),
             encoded: Encoded::default(),
             io: VecDeque::new(),
             next_run: 1,
             closing: None,
             troubled: None,
-            dirty: 0,
+            dirty: Bits::with_room(2 * n),
             config,
             stats,
         }
@@ -498,12 +496,10 @@ impl Endpoint {
         }
         self.connect_if_down(i, now);
         let caps = self.nodes[i].server.caps;
-        self.dirty |= 1
-            << ConnId {
-                node: i,
-                sub: false,
-            }
-            .index();
+        self.touch(ConnId {
+            node: i,
+            sub: false,
+        });
         let encoded = &mut self.encoded;
         self.nodes[i].cmd.queue(
             Slot::Reply {
@@ -615,8 +611,8 @@ impl Endpoint {
     }
 
     /// The link of cluster member `member` to the master at `addr`, added if there is none
-    /// (its server taken to be what the member's seed said, until its setup says); `None`
-    /// when the endpoint has as many nodes as it can have.
+    /// (its server taken to be what the member's seed said, until its setup says). `None` is
+    /// never returned today: a member has as many links as its cluster has masters.
     fn link_for(
         &mut self,
         member: usize,
@@ -633,11 +629,8 @@ impl Endpoint {
         if found.is_some() {
             return found;
         }
-        if self.nodes.len() >= MAX_LINKS {
-            return None;
-        }
         let server = self.nodes[member].server;
-        self.nodes.push(Node {
+        let node = Node {
             member,
             addr: Some(Box::new(self.config.nodes[member].master(addr))),
             kept: Kept::default(),
@@ -650,7 +643,9 @@ impl Endpoint {
             retry_bytes: Vec::new(),
             unsent: [None; UNSENT],
             unsent_next: 0,
-        });
+        };
+        self.nodes.push(node);
+        self.channels.grow(self.nodes.len());
         Some(self.nodes.len() - 1)
     }
 
@@ -874,14 +869,15 @@ impl Endpoint {
             .is_some_and(|sent| now.saturating_duration_since(sent) >= self.config.node_timeout)
     }
 
-    /// The nodes (bit `i` for node `i`, the first 64) whose command connection owes a reply
-    /// older than the node timeout: a shell that reads only when someone waits should read
-    /// those before a caller steps, so that replies that came but were not read yet do not make
-    /// an acquisition skip them.
-    pub fn late_nodes(&self, now: Instant) -> u64 {
-        (0..self.nodes.len().min(64))
-            .filter(|&i| self.lagging(i, now))
-            .fold(0, |m, i| m | 1 << i)
+    /// The nodes whose command connection owes a reply older than the node timeout, into
+    /// `into` (emptied first): a shell that reads only when someone waits should read those
+    /// before a caller steps, so that replies that came but were not read yet do not make an
+    /// acquisition skip them.
+    pub fn late_nodes(&self, now: Instant, into: &mut Bits) {
+        into.clear();
+        for i in (0..self.nodes.len()).filter(|&i| self.lagging(i, now)) {
+            into.insert(i);
+        }
     }
 
     /// Starts a connection to node `i` for commands if it is down and due, with the
@@ -897,12 +893,13 @@ impl Endpoint {
             None => &self.config.nodes[i],
         };
         node.cmd.start(addr, self.topo[node.member].is_some(), now);
-        self.dirty |= 1
-            << ConnId {
+        self.dirty.insert(
+            ConnId {
                 node: i,
                 sub: false,
             }
-            .index();
+            .index(),
+        );
         self.io.push_back(Io::Connect(ConnId {
             node: i,
             sub: false,
@@ -979,15 +976,17 @@ impl Endpoint {
         }
     }
 
-    /// The connections that may have bytes to write, as a mask of [`ConnId::index`] bits,
-    /// since the last call: the shell writes those (a connection whose socket does not take
-    /// everything at once asks to be written again when it is writable).
-    pub fn take_dirty(&mut self) -> u128 {
-        std::mem::take(&mut self.dirty)
+    /// The connections that may have bytes to write since the last call (by
+    /// [`ConnId::index`]), into `into` (emptied first; the two sets trade places, so neither
+    /// allocates once both have room): the shell writes those (a connection whose socket
+    /// does not take everything at once asks to be written again when it is writable).
+    pub fn take_dirty(&mut self, into: &mut Bits) {
+        into.clear();
+        std::mem::swap(&mut self.dirty, into);
     }
 
     fn touch(&mut self, id: ConnId) {
-        self.dirty |= 1 << id.index();
+        self.dirty.insert(id.index());
     }
 
     /// The next system call to make.
@@ -1799,7 +1798,7 @@ impl Endpoint {
             self.channels.write_unsubscribe(i, idx, sharded, |write| {
                 sub.queue_unmatched(|out| write(out))
             });
-            self.dirty |= 1 << ConnId { node: i, sub: true }.index();
+            self.dirty.insert(ConnId { node: i, sub: true }.index());
         }
     }
 

@@ -98,6 +98,20 @@ impl Channels {
         }
     }
 
+    /// There are `nodes` nodes now (links were added): every channel counts confirmations
+    /// for them too.
+    pub fn grow(&mut self, nodes: usize) {
+        if nodes <= self.nodes {
+            return;
+        }
+        self.nodes = nodes;
+        for ch in &mut self.channels {
+            ch.owed.resize(nodes, 0);
+            ch.awaiting.resize_with(nodes, Vec::new);
+            ch.leaving.resize(nodes, 0);
+        }
+    }
+
     /// Adds the caller to the channels `m` subscribes to with `t`. The channels nobody held
     /// before are left in [`changed`](Self::changed): they are to be subscribed to on every
     /// member.
