@@ -26,7 +26,6 @@ impl Bits {
         self.words[w] |= 1 << (i % 64);
     }
 
-    #[cfg(test)]
     pub fn contains(&self, i: usize) -> bool {
         self.words
             .get(i / 64)

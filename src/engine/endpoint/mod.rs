@@ -236,6 +236,10 @@ pub(crate) struct Endpoint {
     /// The connections (by [`ConnId::index`]) that may have bytes to write since the shell
     /// last asked ([`take_dirty`](Endpoint::take_dirty)).
     dirty: Bits,
+    /// The places of links given up (see [`reclaim_links`](Endpoint::reclaim_links)), for the
+    /// next masters. A cluster member has as many links as masters in use: there is no limit
+    /// but what the cluster has.
+    free: Vec<usize>,
 }
 
 /// A reply that redirected a command of a cluster member, to follow once the replies read
@@ -305,6 +309,7 @@ impl Endpoint {
             closing: None,
             troubled: None,
             dirty: Bits::with_room(2 * n),
+            free: Vec::new(),
             config,
             stats,
         }
@@ -611,8 +616,9 @@ impl Endpoint {
     }
 
     /// The link of cluster member `member` to the master at `addr`, added if there is none
-    /// (its server taken to be what the member's seed said, until its setup says). `None` is
-    /// never returned today: a member has as many links as its cluster has masters.
+    /// (in the place of a link given up, if there is one; its server taken to be what the
+    /// member's seed said, until its setup says). `None` is never returned today: a member
+    /// has as many links as its cluster has masters.
     fn link_for(
         &mut self,
         member: usize,
@@ -644,9 +650,68 @@ impl Endpoint {
             unsent: [None; UNSENT],
             unsent_next: 0,
         };
-        self.nodes.push(node);
-        self.channels.grow(self.nodes.len());
-        Some(self.nodes.len() - 1)
+        let link = match self.free.pop() {
+            Some(l) => {
+                self.nodes[l] = node;
+                l
+            }
+            None => {
+                self.nodes.push(node);
+                self.channels.grow(self.nodes.len());
+                self.nodes.len() - 1
+            }
+        };
+        Some(link)
+    }
+
+    /// Whether node `i` is the place of a link given up: nothing is connected there.
+    fn is_free(&self, i: usize) -> bool {
+        i >= self.members && self.nodes[i].addr.is_none()
+    }
+
+    /// After a topology read of cluster member `member` (read on link `reading`), whose map
+    /// names the links `in_use`: its other links to masters (not its seed link) are closed and
+    /// their places freed for the next masters, once they owe nothing (no reply to a command,
+    /// no compare-and-delete to send again, no `WAIT`, no wake channel there and no
+    /// subscription or unsubscription unconfirmed).
+    /// A link that still owes is looked at again after the next read; so is `reading`, whose
+    /// socket is being read. Without this, a master that changes address (a pod restarted with
+    /// a new IP, a failover to a replacement node) would leave a link behind every time.
+    fn reclaim_links(&mut self, member: usize, reading: usize, in_use: &Bits, now: Instant) {
+        for l in self.members..self.nodes.len() {
+            let node = &self.nodes[l];
+            let idle = node.cmd.owed() == 0
+                && !node.cmd.has_pending_output()
+                && node.retries.is_empty()
+                && node.awaiting.is_none()
+                && !node.sub.has_pending_output()
+                && !self.channels.uses(l, member);
+            if node.member != member
+                || self.is_free(l)
+                || l == reading
+                || in_use.contains(l)
+                || !idle
+            {
+                continue;
+            }
+            for sub in [false, true] {
+                let id = ConnId { node: l, sub };
+                if self.is_open(id) {
+                    self.io.push_back(Io::Close(id));
+                }
+            }
+            // Confirmations its pub/sub connection owed will not come: nobody waits for them.
+            self.channels.lost_subscriber(l, &mut self.mail);
+            let node = &mut self.nodes[l];
+            node.addr = None;
+            node.kept.clear();
+            node.cmd = Conn::new(true, now);
+            node.sub = Conn::new(false, now);
+            node.server = Server::for_member(true);
+            node.known = false;
+            node.retry_bytes.clear();
+            self.free.push(l);
+        }
     }
 
     /// Sends a topology read of cluster member `member`: on its seed link if that is set up,
@@ -746,10 +811,13 @@ impl Endpoint {
             topo.asked = None;
         }
         // Every master in use is connected ahead of its first command, as members are.
+        let mut in_use = Bits::with_room(self.nodes.len());
         for link in linked.iter().filter_map(|&(_, _, l)| l) {
+            in_use.insert(link);
             self.connect_if_down(link, now);
         }
         self.resubscribe(member, now);
+        self.reclaim_links(member, link, &in_use, now);
     }
 
     /// Follows a redirection read on `from` (see the module docs of `cluster`): `MOVED` moves
@@ -883,6 +951,9 @@ impl Endpoint {
     /// Starts a connection to node `i` for commands if it is down and due, with the
     /// compare-and-deletes of its broken connections first behind the setup.
     fn connect_if_down(&mut self, i: usize, now: Instant) {
+        if self.is_free(i) {
+            return;
+        }
         let node = &mut self.nodes[i];
         if !node.cmd.is_down() || !node.cmd.can_send(now) {
             return;
@@ -1669,6 +1740,9 @@ impl Endpoint {
     /// down and due (then every live channel of that connection is subscribed to); `false`
     /// when it cannot be now (a connection in its backoff).
     fn subscribe_on(&mut self, i: usize, idx: usize, now: Instant) -> bool {
+        if self.is_free(i) {
+            return false;
+        }
         let member = self.nodes[i].member;
         let sharded = self.topo[member].is_some().then_some(member);
         let node = &mut self.nodes[i];

@@ -190,6 +190,16 @@ impl Channels {
         }
     }
 
+    /// Whether node `node`'s pub/sub connection has a channel on it for `member`, or owes a
+    /// confirmation of a subscription or unsubscription.
+    pub fn uses(&self, node: usize, member: usize) -> bool {
+        self.channels.iter().any(|c| {
+            c.on.get(member) == Some(&Some(node))
+                || c.owed.get(node).is_some_and(|&o| o > 0)
+                || c.leaving.get(node).is_some_and(|&o| o > 0)
+        })
+    }
+
     /// The hash slot of channel `idx` on cluster members.
     pub fn slot(&self, idx: usize) -> u16 {
         self.channels[idx].slot
