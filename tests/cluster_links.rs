@@ -183,7 +183,14 @@ fn a_master_that_moves_200_times_is_followed() {
         }
     };
     move_to("127.0.1.1");
-    let client = client(&[member.url()]);
+    // A generous wait: each move is followed in well under a second, but the machine may be
+    // loaded.
+    let client = Client::builder()
+        .nodes([member.url()])
+        .node_timeout(Duration::from_millis(500))
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
     client
         .lock(&key, TTL)
         .expect("lock before any move")
