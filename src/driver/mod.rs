@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Poll, Registry, Token, Waker};
 
 use crate::config::Config;
-use crate::engine::endpoint::{CallerId, ConnId, Endpoint, Io};
+use crate::engine::endpoint::{Bits, CallerId, ConnId, Endpoint, Io};
 use crate::engine::machine::Machine;
 use crate::engine::Round;
 use crate::error::NodeErrorKind;
@@ -140,6 +140,8 @@ struct Core {
     /// that waited for it returns that.
     closes: u64,
     close_left: Vec<usize>,
+    /// Kept between flushes and late reads: the connections (or nodes) to go through.
+    bits: Bits,
 }
 
 impl Shared {
@@ -662,6 +664,7 @@ impl Core {
             closers: Vec::new(),
             closes: 0,
             close_left: Vec::new(),
+            bits: Bits::with_room(2 * n),
         })
     }
 
@@ -845,15 +848,15 @@ impl Core {
 
     /// Writes what every connection has pending (those the endpoint says may have some).
     fn flush_all(&mut self, now: Instant) {
-        let mut dirty = self.ep.take_dirty();
-        while dirty != 0 {
-            let i = dirty.trailing_zeros() as usize;
-            dirty &= dirty - 1;
+        let mut dirty = std::mem::take(&mut self.bits);
+        self.ep.take_dirty(&mut dirty);
+        while let Some(i) = dirty.pop_first() {
             let id = ConnId::from_index(i);
             if self.sockets.get(i).is_some_and(Option::is_some) && self.ep.wants_write(id) {
                 self.flush(id, now);
             }
         }
+        self.bits = dirty;
     }
 
     /// After a caller queued commands: it writes them itself if it leads or nobody does;
@@ -953,10 +956,9 @@ impl Core {
 
     /// Reads the nodes whose oldest owed reply looks late (see `Endpoint::late_nodes`).
     fn read_late(&mut self, now: Instant) {
-        let mut late = self.ep.late_nodes(now);
-        while late != 0 {
-            let i = late.trailing_zeros() as usize;
-            late &= late - 1;
+        let mut late = std::mem::take(&mut self.bits);
+        self.ep.late_nodes(now, &mut late);
+        while let Some(i) = late.pop_first() {
             self.service(
                 ConnId {
                     node: i,
@@ -965,6 +967,7 @@ impl Core {
                 now,
             );
         }
+        self.bits = late;
     }
 
     /// Fails the TLS handshakes still unanswered at the connect timeout, on connections whose

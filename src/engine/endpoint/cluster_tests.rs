@@ -16,6 +16,8 @@ use crate::resp::{self, Limits};
 use crate::rng::{Jitter, Token};
 use crate::url::NodeAddr;
 
+mod links;
+
 const MS: Duration = Duration::from_millis(1);
 
 fn config(url: &str) -> Arc<Config> {

@@ -56,6 +56,7 @@
 //!   member's.
 #![forbid(unsafe_code)]
 
+mod bits;
 pub(crate) mod cluster;
 mod conn;
 mod mail;
@@ -76,6 +77,7 @@ use crate::rng::{Entropy, Token};
 use crate::stats::Recorder;
 use crate::url::{NodeAddr, Target};
 
+pub(crate) use bits::Bits;
 use cluster::{Kept, Topology};
 use conn::{Conn, Redo, Slot, MAX_OWED};
 pub(crate) use mail::Event;
@@ -231,14 +233,14 @@ pub(crate) struct Endpoint {
     closing: Option<Closing>,
     /// When a command connection last broke (not a failed connect).
     troubled: Option<Instant>,
-    /// The connections (bit [`ConnId::index`]) that may have bytes to write since the shell
+    /// The connections (by [`ConnId::index`]) that may have bytes to write since the shell
     /// last asked ([`take_dirty`](Endpoint::take_dirty)).
-    dirty: u128,
+    dirty: Bits,
+    /// The places of links given up (see [`reclaim_links`](Endpoint::reclaim_links)), for the
+    /// next masters. A cluster member has as many links as masters in use: there is no limit
+    /// but what the cluster has.
+    free: Vec<usize>,
 }
-
-/// The most nodes (members and links of cluster members) an endpoint has: connections are
-/// named by bits of a `u128`.
-const MAX_LINKS: usize = 64;
 
 /// A reply that redirected a command of a cluster member, to follow once the replies read
 /// with it are routed.
@@ -300,13 +302,14 @@ impl Endpoint {
                 .collect(),
             scratch: Vec::new(),
             mail: Mail::default(),
-            channels: Channels::new(n, MAX_LINKS),
+            channels: Channels::new(n, n),
             encoded: Encoded::default(),
             io: VecDeque::new(),
             next_run: 1,
             closing: None,
             troubled: None,
-            dirty: 0,
+            dirty: Bits::with_room(2 * n),
+            free: Vec::new(),
             config,
             stats,
         }
@@ -498,12 +501,10 @@ impl Endpoint {
         }
         self.connect_if_down(i, now);
         let caps = self.nodes[i].server.caps;
-        self.dirty |= 1
-            << ConnId {
-                node: i,
-                sub: false,
-            }
-            .index();
+        self.touch(ConnId {
+            node: i,
+            sub: false,
+        });
         let encoded = &mut self.encoded;
         self.nodes[i].cmd.queue(
             Slot::Reply {
@@ -615,8 +616,9 @@ impl Endpoint {
     }
 
     /// The link of cluster member `member` to the master at `addr`, added if there is none
-    /// (its server taken to be what the member's seed said, until its setup says); `None`
-    /// when the endpoint has as many nodes as it can have.
+    /// (in the place of a link given up, if there is one; its server taken to be what the
+    /// member's seed said, until its setup says). `None` is never returned today: a member
+    /// has as many links as its cluster has masters.
     fn link_for(
         &mut self,
         member: usize,
@@ -633,11 +635,8 @@ impl Endpoint {
         if found.is_some() {
             return found;
         }
-        if self.nodes.len() >= MAX_LINKS {
-            return None;
-        }
         let server = self.nodes[member].server;
-        self.nodes.push(Node {
+        let node = Node {
             member,
             addr: Some(Box::new(self.config.nodes[member].master(addr))),
             kept: Kept::default(),
@@ -650,8 +649,69 @@ impl Endpoint {
             retry_bytes: Vec::new(),
             unsent: [None; UNSENT],
             unsent_next: 0,
-        });
-        Some(self.nodes.len() - 1)
+        };
+        let link = match self.free.pop() {
+            Some(l) => {
+                self.nodes[l] = node;
+                l
+            }
+            None => {
+                self.nodes.push(node);
+                self.channels.grow(self.nodes.len());
+                self.nodes.len() - 1
+            }
+        };
+        Some(link)
+    }
+
+    /// Whether node `i` is the place of a link given up: nothing is connected there.
+    fn is_free(&self, i: usize) -> bool {
+        i >= self.members && self.nodes[i].addr.is_none()
+    }
+
+    /// After a topology read of cluster member `member` (read on link `reading`), whose map
+    /// names the links `in_use`: its other links to masters (not its seed link) are closed and
+    /// their places freed for the next masters, once they owe nothing (no reply to a command,
+    /// no compare-and-delete to send again, no `WAIT`, no wake channel there and no
+    /// subscription or unsubscription unconfirmed).
+    /// A link that still owes is looked at again after the next read; so is `reading`, whose
+    /// socket is being read. Without this, a master that changes address (a pod restarted with
+    /// a new IP, a failover to a replacement node) would leave a link behind every time.
+    fn reclaim_links(&mut self, member: usize, reading: usize, in_use: &Bits, now: Instant) {
+        for l in self.members..self.nodes.len() {
+            let node = &self.nodes[l];
+            let idle = node.cmd.owed() == 0
+                && !node.cmd.has_pending_output()
+                && node.retries.is_empty()
+                && node.awaiting.is_none()
+                && !node.sub.has_pending_output()
+                && !self.channels.uses(l, member);
+            if node.member != member
+                || self.is_free(l)
+                || l == reading
+                || in_use.contains(l)
+                || !idle
+            {
+                continue;
+            }
+            for sub in [false, true] {
+                let id = ConnId { node: l, sub };
+                if self.is_open(id) {
+                    self.io.push_back(Io::Close(id));
+                }
+            }
+            // Confirmations its pub/sub connection owed will not come: nobody waits for them.
+            self.channels.lost_subscriber(l, &mut self.mail);
+            let node = &mut self.nodes[l];
+            node.addr = None;
+            node.kept.clear();
+            node.cmd = Conn::new(true, now);
+            node.sub = Conn::new(false, now);
+            node.server = Server::for_member(true);
+            node.known = false;
+            node.retry_bytes.clear();
+            self.free.push(l);
+        }
     }
 
     /// Sends a topology read of cluster member `member`: on its seed link if that is set up,
@@ -751,10 +811,13 @@ impl Endpoint {
             topo.asked = None;
         }
         // Every master in use is connected ahead of its first command, as members are.
+        let mut in_use = Bits::with_room(self.nodes.len());
         for link in linked.iter().filter_map(|&(_, _, l)| l) {
+            in_use.insert(link);
             self.connect_if_down(link, now);
         }
         self.resubscribe(member, now);
+        self.reclaim_links(member, link, &in_use, now);
     }
 
     /// Follows a redirection read on `from` (see the module docs of `cluster`): `MOVED` moves
@@ -874,19 +937,23 @@ impl Endpoint {
             .is_some_and(|sent| now.saturating_duration_since(sent) >= self.config.node_timeout)
     }
 
-    /// The nodes (bit `i` for node `i`, the first 64) whose command connection owes a reply
-    /// older than the node timeout: a shell that reads only when someone waits should read
-    /// those before a caller steps, so that replies that came but were not read yet do not make
-    /// an acquisition skip them.
-    pub fn late_nodes(&self, now: Instant) -> u64 {
-        (0..self.nodes.len().min(64))
-            .filter(|&i| self.lagging(i, now))
-            .fold(0, |m, i| m | 1 << i)
+    /// The nodes whose command connection owes a reply older than the node timeout, into
+    /// `into` (emptied first): a shell that reads only when someone waits should read those
+    /// before a caller steps, so that replies that came but were not read yet do not make an
+    /// acquisition skip them.
+    pub fn late_nodes(&self, now: Instant, into: &mut Bits) {
+        into.clear();
+        for i in (0..self.nodes.len()).filter(|&i| self.lagging(i, now)) {
+            into.insert(i);
+        }
     }
 
     /// Starts a connection to node `i` for commands if it is down and due, with the
     /// compare-and-deletes of its broken connections first behind the setup.
     fn connect_if_down(&mut self, i: usize, now: Instant) {
+        if self.is_free(i) {
+            return;
+        }
         let node = &mut self.nodes[i];
         if !node.cmd.is_down() || !node.cmd.can_send(now) {
             return;
@@ -897,12 +964,13 @@ impl Endpoint {
             None => &self.config.nodes[i],
         };
         node.cmd.start(addr, self.topo[node.member].is_some(), now);
-        self.dirty |= 1
-            << ConnId {
+        self.dirty.insert(
+            ConnId {
                 node: i,
                 sub: false,
             }
-            .index();
+            .index(),
+        );
         self.io.push_back(Io::Connect(ConnId {
             node: i,
             sub: false,
@@ -979,15 +1047,17 @@ impl Endpoint {
         }
     }
 
-    /// The connections that may have bytes to write, as a mask of [`ConnId::index`] bits,
-    /// since the last call: the shell writes those (a connection whose socket does not take
-    /// everything at once asks to be written again when it is writable).
-    pub fn take_dirty(&mut self) -> u128 {
-        std::mem::take(&mut self.dirty)
+    /// The connections that may have bytes to write since the last call (by
+    /// [`ConnId::index`]), into `into` (emptied first; the two sets trade places, so neither
+    /// allocates once both have room): the shell writes those (a connection whose socket
+    /// does not take everything at once asks to be written again when it is writable).
+    pub fn take_dirty(&mut self, into: &mut Bits) {
+        into.clear();
+        std::mem::swap(&mut self.dirty, into);
     }
 
     fn touch(&mut self, id: ConnId) {
-        self.dirty |= 1 << id.index();
+        self.dirty.insert(id.index());
     }
 
     /// The next system call to make.
@@ -1670,6 +1740,9 @@ impl Endpoint {
     /// down and due (then every live channel of that connection is subscribed to); `false`
     /// when it cannot be now (a connection in its backoff).
     fn subscribe_on(&mut self, i: usize, idx: usize, now: Instant) -> bool {
+        if self.is_free(i) {
+            return false;
+        }
         let member = self.nodes[i].member;
         let sharded = self.topo[member].is_some().then_some(member);
         let node = &mut self.nodes[i];
@@ -1799,7 +1872,7 @@ impl Endpoint {
             self.channels.write_unsubscribe(i, idx, sharded, |write| {
                 sub.queue_unmatched(|out| write(out))
             });
-            self.dirty |= 1 << ConnId { node: i, sub: true }.index();
+            self.dirty.insert(ConnId { node: i, sub: true }.index());
         }
     }
 

@@ -98,6 +98,20 @@ impl Channels {
         }
     }
 
+    /// There are `nodes` nodes now (links were added): every channel counts confirmations
+    /// for them too.
+    pub fn grow(&mut self, nodes: usize) {
+        if nodes <= self.nodes {
+            return;
+        }
+        self.nodes = nodes;
+        for ch in &mut self.channels {
+            ch.owed.resize(nodes, 0);
+            ch.awaiting.resize_with(nodes, Vec::new);
+            ch.leaving.resize(nodes, 0);
+        }
+    }
+
     /// Adds the caller to the channels `m` subscribes to with `t`. The channels nobody held
     /// before are left in [`changed`](Self::changed): they are to be subscribed to on every
     /// member.
@@ -174,6 +188,16 @@ impl Channels {
                 self.channels.len() - 1
             }
         }
+    }
+
+    /// Whether node `node`'s pub/sub connection has a channel on it for `member`, or owes a
+    /// confirmation of a subscription or unsubscription.
+    pub fn uses(&self, node: usize, member: usize) -> bool {
+        self.channels.iter().any(|c| {
+            c.on.get(member) == Some(&Some(node))
+                || c.owed.get(node).is_some_and(|&o| o > 0)
+                || c.leaving.get(node).is_some_and(|&o| o > 0)
+        })
     }
 
     /// The hash slot of channel `idx` on cluster members.
