@@ -820,3 +820,54 @@ fn is_master(addr: SocketAddr) -> bool {
         _ => false,
     }
 }
+
+/// A key of `member` whose slot the master at `master` serves, named `prefix:N`.
+fn key_of(member: &ClusterMember, master: SocketAddr, prefix: &str) -> String {
+    (0..10_000)
+        .map(|i| format!("{prefix}:{i}"))
+        .find(|k| member.owner(member.slot(k.as_bytes()), master) == Some(master))
+        .expect("a key of that master")
+}
+
+/// A release whose `MOVED` comes after its round was decided is followed while the client is
+/// idle: the key's slot migrated while the lock was held, its old owner frozen so that it
+/// answers after the standalone members, the client left alone after the release returned:
+/// the slot's new owner loses the key well within its 60 s TTL.
+#[test]
+fn a_release_moved_after_its_round_is_followed_while_the_client_is_idle() {
+    let ttl = Duration::from_secs(60);
+    let cluster = ClusterMember::start(3, 0).expect("cluster");
+    let standalone = [
+        common::RedisServer::start().expect("server"),
+        common::RedisServer::start().expect("server"),
+    ];
+    let nodes = vec![cluster.url(), standalone[0].url(), standalone[1].url()];
+    let client = client(&nodes);
+    let masters = cluster.masters();
+    let (from, to) = (masters[0], masters[1]);
+    let key = key_of(&cluster, from, "moved");
+    let slot = cluster.slot(key.as_bytes());
+    let lock = client.try_lock(&key, ttl).expect("lock");
+    cluster.migrate(slot, from, to, || {});
+    assert!(common::get(to, key.as_bytes()).is_some(), "the key moved");
+    cluster.servers[0].pause().expect("SIGSTOP");
+    let released = lock.release();
+    let returned = Instant::now();
+    cluster.servers[0].resume().expect("SIGCONT");
+    released.expect("the standalone members release");
+    let gone = common::eventually(Duration::from_secs(5), || {
+        common::get(to, key.as_bytes()).is_none()
+    });
+    let left = common::pttl(to, key.as_bytes());
+    eprintln!(
+        "the key gone from the slot's new owner: {gone} ({:?} after the release returned; \
+         PTTL now {left} ms); MOVED answered by the old owner: {}",
+        returned.elapsed(),
+        ClusterMember::errors(from, "MOVED")
+    );
+    assert!(
+        gone,
+        "the slot's new owner still holds {key} after the release returned (PTTL {left} ms)"
+    );
+    client.close().expect("nothing owed");
+}

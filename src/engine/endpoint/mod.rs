@@ -1554,15 +1554,17 @@ impl Endpoint {
 
     /// Whether compare-and-deletes need someone to drive the endpoint until they are
     /// answered, even when no caller has an operation under way: those of a broken connection,
-    /// to send again (or sent again, not answered yet), and, while connections have been
-    /// breaking lately, every one not answered yet (its connection may be closed already, and
-    /// only reading it tells). Worth it only until what they delete expires.
+    /// to send again (or sent again, not answered yet), every one not answered yet on a link of
+    /// a cluster member (its answer may be a `MOVED` or an `ASK`, to follow), and, while
+    /// connections have been breaking lately, every one not answered yet (its connection may be
+    /// closed already, and only reading it tells). Worth it only until what they delete
+    /// expires.
     pub fn needs_tending(&self, now: Instant) -> bool {
         let troubled = self
             .troubled
             .is_some_and(|t| now.saturating_duration_since(t) < TROUBLE_MEMORY);
         self.nodes.iter().any(|n| {
-            let owed = if troubled {
+            let owed = if troubled || self.topo[n.member].is_some() {
                 n.cmd.redo_until()
             } else {
                 n.cmd.resent_until()
