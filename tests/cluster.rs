@@ -829,6 +829,102 @@ fn key_of(member: &ClusterMember, master: SocketAddr, prefix: &str) -> String {
         .expect("a key of that master")
 }
 
+/// A release owed to a master that was killed (SIGKILL) goes to whoever owns the key's slot
+/// once the cluster says so: the promoted replica. The release returns at the quorum of the two
+/// standalone members; the client then stays idle, and the promoted replica must lose the key
+/// well within its 60 s TTL. Closing takes at most its documented 10 s.
+#[test]
+fn a_release_owed_to_a_killed_master_goes_to_the_promoted_replica() {
+    let ttl = Duration::from_secs(60);
+    let mut cluster = ClusterMember::start(3, 1).expect("cluster with a replica");
+    let standalone = [
+        common::RedisServer::start().expect("server"),
+        common::RedisServer::start().expect("server"),
+    ];
+    let nodes = vec![cluster.url(), standalone[0].url(), standalone[1].url()];
+    let client = client(&nodes);
+    let old = cluster.masters()[0];
+    let replica = cluster.servers[3].addr();
+    let key = key_of(&cluster, old, "k2");
+    let slot = cluster.slot(key.as_bytes());
+    let lock = client.try_lock(&key, ttl).expect("lock");
+    assert!(
+        common::get(old, key.as_bytes()).is_some(),
+        "the master has it"
+    );
+    assert!(
+        common::eventually(Duration::from_secs(5), || has_key(replica, key.as_bytes())),
+        "the replica has it"
+    );
+    cluster.servers[0].kill().expect("kill -9");
+    let killed = Instant::now();
+    assert!(
+        common::eventually(common::cluster::SETTLE, || is_master(replica)
+            && cluster.owner(slot, replica) == Some(replica)),
+        "the replica was promoted"
+    );
+    let promoted = killed.elapsed();
+    lock.release().expect("the standalone members release");
+    let released = Instant::now();
+    let gone = common::eventually(Duration::from_secs(10), || {
+        !has_key(replica, key.as_bytes())
+    });
+    let gone_after = released.elapsed();
+    let left = common::pttl(replica, key.as_bytes());
+    let start = Instant::now();
+    let closed = client.close();
+    let close_took = start.elapsed();
+    eprintln!(
+        "promoted {promoted:?} after the kill; the key gone from the new master: {gone} \
+         ({gone_after:?} after the release; PTTL now {left} ms); close took {close_took:?}: \
+         {closed:?}"
+    );
+    assert!(
+        gone,
+        "the promoted replica still holds {key} {gone_after:?} after the release returned \
+         (PTTL {left} ms)"
+    );
+    assert!(
+        close_took <= Duration::from_millis(10_500),
+        "close took {close_took:?}, more than its 10 s"
+    );
+}
+
+/// Closing gives up after 2 s without progress when a release is owed to a slot that no master
+/// serves any more (its master killed, no replica): the other masters still answer topology
+/// reads, which are no progress on what is owed. Close tells the truth: the cluster member is
+/// undelivered.
+#[test]
+fn close_gives_up_within_its_limit_when_a_slot_lost_its_master() {
+    let ttl = Duration::from_secs(60);
+    let mut cluster = ClusterMember::start(3, 0).expect("cluster");
+    let standalone = [
+        common::RedisServer::start().expect("server"),
+        common::RedisServer::start().expect("server"),
+    ];
+    let nodes = vec![cluster.url(), standalone[0].url(), standalone[1].url()];
+    let client = client(&nodes);
+    let old = cluster.masters()[0];
+    let key = key_of(&cluster, old, "lost");
+    let lock = client.try_lock(&key, ttl).expect("lock");
+    cluster.servers[0].kill().expect("kill -9");
+    lock.release().expect("the standalone members release");
+    let start = Instant::now();
+    let closed = client.close();
+    let close_took = start.elapsed();
+    eprintln!("close took {close_took:?}: {closed:?}");
+    assert!(
+        matches!(&closed, Err(Error::Undelivered { failures }) if failures.len() == 1),
+        "the release owed to the cluster is undelivered: {closed:?}"
+    );
+    // Nothing answers what is owed: closing gives up after 2 s without progress (topology
+    // reads are no progress on it), well before its 10 s.
+    assert!(
+        close_took < Duration::from_secs(5),
+        "close took {close_took:?}, though nothing answered what was owed"
+    );
+}
+
 /// A release whose `MOVED` comes after its round was decided is followed while the client is
 /// idle: the key's slot migrated while the lock was held, its old owner frozen so that it
 /// answers after the standalone members, the client left alone after the release returned:
