@@ -619,7 +619,7 @@ impl Core {
     fn tls_session(&self, id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
         let node = self.ep.node_addr(id.node);
         match (&self.tls, node.tls) {
-            (Some(tls), true) => tls.connect(&node.host).map(Some),
+            (Some(tls), true) => tls.connect(self.ep.tls_name(id)).map(Some),
             // Never plaintext to a TLS node: the client is built with a TLS configuration
             // whenever a node is one, so this does not happen.
             (None, true) => Err(crate::tls::handshake_failed(crate::TlsFailure::Handshake(

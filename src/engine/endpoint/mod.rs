@@ -751,6 +751,22 @@ impl Endpoint {
             .iter()
             .map(|&(a, b, addr)| (a, b, self.link_for(member, addr, now)))
             .collect();
+        // A master's certificate is checked against the hostname the cluster announces for it,
+        // where it announces one (from its next connect on).
+        if let (false, Some(r)) = (slots_only, &reply) {
+            for (addr, name) in cluster::shard_hostnames(r, tls, from) {
+                let link = (self.members..self.nodes.len()).find(|&l| {
+                    self.nodes[l].member == member
+                        && self.nodes[l]
+                            .addr
+                            .as_ref()
+                            .is_some_and(|a| a.addrs[0] == addr)
+                });
+                if let Some(a) = link.and_then(|l| self.nodes[l].addr.as_mut()) {
+                    a.host = name;
+                }
+            }
+        }
         if let Some(topo) = self.topo[member].as_mut() {
             topo.replace(&linked);
             topo.asked = None;
@@ -1122,14 +1138,25 @@ impl Endpoint {
         self.node_addr(id.node).target(trying)
     }
 
+    /// The name TLS checks the certificate against on the connect of `id`: the host of the
+    /// address tried (a cluster seed's own), or the name a cluster master goes by.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub fn tls_name(&self, id: ConnId) -> &str {
+        let node = &self.nodes[id.node];
+        let trying = if id.sub { &node.sub } else { &node.cmd }.trying;
+        self.node_addr(id.node).tls_name(trying)
+    }
+
     /// The connect of `id` failed with `why` at `now` (its socket, if any, is closed): the
     /// node's next address is tried (another [`Io::Connect`]), or, when none is left, the
     /// connection fails. A configuration error (a TLS handshake that failed) fails it at once:
-    /// another address of the same name would not cure it.
+    /// another address of the same name would not cure it. But for a cluster's seeds, other
+    /// servers each checked against its own name: the next one is tried.
     pub fn handle_connect_failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
         let addresses = self.node_addr(id.node).targets();
         let config = matches!(why, NodeErrorKind::Setup { .. });
-        if !config && self.conn(id).next_address(addresses, now) {
+        let seed = id.node < self.members && self.topo[id.node].is_some();
+        if (!config || seed) && self.conn(id).next_address(addresses, now) {
             self.io.push_back(Io::Connect(id));
         } else {
             self.fail(id, why, now);
