@@ -31,6 +31,9 @@ pub(crate) struct NodeAddr {
     /// (`localhost` is often `::1` first, then `127.0.0.1`, and a server may listen on only
     /// one of them).
     pub addrs: Vec<SocketAddr>,
+    /// On a cluster URL, the seed host each of `addrs` came from, in the same order: a TLS
+    /// connect to a seed checks that seed's own name. Empty otherwise.
+    pub seed_hosts: Vec<String>,
     /// The Unix socket's path, for a `unix://` URL.
     pub unix: Option<PathBuf>,
     /// `rediss://`: the connection is TLS.
@@ -333,6 +336,7 @@ impl NodeAddr {
             },
             host: host.to_owned(),
             addrs,
+            seed_hosts: Vec::new(),
             unix: None,
             tls: scheme == Scheme::RedisTls,
             user,
@@ -379,6 +383,7 @@ impl NodeAddr {
             };
         }
         let mut addrs: Vec<SocketAddr> = Vec::new();
+        let mut seed_hosts: Vec<String> = Vec::new();
         let mut first_host = None;
         let mut display = String::new();
         for seed in hostport.split(',') {
@@ -397,6 +402,7 @@ impl NodeAddr {
             for addr in resolved {
                 if !addrs.contains(&addr) {
                     addrs.push(addr);
+                    seed_hosts.push(host.to_owned());
                 }
             }
             first_host.get_or_insert(host);
@@ -416,6 +422,7 @@ impl NodeAddr {
             display,
             host: first_host.unwrap_or_default().to_owned(),
             addrs,
+            seed_hosts,
             unix: None,
             tls,
             user,
@@ -427,12 +434,19 @@ impl NodeAddr {
     }
 
     /// One master of the cluster this node is (`self.cluster`), at `addr`: reached with the
-    /// cluster's credentials and TLS (checked against the name of the URL's first seed).
+    /// cluster's credentials and TLS. TLS checks it against the name of the URL's seed at that
+    /// address if there is one, else against its IP, the name the cluster gives it (until a
+    /// topology read names its host: see `Endpoint::read_topology`).
     pub fn master(&self, addr: SocketAddr) -> NodeAddr {
+        let host = match self.addrs.iter().position(|&a| a == addr) {
+            Some(i) => self.tls_name(i).to_owned(),
+            None => addr.ip().to_string(),
+        };
         NodeAddr {
             display: addr.to_string(),
-            host: self.host.clone(),
+            host,
             addrs: vec![addr],
+            seed_hosts: Vec::new(),
             unix: None,
             tls: self.tls,
             user: self.user.clone(),
@@ -478,6 +492,7 @@ impl NodeAddr {
             display: path.display().to_string(),
             host: String::new(),
             addrs: Vec::new(),
+            seed_hosts: Vec::new(),
             unix: Some(path),
             tls: false,
             user: q.user,
@@ -486,6 +501,12 @@ impl NodeAddr {
             cluster: false,
             wait: 0,
         })
+    }
+
+    /// The name TLS checks the certificate against on a connect to the `i`-th address: the
+    /// host of the cluster seed it came from, else the URL's host.
+    pub fn tls_name(&self, i: usize) -> &str {
+        self.seed_hosts.get(i).map_or(&self.host, |h| h)
     }
 
     /// How many addresses a connect may try in turn.

@@ -820,3 +820,150 @@ fn is_master(addr: SocketAddr) -> bool {
         _ => false,
     }
 }
+
+/// A key of `member` whose slot the master at `master` serves, named `prefix:N`.
+fn key_of(member: &ClusterMember, master: SocketAddr, prefix: &str) -> String {
+    (0..10_000)
+        .map(|i| format!("{prefix}:{i}"))
+        .find(|k| member.owner(member.slot(k.as_bytes()), master) == Some(master))
+        .expect("a key of that master")
+}
+
+/// A release owed to a master that was killed (SIGKILL) goes to whoever owns the key's slot
+/// once the cluster says so: the promoted replica. The release returns at the quorum of the two
+/// standalone members; the client then stays idle, and the promoted replica must lose the key
+/// well within its 60 s TTL. Closing takes at most its documented 10 s.
+#[test]
+fn a_release_owed_to_a_killed_master_goes_to_the_promoted_replica() {
+    let ttl = Duration::from_secs(60);
+    let mut cluster = ClusterMember::start(3, 1).expect("cluster with a replica");
+    let standalone = [
+        common::RedisServer::start().expect("server"),
+        common::RedisServer::start().expect("server"),
+    ];
+    let nodes = vec![cluster.url(), standalone[0].url(), standalone[1].url()];
+    let client = client(&nodes);
+    let old = cluster.masters()[0];
+    let replica = cluster.servers[3].addr();
+    let key = key_of(&cluster, old, "k2");
+    let slot = cluster.slot(key.as_bytes());
+    let lock = client.try_lock(&key, ttl).expect("lock");
+    assert!(
+        common::get(old, key.as_bytes()).is_some(),
+        "the master has it"
+    );
+    assert!(
+        common::eventually(Duration::from_secs(5), || has_key(replica, key.as_bytes())),
+        "the replica has it"
+    );
+    cluster.servers[0].kill().expect("kill -9");
+    let killed = Instant::now();
+    assert!(
+        common::eventually(common::cluster::SETTLE, || is_master(replica)
+            && cluster.owner(slot, replica) == Some(replica)),
+        "the replica was promoted"
+    );
+    let promoted = killed.elapsed();
+    lock.release().expect("the standalone members release");
+    let released = Instant::now();
+    let gone = common::eventually(Duration::from_secs(10), || {
+        !has_key(replica, key.as_bytes())
+    });
+    let gone_after = released.elapsed();
+    let left = common::pttl(replica, key.as_bytes());
+    let start = Instant::now();
+    let closed = client.close();
+    let close_took = start.elapsed();
+    eprintln!(
+        "promoted {promoted:?} after the kill; the key gone from the new master: {gone} \
+         ({gone_after:?} after the release; PTTL now {left} ms); close took {close_took:?}: \
+         {closed:?}"
+    );
+    assert!(
+        gone,
+        "the promoted replica still holds {key} {gone_after:?} after the release returned \
+         (PTTL {left} ms)"
+    );
+    assert!(
+        close_took <= Duration::from_millis(10_500),
+        "close took {close_took:?}, more than its 10 s"
+    );
+}
+
+/// Closing gives up after 2 s without progress when a release is owed to a slot that no master
+/// serves any more (its master killed, no replica): the other masters still answer topology
+/// reads, which are no progress on what is owed. Close tells the truth: the cluster member is
+/// undelivered.
+#[test]
+fn close_gives_up_within_its_limit_when_a_slot_lost_its_master() {
+    let ttl = Duration::from_secs(60);
+    let mut cluster = ClusterMember::start(3, 0).expect("cluster");
+    let standalone = [
+        common::RedisServer::start().expect("server"),
+        common::RedisServer::start().expect("server"),
+    ];
+    let nodes = vec![cluster.url(), standalone[0].url(), standalone[1].url()];
+    let client = client(&nodes);
+    let old = cluster.masters()[0];
+    let key = key_of(&cluster, old, "lost");
+    let lock = client.try_lock(&key, ttl).expect("lock");
+    cluster.servers[0].kill().expect("kill -9");
+    lock.release().expect("the standalone members release");
+    let start = Instant::now();
+    let closed = client.close();
+    let close_took = start.elapsed();
+    eprintln!("close took {close_took:?}: {closed:?}");
+    assert!(
+        matches!(&closed, Err(Error::Undelivered { failures }) if failures.len() == 1),
+        "the release owed to the cluster is undelivered: {closed:?}"
+    );
+    // Nothing answers what is owed: closing gives up after 2 s without progress (topology
+    // reads are no progress on it), well before its 10 s.
+    assert!(
+        close_took < Duration::from_secs(5),
+        "close took {close_took:?}, though nothing answered what was owed"
+    );
+}
+
+/// A release whose `MOVED` comes after its round was decided is followed while the client is
+/// idle: the key's slot migrated while the lock was held, its old owner frozen so that it
+/// answers after the standalone members, the client left alone after the release returned:
+/// the slot's new owner loses the key well within its 60 s TTL.
+#[test]
+fn a_release_moved_after_its_round_is_followed_while_the_client_is_idle() {
+    let ttl = Duration::from_secs(60);
+    let cluster = ClusterMember::start(3, 0).expect("cluster");
+    let standalone = [
+        common::RedisServer::start().expect("server"),
+        common::RedisServer::start().expect("server"),
+    ];
+    let nodes = vec![cluster.url(), standalone[0].url(), standalone[1].url()];
+    let client = client(&nodes);
+    let masters = cluster.masters();
+    let (from, to) = (masters[0], masters[1]);
+    let key = key_of(&cluster, from, "moved");
+    let slot = cluster.slot(key.as_bytes());
+    let lock = client.try_lock(&key, ttl).expect("lock");
+    cluster.migrate(slot, from, to, || {});
+    assert!(common::get(to, key.as_bytes()).is_some(), "the key moved");
+    cluster.servers[0].pause().expect("SIGSTOP");
+    let released = lock.release();
+    let returned = Instant::now();
+    cluster.servers[0].resume().expect("SIGCONT");
+    released.expect("the standalone members release");
+    let gone = common::eventually(Duration::from_secs(5), || {
+        common::get(to, key.as_bytes()).is_none()
+    });
+    let left = common::pttl(to, key.as_bytes());
+    eprintln!(
+        "the key gone from the slot's new owner: {gone} ({:?} after the release returned; \
+         PTTL now {left} ms); MOVED answered by the old owner: {}",
+        returned.elapsed(),
+        ClusterMember::errors(from, "MOVED")
+    );
+    assert!(
+        gone,
+        "the slot's new owner still holds {key} after the release returned (PTTL {left} ms)"
+    );
+    client.close().expect("nothing owed");
+}

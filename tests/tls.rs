@@ -6,7 +6,9 @@
 //! Every lock kind works over TLS, with AUTH and SELECT; every way of reaching the wrong thing
 //! (a certificate that does not verify, a name that does not match, a plaintext port on a TLS
 //! URL and a TLS port on a plaintext one, a server that wants a client certificate) is a typed
-//! `Error::Config` from `build()`, at once, and the server ran nothing.
+//! `Error::Config` from `build()`, at once, and the server ran nothing. A TLS cluster whose nodes
+//! have certificates of their own works: each seed is checked against its own host, each master
+//! against the name the cluster announces for it.
 //!
 //! Servers built without TLS (the Redis 8.2 and Valkey 8.1 binaries CI takes from wheels say
 //! "Failed finding TLS support") make these tests skip, saying so.
@@ -51,6 +53,16 @@ fn pki() -> &'static Pki {
                 "subjectAltName=DNS:elsewhere.invalid\nextendedKeyUsage=serverAuth\n",
             ),
             ("client", "extendedKeyUsage=clientAuth\n"),
+            // Cluster nodes, each with a certificate for its own address only (the cluster bus
+            // uses it as a client certificate too).
+            (
+                "node1",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+            ),
+            (
+                "node2",
+                "subjectAltName=IP:127.0.0.2\nextendedKeyUsage=serverAuth,clientAuth\n",
+            ),
         ] {
             redlock_mux_kit::pki::sign(&dir, name, ext, 2)
                 .unwrap_or_else(|e| panic!("{e} (apt-get install openssl)"));
@@ -346,4 +358,138 @@ fn unusable_tls_files_are_refused_by_build() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A Redis Cluster over TLS (`--tls-cluster yes`) of two masters, each with a certificate for its
+/// own address only: `node1` on 127.0.0.1 (slots 0-8191), `node2` announcing 127.0.0.2 (slots
+/// 8192-16383; bound to 127.0.0.1 too, for the plaintext probes). Each with its TLS port. `None`
+/// when the binary has no TLS.
+fn tls_cluster() -> Option<[(RedisServer, u16); 2]> {
+    let bus = [free_port().unwrap(), free_port().unwrap()].map(|p| p.to_string());
+    let node = |cert: &str, bus: &str, ip: &'static [&'static str]| {
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+            "--tls-cluster",
+            "yes",
+            "--cluster-port",
+            bus,
+        ];
+        args.extend(ip);
+        tls_server(cert, false, &args)
+    };
+    let a = node("node1", &bus[0], &["--cluster-announce-ip", "127.0.0.1"])?;
+    let b = node(
+        "node2",
+        &bus[1],
+        &[
+            "--bind",
+            "127.0.0.1",
+            "127.0.0.2",
+            "--cluster-announce-ip",
+            "127.0.0.2",
+        ],
+    )?;
+    let ok = |v: Value| assert!(matches!(v, Value::Simple(_)), "{}", show(&v));
+    ok(cmd(
+        a.0.addr(),
+        &[b"CLUSTER", b"ADDSLOTSRANGE", b"0", b"8191"],
+    ));
+    ok(cmd(
+        b.0.addr(),
+        &[b"CLUSTER", b"ADDSLOTSRANGE", b"8192", b"16383"],
+    ));
+    ok(cmd(
+        a.0.addr(),
+        &[
+            b"CLUSTER",
+            b"MEET",
+            b"127.0.0.2",
+            b.1.to_string().as_bytes(),
+            bus[1].as_bytes(),
+        ],
+    ));
+    let agreed = eventually(Duration::from_secs(20), || {
+        [&a, &b].iter().all(|(s, _)| {
+            let info = cmd(s.addr(), &[b"CLUSTER", b"INFO"]);
+            let text = show(&info);
+            text.contains("cluster_state:ok") && text.contains("cluster_known_nodes:2")
+        })
+    });
+    assert!(agreed, "the TLS cluster did not form");
+    Some([a, b])
+}
+
+/// Keys of the cluster's two masters: one in slots 0-8191, one in 8192-16383.
+fn keys_of_both(at: std::net::SocketAddr) -> [String; 2] {
+    let slot = |k: &str| match cmd(at, &[b"CLUSTER", b"KEYSLOT", k.as_bytes()]) {
+        Value::Integer(n) => n,
+        other => panic!("KEYSLOT: {}", show(&other)),
+    };
+    let find = |low: bool| {
+        (0..1000)
+            .map(|i| format!("tls:cluster:{i}"))
+            .find(|k| (slot(k) < 8192) == low)
+            .unwrap()
+    };
+    [find(true), find(false)]
+}
+
+/// Locks on both masters of the TLS cluster work, the key on the master of its slot while held
+/// and gone after the release.
+fn lock_on_both(client: &Client, servers: &[(RedisServer, u16); 2]) {
+    let keys = keys_of_both(servers[0].0.addr());
+    for (key, (server, _)) in keys.iter().zip(servers) {
+        let lock = client
+            .try_lock(key, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("lock {key}: {e:?}"));
+        assert!(
+            get(server.addr(), key.as_bytes()).is_some(),
+            "{key} is on its master"
+        );
+        lock.release().expect("release");
+        assert!(
+            get(server.addr(), key.as_bytes()).is_none(),
+            "{key} released"
+        );
+    }
+}
+
+/// `rediss+cluster://`: each master is checked against the name the cluster announces for it
+/// (its IP here), not against the seed's: a cluster whose nodes have certificates of their own
+/// works.
+#[test]
+fn each_cluster_master_is_checked_against_its_own_name() {
+    let Some(servers) = tls_cluster() else {
+        return;
+    };
+    let url = format!("rediss+cluster://127.0.0.1:{}", servers[0].1);
+    let client = trusting()
+        .nodes([url])
+        .build()
+        .unwrap_or_else(|e| panic!("a TLS cluster with a certificate per node: {e:?}"));
+    lock_on_both(&client, &servers);
+}
+
+/// Each seed of a `rediss+cluster://` URL is checked against its own host, and a seed that fails
+/// its TLS handshake moves the walk on to the next: `localhost` on `node2`'s port (a certificate
+/// for 127.0.0.2 only) fails, `127.0.0.1` on `node1`'s is the seed.
+#[test]
+fn a_cluster_seed_that_fails_its_tls_check_moves_on_to_the_next() {
+    let Some(servers) = tls_cluster() else {
+        return;
+    };
+    let url = format!(
+        "rediss+cluster://localhost:{},127.0.0.1:{}",
+        servers[1].1, servers[0].1
+    );
+    let client = trusting()
+        .nodes([url])
+        .build()
+        .unwrap_or_else(|e| panic!("the second seed verifies: {e:?}"));
+    lock_on_both(&client, &servers);
 }

@@ -521,8 +521,9 @@ impl Session<'_> {
 
 impl Shared {
     /// Starts the thread that sends again, on new connections, the releases (and cleanups)
-    /// that broken connections owed, when no caller is left to drive them: a release that
-    /// returned at its quorum must still reach the other nodes. The thread leads the polling
+    /// that broken connections owed, and follows the redirections of those a cluster member
+    /// still owes a reply to, when no caller is left to drive them: a release that returned at
+    /// its quorum must still reach the other nodes. The thread leads the polling
     /// like any caller, and ends once they are sent and answered (10 s at most: what is left
     /// goes with the next operation, or when the client is closed).
     fn start_resender(this: &Arc<Shared>, local: &Local) {
@@ -747,7 +748,7 @@ impl Core {
     fn tls_session(&self, id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
         let node = self.ep.node_addr(id.node);
         match (&self.tls, node.tls) {
-            (Some(tls), true) => tls.connect(&node.host).map(Some),
+            (Some(tls), true) => tls.connect(self.ep.tls_name(id)).map(Some),
             // Never plaintext to a TLS node: the client is built with a TLS configuration
             // whenever a node is one, so this does not happen.
             (None, true) => Err(crate::tls::handshake_failed(crate::TlsFailure::Handshake(

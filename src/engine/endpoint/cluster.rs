@@ -182,42 +182,10 @@ pub(crate) fn parse_shards(
         let Reply::Array(Some(fields)) = shard else {
             return None;
         };
-        let mut slots: &[Reply<'_>] = &[];
-        let mut nodes: &[Reply<'_>] = &[];
-        for pair in fields.chunks(2) {
-            match pair {
-                [Reply::Bulk(Some(b"slots")), Reply::Array(Some(s))] => slots = s,
-                [Reply::Bulk(Some(b"nodes")), Reply::Array(Some(n))] => nodes = n,
-                _ => {}
-            }
-        }
-        let master = nodes.iter().find_map(|node| {
-            let Reply::Array(Some(f)) = node else {
-                return None;
-            };
-            let mut role = None;
-            let mut health = None;
-            let mut ip = None;
-            let mut port = None;
-            let mut tls_port = None;
-            for pair in f.chunks(2) {
-                match pair {
-                    [Reply::Bulk(Some(b"role")), Reply::Bulk(Some(v))] => role = Some(*v),
-                    [Reply::Bulk(Some(b"health")), Reply::Bulk(Some(v))] => health = Some(*v),
-                    [Reply::Bulk(Some(b"ip")), Reply::Bulk(Some(v))] => ip = Some(*v),
-                    [Reply::Bulk(Some(b"port")), Reply::Integer(p)] => port = Some(*p),
-                    [Reply::Bulk(Some(b"tls-port")), Reply::Integer(p)] => tls_port = Some(*p),
-                    _ => {}
-                }
-            }
-            if role != Some(b"master") || health.is_some_and(|h| h != b"online") {
-                return None;
-            }
-            let port = if tls { tls_port.or(port) } else { port }?;
-            let ip = std::str::from_utf8(ip?).ok()?;
-            address(&format!("{ip}:{port}"), from)
-        });
-        let Some(master) = master else { continue };
+        let (slots, nodes) = shard_fields(fields);
+        let Some((master, _)) = nodes.iter().find_map(|n| shard_master(n, tls, from)) else {
+            continue;
+        };
         for range in slots.chunks(2) {
             if let [Reply::Integer(a), Reply::Integer(b)] = range {
                 if let (Ok(a), Ok(b)) = (u16::try_from(*a), u16::try_from(*b)) {
@@ -229,6 +197,85 @@ pub(crate) fn parse_shards(
         }
     }
     Some(out)
+}
+
+/// A shard's slot ranges and nodes, from its fields in a `CLUSTER SHARDS` reply.
+fn shard_fields<'r, 'a>(fields: &'r [Reply<'a>]) -> (&'r [Reply<'a>], &'r [Reply<'a>]) {
+    let mut slots: &[Reply<'_>] = &[];
+    let mut nodes: &[Reply<'_>] = &[];
+    for pair in fields.chunks(2) {
+        match pair {
+            [Reply::Bulk(Some(b"slots")), Reply::Array(Some(s))] => slots = s,
+            [Reply::Bulk(Some(b"nodes")), Reply::Array(Some(n))] => nodes = n,
+            _ => {}
+        }
+    }
+    (slots, nodes)
+}
+
+/// A node of a `CLUSTER SHARDS` reply, if it is an online master: its address (see
+/// [`parse_shards`]), and its `hostname` when the cluster announces one.
+fn shard_master<'a>(
+    node: &Reply<'a>,
+    tls: bool,
+    from: Option<SocketAddr>,
+) -> Option<(SocketAddr, Option<&'a [u8]>)> {
+    let Reply::Array(Some(f)) = node else {
+        return None;
+    };
+    let mut role = None;
+    let mut health = None;
+    let mut ip = None;
+    let mut hostname = None;
+    let mut port = None;
+    let mut tls_port = None;
+    for pair in f.chunks(2) {
+        match pair {
+            [Reply::Bulk(Some(b"role")), Reply::Bulk(Some(v))] => role = Some(*v),
+            [Reply::Bulk(Some(b"health")), Reply::Bulk(Some(v))] => health = Some(*v),
+            [Reply::Bulk(Some(b"ip")), Reply::Bulk(Some(v))] => ip = Some(*v),
+            [Reply::Bulk(Some(b"hostname")), Reply::Bulk(Some(v))] if !v.is_empty() => {
+                hostname = Some(*v)
+            }
+            [Reply::Bulk(Some(b"port")), Reply::Integer(p)] => port = Some(*p),
+            [Reply::Bulk(Some(b"tls-port")), Reply::Integer(p)] => tls_port = Some(*p),
+            _ => {}
+        }
+    }
+    if role != Some(b"master") || health.is_some_and(|h| h != b"online") {
+        return None;
+    }
+    let port = if tls { tls_port.or(port) } else { port }?;
+    let ip = std::str::from_utf8(ip?).ok()?;
+    Some((address(&format!("{ip}:{port}"), from)?, hostname))
+}
+
+/// The hostnames a `CLUSTER SHARDS` reply announces for its online masters (those with one
+/// set: `cluster-announce-hostname`), by address: what TLS checks each master's certificate
+/// against, as cluster clients do (a master without one is checked against its IP).
+pub(crate) fn shard_hostnames(
+    reply: &Reply<'_>,
+    tls: bool,
+    from: Option<SocketAddr>,
+) -> Vec<(SocketAddr, String)> {
+    let Reply::Array(Some(shards)) = reply else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for shard in shards {
+        let Reply::Array(Some(fields)) = shard else {
+            continue;
+        };
+        let (_, nodes) = shard_fields(fields);
+        for node in nodes {
+            if let Some((addr, Some(name))) = shard_master(node, tls, from) {
+                if let Ok(name) = std::str::from_utf8(name) {
+                    out.push((addr, name.to_owned()));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Reads a `CLUSTER SLOTS` reply: for each range, its master (the first node listed). An
@@ -511,6 +558,51 @@ mod tests {
             Reply::Array(Some(vec![Reply::Bulk(Some(b"")), Reply::Integer(7000)])),
         ]))]));
         assert_eq!(parse_slots(&slots, Some(a)), Some(vec![(0, 16383, a)]));
+    }
+
+    #[test]
+    fn shards_name_the_hostname_a_master_announces() {
+        let node = |port: i64, hostname: &'static [u8]| {
+            Reply::Array(Some(vec![
+                Reply::Bulk(Some(b"port")),
+                Reply::Integer(port),
+                Reply::Bulk(Some(b"tls-port")),
+                Reply::Integer(port + 1000),
+                Reply::Bulk(Some(b"ip")),
+                Reply::Bulk(Some(b"127.0.0.2")),
+                Reply::Bulk(Some(b"hostname")),
+                Reply::Bulk(Some(hostname)),
+                Reply::Bulk(Some(b"role")),
+                Reply::Bulk(Some(b"master")),
+                Reply::Bulk(Some(b"health")),
+                Reply::Bulk(Some(b"online")),
+            ]))
+        };
+        let shard = |a: i64, b: i64, n: Reply<'static>| {
+            Reply::Array(Some(vec![
+                Reply::Bulk(Some(b"slots")),
+                Reply::Array(Some(vec![Reply::Integer(a), Reply::Integer(b)])),
+                Reply::Bulk(Some(b"nodes")),
+                Reply::Array(Some(vec![n])),
+            ]))
+        };
+        let reply = Reply::Array(Some(vec![
+            shard(0, 99, node(7000, b"redis-0.example")),
+            // No hostname set: the cluster gives "", and the IP is the name.
+            shard(100, 16383, node(7001, b"")),
+        ]));
+        let tls: SocketAddr = "127.0.0.2:8000".parse().unwrap();
+        assert_eq!(
+            shard_hostnames(&reply, true, None),
+            [(tls, "redis-0.example".to_owned())]
+        );
+        assert_eq!(
+            parse_shards(&reply, true, None),
+            Some(vec![
+                (0, 99, tls),
+                (100, 16383, "127.0.0.2:8001".parse().unwrap())
+            ])
+        );
     }
 
     #[test]

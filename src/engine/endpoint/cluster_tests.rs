@@ -695,3 +695,174 @@ fn standalone_members_subscribe_as_before() {
     assert!(w.subscribed);
     assert_eq!(w.wakes.len(), 1);
 }
+
+/// Sends `DEL key` to every member as a release whose reply nobody reads, owed until `until`.
+struct Deleting {
+    key: &'static [u8],
+    until: Instant,
+    sent: bool,
+}
+
+impl Machine for Deleting {
+    type Output = ();
+
+    fn handle_reply(&mut self, _: usize, _: Tag, _: &Reply<'_>, _: Instant, _: &mut dyn Entropy) {}
+
+    fn handle_failure(
+        &mut self,
+        _: usize,
+        _: Tag,
+        _: NodeErrorKind,
+        _: Instant,
+        _: &mut dyn Entropy,
+    ) {
+    }
+
+    fn handle_timeout(&mut self, _: Instant, _: &mut dyn Entropy) {}
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        if std::mem::replace(&mut self.sent, true) {
+            return None;
+        }
+        Some(Transmit {
+            to: To::All,
+            tag: None,
+            form: ScriptForm::Sha,
+            what: What::Release {
+                token: Token::from_random([1; 20]),
+            },
+            redo: Some(self.until),
+        })
+    }
+
+    fn encode(&self, _: &Transmit, _: Caps, out: &mut Vec<u8>) -> usize {
+        resp::encode_command(out, &[b"DEL", self.key]);
+        0
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+
+    fn poll_outcome(&mut self) -> Option<()> {
+        None
+    }
+}
+
+/// The master of key `a`'s slot (link 2) broke with a release owed; its reconnects are
+/// refused. Moves time on by `step` `n` times: every connect of link 2 is refused, and every
+/// topology read is answered with `ranges`. Stops early once `stop` says so.
+fn dead_master(
+    net: &mut Net,
+    ranges: &[(u16, u16, u16)],
+    step: Duration,
+    n: usize,
+    mut stop: impl FnMut(&mut Net) -> bool,
+) {
+    for _ in 0..n {
+        net.now += step;
+        net.ep.handle_timeout(net.now);
+        while let Some(io) = net.ep.poll_io() {
+            match io {
+                Io::Connect(id) if id.node == 2 => {
+                    let refused = NodeErrorKind::Connect(std::io::ErrorKind::ConnectionRefused);
+                    net.ep.handle_connect_failed(id, refused, net.now);
+                }
+                Io::Connect(id) => net.ep.handle_connected(id),
+                Io::Close(_) => {}
+            }
+        }
+        for link in [0, 1] {
+            let pending = net.ep.pending(cmd(link)).to_vec();
+            if pending.windows(5).any(|w| w == b"SLOTS") {
+                net.output(link);
+                net.reply(link, &slots(ranges));
+            }
+        }
+        if stop(net) {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_delete_owed_by_a_dead_master_goes_to_the_master_its_slot_moved_to() {
+    let a = key_slot(b"a");
+    assert!(a >= 8192, "{a}");
+    let mut net = member(&[(0, 8191, 7001), (8192, 16383, 7002)]);
+    let mut m = Deleting {
+        key: b"a",
+        until: net.now + Duration::from_secs(60),
+        sent: false,
+    };
+    net.run(None, &mut m);
+    assert_eq!(net.output(2), ["DEL a"]);
+    net.ep.handle_failed(
+        cmd(2),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    // The cluster gives link 1's master every slot (a replica of the dead one promoted to it).
+    let mut sent = Vec::new();
+    dead_master(&mut net, &[(0, 16383, 7001)], 100 * MS, 30, |net| {
+        sent = net.output(1);
+        !sent.is_empty()
+    });
+    assert_eq!(
+        sent,
+        ["DEL a"],
+        "the delete goes to the master that serves its slot now"
+    );
+    net.reply(1, b":1\r\n");
+    assert!(
+        !net.ep.busy(net.now),
+        "nothing left owed: {:?}",
+        net.ep.undelivered(net.now)
+    );
+}
+
+#[test]
+fn closing_gives_up_when_only_topology_reads_answer() {
+    let mut net = member(&[(0, 8191, 7001), (8192, 16383, 7002)]);
+    let mut m = Deleting {
+        key: b"a",
+        until: net.now + Duration::from_secs(60),
+        sent: false,
+    };
+    net.run(None, &mut m);
+    assert_eq!(net.output(2), ["DEL a"]);
+    net.ep.handle_failed(
+        cmd(2),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    // No master serves key a's slot any more; the cluster answers every topology read.
+    let begun = net.now;
+    net.ep.begin_close(net.now);
+    let mut outcome = None;
+    dead_master(&mut net, &[(0, 8191, 7001)], 50 * MS, 300, |net| {
+        outcome = net.ep.close_outcome(net.now);
+        outcome.is_some()
+    });
+    let took = net.now - begun;
+    assert_eq!(outcome, Some(vec![0]), "the release is undelivered");
+    assert!(
+        took <= CLOSE_STALL + 100 * MS,
+        "closing went on {took:?} with nothing owed answered"
+    );
+    // A close right after (the last handle dropped) does not wait its own 10 s again.
+    net.ep.begin_close(net.now);
+    let again = net.now;
+    let mut outcome = None;
+    dead_master(&mut net, &[(0, 8191, 7001)], 50 * MS, 300, |net| {
+        outcome = net.ep.close_outcome(net.now);
+        outcome.is_some()
+    });
+    assert_eq!(outcome, Some(vec![0]));
+    assert!(
+        net.now - begun <= CLOSE_LIMIT,
+        "the two closes took {:?} and {:?}",
+        again - begun,
+        net.now - again
+    );
+}

@@ -41,7 +41,8 @@
 //!   undo) whose connection broke before its reply came is sent again first thing on the
 //!   node's next connection, until what it deletes has expired anyway. The connection broke on
 //!   the server's side (it was closed, reset or found dead), so no command of the old
-//!   connection can still run after it.
+//!   connection can still run after it. On a cluster member, it goes to the master that serves
+//!   its key's slot once the topology is read again, which may not be the one it was sent to.
 //! - **Duplicate servers.** Two nodes whose setups report the same `run_id` are one server
 //!   reached twice: the later one's setup fails as a configuration error. (The links of one
 //!   cluster member may reach one server twice; two members may not share one.)
@@ -231,6 +232,8 @@ pub(crate) struct Endpoint {
     next_run: u64,
     /// While the client closes: when it gives up at the latest, and when a node last answered.
     closing: Option<Closing>,
+    /// When the last close gave up at the latest, while no operation began since.
+    closed_until: Option<Instant>,
     /// When a command connection last broke (not a failed connect).
     troubled: Option<Instant>,
     /// The connections (by [`ConnId::index`]) that may have bytes to write since the shell
@@ -307,6 +310,7 @@ impl Endpoint {
             io: VecDeque::new(),
             next_run: 1,
             closing: None,
+            closed_until: None,
             troubled: None,
             dirty: Bits::with_room(2 * n),
             free: Vec::new(),
@@ -344,6 +348,7 @@ impl Endpoint {
 
     /// Starts an operation for `caller`: returns its run id, which routes replies to it.
     pub fn begin(&mut self, caller: CallerId) -> u64 {
+        self.closed_until = None;
         let run = self.next_run;
         self.next_run += 1;
         self.mail.begin(caller, run);
@@ -806,6 +811,22 @@ impl Endpoint {
             .iter()
             .map(|&(a, b, addr)| (a, b, self.link_for(member, addr, now)))
             .collect();
+        // A master's certificate is checked against the hostname the cluster announces for it,
+        // where it announces one (from its next connect on).
+        if let (false, Some(r)) = (slots_only, &reply) {
+            for (addr, name) in cluster::shard_hostnames(r, tls, from) {
+                let link = (self.members..self.nodes.len()).find(|&l| {
+                    self.nodes[l].member == member
+                        && self.nodes[l]
+                            .addr
+                            .as_ref()
+                            .is_some_and(|a| a.addrs[0] == addr)
+                });
+                if let Some(a) = link.and_then(|l| self.nodes[l].addr.as_mut()) {
+                    a.host = name;
+                }
+            }
+        }
         if let Some(topo) = self.topo[member].as_mut() {
             topo.replace(&linked);
             topo.asked = None;
@@ -816,8 +837,97 @@ impl Endpoint {
             in_use.insert(link);
             self.connect_if_down(link, now);
         }
+        self.reroute_retries(member, now);
         self.resubscribe(member, now);
         self.reclaim_links(member, link, &in_use, now);
+    }
+
+    /// The compare-and-deletes that the links of cluster member `member` keep for their next
+    /// connection go to the master that serves their key's slot now, as the slot map says: a
+    /// delete owed on a cluster member belongs to the member and the key's slot, not to the
+    /// master it was first sent to (a master that died stays dead; its promoted replica, or
+    /// the master the slot moved to, holds the key). The old connection broke on the server's
+    /// side, so nothing sent on it can still run; on the new master, the delete goes behind
+    /// whatever is queued there (an acquisition redirected there earlier included).
+    fn reroute_retries(&mut self, member: usize, now: Instant) {
+        let Some(topo) = self.topo[member].as_ref().filter(|t| t.known) else {
+            return;
+        };
+        let mut moved: Vec<(usize, Retry, Vec<u8>)> = Vec::new();
+        for l in 0..self.nodes.len() {
+            let node = &mut self.nodes[l];
+            if node.member != member || node.retries.is_empty() {
+                continue;
+            }
+            let owner = |b: &[u8]| cluster::first_key_slot(b).and_then(|s| topo.link(s));
+            let mut at = 0;
+            let elsewhere = node.retries.iter().any(|r| {
+                let end = at + r.redo.len as usize;
+                let to = owner(&node.retry_bytes[at..end]);
+                at = end;
+                r.redo.until > now && to.is_some_and(|t| t != l)
+            });
+            if !elsewhere {
+                continue;
+            }
+            let retries = std::mem::take(&mut node.retries);
+            let bytes = std::mem::take(&mut node.retry_bytes);
+            let mut at = 0;
+            for r in retries {
+                let end = at + r.redo.len as usize;
+                let b = &bytes[at..end];
+                at = end;
+                match owner(b) {
+                    Some(to) if to != l && r.redo.until > now => moved.push((to, r, b.to_vec())),
+                    _ => {
+                        node.retry_bytes.extend_from_slice(b);
+                        node.retries.push(r);
+                    }
+                }
+            }
+        }
+        for (to, r, b) in moved {
+            let node = &mut self.nodes[to];
+            if node.cmd.is_down() {
+                // Sent first thing on its next connection, started below.
+                node.retry_bytes.extend_from_slice(&b);
+                node.retries.push(r);
+                continue;
+            }
+            let slot = match r.slot {
+                // Its owner, if it still waits, hears from the new master; its node timeout
+                // still counts from when it was first written.
+                Slot::Reply {
+                    caller,
+                    run,
+                    tag,
+                    redo,
+                    due,
+                    fired,
+                    ..
+                } => Slot::Reply {
+                    caller,
+                    run,
+                    tag,
+                    sent: now,
+                    redo,
+                    due,
+                    fired,
+                },
+                other => other,
+            };
+            node.cmd.queue_redo(slot, r.redo, &b);
+            node.kept.push(&b, r.redo.before as usize, 0, false);
+            self.touch(ConnId {
+                node: to,
+                sub: false,
+            });
+        }
+        for l in 0..self.nodes.len() {
+            if self.nodes[l].member == member && !self.nodes[l].retries.is_empty() {
+                self.connect_if_down(l, now);
+            }
+        }
     }
 
     /// Follows a redirection read on `from` (see the module docs of `cluster`): `MOVED` moves
@@ -1098,14 +1208,25 @@ impl Endpoint {
         self.node_addr(id.node).target(trying)
     }
 
+    /// The name TLS checks the certificate against on the connect of `id`: the host of the
+    /// address tried (a cluster seed's own), or the name a cluster master goes by.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub fn tls_name(&self, id: ConnId) -> &str {
+        let node = &self.nodes[id.node];
+        let trying = if id.sub { &node.sub } else { &node.cmd }.trying;
+        self.node_addr(id.node).tls_name(trying)
+    }
+
     /// The connect of `id` failed with `why` at `now` (its socket, if any, is closed): the
     /// node's next address is tried (another [`Io::Connect`]), or, when none is left, the
     /// connection fails. A configuration error (a TLS handshake that failed) fails it at once:
-    /// another address of the same name would not cure it.
+    /// another address of the same name would not cure it. But for a cluster's seeds, other
+    /// servers each checked against its own name: the next one is tried.
     pub fn handle_connect_failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
         let addresses = self.node_addr(id.node).targets();
         let config = matches!(why, NodeErrorKind::Setup { .. });
-        if !config && self.conn(id).next_address(addresses, now) {
+        let seed = id.node < self.members && self.topo[id.node].is_some();
+        if (!config || seed) && self.conn(id).next_address(addresses, now) {
             self.io.push_back(Io::Connect(id));
         } else {
             self.fail(id, why, now);
@@ -1153,14 +1274,14 @@ impl Endpoint {
     /// callers of its channel).
     pub fn handle_recv(&mut self, id: ConnId, n: usize, now: Instant) {
         self.conn(id).received(n);
-        if let Some(c) = &mut self.closing {
-            c.progress = now;
-        }
         let limits = self.config.limits;
         let i = id.node;
         let member = self.nodes[i].member;
         if !id.sub && self.topo[member].is_some() {
             return self.handle_recv_cluster(i, now);
+        }
+        if let Some(c) = &mut self.closing {
+            c.progress = now;
         }
         let mut pushes = Vec::new();
         let result = if id.sub {
@@ -1219,6 +1340,8 @@ impl Endpoint {
         let mut redirected: Vec<Redirected> = Vec::new();
         let replicas = self.config.nodes[member].wait;
         let mut down = false;
+        // Anything but a topology read answered: the nodes move on with what they owe.
+        let mut progress = false;
         let mail = &mut self.mail;
         let stats = &self.stats;
         let Node {
@@ -1231,6 +1354,7 @@ impl Endpoint {
             Slot::Topology => topology.push(bytes.to_vec()),
             // After a redirection, nothing waits for it.
             Slot::Wait => {
+                progress = true;
                 let Some((
                     Slot::Reply {
                         caller,
@@ -1274,6 +1398,7 @@ impl Endpoint {
                 }
             }
             Slot::Reply { .. } | Slot::Discard { .. } => {
+                progress = true;
                 let command = kept.pop();
                 down |= bytes.starts_with(b"-CLUSTERDOWN");
                 let to = if bytes.first() == Some(&b'-') {
@@ -1315,6 +1440,11 @@ impl Endpoint {
             node: link,
             sub: false,
         };
+        if progress || matches!(result, Ok(true)) {
+            if let Some(c) = &mut self.closing {
+                c.progress = now;
+            }
+        }
         match result {
             Ok(false) => {}
             Ok(true) => self.set_up(link, now),
@@ -1475,6 +1605,9 @@ impl Endpoint {
                 }
             }
         });
+        // The slot map may have moved their slots already (a connect to a master that died,
+        // tried again after the topology named its successor).
+        self.reroute_retries(member, now);
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) has work to do: a command whose node
@@ -1598,10 +1731,14 @@ impl Endpoint {
     /// that is over. Until then the shell keeps writing, reading and running the timers:
     /// nodes answer what they owe, and the compare-and-deletes of broken connections are sent
     /// again. It is over once nothing is owed, after [`CLOSE_LIMIT`], or once no node has
-    /// answered anything for [`CLOSE_STALL`] (those that owe are down, or paused).
+    /// answered anything for [`CLOSE_STALL`] (those that owe are down, or paused; a cluster's
+    /// answers to topology reads are no progress on what is owed). A close that follows another
+    /// with no operation in between (a drop after `close()`) ends by the first one's limit:
+    /// the two together wait [`CLOSE_LIMIT`] at most.
     pub fn begin_close(&mut self, now: Instant) {
+        let until = *self.closed_until.get_or_insert(now + CLOSE_LIMIT);
         self.closing = Some(Closing {
-            until: now + CLOSE_LIMIT,
+            until,
             progress: now,
         });
         self.handle_timeout(now);
@@ -1624,15 +1761,17 @@ impl Endpoint {
 
     /// Whether compare-and-deletes need someone to drive the endpoint until they are
     /// answered, even when no caller has an operation under way: those of a broken connection,
-    /// to send again (or sent again, not answered yet), and, while connections have been
-    /// breaking lately, every one not answered yet (its connection may be closed already, and
-    /// only reading it tells). Worth it only until what they delete expires.
+    /// to send again (or sent again, not answered yet), every one not answered yet on a link of
+    /// a cluster member (its answer may be a `MOVED` or an `ASK`, to follow), and, while
+    /// connections have been breaking lately, every one not answered yet (its connection may be
+    /// closed already, and only reading it tells). Worth it only until what they delete
+    /// expires.
     pub fn needs_tending(&self, now: Instant) -> bool {
         let troubled = self
             .troubled
             .is_some_and(|t| now.saturating_duration_since(t) < TROUBLE_MEMORY);
         self.nodes.iter().any(|n| {
-            let owed = if troubled {
+            let owed = if troubled || self.topo[n.member].is_some() {
                 n.cmd.redo_until()
             } else {
                 n.cmd.resent_until()
