@@ -18,7 +18,8 @@
 #   --prefix        default /usr/local; LIBDIR is PREFIX/lib, INCLUDEDIR PREFIX/include
 #   --target        a Rust target triple, to cross-build (its linker set as cargo wants it)
 #   --profile       the cargo profile, default release
-#   --library-type  what to build and install, default both; the header and the .pc always
+#   --library-type  what to build and install, default both; the header, the .pc and the
+#                   CMake package always
 #   --features      cargo features of the C library: `tls` for rediss:// nodes (rustls)
 #
 # DESTDIR, when set, goes before every path written (for packagers); the .pc still names the
