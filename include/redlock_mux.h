@@ -28,7 +28,8 @@
  *
  * Versions: REDLOCK_MUX_VERSION_MAJOR, _MINOR and _PATCH are the version this header comes
  * with, redlock_mux_version() the version of the library loaded. The shared library's SONAME
- * is libredlock_mux.so.MAJOR; an incompatible change bumps MAJOR.
+ * is libredlock_mux.so.0.MINOR before 1.0 and libredlock_mux.so.MAJOR from 1.0 on; an
+ * incompatible change bumps it (MINOR before 1.0, MAJOR after).
  *
  * Linking: `pkg-config --cflags --libs redlock_mux` for the shared library;
  * `pkg-config --static --cflags --libs redlock_mux` lists what the static library needs
@@ -45,13 +46,15 @@
 #include <stdint.h>
 
 /**
- * The major version of the library: an incompatible change of the C API bumps it, and with it
- * the SONAME (`libredlock_mux.so.MAJOR`).
+ * The major version of the library. From 1.0 on, an incompatible change of the C API bumps
+ * it, and with it the SONAME (`libredlock_mux.so.MAJOR`); before 1.0 the minor version does
+ * (`libredlock_mux.so.0.MINOR`).
  */
 #define REDLOCK_MUX_VERSION_MAJOR 0
 
 /**
- * The minor version of the library: new functions and results bump it.
+ * The minor version of the library: new functions and results bump it (and, before 1.0, an
+ * incompatible change).
  */
 #define REDLOCK_MUX_VERSION_MINOR 1
 

@@ -54,10 +54,12 @@ mod stats;
 
 use std::ffi::{c_char, CStr};
 
-/// The major version of the library: an incompatible change of the C API bumps it, and with it
-/// the SONAME (`libredlock_mux.so.MAJOR`).
+/// The major version of the library. From 1.0 on, an incompatible change of the C API bumps
+/// it, and with it the SONAME (`libredlock_mux.so.MAJOR`); before 1.0 the minor version does
+/// (`libredlock_mux.so.0.MINOR`).
 pub const REDLOCK_MUX_VERSION_MAJOR: u32 = 0;
-/// The minor version of the library: new functions and results bump it.
+/// The minor version of the library: new functions and results bump it (and, before 1.0, an
+/// incompatible change).
 pub const REDLOCK_MUX_VERSION_MINOR: u32 = 1;
 /// The patch version of the library.
 pub const REDLOCK_MUX_VERSION_PATCH: u32 = 0;

@@ -75,6 +75,12 @@ fn build_staticlib() -> PathBuf {
 /// Compiles `tests/c/<name>.c` into a fresh executable (named after `tag`, so that tests
 /// running in parallel do not share one) and returns its path.
 fn compile(name: &str, tag: &str) -> PathBuf {
+    compile_with(name, tag, &[])
+}
+
+/// As `compile`, with more compiler flags (given before the sources, so that they apply to the
+/// link too).
+fn compile_with(name: &str, tag: &str, flags: &[&str]) -> PathBuf {
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c-api");
     std::fs::create_dir_all(&out_dir).expect("create the output directory");
     let exe = out_dir.join(format!("{name}-{tag}"));
@@ -89,6 +95,7 @@ fn compile(name: &str, tag: &str) -> PathBuf {
             "-g",
             "-O1",
         ])
+        .args(flags)
         .arg("-I")
         .arg(root().join("include"))
         .arg("-I")
@@ -203,6 +210,50 @@ fn c_api_tests_pass_under_valgrind() {
         "{}",
         show(&output)
     );
+}
+
+/// The C programs built with AddressSanitizer and UndefinedBehaviorSanitizer
+/// (`-fsanitize=address,undefined`, with `cc` or `$CC`: gcc or clang), linked against the static
+/// library: every allocation of the library goes through the instrumented malloc, so a handle
+/// freed twice, a buffer overrun in C, a leak at exit (LeakSanitizer) or undefined behaviour in
+/// the programs fails the run. The library's Rust code is not instrumented; valgrind covers it
+/// (above).
+#[test]
+fn c_programs_pass_under_address_and_undefined_behavior_sanitizers() {
+    const SANITIZE: &[&str] = &[
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+        "-fno-omit-frame-pointer",
+    ];
+    let cluster = RedisCluster::start(3).expect("start redis-server");
+    for name in ["api_test", "example", "fork"] {
+        let exe = compile_with(name, "sanitizers", SANITIZE);
+        let mut command = Command::new(exe);
+        if name == "fork" {
+            let marker = Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("fork-marker-sanitizers-{}", std::process::id()));
+            let _ = std::fs::remove_file(&marker);
+            command.arg(marker);
+        }
+        command
+            .args(cluster.urls())
+            .env("ASAN_OPTIONS", "detect_leaks=1:halt_on_error=1:exitcode=99")
+            .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1");
+        let output = run_bounded(command, Duration::from_secs(120));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && !stderr.contains("Sanitizer"),
+            "{name}.c under -fsanitize=address,undefined:\n{}",
+            show(&output)
+        );
+        if name == "api_test" {
+            assert!(
+                String::from_utf8_lossy(&output.stdout).contains(" passed, 0 failed"),
+                "{}",
+                show(&output)
+            );
+        }
+    }
 }
 
 #[test]
