@@ -37,7 +37,6 @@
 mod socket;
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -68,14 +67,24 @@ pub(crate) struct Shared {
     stats: Arc<Recorder>,
     /// The TLS configuration of `rediss://` nodes, when any node is one or TLS was set up.
     tls: Option<TlsContext>,
-    /// A thread sends again the releases of broken connections, while no caller runs.
-    resender: AtomicBool,
 }
 
 /// How long the thread that sends releases again runs at most, and how long it polls at a
-/// time.
+/// time; how long it stays (parked) once nothing is owed, and how often it looks meanwhile
+/// whether its client is gone.
 const RESEND_LIMIT: Duration = Duration::from_secs(10);
 const RESEND_POLL: Duration = Duration::from_millis(50);
+const RESEND_LINGER: Duration = Duration::from_secs(10);
+const RESEND_IDLE_LOOK: Duration = Duration::from_secs(1);
+
+/// The thread that drives the compare-and-deletes still owed while no caller runs.
+enum Resender {
+    None,
+    /// Spawned, not yet running.
+    Starting,
+    /// Running, or parked until a caller that finishes wakes it.
+    Running(Thread),
+}
 
 /// How long a caller waits at most without anything scheduled, before it looks again.
 const IDLE_LOOK: Duration = Duration::from_millis(100);
@@ -122,6 +131,8 @@ struct Core {
     free: Vec<CallerId>,
     /// Kept between finishes, for the threads a finishing caller unparks.
     unparked: Vec<Thread>,
+    /// This process's resender thread (a child after `fork()` starts with none).
+    resender: Resender,
 }
 
 impl Shared {
@@ -136,7 +147,6 @@ impl Shared {
             config,
             stats,
             tls,
-            resender: AtomicBool::new(false),
         })
     }
 
@@ -455,12 +465,20 @@ impl Session<'_> {
         };
         let next = core.finish(slot, run);
         let resend = core.needs_resender(Instant::now());
+        let (resender, start) = match (&core.resender, resend) {
+            (_, false) | (Resender::Starting, true) => (None, false),
+            (Resender::Running(t), true) => (Some(t.clone()), false),
+            (Resender::None, true) => {
+                core.resender = Resender::Starting;
+                (None, true)
+            }
+        };
         drop(core);
         // Those it posted to on its last step are woken too.
-        for t in self.wakeups.drain(..).chain(next) {
+        for t in self.wakeups.drain(..).chain(next).chain(resender) {
             t.unpark();
         }
-        if resend {
+        if start {
             Shared::start_resender(shared);
         }
         drop(registration);
@@ -470,24 +488,54 @@ impl Session<'_> {
 }
 
 impl Shared {
-    /// Starts the thread that sends again, on new connections, the releases (and cleanups)
-    /// that broken connections owed, when no caller is left to drive them: a release that
-    /// returned at its quorum must still reach the other nodes. The thread leads the polling
-    /// like any caller, and ends once they are sent and answered (10 s at most: what is left
-    /// goes with the next operation, or when the client is closed).
+    /// Starts the thread that sees through the releases (and cleanups) still owed when no
+    /// caller is left to drive them: a release that returned at its quorum must still reach
+    /// the other nodes, be sent again on a new connection if its own broke, with its script's
+    /// body if its node answers `NOSCRIPT`, or after a moment if it answers `BUSY`. The thread
+    /// leads the polling like any caller while something is owed (10 s at a time); then it
+    /// stays parked, holding no reference to the client, until a caller that finishes with
+    /// something owed wakes it, and ends once nothing was owed for [`RESEND_LINGER`] or the
+    /// client is gone. So a steady flow of releases starts one thread, not one per release.
     fn start_resender(this: &Arc<Shared>) {
-        if this.resender.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let shared = this.clone();
+        let weak = Arc::downgrade(this);
         let started = thread::Builder::new()
             .name("redlock-mux-resend".into())
-            .spawn(move || {
-                shared.resend();
-                shared.resender.store(false, Ordering::Release);
-            });
+            .spawn(move || Shared::resender(weak));
         if started.is_err() {
-            this.resender.store(false, Ordering::Release);
+            this.lock().resender = Resender::None;
+        }
+    }
+
+    /// The resender thread (see [`start_resender`](Self::start_resender)).
+    fn resender(weak: std::sync::Weak<Shared>) {
+        let mut idle_since = Instant::now();
+        loop {
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            let mut core = shared.lock();
+            let now = Instant::now();
+            if core.pid != std::process::id() {
+                return;
+            }
+            if !matches!(core.resender, Resender::Running(_)) {
+                core.resender = Resender::Running(thread::current());
+            }
+            let wanted = core.needs_resender(now);
+            if !wanted && now.saturating_duration_since(idle_since) >= RESEND_LINGER {
+                core.resender = Resender::None;
+                return;
+            }
+            drop(core);
+            if wanted {
+                shared.resend();
+                idle_since = Instant::now();
+                continue;
+            }
+            // Parked without a reference: dropping the client's last handle closes it there
+            // and then, as if this thread did not exist.
+            drop(shared);
+            thread::park_timeout(RESEND_IDLE_LOOK);
         }
     }
 
@@ -563,6 +611,7 @@ impl Core {
             callers: Vec::new(),
             free: Vec::new(),
             unparked: Vec::new(),
+            resender: Resender::None,
         })
     }
 
