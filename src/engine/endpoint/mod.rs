@@ -42,6 +42,12 @@
 //!   node's next connection, until what it deletes has expired anyway. The connection broke on
 //!   the server's side (it was closed, reset or found dead), so no command of the old
 //!   connection can still run after it.
+//! - **Releases survive a refusal that passes.** A compare-and-delete answered `NOSCRIPT` is
+//!   sent again at once with its script's body; one answered `BUSY`, `TRYAGAIN` or `LOADING`
+//!   (it did not run) is sent again on the same connection after a short backoff, until
+//!   what it deletes has expired anyway. Every compare-and-delete not answered yet asks to be
+//!   seen through while no caller runs ([`needs_tending`](Endpoint::needs_tending)): only
+//!   reading its reply tells whether it ran.
 //! - **Duplicate servers.** Two nodes whose setups report the same `run_id` are one server
 //!   reached twice: the later one's setup fails as a configuration error. (The links of one
 //!   cluster member may reach one server twice; two members may not share one.)
