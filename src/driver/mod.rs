@@ -133,6 +133,8 @@ struct Core {
     unparked: Vec<Thread>,
     /// This process's resender thread (a child after `fork()` starts with none).
     resender: Resender,
+    /// A close waits for the poller: the resender, if it polls, hands it back and stops.
+    close_wanted: bool,
 }
 
 impl Shared {
@@ -218,7 +220,21 @@ impl Shared {
     /// `Endpoint::begin_close`). Returns the nodes left with releases that are not known to
     /// have reached them.
     pub fn close(&self) -> Vec<usize> {
-        self.lock_here().settle()
+        let mut core = self.lock_here();
+        // The resender thread may be polling: woken, it hands the poller back and stops (see
+        // `resend`). Bounded: another caller that leads keeps it for its own operation.
+        let until = Instant::now() + 4 * RESEND_POLL;
+        while core.poll.is_none() && Instant::now() < until {
+            core.close_wanted = true;
+            if let Some(waker) = &core.waker {
+                let _ = waker.wake();
+            }
+            drop(core);
+            thread::park_timeout(Duration::from_millis(1));
+            core = self.lock_here();
+        }
+        core.close_wanted = false;
+        core.settle()
     }
 
     /// A caller slot for this thread, for one or more operations in a row.
@@ -521,7 +537,7 @@ impl Shared {
             if !matches!(core.resender, Resender::Running(_)) {
                 core.resender = Resender::Running(thread::current());
             }
-            let wanted = core.needs_resender(now);
+            let wanted = core.needs_resender(now) && !core.close_wanted;
             if !wanted && now.saturating_duration_since(idle_since) >= RESEND_LINGER {
                 core.resender = Resender::None;
                 return;
@@ -548,7 +564,7 @@ impl Shared {
         let run = core.ep.begin(slot);
         loop {
             let now = Instant::now();
-            if now >= until || !core.ep.needs_tending(now) {
+            if now >= until || core.close_wanted || !core.ep.needs_tending(now) {
                 break;
             }
             core.timers(now);
@@ -612,6 +628,7 @@ impl Core {
             free: Vec::new(),
             unparked: Vec::new(),
             resender: Resender::None,
+            close_wanted: false,
         })
     }
 
