@@ -56,6 +56,10 @@ pub(crate) enum Target<'a> {
     Unix(&'a Path),
 }
 
+/// The longest Unix socket path the system takes: `sun_path` less its terminating NUL (108
+/// bytes on Linux, 104 on the BSDs and macOS).
+const MAX_UNIX_PATH: usize = if cfg!(target_os = "linux") { 107 } else { 103 };
+
 fn bad(url: &str, reason: &'static str) -> InvalidArgument {
     InvalidArgument::BadUrl {
         url: redact(url),
@@ -478,6 +482,14 @@ impl NodeAddr {
         let decoded =
             String::from_utf8(decoded).map_err(|_| bad(url, "the socket path is not UTF-8"))?;
         let path = PathBuf::from(format!("/{decoded}"));
+        if path.as_os_str().len() > MAX_UNIX_PATH {
+            // No connect could ever take it (`sun_path` is that long, with its NUL).
+            return Err(bad(
+                url,
+                "the socket path is too long for the system (at most 107 bytes on Linux, 103 \
+                 elsewhere)",
+            ));
+        }
         let q = match query {
             Some(q) => parse_query(url, q, true)?,
             None => Query::default(),

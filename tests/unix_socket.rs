@@ -154,3 +154,52 @@ fn two_nodes_naming_one_socket_are_duplicates() {
         }
     }
 }
+
+/// A socket path longer than the system's `sun_path` holds (107 bytes and the NUL on Linux) can
+/// never be connected to: it is a bad URL at `build()`, not a wait on every lock.
+#[test]
+fn a_socket_path_longer_than_the_system_allows_is_refused_at_build() {
+    let limit = if cfg!(target_os = "linux") { 107 } else { 103 };
+    let dir = tempdir::Dir::new();
+    // A path of exactly `len` bytes under the test's own directory.
+    let path_of = |len: usize| {
+        let base = dir.path.join("s");
+        let base = base.to_str().unwrap().to_owned();
+        assert!(base.len() < len, "{base}");
+        format!("{base}{}", "x".repeat(len - base.len()))
+    };
+    for len in [limit + 1, limit + 2, 300] {
+        let path = path_of(len);
+        assert_eq!(path.len(), len);
+        for url in [
+            format!("unix://{path}"),
+            format!("redis+unix://{path}?db=1"),
+        ] {
+            let started = std::time::Instant::now();
+            match Client::builder().nodes([url.as_str()]).build() {
+                Err(Error::InvalidArgument(InvalidArgument::BadUrl { url: u, reason })) => {
+                    assert_eq!(u, url);
+                    assert!(reason.contains("too long"), "{reason}");
+                }
+                other => panic!("{len} bytes: {url}: expected BadUrl, got {other:?}"),
+            }
+            assert!(started.elapsed() < Duration::from_secs(1));
+        }
+        // Percent-escapes count as the bytes they stand for.
+        let escaped = format!("unix://{}", path.replacen('x', "%78", 5));
+        assert!(
+            matches!(
+                Client::builder().nodes([escaped.as_str()]).build(),
+                Err(Error::InvalidArgument(InvalidArgument::BadUrl { .. }))
+            ),
+            "{escaped}"
+        );
+    }
+    // The longest path the system takes is a valid URL (nothing listens there: the client
+    // is built, its lock would fail on the connect).
+    let longest = format!("unix://{}", path_of(limit));
+    Client::builder()
+        .nodes([longest.as_str()])
+        .build()
+        .expect("a path of the longest length the system takes");
+}

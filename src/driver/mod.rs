@@ -41,7 +41,6 @@
 mod socket;
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -79,14 +78,24 @@ pub(crate) struct Shared {
 /// A client's connections in one process.
 struct Local {
     core: Mutex<Core>,
-    /// A thread sends again the releases of broken connections, while no caller runs.
-    resender: AtomicBool,
 }
 
 /// How long the thread that sends releases again runs at most, and how long it polls at a
-/// time.
+/// time; how long it stays (parked) once nothing is owed, and how often it looks meanwhile
+/// whether its client is gone.
 const RESEND_LIMIT: Duration = Duration::from_secs(10);
 const RESEND_POLL: Duration = Duration::from_millis(50);
+const RESEND_LINGER: Duration = Duration::from_secs(10);
+const RESEND_IDLE_LOOK: Duration = Duration::from_secs(1);
+
+/// The thread that drives the compare-and-deletes still owed while no caller runs.
+enum Resender {
+    None,
+    /// Spawned, not yet running.
+    Starting,
+    /// Running, or parked until a caller that finishes wakes it.
+    Running(Thread),
+}
 
 /// How long a caller waits at most without anything scheduled, before it looks again.
 const IDLE_LOOK: Duration = Duration::from_millis(100);
@@ -142,6 +151,8 @@ struct Core {
     close_left: Vec<usize>,
     /// Kept between flushes and late reads: the connections (or nodes) to go through.
     bits: Bits,
+    /// This process's resender thread (a child after `fork()` starts with none).
+    resender: Resender,
 }
 
 impl Shared {
@@ -282,7 +293,6 @@ impl Local {
     fn new(core: Core) -> Local {
         Local {
             core: Mutex::new(core),
-            resender: AtomicBool::new(false),
         }
     }
 
@@ -505,12 +515,21 @@ impl Session<'_> {
         };
         let next = core.finish(slot, run);
         let resend = core.needs_resender(Instant::now());
+        let (resender, start) = match (&core.resender, resend) {
+            (_, false) | (Resender::Starting, true) => (None, false),
+            (Resender::Running(t), true) => (Some(t.clone()), false),
+            (Resender::None, true) => {
+                core.resender = Resender::Starting;
+                (None, true)
+            }
+        };
         drop(core);
-        // Those it posted to on its last step are woken too.
-        for t in self.wakeups.drain(..).chain(next) {
+        // Those it posted to on its last step are woken too, and the resender when something
+        // is owed.
+        for t in self.wakeups.drain(..).chain(next).chain(resender) {
             t.unpark();
         }
-        if resend {
+        if start {
             Shared::start_resender(shared, local);
         }
         drop(registration);
@@ -520,29 +539,59 @@ impl Session<'_> {
 }
 
 impl Shared {
-    /// Starts the thread that sends again, on new connections, the releases (and cleanups)
-    /// that broken connections owed, and follows the redirections of those a cluster member
-    /// still owes a reply to, when no caller is left to drive them: a release that returned at
-    /// its quorum must still reach the other nodes. The thread leads the polling
-    /// like any caller, and ends once they are sent and answered (10 s at most: what is left
-    /// goes with the next operation, or when the client is closed).
+    /// Starts the thread that sees through the releases (and cleanups) still owed when no
+    /// caller is left to drive them: a release that returned at its quorum must still reach
+    /// the other nodes, be sent again on a new connection if its own broke, with its script's
+    /// body if its node answers `NOSCRIPT`, after a moment if it answers `BUSY`, or to the
+    /// master named by a `MOVED` or `ASK` on a cluster member. The thread leads the polling
+    /// like any caller while something is owed (10 s at a time); then it stays parked, holding
+    /// no reference to the client, until a caller that finishes with something owed wakes it,
+    /// and ends once nothing was owed for [`RESEND_LINGER`] or the client is gone. So a steady
+    /// flow of releases starts one thread, not one per release. It runs in the process that
+    /// started it (threads do not cross a `fork()`), on that process's connections.
     fn start_resender(this: &Arc<Shared>, local: &Local) {
-        if local.resender.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let shared = this.clone();
+        let weak = Arc::downgrade(this);
         let started = thread::Builder::new()
             .name("redlock-mux-resend".into())
-            .spawn(move || {
-                // The thread runs in the process that started it: `here` is `local`.
-                if let Ok(session) = Shared::session(&shared) {
-                    let local = session.local;
-                    session.resend();
-                    local.resender.store(false, Ordering::Release);
-                }
-            });
+            .spawn(move || Shared::resender(weak));
         if started.is_err() {
-            local.resender.store(false, Ordering::Release);
+            local.lock().resender = Resender::None;
+        }
+    }
+
+    /// The resender thread (see [`start_resender`](Self::start_resender)).
+    fn resender(weak: std::sync::Weak<Shared>) {
+        let mut idle_since = Instant::now();
+        loop {
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            let Ok(local) = shared.here() else {
+                return;
+            };
+            let mut core = local.lock();
+            let now = Instant::now();
+            if !matches!(core.resender, Resender::Running(_)) {
+                core.resender = Resender::Running(thread::current());
+            }
+            let wanted = core.needs_resender(now);
+            if !wanted && now.saturating_duration_since(idle_since) >= RESEND_LINGER {
+                core.resender = Resender::None;
+                return;
+            }
+            drop(core);
+            if wanted {
+                let Ok(session) = Shared::session(&shared) else {
+                    return;
+                };
+                session.resend();
+                idle_since = Instant::now();
+                continue;
+            }
+            // Parked without a reference: dropping the client's last handle closes it there
+            // and then, as if this thread did not exist.
+            drop(shared);
+            thread::park_timeout(RESEND_IDLE_LOOK);
         }
     }
 }
@@ -666,6 +715,7 @@ impl Core {
             closes: 0,
             close_left: Vec::new(),
             bits: Bits::with_room(2 * n),
+            resender: Resender::None,
         })
     }
 

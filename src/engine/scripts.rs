@@ -512,6 +512,15 @@ pub static SCRIPTS: &[&Script] = &[
     &SEM_RELEASE,
 ];
 
+/// The script of ours, or its variant that announces with `SPUBLISH`, whose digest is `sha`.
+pub fn by_sha(sha: &[u8]) -> Option<&'static Script> {
+    SCRIPTS
+        .iter()
+        .flat_map(|s| [Some(*s), s.sharded])
+        .flatten()
+        .find(|s| s.sha[..] == *sha)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::setup::{self, Server, Setup};
 use crate::engine::machine::Tag;
 use crate::error::NodeErrorKind;
-use crate::resp::{self, Limits, Reply, Status};
+use crate::resp::{self, Limits, Reply, ServerErrorKind, Status};
 use crate::url::NodeAddr;
 
 /// How many replies a connection may owe before it takes no more commands: every thread of a
@@ -35,8 +35,6 @@ pub(crate) struct Redo {
     pub len: u32,
     /// How many commands come before the one whose reply is the vote (`MULTI` ...).
     pub before: u32,
-    /// It is being sent again: an earlier connection broke before it was answered.
-    pub resent: bool,
 }
 
 /// What a reply in the queue is for.
@@ -74,7 +72,7 @@ pub(crate) enum Slot {
 }
 
 impl Slot {
-    fn redo(&self) -> Option<Redo> {
+    pub fn redo(&self) -> Option<Redo> {
         match *self {
             Slot::Reply { redo, .. } | Slot::Discard { redo } => redo,
             _ => None,
@@ -137,6 +135,8 @@ pub(crate) struct Conn {
     /// Which of the node's addresses the connect in progress is to (a host name may resolve
     /// to several; a connect that fails moves on to the next).
     pub trying: usize,
+    /// How many replies this connection (and those before it) have read, in all.
+    pub read: u64,
 }
 
 impl Conn {
@@ -162,6 +162,7 @@ impl Conn {
             redo_head: 0,
             learnt: Server::default(),
             trying: 0,
+            read: 0,
         }
     }
 
@@ -244,16 +245,6 @@ impl Conn {
             Slot::Reply { sent, .. } => Some(*sent),
             _ => None,
         })
-    }
-
-    /// The latest `until` of the compare-and-deletes sent again on this connection (after an
-    /// earlier one broke) and not answered yet, if any is.
-    pub fn resent_until(&self) -> Option<Instant> {
-        self.owed
-            .iter()
-            .filter_map(|s| s.redo().filter(|r| r.resent))
-            .map(|r| r.until)
-            .max()
     }
 
     /// The latest `until` of the compare-and-deletes still owed, if any is.
@@ -341,7 +332,6 @@ impl Conn {
                 until,
                 len: bytes.len() as u32,
                 before: before as u32,
-                resent: false,
             }
         });
         // A topology read is the same whatever the server offers.
@@ -354,10 +344,6 @@ impl Conn {
     pub fn queue_redo(&mut self, slot: Slot, redo: Redo, bytes: &[u8]) {
         self.queue_buf().extend_from_slice(bytes);
         keep(&mut self.redo, bytes);
-        let redo = Redo {
-            resent: true,
-            ..redo
-        };
         self.push_slots(slot, redo.before as usize, Some(redo));
     }
 
@@ -481,8 +467,9 @@ impl Conn {
         self.inp_end = (self.inp_end + n).min(self.inp.len());
     }
 
-    /// Frames every complete reply received and hands each, with the slot it answers and its
-    /// bytes, to `handle`; setup replies are checked here (and teach [`learnt`](Self::learnt)).
+    /// Frames every complete reply received and hands each, with the slot it answers, its
+    /// bytes and, for a compare-and-delete, the bytes of its commands (else nothing), to
+    /// `handle`; setup replies are checked here (and teach [`learnt`](Self::learnt)).
     /// Returns `Ok(true)` when this call answered the last setup reply: the caller then looks
     /// at what the setup said, and [`release_held`](Self::release_held)s what waited behind it.
     ///
@@ -491,7 +478,7 @@ impl Conn {
     pub fn take_replies(
         &mut self,
         limits: &Limits,
-        mut handle: impl FnMut(Slot, &[u8]),
+        mut handle: impl FnMut(Slot, &[u8], &[u8]),
     ) -> Result<bool, NodeErrorKind> {
         let mut set_up = false;
         loop {
@@ -513,6 +500,7 @@ impl Conn {
                 }
             };
             let bytes = &input[..used];
+            self.read += 1;
             let slot = match self.owed.pop_front() {
                 Some(slot) => {
                     self.unwritten = self.unwritten.min(self.owed.len());
@@ -522,18 +510,8 @@ impl Conn {
                 None if !self.commands => Slot::Push,
                 None => return Err(NodeErrorKind::UnexpectedReply),
             };
-            if let Some(redo) = slot.redo() {
-                self.redo_head += redo.len as usize;
-                if self.redo_head >= self.redo.len() {
-                    self.redo.clear();
-                    self.redo_head = 0;
-                } else if self.redo_head * 2 >= self.redo.len() {
-                    // Half of it answered: the rest moves to the front, so the buffer stays
-                    // as large as the most ever owed at once, never more.
-                    self.redo.drain(..self.redo_head);
-                    self.redo_head = 0;
-                }
-            }
+            let redo_len = slot.redo().map_or(0, |r| r.len as usize);
+            let command = self.redo_head..(self.redo_head + redo_len).min(self.redo.len());
             match slot {
                 Slot::Setup(step) => {
                     let reply = decoded(bytes, limits)?;
@@ -554,14 +532,26 @@ impl Conn {
                         self.before_error.extend_from_slice(bytes);
                     }
                 }
-                Slot::Reply { .. }
+                Slot::Reply { .. } | Slot::Discard { .. }
                     if !self.before_error.is_empty() && bytes.starts_with(b"-EXECABORT") =>
                 {
                     // The transaction was discarded because a command in it was refused: the
                     // refusal is what the vote reports.
-                    handle(slot, &self.before_error);
+                    handle(slot, &self.before_error, &self.redo[command]);
                 }
-                _ => handle(slot, bytes),
+                _ => handle(slot, bytes, &self.redo[command]),
+            }
+            if slot.redo().is_some() {
+                self.redo_head += redo_len;
+                if self.redo_head >= self.redo.len() {
+                    self.redo.clear();
+                    self.redo_head = 0;
+                } else if self.redo_head * 2 >= self.redo.len() {
+                    // Half of it answered: the rest moves to the front, so the buffer stays
+                    // as large as the most ever owed at once, never more.
+                    self.redo.drain(..self.redo_head);
+                    self.redo_head = 0;
+                }
             }
             if !matches!(slot, Slot::Before) {
                 self.before_error.clear();
@@ -644,6 +634,79 @@ fn keep(redo: &mut Vec<u8>, bytes: &[u8]) {
         redo.reserve(redo.len().max(4 * bytes.len()));
     }
     redo.extend_from_slice(bytes);
+}
+
+/// Why a node did not run a compare-and-delete it answered, when that is worth repeating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// `NOSCRIPT`: its script cache was flushed; sent again at once with the script's body.
+    NoScript,
+    /// `BUSY` (a script running), `TRYAGAIN` (a slot mid-migration), `LOADING` (a restart
+    /// loading its data): it did nothing, and may do it a moment later.
+    Transient,
+}
+
+impl Refused {
+    /// What `reply`, one framed reply, says of the compare-and-delete it answers.
+    pub fn of(reply: &[u8]) -> Option<Refused> {
+        let message = reply.strip_prefix(b"-")?;
+        let message = message.strip_suffix(b"\r\n").unwrap_or(message);
+        match ServerErrorKind::of(message) {
+            ServerErrorKind::NoScript => Some(Refused::NoScript),
+            ServerErrorKind::Busy | ServerErrorKind::TryAgain | ServerErrorKind::Loading => {
+                Some(Refused::Transient)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// `commands` (whole RESP arrays of bulk strings, as the client writes them) with every
+/// `EVALSHA` of a script of ours made the `EVAL` of its body: what a node that answered
+/// `NOSCRIPT` is sent again. `None` when there was nothing to rewrite (or the bytes are not
+/// such commands).
+pub(crate) fn with_bodies(commands: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(commands.len() + 1024);
+    let mut rest = commands;
+    let mut rewrote = false;
+    while !rest.is_empty() {
+        let (n, after) = number(rest.strip_prefix(b"*")?)?;
+        let mut args: [&[u8]; 2] = [&[], &[]];
+        let mut at = after;
+        let mut first_two_end = 0;
+        for k in 0..n {
+            let (len, after) = number(at.strip_prefix(b"$")?)?;
+            let arg = after.get(..len)?;
+            at = after.get(len..)?.strip_prefix(b"\r\n")?;
+            if let Some(a) = args.get_mut(k) {
+                *a = arg;
+                first_two_end = rest.len() - at.len();
+            }
+        }
+        let used = rest.len() - at.len();
+        let script = (n >= 2 && args[0].eq_ignore_ascii_case(b"EVALSHA"))
+            .then(|| crate::engine::scripts::by_sha(args[1]))
+            .flatten();
+        match script {
+            Some(script) => {
+                crate::resp::write_array_len(&mut out, n);
+                crate::resp::write_bulk(&mut out, b"EVAL");
+                crate::resp::write_bulk(&mut out, script.body.as_bytes());
+                out.extend_from_slice(&rest[first_two_end..used]);
+                rewrote = true;
+            }
+            None => out.extend_from_slice(&rest[..used]),
+        }
+        rest = at;
+    }
+    rewrote.then_some(out)
+}
+
+/// The decimal number that `bytes` starts with, up to its CRLF, and what follows.
+fn number(bytes: &[u8]) -> Option<(usize, &[u8])> {
+    let end = bytes.iter().position(|&b| b == b'\r')?;
+    let n = std::str::from_utf8(&bytes[..end]).ok()?.parse().ok()?;
+    Some((n, bytes[end..].strip_prefix(b"\r\n")?))
 }
 
 /// `bytes`, one complete reply already framed, decoded.

@@ -43,6 +43,12 @@
 //!   the server's side (it was closed, reset or found dead), so no command of the old
 //!   connection can still run after it. On a cluster member, it goes to the master that serves
 //!   its key's slot once the topology is read again, which may not be the one it was sent to.
+//! - **Releases survive a refusal that passes.** A compare-and-delete answered `NOSCRIPT` is
+//!   sent again at once with its script's body; one answered `BUSY`, `TRYAGAIN` or `LOADING`
+//!   (it did not run) is sent again on the same connection after a short backoff, until
+//!   what it deletes has expired anyway. Every compare-and-delete not answered yet asks to be
+//!   seen through while no caller runs ([`needs_tending`](Endpoint::needs_tending)): only
+//!   reading its reply tells whether it ran.
 //! - **Duplicate servers.** Two nodes whose setups report the same `run_id` are one server
 //!   reached twice: the later one's setup fails as a configuration error. (The links of one
 //!   cluster member may reach one server twice; two members may not share one.)
@@ -80,7 +86,7 @@ use crate::url::{NodeAddr, Target};
 
 pub(crate) use bits::Bits;
 use cluster::{Kept, Topology};
-use conn::{Conn, Redo, Slot, MAX_OWED};
+use conn::{Conn, Redo, Refused, Slot, BACKOFF_MAX, BACKOFF_MIN, MAX_OWED};
 pub(crate) use mail::Event;
 use mail::Mail;
 use setup::{Server, Setup};
@@ -148,9 +154,14 @@ struct Node {
     server: Server,
     /// A setup of this node has completed (or another endpoint's, adopted).
     known: bool,
-    /// Compare-and-deletes of broken connections, with their bytes in `retry_bytes`, in order.
+    /// Compare-and-deletes of broken connections, with their bytes in `retry_bytes`, in order;
+    /// and those the node refused for a while (see [`Refused::Transient`]).
     retries: Vec<Retry>,
     retry_bytes: Vec<u8>,
+    /// While the connection is up: when the refused compare-and-deletes among `retries` go on
+    /// it again, and the wait before the next such try.
+    again_at: Option<Instant>,
+    again_backoff: Duration,
     /// The tokens of the last acquisition attempts that were not sent here (failed at once):
     /// their cleanups have nothing to delete here.
     unsent: [Option<Token>; UNSENT],
@@ -234,8 +245,6 @@ pub(crate) struct Endpoint {
     closing: Option<Closing>,
     /// When the last close gave up at the latest, while no operation began since.
     closed_until: Option<Instant>,
-    /// When a command connection last broke (not a failed connect).
-    troubled: Option<Instant>,
     /// The connections (by [`ConnId::index`]) that may have bytes to write since the shell
     /// last asked ([`take_dirty`](Endpoint::take_dirty)).
     dirty: Bits,
@@ -260,9 +269,17 @@ struct Redirected {
     reply: Vec<u8>,
 }
 
-/// How long after a connection broke the endpoint still asks for the compare-and-deletes that
-/// callers leave unanswered to be seen through (see [`Endpoint::needs_tending`]).
-const TROUBLE_MEMORY: Duration = Duration::from_secs(10);
+/// A compare-and-delete that its node answered without running it (see [`Refused`]), to send
+/// again once the replies read with it are routed.
+struct Refusal {
+    slot: Slot,
+    kind: Refused,
+    /// Its commands' bytes, and how many replies come before its own.
+    command: Vec<u8>,
+    before: usize,
+    /// The reply: what the owner is given if it is not sent again.
+    reply: Vec<u8>,
+}
 
 /// How long closing waits at most for the nodes to answer what they were sent, and how long
 /// without any answer before it gives up on those that still owe.
@@ -293,6 +310,8 @@ impl Endpoint {
                     known: false,
                     retries: Vec::new(),
                     retry_bytes: Vec::new(),
+                    again_at: None,
+                    again_backoff: BACKOFF_MIN,
                     unsent: [None; UNSENT],
                     unsent_next: 0,
                 })
@@ -311,7 +330,6 @@ impl Endpoint {
             next_run: 1,
             closing: None,
             closed_until: None,
-            troubled: None,
             dirty: Bits::with_room(2 * n),
             free: Vec::new(),
             config,
@@ -652,6 +670,8 @@ impl Endpoint {
             known: false,
             retries: Vec::new(),
             retry_bytes: Vec::new(),
+            again_at: None,
+            again_backoff: BACKOFF_MIN,
             unsent: [None; UNSENT],
             unsent_next: 0,
         };
@@ -981,7 +1001,6 @@ impl Endpoint {
                         until: redo.until,
                         len: r.bytes.len() as u32,
                         before: r.before as u32,
-                        resent: false,
                     },
                 });
             }
@@ -1018,6 +1037,83 @@ impl Endpoint {
         });
     }
 
+    /// The compare-and-deletes that node `i` answered without running them stay owed, as long
+    /// as what they delete may still be there: one answered `NOSCRIPT` goes again at once with
+    /// its script's body; one refused for a while (`BUSY`, `TRYAGAIN`, `LOADING`) goes again
+    /// after a short backoff that doubles while the node refuses (see
+    /// [`handle_timeout`](Self::handle_timeout)). An owner still waiting gets the reply that
+    /// is finally given, or its node timeout, as for a release kept after a broken
+    /// connection; one not sent again (expired, or nothing to rewrite) gives its owner the
+    /// reply as it came.
+    ///
+    /// While the client closes, replies that were all such refusals are no progress: a node
+    /// that refuses what it owes for as long as closing waits is one it gives up on.
+    fn owe_again(
+        &mut self,
+        i: usize,
+        refusals: Vec<Refusal>,
+        was: Option<(Instant, u64)>,
+        now: Instant,
+    ) {
+        if refusals.is_empty() {
+            return;
+        }
+        if let (Some(c), Some((progress, read))) = (&mut self.closing, was) {
+            if self.nodes[i].cmd.read - read <= refusals.len() as u64 {
+                c.progress = progress;
+            }
+        }
+        let member = self.nodes[i].member;
+        let cluster = self.topo[member].is_some();
+        let mut refused = false;
+        for r in refusals {
+            let Some(redo) = r.slot.redo() else {
+                continue;
+            };
+            let bytes = match r.kind {
+                _ if redo.until <= now => None,
+                Refused::NoScript => conn::with_bodies(&r.command),
+                Refused::Transient => Some(r.command),
+            };
+            let Some(bytes) = bytes else {
+                if let Slot::Reply {
+                    caller, run, tag, ..
+                } = r.slot
+                {
+                    self.mail
+                        .post_reply(caller as usize, run, member, tag, &r.reply);
+                }
+                continue;
+            };
+            let redo = Redo {
+                len: bytes.len() as u32,
+                before: r.before as u32,
+                ..redo
+            };
+            let node = &mut self.nodes[i];
+            if r.kind == Refused::NoScript && node.cmd.is_up() {
+                node.cmd.queue_redo(r.slot, redo, &bytes);
+                if cluster {
+                    node.kept.push(&bytes, r.before, 0, false);
+                }
+                self.touch(ConnId {
+                    node: i,
+                    sub: false,
+                });
+                continue;
+            }
+            node.retry_bytes.extend_from_slice(&bytes);
+            node.retries.push(Retry { slot: r.slot, redo });
+            refused |= r.kind == Refused::Transient;
+        }
+        // (Those kept for a connection that broke meanwhile go on its next one.)
+        let node = &mut self.nodes[i];
+        if refused && node.again_at.is_none() {
+            node.again_at = Some(now + node.again_backoff);
+            node.again_backoff = (node.again_backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
     /// Keeps the compare-and-delete `t` for node `i`'s next connection.
     fn retry_later<M: Machine>(&mut self, i: usize, t: &Transmit, m: &M, until: Instant) {
         let node = &mut self.nodes[i];
@@ -1032,7 +1128,6 @@ impl Endpoint {
                 until,
                 len: (node.retry_bytes.len() - start) as u32,
                 before: before as u32,
-                resent: false,
             },
         });
     }
@@ -1085,6 +1180,15 @@ impl Endpoint {
             node: i,
             sub: false,
         }));
+        self.requeue(i, why, now);
+    }
+
+    /// Queues on node `i`'s command connection (up, or just started) the compare-and-deletes
+    /// kept for it, those still worth sending; the owners still waiting for the others hear
+    /// `why` they were not sent.
+    fn requeue(&mut self, i: usize, why: NodeErrorKind, now: Instant) {
+        let node = &mut self.nodes[i];
+        node.again_at = None;
         let mut at = 0;
         for r in node.retries.drain(..) {
             let end = at + r.redo.len as usize;
@@ -1274,20 +1378,22 @@ impl Endpoint {
     /// callers of its channel).
     pub fn handle_recv(&mut self, id: ConnId, n: usize, now: Instant) {
         self.conn(id).received(n);
+        let was = self.closing.map(|c| (c.progress, self.conn(id).read));
         let limits = self.config.limits;
         let i = id.node;
         let member = self.nodes[i].member;
         if !id.sub && self.topo[member].is_some() {
-            return self.handle_recv_cluster(i, now);
+            return self.handle_recv_cluster(i, was, now);
         }
         if let Some(c) = &mut self.closing {
             c.progress = now;
         }
         let mut pushes = Vec::new();
+        let mut refusals = Vec::new();
         let result = if id.sub {
             let channels = &mut self.channels;
             let mail = &mut self.mail;
-            self.nodes[i].sub.take_replies(&limits, |_, bytes| {
+            self.nodes[i].sub.take_replies(&limits, |_, bytes, _| {
                 match channels.handle_push(i, member, bytes, &limits, mail) {
                     Push::Nothing => {}
                     push => pushes.push(push),
@@ -1296,7 +1402,25 @@ impl Endpoint {
         } else {
             let mail = &mut self.mail;
             let stats = &self.stats;
-            self.nodes[i].cmd.take_replies(&limits, |slot, bytes| {
+            let refusals = &mut refusals;
+            let Node {
+                cmd, again_backoff, ..
+            } = &mut self.nodes[i];
+            cmd.take_replies(&limits, |slot, bytes, command| {
+                if let Some(redo) = slot.redo() {
+                    match Refused::of(bytes) {
+                        Some(kind) => {
+                            return refusals.push(Refusal {
+                                slot,
+                                kind,
+                                command: command.to_vec(),
+                                before: redo.before as usize,
+                                reply: bytes.to_vec(),
+                            })
+                        }
+                        None => *again_backoff = BACKOFF_MIN,
+                    }
+                }
                 if let Slot::Reply {
                     caller,
                     run,
@@ -1327,17 +1451,19 @@ impl Endpoint {
         for push in pushes {
             self.handle_sharded_push(i, push, now);
         }
+        self.owe_again(i, refusals, was, now);
     }
 
     /// [`handle_recv`](Self::handle_recv) for the command connection of `link`, a link of a
     /// cluster member: redirections are followed, topology replies read, and every other
     /// reply is routed to its caller as the member's.
-    fn handle_recv_cluster(&mut self, link: usize, now: Instant) {
+    fn handle_recv_cluster(&mut self, link: usize, was: Option<(Instant, u64)>, now: Instant) {
         let limits = self.config.limits;
         let member = self.nodes[link].member;
         let from = self.link_target(link);
         let mut topology: Vec<Vec<u8>> = Vec::new();
         let mut redirected: Vec<Redirected> = Vec::new();
+        let mut refusals: Vec<Refusal> = Vec::new();
         let replicas = self.config.nodes[member].wait;
         let mut down = false;
         // Anything but a topology read answered: the nodes move on with what they owe.
@@ -1348,9 +1474,10 @@ impl Endpoint {
             cmd,
             kept,
             awaiting,
+            again_backoff,
             ..
         } = &mut self.nodes[link];
-        let result = cmd.take_replies(&limits, |slot, bytes| match slot {
+        let result = cmd.take_replies(&limits, |slot, bytes, _| match slot {
             Slot::Topology => topology.push(bytes.to_vec()),
             // After a redirection, nothing waits for it.
             Slot::Wait => {
@@ -1406,6 +1533,21 @@ impl Endpoint {
                 } else {
                     None
                 };
+                if let (Some((b, before, _, _)), Some(_)) = (command, slot.redo()) {
+                    match Refused::of(bytes) {
+                        Some(kind) => {
+                            return refusals.push(Refusal {
+                                slot,
+                                kind,
+                                command: b.to_vec(),
+                                before,
+                                reply: bytes.to_vec(),
+                            })
+                        }
+                        None if to.is_none() => *again_backoff = BACKOFF_MIN,
+                        None => {}
+                    }
+                }
                 if let (Some((b, before, hops, wait)), Some(to)) = (command, to) {
                     redirected.push(Redirected {
                         to,
@@ -1459,6 +1601,7 @@ impl Endpoint {
         for r in redirected {
             self.follow(link, r, now);
         }
+        self.owe_again(link, refusals, was, now);
         if down {
             // The cluster is electing a master, or lost a slot's: read again soon.
             if let Some(topo) = self.topo[member].as_mut() {
@@ -1539,7 +1682,6 @@ impl Endpoint {
         }
         let member = self.nodes[i].member;
         if self.nodes[i].cmd.is_up() {
-            self.troubled = Some(now);
             self.stats.disconnect(member);
         }
         if let Some(topo) = self.topo[member].as_mut() {
@@ -1632,6 +1774,9 @@ impl Endpoint {
             consider(n.sub.connecting_since().map(|s| s + connect));
             if !n.retries.is_empty() {
                 consider(n.cmd.retry_at());
+                if !n.cmd.is_down() {
+                    consider(n.again_at);
+                }
                 // An owner waiting for a release kept to send again hears by its node timeout.
                 for r in &n.retries {
                     if let Slot::Reply {
@@ -1717,6 +1862,14 @@ impl Endpoint {
                 if expired {
                     node.retries.clear();
                     node.retry_bytes.clear();
+                    node.again_at = None;
+                } else if !node.cmd.is_down() && node.again_at.is_some_and(|t| t <= now) {
+                    // Refused a moment ago, on a connection that is still up: sent again.
+                    self.requeue(i, NodeErrorKind::Timeout, now);
+                    self.touch(ConnId {
+                        node: i,
+                        sub: false,
+                    });
                 } else {
                     self.connect_if_down(i, now);
                 }
@@ -1760,23 +1913,15 @@ impl Endpoint {
     }
 
     /// Whether compare-and-deletes need someone to drive the endpoint until they are
-    /// answered, even when no caller has an operation under way: those of a broken connection,
-    /// to send again (or sent again, not answered yet), every one not answered yet on a link of
-    /// a cluster member (its answer may be a `MOVED` or an `ASK`, to follow), and, while
-    /// connections have been breaking lately, every one not answered yet (its connection may be
-    /// closed already, and only reading it tells). Worth it only until what they delete
-    /// expires.
+    /// answered, even when no caller has an operation under way: those of a broken connection
+    /// or refused for a while, to send again, and every one not answered yet (its connection
+    /// may be closed already, its node may answer `NOSCRIPT` or `BUSY`, or, on a cluster
+    /// member, `MOVED` or `ASK`, and only reading it tells). Worth it only until what they
+    /// delete expires.
     pub fn needs_tending(&self, now: Instant) -> bool {
-        let troubled = self
-            .troubled
-            .is_some_and(|t| now.saturating_duration_since(t) < TROUBLE_MEMORY);
         self.nodes.iter().any(|n| {
-            let owed = if troubled || self.topo[n.member].is_some() {
-                n.cmd.redo_until()
-            } else {
-                n.cmd.resent_until()
-            };
-            n.retries.iter().any(|r| r.redo.until > now) || owed.is_some_and(|u| u > now)
+            n.retries.iter().any(|r| r.redo.until > now)
+                || n.cmd.redo_until().is_some_and(|u| u > now)
         })
     }
 

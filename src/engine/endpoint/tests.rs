@@ -41,6 +41,8 @@ struct Probe {
     sent: bool,
     replies: Vec<(usize, String)>,
     failures: Vec<(usize, NodeErrorKind)>,
+    /// Its command is the mutex release script by digest, as a lock sends it.
+    evalsha: bool,
 }
 
 impl Probe {
@@ -52,6 +54,7 @@ impl Probe {
             sent: false,
             replies: Vec::new(),
             failures: Vec::new(),
+            evalsha: false,
         }
     }
 }
@@ -100,7 +103,12 @@ impl Machine for Probe {
         })
     }
 
-    fn encode(&self, _t: &Transmit, caps: Caps, out: &mut Vec<u8>) -> usize {
+    fn encode(&self, t: &Transmit, caps: Caps, out: &mut Vec<u8>) -> usize {
+        if self.evalsha {
+            use crate::engine::ops::{write_eval, Arg, RELEASE};
+            write_eval(out, &RELEASE, t.form, &[b"k"], &[Arg::Bytes(b"t")]);
+            return 0;
+        }
         let name: &[u8] = if caps.hsetex { b"NATIVE" } else { b"LUA" };
         resp::encode_command(out, &[name]);
         0
@@ -663,4 +671,193 @@ fn a_release_kept_to_send_again_that_expires_before_the_reconnect_is_failed_to_i
         release.failures,
         release.replies
     );
+}
+
+/// Runs the endpoint's timers until it writes something (the owner's node timeout may come
+/// first, and sends nothing).
+fn resend(net: &mut Net) {
+    for _ in 0..4 {
+        let due = net.ep.poll_timeout().expect("something is due");
+        net.now = net.now.max(due);
+        net.ep.handle_timeout(net.now);
+        if net.ep.wants_write(Net::cmd(0)) {
+            return;
+        }
+    }
+    panic!("nothing sent again");
+}
+
+#[test]
+fn a_release_refused_busy_stays_owed_and_goes_again_after_a_backoff() {
+    let mut net = Net::ready(INFO_82, false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([5; 20]);
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 10_000 * MS));
+    net.step(caller, run, &mut release);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    let busy = b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or \
+                 SHUTDOWN NOSAVE.\r\n";
+    net.reply(Net::cmd(0), busy);
+    net.step(caller, run, &mut release);
+    // Not run, and not given up: its owner still waits (until its node timeout).
+    assert!(release.replies.is_empty(), "{:?}", release.replies);
+    assert!(release.failures.is_empty(), "{:?}", release.failures);
+    assert!(net.ep.busy(net.now) && net.ep.needs_tending(net.now));
+    assert_eq!(net.ep.undelivered(net.now), [0]);
+    // Its owner returns (the round was won elsewhere): the release is still owed, and goes
+    // again after a backoff that doubles while the node refuses it.
+    net.ep.finish(caller, run, net.now);
+    let mut gaps = Vec::new();
+    let mut last = net.now;
+    for refusal in 0..4 {
+        resend(&mut net);
+        assert_eq!(
+            words(&net.take_output(Net::cmd(0))),
+            ["LUA"],
+            "try {refusal}"
+        );
+        gaps.push(net.now - last);
+        last = net.now;
+        net.reply(Net::cmd(0), busy);
+        assert!(net.ep.needs_tending(net.now));
+    }
+    // Sent again at the backoff, never before it.
+    assert_eq!(gaps, [10 * MS, 20 * MS, 40 * MS, 80 * MS]);
+    // `TRYAGAIN` and `LOADING` are refusals for a while too; an answer ends it.
+    for refusal in [
+        &b"-LOADING Redis is loading the dataset in memory\r\n"[..],
+        b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+    ] {
+        resend(&mut net);
+        assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+        net.reply(Net::cmd(0), refusal);
+    }
+    resend(&mut net);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    net.reply(Net::cmd(0), b":1\r\n");
+    assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+    assert!(net.ep.undelivered(net.now).is_empty());
+    assert_eq!(net.ep.poll_timeout(), None);
+}
+
+#[test]
+fn a_release_refused_until_what_it_deletes_expired_is_given_up() {
+    let mut net = Net::ready(INFO_82, false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([6; 20]);
+    let until = net.now + 100 * MS;
+    let mut release = Probe::new(What::Release { token }, Some(until));
+    net.step(caller, run, &mut release);
+    net.take_output(Net::cmd(0));
+    let busy = b"-BUSY Redis is busy running a script.\r\n";
+    net.reply(Net::cmd(0), busy);
+    let mut tries = 1;
+    while let Some(due) = net.ep.poll_timeout() {
+        assert!(
+            tries < 20 && due <= until + 50 * MS,
+            "{tries} tries, next at {due:?}"
+        );
+        net.now = due;
+        net.ep.handle_timeout(net.now);
+        net.step(caller, run, &mut release);
+        if net.ep.wants_write(Net::cmd(0)) {
+            net.take_output(Net::cmd(0));
+            net.reply(Net::cmd(0), busy);
+            tries += 1;
+        }
+    }
+    assert!(
+        net.now >= until - 50 * MS,
+        "given up early, at {:?}",
+        until - net.now
+    );
+    assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+    assert!(net.ep.undelivered(net.now).is_empty());
+    // Its owner heard that the node did not run it by its node timeout.
+    assert!(
+        matches!(
+            release.failures.as_slice(),
+            [(0, NodeErrorKind::Timeout), ..]
+        ),
+        "{:?}",
+        release.failures
+    );
+}
+
+#[test]
+fn a_release_answered_noscript_goes_again_at_once_with_the_script_body() {
+    use crate::engine::ops::RELEASE;
+    let mut net = Net::ready(INFO_82, false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([7; 20]);
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 10_000 * MS));
+    release.evalsha = true;
+    net.step(caller, run, &mut release);
+    let sent = net.take_output(Net::cmd(0));
+    assert_eq!(words(&sent), ["EVALSHA"]);
+    // The caller returned already (the round was won elsewhere).
+    net.ep.finish(caller, run, net.now);
+    net.reply(
+        Net::cmd(0),
+        b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
+    );
+    let again = net.take_output(Net::cmd(0));
+    assert_eq!(words(&again), ["EVAL"]);
+    let mut expected = Vec::new();
+    crate::engine::ops::write_eval(
+        &mut expected,
+        &RELEASE,
+        ScriptForm::Body,
+        &[b"k"],
+        &[crate::engine::ops::Arg::Bytes(b"t")],
+    );
+    assert_eq!(again, expected);
+    assert!(net.ep.busy(net.now) && net.ep.needs_tending(net.now));
+    net.reply(Net::cmd(0), b":1\r\n");
+    assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+    assert!(net.ep.undelivered(net.now).is_empty());
+}
+
+#[test]
+fn only_our_scripts_by_digest_are_rewritten_with_their_bodies() {
+    use crate::engine::ops::{write_eval, Arg, ScriptForm, RELEASE, SCRIPTS};
+    let mut commands = Vec::new();
+    resp::encode_command(&mut commands, &[b"MULTI"]);
+    write_eval(
+        &mut commands,
+        &RELEASE,
+        ScriptForm::Sha,
+        &[b"k"],
+        &[Arg::Num(7)],
+    );
+    let sharded = RELEASE.announcing(true);
+    write_eval(&mut commands, sharded, ScriptForm::Sha, &[b"{k}"], &[]);
+    resp::encode_command(&mut commands, &[b"EVALSHA", &[b'0'; 40], b"0"]);
+    resp::encode_command(&mut commands, &[b"EXEC"]);
+    let mut expected = Vec::new();
+    resp::encode_command(&mut expected, &[b"MULTI"]);
+    write_eval(
+        &mut expected,
+        &RELEASE,
+        ScriptForm::Body,
+        &[b"k"],
+        &[Arg::Num(7)],
+    );
+    write_eval(&mut expected, sharded, ScriptForm::Body, &[b"{k}"], &[]);
+    resp::encode_command(&mut expected, &[b"EVALSHA", &[b'0'; 40], b"0"]);
+    resp::encode_command(&mut expected, &[b"EXEC"]);
+    assert_eq!(conn::with_bodies(&commands), Some(expected));
+    let mut none = Vec::new();
+    resp::encode_command(&mut none, &[b"EVALSHA", &[b'0'; 40], b"0"]);
+    assert_eq!(conn::with_bodies(&none), None);
+    assert_eq!(conn::with_bodies(b"*2\r\n$7\r\nEVALSHA"), None);
+    for s in SCRIPTS {
+        assert!(std::ptr::eq(
+            crate::engine::scripts::by_sha(&s.sha).unwrap(),
+            *s
+        ));
+    }
 }
