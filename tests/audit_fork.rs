@@ -12,12 +12,12 @@ mod common;
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redlock_mux::{Acquire, Cancel, Client, Error};
+use redlock_mux::{Acquire, Cancel, Client, Error, KeepAlive};
 
 // A test may call the C library directly; the library itself has no unsafe code here.
 #[allow(unsafe_code)]
@@ -63,6 +63,14 @@ mod sys {
         // SAFETY: ends the child without running the parent's exit handlers.
         unsafe { _exit(code) }
     }
+}
+
+/// The tests of this binary run one at a time: one measures the process's CPU time, and the
+/// others fork while their threads run.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Forks; the child runs `child` (its result is its exit code, a panic is 99) and `_exit`s.
@@ -120,6 +128,7 @@ fn child_uses_and_closes(client: &Client, key: &str) -> i32 {
 
 #[test]
 fn a_child_forked_while_another_thread_closes_the_client_never_waits_on_it() {
+    let _serial = serial();
     let cluster = RedisCluster::start(3).expect("redis");
     let client = Client::builder()
         .nodes(cluster.urls())
@@ -200,6 +209,7 @@ fn a_child_forked_while_another_thread_closes_the_client_never_waits_on_it() {
 
 #[test]
 fn a_child_that_closes_its_client_leaves_its_parents_locks_and_connections() {
+    let _serial = serial();
     let cluster = RedisCluster::start(3).expect("redis");
     let addrs = cluster.addrs();
     let client = Client::new(cluster.urls()).expect("client");
@@ -278,6 +288,7 @@ fn a_child_that_closes_its_client_leaves_its_parents_locks_and_connections() {
 
 #[test]
 fn a_grandchild_forked_while_its_parents_threads_use_the_client_never_waits_on_them() {
+    let _serial = serial();
     let cluster = RedisCluster::start(3).expect("redis");
     let client = Client::builder()
         .nodes(cluster.urls())
@@ -367,6 +378,7 @@ fn a_grandchild_forked_while_its_parents_threads_use_the_client_never_waits_on_t
 
 #[test]
 fn a_child_forked_while_threads_wait_with_a_shared_cancel_never_waits_on_them() {
+    let _serial = serial();
     let cluster = RedisCluster::start(3).expect("redis");
     let client = Client::builder()
         .nodes(cluster.urls())
@@ -452,6 +464,7 @@ fn a_child_forked_while_threads_wait_with_a_shared_cancel_never_waits_on_them() 
 
 #[test]
 fn concurrent_closes_and_a_locker_then_the_client_is_used_again() {
+    let _serial = serial();
     let cluster = RedisCluster::start(3).expect("redis");
     let addrs = cluster.addrs();
     let client = Client::new(cluster.urls()).expect("client");
@@ -538,6 +551,7 @@ fn concurrent_closes_and_a_locker_then_the_client_is_used_again() {
 
 #[test]
 fn close_gives_up_on_a_stopped_node_within_its_bound_while_another_thread_leads() {
+    let _serial = serial();
     let cluster = RedisCluster::start(3).expect("redis");
     let addrs = cluster.addrs();
     let client = Client::builder()
@@ -570,8 +584,19 @@ fn close_gives_up_on_a_stopped_node_within_its_bound_while_another_thread_leads(
     let outcome = client.clone().close();
     let waited = started.elapsed();
     let used = cpu_time().saturating_sub(cpu);
+    // Node 0 stays stopped while the waiter goes on leading: 3 s of it cost next to no CPU.
+    let cpu = cpu_time();
+    thread::sleep(Duration::from_secs(3));
+    let after = cpu_time().saturating_sub(cpu);
     cluster.servers[0].resume().expect("SIGCONT");
-    eprintln!("close() with node 0 stopped: {outcome:?} after {waited:?}, {used:?} of CPU");
+    eprintln!(
+        "close() with node 0 stopped: {outcome:?} after {waited:?}, {used:?} of CPU; \
+         {after:?} of CPU in the 3 s after"
+    );
+    assert!(
+        after < Duration::from_millis(150),
+        "3 s of a wait after close() gave up on a stopped node used {after:?} of CPU"
+    );
     let named: Vec<usize> = match &outcome {
         Err(e) => e.failures().iter().map(|f| f.node).collect(),
         Ok(()) => Vec::new(),
@@ -590,5 +615,339 @@ fn close_gives_up_on_a_stopped_node_within_its_bound_while_another_thread_leads(
         "close() used {used:?} of CPU in {waited:?}"
     );
     let _ = waiter.join().unwrap();
+    held.release().expect("release busy");
+}
+
+/// What every key on every node holds: its value (`DUMP`) and whether it expires within 10 s.
+fn snapshot(addrs: &[std::net::SocketAddr]) -> Vec<String> {
+    let mut all = Vec::new();
+    for (i, &a) in addrs.iter().enumerate() {
+        let mut names = keys(a);
+        names.sort();
+        for k in names {
+            let ttl = pttl(a, &k);
+            all.push(format!(
+                "node {i} {}: {} expires soon: {}",
+                String::from_utf8_lossy(&k),
+                show(&cmd(a, &[b"DUMP", &k])),
+                (0..10_000).contains(&ttl)
+            ));
+        }
+    }
+    all
+}
+
+#[test]
+fn a_child_leaves_its_parents_permits_rw_locks_sets_and_fenced_locks_alone() {
+    let _serial = serial();
+    let cluster = RedisCluster::start(3).expect("redis");
+    let addrs = cluster.addrs();
+    let client = Client::new(cluster.urls()).expect("client");
+    let ttl = Duration::from_secs(20);
+    let sem = client.semaphore("audit:sem", 1).expect("semaphore");
+    let permit = sem.try_acquire(ttl).expect("permit");
+    let mut read = client.try_read_lock("audit:read", ttl).expect("read lock");
+    let write = client
+        .try_write_lock("audit:write", ttl)
+        .expect("write lock");
+    let write2 = client
+        .try_write_lock("audit:write2", ttl)
+        .expect("write lock");
+    let mut all = client
+        .try_lock_all(["audit:a", "audit:b"], ttl)
+        .expect("lock all");
+    let fenced = client.try_lock_fenced("audit:fenced", ttl).expect("fenced");
+    thread::sleep(Duration::from_millis(100));
+    let before = snapshot(&addrs);
+    assert!(before.len() >= 6 * 3, "keys: {before:?}");
+
+    let pid = fork_child(move || {
+        let other = |r: Result<(), Error>| matches!(r, Err(Error::OtherProcess { .. }));
+        let mut code = 0;
+        if !other(permit.release()) {
+            code |= 1;
+        }
+        if !other(read.extend(Duration::from_secs(1))) {
+            code |= 2;
+        }
+        drop(read);
+        if !other(write.downgrade().map(drop)) {
+            code |= 4;
+        }
+        drop(write2);
+        if !other(all.extend(Duration::from_secs(1))) {
+            code |= 8;
+        }
+        if !other(all.release()) {
+            code |= 16;
+        }
+        drop(fenced);
+        drop(sem);
+        // The child's own locks of every kind work, and are released.
+        let own = client.semaphore("child:sem", 1).expect("semaphore");
+        let ok = own.try_acquire(ttl).and_then(|p| p.release()).is_ok()
+            && client
+                .try_write_lock("child:write", ttl)
+                .and_then(|w| w.downgrade())
+                .and_then(|r| r.release())
+                .is_ok()
+            && client
+                .try_lock_all(["child:a", "child:b"], ttl)
+                .and_then(|m| m.release())
+                .is_ok();
+        if !ok {
+            code |= 32;
+        }
+        if client.close().is_err() {
+            code |= 64;
+        }
+        code
+    });
+    let code = wait_child(pid, Duration::from_secs(20));
+    let after: Vec<String> = snapshot(&addrs)
+        .into_iter()
+        .filter(|k| !k.contains("child:"))
+        .collect();
+    let changed: Vec<_> = before.iter().filter(|k| !after.contains(k)).collect();
+    assert!(
+        changed.is_empty(),
+        "the child changed its parent's keys: {changed:?}\nafter: {after:?}"
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "the child's calls on inherited guards were not all refused with OtherProcess, or its \
+         own failed (bits: 0 permit, 1 read extend, 2 downgrade, 3-4 lock_all, 5 own, 6 close)"
+    );
+    let leftover: Vec<_> = snapshot(&addrs)
+        .into_iter()
+        .filter(|k| k.contains("child:") && !k.contains("fence"))
+        .collect();
+    assert!(leftover.is_empty(), "the child left keys: {leftover:?}");
+}
+
+/// In a child: takes `key` for `ttl`, keeps it alive for three TTLs while checking every node
+/// holds it, then releases it. 0 when it lived and was released; the report says what failed.
+fn child_keeps_its_own(
+    client: &Client,
+    addrs: &[std::net::SocketAddr],
+    key: &str,
+) -> (i32, String) {
+    let ttl = Duration::from_millis(2000);
+    let (lost_tx, lost_rx) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    let kept = match client.try_lock(key, ttl) {
+        Ok(lock) => match lock.keep_alive(KeepAlive::new(ttl).notify(lost_tx)) {
+            Ok(kept) => kept,
+            Err(e) => return (2, format!("keep_alive: {:?}", e.error)),
+        },
+        Err(e) => return (1, format!("try_lock: {e}")),
+    };
+    let token = kept.token().to_vec();
+    // The lock returns at a quorum: the last node may take a moment more.
+    let holds = |a| get(a, key.as_bytes()).as_deref() == Some(&token[..]);
+    let settle = Instant::now() + Duration::from_secs(2);
+    while !addrs.iter().all(|&a| holds(a)) && Instant::now() < settle {
+        thread::sleep(Duration::from_millis(5));
+    }
+    let until = Instant::now() + ttl * 3;
+    let mut expired = Vec::new();
+    while Instant::now() < until {
+        for (i, &a) in addrs.iter().enumerate() {
+            if !holds(a) && !expired.contains(&i) {
+                expired.push(i);
+            }
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let lost = kept.is_lost();
+    let released = kept.release();
+    let notice = lost_rx
+        .try_recv()
+        .ok()
+        .map(|l| format!("{} at {:?}", l.error, started.elapsed()));
+    let said = format!(
+        "expired on nodes {expired:?}, lost {lost} ({notice:?}), released {released:?}; {:?}",
+        client.stats()
+    );
+    let code = if expired.is_empty() && !lost && released.is_ok() {
+        0
+    } else {
+        3
+    };
+    (code, said)
+}
+
+#[test]
+fn a_child_forked_while_its_parents_keeper_extends_keeps_its_own_locks() {
+    let _serial = serial();
+    let cluster = RedisCluster::start(3).expect("redis");
+    let addrs = cluster.addrs();
+    let client = Client::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(1500))
+        .build()
+        .expect("client");
+    let ttl = Duration::from_secs(3);
+    let kept = client
+        .try_lock("kept:parent", ttl)
+        .expect("lock")
+        .keep_alive(KeepAlive::new(ttl))
+        .expect("keep alive");
+    let kept_at = Instant::now();
+    // Nodes 0 and 1 stop before the first extension (due at 1 s): it is in flight, waiting
+    // for them, when the child is forked.
+    thread::sleep(Duration::from_millis(500));
+    cluster.servers[0].pause().expect("SIGSTOP");
+    cluster.servers[1].pause().expect("SIGSTOP");
+    while kept_at.elapsed() < Duration::from_millis(1300) {
+        thread::sleep(Duration::from_millis(10));
+    }
+    let report = std::env::temp_dir().join(format!("redlock-mux-midextend-{}", std::process::id()));
+    let _ = std::fs::remove_file(&report);
+    let pid = fork_child(|| {
+        let (code, said) = child_keeps_its_own(&client, &addrs, "kept:child");
+        let _ = std::fs::write(&report, said);
+        code
+    });
+    cluster.servers[0].resume().expect("SIGCONT");
+    cluster.servers[1].resume().expect("SIGCONT");
+    let code = wait_child(pid, Duration::from_secs(20));
+    let said = std::fs::read_to_string(&report).unwrap_or_default();
+    let _ = std::fs::remove_file(&report);
+    eprintln!("child: {code:?}: {said}");
+    assert_eq!(
+        code,
+        Some(0),
+        "a child forked while its parent's keeper extended did not keep its own lock: {said}"
+    );
+    assert!(!kept.is_lost(), "the parent's kept lock was lost");
+    kept.release().expect("release the parent's lock");
+}
+
+#[test]
+fn a_child_forked_from_a_lost_lock_callback_keeps_its_own_locks() {
+    let _serial = serial();
+    let cluster = RedisCluster::start(3).expect("redis");
+    let addrs = cluster.addrs();
+    // A loaded machine may take a while to set up the child's connections.
+    let client = Client::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(1000))
+        .build()
+        .expect("client");
+    let ttl = Duration::from_secs(3);
+    let report = std::env::temp_dir().join(format!("redlock-mux-onlost-{}", std::process::id()));
+    let _ = std::fs::remove_file(&report);
+    let (tx, forked) = std::sync::mpsc::channel();
+    let kept = {
+        let client = client.clone();
+        let addrs = addrs.clone();
+        let report = report.clone();
+        client
+            .clone()
+            .try_lock("lost:parent", ttl)
+            .expect("lock")
+            .keep_alive(KeepAlive::new(ttl).on_lost(move |_| {
+                // On the keeper thread: the child is a copy of it.
+                let pid = fork_child(|| {
+                    let (code, said) = child_keeps_its_own(&client, &addrs, "lost:child");
+                    let _ = std::fs::write(&report, said);
+                    code
+                });
+                let _ = tx.send(pid);
+            }))
+            .expect("keep alive")
+    };
+    // Someone deletes the key: the next extension is refused, and the lock is lost.
+    for &a in &addrs {
+        cmd(a, &[b"DEL", b"lost:parent"]);
+    }
+    let pid = forked
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the lost-lock callback ran");
+    let code = wait_child(pid, Duration::from_secs(20));
+    let said = std::fs::read_to_string(&report).unwrap_or_default();
+    let _ = std::fs::remove_file(&report);
+    eprintln!("child: {code:?}: {said}");
+    assert_eq!(
+        code,
+        Some(0),
+        "a child forked from a lost-lock callback did not keep its own lock: {said}"
+    );
+    assert!(kept.is_lost());
+    // The parent's keeper still works for new locks.
+    let again = client
+        .try_lock("lost:again", ttl)
+        .expect("lock")
+        .keep_alive(KeepAlive::new(ttl))
+        .expect("keep alive");
+    thread::sleep(Duration::from_millis(1500));
+    assert!(!again.is_lost());
+    again.release().expect("release");
+}
+
+#[test]
+fn close_waits_for_the_node_when_the_leading_thread_returns_during_it() {
+    let _serial = serial();
+    let cluster = RedisCluster::start(3).expect("redis");
+    let addrs = cluster.addrs();
+    let client = Client::builder()
+        .nodes(cluster.urls())
+        .retry_delay(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    let other = Client::new(cluster.urls()).expect("other client");
+    let ttl = Duration::from_secs(30);
+    let held = other.try_lock("busy", ttl).expect("lock busy");
+    let lock = client.try_lock("slow", ttl).expect("lock slow");
+    assert_settles!(get(addrs[0], b"slow").is_some());
+    // The leader gives up its wait 300 ms after close() begins; node 0 answers at 1 s.
+    let barrier = Arc::new(Barrier::new(2));
+    let waiter = {
+        let client = client.clone();
+        let barrier = barrier.clone();
+        thread::spawn(move || {
+            barrier.wait();
+            client.lock_with(
+                "busy",
+                ttl,
+                &Acquire::new().timeout(Duration::from_millis(300)),
+            )
+        })
+    };
+    cluster.servers[0].pause().expect("SIGSTOP");
+    lock.release()
+        .expect("release at the quorum of the other two");
+    let resumer = {
+        let pid = cluster.servers[0].pid();
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(1000));
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &pid.to_string()])
+                .status();
+        })
+    };
+    barrier.wait();
+    let cpu = cpu_time();
+    let started = Instant::now();
+    let outcome = client.clone().close();
+    let waited = started.elapsed();
+    let used = cpu_time().saturating_sub(cpu);
+    resumer.join().unwrap();
+    cluster.servers[0].resume().expect("SIGCONT");
+    let left = waiter.join().unwrap();
+    eprintln!("close(): {outcome:?} after {waited:?}, {used:?} of CPU; the waiter: {left:?}");
+    assert!(left.is_err(), "the waiter got a held lock");
+    assert!(
+        outcome.is_ok() && waited >= Duration::from_millis(850) && waited < Duration::from_secs(10),
+        "close() returned {outcome:?} after {waited:?}, though node 0 answers 1 s after the \
+         release (the leading thread returned at 300 ms)"
+    );
+    assert!(
+        used < Duration::from_millis(200),
+        "close() used {used:?} of CPU in {waited:?}"
+    );
+    assert_eq!(get(addrs[0], b"slow"), None, "node 0 kept the released key");
     held.release().expect("release busy");
 }
