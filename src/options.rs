@@ -2,12 +2,14 @@
 //! ([`Cancel`]).
 #![forbid(unsafe_code)]
 
+use std::convert::Infallible;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::error::InvalidArgument;
+use crate::process::PerProcess;
 
 /// The longest per-call timeout, as for the client's settings: a day.
 pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
@@ -104,17 +106,40 @@ impl Acquire {
 ///
 /// A handle stays cancelled: calls given it afterwards return `Cancelled` without sending
 /// anything. Clones share the state; it is cheap to clone.
+///
+/// A child after `fork()` has a copy of the handle: it cancels, and wakes, only the calls of
+/// the process that calls [`cancel`](Cancel::cancel), and never waits on a thread of its
+/// parent that was registering a call with it at the fork.
 #[derive(Clone, Default)]
 pub struct Cancel {
     inner: Arc<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
     cancelled: AtomicBool,
-    /// Who to wake when cancelled: the operations running with this handle.
-    wakers: Mutex<Vec<Registered>>,
+    /// Who to wake when cancelled: the operations running with this handle, in each process
+    /// that uses it. A child after `fork()` has none of its parent's threads, which may have
+    /// held the list at the fork: it never waits on their list, nor wakes their pollers.
+    wakers: PerProcess<Mutex<Vec<Registered>>>,
     next_id: AtomicU64,
+}
+
+impl Default for Inner {
+    fn default() -> Inner {
+        Inner {
+            cancelled: AtomicBool::new(false),
+            wakers: PerProcess::new(Mutex::default()),
+            next_id: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Inner {
+    /// The operations of this process that wait with the handle.
+    fn wakers(&self) -> MutexGuard<'_, Vec<Registered>> {
+        let Ok(wakers) = self.wakers.here(|_| Ok::<_, Infallible>(Mutex::default()));
+        wakers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// One operation waiting with a handle: the poll its thread may be blocked in (as the leader of
@@ -134,11 +159,7 @@ impl Cancel {
     /// Cancels every call waiting with this handle, now and later. Returns at once.
     pub fn cancel(&self) {
         self.inner.cancelled.store(true, Ordering::SeqCst);
-        let wakers = self
-            .inner
-            .wakers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let wakers = self.inner.wakers();
         for w in wakers.iter() {
             // A poller that cannot be woken still sees the flag at its next deadline.
             if let Some(waker) = &w.waker {
@@ -161,11 +182,7 @@ impl Cancel {
         thread: std::thread::Thread,
     ) -> Registration<'_> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        self.inner
-            .wakers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Registered { id, waker, thread });
+        self.inner.wakers().push(Registered { id, waker, thread });
         Registration { cancel: self, id }
     }
 }
@@ -186,12 +203,7 @@ pub(crate) struct Registration<'a> {
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        let mut wakers = self
-            .cancel
-            .inner
-            .wakers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut wakers = self.cancel.inner.wakers();
         if let Some(i) = wakers.iter().position(|w| w.id == self.id) {
             wakers.swap_remove(i);
         }
