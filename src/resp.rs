@@ -187,7 +187,93 @@ pub fn decode<'a>(
     input: &'a [u8],
     limits: &Limits,
 ) -> Result<Status<(Reply<'a>, usize)>, DecodeError> {
-    match decode_at::<true>(input, 0, limits, 1)? {
+    decode_with(input, limits, &mut Vec::new())
+}
+
+/// Storage for the arrays of decoded replies, owned by the caller (as `httparse` has its caller
+/// own the storage of a request's headers).
+///
+/// [`Arrays::decode`] decodes exactly as [`decode`] does, but builds the reply's arrays in
+/// vectors taken from here, and [`Arrays::reclaim`] takes them back once the reply is done
+/// with. A caller that decodes its replies one after another through the same `Arrays`, handing
+/// each back, allocates nothing for their arrays once its spare vectors have grown to the
+/// replies' sizes. What it keeps is bounded: at most [`Arrays::MAX_SPARE`] vectors of at most
+/// [`Arrays::MAX_SPARE_ITEMS`] items each; larger arrays are freed as `decode`'s are.
+///
+/// ```
+/// use redlock_mux::resp::{Arrays, Limits, Reply, Status};
+///
+/// let mut arrays = Arrays::default();
+/// let limits = Limits::default();
+/// for _ in 0..3 {
+///     let Ok(Status::Complete((reply, used))) = arrays.decode(b"*2\r\n+OK\r\n:0\r\n", &limits) else {
+///         unreachable!()
+///     };
+///     assert_eq!(used, 13);
+///     assert_eq!(reply, Reply::Array(Some(vec![Reply::Simple(b"OK"), Reply::Integer(0)])));
+///     arrays.reclaim(reply); // the next decode reuses its vector
+/// }
+/// assert_eq!(arrays.spare(), 1);
+/// ```
+#[derive(Debug, Default)]
+pub struct Arrays {
+    /// Empty vectors, each with room for at most `MAX_SPARE_ITEMS` items. Empty, they hold no
+    /// reply, so nothing ties them to any input's lifetime.
+    spare: Vec<Vec<Reply<'static>>>,
+}
+
+impl Arrays {
+    /// Most spare vectors kept.
+    pub const MAX_SPARE: usize = 64;
+
+    /// Largest capacity, in items, of a vector kept.
+    pub const MAX_SPARE_ITEMS: usize = 64;
+
+    /// Decodes one reply from the front of `input`, exactly as [`decode`] does (the same reply,
+    /// length, `Partial` or error), building its arrays in spare vectors where there are.
+    pub fn decode<'a>(
+        &mut self,
+        input: &'a [u8],
+        limits: &Limits,
+    ) -> Result<Status<(Reply<'a>, usize)>, DecodeError> {
+        decode_with(input, limits, &mut self.spare)
+    }
+
+    /// Takes back the vectors of `reply`'s arrays (nested ones included), emptied, for later
+    /// decodes; any beyond the bounds are freed.
+    pub fn reclaim(&mut self, reply: Reply<'_>) {
+        let Reply::Array(Some(mut items)) = reply else {
+            return;
+        };
+        for item in items.drain(..) {
+            self.reclaim(item);
+        }
+        if items.capacity() == 0
+            || items.capacity() > Self::MAX_SPARE_ITEMS
+            || self.spare.len() >= Self::MAX_SPARE
+        {
+            return;
+        }
+        // Empty, the vector holds nothing borrowed; collected in place (the item type keeps
+        // its layout, only its lifetime changes) it keeps its allocation. The closure never
+        // runs: there is no item left.
+        let empty: Vec<Reply<'static>> = items.into_iter().map(|_| Reply::Integer(0)).collect();
+        self.spare.push(empty);
+    }
+
+    /// How many spare vectors are kept.
+    pub fn spare(&self) -> usize {
+        self.spare.len()
+    }
+}
+
+/// [`decode`], taking the arrays' vectors from `spare` while there are.
+fn decode_with<'a>(
+    input: &'a [u8],
+    limits: &Limits,
+    spare: &mut Vec<Vec<Reply<'static>>>,
+) -> Result<Status<(Reply<'a>, usize)>, DecodeError> {
+    match decode_at::<true>(input, 0, limits, 1, spare)? {
         Status::Complete((Some(reply), used)) => Ok(Status::Complete((reply, used))),
         // Building, decode_at always returns the reply.
         Status::Complete((None, _)) => Err(DecodeError::UnknownType(0)),
@@ -207,10 +293,12 @@ pub fn decode<'a>(
 /// assert_eq!(scan(b"*2\r\n:1\r\n", &limits), Ok(Status::Partial));
 /// ```
 pub fn scan(input: &[u8], limits: &Limits) -> Result<Status<usize>, DecodeError> {
-    Ok(match decode_at::<false>(input, 0, limits, 1)? {
-        Status::Complete((_, used)) => Status::Complete(used),
-        Status::Partial => Status::Partial,
-    })
+    Ok(
+        match decode_at::<false>(input, 0, limits, 1, &mut Vec::new())? {
+            Status::Complete((_, used)) => Status::Complete(used),
+            Status::Partial => Status::Partial,
+        },
+    )
 }
 
 /// Shorthand for the internal "complete or partial" result.
@@ -228,12 +316,14 @@ macro_rules! complete {
 
 /// Decodes the reply starting at `pos`; `depth` is the depth an array found
 /// here would have. Returns the reply (if `BUILD`; otherwise it only checks
-/// it, and allocates nothing) and the position just past it.
+/// it, and allocates nothing) and the position just past it. Arrays are built
+/// in vectors taken from `spare` while there are.
 fn decode_at<'a, const BUILD: bool>(
     input: &'a [u8],
     pos: usize,
     limits: &Limits,
     depth: usize,
+    spare: &mut Vec<Vec<Reply<'static>>>,
 ) -> Step<(Option<Reply<'a>>, usize)> {
     let Some(&ty) = input.get(pos) else {
         return Ok(Status::Partial);
@@ -310,13 +400,19 @@ fn decode_at<'a, const BUILD: bool>(
             // Every element takes at least 3 bytes ("+\r\n"), so never
             // reserve more than the remaining input could hold.
             let remaining = input.len() - next;
-            let mut items = if BUILD {
-                Vec::with_capacity(len.min(remaining / 3))
-            } else {
+            let room = len.min(remaining / 3);
+            let mut items: Vec<Reply<'a>> = if !BUILD {
                 Vec::new()
+            } else if let Some(mut items) = spare.pop() {
+                // An empty vector of replies borrowing nothing serves as one borrowing `input`.
+                items.reserve(room);
+                items
+            } else {
+                Vec::with_capacity(room)
             };
             for _ in 0..len {
-                let (item, after) = complete!(decode_at::<BUILD>(input, next, limits, depth + 1));
+                let (item, after) =
+                    complete!(decode_at::<BUILD>(input, next, limits, depth + 1, spare));
                 if BUILD {
                     items.extend(item);
                 }
@@ -1330,6 +1426,104 @@ mod tests {
             // Every strict prefix is Partial.
             for cut in 0..len {
                 assert_eq!(dec(&buf[..cut]), Ok(Status::Partial), "{v:?} cut {cut}");
+            }
+        }
+    }
+
+    /// The addresses of the vectors of `reply`'s arrays, sorted.
+    fn array_storage(reply: &Reply<'_>, out: &mut Vec<usize>) {
+        if let Reply::Array(Some(items)) = reply {
+            out.push(items.as_ptr() as usize);
+            items.iter().for_each(|item| array_storage(item, out));
+        }
+    }
+
+    #[test]
+    fn arrays_reuse_the_vectors_they_take_back() {
+        let limits = Limits::default();
+        let mut arrays = Arrays::default();
+        // The shape of a native read lock's extend: an `EXEC` holding an array.
+        let input = b"*3\r\n+OK\r\n*1\r\n:1\r\n*2\r\n$1\r\nx\r\n*-1\r\n";
+        let mut first = None;
+        for round in 0..4 {
+            let got = arrays.decode(input, &limits);
+            assert_eq!(got, decode(input, &limits));
+            let Ok(Status::Complete((reply, used))) = got else {
+                panic!("{got:?}");
+            };
+            assert_eq!(used, input.len());
+            let mut storage = Vec::new();
+            array_storage(&reply, &mut storage);
+            storage.sort_unstable();
+            arrays.reclaim(reply);
+            assert_eq!(arrays.spare(), 3);
+            // The first round allocates; the second may grow a vector taken for an array
+            // larger than the one it held; from then on the same ones serve.
+            match round {
+                0 => {}
+                1 => first = Some(storage),
+                _ => assert_eq!(Some(&storage), first.as_ref(), "round {round}"),
+            }
+        }
+        // A plain decode takes nothing from them.
+        let _ = decode(input, &limits);
+        assert_eq!(arrays.spare(), 3);
+    }
+
+    #[test]
+    fn arrays_keep_a_bounded_store() {
+        let limits = Limits::default();
+        let mut arrays = Arrays::default();
+        let mut big = b"*100\r\n".to_vec();
+        (0..100).for_each(|_| big.extend_from_slice(b":1\r\n"));
+        let Ok(Status::Complete((reply, _))) = arrays.decode(&big, &limits) else {
+            panic!("big array");
+        };
+        arrays.reclaim(reply);
+        assert_eq!(arrays.spare(), 0, "a vector over MAX_SPARE_ITEMS is freed");
+        for _ in 0..2 * Arrays::MAX_SPARE {
+            arrays.reclaim(Reply::Array(Some(vec![Reply::Integer(1)])));
+        }
+        assert_eq!(arrays.spare(), Arrays::MAX_SPARE);
+        arrays.reclaim(Reply::Array(Some(Vec::new())));
+        arrays.reclaim(Reply::Integer(1));
+        arrays.reclaim(Reply::Array(None));
+        assert_eq!(arrays.spare(), Arrays::MAX_SPARE);
+    }
+
+    #[test]
+    fn arrays_decode_garbage_as_decode_does() {
+        let mut rng = Rng(11);
+        let limits = Limits {
+            max_bulk: 64,
+            max_array: 8,
+            max_depth: 4,
+            max_line: 32,
+        };
+        let mut arrays = Arrays::default();
+        let alphabet = b"+-:$*\r\n0123456789-_%ab";
+        for _ in 0..20_000 {
+            let len = rng.below(40) as usize;
+            let input: Vec<u8> = (0..len)
+                .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
+                .collect();
+            let got = arrays.decode(&input, &limits);
+            assert_eq!(got, decode(&input, &limits), "{input:?}");
+            if let Ok(Status::Complete((reply, _))) = got {
+                arrays.reclaim(reply);
+            }
+        }
+        for _ in 0..300 {
+            let (values, buf, _) = random_stream(&mut rng);
+            let mut rest = &buf[..];
+            for v in values {
+                let Ok(Status::Complete((reply, used))) = arrays.decode(rest, &Limits::default())
+                else {
+                    panic!("{v:?}");
+                };
+                assert_eq!(reply.to_value(), v);
+                arrays.reclaim(reply);
+                rest = &rest[used..];
             }
         }
     }

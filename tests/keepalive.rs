@@ -31,6 +31,29 @@ fn held(cluster: &RedisCluster) -> bool {
     )
 }
 
+/// How many nodes hold `key` with `token`, after checking that none holds it with any other
+/// value. A kept lock is kept on a quorum: on a loaded machine one node's extension may come
+/// after the key expired there, while the lock stays valid on the others.
+fn holding(cluster: &RedisCluster, key: &[u8], token: &[u8]) -> usize {
+    let values: Vec<Option<Vec<u8>>> = cluster
+        .servers
+        .iter()
+        .map(|server| get(server.addr(), key))
+        .collect();
+    let holding = values.iter().flatten().filter(|v| *v == token).count();
+    assert_eq!(
+        holding,
+        values.iter().flatten().count(),
+        "another value of {key:?}: {values:?}"
+    );
+    holding
+}
+
+/// A majority of the test cluster's nodes.
+fn quorum(cluster: &RedisCluster) -> usize {
+    cluster.servers.len() / 2 + 1
+}
+
 #[test]
 fn kept_lock_outlives_its_ttl_and_release_frees_it() {
     let cluster = RedisCluster::start(3).expect("start redis-server");
@@ -48,12 +71,7 @@ fn kept_lock_outlives_its_ttl_and_release_frees_it() {
         assert!(held(&cluster), "another client got a kept lock");
     }
     assert!(kept.validity() > Duration::ZERO);
-    for server in &cluster.servers {
-        assert_eq!(
-            get(server.addr(), KEY.as_bytes()).as_deref(),
-            Some(kept.token())
-        );
-    }
+    assert!(holding(&cluster, KEY.as_bytes(), kept.token()) >= quorum(&cluster));
     kept.release().expect("release");
     for server in &cluster.servers {
         assert_eq!(get(server.addr(), KEY.as_bytes()), None);
@@ -179,7 +197,10 @@ fn many_guards_of_one_client_are_all_kept() {
     thread::sleep(Duration::from_millis(1500));
     for g in &guards {
         assert!(!g.is_lost());
-        assert!(pttl(cluster.servers[0].addr(), g.key()) > 0, "key expired");
+        assert!(
+            holding(&cluster, g.key(), g.token()) >= quorum(&cluster),
+            "key expired"
+        );
     }
     drop(guards);
     // Each drop returns once a quorum released; the last node may trail a little.
@@ -488,12 +509,7 @@ fn a_panicking_callback_does_not_stop_the_keeper() {
             since.elapsed()
         );
     }
-    for server in &cluster.servers {
-        assert_eq!(
-            get(server.addr(), b_key.as_bytes()).as_deref(),
-            Some(b.token())
-        );
-    }
+    assert!(holding(&cluster, b_key.as_bytes(), b.token()) >= quorum(&cluster));
     // B's own loss is still noticed, and told.
     for server in &cluster.servers {
         set(server.addr(), b_key.as_bytes(), b"intruder");

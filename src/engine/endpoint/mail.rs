@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::engine::machine::{Machine, Tag};
 use crate::error::NodeErrorKind;
-use crate::resp::Limits;
+use crate::resp::{Arrays, Limits};
 use crate::rng::Entropy;
 
 /// The run id that no operation gets: an idle caller has it.
@@ -67,6 +67,9 @@ pub(crate) struct Mail {
     /// Callers posted to since they were last named by [`poll_notified`](Mail::poll_notified).
     notify: Vec<usize>,
     next_notify: usize,
+    /// The vectors of the replies' arrays, taken back after each reply is handled: the `EXEC`
+    /// replies of the read-write lock on Redis 8 cost no allocation.
+    arrays: Arrays,
 }
 
 impl Mail {
@@ -245,8 +248,11 @@ impl Mail {
                     tag,
                     start,
                     end,
-                } => match super::decode_reply(&data[start..end], limits) {
-                    Ok(reply) => m.handle_reply(node, tag, &reply, now, rng),
+                } => match super::decode_reply(&data[start..end], limits, &mut self.arrays) {
+                    Ok(reply) => {
+                        m.handle_reply(node, tag, &reply, now, rng);
+                        self.arrays.reclaim(reply);
+                    }
                     Err(why) => m.handle_failure(node, tag, why, now, rng),
                 },
                 Event::Failure { node, tag, why } => m.handle_failure(node, tag, why, now, rng),

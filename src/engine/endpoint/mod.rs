@@ -2178,12 +2178,18 @@ impl Endpoint {
     }
 }
 
-/// Decodes one framed reply for a machine, or says why it cannot be.
+/// Decodes one framed reply for a machine, its arrays in `arrays`' spare vectors, or says why
+/// it cannot be.
 pub(crate) fn decode_reply<'a>(
     bytes: &'a [u8],
     limits: &crate::resp::Limits,
+    arrays: &mut crate::resp::Arrays,
 ) -> Result<Reply<'a>, NodeErrorKind> {
-    conn::decoded(bytes, limits)
+    match arrays.decode(bytes, limits) {
+        Ok(crate::resp::Status::Complete((reply, _))) => Ok(reply),
+        Ok(crate::resp::Status::Partial) => Err(NodeErrorKind::UnexpectedReply),
+        Err(e) => Err(NodeErrorKind::Protocol(e)),
+    }
 }
 
 #[cfg(test)]
