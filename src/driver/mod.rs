@@ -83,8 +83,8 @@ struct Local {
     resender: AtomicBool,
 }
 
-/// How long the thread that sends releases again runs at most, and how long it polls at a
-/// time.
+/// How long the thread that sends releases again runs at most once the client's last handle
+/// is dropped, and how long it polls at a time.
 const RESEND_LIMIT: Duration = Duration::from_secs(10);
 const RESEND_POLL: Duration = Duration::from_millis(50);
 
@@ -524,8 +524,10 @@ impl Shared {
     /// that broken connections owed, and follows the redirections of those a cluster member
     /// still owes a reply to, when no caller is left to drive them: a release that returned at
     /// its quorum must still reach the other nodes. The thread leads the polling
-    /// like any caller, and ends once they are sent and answered (10 s at most: what is left
-    /// goes with the next operation, or when the client is closed).
+    /// like any caller, and ends once they are sent and answered, or once what they delete has
+    /// expired: a cluster's replica may be promoted, or a node come back, long after the
+    /// release returned (a cluster's default node timeout is 15 s). Once the client's last
+    /// handle is dropped, it goes on for 10 s at most, and the drop settles what is left.
     fn start_resender(this: &Arc<Shared>, local: &Local) {
         if local.resender.swap(true, Ordering::AcqRel) {
             return;
@@ -557,7 +559,12 @@ impl Session<'_> {
         let run = core.ep.begin(slot);
         loop {
             let now = Instant::now();
-            if now >= until || !core.ep.needs_tending(now) {
+            if !core.ep.needs_tending(now) {
+                break;
+            }
+            // Past its limit, only while the client is still held elsewhere (this thread's
+            // handle aside): a dropped client must be let go, and its drop settles.
+            if now >= until && Arc::strong_count(self.shared) <= 1 {
                 break;
             }
             core.timers(now);
