@@ -430,3 +430,63 @@ fn a_dropped_client_lets_its_resender_go() {
     );
     assert!(back, "the resender outlived its dropped client");
 }
+
+/// How many clients the server at `addr` has, this probe's own connection aside.
+fn clients_of(addr: SocketAddr) -> usize {
+    let Value::Bulk(Some(b)) = common::cmd(addr, &[b"INFO", b"clients"]) else {
+        panic!("INFO clients");
+    };
+    let info = String::from_utf8_lossy(&b).into_owned();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .expect("connected_clients")
+        - 1
+}
+
+/// A cluster of 30 masters under 16 threads that lock (and wait) on shared keys: every lock is
+/// granted, nothing is left behind, and the client keeps at most one command connection and one
+/// pub/sub connection per master.
+#[test]
+fn a_cluster_of_30_masters_under_16_threads_keeps_two_connections_per_master() {
+    let started = Instant::now();
+    let member = ClusterMember::start(30, 0).expect("cluster of 30 masters");
+    eprintln!("30 masters up in {:?}", started.elapsed());
+    let client = Client::builder()
+        .nodes([member.url()])
+        .node_timeout(Duration::from_millis(500))
+        .wait_timeout(Duration::from_secs(20))
+        .build()
+        .expect("client");
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..16 {
+            let client = &client;
+            let failed = &failed;
+            s.spawn(move || {
+                for i in 0..40 {
+                    let key = format!("hundred:{}", (t * 7 + i * 13) % 50);
+                    match client.lock(&key, Duration::from_secs(10)) {
+                        Ok(lock) => lock.release().expect("release"),
+                        Err(e) => {
+                            eprintln!("{key}: {e}");
+                            failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let per_master: Vec<usize> = member.masters().iter().map(|a| clients_of(*a)).collect();
+    let most = per_master.iter().max().copied().unwrap_or(0);
+    let total: usize = per_master.iter().sum();
+    eprintln!(
+        "in {:?}: {} failed; connections per master: at most {most}, {total} in all",
+        started.elapsed(),
+        failed.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert_eq!(failed.into_inner(), 0, "locks failed on a healthy cluster");
+    assert!(most <= 2, "connections per master: {per_master:?}");
+    assert!(member.keys().is_empty(), "keys left behind");
+    client.close().expect("nothing owed");
+}
