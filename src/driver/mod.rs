@@ -606,7 +606,9 @@ impl Session<'_> {
         let run = core.ep.begin(slot);
         loop {
             let now = Instant::now();
-            if now >= until || !core.ep.needs_tending(now) {
+            // The client's last handle dropped (this thread's aside): it is let go, and its
+            // drop settles what is left, within its own bound.
+            if now >= until || !core.ep.needs_tending(now) || Arc::strong_count(self.shared) <= 1 {
                 break;
             }
             core.timers(now);

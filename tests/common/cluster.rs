@@ -362,11 +362,12 @@ impl ClusterMember {
                 ],
             ));
         }
-        // The other masters learn it through the cluster bus.
+        // The other masters learn it through the cluster bus (one that was killed, not at
+        // all).
         for s in &self.servers[..self.masters] {
             let a = s.addr();
             if a != from && a != to {
-                let _ = cmd(
+                let _ = redlock_mux_kit::probe::try_cmd(
                     a,
                     &[
                         b"CLUSTER",
@@ -375,6 +376,7 @@ impl ClusterMember {
                         b"NODE",
                         to_id.as_bytes(),
                     ],
+                    Duration::from_secs(2),
                 );
             }
         }
