@@ -2206,7 +2206,11 @@ impl<'a> World<'a> {
         if !self.socks[work.sock].server_open {
             return;
         }
-        if !self.nodes[node].refused && self.rng.chance(self.p.reply_loss) {
+        // Messages are lost up to the horizon: the last cycles run without faults.
+        if !self.nodes[node].refused
+            && self.now <= self.p.horizon
+            && self.rng.chance(self.p.reply_loss)
+        {
             // The command ran; the connection breaks before its reply arrives.
             self.stats.lost_replies += 1;
             let s = &mut self.socks[work.sock];
@@ -2413,7 +2417,7 @@ impl<'a> World<'a> {
             start = end;
         }
         let refused = self.nodes[self.socks[sock].server].refused;
-        if !refused && self.rng.chance(self.p.request_loss) {
+        if !refused && self.now <= self.p.horizon && self.rng.chance(self.p.request_loss) {
             // The connection breaks while this write is on its way.
             self.break_sock(sock, reset_error());
         }
