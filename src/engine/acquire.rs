@@ -845,7 +845,16 @@ impl Machine for Acquisition<'_> {
             );
         }
         if std::mem::take(&mut self.withdraw) {
-            return discard(To::All, What::Withdraw);
+            // Owed as a compare-and-delete is (it removes only this waiter's id): sent again on
+            // a node's next connection if the one it went on breaks first, behind the cleanups
+            // owed there, for as long as an intent they or the attempts left may live.
+            return Some(Transmit {
+                to: To::All,
+                tag: None,
+                form: ScriptForm::Body,
+                what: What::Withdraw,
+                redo: Some(start + Duration::from_millis(self.params.ttl_ms + self.intent_ms)),
+            });
         }
         if std::mem::take(&mut self.unsubscribe) {
             return discard(To::Subscribers, What::Unsubscribe);

@@ -132,6 +132,15 @@ pub(super) struct Cluster {
     stale: Option<(usize, Vec<u8>, u64)>,
 }
 
+impl Cluster {
+    /// No slot migrating, no failover under way, no topology view lagging at `now`.
+    pub fn quiet(&self, now: u64) -> bool {
+        self.migration.is_none()
+            && self.shards.iter().all(|s| !s.failed)
+            && !matches!(&self.stale, Some((_, _, until)) if now < *until)
+    }
+}
+
 /// Every cluster member's state, with its processes placed and sharing the clock of its
 /// first; the slots spread evenly over the masters.
 pub(super) fn build(p: &Settings, layout: &[Place], nodes: &mut [SimNode]) -> Vec<Option<Cluster>> {

@@ -29,8 +29,25 @@ fn cluster_seeds() -> u64 {
         .and_then(|s| s.parse().ok())
         .unwrap_or(CLUSTER_SEEDS)
 }
-/// Seeds of runs with a server too slow for the load, for each kind of lock tried.
-const SLOW_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 200 };
+/// Seeds of runs with a server too slow for the load, for each kind of lock tried: 5,000 by
+/// hand in a release build (seed 537 of read-write locks once found a writer's intent left
+/// behind, which the 200 seeds CI ran then never reach).
+const SLOW_SEEDS: u64 = if cfg!(debug_assertions) { 40 } else { 5000 };
+/// [`SLOW_SEEDS`], or `REDLOCK_SIM_SLOW_SEEDS` (CI runs fewer, to stay within its time;
+/// `REDLOCK_SIM_SEEDS` still overrides every count), for `locks`: semaphores run a fifth of
+/// them, a slow semaphore run costing about ten times a mutex's (a holder per permit, and
+/// the waiters, on the slow node's backlog).
+fn slow_seeds(locks: Locks) -> u64 {
+    let n = std::env::var("REDLOCK_SIM_SLOW_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SLOW_SEEDS);
+    if locks == Locks::Semaphore {
+        (n / 5).max(1)
+    } else {
+        n
+    }
+}
 /// Seeds each broken scenario runs at the most; it stops once the checker has seen what it
 /// must.
 const BROKEN_SEEDS: u64 = 200;
@@ -64,6 +81,9 @@ fn replay_hint(seed: u64, scenario: Scenario, locks: Locks, test: &str) -> Strin
 fn within(scenario: Scenario, locks: Locks, seeds: u64, test: &str) -> Option<Summary> {
     if let Some(seed) = replay_seed() {
         let out = run_locks(seed, scenario, locks, true);
+        if !out.pending.is_empty() {
+            println!("pending (known defects): {:?}", out.pending);
+        }
         assert_eq!(out.violations(), 0, "{}\n{:?}", out.report, out.failures);
         return None;
     }
@@ -77,6 +97,15 @@ fn within(scenario: Scenario, locks: Locks, seeds: u64, test: &str) -> Option<Su
     }
     for (seed, f) in sum.failures.iter().take(5) {
         println!("seed {seed}: {f}");
+    }
+    if !sum.pending.is_empty() {
+        println!(
+            "pending (known defects, not yet violations): {} seeds left something behind",
+            sum.pending.len()
+        );
+        for (seed, f) in sum.pending.iter().take(5) {
+            println!("seed {seed}: {f}");
+        }
     }
     assert!(
         sum.failing.is_empty(),
@@ -264,7 +293,7 @@ fn semaphores_within_the_model() {
 fn a_server_too_slow_for_the_load_is_left_nothing() {
     let test = "a_server_too_slow_for_the_load_is_left_nothing";
     for locks in [Locks::Mutex, Locks::ReadWrite, Locks::Semaphore] {
-        let Some(sum) = within(Scenario::Slow, locks, SLOW_SEEDS, test) else {
+        let Some(sum) = within(Scenario::Slow, locks, slow_seeds(locks), test) else {
             continue;
         };
         let s = &sum.stats;
