@@ -4,8 +4,10 @@
 //!
 //! Each operation writes its command to all N nodes at once over non-blocking sockets, and
 //! returns as soon as a quorum (`N / 2 + 1`) has answered: one round trip to the fastest
-//! majority, not N sequential ones. There is no async runtime; the only background thread is
-//! the one that keeps locks alive, started when a lock is first kept alive.
+//! majority, not N sequential ones. There is no async runtime. A client has at most two
+//! threads of its own: the one that keeps locks alive, started when a lock is first kept alive,
+//! and one that sees releases through to the nodes that answer after the release returned,
+//! started the first time one does and parked while nothing is owed.
 //!
 //! What is in scope:
 //! - the Redlock mutex of antirez's specification ([`Client::lock`], [`Lock`]): acquire with

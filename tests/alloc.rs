@@ -120,6 +120,20 @@ fn allocations(f: impl FnOnce()) -> u64 {
     COUNT.with(|c| c.replace(None)).unwrap_or(0)
 }
 
+/// Makes the client's resender exist before anything is counted: a release that returns at its
+/// quorum while a node still owes its reply wakes the thread that sees such releases through,
+/// and starts it the first time (a thread's start allocates on the thread that starts it).
+/// Once started it stays, parked, while the client is used. Warm means that thread too.
+fn start_resender(client: &Client, cluster: &RedisCluster) {
+    let addr = cluster.addrs()[0];
+    cmd(addr, &[b"CLIENT", b"PAUSE", b"150", b"WRITE"]);
+    if let Ok(lock) = client.try_lock("alloc:resender", Duration::from_secs(10)) {
+        let _ = lock.release();
+    }
+    // The paused node answers, the resender sees the release through and parks.
+    std::thread::sleep(Duration::from_millis(400));
+}
+
 const CYCLES: u64 = 1000;
 
 /// Allocations in all `CYCLES` steady-state acquire+release cycles, at most. Measured: 0 to 2,
@@ -137,6 +151,7 @@ fn steady_state_acquire_and_release_do_not_allocate() {
         .node_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
+    start_resender(&client, &cluster);
     let ttl = Duration::from_secs(10);
     let cycle = || {
         let lock = client.try_lock("alloc:key", ttl).unwrap();
@@ -180,6 +195,7 @@ fn sixteen_threads_sharing_a_client_do_not_allocate_in_steady_state() {
         .node_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
+    start_resender(&client, &cluster);
     let ttl = Duration::from_secs(10);
     let start = Arc::new(Barrier::new(THREADS));
     let stop = Arc::new(Barrier::new(THREADS));
@@ -438,6 +454,7 @@ fn every_kind_is_allocation_free_once_warm() {
         .node_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
+    start_resender(&client, &cluster);
     let ttl = Duration::from_secs(10);
     let short = b"alloc:kind".to_vec();
     let long = vec![b'k'; MAX_KEY_LEN];

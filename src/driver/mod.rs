@@ -85,7 +85,7 @@ struct Local {
 /// whether its client is gone.
 const RESEND_LIMIT: Duration = Duration::from_secs(10);
 const RESEND_POLL: Duration = Duration::from_millis(50);
-const RESEND_LINGER: Duration = Duration::from_secs(10);
+const RESEND_LINGER: Duration = Duration::from_secs(60);
 const RESEND_IDLE_LOOK: Duration = Duration::from_secs(1);
 
 /// The thread that drives the compare-and-deletes still owed while no caller runs.
