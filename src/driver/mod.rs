@@ -41,6 +41,7 @@
 mod socket;
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -78,6 +79,10 @@ pub(crate) struct Shared {
 /// A client's connections in one process.
 struct Local {
     core: Mutex<Core>,
+    /// A child's core that could not learn its servers from its parent's (a thread held it at
+    /// the fork): its first caller sets its connections up first, as `Client::build` does, so
+    /// that commands are not written before the child knows what each server offers.
+    unwarmed: AtomicBool,
 }
 
 /// How long the thread that sends releases again runs at most, and how long it polls at a
@@ -183,11 +188,14 @@ impl Shared {
                 Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
                 Err(TryLockError::WouldBlock) => None,
             };
+            let known = old.is_some();
             if let Some(mut old) = old {
                 fresh.ep.adopt_servers(&old.ep);
                 old.forget_sockets();
             }
-            Ok(Local::new(fresh))
+            let local = Local::new(fresh);
+            local.unwarmed.store(!known, Ordering::Release);
+            Ok(local)
         })
     }
 
@@ -196,37 +204,8 @@ impl Shared {
     /// setup. Nodes that are down only count against the quorum later; nodes whose setup was
     /// refused are listed by [`setup_failures`](Self::setup_failures).
     pub fn warm_up(&self, timeout: Duration) {
-        let Ok(local) = self.here() else {
-            return;
-        };
-        let mut core = local.lock();
-        let start = Instant::now();
-        // The connects' own timeouts count from the same instant, so that those that run out
-        // (a TLS handshake nobody answers) are judged before the warm-up ends.
-        let deadline = start + timeout;
-        core.ep.connect_all(start);
-        core.do_io(start);
-        while !core.ep.is_settled() {
-            let now = Instant::now();
-            if now >= deadline {
-                // What timed out by now is judged before the warm-up ends.
-                core.timers(now);
-                return;
-            }
-            let Some(mut poller) = core.poll.take() else {
-                return;
-            };
-            let timeout = core.ep.poll_timeout().map_or(deadline, |t| t.min(deadline));
-            drop(core);
-            let _ = poller.poll.poll(
-                &mut poller.events,
-                Some(timeout.saturating_duration_since(now)),
-            );
-            core = local.lock();
-            let now = Instant::now();
-            core.service_events(&mut poller, now);
-            core.poll = Some(poller);
-            core.timers(now);
+        if let Ok(local) = self.here() {
+            local.warm_up(timeout);
         }
     }
 
@@ -254,6 +233,9 @@ impl Shared {
     /// A caller slot for this thread, for one or more operations in a row.
     pub fn session(this: &Arc<Shared>) -> io::Result<Session<'_>> {
         let local = this.here()?;
+        if local.unwarmed.swap(false, Ordering::AcqRel) {
+            local.warm_up(this.config.connect_timeout);
+        }
         let mut core = local.lock();
         let slot = match core.free.pop() {
             Some(s) => s,
@@ -290,9 +272,43 @@ impl Shared {
 }
 
 impl Local {
+    /// See [`Shared::warm_up`].
+    fn warm_up(&self, timeout: Duration) {
+        let mut core = self.lock();
+        let start = Instant::now();
+        // The connects' own timeouts count from the same instant, so that those that run out
+        // (a TLS handshake nobody answers) are judged before the warm-up ends.
+        let deadline = start + timeout;
+        core.ep.connect_all(start);
+        core.do_io(start);
+        while !core.ep.is_settled() {
+            let now = Instant::now();
+            if now >= deadline {
+                // What timed out by now is judged before the warm-up ends.
+                core.timers(now);
+                return;
+            }
+            let Some(mut poller) = core.poll.take() else {
+                return;
+            };
+            let timeout = core.ep.poll_timeout().map_or(deadline, |t| t.min(deadline));
+            drop(core);
+            let _ = poller.poll.poll(
+                &mut poller.events,
+                Some(timeout.saturating_duration_since(now)),
+            );
+            core = self.lock();
+            let now = Instant::now();
+            core.service_events(&mut poller, now);
+            core.poll = Some(poller);
+            core.timers(now);
+        }
+    }
+
     fn new(core: Core) -> Local {
         Local {
             core: Mutex::new(core),
+            unwarmed: AtomicBool::new(false),
         }
     }
 
