@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::cluster::ClusterMember;
+use common::process::{cpu_time, threads};
 use redlock_mux::resp::Value;
 use redlock_mux::{Client, Error};
 
@@ -43,19 +44,6 @@ fn keys_of(member: &ClusterMember, master: SocketAddr, prefix: &str, n: usize) -
         .collect()
 }
 
-/// This process's CPU time (user + system), from /proc/self/stat, in clock ticks (1/100 s).
-fn cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("stat");
-    let rest = &stat[stat.rfind(')').expect(")") + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields 14 and 15 of the stat line; `rest` starts at field 3.
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").expect("task").count()
-}
-
 /// Many releases owed to a master killed with no replica (its slots served by nobody), the
 /// client then idle: the resender does not busy-loop and ends; once the keys' TTL has passed,
 /// what was owed is dropped (the keys are gone anyway), so `close()` returns at once with
@@ -83,14 +71,14 @@ fn owed_deletes_to_a_dead_master_cost_no_cpu_and_lapse_with_their_ttl() {
         lock.release().expect("the standalone members release");
     }
     // Idle for 6 s: the resender may try for its 10 s, but must not spin.
-    let cpu0 = cpu_ticks();
+    let cpu0 = cpu_time();
     let t0 = Instant::now();
     let mut peak_threads = threads();
     while t0.elapsed() < Duration::from_secs(6) {
         std::thread::sleep(Duration::from_millis(100));
         peak_threads = peak_threads.max(threads());
     }
-    let cpu = cpu_ticks() - cpu0;
+    let cpu = (cpu_time() - cpu0).as_millis() / 10;
     let wall = t0.elapsed();
     // Wait for the resender's own limit to pass, then count threads again.
     std::thread::sleep(Duration::from_secs(6));
@@ -356,9 +344,9 @@ fn a_release_owed_through_a_slow_failover_reaches_the_promoted_replica() {
     lock.release().expect("the standalone members release");
     let released = Instant::now();
     // The failover comes 12 s later; the idle client meanwhile spins on nothing.
-    let cpu0 = cpu_ticks();
+    let cpu0 = cpu_time();
     std::thread::sleep(Duration::from_secs(12));
-    let cpu = cpu_ticks() - cpu0;
+    let cpu = (cpu_time() - cpu0).as_millis() / 10;
     assert!(
         cpu < 200,
         "{cpu} ticks of CPU (1/100 s) in 12 s idle, a release owed to a dead master"

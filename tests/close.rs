@@ -10,22 +10,11 @@ mod common;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::process::*;
 use common::*;
 use redlock_mux::{Acquire, Client};
 
 const TTL: Duration = Duration::from_secs(30);
-
-/// The CPU time (user and system) this process has used so far, from `/proc/self/stat`.
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
-    // The command name may hold spaces: the fields counted are after its closing parenthesis.
-    let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name and state.
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // The kernel counts in USER_HZ, 100 on every Linux this runs on.
-    Duration::from_millis(ticks * 10)
-}
 
 #[test]
 fn close_waits_for_a_slow_node_while_another_thread_leads_and_leaves_no_busy_loop() {

@@ -12,35 +12,9 @@ use std::fs::{self, OpenOptions};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::process::*;
 use common::*;
 use redlock_mux::{Client, NodeErrorKind};
-
-// A test may call the C library directly; the library itself has no unsafe code here.
-#[allow(unsafe_code)]
-mod sys {
-    extern "C" {
-        fn fork() -> i32;
-        fn waitpid(pid: i32, status: *mut i32, options: i32) -> i32;
-        fn _exit(code: i32) -> !;
-    }
-
-    pub fn fork_process() -> i32 {
-        // SAFETY: the child only runs the test's own loop and then `_exit`s.
-        unsafe { fork() }
-    }
-
-    pub fn wait(pid: i32) -> i32 {
-        let mut status = 0;
-        // SAFETY: `status` is a valid out pointer for the call.
-        unsafe { waitpid(pid, &mut status, 0) };
-        status
-    }
-
-    pub fn exit(code: i32) -> ! {
-        // SAFETY: ends the child without running the parent's exit handlers twice.
-        unsafe { _exit(code) }
-    }
-}
 
 /// What one process counted.
 #[derive(Default, Debug)]

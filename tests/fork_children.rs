@@ -9,91 +9,14 @@
 
 mod common;
 
-use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::process::*;
 use common::*;
 use redlock_mux::{Client, Error, KeepAlive};
-
-// A test may call the C library directly; the library itself has no unsafe code here.
-#[allow(unsafe_code)]
-mod sys {
-    extern "C" {
-        fn fork() -> i32;
-        fn waitpid(pid: i32, status: *mut i32, options: i32) -> i32;
-        fn kill(pid: i32, signal: i32) -> i32;
-        fn _exit(code: i32) -> !;
-    }
-
-    const WNOHANG: i32 = 1;
-    const SIGKILL: i32 = 9;
-
-    pub fn fork_process() -> i32 {
-        // SAFETY: the child only runs the test's own code and then `_exit`s.
-        unsafe { fork() }
-    }
-
-    /// The child's exit code once it has ended, `None` while it runs (-1 if killed by a
-    /// signal).
-    pub fn try_wait(pid: i32) -> Option<i32> {
-        let mut status = 0;
-        // SAFETY: `status` is a valid out pointer for the call.
-        let r = unsafe { waitpid(pid, &mut status, WNOHANG) };
-        if r == 0 {
-            return None;
-        }
-        Some(if status & 0x7f == 0 {
-            (status >> 8) & 0xff
-        } else {
-            -1
-        })
-    }
-
-    pub fn kill_and_reap(pid: i32) {
-        // SAFETY: `pid` is a child of this process that was not reaped yet.
-        unsafe {
-            kill(pid, SIGKILL);
-            waitpid(pid, std::ptr::null_mut(), 0);
-        }
-    }
-
-    pub fn exit(code: i32) -> ! {
-        // SAFETY: ends the child without running the parent's exit handlers.
-        unsafe { _exit(code) }
-    }
-}
-
-/// Forks; the child runs `child` (its result is its exit code, a panic is 99) and `_exit`s.
-/// Returns the child's PID.
-fn fork_child(child: impl FnOnce() -> i32) -> i32 {
-    let pid = sys::fork_process();
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        let code = panic::catch_unwind(AssertUnwindSafe(child)).unwrap_or(99);
-        sys::exit(code);
-    }
-    // What the child was given stays the parent's as it was: nothing it holds is dropped here.
-    std::mem::forget(child);
-    pid
-}
-
-/// Waits for child `pid` at most `limit`: its exit code, or `None` if it had to be killed.
-fn wait_child(pid: i32, limit: Duration) -> Option<i32> {
-    let until = Instant::now() + limit;
-    loop {
-        if let Some(code) = sys::try_wait(pid) {
-            return Some(code);
-        }
-        if Instant::now() >= until {
-            sys::kill_and_reap(pid);
-            return None;
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
-}
 
 #[test]
 fn a_child_forked_while_threads_use_the_client_never_waits_on_them() {
