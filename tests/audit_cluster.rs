@@ -9,7 +9,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::cluster::ClusterMember;
+use common::cluster::*;
 use common::process::{cpu_time, threads};
 use redlock_mux::resp::Value;
 use redlock_mux::{Client, Error};
@@ -20,28 +20,6 @@ fn client(urls: &[String]) -> Client {
         .node_timeout(Duration::from_millis(500))
         .build()
         .expect("client")
-}
-
-fn has_key(addr: SocketAddr, key: &[u8]) -> bool {
-    let got = common::cmds(addr, &[&[b"READONLY"], &[b"GET", key]]);
-    matches!(&got[1], Value::Bulk(Some(_)))
-}
-
-fn is_master(addr: SocketAddr) -> bool {
-    match common::cmd(addr, &[b"ROLE"]) {
-        Value::Array(Some(items)) => {
-            matches!(items.first(), Some(Value::Bulk(Some(r))) if r == b"master")
-        }
-        _ => false,
-    }
-}
-
-fn keys_of(member: &ClusterMember, master: SocketAddr, prefix: &str, n: usize) -> Vec<String> {
-    (0..100_000)
-        .map(|i| format!("{prefix}:{i}"))
-        .filter(|k| member.owner(member.slot(k.as_bytes()), master) == Some(master))
-        .take(n)
-        .collect()
 }
 
 /// Many releases owed to a master killed with no replica (its slots served by nobody), the
@@ -59,7 +37,7 @@ fn owed_deletes_to_a_dead_master_cost_no_cpu_and_lapse_with_their_ttl() {
     let nodes = vec![cluster.url(), standalone[0].url(), standalone[1].url()];
     let client = client(&nodes);
     let dead = cluster.masters()[0];
-    let keys = keys_of(&cluster, dead, "dead", 40);
+    let keys = cluster.keys_of(dead, "dead", 40);
     let threads_before = threads();
     let locks: Vec<_> = keys
         .iter()
@@ -162,7 +140,7 @@ fn a_release_owed_across_a_failover_then_a_migration_reaches_the_final_owner() {
     let old = cluster.masters()[0];
     let other = cluster.masters()[1];
     let replica = cluster.servers[3].addr();
-    let key = keys_of(&cluster, old, "fm", 1).remove(0);
+    let key = cluster.key_of(old, "fm");
     let slot = cluster.slot(key.as_bytes());
     let lock = client.try_lock(&key, ttl).expect("lock");
     assert!(
@@ -204,69 +182,6 @@ fn a_release_owed_across_a_failover_then_a_migration_reaches_the_final_owner() {
     assert!(start.elapsed() <= Duration::from_millis(10_500));
 }
 
-/// `CLUSTER SHARDS` of the server at `addr`: the IP it gives for the master at `port`.
-fn announced_ip(addr: SocketAddr, port: u16) -> Option<String> {
-    let Value::Array(Some(shards)) = common::cmd(addr, &[b"CLUSTER", b"SHARDS"]) else {
-        return None;
-    };
-    for shard in shards {
-        let Value::Array(Some(fields)) = shard else {
-            continue;
-        };
-        for pair in fields.chunks(2) {
-            let [Value::Bulk(Some(name)), Value::Array(Some(nodes))] = pair else {
-                continue;
-            };
-            if name != b"nodes" {
-                continue;
-            }
-            for node in nodes {
-                let Value::Array(Some(f)) = node else {
-                    continue;
-                };
-                let mut ip = None;
-                let mut p = None;
-                for kv in f.chunks(2) {
-                    match kv {
-                        [Value::Bulk(Some(k)), Value::Bulk(Some(v))] if k == b"ip" => {
-                            ip = Some(String::from_utf8_lossy(v).into_owned())
-                        }
-                        [Value::Bulk(Some(k)), Value::Integer(v)] if k == b"port" => p = Some(*v),
-                        _ => {}
-                    }
-                }
-                if p == Some(i64::from(port)) {
-                    return ip;
-                }
-            }
-        }
-    }
-    None
-}
-
-/// Makes the master at `master` listen on (and announce) `ip` as well as 127.0.0.1.
-fn move_to(master: SocketAddr, ip: &str) {
-    let ok = |v: Value| assert!(matches!(v, Value::Simple(_)), "{v:?}");
-    ok(common::cmd(
-        master,
-        &[
-            b"CONFIG",
-            b"SET",
-            b"bind",
-            format!("127.0.0.1 {ip}").as_bytes(),
-        ],
-    ));
-    ok(common::cmd(
-        master,
-        &[b"CONFIG", b"SET", b"cluster-announce-ip", ip.as_bytes()],
-    ));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while announced_ip(master, master.port()).as_deref() != Some(ip) {
-        assert!(Instant::now() < deadline, "{ip} not announced in 5 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// A master moves address while a lock is held on it (its old address gone, its connections
 /// cut): the release must still delete the key, which lives on the same server at its new
 /// address, well within its TTL; and closing is bounded with nothing undelivered.
@@ -280,7 +195,7 @@ fn a_lock_held_while_its_master_moves_is_deleted_by_the_release() {
     ];
     let master = cluster.masters()[0];
     let port = master.port();
-    let key = keys_of(&cluster, master, "mv", 1).remove(0);
+    let key = cluster.key_of(master, "mv");
     move_to(master, "127.0.1.1");
     let nodes = vec![cluster.url(), standalone[0].url(), standalone[1].url()];
     let client = client(&nodes);
@@ -328,7 +243,7 @@ fn a_release_owed_through_a_slow_failover_reaches_the_promoted_replica() {
     let client = client(&nodes);
     let old = cluster.masters()[0];
     let replica = cluster.servers[3].addr();
-    let key = keys_of(&cluster, old, "slow", 1).remove(0);
+    let key = cluster.key_of(old, "slow");
     let slot = cluster.slot(key.as_bytes());
     let ok = |v: Value| assert!(matches!(v, Value::Simple(_)), "{v:?}");
     ok(common::cmd(
@@ -400,7 +315,7 @@ fn a_dropped_client_lets_its_resender_go() {
     let nodes = vec![cluster.url(), standalone[0].url(), standalone[1].url()];
     let threads_before = threads();
     let client = client(&nodes);
-    let key = keys_of(&cluster, cluster.masters()[0], "drop", 1).remove(0);
+    let key = cluster.key_of(cluster.masters()[0], "drop");
     let lock = client.try_lock(&key, ttl).expect("lock");
     cluster.servers[0].kill().expect("kill -9");
     lock.release().expect("the standalone members release");

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::cluster::ClusterMember;
+use common::cluster::*;
 use history::{History, Kind, Op};
 use redlock_mux::{Client, Error};
 
@@ -843,30 +843,6 @@ fn locks_get_the_promoted_replicas_vote_after_a_master_is_killed() {
     }
 }
 
-/// Whether the server at `addr` (a master, or a replica: `READONLY` first) has `key`.
-fn has_key(addr: SocketAddr, key: &[u8]) -> bool {
-    let got = common::cmds(addr, &[&[b"READONLY"], &[b"GET", key]]);
-    matches!(&got[1], redlock_mux::resp::Value::Bulk(Some(_)))
-}
-
-/// Whether the server at `addr` says it is a master.
-fn is_master(addr: SocketAddr) -> bool {
-    match common::cmd(addr, &[b"ROLE"]) {
-        redlock_mux::resp::Value::Array(Some(items)) => {
-            matches!(items.first(), Some(redlock_mux::resp::Value::Bulk(Some(r))) if r == b"master")
-        }
-        _ => false,
-    }
-}
-
-/// A key of `member` whose slot the master at `master` serves, named `prefix:N`.
-fn key_of(member: &ClusterMember, master: SocketAddr, prefix: &str) -> String {
-    (0..10_000)
-        .map(|i| format!("{prefix}:{i}"))
-        .find(|k| member.owner(member.slot(k.as_bytes()), master) == Some(master))
-        .expect("a key of that master")
-}
-
 /// A release owed to a master that was killed (SIGKILL) goes to whoever owns the key's slot
 /// once the cluster says so: the promoted replica. The release returns at the quorum of the two
 /// standalone members; the client then stays idle, and the promoted replica must lose the key
@@ -883,7 +859,7 @@ fn a_release_owed_to_a_killed_master_goes_to_the_promoted_replica() {
     let client = client(&nodes);
     let old = cluster.masters()[0];
     let replica = cluster.servers[3].addr();
-    let key = key_of(&cluster, old, "k2");
+    let key = cluster.key_of(old, "k2");
     let slot = cluster.slot(key.as_bytes());
     let lock = client.try_lock(&key, ttl).expect("lock");
     assert!(
@@ -943,7 +919,7 @@ fn close_gives_up_within_its_limit_when_a_slot_lost_its_master() {
     let nodes = vec![cluster.url(), standalone[0].url(), standalone[1].url()];
     let client = client(&nodes);
     let old = cluster.masters()[0];
-    let key = key_of(&cluster, old, "lost");
+    let key = cluster.key_of(old, "lost");
     let lock = client.try_lock(&key, ttl).expect("lock");
     cluster.servers[0].kill().expect("kill -9");
     lock.release().expect("the standalone members release");
@@ -979,7 +955,7 @@ fn a_release_moved_after_its_round_is_followed_while_the_client_is_idle() {
     let client = client(&nodes);
     let masters = cluster.masters();
     let (from, to) = (masters[0], masters[1]);
-    let key = key_of(&cluster, from, "moved");
+    let key = cluster.key_of(from, "moved");
     let slot = cluster.slot(key.as_bytes());
     let lock = client.try_lock(&key, ttl).expect("lock");
     cluster.migrate(slot, from, to, || {});

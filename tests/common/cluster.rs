@@ -394,3 +394,105 @@ impl ClusterMember {
         all
     }
 }
+
+impl ClusterMember {
+    /// `n` keys named `prefix:N` whose slots the master at `master` serves.
+    pub fn keys_of(&self, master: SocketAddr, prefix: &str, n: usize) -> Vec<String> {
+        let keys: Vec<String> = (0..100_000)
+            .map(|i| format!("{prefix}:{i}"))
+            .filter(|k| self.owner(self.slot(k.as_bytes()), master) == Some(master))
+            .take(n)
+            .collect();
+        assert_eq!(keys.len(), n, "{n} keys of the master at {master}");
+        keys
+    }
+
+    /// A key named `prefix:N` whose slot the master at `master` serves.
+    pub fn key_of(&self, master: SocketAddr, prefix: &str) -> String {
+        self.keys_of(master, prefix, 1).remove(0)
+    }
+}
+
+/// Whether the server at `addr` (a master, or a replica: `READONLY` first) has `key`.
+pub fn has_key(addr: SocketAddr, key: &[u8]) -> bool {
+    let got = redlock_mux_kit::probe::cmds(addr, &[&[b"READONLY"], &[b"GET", key]]);
+    matches!(&got[1], Value::Bulk(Some(_)))
+}
+
+/// Whether the server at `addr` says it is a master.
+pub fn is_master(addr: SocketAddr) -> bool {
+    match cmd(addr, &[b"ROLE"]) {
+        Value::Array(Some(items)) => {
+            matches!(items.first(), Some(Value::Bulk(Some(r))) if r == b"master")
+        }
+        _ => false,
+    }
+}
+
+/// Asserts a simple-string reply (`OK`).
+pub fn ok(v: Value) {
+    assert!(matches!(v, Value::Simple(_)), "{v:?}");
+}
+
+/// `CLUSTER SHARDS` of the server at `addr`: the IP it gives for the master at `port`.
+pub fn announced_ip(addr: SocketAddr, port: u16) -> Option<String> {
+    let Value::Array(Some(shards)) = cmd(addr, &[b"CLUSTER", b"SHARDS"]) else {
+        return None;
+    };
+    for shard in shards {
+        let Value::Array(Some(fields)) = shard else {
+            continue;
+        };
+        for pair in fields.chunks(2) {
+            let [Value::Bulk(Some(name)), Value::Array(Some(nodes))] = pair else {
+                continue;
+            };
+            if name != b"nodes" {
+                continue;
+            }
+            for node in nodes {
+                let Value::Array(Some(f)) = node else {
+                    continue;
+                };
+                let mut ip = None;
+                let mut p = None;
+                for kv in f.chunks(2) {
+                    match kv {
+                        [Value::Bulk(Some(k)), Value::Bulk(Some(v))] if k == b"ip" => {
+                            ip = Some(String::from_utf8_lossy(v).into_owned())
+                        }
+                        [Value::Bulk(Some(k)), Value::Integer(v)] if k == b"port" => p = Some(*v),
+                        _ => {}
+                    }
+                }
+                if p == Some(i64::from(port)) {
+                    return ip;
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Makes the master at `master` listen on (and announce) `ip` as well as 127.0.0.1, and waits
+/// until the cluster gives that address for it.
+pub fn move_to(master: SocketAddr, ip: &str) {
+    ok(cmd(
+        master,
+        &[
+            b"CONFIG",
+            b"SET",
+            b"bind",
+            format!("127.0.0.1 {ip}").as_bytes(),
+        ],
+    ));
+    ok(cmd(
+        master,
+        &[b"CONFIG", b"SET", b"cluster-announce-ip", ip.as_bytes()],
+    ));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while announced_ip(master, master.port()).as_deref() != Some(ip) {
+        assert!(Instant::now() < deadline, "{ip} not announced in 5 s");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
