@@ -1393,7 +1393,7 @@ impl Endpoint {
         let result = if id.sub {
             let channels = &mut self.channels;
             let mail = &mut self.mail;
-            self.nodes[i].sub.take_replies(&limits, |_, bytes, _| {
+            self.nodes[i].sub.take_replies(&limits, |_, bytes, _, _| {
                 match channels.handle_push(i, member, bytes, &limits, mail) {
                     Push::Nothing => {}
                     push => pushes.push(push),
@@ -1403,10 +1403,14 @@ impl Endpoint {
             let mail = &mut self.mail;
             let stats = &self.stats;
             let refusals = &mut refusals;
+            let replicas = self.config.nodes[member].wait;
             let Node {
-                cmd, again_backoff, ..
+                cmd,
+                again_backoff,
+                awaiting,
+                ..
             } = &mut self.nodes[i];
-            cmd.take_replies(&limits, |slot, bytes, command| {
+            cmd.take_replies(&limits, |slot, bytes, command, waits| {
                 if let Some(redo) = slot.redo() {
                     match Refused::of(bytes) {
                         Some(kind) => {
@@ -1421,18 +1425,49 @@ impl Endpoint {
                         None => *again_backoff = BACKOFF_MIN,
                     }
                 }
-                if let Slot::Reply {
-                    caller,
-                    run,
-                    tag,
-                    sent,
-                    ..
-                } = slot
-                {
-                    // Every reply is timed, the late ones too: a round decided at the quorum
-                    // must not hide the slowest node's latency.
-                    stats.reply(i, now.saturating_duration_since(sent));
-                    mail.post_reply(caller as usize, run, i, tag, bytes);
+                match slot {
+                    // A grant's reply counts once its `WAIT` says enough replicas have it.
+                    Slot::Reply { .. } if waits => *awaiting = Some((slot, bytes.to_vec())),
+                    Slot::Wait => {
+                        if let Some((
+                            Slot::Reply {
+                                caller,
+                                run,
+                                tag,
+                                sent,
+                                ..
+                            },
+                            reply,
+                        )) = awaiting.take()
+                        {
+                            stats.reply(i, now.saturating_duration_since(sent));
+                            match waited(bytes, replicas, &limits) {
+                                Ok(()) => mail.post_reply(caller as usize, run, i, tag, &reply),
+                                Err(why) => mail.post(
+                                    caller as usize,
+                                    run,
+                                    Event::Failure {
+                                        node: member,
+                                        tag,
+                                        why,
+                                    },
+                                ),
+                            }
+                        }
+                    }
+                    Slot::Reply {
+                        caller,
+                        run,
+                        tag,
+                        sent,
+                        ..
+                    } => {
+                        // Every reply is timed, the late ones too: a round decided at the
+                        // quorum must not hide the slowest node's latency.
+                        stats.reply(i, now.saturating_duration_since(sent));
+                        mail.post_reply(caller as usize, run, i, tag, bytes);
+                    }
+                    _ => {}
                 }
             })
         };
@@ -1477,7 +1512,7 @@ impl Endpoint {
             again_backoff,
             ..
         } = &mut self.nodes[link];
-        let result = cmd.take_replies(&limits, |slot, bytes, _| match slot {
+        let result = cmd.take_replies(&limits, |slot, bytes, _, _| match slot {
             Slot::Topology => topology.push(bytes.to_vec()),
             // After a redirection, nothing waits for it.
             Slot::Wait => {
@@ -2174,6 +2209,28 @@ impl Endpoint {
                     self.unsubscribe_on(link, idx, true);
                 }
             }
+        }
+    }
+}
+
+/// What the reply to a `WAIT` after a grant says of the grant (see [`Slot::Wait`]): it counts
+/// only if at least `replicas` replicas acknowledged it; fewer, or an error (`NOREPLICAS`, a
+/// refusal), is a failure of the node for it, never a vote.
+fn waited(bytes: &[u8], replicas: u32, limits: &crate::resp::Limits) -> Result<(), NodeErrorKind> {
+    match cluster::decode(bytes, limits) {
+        Some(Reply::Integer(n)) if n >= i64::from(replicas) => Ok(()),
+        answer => {
+            let reached = match answer {
+                Some(Reply::Integer(n)) => n.to_string(),
+                _ => "none".to_owned(),
+            };
+            Err(NodeErrorKind::Server {
+                kind: crate::resp::ServerErrorKind::Other,
+                message: format!(
+                    "NOREPLICAS the write reached {reached} of the {replicas} replicas WAIT \
+                     asked for within the node timeout"
+                ),
+            })
         }
     }
 }
