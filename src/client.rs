@@ -334,13 +334,6 @@ impl ClientBuilder {
         let mut nodes: Vec<NodeAddr> = Vec::with_capacity(self.nodes.len());
         for url in &self.nodes {
             let node = NodeAddr::parse(url)?;
-            if node.sentinel.is_some() {
-                return Err(InvalidArgument::BadUrl {
-                    url: crate::url::redact(url),
-                    reason: "redis+sentinel:// members are not supported yet",
-                }
-                .into());
-            }
             // Two databases of one server fail together: counting them as two nodes would
             // fake a quorum. A host name is all its addresses: `localhost:P` may be the server
             // at `127.0.0.1:P`.

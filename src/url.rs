@@ -657,7 +657,6 @@ impl NodeAddr {
     /// The master a Sentinel member's sentinels named, at `addr` (`host` as they gave it, the
     /// name TLS checks): reached with the member's credentials, database, TLS and `wait`, and
     /// checked with `ROLE` in its setup.
-    #[allow(dead_code)]
     pub fn sentinel_master(&self, addr: SocketAddr, host: &str) -> NodeAddr {
         NodeAddr {
             display: addr.to_string(),

@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::sentinel::SentinelMember;
 use common::*;
 use redlock_mux::resp::Value;
 use redlock_mux::{Client, Error, NodeErrorKind};
@@ -92,5 +93,74 @@ fn a_standalone_grant_counts_only_once_a_replica_has_it() {
     }
     for s in &lonely {
         assert_settles_eq!(dbsize(s.addr()), 0, "a key was left on {}", s.addr());
+    }
+}
+
+/// A member named by its sentinels: locks are granted and released through the master they
+/// name (nothing goes to the replica, nothing is left behind), with one of the three sentinels
+/// down; and wrong sentinel credentials, or a service no sentinel knows, are `Error::Config`
+/// at build, never contention.
+#[test]
+fn a_member_is_the_master_its_sentinels_name() {
+    let members: Vec<SentinelMember> = (0..3)
+        .map(|_| SentinelMember::start(Some("sentinel-pw")).expect("sentinel member"))
+        .collect();
+    let urls: Vec<String> = members
+        .iter()
+        .map(|m| m.url("?sentinel_password=sentinel-pw"))
+        .collect();
+    let c = client(&urls);
+    for i in 0..20 {
+        let key = format!("sentinel:{i}");
+        let lock = c.try_lock(&key, TTL).expect("lock");
+        for m in &members {
+            assert!(
+                get(m.servers[0].addr(), key.as_bytes()).is_some(),
+                "{key} on the master"
+            );
+        }
+        lock.release().expect("release");
+    }
+    for m in &members {
+        for s in &m.servers {
+            assert_settles_eq!(dbsize(s.addr()), 0, "a key was left on {}", s.addr());
+        }
+    }
+    drop(c);
+    // The first sentinel down: the next one answers.
+    let mut members = members;
+    for m in &mut members {
+        m.sentinels[0].kill();
+    }
+    let c = client(&urls);
+    c.try_lock("sentinel:one-down", TTL)
+        .expect("lock with a sentinel down")
+        .release()
+        .expect("release");
+    drop(c);
+    // Wrong credentials for the sentinels, or no password at all: a configuration error.
+    for query in ["?sentinel_password=wrong", ""] {
+        let urls: Vec<String> = members.iter().map(|m| m.url(query)).collect();
+        match Client::builder().nodes(&urls).build() {
+            Err(Error::Config { failures }) => assert_eq!(failures.len(), 3, "{failures:?}"),
+            other => panic!("wrong sentinel credentials ({query:?}): {other:?}"),
+        }
+    }
+    let unknown: Vec<String> = members
+        .iter()
+        .map(|m| {
+            m.url("?sentinel_password=sentinel-pw")
+                .replace(&m.service, "no-such-service")
+        })
+        .collect();
+    match Client::builder().nodes(&unknown).build() {
+        Err(Error::Config { failures }) => {
+            assert_eq!(failures.len(), 3, "{failures:?}");
+            assert!(
+                format!("{failures:?}").contains("no-such-service"),
+                "{failures:?}"
+            );
+        }
+        other => panic!("a service no sentinel knows: {other:?}"),
     }
 }

@@ -10,3 +10,6 @@ pub use redlock_mux_kit::{assert_settles, assert_settles_eq};
 
 #[allow(dead_code)]
 pub mod cluster;
+
+#[allow(dead_code)]
+pub mod sentinel;

@@ -66,6 +66,9 @@ pub(crate) enum Slot {
     Push,
     /// The reply to a topology read (`CLUSTER SHARDS`) on a link of a cluster member.
     Topology,
+    /// The reply to `SENTINEL get-master-addr-by-name`, on the link of a Sentinel member to
+    /// one of its sentinels.
+    Sentinel,
     /// The reply to the `WAIT` that follows a grant on a member asked to wait for replicas
     /// (`?wait=N`): whether the reply just before it counts.
     Wait,
@@ -281,6 +284,14 @@ impl Conn {
         self.trying += 1;
         self.state = State::Connecting { since: now };
         true
+    }
+
+    /// A connection that is down may connect again at once (its node's address changed: the
+    /// backoff was for the old one).
+    pub fn retry_now(&mut self, now: Instant) {
+        if let State::Down { retry_at } = &mut self.state {
+            *retry_at = (*retry_at).min(now);
+        }
     }
 
     /// The connect finished. The backoff starts again from its least once the setup is
