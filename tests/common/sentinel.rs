@@ -138,7 +138,7 @@ impl Drop for Sentinel {
 /// A quorum member managed by Sentinel: a master, a replica, three sentinels.
 pub struct SentinelMember {
     pub service: String,
-    /// The first master, then its replica: either may be the master after a failover.
+    /// The first master, then its replicas: any may be the master after a failover.
     pub servers: Vec<RedisServer>,
     pub sentinels: Vec<Sentinel>,
 }
@@ -147,20 +147,32 @@ impl SentinelMember {
     /// Starts one, with sentinels that have `sentinel_password` if given, and waits until the
     /// sentinels know the replica and one another (what a failover needs).
     pub fn start(sentinel_password: Option<&str>) -> io::Result<SentinelMember> {
+        Self::start_with(1, sentinel_password)
+    }
+
+    /// [`start`](Self::start) with `replicas` replicas of the master.
+    pub fn start_with(
+        replicas: usize,
+        sentinel_password: Option<&str>,
+    ) -> io::Result<SentinelMember> {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let service = format!("svc{}-{n}", std::process::id());
         let master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"])?;
         let port = master.port().to_string();
-        let replica = RedisServer::start_with(&[
-            "--repl-diskless-sync-delay",
-            "0",
-            "--replicaof",
-            "127.0.0.1",
-            &port,
-        ])?;
+        let mut servers = vec![master];
+        for _ in 0..replicas {
+            servers.push(RedisServer::start_with(&[
+                "--repl-diskless-sync-delay",
+                "0",
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+            ])?);
+        }
+        let master = &servers[0];
         let online = || {
             matches!(cmd(master.addr(), &[b"INFO", b"replication"]),
-                Value::Bulk(Some(t)) if String::from_utf8_lossy(&t).contains("state=online"))
+                Value::Bulk(Some(t)) if String::from_utf8_lossy(&t).matches("state=online").count() == replicas)
         };
         if !redlock_mux_kit::probe::eventually(Duration::from_secs(10), online) {
             return Err(io::Error::other("the replica did not link"));
@@ -170,14 +182,15 @@ impl SentinelMember {
             .collect::<io::Result<Vec<_>>>()?;
         let member = SentinelMember {
             service,
-            servers: vec![master, replica],
+            servers,
             sentinels,
         };
+        let slaves = replicas.to_string();
         let ready = || {
             member.sentinels.iter().all(|s| {
                 let fields = member.master_fields(s);
                 fields.get("num-other-sentinels").map(String::as_str) == Some("2")
-                    && fields.get("num-slaves").map(String::as_str) == Some("1")
+                    && fields.get("num-slaves") == Some(&slaves)
             })
         };
         if !redlock_mux_kit::probe::eventually(Duration::from_secs(20), ready) {
