@@ -298,3 +298,52 @@ fn a_failover_of_a_majority_keeps_one_holder_and_is_followed() {
         }
     }
 }
+
+/// A failover the sentinels are asked for (`SENTINEL FAILOVER`) leaves the old master up, and
+/// taking writes until the sentinels demote it a few seconds later: the client hears
+/// `+switch-master` (or, were that lost, a `READONLY` once it is demoted) and the member's
+/// grants go to the master the sentinels name. (Before its `+switch-master` subscription, the
+/// client kept writing to the old master for the whole 10 s this test waits.)
+#[test]
+fn a_demoted_master_is_left_for_the_one_the_sentinels_name() {
+    let members: Vec<SentinelMember> = (0..3)
+        .map(|_| SentinelMember::start(None).expect("sentinel member"))
+        .collect();
+    let urls: Vec<String> = members.iter().map(|m| m.url("")).collect();
+    let c = client(&urls);
+    c.try_lock("demoted:warm", TTL)
+        .expect("lock")
+        .release()
+        .expect("release");
+    let m = &members[0];
+    let was = m.named_master().expect("a master");
+    assert_eq!(
+        m.sentinels[0].cmd(&[b"SENTINEL", b"FAILOVER", m.service.as_bytes()]),
+        Value::Simple(b"OK".to_vec())
+    );
+    let moved = eventually(Duration::from_secs(15), || {
+        m.named_master().is_some_and(|a| a != was)
+    });
+    assert!(moved, "the sentinels did not fail over");
+    let now = m.named_master().expect("the new master");
+    // Grants keep coming from the other members meanwhile; member 0's come from the new
+    // master once the client found it.
+    let mut i = 0;
+    let found = eventually(Duration::from_secs(10), || {
+        i += 1;
+        let key = format!("demoted:{i}");
+        let Ok(lock) = c.try_lock(&key, TTL) else {
+            return false;
+        };
+        let there = get(now, key.as_bytes()).is_some();
+        lock.release().expect("release");
+        there
+    });
+    assert!(found, "no grant reached the new master {now} (was {was})");
+    for s in &m.servers {
+        assert_settles_eq!(dbsize(s.addr()), 0, "a key was left on {}", s.addr());
+    }
+    for m in &members[1..] {
+        assert_settles_eq!(dbsize(m.servers[0].addr()), 0, "a key was left");
+    }
+}

@@ -1413,8 +1413,11 @@ impl Endpoint {
         if !id.sub && self.topo[member].is_some() {
             return self.handle_recv_cluster(i, was, now);
         }
-        if !id.sub && self.is_sentinel_link(i) {
-            return self.sentinel_recv(i, now);
+        if self.is_sentinel_link(i) {
+            return match id.sub {
+                false => self.sentinel_recv(i, now),
+                true => self.sentinel_push(i, now),
+            };
         }
         if let Some(c) = &mut self.closing {
             c.progress = now;
@@ -1751,8 +1754,11 @@ impl Endpoint {
 
     fn fail(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
         let i = id.node;
-        if !id.sub && self.is_sentinel_link(i) {
-            return self.sentinel_failed(i, why, now);
+        if self.is_sentinel_link(i) {
+            return match id.sub {
+                false => self.sentinel_failed(i, why, now),
+                true => self.sentinel_sub_failed(i, why, now),
+            };
         }
         if !id.sub && i < self.members {
             // A master named by sentinels: they are asked again.

@@ -62,6 +62,9 @@ pub(crate) struct Watch {
     pub config_error: Option<NodeErrorKind>,
     /// The master last named.
     master: Option<SocketAddr>,
+    /// The sentinel whose `+switch-master` messages the link's pub/sub connection hears,
+    /// while it is open.
+    subscribed_to: Option<usize>,
 }
 
 impl Watch {
@@ -79,6 +82,7 @@ impl Watch {
             backoff: ROUND_GAP,
             config_error: None,
             master: None,
+            subscribed_to: None,
         }
     }
 
@@ -178,6 +182,34 @@ fn parse_master(
         Reply::Error(m) => Err(crate::engine::ops::server_error(m)),
         _ => Err(NodeErrorKind::UnexpectedReply),
     }
+}
+
+/// The new master a `+switch-master` message names for `service`: its payload is
+/// `name old-ip old-port new-ip new-port`.
+fn parse_switch(
+    bytes: &[u8],
+    service: &[u8],
+    limits: &resp::Limits,
+) -> Option<(SocketAddr, String)> {
+    let Some(Reply::Array(Some(items))) = super::cluster::decode(bytes, limits) else {
+        return None;
+    };
+    let [Reply::Bulk(Some(kind)), Reply::Bulk(Some(b"+switch-master")), Reply::Bulk(Some(payload))] =
+        &items[..]
+    else {
+        return None;
+    };
+    if *kind != b"message" {
+        return None;
+    }
+    let text = std::str::from_utf8(payload).ok()?;
+    let mut words = text.split(' ');
+    if words.next()?.as_bytes() != service {
+        return None;
+    }
+    let (_, _, host, port) = (words.next()?, words.next()?, words.next()?, words.next()?);
+    let ip = host.parse::<IpAddr>().ok()?;
+    Some((SocketAddr::new(ip, port.parse().ok()?), host.to_owned()))
 }
 
 impl Endpoint {
@@ -437,6 +469,18 @@ impl Endpoint {
             w.again = false;
             w.next = Some(now + ROUND_GAP);
         }
+        let at = w.at;
+        self.subscribe_switches(member, at, now);
+        self.use_master(member, addr, host, now);
+    }
+
+    /// Member `member`'s master is the one at `addr` (`host` as the sentinels gave it). Another
+    /// than the one in use takes its place: the connections to the old one are failed, and
+    /// what they owed goes to the new one.
+    fn use_master(&mut self, member: usize, addr: SocketAddr, host: &str, now: Instant) {
+        let Some(w) = self.sentinels[member].as_mut() else {
+            return;
+        };
         let moved = w.master != Some(addr);
         w.master = Some(addr);
         if !moved && self.nodes[member].addr.is_some() {
@@ -458,5 +502,86 @@ impl Endpoint {
         self.nodes[member].cmd.retry_now(now);
         self.nodes[member].sub.retry_now(now);
         self.connect_if_down(member, now);
+    }
+
+    /// Has the sentinel link of `member` hear `+switch-master` from sentinel `at`, the one
+    /// that just answered, unless its pub/sub connection hears another one already.
+    fn subscribe_switches(&mut self, member: usize, at: usize, now: Instant) {
+        let Some(w) = self.sentinels[member].as_mut() else {
+            return;
+        };
+        let link = w.link;
+        let id = ConnId {
+            node: link,
+            sub: true,
+        };
+        if w.subscribed_to.is_some() && !self.nodes[link].sub.is_down() {
+            return;
+        }
+        w.subscribed_to = Some(at);
+        let Some(spec) = self.config.nodes[member].sentinel.as_ref() else {
+            return;
+        };
+        if !self.nodes[link].sub.is_down() {
+            self.io.push_back(Io::Close(id));
+        }
+        let sub = &mut self.nodes[link].sub;
+        *sub = Conn::new(false, now);
+        sub.start(&spec.sentinels[at], false, now);
+        sub.queue_unmatched(|out| {
+            resp::encode_command(out, &[b"SUBSCRIBE", b"+switch-master"]);
+        });
+        self.io.push_back(Io::Connect(id));
+        self.touch(id);
+    }
+
+    /// The sentinel link `link`'s pub/sub connection failed: the next round subscribes again.
+    pub(super) fn sentinel_sub_failed(&mut self, link: usize, why: NodeErrorKind, now: Instant) {
+        self.nodes[link].sub.fail(why, now, |_, _| {});
+        let member = self.nodes[link].member;
+        if let Some(w) = self.sentinels[member].as_mut() {
+            w.subscribed_to = None;
+            if w.asking.is_none() {
+                let later = now + BACKOFF_MAX;
+                w.next = Some(w.next.map_or(later, |t| t.min(later)));
+            }
+        }
+    }
+
+    /// Messages read on sentinel link `link`'s pub/sub connection: a `+switch-master` of the
+    /// member's service names its new master.
+    pub(super) fn sentinel_push(&mut self, link: usize, now: Instant) {
+        let limits = self.config.limits;
+        let member = self.nodes[link].member;
+        let Some(spec) = self.config.nodes[member].sentinel.as_ref() else {
+            return;
+        };
+        let service = spec.service.as_bytes();
+        let mut switched: Option<(SocketAddr, String)> = None;
+        let result = self.nodes[link]
+            .sub
+            .take_replies(&limits, |_, bytes, _, _| {
+                if let Some(new) = parse_switch(bytes, service, &limits) {
+                    switched = Some(new);
+                }
+            });
+        let id = ConnId {
+            node: link,
+            sub: true,
+        };
+        match result {
+            Ok(false) => {}
+            Ok(true) => {
+                self.nodes[link].sub.release_held();
+                self.touch(id);
+            }
+            Err(why) => {
+                self.io.push_back(Io::Close(id));
+                return self.sentinel_sub_failed(link, why, now);
+            }
+        }
+        if let Some((addr, host)) = switched {
+            self.use_master(member, addr, &host, now);
+        }
     }
 }
