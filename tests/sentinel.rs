@@ -127,6 +127,17 @@ fn a_member_is_the_master_its_sentinels_name() {
         }
     }
     drop(c);
+    // One server is one vote, whether named by sentinels or directly.
+    let twice = vec![urls[0].clone(), members[0].servers[0].url(), urls[1].clone()];
+    match Client::builder().nodes(&twice).build() {
+        Err(Error::Config { failures }) => assert!(
+            failures
+                .iter()
+                .any(|f| format!("{:?}", f.kind).contains("SameServer")),
+            "{failures:?}"
+        ),
+        other => panic!("a master named by sentinels and directly: {other:?}"),
+    }
     // The first sentinel down: the next one answers.
     let mut members = members;
     for m in &mut members {
