@@ -53,6 +53,32 @@ fn a_standalone_grant_counts_only_once_a_replica_has_it() {
         .map(|(m, _)| format!("{}?wait=1", m.url()))
         .collect();
     let waiting = client(&urls);
+    // What the wait costs: lock and release cycles with and without it, in turn.
+    let plain_urls: Vec<String> = pairs.iter().map(|(m, _)| m.url()).collect();
+    let plain = client(&plain_urls);
+    let cycles = |c: &Client| {
+        let started = std::time::Instant::now();
+        for i in 0..100 {
+            c.try_lock(format!("cost:{i}"), TTL)
+                .expect("lock")
+                .release()
+                .expect("release");
+        }
+        started.elapsed() / 100
+    };
+    cycles(&plain);
+    cycles(&waiting);
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        without.push(cycles(&plain));
+        with.push(cycles(&waiting));
+    }
+    without.sort();
+    with.sort();
+    println!(
+        "lock and release, median of 3 runs of 100: {:?} without WAIT, {:?} with WAIT 1",
+        without[1], with[1]
+    );
     for i in 0..5 {
         let key = format!("wait:{i}");
         let lock = waiting.try_lock(&key, TTL).expect("lock");
@@ -128,7 +154,11 @@ fn a_member_is_the_master_its_sentinels_name() {
     }
     drop(c);
     // One server is one vote, whether named by sentinels or directly.
-    let twice = vec![urls[0].clone(), members[0].servers[0].url(), urls[1].clone()];
+    let twice = vec![
+        urls[0].clone(),
+        members[0].servers[0].url(),
+        urls[1].clone(),
+    ];
     match Client::builder().nodes(&twice).build() {
         Err(Error::Config { failures }) => assert!(
             failures
