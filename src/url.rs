@@ -882,6 +882,24 @@ impl NodeUrl {
     pub fn wait(&self) -> u32 {
         self.0.wait
     }
+
+    /// For a `redis+sentinel://` URL: each sentinel, in the URL's order, as a URL with the
+    /// sentinels' credentials (`sentinel_user`, `sentinel_password`). Empty otherwise.
+    pub fn sentinels(&self) -> Vec<NodeUrl> {
+        self.0
+            .sentinel
+            .as_ref()
+            .map(|s| s.sentinels.iter().cloned().map(NodeUrl).collect())
+            .unwrap_or_default()
+    }
+
+    /// For a `redis+sentinel://` URL: the master its sentinels named at `addr` (`host` as they
+    /// gave it, the name TLS checks), reached with the URL's credentials, database and TLS,
+    /// as the client reaches it. `None` for another URL.
+    pub fn sentinel_master(&self, addr: SocketAddr, host: &str) -> Option<NodeUrl> {
+        self.0.sentinel.as_ref()?;
+        Some(NodeUrl(self.0.sentinel_master(addr, host)))
+    }
 }
 
 impl fmt::Display for NodeUrl {
