@@ -585,3 +585,7 @@ impl Endpoint {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "sentinel_tests.rs"]
+mod tests;
