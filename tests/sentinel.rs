@@ -152,6 +152,34 @@ fn a_member_is_the_master_its_sentinels_name() {
             assert_settles_eq!(dbsize(s.addr()), 0, "a key was left on {}", s.addr());
         }
     }
+    // What a Sentinel member costs next to its master named directly: nothing per lock.
+    let direct: Vec<String> = members.iter().map(|m| m.servers[0].url()).collect();
+    let plain = client(&direct);
+    let cycles = |c: &Client| {
+        let started = std::time::Instant::now();
+        for i in 0..100 {
+            c.try_lock(format!("cost:{i}"), TTL)
+                .expect("lock")
+                .release()
+                .expect("release");
+        }
+        started.elapsed() / 100
+    };
+    cycles(&plain);
+    cycles(&c);
+    let (mut named, mut through) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        named.push(cycles(&plain));
+        through.push(cycles(&c));
+    }
+    named.sort();
+    through.sort();
+    println!(
+        "lock and release, median of 3 runs of 100: {:?} on the masters named directly, {:?} \
+         through their sentinels",
+        named[1], through[1]
+    );
+    drop(plain);
     drop(c);
     // One server is one vote, whether named by sentinels or directly.
     let twice = vec![

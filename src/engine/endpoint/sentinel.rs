@@ -425,7 +425,7 @@ impl Endpoint {
                         .as_ref()
                         .is_some_and(|w| w.asking.is_some())
                     {
-                        self.sentinel_failed_keeping(link, why, now);
+                        self.sentinel_refused(link, why, now);
                     }
                 }
                 Err(why) => {
@@ -436,9 +436,9 @@ impl Endpoint {
         }
     }
 
-    /// [`sentinel_failed`](Self::sentinel_failed) for a sentinel that answered: its
-    /// connection is closed (the next question goes to another sentinel).
-    fn sentinel_failed_keeping(&mut self, link: usize, why: NodeErrorKind, now: Instant) {
+    /// [`sentinel_failed`](Self::sentinel_failed) for a sentinel that answered without naming
+    /// a master: its connection is closed, and the question goes to the next sentinel.
+    fn sentinel_refused(&mut self, link: usize, why: NodeErrorKind, now: Instant) {
         let id = ConnId {
             node: link,
             sub: false,
