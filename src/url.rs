@@ -883,6 +883,13 @@ impl NodeUrl {
         self.0.wait
     }
 
+    /// For a `redis+cluster://` URL: the cluster's master at `addr` (one a `MOVED` names),
+    /// reached with the URL's credentials and TLS, as the client reaches it. `None` for
+    /// another URL.
+    pub fn cluster_master(&self, addr: SocketAddr) -> Option<NodeUrl> {
+        self.0.cluster.then(|| NodeUrl(self.0.master(addr)))
+    }
+
     /// For a `redis+sentinel://` URL: each sentinel, in the URL's order, as a URL with the
     /// sentinels' credentials (`sentinel_user`, `sentinel_password`). Empty otherwise.
     pub fn sentinels(&self) -> Vec<NodeUrl> {

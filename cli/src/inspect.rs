@@ -6,7 +6,8 @@
 //! expiries are scores on the node's own clock, so they are compared with that node's `TIME`.
 //!
 //! URLs are read by the library's parser ([`redlock_mux::NodeUrl`]) and shown without their
-//! passwords.
+//! passwords. A Sentinel-managed node is read on the master its sentinels name; a Redis Cluster
+//! node on the masters its seed's `MOVED` replies name (a lock's keys may sit in several slots).
 //!
 //! It also shows how each node looks to the library: for each node it builds a one-node
 //! [`Client`], sends [`PROBE_ROUNDS`] probe rounds through it and prints that client's
@@ -178,13 +179,6 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         .iter()
         .map(|url| NodeUrl::parse(url).map_err(|e| usage!("{e}")))
         .collect::<Result<Vec<_>, _>>()?;
-    // Its probes ask one server per URL; a cluster's key lives on the master of its slot.
-    if let Some(url) = urls.iter().find(|u| u.is_cluster()) {
-        return Err(usage!(
-            "{url}: inspect reads one server per node and cannot read a Redis Cluster yet"
-        )
-        .into());
-    }
     if timeout.is_zero() {
         return Err(usage!("--timeout: must be more than zero").into());
     }
