@@ -750,7 +750,9 @@ void redlock_mux_client_builder_free(redlock_mux_client_builder *builder);
  * `rediss://...` (TLS, when the library has it: see `redlock_mux_has_tls`), or a Unix socket,
  * `unix:///path/to/redis.sock[?db=N&user=U&pass=P]` (or `redis+unix://`), or a Redis
  * Cluster as one node, `redis+cluster://[user:password@]host:port[,host:port...][?wait=N]`
- * (its seeds; `rediss+cluster://` with TLS), given as `url_len` bytes of UTF-8 (no
+ * (its seeds; `rediss+cluster://` with TLS), or a master managed by Redis Sentinel as one
+ * node, `redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[?db=N&wait=N&sentinel_user=U&sentinel_password=P]`
+ * (its sentinels; `rediss+sentinel://` with TLS), given as `url_len` bytes of UTF-8 (no
  * terminating NUL needed). The URL is checked and resolved by
  * `redlock_mux_client_builder_build`. The quorum is N / 2 + 1 of the nodes added.
  *

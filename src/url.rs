@@ -1,7 +1,11 @@
 //! Node URLs: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS), bare `host:port`,
 //! Unix domain sockets as `unix:///path/to/redis.sock` or `redis+unix:///path…`, and Redis
 //! Clusters as `redis+cluster://[user:password@]host:port[,host:port…]` (`rediss+cluster://`
-//! with TLS): the seed addresses of one cluster, which is one quorum member.
+//! with TLS): the seed addresses of one cluster, which is one quorum member; and masters
+//! managed by Redis Sentinel as
+//! `redis+sentinel://[user:password@]host:port[,host:port…]/SERVICE[?db=N&wait=N&sentinel_user=U&sentinel_password=P]`
+//! (`rediss+sentinel://` with TLS): the sentinels to ask for the master of `SERVICE`, which
+//! is one quorum member.
 #![forbid(unsafe_code)]
 
 use std::fmt;
@@ -12,12 +16,14 @@ use crate::error::InvalidArgument;
 
 /// The default Redis port, used when a `redis://` or `rediss://` URL names none.
 const DEFAULT_PORT: u16 = 6379;
-/// The most replicas a cluster URL's `?wait=N` may ask a grant to reach.
+/// The default Sentinel port, used when a `redis+sentinel://` URL names none for a sentinel.
+const DEFAULT_SENTINEL_PORT: u16 = 26379;
+/// The most replicas a URL's `?wait=N` may ask a grant to reach.
 const MAX_WAIT: u32 = 16;
 
 /// The schemes a node URL may have, for the message that refuses another one.
 const SCHEMES: &str = "the scheme must be redis://, rediss:// (TLS), unix://, redis+unix://, \
-     redis+cluster:// or rediss+cluster:// (TLS)";
+     redis+cluster://, rediss+cluster:// (TLS), redis+sentinel:// or rediss+sentinel:// (TLS)";
 
 /// One node, parsed and resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,9 +50,25 @@ pub(crate) struct NodeAddr {
     /// `redis+cluster://`: the node is a Redis Cluster, whose seeds are `addrs` (every
     /// address of every seed host, in the URL's order).
     pub cluster: bool,
-    /// `?wait=N` on a cluster URL: a grant (an acquisition, an extension, a downgrade, a fence
-    /// raised) counts only once `WAIT N` says that many replicas have it. 0: no wait.
+    /// `?wait=N`: a grant (an acquisition, an extension, a downgrade, a fence raised) counts
+    /// only once `WAIT N` says that many replicas have it. 0: no wait.
     pub wait: u32,
+    /// `redis+sentinel://`: the member is the master its sentinels name for a service.
+    pub sentinel: Option<Box<SentinelSpec>>,
+    /// The setup checks with `ROLE` that the server is a master (a master found through
+    /// Sentinel): a replica is never used.
+    pub role: bool,
+}
+
+/// What a `redis+sentinel://` URL says beyond a node's own settings: whom to ask for the
+/// master, and for which service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SentinelSpec {
+    /// The name the sentinels monitor the master under.
+    pub service: String,
+    /// Each sentinel, in the URL's order, with the sentinels' credentials
+    /// (`sentinel_user`, `sentinel_password`; none when not given) and the URL's TLS.
+    pub sentinels: Vec<NodeAddr>,
 }
 
 /// Where one connect goes: one of a node's addresses.
@@ -109,7 +131,7 @@ fn split(url: &str) -> Parts<'_> {
 
 /// The query parameters that hold a password.
 fn is_password_param(name: &str) -> bool {
-    matches!(name, "pass" | "password")
+    matches!(name, "pass" | "password" | "sentinel_password")
 }
 
 /// `url` with its password replaced by `***`, for messages: split as the parser splits it,
@@ -176,6 +198,10 @@ enum Scheme {
     Cluster {
         tls: bool,
     },
+    /// `redis+sentinel://` (`tls`: `rediss+sentinel://`).
+    Sentinel {
+        tls: bool,
+    },
 }
 
 /// The query parameters of a URL: `db` for every scheme, and for Unix sockets (whose URL has
@@ -185,37 +211,74 @@ struct Query {
     db: Option<u32>,
     user: Option<Vec<u8>>,
     password: Option<Vec<u8>>,
+    /// `?wait=N`, any scheme.
+    wait: Option<u32>,
+    /// `?sentinel_user=U&sentinel_password=P`, on a Sentinel URL only.
+    sentinel_user: Option<Vec<u8>>,
+    sentinel_password: Option<Vec<u8>>,
 }
 
-fn parse_query(url: &str, query: &str, unix: bool) -> Result<Query, InvalidArgument> {
+/// Which query parameters a URL takes beyond `db` and `wait`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Takes {
+    /// Nothing more (`redis://`, `rediss://`).
+    Plain,
+    /// `user` and `pass`: a Unix socket URL has no place for credentials.
+    Unix,
+    /// `sentinel_user` and `sentinel_password`.
+    Sentinel,
+}
+
+fn parse_query(url: &str, query: &str, takes: Takes) -> Result<Query, InvalidArgument> {
+    let unix = takes == Takes::Unix;
+    let sentinel = takes == Takes::Sentinel;
     let mut q = Query::default();
     for kv in query.split('&').filter(|kv| !kv.is_empty()) {
         let (name, value) = kv
             .split_once('=')
             .ok_or_else(|| bad(url, "a query parameter needs a value (?db=N)"))?;
         let value = percent_decode(value).ok_or_else(|| bad(url, "bad %-escape"))?;
-        let seen =
-            match name {
-                "db" => {
-                    let n = std::str::from_utf8(&value)
-                        .ok()
-                        .and_then(|s| s.parse::<u32>().ok())
-                        .ok_or_else(|| bad(url, "bad database number"))?;
-                    q.db.replace(n).is_some()
-                }
-                "user" | "username" if unix => q.user.replace(value).is_some(),
-                n if unix && is_password_param(n) => q.password.replace(value).is_some(),
-                _ if unix => {
-                    return Err(bad(
-                        url,
-                        "unknown query parameter: a Unix socket URL takes db, user and pass",
-                    ))
-                }
-                _ => return Err(bad(
+        let seen = match name {
+            "db" => {
+                let n = std::str::from_utf8(&value)
+                    .ok()
+                    .and_then(|s| s.parse::<u32>().ok())
+                    .ok_or_else(|| bad(url, "bad database number"))?;
+                q.db.replace(n).is_some()
+            }
+            "wait" => {
+                let n = std::str::from_utf8(&value)
+                    .ok()
+                    .and_then(|s| s.parse::<u32>().ok())
+                    .filter(|&n| (1..=MAX_WAIT).contains(&n))
+                    .ok_or_else(|| bad(url, "wait=N takes 1 to 16 replicas"))?;
+                q.wait.replace(n).is_some()
+            }
+            "sentinel_user" if sentinel => q.sentinel_user.replace(value).is_some(),
+            "sentinel_password" if sentinel => q.sentinel_password.replace(value).is_some(),
+            _ if sentinel => {
+                return Err(bad(
                     url,
-                    "unknown query parameter: only ?db=N is read (credentials go before the host)",
-                )),
-            };
+                    "unknown query parameter: a Sentinel URL takes db, wait, sentinel_user \
+                         and sentinel_password",
+                ))
+            }
+            "user" | "username" if unix => q.user.replace(value).is_some(),
+            n if unix && is_password_param(n) => q.password.replace(value).is_some(),
+            _ if unix => {
+                return Err(bad(
+                    url,
+                    "unknown query parameter: a Unix socket URL takes db, wait, user and pass",
+                ))
+            }
+            _ => {
+                return Err(bad(
+                    url,
+                    "unknown query parameter: only ?db=N and ?wait=N are read (credentials go \
+                     before the host)",
+                ))
+            }
+        };
         if seen {
             return Err(bad(url, "a query parameter is given twice"));
         }
@@ -247,8 +310,16 @@ impl NodeAddr {
             }
             Some(s) if s.eq_ignore_ascii_case("redis+cluster") => Scheme::Cluster { tls: false },
             Some(s) if s.eq_ignore_ascii_case("rediss+cluster") => Scheme::Cluster { tls: true },
+            Some(s) if s.eq_ignore_ascii_case("redis+sentinel") => Scheme::Sentinel { tls: false },
+            Some(s) if s.eq_ignore_ascii_case("rediss+sentinel") => Scheme::Sentinel { tls: true },
             Some(_) => return Err(bad(url, SCHEMES)),
         };
+        if scheme == (Scheme::Sentinel { tls: true }) && !cfg!(feature = "tls") {
+            return Err(bad(
+                url,
+                "rediss+sentinel:// (TLS) needs redlock-mux built with its `tls` feature",
+            ));
+        }
         if scheme == (Scheme::Cluster { tls: true }) && !cfg!(feature = "tls") {
             return Err(bad(
                 url,
@@ -291,6 +362,9 @@ impl NodeAddr {
         if let Scheme::Cluster { tls } = scheme {
             return Self::parse_cluster(url, tls, user, password, hostport, path, query);
         }
+        if let Scheme::Sentinel { tls } = scheme {
+            return Self::parse_sentinel(url, tls, user, password, hostport, path, query);
+        }
         let (host, port) = split_host_port(hostport).ok_or_else(|| bad(url, "bad host:port"))?;
         let port = match port {
             Some(p) => p.parse::<u16>().map_err(|_| bad(url, "bad port"))?,
@@ -311,7 +385,7 @@ impl NodeAddr {
             ),
         };
         let q = match query {
-            Some(q) => parse_query(url, q, false)?,
+            Some(q) => parse_query(url, q, Takes::Plain)?,
             None => Query::default(),
         };
         let db = match (path_db, q.db) {
@@ -347,7 +421,9 @@ impl NodeAddr {
             password,
             db,
             cluster: false,
-            wait: 0,
+            wait: q.wait.unwrap_or(0),
+            sentinel: None,
+            role: false,
         })
     }
 
@@ -434,6 +510,8 @@ impl NodeAddr {
             db: 0,
             cluster: true,
             wait,
+            sentinel: None,
+            role: false,
         })
     }
 
@@ -458,6 +536,142 @@ impl NodeAddr {
             db: 0,
             cluster: false,
             wait: 0,
+            sentinel: None,
+            role: false,
+        }
+    }
+
+    /// `redis+sentinel://[user:password@]host:port[,host:port…]/SERVICE[?db=N&wait=N&sentinel_user=U&sentinel_password=P]`,
+    /// split by [`split`], with the data nodes' credentials read: every sentinel resolved, in
+    /// order. The credentials before the hosts are the master's; the sentinels' own are in
+    /// the query (sentinels often have none).
+    fn parse_sentinel(
+        url: &str,
+        tls: bool,
+        user: Option<Vec<u8>>,
+        password: Option<Vec<u8>>,
+        hostport: &str,
+        path: &str,
+        query: Option<&str>,
+    ) -> Result<NodeAddr, InvalidArgument> {
+        let service = percent_decode(path.strip_suffix('/').unwrap_or(path))
+            .and_then(|s| String::from_utf8(s).ok())
+            .ok_or_else(|| bad(url, "bad %-escape in the service name"))?;
+        if service.is_empty() {
+            return Err(bad(
+                url,
+                "a Sentinel URL names its service: redis+sentinel://host:port/SERVICE",
+            ));
+        }
+        if service.contains(|c: char| c == '/' || c.is_whitespace() || c.is_control()) {
+            return Err(bad(url, "bad service name"));
+        }
+        let q = match query {
+            Some(q) => parse_query(url, q, Takes::Sentinel)?,
+            None => Query::default(),
+        };
+        if q.sentinel_password.as_ref().is_some_and(|p| p.is_empty()) {
+            return Err(bad(url, "empty sentinel_password"));
+        }
+        if q.sentinel_user.is_some() && q.sentinel_password.is_none() {
+            return Err(bad(
+                url,
+                "a sentinel_user needs a sentinel_password (?sentinel_user=U&sentinel_password=P)",
+            ));
+        }
+        let mut sentinels: Vec<NodeAddr> = Vec::new();
+        let mut addrs: Vec<SocketAddr> = Vec::new();
+        let mut display = String::new();
+        for one in hostport.split(',') {
+            let (host, port) = split_host_port(one)
+                .ok_or_else(|| bad(url, "bad host:port among the sentinels"))?;
+            let port = match port {
+                Some(p) => p.parse::<u16>().map_err(|_| bad(url, "bad port"))?,
+                None => DEFAULT_SENTINEL_PORT,
+            };
+            if port == 0 {
+                return Err(bad(url, "port 0"));
+            }
+            let mut resolved: Vec<SocketAddr> = Vec::new();
+            for addr in (host, port)
+                .to_socket_addrs()
+                .map_err(|_| bad(url, "a sentinel host does not resolve"))?
+            {
+                if !resolved.contains(&addr) {
+                    resolved.push(addr);
+                }
+            }
+            if resolved.is_empty() {
+                return Err(bad(url, "a sentinel host does not resolve"));
+            }
+            let shown = if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            };
+            if sentinels.iter().any(|s| s.display == shown) {
+                return Err(bad(url, "a sentinel is named twice"));
+            }
+            for a in &resolved {
+                if !addrs.contains(a) {
+                    addrs.push(*a);
+                }
+            }
+            if !display.is_empty() {
+                display.push(',');
+            }
+            display.push_str(&shown);
+            sentinels.push(NodeAddr {
+                display: shown,
+                host: host.to_owned(),
+                addrs: resolved,
+                seed_hosts: Vec::new(),
+                unix: None,
+                tls,
+                user: q.sentinel_user.clone(),
+                password: q.sentinel_password.clone(),
+                db: 0,
+                cluster: false,
+                wait: 0,
+                sentinel: None,
+                role: false,
+            });
+        }
+        Ok(NodeAddr {
+            display,
+            host: sentinels[0].host.clone(),
+            addrs,
+            seed_hosts: Vec::new(),
+            unix: None,
+            tls,
+            user,
+            password,
+            db: q.db.unwrap_or(0),
+            cluster: false,
+            wait: q.wait.unwrap_or(0),
+            sentinel: Some(Box::new(SentinelSpec { service, sentinels })),
+            role: false,
+        })
+    }
+
+    /// The master a Sentinel member's sentinels named, at `addr` (`host` as they gave it, the
+    /// name TLS checks): reached with the member's credentials, database, TLS and `wait`, and
+    /// checked with `ROLE` in its setup.
+    pub fn sentinel_master(&self, addr: SocketAddr, host: &str) -> NodeAddr {
+        NodeAddr {
+            display: addr.to_string(),
+            host: host.to_owned(),
+            addrs: vec![addr],
+            seed_hosts: Vec::new(),
+            unix: None,
+            tls: self.tls,
+            user: self.user.clone(),
+            password: self.password.clone(),
+            db: self.db,
+            cluster: false,
+            wait: self.wait,
+            sentinel: None,
+            role: true,
         }
     }
 
@@ -491,7 +705,7 @@ impl NodeAddr {
             ));
         }
         let q = match query {
-            Some(q) => parse_query(url, q, true)?,
+            Some(q) => parse_query(url, q, Takes::Unix)?,
             None => Query::default(),
         };
         if q.password.as_ref().is_some_and(|p| p.is_empty()) {
@@ -511,7 +725,9 @@ impl NodeAddr {
             password: q.password,
             db: q.db.unwrap_or(0),
             cluster: false,
-            wait: 0,
+            wait: q.wait.unwrap_or(0),
+            sentinel: None,
+            role: false,
         })
     }
 
@@ -540,6 +756,16 @@ impl NodeAddr {
 
     /// Whether the two may be one server: they share an address, or name one socket.
     pub fn shares_address(&self, other: &NodeAddr) -> bool {
+        // Sentinels may watch several services, each its own master: two Sentinel members
+        // are one only for the same service. A master named by sentinels and a node named
+        // directly are told apart by their servers' `run_id` once connected.
+        match (&self.sentinel, &other.sentinel) {
+            (Some(a), Some(b)) => {
+                return a.service == b.service && self.addrs.iter().any(|x| other.addrs.contains(x))
+            }
+            (None, None) => {}
+            _ => return false,
+        }
         match (&self.unix, &other.unix) {
             (Some(a), Some(b)) => a == b || same_file(a, b),
             (None, None) => self.addrs.iter().any(|a| other.addrs.contains(a)),
@@ -644,6 +870,43 @@ impl NodeUrl {
     pub fn is_cluster(&self) -> bool {
         self.0.cluster
     }
+
+    /// For a `redis+sentinel://` (or `rediss+sentinel://`) URL: the service whose master is
+    /// the node, as its sentinels name it (the sentinels' addresses are
+    /// [`addrs`](Self::addrs)).
+    pub fn sentinel_service(&self) -> Option<&str> {
+        self.0.sentinel.as_ref().map(|s| s.service.as_str())
+    }
+
+    /// `?wait=N`: how many replicas a grant must reach before it counts (0: none).
+    pub fn wait(&self) -> u32 {
+        self.0.wait
+    }
+
+    /// For a `redis+cluster://` URL: the cluster's master at `addr` (one a `MOVED` names),
+    /// reached with the URL's credentials and TLS, as the client reaches it. `None` for
+    /// another URL.
+    pub fn cluster_master(&self, addr: SocketAddr) -> Option<NodeUrl> {
+        self.0.cluster.then(|| NodeUrl(self.0.master(addr)))
+    }
+
+    /// For a `redis+sentinel://` URL: each sentinel, in the URL's order, as a URL with the
+    /// sentinels' credentials (`sentinel_user`, `sentinel_password`). Empty otherwise.
+    pub fn sentinels(&self) -> Vec<NodeUrl> {
+        self.0
+            .sentinel
+            .as_ref()
+            .map(|s| s.sentinels.iter().cloned().map(NodeUrl).collect())
+            .unwrap_or_default()
+    }
+
+    /// For a `redis+sentinel://` URL: the master its sentinels named at `addr` (`host` as they
+    /// gave it, the name TLS checks), reached with the URL's credentials, database and TLS,
+    /// as the client reaches it. `None` for another URL.
+    pub fn sentinel_master(&self, addr: SocketAddr, host: &str) -> Option<NodeUrl> {
+        self.0.sentinel.as_ref()?;
+        Some(NodeUrl(self.0.sentinel_master(addr, host)))
+    }
 }
 
 impl fmt::Display for NodeUrl {
@@ -665,6 +928,45 @@ impl fmt::Display for NodeUrl {
             }
             if n.password.is_some() {
                 param(f, "pass=***".to_owned())?;
+            }
+            if n.wait != 0 {
+                param(f, format!("wait={}", n.wait))?;
+            }
+            return Ok(());
+        }
+        if let Some(s) = &n.sentinel {
+            f.write_str(if n.tls {
+                "rediss+sentinel://"
+            } else {
+                "redis+sentinel://"
+            })?;
+            match (&n.user, &n.password) {
+                (Some(user), Some(_)) => write!(f, "{}:***@", String::from_utf8_lossy(user))?,
+                (None, Some(_)) => f.write_str(":***@")?,
+                _ => {}
+            }
+            write!(f, "{}/{}", n.display, s.service)?;
+            let mut sep = '?';
+            let mut param = |f: &mut fmt::Formatter<'_>, text: String| {
+                let r = write!(f, "{sep}{text}");
+                sep = '&';
+                r
+            };
+            if n.db != 0 {
+                param(f, format!("db={}", n.db))?;
+            }
+            if n.wait != 0 {
+                param(f, format!("wait={}", n.wait))?;
+            }
+            let first = s.sentinels.first();
+            if let Some(user) = first.and_then(|x| x.user.as_ref()) {
+                param(
+                    f,
+                    format!("sentinel_user={}", String::from_utf8_lossy(user)),
+                )?;
+            }
+            if first.is_some_and(|x| x.password.is_some()) {
+                param(f, "sentinel_password=***".to_owned())?;
             }
             return Ok(());
         }
@@ -965,6 +1267,122 @@ mod tests {
             let e = tls.unwrap_err();
             assert!(e.to_string().contains("`tls` feature"), "{e}");
             assert!(!e.to_string().contains("pw"), "{e}");
+        }
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_and_the_service() {
+        let n = NodeAddr::parse(
+            "redis+sentinel://app:pw@127.0.0.1:26379,127.0.0.1:26380,[::1]/mymaster?db=2&wait=1\
+             &sentinel_user=sen&sentinel_password=s%40cret",
+        )
+        .unwrap();
+        let s = n.sentinel.as_deref().unwrap();
+        assert_eq!(s.service, "mymaster");
+        assert_eq!(s.sentinels.len(), 3);
+        assert_eq!(s.sentinels[2].addrs, ["[::1]:26379".parse().unwrap()]);
+        for one in &s.sentinels {
+            assert_eq!(one.user.as_deref(), Some(&b"sen"[..]));
+            assert_eq!(one.password.as_deref(), Some(&b"s@cret"[..]));
+            assert_eq!((one.db, one.wait, one.role), (0, 0, false));
+        }
+        assert_eq!((n.db, n.wait, n.cluster, n.tls), (2, 1, false, false));
+        assert_eq!(n.user.as_deref(), Some(&b"app"[..]));
+        assert_eq!(n.password.as_deref(), Some(&b"pw"[..]));
+        assert_eq!(n.addrs.len(), 3);
+        // The master it finds keeps the member's credentials, database and wait, not the
+        // sentinels'; its setup checks its role.
+        let m = n.sentinel_master("127.0.0.1:6400".parse().unwrap(), "127.0.0.1");
+        assert_eq!(m.user.as_deref(), Some(&b"app"[..]));
+        assert_eq!(m.password.as_deref(), Some(&b"pw"[..]));
+        assert_eq!((m.db, m.wait, m.role), (2, 1, true));
+        assert!(m.sentinel.is_none());
+        let shown = NodeUrl::parse(
+            "redis+sentinel://app:pw@127.0.0.1:26379/mymaster?sentinel_password=secret&wait=2",
+        )
+        .unwrap();
+        assert_eq!(shown.sentinel_service(), Some("mymaster"));
+        assert_eq!(
+            shown.to_string(),
+            "redis+sentinel://app:***@127.0.0.1:26379/mymaster?wait=2&sentinel_password=***"
+        );
+        assert_eq!(
+            redact("redis+sentinel://h:1/m?sentinel_password=secret"),
+            "redis+sentinel://h:1/m?sentinel_password=***"
+        );
+        // Sentinels without credentials, the default port, a trailing slash.
+        let n = NodeAddr::parse("REDIS+SENTINEL://127.0.0.1/svc/").unwrap();
+        let s = n.sentinel.as_deref().unwrap();
+        assert_eq!(s.service, "svc");
+        assert_eq!(s.sentinels[0].addrs, ["127.0.0.1:26379".parse().unwrap()]);
+        assert_eq!(
+            (&s.sentinels[0].user, &s.sentinels[0].password),
+            (&None, &None)
+        );
+        // Two services of the same sentinels are two members; one service twice is one.
+        let a = NodeAddr::parse("redis+sentinel://127.0.0.1:26379/a").unwrap();
+        let b = NodeAddr::parse("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/b").unwrap();
+        let a2 = NodeAddr::parse("redis+sentinel://127.0.0.1:26380,127.0.0.1:26379/a").unwrap();
+        assert!(!a.shares_address(&b) && a.shares_address(&a2));
+        assert!(!a.shares_address(&NodeAddr::parse("127.0.0.1:26379").unwrap()));
+        for (url, why) in [
+            ("redis+sentinel://127.0.0.1:26379", "names its service"),
+            ("redis+sentinel://127.0.0.1:26379/", "names its service"),
+            ("redis+sentinel://127.0.0.1:26379/a/b", "bad service name"),
+            ("redis+sentinel://127.0.0.1:26379/a%zz", "%-escape"),
+            ("redis+sentinel://127.0.0.1:26379/m?wait=0", "wait"),
+            ("redis+sentinel://127.0.0.1:26379/m?wait=x", "wait"),
+            ("redis+sentinel://127.0.0.1:26379/m?db=x", "database"),
+            (
+                "redis+sentinel://127.0.0.1:26379/m?pass=x",
+                "sentinel_password",
+            ),
+            (
+                "redis+sentinel://127.0.0.1:26379/m?sentinel_user=u",
+                "needs a sentinel_password",
+            ),
+            (
+                "redis+sentinel://127.0.0.1:26379/m?sentinel_password=",
+                "empty",
+            ),
+            ("redis+sentinel://127.0.0.1:26379/m?wait=1&wait=2", "twice"),
+            ("redis+sentinel://127.0.0.1:1,,127.0.0.1:2/m", "host:port"),
+            ("redis+sentinel://127.0.0.1:1,127.0.0.1:1/m", "named twice"),
+            ("redis+sentinel://127.0.0.1:0/m", "port 0"),
+            ("redis+sentinel://:@127.0.0.1:1/m", "empty password"),
+            ("redis+sentinel://no such host.invalid:1/m", "host:port"),
+        ] {
+            match NodeAddr::parse(url) {
+                Err(InvalidArgument::BadUrl { reason, .. }) => {
+                    assert!(reason.contains(why), "{url}: {reason}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let tls = NodeAddr::parse("rediss+sentinel://127.0.0.1:26379/m");
+        assert_eq!(tls.is_ok(), cfg!(feature = "tls"), "{tls:?}");
+        if let Ok(n) = tls {
+            assert!(n.tls && n.sentinel.unwrap().sentinels[0].tls);
+        }
+    }
+
+    #[test]
+    fn wait_is_read_on_every_scheme() {
+        let n = NodeAddr::parse("redis://127.0.0.1:7001/2?wait=1").unwrap();
+        assert_eq!((n.db, n.wait), (2, 1));
+        assert_eq!(NodeUrl(n).to_string(), "redis://127.0.0.1:7001/2?wait=1");
+        let n = NodeAddr::parse("unix:///tmp/r.sock?wait=2").unwrap();
+        assert_eq!(n.wait, 2);
+        assert_eq!(NodeUrl(n).to_string(), "unix:///tmp/r.sock?wait=2");
+        assert_eq!(NodeAddr::parse("redis://127.0.0.1:7001").unwrap().wait, 0);
+        for url in [
+            "redis://127.0.0.1:7001?wait=0",
+            "redis://127.0.0.1:7001?wait=17",
+            "redis://127.0.0.1:7001?wait=",
+            "unix:///tmp/r.sock?wait=-1",
+        ] {
+            let e = NodeAddr::parse(url).unwrap_err();
+            assert!(e.to_string().contains("wait=N"), "{url}: {e}");
         }
     }
 

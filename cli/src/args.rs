@@ -183,16 +183,42 @@ pub fn nodes_or_none(
             }
         },
     };
-    let urls: Vec<String> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let urls = split_nodes(&list);
     if urls.is_empty() {
         return Err(usage!("the node list is empty"));
     }
     Ok(Some((urls, from)))
+}
+
+/// A comma-separated node list, read as URLs: a cluster's seeds and a Sentinel member's
+/// sentinels are separated by commas too (`redis+cluster://a:1,b:2`,
+/// `redis+sentinel://a:26379,b:26379/svc`), so a piece without a scheme that follows such a URL
+/// whose host list is still open (no `/` or `?` after it yet) belongs to it. A bare `host:port`
+/// node after a cluster URL is read as one of its seeds: write it `redis://host:port`.
+fn split_nodes(list: &str) -> Vec<String> {
+    let mut urls: Vec<String> = Vec::new();
+    for piece in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let open = urls.last().is_some_and(|last| {
+            let lower = last.to_ascii_lowercase();
+            let hosts = [
+                "redis+cluster://",
+                "rediss+cluster://",
+                "redis+sentinel://",
+                "rediss+sentinel://",
+            ]
+            .iter()
+            .find_map(|scheme| lower.strip_prefix(scheme));
+            hosts.is_some_and(|h| !h.contains(['/', '?']))
+        });
+        match urls.last_mut() {
+            Some(last) if open && !piece.contains("://") => {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ => urls.push(piece.to_owned()),
+        }
+    }
+    urls
 }
 
 /// The node URLs from `--nodes` (`given`), else from `REDLOCK_NODES`.
@@ -205,6 +231,24 @@ pub fn nodes(given: Option<String>) -> Result<Vec<String>, UsageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_lists_keep_the_hosts_of_one_member_together() {
+        assert_eq!(
+            split_nodes(
+                "redis+sentinel://a:1,b:2,c:3/svc?wait=1, redis://d:4,e:5,\
+                 redis+cluster://f:6,g:7,rediss+sentinel://h:8,i:9/s"
+            ),
+            [
+                "redis+sentinel://a:1,b:2,c:3/svc?wait=1",
+                "redis://d:4",
+                "e:5",
+                "redis+cluster://f:6,g:7",
+                "rediss+sentinel://h:8,i:9/s"
+            ]
+        );
+        assert_eq!(split_nodes(" a:1 ,, b:2 "), ["a:1", "b:2"]);
+    }
 
     #[test]
     fn durations() {

@@ -6,7 +6,8 @@
 //! expiries are scores on the node's own clock, so they are compared with that node's `TIME`.
 //!
 //! URLs are read by the library's parser ([`redlock_mux::NodeUrl`]) and shown without their
-//! passwords.
+//! passwords. A Sentinel-managed node is read on the master its sentinels name; a Redis Cluster
+//! node on the masters its seed's `MOVED` replies name (a lock's keys may sit in several slots).
 //!
 //! It also shows how each node looks to the library: for each node it builds a one-node
 //! [`Client`], sends [`PROBE_ROUNDS`] probe rounds through it and prints that client's
@@ -178,13 +179,6 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
         .iter()
         .map(|url| NodeUrl::parse(url).map_err(|e| usage!("{e}")))
         .collect::<Result<Vec<_>, _>>()?;
-    // Its probes ask one server per URL; a cluster's key lives on the master of its slot.
-    if let Some(url) = urls.iter().find(|u| u.is_cluster()) {
-        return Err(usage!(
-            "{url}: inspect reads one server per node and cannot read a Redis Cluster yet"
-        )
-        .into());
-    }
     if timeout.is_zero() {
         return Err(usage!("--timeout: must be more than zero").into());
     }
@@ -481,12 +475,71 @@ fn writer_of(n: &Node) -> &Slot {
 }
 
 /// Reads what one node holds for a resource.
+/// The master the sentinels of `url` name for `service`: the first of them that answers with
+/// one is believed; it must say it is a master.
+fn sentinel_master(
+    url: &NodeUrl,
+    service: &str,
+    tls: &args::TlsFiles,
+    timeout: Duration,
+) -> Result<NodeUrl, Failure> {
+    let mut last = Failure::Refused(format!("no sentinel knows the service {service:?}"));
+    for sentinel in url.sentinels() {
+        let asked = NodeConn::connect(&sentinel, tls, timeout).and_then(|mut conn| {
+            conn.call_ok(&[b"SENTINEL", b"get-master-addr-by-name", service.as_bytes()])
+        });
+        let named = match asked {
+            Ok(Value::Array(Some(parts))) => match parts.as_slice() {
+                [Value::Bulk(Some(host)), Value::Bulk(Some(port))] => {
+                    let host = String::from_utf8_lossy(host).into_owned();
+                    let port = String::from_utf8_lossy(port).into_owned();
+                    std::net::ToSocketAddrs::to_socket_addrs(&(
+                        host.as_str(),
+                        number(port.as_bytes()) as u16,
+                    ))
+                    .ok()
+                    .and_then(|mut a| a.next())
+                    .and_then(|addr| url.sentinel_master(addr, &host))
+                }
+                _ => None,
+            },
+            Ok(_) => None,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        let Some(master) = named else {
+            continue;
+        };
+        let mut conn = NodeConn::connect(&master, tls, timeout)?;
+        return match conn.call_ok(&[b"ROLE"])? {
+            Value::Array(Some(parts)) if matches!(parts.first(), Some(Value::Bulk(Some(r))) if r == b"master") => {
+                Ok(master)
+            }
+            _ => Err(Failure::Refused(format!(
+                "{}: the server the sentinels named for {service:?} is not a master",
+                master
+            ))),
+        };
+    }
+    Err(last)
+}
+
 fn probe(
     url: &NodeUrl,
     tls: &args::TlsFiles,
     names: &Names,
     timeout: Duration,
 ) -> Result<Node, Failure> {
+    let master;
+    let url = match url.sentinel_service() {
+        Some(service) => {
+            master = sentinel_master(url, service, tls, timeout)?;
+            &master
+        }
+        None => url,
+    };
     let mut conn = NodeConn::connect(url, tls, timeout)?;
     let server = conn.server()?;
     let odd = |what: &str| Failure::NotRedis(format!("{what} answered as Redis does not"));

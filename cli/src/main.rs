@@ -47,7 +47,10 @@ Options:
   -V, --version  the version
 
 Nodes are given with --nodes URL,URL,... or the REDLOCK_NODES variable, as
-redis://[user:password@]host:port[/db] or host:port.
+redis://[user:password@]host:port[/db] or host:port; a Redis Cluster as
+redis+cluster://host:port[,host:port...]; a master managed by Redis Sentinel as
+redis+sentinel://host:port[,host:port...]/SERVICE[?sentinel_password=P]
+(see the README for every form and ?wait=N).
 Durations are written like 250ms, 10s or 2m.
 Run `redlock-mux <COMMAND> --help` for a command's options and exit statuses.
 ";

@@ -155,6 +155,32 @@ pub struct NodeConn {
     stream: Stream,
     buf: Vec<u8>,
     out: Vec<u8>,
+    /// On a Redis Cluster URL: the masters that `MOVED` replies named.
+    cluster: Option<Box<Masters>>,
+}
+
+/// The masters of a Redis Cluster a connection to one of its seeds was redirected to, each
+/// connected once.
+struct Masters {
+    url: NodeUrl,
+    tls: TlsFiles,
+    timeout: Duration,
+    conns: Vec<(std::net::SocketAddr, NodeConn)>,
+}
+
+/// The address a `MOVED slot host:port` error names.
+fn moved_to(error: &[u8]) -> Option<std::net::SocketAddr> {
+    let text = std::str::from_utf8(error).ok()?;
+    let mut words = text.split(' ');
+    if words.next()? != "MOVED" {
+        return None;
+    }
+    let to = words.nth(1)?;
+    let (host, port) = to.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    std::net::ToSocketAddrs::to_socket_addrs(&(host, port.parse::<u16>().ok()?))
+        .ok()?
+        .next()
 }
 
 impl NodeConn {
@@ -166,6 +192,14 @@ impl NodeConn {
             stream,
             buf: vec![0; 4096],
             out: Vec::with_capacity(256),
+            cluster: url.is_cluster().then(|| {
+                Box::new(Masters {
+                    url: url.clone(),
+                    tls: tls.clone(),
+                    timeout,
+                    conns: Vec::new(),
+                })
+            }),
         };
         if let Some(password) = url.password() {
             let mut args: Vec<&[u8]> = vec![b"AUTH"];
@@ -187,8 +221,32 @@ impl NodeConn {
         }
     }
 
-    /// Sends one command and reads its reply, error replies included.
+    /// Sends one command and reads its reply, error replies included. On a Redis Cluster, a
+    /// `MOVED` reply sends the command to the master it names (one hop).
     pub fn call(&mut self, args: &[&[u8]]) -> Result<Value, Failure> {
+        let reply = self.call_here(args)?;
+        let (Value::Error(e), Some(masters)) = (&reply, self.cluster.as_mut()) else {
+            return Ok(reply);
+        };
+        let Some(addr) = moved_to(e) else {
+            return Ok(reply);
+        };
+        let i = match masters.conns.iter().position(|(a, _)| *a == addr) {
+            Some(i) => i,
+            None => {
+                let Some(url) = masters.url.cluster_master(addr) else {
+                    return Ok(reply);
+                };
+                let conn = NodeConn::connect(&url, &masters.tls, masters.timeout)?;
+                masters.conns.push((addr, conn));
+                masters.conns.len() - 1
+            }
+        };
+        masters.conns[i].1.call_here(args)
+    }
+
+    /// Sends one command on this connection and reads its reply.
+    fn call_here(&mut self, args: &[&[u8]]) -> Result<Value, Failure> {
         self.out.clear();
         resp::encode_command(&mut self.out, args);
         self.stream.write_all(&self.out)?;
@@ -232,6 +290,20 @@ impl NodeConn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moved_names_the_master() {
+        assert_eq!(
+            moved_to(b"MOVED 3999 127.0.0.1:6381"),
+            Some("127.0.0.1:6381".parse().unwrap())
+        );
+        assert_eq!(
+            moved_to(b"MOVED 1 [::1]:7000"),
+            Some("[::1]:7000".parse().unwrap())
+        );
+        assert_eq!(moved_to(b"ASK 3999 127.0.0.1:6381"), None);
+        assert_eq!(moved_to(b"MOVED 3999"), None);
+    }
 
     #[test]
     fn info_server_names_the_server() {

@@ -12,3 +12,5 @@ pub use redlock_mux_kit::{assert_settles, assert_settles_eq};
 pub mod cluster;
 #[allow(dead_code)]
 pub mod process;
+#[allow(dead_code)]
+pub mod sentinel;

@@ -66,8 +66,11 @@ pub(crate) enum Slot {
     Push,
     /// The reply to a topology read (`CLUSTER SHARDS`) on a link of a cluster member.
     Topology,
-    /// The reply to the `WAIT` that follows a grant on a cluster member asked to wait for
-    /// replicas: whether the reply just before it counts.
+    /// The reply to `SENTINEL get-master-addr-by-name`, on the link of a Sentinel member to
+    /// one of its sentinels.
+    Sentinel,
+    /// The reply to the `WAIT` that follows a grant on a member asked to wait for replicas
+    /// (`?wait=N`): whether the reply just before it counts.
     Wait,
 }
 
@@ -283,6 +286,14 @@ impl Conn {
         true
     }
 
+    /// A connection that is down may connect again at once (its node's address changed: the
+    /// backoff was for the old one).
+    pub fn retry_now(&mut self, now: Instant) {
+        if let State::Down { retry_at } = &mut self.state {
+            *retry_at = (*retry_at).min(now);
+        }
+    }
+
     /// The connect finished. The backoff starts again from its least once the setup is
     /// answered, not here: a server that accepts connections and refuses every setup (a wrong
     /// password) is not worth reconnecting to every few milliseconds.
@@ -468,8 +479,8 @@ impl Conn {
     }
 
     /// Frames every complete reply received and hands each, with the slot it answers, its
-    /// bytes and, for a compare-and-delete, the bytes of its commands (else nothing), to
-    /// `handle`; setup replies are checked here (and teach [`learnt`](Self::learnt)).
+    /// bytes, for a compare-and-delete the bytes of its commands (else nothing), and whether
+    /// a `WAIT` answers next (see [`Slot::Wait`]), to `handle`; setup replies are checked here (and teach [`learnt`](Self::learnt)).
     /// Returns `Ok(true)` when this call answered the last setup reply: the caller then looks
     /// at what the setup said, and [`release_held`](Self::release_held)s what waited behind it.
     ///
@@ -478,7 +489,7 @@ impl Conn {
     pub fn take_replies(
         &mut self,
         limits: &Limits,
-        mut handle: impl FnMut(Slot, &[u8], &[u8]),
+        mut handle: impl FnMut(Slot, &[u8], &[u8], bool),
     ) -> Result<bool, NodeErrorKind> {
         let mut set_up = false;
         loop {
@@ -537,9 +548,13 @@ impl Conn {
                 {
                     // The transaction was discarded because a command in it was refused: the
                     // refusal is what the vote reports.
-                    handle(slot, &self.before_error, &self.redo[command]);
+                    let waits = matches!(self.owed.front(), Some(Slot::Wait));
+                    handle(slot, &self.before_error, &self.redo[command], waits);
                 }
-                _ => handle(slot, bytes, &self.redo[command]),
+                _ => {
+                    let waits = matches!(self.owed.front(), Some(Slot::Wait));
+                    handle(slot, bytes, &self.redo[command], waits)
+                }
             }
             if slot.redo().is_some() {
                 self.redo_head += redo_len;

@@ -67,6 +67,7 @@ mod bits;
 pub(crate) mod cluster;
 mod conn;
 mod mail;
+mod sentinel;
 pub(crate) mod setup;
 mod subs;
 
@@ -89,6 +90,7 @@ use cluster::{Kept, Topology};
 use conn::{Conn, Redo, Refused, Slot, BACKOFF_MAX, BACKOFF_MIN, MAX_OWED};
 pub(crate) use mail::Event;
 use mail::Mail;
+use sentinel::Watch;
 use setup::{Server, Setup};
 use subs::{Channels, Push};
 
@@ -234,6 +236,8 @@ pub(crate) struct Endpoint {
     members: usize,
     /// Per member, its slot map when it is a Redis Cluster.
     topo: Vec<Option<Topology>>,
+    /// Per member, its sentinels and master when it is a master managed by Redis Sentinel.
+    sentinels: Vec<Option<Watch>>,
     /// Where a command for a cluster member is written to find its slot.
     scratch: Vec<u8>,
     mail: Mail,
@@ -297,7 +301,7 @@ impl Endpoint {
     /// latencies and node failures are counted in `stats`.
     pub fn new(config: Arc<Config>, stats: Arc<Recorder>, now: Instant) -> Endpoint {
         let n = config.nodes.len();
-        Endpoint {
+        let mut ep = Endpoint {
             nodes: (0..n)
                 .map(|i| Node {
                     member: i,
@@ -322,6 +326,7 @@ impl Endpoint {
                 .iter()
                 .map(|a| a.cluster.then(|| Topology::new(now)))
                 .collect(),
+            sentinels: (0..n).map(|_| None).collect(),
             scratch: Vec::new(),
             mail: Mail::default(),
             channels: Channels::new(n, n),
@@ -334,7 +339,16 @@ impl Endpoint {
             free: Vec::new(),
             config,
             stats,
+        };
+        // A Sentinel member's link to its sentinels, past the members.
+        for member in 0..n {
+            if let Some(node) = sentinel::link_node(member, &ep.config.nodes[member], now) {
+                ep.nodes.push(node);
+                ep.sentinels[member] = Some(sentinel::new_watch(ep.nodes.len() - 1, now));
+            }
         }
+        ep.channels.grow(ep.nodes.len());
+        ep
     }
 
     /// The settings the endpoint runs with.
@@ -460,6 +474,20 @@ impl Endpoint {
                 }
             },
         };
+        if let Some(why) = self.without_master(i) {
+            // No master named yet: as on a node that is down, a compare-and-delete waits for
+            // the next connection (to whichever master is named), anything else fails.
+            if let What::Acquire { token } = t.what {
+                self.nodes[i].unsent(token);
+            }
+            if let Some(until) = t.redo {
+                self.retry_later(i, t, m, until);
+            }
+            if let Some(tag) = t.tag {
+                m.handle_failure(member, tag, why, now, rng);
+            }
+            return;
+        }
         if let (None, What::Cleanup { token }) = (t.tag, t.what) {
             if self.nodes[i].was_unsent(token) {
                 // The attempt never went there: nothing of it to delete.
@@ -1156,7 +1184,7 @@ impl Endpoint {
     /// Starts a connection to node `i` for commands if it is down and due, with the
     /// compare-and-deletes of its broken connections first behind the setup.
     fn connect_if_down(&mut self, i: usize, now: Instant) {
-        if self.is_free(i) {
+        if self.is_free(i) || self.without_master(i).is_some() {
             return;
         }
         let node = &mut self.nodes[i];
@@ -1385,15 +1413,22 @@ impl Endpoint {
         if !id.sub && self.topo[member].is_some() {
             return self.handle_recv_cluster(i, was, now);
         }
+        if self.is_sentinel_link(i) {
+            return match id.sub {
+                false => self.sentinel_recv(i, now),
+                true => self.sentinel_push(i, now),
+            };
+        }
         if let Some(c) = &mut self.closing {
             c.progress = now;
         }
         let mut pushes = Vec::new();
         let mut refusals = Vec::new();
+        let mut readonly = false;
         let result = if id.sub {
             let channels = &mut self.channels;
             let mail = &mut self.mail;
-            self.nodes[i].sub.take_replies(&limits, |_, bytes, _| {
+            self.nodes[i].sub.take_replies(&limits, |_, bytes, _, _| {
                 match channels.handle_push(i, member, bytes, &limits, mail) {
                     Push::Nothing => {}
                     push => pushes.push(push),
@@ -1403,12 +1438,22 @@ impl Endpoint {
             let mail = &mut self.mail;
             let stats = &self.stats;
             let refusals = &mut refusals;
+            let replicas = self.config.nodes[member].wait;
+            let sentinel = self.sentinels[member].is_some();
+            let readonly = &mut readonly;
             let Node {
-                cmd, again_backoff, ..
+                cmd,
+                again_backoff,
+                awaiting,
+                ..
             } = &mut self.nodes[i];
-            cmd.take_replies(&limits, |slot, bytes, command| {
+            cmd.take_replies(&limits, |slot, bytes, command, waits| {
+                // A master named by sentinels that refuses writes as a replica was demoted:
+                // they are asked again, and what it refused goes to the master they name.
+                let demoted = sentinel && bytes.starts_with(b"-READONLY");
+                *readonly |= demoted;
                 if let Some(redo) = slot.redo() {
-                    match Refused::of(bytes) {
+                    match Refused::of(bytes).or(demoted.then_some(Refused::Transient)) {
                         Some(kind) => {
                             return refusals.push(Refusal {
                                 slot,
@@ -1421,18 +1466,49 @@ impl Endpoint {
                         None => *again_backoff = BACKOFF_MIN,
                     }
                 }
-                if let Slot::Reply {
-                    caller,
-                    run,
-                    tag,
-                    sent,
-                    ..
-                } = slot
-                {
-                    // Every reply is timed, the late ones too: a round decided at the quorum
-                    // must not hide the slowest node's latency.
-                    stats.reply(i, now.saturating_duration_since(sent));
-                    mail.post_reply(caller as usize, run, i, tag, bytes);
+                match slot {
+                    // A grant's reply counts once its `WAIT` says enough replicas have it.
+                    Slot::Reply { .. } if waits => *awaiting = Some((slot, bytes.to_vec())),
+                    Slot::Wait => {
+                        if let Some((
+                            Slot::Reply {
+                                caller,
+                                run,
+                                tag,
+                                sent,
+                                ..
+                            },
+                            reply,
+                        )) = awaiting.take()
+                        {
+                            stats.reply(i, now.saturating_duration_since(sent));
+                            match waited(bytes, replicas, &limits) {
+                                Ok(()) => mail.post_reply(caller as usize, run, i, tag, &reply),
+                                Err(why) => mail.post(
+                                    caller as usize,
+                                    run,
+                                    Event::Failure {
+                                        node: member,
+                                        tag,
+                                        why,
+                                    },
+                                ),
+                            }
+                        }
+                    }
+                    Slot::Reply {
+                        caller,
+                        run,
+                        tag,
+                        sent,
+                        ..
+                    } => {
+                        // Every reply is timed, the late ones too: a round decided at the
+                        // quorum must not hide the slowest node's latency.
+                        stats.reply(i, now.saturating_duration_since(sent));
+                        mail.post_reply(caller as usize, run, i, tag, bytes);
+                    }
+                    _ => {}
                 }
             })
         };
@@ -1452,6 +1528,14 @@ impl Endpoint {
             self.handle_sharded_push(i, push, now);
         }
         self.owe_again(i, refusals, was, now);
+        if readonly && !self.nodes[i].cmd.is_down() {
+            let why = NodeErrorKind::Server {
+                kind: crate::resp::ServerErrorKind::ReadOnly,
+                message: "READONLY the master the sentinels named is a replica now".to_owned(),
+            };
+            self.fail(id, why, now);
+            self.io.push_back(Io::Close(id));
+        }
     }
 
     /// [`handle_recv`](Self::handle_recv) for the command connection of `link`, a link of a
@@ -1477,7 +1561,7 @@ impl Endpoint {
             again_backoff,
             ..
         } = &mut self.nodes[link];
-        let result = cmd.take_replies(&limits, |slot, bytes, _| match slot {
+        let result = cmd.take_replies(&limits, |slot, bytes, _, _| match slot {
             Slot::Topology => topology.push(bytes.to_vec()),
             // After a redirection, nothing waits for it.
             Slot::Wait => {
@@ -1614,6 +1698,7 @@ impl Endpoint {
     /// Sends a topology read of cluster member `member` if one is due (none is under way, or
     /// the one under way went unanswered for too long).
     fn refresh_if_due(&mut self, member: usize, now: Instant) {
+        self.sentinels_if_due(member, now);
         let due = self.topo[member]
             .as_ref()
             .is_some_and(|t| t.due().is_some_and(|d| d <= now));
@@ -1669,6 +1754,16 @@ impl Endpoint {
 
     fn fail(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
         let i = id.node;
+        if self.is_sentinel_link(i) {
+            return match id.sub {
+                false => self.sentinel_failed(i, why, now),
+                true => self.sentinel_sub_failed(i, why, now),
+            };
+        }
+        if !id.sub && i < self.members {
+            // A master named by sentinels: they are asked again.
+            self.suspect_master(i, now);
+        }
         if id.sub {
             let node = &mut self.nodes[i];
             node.sub.fail(why, now, |_, _| {});
@@ -1768,6 +1863,7 @@ impl Endpoint {
         for topo in self.topo.iter().flatten() {
             consider(topo.due());
         }
+        consider(self.sentinels_due());
         for n in &mut self.nodes {
             consider(n.cmd.next_due());
             consider(n.cmd.connecting_since().map(|s| s + connect));
@@ -1962,7 +2058,16 @@ impl Endpoint {
     /// [`NodeErrorKind::Setup`]), with the reason.
     pub fn setup_failures(&self) -> Vec<(usize, NodeErrorKind)> {
         let mut failures: Vec<(usize, NodeErrorKind)> = Vec::new();
-        for n in &self.nodes {
+        for w in self.sentinels.iter().flatten() {
+            // Every sentinel refused the credentials, or did not know the service.
+            if let Some(e) = &w.config_error {
+                failures.push((self.nodes[w.link].member, e.clone()));
+            }
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if self.is_sentinel_link(i) {
+                continue;
+            }
             if let Some(e) = n.cmd.setup_error() {
                 if !failures.iter().any(|(m, _)| *m == n.member) {
                     failures.push((n.member, e.clone()));
@@ -2024,7 +2129,7 @@ impl Endpoint {
     /// down and due (then every live channel of that connection is subscribed to); `false`
     /// when it cannot be now (a connection in its backoff).
     fn subscribe_on(&mut self, i: usize, idx: usize, now: Instant) -> bool {
-        if self.is_free(i) {
+        if self.is_free(i) || self.without_master(i).is_some() {
             return false;
         }
         let member = self.nodes[i].member;
@@ -2174,6 +2279,28 @@ impl Endpoint {
                     self.unsubscribe_on(link, idx, true);
                 }
             }
+        }
+    }
+}
+
+/// What the reply to a `WAIT` after a grant says of the grant (see [`Slot::Wait`]): it counts
+/// only if at least `replicas` replicas acknowledged it; fewer, or an error (`NOREPLICAS`, a
+/// refusal), is a failure of the node for it, never a vote.
+fn waited(bytes: &[u8], replicas: u32, limits: &crate::resp::Limits) -> Result<(), NodeErrorKind> {
+    match cluster::decode(bytes, limits) {
+        Some(Reply::Integer(n)) if n >= i64::from(replicas) => Ok(()),
+        answer => {
+            let reached = match answer {
+                Some(Reply::Integer(n)) => n.to_string(),
+                _ => "none".to_owned(),
+            };
+            Err(NodeErrorKind::Server {
+                kind: crate::resp::ServerErrorKind::Other,
+                message: format!(
+                    "NOREPLICAS the write reached {reached} of the {replicas} replicas WAIT \
+                     asked for within the node timeout"
+                ),
+            })
         }
     }
 }

@@ -21,6 +21,9 @@ pub(crate) enum Setup {
     /// `COMMAND INFO DELEX HSETEX`, whose answer (with the server's identity) says which
     /// commands the node offers; a refusal is tolerated.
     Caps,
+    /// `ROLE`, on a master found through Sentinel: it must say `master` (a replica, or a
+    /// former master demoted since the sentinels answered, is never used).
+    Role,
 }
 
 impl Setup {
@@ -31,6 +34,7 @@ impl Setup {
             Setup::ScriptLoad => "SCRIPT LOAD",
             Setup::Info => "INFO",
             Setup::Caps => "COMMAND INFO",
+            Setup::Role => "ROLE",
         }
     }
 
@@ -70,6 +74,9 @@ impl Setup {
     /// Checks this command's reply: an error the connection cannot live with, or a reply no
     /// Redis server gives to `AUTH` or `SELECT`, fails it.
     pub fn check(self, reply: &Reply<'_>) -> Result<(), NodeErrorKind> {
+        if self == Setup::Role {
+            return check_role(reply);
+        }
         match reply {
             Reply::Error(m) => self.refused(m).map_or(Ok(()), Err),
             // AUTH and SELECT answer +OK and nothing else.
@@ -85,6 +92,37 @@ impl Setup {
             command: self.command(),
             cause: Box::new(cause),
         }
+    }
+}
+
+/// What a `ROLE` reply says of a server the sentinels named as the master: `master`, or the
+/// failure that keeps every command off it (another role: the connection fails, and the
+/// sentinels are asked again; a refusal of `ROLE` itself, which no command could do
+/// without: a configuration error).
+fn check_role(reply: &Reply<'_>) -> Result<(), NodeErrorKind> {
+    match reply {
+        Reply::Array(Some(items))
+            if matches!(items.first(), Some(Reply::Bulk(Some(b"master")))) =>
+        {
+            Ok(())
+        }
+        Reply::Error(m) if ServerErrorKind::of(m) == ServerErrorKind::Loading => {
+            Err(crate::engine::ops::server_error(m))
+        }
+        Reply::Error(m) => Err(Setup::Role.failed(crate::engine::ops::server_error(m))),
+        Reply::Array(Some(items)) => {
+            let role = match items.first() {
+                Some(Reply::Bulk(Some(r))) => String::from_utf8_lossy(r).into_owned(),
+                _ => "unknown".to_owned(),
+            };
+            Err(NodeErrorKind::Server {
+                kind: ServerErrorKind::Other,
+                message: format!(
+                    "ROLE says {role}: the server the sentinels named is not a master (any more)"
+                ),
+            })
+        }
+        _ => Err(NodeErrorKind::UnexpectedReply),
     }
 }
 
@@ -224,6 +262,11 @@ pub(crate) fn write(
             step(Setup::ScriptLoad);
         }
     }
+    if node.role {
+        // Before anything else that could count: a replica is never used.
+        resp::encode_command(out, &[b"ROLE"]);
+        step(Setup::Role);
+    }
     resp::encode_command(out, &[b"INFO", b"server"]);
     step(Setup::Info);
     // Redis 8.4 has DELEX and 8.0 HSETEX; older servers answer with a nil entry for each
@@ -254,6 +297,45 @@ mod tests {
             (v.software, v.version, v.run_id),
             (Software::Valkey, (8, 1, 8), None)
         );
+    }
+
+    #[test]
+    fn a_master_found_through_sentinel_must_say_master() {
+        let master = Reply::Array(Some(vec![
+            Reply::Bulk(Some(b"master")),
+            Reply::Integer(0),
+            Reply::Array(Some(vec![])),
+        ]));
+        assert_eq!(Setup::Role.check(&master), Ok(()));
+        let replica = Reply::Array(Some(vec![
+            Reply::Bulk(Some(b"slave")),
+            Reply::Bulk(Some(b"127.0.0.1")),
+            Reply::Integer(6379),
+        ]));
+        match Setup::Role.check(&replica) {
+            Err(NodeErrorKind::Server { message, .. }) => {
+                assert!(message.contains("ROLE says slave"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            Setup::Role.check(&Reply::Error(b"NOPERM no")),
+            Err(NodeErrorKind::Setup {
+                command: "ROLE",
+                ..
+            })
+        ));
+        assert!(Setup::Role.check(&Reply::Simple(b"OK")).is_err());
+        assert!(Setup::Role.check(&Reply::Array(None)).is_err());
+        // Written after the credentials and the database, before anything else.
+        let node = crate::url::NodeAddr::parse("redis+sentinel://127.0.0.1:26379/m?db=1")
+            .unwrap()
+            .sentinel_master("127.0.0.1:6400".parse().unwrap(), "127.0.0.1");
+        let mut steps = Vec::new();
+        write(&mut Vec::new(), &node, true, false, |s| steps.push(s));
+        let role = steps.iter().position(|&s| s == Setup::Role).unwrap();
+        assert_eq!(steps[0], Setup::Select);
+        assert!(role < steps.iter().position(|&s| s == Setup::Info).unwrap());
     }
 
     #[test]

@@ -1,0 +1,301 @@
+//! A Sentinel member's endpoint, driven by hand: the sentinels asked in turn, nothing sent
+//! before a master is named and has said `ROLE master`, and a release owed to the old master
+//! sent to the new one after `+switch-master`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::super::*;
+use crate::config::{Config, RwPolicy};
+use crate::engine::machine::{Tag, Transmit, What};
+use crate::engine::ops::{ScriptForm, SCRIPTS};
+use crate::resp::{self, Limits};
+use crate::rng::{Jitter, Token};
+use crate::url::NodeAddr;
+
+const MS: Duration = Duration::from_millis(1);
+const URL: &str = "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/svc";
+
+/// Sends one command to the member and records what comes back.
+struct One {
+    what: What,
+    redo: Option<Instant>,
+    sent: bool,
+    replies: Vec<String>,
+    failures: Vec<NodeErrorKind>,
+}
+
+impl One {
+    fn new(what: What, redo: Option<Instant>) -> One {
+        One {
+            what,
+            redo,
+            sent: false,
+            replies: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+}
+
+impl Machine for One {
+    type Output = ();
+    fn handle_reply(
+        &mut self,
+        _: usize,
+        _: Tag,
+        reply: &Reply<'_>,
+        _: Instant,
+        _: &mut dyn Entropy,
+    ) {
+        self.replies.push(format!("{reply:?}"));
+    }
+    fn handle_failure(
+        &mut self,
+        _: usize,
+        _: Tag,
+        why: NodeErrorKind,
+        _: Instant,
+        _: &mut dyn Entropy,
+    ) {
+        self.failures.push(why);
+    }
+    fn handle_timeout(&mut self, _: Instant, _: &mut dyn Entropy) {}
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        if std::mem::replace(&mut self.sent, true) {
+            return None;
+        }
+        Some(Transmit {
+            to: To::All,
+            tag: Some(1),
+            form: ScriptForm::Sha,
+            what: self.what,
+            redo: self.redo,
+        })
+    }
+    fn encode(&self, _: &Transmit, _: Caps, out: &mut Vec<u8>) -> usize {
+        resp::encode_command(out, &[b"MINE"]);
+        0
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+    fn poll_outcome(&mut self) -> Option<()> {
+        None
+    }
+}
+
+struct Net {
+    ep: Endpoint,
+    now: Instant,
+}
+
+impl Net {
+    fn new() -> Net {
+        let now = Instant::now();
+        let config = Arc::new(Config {
+            nodes: vec![NodeAddr::parse(URL).unwrap()],
+            node_timeout: 50 * MS,
+            connect_timeout: 100 * MS,
+            dead_peer_timeout: Duration::from_secs(3),
+            retry_count: 0,
+            retry_delay: 10 * MS,
+            wait_timeout: Duration::from_secs(1),
+            drift_factor: 0.01,
+            fair: false,
+            fair_after: Duration::ZERO,
+            limits: Limits::default(),
+            rw_policy: RwPolicy::ReadPreferring,
+        });
+        Net {
+            ep: Endpoint::new(config, Arc::new(Recorder::new(1)), now),
+            now,
+        }
+    }
+
+    /// Every I/O asked for, connects reported done.
+    fn io(&mut self) -> Vec<Io> {
+        let mut all = Vec::new();
+        while let Some(io) = self.ep.poll_io() {
+            if let Io::Connect(id) = io {
+                self.ep.handle_connected(id);
+            }
+            all.push(io);
+        }
+        all
+    }
+
+    fn out(&mut self, id: ConnId) -> Vec<String> {
+        let out = self.ep.pending(id).to_vec();
+        self.ep.handle_sent(id, out.len(), self.now);
+        let mut rest = &out[..];
+        let mut words = Vec::new();
+        while let Ok(resp::Status::Complete((Reply::Array(Some(items)), used))) =
+            resp::decode(rest, &Limits::default())
+        {
+            let all: Vec<String> = items
+                .iter()
+                .map(|i| match i {
+                    Reply::Bulk(Some(w)) => String::from_utf8_lossy(w).into_owned(),
+                    _ => String::new(),
+                })
+                .collect();
+            words.push(all.join(" "));
+            rest = &rest[used..];
+        }
+        words
+    }
+
+    fn reply(&mut self, id: ConnId, bytes: &[u8]) {
+        let buf = self.ep.recv_buf(id, self.now).expect("room");
+        buf[..bytes.len()].copy_from_slice(bytes);
+        self.ep.handle_recv(id, bytes.len(), self.now);
+    }
+
+    /// Answers the master's setup, its `ROLE` saying `role`.
+    fn answer_setup(&mut self, role: &str, id: char) {
+        let mut r = Vec::new();
+        for _ in SCRIPTS {
+            r.extend_from_slice(b"$40\r\n0000000000000000000000000000000000000000\r\n");
+        }
+        r.extend_from_slice(format!("*3\r\n${}\r\n{role}\r\n:0\r\n*0\r\n", role.len()).as_bytes());
+        let text = format!(
+            "redis_version:7.0.15\r\nrun_id:{}\r\n",
+            id.to_string().repeat(40)
+        );
+        r.extend_from_slice(format!("${}\r\n{text}\r\n", text.len()).as_bytes());
+        r.extend_from_slice(b"*2\r\n$-1\r\n$-1\r\n");
+        self.reply(MASTER, &r);
+    }
+
+    fn step(&mut self, caller: CallerId, run: u64, m: &mut One) {
+        use rand_core::SeedableRng;
+        let mut rng = Jitter::from_seed([7; 32]);
+        self.ep.step(caller, run, m, self.now, &mut rng);
+    }
+}
+
+const MASTER: ConnId = ConnId {
+    node: 0,
+    sub: false,
+};
+const ASK: ConnId = ConnId {
+    node: 1,
+    sub: false,
+};
+const HEAR: ConnId = ConnId { node: 1, sub: true };
+
+fn bulk_array(words: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", words.len()).into_bytes();
+    for w in words {
+        out.extend_from_slice(format!("${}\r\n{w}\r\n", w.len()).as_bytes());
+    }
+    out
+}
+
+#[test]
+fn a_sentinel_member_uses_only_a_master_its_sentinels_named_and_follows_it() {
+    let mut net = Net::new();
+    // Nothing goes to the member before a master is named: it fails at once.
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let mut early = One::new(
+        What::Acquire {
+            token: Token::from_random([1; 20]),
+        },
+        None,
+    );
+    net.step(caller, run, &mut early);
+    assert!(
+        matches!(&early.failures[..], [NodeErrorKind::Server { message, .. }]
+        if message.starts_with("MASTERDOWN")),
+        "{:?}",
+        early.failures
+    );
+    net.ep.finish(caller, run, net.now);
+    // The first sentinel does not know the service: the second is asked.
+    net.ep.connect_all(net.now);
+    assert_eq!(net.io(), [Io::Connect(ASK)]);
+    assert_eq!(
+        net.ep.connect_addr(ASK),
+        Target::Tcp("127.0.0.1:26379".parse().unwrap())
+    );
+    assert_eq!(net.out(ASK), ["SENTINEL get-master-addr-by-name svc"]);
+    net.reply(ASK, b"*-1\r\n");
+    assert_eq!(net.io(), [Io::Close(ASK), Io::Connect(ASK)]);
+    assert_eq!(
+        net.ep.connect_addr(ASK),
+        Target::Tcp("127.0.0.1:26380".parse().unwrap())
+    );
+    assert_eq!(net.out(ASK), ["SENTINEL get-master-addr-by-name svc"]);
+    net.reply(ASK, &bulk_array(&["127.0.0.1", "6400"]));
+    // It names a master: `+switch-master` is heard on it, and the master connected.
+    assert_eq!(net.io(), [Io::Connect(HEAR), Io::Connect(MASTER)]);
+    assert_eq!(net.out(HEAR), ["SUBSCRIBE +switch-master"]);
+    assert_eq!(
+        net.ep.connect_addr(MASTER),
+        Target::Tcp("127.0.0.1:6400".parse().unwrap())
+    );
+    let setup = net.out(MASTER);
+    assert!(setup.contains(&"ROLE".to_string()), "{setup:?}");
+    net.answer_setup("master", 'a');
+    // A release is written to it, and not answered.
+    let run = net.ep.begin(caller);
+    let mut release = One::new(
+        What::Release {
+            token: Token::from_random([2; 20]),
+        },
+        Some(net.now + 10_000 * MS),
+    );
+    net.step(caller, run, &mut release);
+    assert_eq!(net.out(MASTER), ["MINE"]);
+    // The sentinels switch to another master: the old connection is given up, and the release
+    // goes to the new one, behind its setup, which must say master.
+    net.reply(HEAR, &bulk_array(&["subscribe", "+switch-master"]));
+    net.reply(
+        HEAR,
+        &bulk_array(&[
+            "message",
+            "+switch-master",
+            "svc 127.0.0.1 6400 127.0.0.1 6401",
+        ]),
+    );
+    let io = net.io();
+    assert!(
+        io.contains(&Io::Close(MASTER)) && io.contains(&Io::Connect(MASTER)),
+        "{io:?}"
+    );
+    assert_eq!(
+        net.ep.connect_addr(MASTER),
+        Target::Tcp("127.0.0.1:6401".parse().unwrap())
+    );
+    let setup = net.out(MASTER);
+    assert!(
+        setup.iter().any(|c| c == "ROLE") && !setup.iter().any(|c| c == "MINE"),
+        "the release waits behind the setup"
+    );
+    // The new master turns out to be a replica: nothing behind its setup is sent, the release
+    // stays owed, and the sentinels are asked again.
+    net.answer_setup("slave", 'b');
+    net.step(caller, run, &mut release);
+    assert!(release.replies.is_empty(), "{:?}", release.replies);
+    assert!(net.ep.needs_tending(net.now), "the release is still owed");
+    assert!(net.out(MASTER).is_empty());
+    net.io();
+    net.now += 60 * MS;
+    net.ep.handle_timeout(net.now);
+    net.io();
+    assert_eq!(net.out(ASK), ["SENTINEL get-master-addr-by-name svc"]);
+    net.reply(ASK, &bulk_array(&["127.0.0.1", "6402"]));
+    assert_eq!(net.io().last(), Some(&Io::Connect(MASTER)));
+    assert_eq!(
+        net.ep.connect_addr(MASTER),
+        Target::Tcp("127.0.0.1:6402".parse().unwrap())
+    );
+    net.out(MASTER);
+    net.answer_setup("master", 'c');
+    assert_eq!(net.out(MASTER), ["MINE"]);
+    net.reply(MASTER, b":1\r\n");
+    net.step(caller, run, &mut release);
+    assert_eq!(release.replies, ["Integer(1)"]);
+    assert!(!net.ep.needs_tending(net.now));
+}
