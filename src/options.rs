@@ -4,10 +4,11 @@
 
 use std::convert::Infallible;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::driver::sync::{AtomicBool, Mutex, MutexGuard, Thread, Waker};
 use crate::error::InvalidArgument;
 use crate::process::PerProcess;
 
@@ -146,8 +147,8 @@ impl Inner {
 /// its client's driver), and the thread itself (parked, as a follower).
 struct Registered {
     id: u64,
-    waker: Option<Arc<mio::Waker>>,
-    thread: std::thread::Thread,
+    waker: Option<Arc<Waker>>,
+    thread: Thread,
 }
 
 impl Cancel {
@@ -176,11 +177,7 @@ impl Cancel {
 
     /// Wakes `waker` and unparks `thread` when cancelled, until the returned registration is
     /// dropped. Registered before the flag is read, so a cancel is never missed between the two.
-    pub(crate) fn register(
-        &self,
-        waker: Option<Arc<mio::Waker>>,
-        thread: std::thread::Thread,
-    ) -> Registration<'_> {
+    pub(crate) fn register(&self, waker: Option<Arc<Waker>>, thread: Thread) -> Registration<'_> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         self.inner.wakers().push(Registered { id, waker, thread });
         Registration { cancel: self, id }

@@ -36,6 +36,12 @@ impl<T> PerProcess<T> {
         }
     }
 
+    /// The value of the process that made it (the concurrency checker watches it).
+    #[cfg(all(test, shuttle))]
+    pub fn first(&self) -> &Arc<T> {
+        &self.value
+    }
+
     /// The value of the process that calls: in a process forked from the one that made it, one
     /// is made with `make` at its first use there, given the value of the nearest ancestor
     /// (which it must only look at without waiting on it). An error from `make` is returned,

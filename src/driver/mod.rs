@@ -38,15 +38,21 @@
 //! if it was, they are left as they are. The resender thread is per process too.
 #![forbid(unsafe_code)]
 
+#[cfg(all(test, shuttle))]
+mod checker;
+#[cfg(all(test, shuttle))]
+use checker::net as socket;
+#[cfg(not(all(test, shuttle)))]
 mod socket;
+pub(crate) mod sync;
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
-use std::thread::{self, Thread};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll, Registry, Token, Waker};
+use mio::Token;
+use sync::{AtomicBool, Events, Mutex, MutexGuard, Poll, Registry, Thread, TryLockError, Waker};
 
 use crate::config::Config;
 use crate::engine::endpoint::{Bits, CallerId, ConnId, Endpoint, Io};
@@ -167,11 +173,14 @@ impl Shared {
         tls: Option<TlsContext>,
     ) -> io::Result<Shared> {
         let core = Core::new(config.clone(), stats.clone(), tls.clone())?;
+        let local = PerProcess::new(Local::new(core));
+        #[cfg(all(test, shuttle))]
+        checker::watch(local.first());
         Ok(Shared {
             config,
             stats,
             tls,
-            local: PerProcess::new(Local::new(core)),
+            local,
         })
     }
 
@@ -255,7 +264,7 @@ impl Shared {
             }
         };
         let c = &mut core.callers[slot];
-        c.thread = Some(thread::current());
+        c.thread = Some(sync::current());
         c.in_use = true;
         let entropy = c.entropy.take().unwrap_or_else(OsEntropy::new);
         let wakeups = std::mem::take(&mut c.wakeups);
@@ -275,14 +284,14 @@ impl Local {
     /// See [`Shared::warm_up`].
     fn warm_up(&self, timeout: Duration) {
         let mut core = self.lock();
-        let start = Instant::now();
+        let start = sync::now();
         // The connects' own timeouts count from the same instant, so that those that run out
         // (a TLS handshake nobody answers) are judged before the warm-up ends.
         let deadline = start + timeout;
         core.ep.connect_all(start);
         core.do_io(start);
         while !core.ep.is_settled() {
-            let now = Instant::now();
+            let now = sync::now();
             if now >= deadline {
                 // What timed out by now is judged before the warm-up ends.
                 core.timers(now);
@@ -298,7 +307,7 @@ impl Local {
                 Some(timeout.saturating_duration_since(now)),
             );
             core = self.lock();
-            let now = Instant::now();
+            let now = sync::now();
             core.service_events(&mut poller, now);
             core.poll = Some(poller);
             core.timers(now);
@@ -332,7 +341,7 @@ impl Local {
         }
         if core.leader == Some(slot) {
             // What followers queued since the last poll goes out now, one write per node.
-            let now = Instant::now();
+            let now = sync::now();
             core.flush_all(now);
             if core.ep.is_ready(slot, wanted) {
                 core.notify(slot, wakeups);
@@ -341,7 +350,7 @@ impl Local {
             let Some(mut poller) = core.poll.take() else {
                 // Cannot happen: only the leader takes the poller, and puts it back.
                 drop(core);
-                thread::sleep(timeout.min(Duration::from_millis(1)));
+                sync::sleep(timeout.min(Duration::from_millis(1)));
                 return self.lock();
             };
             core.nudged = false;
@@ -350,11 +359,11 @@ impl Local {
                 if e.kind() != io::ErrorKind::Interrupted {
                     // The poller itself failed; nothing can be read. Sleep out the timeout
                     // rather than spin, and let the deadlines decide.
-                    thread::sleep(timeout);
+                    sync::sleep(timeout);
                 }
             }
             let mut core = self.lock();
-            let now = Instant::now();
+            let now = sync::now();
             core.service_events(&mut poller, now);
             core.poll = Some(poller);
             core.timers(now);
@@ -374,7 +383,7 @@ impl Local {
             for t in wakeups.drain(..) {
                 t.unpark();
             }
-            thread::park_timeout(timeout);
+            sync::park_follower(timeout);
             let mut core = self.lock();
             core.callers[slot].parked = false;
             core
@@ -437,7 +446,7 @@ impl Session<'_> {
     pub fn take_round(&mut self) -> Round {
         match self.round.take() {
             Some(r) => r,
-            None => Round::new(self.shared.config.nodes.len(), Instant::now(), None, None),
+            None => Round::new(self.shared.config.nodes.len(), sync::now(), None, None),
         }
     }
 
@@ -471,11 +480,11 @@ impl Session<'_> {
         let mut core = local.lock();
         let run = core.ep.begin(slot);
         // Without a waker (the system refused one), the flag is still read at every wake-up.
-        let registration = cancel.map(|c| c.register(core.waker.clone(), thread::current()));
+        let registration = cancel.map(|c| c.register(core.waker.clone(), sync::current()));
         let mut cancelled = false;
         let mut drained = false;
         let outcome = loop {
-            let now = Instant::now();
+            let now = sync::now();
             if !cancelled && cancel.is_some_and(Cancel::is_cancelled) {
                 cancelled = true;
                 m.handle_cancel(now, &mut entropy);
@@ -530,7 +539,7 @@ impl Session<'_> {
             core = local.wait(core, slot, deadline - now, wanted, &mut self.wakeups);
         };
         let next = core.finish(slot, run);
-        let resend = core.needs_resender(Instant::now());
+        let resend = core.needs_resender(sync::now());
         let (resender, start) = match (&core.resender, resend) {
             (_, false) | (Resender::Starting, true) => (None, false),
             (Resender::Running(t), true) => (Some(t.clone()), false),
@@ -567,9 +576,7 @@ impl Shared {
     /// started it (threads do not cross a `fork()`), on that process's connections.
     fn start_resender(this: &Arc<Shared>, local: &Local) {
         let weak = Arc::downgrade(this);
-        let started = thread::Builder::new()
-            .name("redlock-mux-resend".into())
-            .spawn(move || Shared::resender(weak));
+        let started = sync::spawn("redlock-mux-resend", move || Shared::resender(weak));
         if started.is_err() {
             local.lock().resender = Resender::None;
         }
@@ -577,7 +584,7 @@ impl Shared {
 
     /// The resender thread (see [`start_resender`](Self::start_resender)).
     fn resender(weak: std::sync::Weak<Shared>) {
-        let mut idle_since = Instant::now();
+        let mut idle_since = sync::now();
         loop {
             let Some(shared) = weak.upgrade() else {
                 return;
@@ -586,9 +593,9 @@ impl Shared {
                 return;
             };
             let mut core = local.lock();
-            let now = Instant::now();
+            let now = sync::now();
             if !matches!(core.resender, Resender::Running(_)) {
-                core.resender = Resender::Running(thread::current());
+                core.resender = Resender::Running(sync::current());
             }
             let wanted = core.needs_resender(now);
             if !wanted && now.saturating_duration_since(idle_since) >= RESEND_LINGER {
@@ -601,13 +608,13 @@ impl Shared {
                     return;
                 };
                 session.resend();
-                idle_since = Instant::now();
+                idle_since = sync::now();
                 continue;
             }
             // Parked without a reference: dropping the client's last handle closes it there
             // and then, as if this thread did not exist.
             drop(shared);
-            thread::park_timeout(RESEND_IDLE_LOOK);
+            sync::park_timeout(RESEND_IDLE_LOOK);
         }
     }
 }
@@ -617,11 +624,11 @@ impl Session<'_> {
     fn resend(mut self) {
         let local = self.local;
         let slot = self.slot;
-        let until = Instant::now() + RESEND_LIMIT;
+        let until = sync::now() + RESEND_LIMIT;
         let mut core = local.lock();
         let run = core.ep.begin(slot);
         loop {
-            let now = Instant::now();
+            let now = sync::now();
             // The client's last handle dropped (this thread's aside): it is let go, and its
             // drop settles what is left, within its own bound.
             if now >= until || !core.ep.needs_tending(now) || Arc::strong_count(self.shared) <= 1 {
@@ -646,7 +653,7 @@ impl Session<'_> {
         let slot = self.slot;
         let mut core = local.lock();
         let run = core.ep.begin(slot);
-        let now = Instant::now();
+        let now = sync::now();
         let ended = core.closes;
         // A closing under way is waited for as it is, not made longer.
         if core.closers.is_empty() {
@@ -658,7 +665,7 @@ impl Session<'_> {
         // Each turn ends the closing or waits (at least 1 ms): bounded by the closing's own
         // limit.
         let left = loop {
-            let now = Instant::now();
+            let now = sync::now();
             // The timers that are due run first (the closing's end among them), whoever leads:
             // a follower's turn comes at least every `CLOSE_LOOK`.
             core.timers(now);
@@ -712,7 +719,7 @@ impl Core {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = Waker::new(poll.registry(), WAKER).ok().map(Arc::new);
-        let now = Instant::now();
+        let now = sync::now();
         Ok(Core {
             ep: Endpoint::new(config, stats, now),
             poll: Some(Poller {
@@ -1101,7 +1108,7 @@ impl Core {
     /// unparked) will wait or finish soon, and so take over or pass it on.
     #[must_use]
     fn finish(&mut self, slot: CallerId, run: u64) -> Option<Thread> {
-        let now = Instant::now();
+        let now = sync::now();
         self.ep.finish(slot, run, now);
         let mut next = None;
         // A leader steps down; a caller woken to lead that finished without leading passes
@@ -1127,6 +1134,17 @@ impl Core {
         next
     }
 
+    /// The threads of the callers with an operation under way that are not marked as parked:
+    /// none of them may be parked (see `checker::watch`).
+    #[cfg(all(test, shuttle))]
+    fn marked_awake(&self) -> Vec<Thread> {
+        self.ep
+            .active_callers()
+            .filter(|&c| !self.callers[c].parked)
+            .filter_map(|c| self.callers[c].thread.clone())
+            .collect()
+    }
+
     /// Whether releases wait to be sent again, or seen through, while no caller is left to
     /// drive them (see `Endpoint::needs_tending`).
     fn needs_resender(&self, now: Instant) -> bool {
@@ -1144,7 +1162,7 @@ impl Core {
     /// `Endpoint::begin_close`). Returns the nodes left with releases not known to have
     /// reached them.
     fn settle(&mut self) -> Vec<usize> {
-        let now = Instant::now();
+        let now = sync::now();
         self.ep.begin_close(now);
         self.do_io(now);
         self.flush_all(now);
@@ -1153,7 +1171,7 @@ impl Core {
             return self.ep.undelivered(now);
         };
         let left = loop {
-            let now = Instant::now();
+            let now = sync::now();
             if let Some(left) = self.ep.close_outcome(now) {
                 break left;
             }
@@ -1171,7 +1189,7 @@ impl Core {
                     break self.ep.undelivered(now);
                 }
             }
-            let now = Instant::now();
+            let now = sync::now();
             self.service_events(&mut poller, now);
             self.timers(now);
         };

@@ -49,7 +49,7 @@ pub(crate) mod rw;
 pub(crate) mod scripts;
 pub(crate) mod sem;
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 pub(crate) mod timings;
 pub(crate) mod validity;
 

@@ -70,8 +70,8 @@
 //! `REDLOCK_SIM_SEED=n` replays one seed with a trace.
 
 mod cluster;
-mod node;
-mod server;
+pub(crate) mod node;
+pub(crate) mod server;
 
 pub(crate) use redlock_mux_kit::history;
 
