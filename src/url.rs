@@ -53,6 +53,9 @@ pub(crate) struct NodeAddr {
     /// `?wait=N`: a grant (an acquisition, an extension, a downgrade, a fence raised) counts
     /// only once `WAIT N` says that many replicas have it. 0: no wait.
     pub wait: u32,
+    /// `?waitaof=L,R`: a grant counts only once `WAITAOF L R` says the master (`L` = 1) and
+    /// `R` replicas fsynced it to their append-only files. `None`: no such wait.
+    pub waitaof: Option<(u32, u32)>,
     /// `redis+sentinel://`: the member is the master its sentinels name for a service.
     pub sentinel: Option<Box<SentinelSpec>>,
     /// The setup checks with `ROLE` that the server is a master (a master found through
@@ -81,6 +84,29 @@ pub(crate) enum Target<'a> {
 /// The longest Unix socket path the system takes: `sun_path` less its terminating NUL (108
 /// bytes on Linux, 104 on the BSDs and macOS).
 const MAX_UNIX_PATH: usize = if cfg!(target_os = "linux") { 107 } else { 103 };
+
+/// Why a query parameter is refused, on a Sentinel URL, on a Unix socket URL, on another.
+const UNKNOWN_SENTINEL_PARAM: &str = "unknown query parameter: a Sentinel URL takes db, wait, \
+     waitaof, sentinel_user and sentinel_password";
+const UNKNOWN_UNIX_PARAM: &str =
+    "unknown query parameter: a Unix socket URL takes db, wait, waitaof, user and pass";
+const UNKNOWN_PARAM: &str = "unknown query parameter: only ?db=N, ?wait=N and ?waitaof=L,R are \
+     read (credentials go before the host)";
+
+/// Why a `?waitaof=` value is refused.
+const WAITAOF_RANGE: &str = "waitaof=L,R takes L = 0 or 1 (the master's own fsync) and R = 0 \
+     to 16 replicas, not both 0";
+
+/// `L,R` of `?waitaof=L,R`: `L` 0 or 1, `R` 0 to [`MAX_WAIT`], not both 0.
+fn parse_waitaof(value: &str) -> Option<(u32, u32)> {
+    let (l, r) = value.split_once(',')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(l) || !digits(r) {
+        return None;
+    }
+    let (l, r) = (l.parse::<u32>().ok()?, r.parse::<u32>().ok()?);
+    (l <= 1 && r <= MAX_WAIT && l + r > 0).then_some((l, r))
+}
 
 fn bad(url: &str, reason: &'static str) -> InvalidArgument {
     InvalidArgument::BadUrl {
@@ -213,6 +239,8 @@ struct Query {
     password: Option<Vec<u8>>,
     /// `?wait=N`, any scheme.
     wait: Option<u32>,
+    /// `?waitaof=L,R`, any scheme.
+    waitaof: Option<(u32, u32)>,
     /// `?sentinel_user=U&sentinel_password=P`, on a Sentinel URL only.
     sentinel_user: Option<Vec<u8>>,
     sentinel_password: Option<Vec<u8>>,
@@ -254,30 +282,18 @@ fn parse_query(url: &str, query: &str, takes: Takes) -> Result<Query, InvalidArg
                     .ok_or_else(|| bad(url, "wait=N takes 1 to 16 replicas"))?;
                 q.wait.replace(n).is_some()
             }
+            "waitaof" => {
+                let la = std::str::from_utf8(&value).ok().and_then(parse_waitaof);
+                let la = la.ok_or_else(|| bad(url, WAITAOF_RANGE))?;
+                q.waitaof.replace(la).is_some()
+            }
             "sentinel_user" if sentinel => q.sentinel_user.replace(value).is_some(),
             "sentinel_password" if sentinel => q.sentinel_password.replace(value).is_some(),
-            _ if sentinel => {
-                return Err(bad(
-                    url,
-                    "unknown query parameter: a Sentinel URL takes db, wait, sentinel_user \
-                         and sentinel_password",
-                ))
-            }
+            _ if sentinel => return Err(bad(url, UNKNOWN_SENTINEL_PARAM)),
             "user" | "username" if unix => q.user.replace(value).is_some(),
             n if unix && is_password_param(n) => q.password.replace(value).is_some(),
-            _ if unix => {
-                return Err(bad(
-                    url,
-                    "unknown query parameter: a Unix socket URL takes db, wait, user and pass",
-                ))
-            }
-            _ => {
-                return Err(bad(
-                    url,
-                    "unknown query parameter: only ?db=N and ?wait=N are read (credentials go \
-                     before the host)",
-                ))
-            }
+            _ if unix => return Err(bad(url, UNKNOWN_UNIX_PARAM)),
+            _ => return Err(bad(url, UNKNOWN_PARAM)),
         };
         if seen {
             return Err(bad(url, "a query parameter is given twice"));
@@ -422,6 +438,7 @@ impl NodeAddr {
             db,
             cluster: false,
             wait: q.wait.unwrap_or(0),
+            waitaof: q.waitaof,
             sentinel: None,
             role: false,
         })
@@ -446,21 +463,27 @@ impl NodeAddr {
             ));
         }
         let mut wait = 0;
+        let mut waitaof = None;
         for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
-            wait = match kv.split_once('=') {
-                Some(("wait", n)) => n
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|&n| (1..=MAX_WAIT).contains(&n))
-                    .ok_or_else(|| bad(url, "wait=N takes 1 to 16 replicas"))?,
+            match kv.split_once('=') {
+                Some(("wait", n)) => {
+                    wait = n
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|&n| (1..=MAX_WAIT).contains(&n))
+                        .ok_or_else(|| bad(url, "wait=N takes 1 to 16 replicas"))?
+                }
+                Some(("waitaof", la)) => {
+                    waitaof = Some(parse_waitaof(la).ok_or_else(|| bad(url, WAITAOF_RANGE))?)
+                }
                 _ => {
                     return Err(bad(
                         url,
-                        "a cluster URL takes only ?wait=N (replicas a grant must reach); \
-                         a Redis Cluster has database 0 only",
+                        "a cluster URL takes only ?wait=N and ?waitaof=L,R (what a grant \
+                         must reach); a Redis Cluster has database 0 only",
                     ))
                 }
-            };
+            }
         }
         let mut addrs: Vec<SocketAddr> = Vec::new();
         let mut seed_hosts: Vec<String> = Vec::new();
@@ -510,6 +533,7 @@ impl NodeAddr {
             db: 0,
             cluster: true,
             wait,
+            waitaof,
             sentinel: None,
             role: false,
         })
@@ -536,6 +560,7 @@ impl NodeAddr {
             db: 0,
             cluster: false,
             wait: 0,
+            waitaof: None,
             sentinel: None,
             role: false,
         }
@@ -633,6 +658,7 @@ impl NodeAddr {
                 db: 0,
                 cluster: false,
                 wait: 0,
+                waitaof: None,
                 sentinel: None,
                 role: false,
             });
@@ -649,6 +675,7 @@ impl NodeAddr {
             db: q.db.unwrap_or(0),
             cluster: false,
             wait: q.wait.unwrap_or(0),
+            waitaof: q.waitaof,
             sentinel: Some(Box::new(SentinelSpec { service, sentinels })),
             role: false,
         })
@@ -670,6 +697,7 @@ impl NodeAddr {
             db: self.db,
             cluster: false,
             wait: self.wait,
+            waitaof: self.waitaof,
             sentinel: None,
             role: true,
         }
@@ -726,6 +754,7 @@ impl NodeAddr {
             db: q.db.unwrap_or(0),
             cluster: false,
             wait: q.wait.unwrap_or(0),
+            waitaof: q.waitaof,
             sentinel: None,
             role: false,
         })
@@ -883,6 +912,12 @@ impl NodeUrl {
         self.0.wait
     }
 
+    /// `?waitaof=L,R`: the master's own fsync (`L`, 0 or 1) and how many replicas' (`R`) a
+    /// grant must reach before it counts; `None` when not asked.
+    pub fn waitaof(&self) -> Option<(u32, u32)> {
+        self.0.waitaof
+    }
+
     /// For a `redis+cluster://` URL: the cluster's master at `addr` (one a `MOVED` names),
     /// reached with the URL's credentials and TLS, as the client reaches it. `None` for
     /// another URL.
@@ -932,6 +967,9 @@ impl fmt::Display for NodeUrl {
             if n.wait != 0 {
                 param(f, format!("wait={}", n.wait))?;
             }
+            if let Some((l, r)) = n.waitaof {
+                param(f, format!("waitaof={l},{r}"))?;
+            }
             return Ok(());
         }
         if let Some(s) = &n.sentinel {
@@ -957,6 +995,9 @@ impl fmt::Display for NodeUrl {
             }
             if n.wait != 0 {
                 param(f, format!("wait={}", n.wait))?;
+            }
+            if let Some((l, r)) = n.waitaof {
+                param(f, format!("waitaof={l},{r}"))?;
             }
             let first = s.sentinels.first();
             if let Some(user) = first.and_then(|x| x.user.as_ref()) {
@@ -985,8 +1026,13 @@ impl fmt::Display for NodeUrl {
         if n.db != 0 {
             write!(f, "/{}", n.db)?;
         }
+        let mut sep = '?';
         if n.wait != 0 {
-            write!(f, "?wait={}", n.wait)?;
+            write!(f, "{sep}wait={}", n.wait)?;
+            sep = '&';
+        }
+        if let Some((l, r)) = n.waitaof {
+            write!(f, "{sep}waitaof={l},{r}")?;
         }
         Ok(())
     }
@@ -1384,6 +1430,42 @@ mod tests {
             let e = NodeAddr::parse(url).unwrap_err();
             assert!(e.to_string().contains("wait=N"), "{url}: {e}");
         }
+    }
+
+    #[test]
+    fn waitaof_is_read_on_every_scheme() {
+        let n = NodeAddr::parse("redis://127.0.0.1:7001?wait=1&waitaof=1,2").unwrap();
+        assert_eq!((n.wait, n.waitaof), (1, Some((1, 2))));
+        assert_eq!(
+            NodeUrl(n).to_string(),
+            "redis://127.0.0.1:7001?wait=1&waitaof=1,2"
+        );
+        let n = NodeAddr::parse("redis://127.0.0.1:7001?waitaof=0%2C1").unwrap();
+        assert_eq!(n.waitaof, Some((0, 1)));
+        assert_eq!(NodeUrl(n).to_string(), "redis://127.0.0.1:7001?waitaof=0,1");
+        let n = NodeAddr::parse("unix:///tmp/r.sock?waitaof=1,0").unwrap();
+        assert_eq!(n.waitaof, Some((1, 0)));
+        let n = NodeAddr::parse("redis+cluster://127.0.0.1:7000?waitaof=1,1&wait=1").unwrap();
+        assert_eq!((n.wait, n.waitaof), (1, Some((1, 1))));
+        let n = NodeAddr::parse("redis+sentinel://127.0.0.1:26379/mymaster?waitaof=1,1").unwrap();
+        assert_eq!(n.waitaof, Some((1, 1)));
+        let addr = "127.0.0.1:6380".parse().unwrap();
+        assert_eq!(n.sentinel_master(addr, "127.0.0.1").waitaof, Some((1, 1)));
+        assert_eq!(
+            NodeAddr::parse("redis://127.0.0.1:7001").unwrap().waitaof,
+            None
+        );
+        for bad in [
+            "", "1", "0,0", "2,0", "1,17", "-1,1", "1,+1", "a,b", "1,1,1", " 1,1",
+        ] {
+            for scheme in ["redis://127.0.0.1:7001", "redis+cluster://127.0.0.1:7000"] {
+                let url = format!("{scheme}?waitaof={bad}");
+                let e = NodeAddr::parse(&url).unwrap_err();
+                assert!(e.to_string().contains("waitaof=L,R"), "{url}: {e}");
+            }
+        }
+        let twice = NodeAddr::parse("redis://127.0.0.1:7001?waitaof=1,1&waitaof=1,1");
+        assert!(twice.is_err());
     }
 
     #[test]

@@ -423,3 +423,67 @@ fn bench_starts_the_server_it_is_given_and_names_it() {
         assert!(both(&out).contains("`tls` feature"), "{}", both(&out));
     }
 }
+
+/// `bench --sentinel` starts plain members, masters with a replica named with `?wait=1` and
+/// Sentinel members, and prints acquire and cycle p50/p99 of each with their ratios to the
+/// plain members.
+#[test]
+fn bench_sentinel_measures_sentinel_members_and_wait_next_to_plain_ones() {
+    let help = std::process::Command::new(BIN)
+        .args(["bench", "--help"])
+        .output()
+        .expect("run bench --help");
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("--sentinel"),
+        "{}",
+        both(&help)
+    );
+    let out = std::process::Command::new(BIN)
+        .args(["bench", "--sentinel", "--instances", "1", "--iters", "200"])
+        .env_remove("REDLOCK_NODES")
+        .output()
+        .expect("run bench --sentinel");
+    let text = both(&out);
+    assert!(out.status.success(), "{text}");
+    println!("{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with("Sentinel members and ?wait=1 next to plain members: 1 members"),
+        "{stdout}"
+    );
+    for (members, op) in [
+        ("plain", "acquire"),
+        ("plain", "cycle"),
+        ("sentinel", "acquire"),
+        ("sentinel", "cycle"),
+        ("wait=1", "acquire"),
+        ("wait=1", "cycle"),
+    ] {
+        let row = stdout
+            .lines()
+            .find(|l| {
+                let mut words = l.split_whitespace();
+                words.next() == Some(members) && words.next() == Some(op)
+            })
+            .unwrap_or_else(|| panic!("no {members} {op} row: {stdout}"));
+        // p50, its ratio, p99, its ratio.
+        let ratios: Vec<f64> = row
+            .split_whitespace()
+            .filter_map(|w| w.strip_suffix('x')?.parse().ok())
+            .collect();
+        assert_eq!(ratios.len(), 2, "{row}");
+        assert!(ratios.iter().all(|r| *r > 0.0), "{row}");
+        if members == "plain" {
+            assert_eq!(ratios, [1.0, 1.0], "{row}");
+        }
+    }
+    // Each variant's detail rows count every cycle, none failed.
+    let cycles: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("cycle"))
+        .collect();
+    assert_eq!(cycles.len(), 3, "{stdout}");
+    for l in cycles {
+        assert_eq!(l.split_whitespace().last(), Some("0"), "errors: {l}");
+    }
+}

@@ -10,7 +10,9 @@
 //! - [`fault_proxy`]: an in-process TCP proxy that delays, drops or resets;
 //! - [`pki`]: throw-away certificates made with `openssl`, for TLS tests and `bench --tls`;
 //! - [`probe`] (feature `probe`): a tiny blocking RESP client for assertions about what a
-//!   server holds, and a scripted fake server for what no installable server does.
+//!   server holds, and a scripted fake server for what no installable server does;
+//! - [`sentinel`] (feature `probe`): masters managed by Redis Sentinel (a master, a replica
+//!   and three sentinels per member), for the tests and `bench --sentinel`.
 //!
 //! Std only (and `rustix` for `poll`), but for `probe`, which decodes with the library's codec.
 
@@ -21,4 +23,6 @@ pub mod pki;
 #[cfg(feature = "probe")]
 pub mod probe;
 pub mod raw;
+#[cfg(feature = "probe")]
+pub mod sentinel;
 pub mod stats;

@@ -17,6 +17,9 @@
 //!   latency, failed calls, connections per node and server CPU per cycle (both from the
 //!   servers themselves: `CLIENT LIST`, `INFO cpu`).
 //!
+//! - `--sentinel`: the mutex on Sentinel-managed members and on members with `?wait=1`, next
+//!   to plain members, on servers it starts (see [`sentinel`]).
+//!
 //! Whatever is compared runs in alternating blocks, so a change in machine load during the
 //! run hits both alike; their ratio is the figure to watch. The command prints comparisons,
 //! never verdicts: what a figure should be is the project's business (`benches/`), not the
@@ -42,6 +45,7 @@ mod handoff;
 mod kinds;
 mod mutex;
 mod phases;
+mod sentinel;
 mod threads;
 #[cfg(feature = "tls")]
 mod tls;
@@ -55,6 +59,7 @@ Usage: redlock-mux bench [--nodes URLS | --instances N [--server PATH]] [--iters
                          [--threads T,T,...] [--duration D] [--rounds R]
                          [--json]
        redlock-mux bench --tls [--instances N] [--server PATH] [--iters N] [--json]
+       redlock-mux bench --sentinel [--instances N] [--iters N] [--json]
 
 Measures lock latency: acquire, release and the whole cycle (p50, p90, p99,
 p99.9, max), ops/s and a histogram.
@@ -102,6 +107,14 @@ servers, in alternating blocks, at N = 1, 3 and 5: acquire and cycle p50 and
 p99, and their ratios. The server binary must be built with TLS (Debian's
 redis-server is).
 
+Sentinel: with --sentinel, it starts N members of three kinds (default 3 of
+each): plain servers; masters with a replica each, named with ?wait=1; and
+masters managed by Redis Sentinel (a master, a replica and three sentinels
+each, named by redis+sentinel:// URLs), all of the default server binary
+($REDLOCK_MUX_REDIS_SERVER, else redis-server on PATH). It measures the mutex
+on each, in rotating blocks: acquire and cycle p50 and p99, and their ratios
+to the plain members. --iters 5000 keeps it to a few seconds per kind.
+
 Nodes: --nodes, else REDLOCK_NODES, names existing servers to use (the keys
 it writes start with redlock-mux:bench:). Without either, or with
 --instances, it starts N local redis-server processes (default 5) on free
@@ -119,6 +132,8 @@ Options:
                     valkey-server (default: $REDLOCK_MUX_REDIS_SERVER, else
                     redis-server on PATH)
   --tls             measure TLS against plaintext (see TLS above)
+  --sentinel        measure Sentinel members and ?wait=1 against plain members
+                    (see Sentinel above)
   --iters N         measured cycles per lock kind per N (default 20000; not
                     used by the threads mode, which is timed)
   --mode MODE       mutex, read, write, semaphore, downgrade, handoff, threads or all
@@ -151,6 +166,7 @@ struct Options {
     instances: Option<usize>,
     server: Option<std::path::PathBuf>,
     tls: bool,
+    sentinel: bool,
     iters: usize,
     mode: String,
     modes: Modes,
@@ -228,6 +244,11 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> Result<i32, Fail> {
     if opts.tls {
         return run_tls(&opts);
     }
+    if opts.sentinel {
+        let progress = Progress::new(io::stderr().is_terminal());
+        let n = opts.instances.unwrap_or(3);
+        return sentinel::run(n, opts.iters, opts.json, &progress);
+    }
     // Declared before the figures so the servers outlive every client using them.
     let servers;
     let (urls, origin) = match opts.given_nodes()? {
@@ -273,11 +294,13 @@ impl Options {
         let mut rounds = ROUNDS;
         let mut server: Option<std::path::PathBuf> = None;
         let mut tls = false;
+        let mut sentinel = false;
         while let Some(arg) = parser.next()? {
             match arg {
                 Long("nodes") => nodes = Some(args::text("--nodes", parser.value()?)?),
                 Long("server") => server = Some(parser.value()?.into()),
                 Long("tls") => tls = true,
+                Long("sentinel") => sentinel = true,
                 Long("instances") => instances = Some(args::count("--instances", parser.value()?)?),
                 Long("iters") => iters = args::count("--iters", parser.value()?)?,
                 Long("mode") => mode = Some(args::text("--mode", parser.value()?)?),
@@ -323,6 +346,13 @@ impl Options {
                 usage!("--tls starts its own servers: give --instances, not --nodes").into(),
             );
         }
+        if sentinel && (nodes.is_some() || server.is_some() || tls) {
+            return Err(usage!(
+                "--sentinel starts its own servers of the default binary: give --instances, not \
+                 --nodes, --server or --tls"
+            )
+            .into());
+        }
         if instances.unwrap_or(5) > redlock_mux::MAX_NODES {
             return Err(usage!("--instances: at most {}", redlock_mux::MAX_NODES).into());
         }
@@ -331,6 +361,7 @@ impl Options {
             instances,
             server,
             tls,
+            sentinel,
             iters,
             mode,
             modes,

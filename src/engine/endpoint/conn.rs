@@ -72,6 +72,9 @@ pub(crate) enum Slot {
     /// The reply to the `WAIT` that follows a grant on a member asked to wait for replicas
     /// (`?wait=N`): whether the reply just before it counts.
     Wait,
+    /// The reply to the `WAITAOF` that follows a grant (after its `WAIT`, if any) on a member
+    /// asked to wait for append-only fsyncs (`?waitaof=L,R`): whether the grant counts.
+    WaitAof,
 }
 
 impl Slot {
@@ -548,11 +551,11 @@ impl Conn {
                 {
                     // The transaction was discarded because a command in it was refused: the
                     // refusal is what the vote reports.
-                    let waits = matches!(self.owed.front(), Some(Slot::Wait));
+                    let waits = matches!(self.owed.front(), Some(Slot::Wait | Slot::WaitAof));
                     handle(slot, &self.before_error, &self.redo[command], waits);
                 }
                 _ => {
-                    let waits = matches!(self.owed.front(), Some(Slot::Wait));
+                    let waits = matches!(self.owed.front(), Some(Slot::Wait | Slot::WaitAof));
                     handle(slot, bytes, &self.redo[command], waits)
                 }
             }

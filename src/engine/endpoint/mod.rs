@@ -570,7 +570,8 @@ impl Endpoint {
             t.redo,
             |out| encoded.write(caps, out, |out| m.encode(t, caps, out)),
         );
-        let wait = self.config.nodes[member].wait > 0
+        let node = &self.config.nodes[member];
+        let wait = (node.wait > 0 || node.waitaof.is_some())
             && matches!(
                 t.what,
                 What::Acquire { .. }
@@ -598,18 +599,32 @@ impl Endpoint {
     }
 
     /// Queues on `link`, after a grant, `WAIT N ms` for the replicas its member's URL asks a
-    /// grant to reach (`?wait=N`), bounded by the node timeout: the grant's reply is held until
-    /// it answers, and counts only if that many replicas have it.
+    /// grant to reach (`?wait=N`), then `WAITAOF L R ms` for the append-only fsyncs it asks
+    /// for (`?waitaof=L,R`), each bounded by the node timeout: the grant's reply is held until
+    /// they answer, and counts only if every one says enough.
     fn queue_wait(&mut self, link: usize) {
-        let n = self.config.nodes[self.nodes[link].member].wait;
+        let node = &self.config.nodes[self.nodes[link].member];
+        let (n, aof) = (node.wait, node.waitaof);
         let ms = (self.config.node_timeout.as_millis() as u64).max(1);
-        self.nodes[link].cmd.queue(Slot::Wait, None, |out| {
-            crate::resp::write_array_len(out, 3);
-            crate::resp::write_bulk(out, b"WAIT");
-            crate::resp::write_bulk_u64(out, n.into());
-            crate::resp::write_bulk_u64(out, ms);
-            0
-        });
+        if n > 0 {
+            self.nodes[link].cmd.queue(Slot::Wait, None, |out| {
+                crate::resp::write_array_len(out, 3);
+                crate::resp::write_bulk(out, b"WAIT");
+                crate::resp::write_bulk_u64(out, n.into());
+                crate::resp::write_bulk_u64(out, ms);
+                0
+            });
+        }
+        if let Some((local, replicas)) = aof {
+            self.nodes[link].cmd.queue(Slot::WaitAof, None, |out| {
+                crate::resp::write_array_len(out, 4);
+                crate::resp::write_bulk(out, b"WAITAOF");
+                crate::resp::write_bulk_u64(out, local.into());
+                crate::resp::write_bulk_u64(out, replicas.into());
+                crate::resp::write_bulk_u64(out, ms);
+                0
+            });
+        }
     }
 
     /// The link of cluster member `member` that `t` goes to: the master of the slot of its
@@ -1438,7 +1453,10 @@ impl Endpoint {
             let mail = &mut self.mail;
             let stats = &self.stats;
             let refusals = &mut refusals;
-            let replicas = self.config.nodes[member].wait;
+            let wants = (
+                self.config.nodes[member].wait,
+                self.config.nodes[member].waitaof,
+            );
             let sentinel = self.sentinels[member].is_some();
             let readonly = &mut readonly;
             let Node {
@@ -1469,9 +1487,9 @@ impl Endpoint {
                 match slot {
                     // A grant's reply counts once its `WAIT` says enough replicas have it.
                     Slot::Reply { .. } if waits => *awaiting = Some((slot, bytes.to_vec())),
-                    Slot::Wait => {
+                    wait_slot @ (Slot::Wait | Slot::WaitAof) => {
                         if let Some((
-                            Slot::Reply {
+                            slot @ Slot::Reply {
                                 caller,
                                 run,
                                 tag,
@@ -1481,18 +1499,25 @@ impl Endpoint {
                             reply,
                         )) = awaiting.take()
                         {
-                            stats.reply(i, now.saturating_duration_since(sent));
-                            match waited(bytes, replicas, &limits) {
-                                Ok(()) => mail.post_reply(caller as usize, run, i, tag, &reply),
-                                Err(why) => mail.post(
-                                    caller as usize,
-                                    run,
-                                    Event::Failure {
-                                        node: member,
-                                        tag,
-                                        why,
-                                    },
-                                ),
+                            match waited(bytes, wants, wait_slot, &limits) {
+                                // A `WAITAOF` follows this `WAIT`: the grant waits for it.
+                                Ok(()) if waits => *awaiting = Some((slot, reply)),
+                                Ok(()) => {
+                                    stats.reply(i, now.saturating_duration_since(sent));
+                                    mail.post_reply(caller as usize, run, i, tag, &reply)
+                                }
+                                Err(why) => {
+                                    stats.reply(i, now.saturating_duration_since(sent));
+                                    mail.post(
+                                        caller as usize,
+                                        run,
+                                        Event::Failure {
+                                            node: member,
+                                            tag,
+                                            why,
+                                        },
+                                    )
+                                }
                             }
                         }
                     }
@@ -1548,7 +1573,10 @@ impl Endpoint {
         let mut topology: Vec<Vec<u8>> = Vec::new();
         let mut redirected: Vec<Redirected> = Vec::new();
         let mut refusals: Vec<Refusal> = Vec::new();
-        let replicas = self.config.nodes[member].wait;
+        let wants = (
+            self.config.nodes[member].wait,
+            self.config.nodes[member].waitaof,
+        );
         let mut down = false;
         // Anything but a topology read answered: the nodes move on with what they owe.
         let mut progress = false;
@@ -1561,13 +1589,13 @@ impl Endpoint {
             again_backoff,
             ..
         } = &mut self.nodes[link];
-        let result = cmd.take_replies(&limits, |slot, bytes, _, _| match slot {
+        let result = cmd.take_replies(&limits, |slot, bytes, _, waits| match slot {
             Slot::Topology => topology.push(bytes.to_vec()),
             // After a redirection, nothing waits for it.
-            Slot::Wait => {
+            wait_slot @ (Slot::Wait | Slot::WaitAof) => {
                 progress = true;
                 let Some((
-                    Slot::Reply {
+                    slot @ Slot::Reply {
                         caller,
                         run,
                         tag,
@@ -1579,23 +1607,15 @@ impl Endpoint {
                 else {
                     return;
                 };
-                stats.reply(member, now.saturating_duration_since(sent));
-                match cluster::decode(bytes, &limits) {
-                    Some(Reply::Integer(n)) if n >= i64::from(replicas) => {
+                match waited(bytes, wants, wait_slot, &limits) {
+                    // A `WAITAOF` follows this `WAIT`: the grant waits for it.
+                    Ok(()) if waits => *awaiting = Some((slot, reply)),
+                    Ok(()) => {
+                        stats.reply(member, now.saturating_duration_since(sent));
                         mail.post_reply(caller as usize, run, member, tag, &reply)
                     }
-                    answer => {
-                        let reached = match answer {
-                            Some(Reply::Integer(n)) => n.to_string(),
-                            _ => "none".to_owned(),
-                        };
-                        let why = NodeErrorKind::Server {
-                            kind: crate::resp::ServerErrorKind::Other,
-                            message: format!(
-                                "NOREPLICAS the write reached {reached} of the {replicas} \
-                                 replicas WAIT asked for within the node timeout"
-                            ),
-                        };
+                    Err(why) => {
+                        stats.reply(member, now.saturating_duration_since(sent));
                         mail.post(
                             caller as usize,
                             run,
@@ -2283,24 +2303,61 @@ impl Endpoint {
     }
 }
 
-/// What the reply to a `WAIT` after a grant says of the grant (see [`Slot::Wait`]): it counts
-/// only if at least `replicas` replicas acknowledged it; fewer, or an error (`NOREPLICAS`, a
-/// refusal), is a failure of the node for it, never a vote.
-fn waited(bytes: &[u8], replicas: u32, limits: &crate::resp::Limits) -> Result<(), NodeErrorKind> {
-    match cluster::decode(bytes, limits) {
+/// What the reply to a `WAIT` or a `WAITAOF` after a grant (`slot`, [`Slot::Wait`] or
+/// [`Slot::WaitAof`]) says of the grant: it counts only if at least as many replicas as
+/// `wants` asks (`?wait=N`, then `?waitaof=L,R`: the master's own fsync and the replicas')
+/// acknowledged it; fewer, or an error (`NOREPLICAS`, a refusal, `WAITAOF` on a server
+/// without an append-only file or too old for it), is a failure of the node for it, never a
+/// vote.
+fn waited(
+    bytes: &[u8],
+    wants: (u32, Option<(u32, u32)>),
+    slot: Slot,
+    limits: &crate::resp::Limits,
+) -> Result<(), NodeErrorKind> {
+    let answer = cluster::decode(bytes, limits);
+    let failed = |message: String| {
+        Err(NodeErrorKind::Server {
+            kind: crate::resp::ServerErrorKind::Other,
+            message,
+        })
+    };
+    if slot == Slot::WaitAof {
+        let (local, replicas) = wants.1.unwrap_or((0, 0));
+        let counts = match &answer {
+            Some(Reply::Array(Some(items))) => match items.as_slice() {
+                [Reply::Integer(l), Reply::Integer(r)] => Some((*l, *r)),
+                _ => None,
+            },
+            _ => None,
+        };
+        return match (counts, answer) {
+            (Some((l, r)), _) if l >= i64::from(local) && r >= i64::from(replicas) => Ok(()),
+            (Some((l, r)), _) => failed(format!(
+                "NOREPLICAS WAITAOF {local} {replicas}: the write was fsynced locally {l} \
+                 and by {r} replicas within the node timeout"
+            )),
+            (None, Some(Reply::Error(e))) => failed(format!(
+                "WAITAOF {local} {replicas} refused: {}",
+                String::from_utf8_lossy(e)
+            )),
+            (None, _) => failed(format!(
+                "WAITAOF {local} {replicas}: an unexpected reply, not [local, replicas]"
+            )),
+        };
+    }
+    let replicas = wants.0;
+    match answer {
         Some(Reply::Integer(n)) if n >= i64::from(replicas) => Ok(()),
         answer => {
             let reached = match answer {
                 Some(Reply::Integer(n)) => n.to_string(),
                 _ => "none".to_owned(),
             };
-            Err(NodeErrorKind::Server {
-                kind: crate::resp::ServerErrorKind::Other,
-                message: format!(
-                    "NOREPLICAS the write reached {reached} of the {replicas} replicas WAIT \
-                     asked for within the node timeout"
-                ),
-            })
+            failed(format!(
+                "NOREPLICAS the write reached {reached} of the {replicas} replicas WAIT \
+                 asked for within the node timeout"
+            ))
         }
     }
 }

@@ -861,3 +861,38 @@ fn only_our_scripts_by_digest_are_rewritten_with_their_bodies() {
         ));
     }
 }
+
+/// What a `WAITAOF` reply says of the grant before it: it counts only when both counts reach
+/// the URL's `L,R`; a short count, an error or another shape is a failure, never a vote.
+#[test]
+fn waitaof_counts_only_enough_fsyncs() {
+    let limits = Limits::default();
+    let wants = (0, Some((1, 1)));
+    let check = |bytes: &[u8]| waited(bytes, wants, Slot::WaitAof, &limits);
+    assert_eq!(check(b"*2\r\n:1\r\n:1\r\n"), Ok(()));
+    assert_eq!(check(b"*2\r\n:1\r\n:2\r\n"), Ok(()));
+    for bad in [
+        &b"*2\r\n:1\r\n:0\r\n"[..],
+        b"*2\r\n:0\r\n:1\r\n",
+        b"-ERR WAITAOF cannot be used when numlocal is set but appendonly is disabled.\r\n",
+        b"-ERR unknown command 'WAITAOF'\r\n",
+        b":1\r\n",
+        b"*1\r\n:1\r\n",
+        b"*2\r\n$1\r\n1\r\n:1\r\n",
+    ] {
+        match check(bad) {
+            Err(NodeErrorKind::Server { message, .. }) => assert!(
+                message.contains("WAITAOF 1 1"),
+                "{}: {message}",
+                String::from_utf8_lossy(bad)
+            ),
+            other => panic!("{}: {other:?}", String::from_utf8_lossy(bad)),
+        }
+    }
+    // `WAIT` before it reads its own count.
+    assert_eq!(
+        waited(b":1\r\n", (1, Some((1, 1))), Slot::Wait, &limits),
+        Ok(())
+    );
+    assert!(waited(b":0\r\n", (1, Some((1, 1))), Slot::Wait, &limits).is_err());
+}
