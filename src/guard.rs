@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::client::Client;
 use crate::config::check_key;
 use crate::engine::acquire::{Acquisition, Grant, Params};
+use crate::engine::fair::Tickets;
 use crate::engine::hold::{Hold, Step};
 use crate::engine::keys::{Derived, RwKeys, SemKeys};
 use crate::engine::kind::{Keys, Spec};
@@ -596,7 +597,11 @@ impl Held {
                     timing,
                     wait: attempts == Attempts::UntilGranted,
                     fair: config.fair,
-                    ticket: if config.fair { wall_micros() } else { 0 },
+                    ticket: if config.fair {
+                        TICKETS.next(wall_micros())
+                    } else {
+                        0
+                    },
                     spread: driver.spread,
                 };
                 let round = driver.take_round();
@@ -815,6 +820,9 @@ impl Drop for Held {
         }
     }
 }
+
+/// The tickets of this process's fair waiters (see [`Tickets`]).
+static TICKETS: Tickets = Tickets::new();
 
 /// This machine's wall clock in microseconds since the Unix epoch: a fair waiter's place in the
 /// queue.

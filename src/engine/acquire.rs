@@ -256,6 +256,12 @@ impl<'a> Acquisition<'a> {
         timings::learnt_spread(self.spread, self.split_seen)
     }
 
+    /// The waiter's id, which names it in a fair queue (after its kind, for a read-write lock).
+    #[cfg(test)]
+    pub fn waiter(&self) -> &[u8] {
+        self.waiter.as_bytes()
+    }
+
     /// Gives the round storage back.
     pub fn into_round(self) -> Round {
         self.fanout.into_round()

@@ -36,6 +36,7 @@
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::config::MAX_NODES;
@@ -104,6 +105,39 @@ pub(crate) fn write_eval_head(
         }
     }
     resp::write_bulk_u64(out, numkeys as u64);
+}
+
+/// The tickets one process hands its fair waiters: each is its wall clock in microseconds
+/// when it starts waiting, but never at or before the last one handed out, so that the waiters
+/// of one process are served in the order they arrived even when two arrive within the same
+/// microsecond (an equal ticket would leave their order to their random ids) or the wall clock
+/// steps back.
+#[derive(Debug, Default)]
+pub struct Tickets {
+    last: AtomicU64,
+}
+
+impl Tickets {
+    pub const fn new() -> Tickets {
+        Tickets {
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// The ticket of a waiter that starts waiting at `wall_micros`.
+    pub fn next(&self, wall_micros: u64) -> u64 {
+        let mut last = self.last.load(Ordering::Relaxed);
+        loop {
+            let t = wall_micros.max(last.saturating_add(1));
+            match self
+                .last
+                .compare_exchange_weak(last, t, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return t,
+                Err(now) => last = now,
+            }
+        }
+    }
 }
 
 /// What every fair acquisition keeps across its attempts: its place, and whether it has to
@@ -397,6 +431,16 @@ mod tests {
         waiter: b"w",
         token: b"t",
     };
+
+    #[test]
+    fn a_process_hands_out_tickets_in_arrival_order() {
+        let t = Tickets::new();
+        assert_eq!(t.next(100), 100);
+        // The same microsecond, then a clock that stepped back: still later than the last.
+        assert_eq!(t.next(100), 101);
+        assert_eq!(t.next(50), 102);
+        assert_eq!(t.next(500), 500);
+    }
 
     #[test]
     fn joins_only_after_the_interval() {

@@ -74,7 +74,13 @@ pub(crate) struct Node {
     /// How long after its last field expired the expiry cycle deletes a hash nobody touched;
     /// `None`: never (active expiry off).
     pub hash_expiry_lag: Option<i64>,
+    /// When set, the first score each member was given in each sorted set (key, member): what
+    /// every fair waiter queued with, as this node saw it.
+    pub first_scores: Option<FirstScores>,
 }
+
+/// The first score of each member of each sorted set: (key, member) to score.
+pub(crate) type FirstScores = BTreeMap<(Vec<u8>, Vec<u8>), f64>;
 
 impl Node {
     /// Executes one RESP command (an array of bulk strings) at node time `now_ms`, and returns
@@ -185,6 +191,7 @@ impl Node {
             published: 0,
             outbox: Vec::new(),
             hash_expiry_lag: self.hash_expiry_lag,
+            first_scores: None,
         }
     }
 
@@ -741,7 +748,13 @@ impl Node {
             }
             return Ok(0);
         }
-        Ok(i64::from(z.insert(member.to_vec(), score).is_none()))
+        let added = z.insert(member.to_vec(), score).is_none();
+        if let Some(first) = self.first_scores.as_mut() {
+            first
+                .entry((key.to_vec(), member.to_vec()))
+                .or_insert(score);
+        }
+        Ok(i64::from(added))
     }
 
     /// `ZREM key member...`: members removed; an emptied set is deleted, as in Redis.

@@ -610,6 +610,7 @@ fn first_violation() {
         "Model" => Scenario::Model,
         "Calm" => Scenario::Calm,
         "Slow" => Scenario::Slow,
+        "SlowFlush" => Scenario::SlowFlush,
         "InstantRestart" => Scenario::InstantRestart,
         "ClockJump" => Scenario::ClockJump,
         "UncheckedPause" => Scenario::UncheckedPause,
