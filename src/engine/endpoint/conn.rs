@@ -84,6 +84,33 @@ impl Slot {
             _ => None,
         }
     }
+
+    /// This slot for its command written again at `now` (on a new connection, or to the node
+    /// that serves its slot now): the owner, if it still waits, gets the reply from there,
+    /// and its node timeout still counts from when the command was first written (a node that
+    /// refuses every reconnect must not keep the owner waiting).
+    pub fn resent(self, now: Instant) -> Slot {
+        match self {
+            Slot::Reply {
+                caller,
+                run,
+                tag,
+                redo,
+                due,
+                fired,
+                ..
+            } => Slot::Reply {
+                caller,
+                run,
+                tag,
+                sent: now,
+                redo,
+                due,
+                fired,
+            },
+            other => other,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

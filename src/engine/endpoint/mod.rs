@@ -957,29 +957,8 @@ impl Endpoint {
                 node.retries.push(r);
                 continue;
             }
-            let slot = match r.slot {
-                // Its owner, if it still waits, hears from the new master; its node timeout
-                // still counts from when it was first written.
-                Slot::Reply {
-                    caller,
-                    run,
-                    tag,
-                    redo,
-                    due,
-                    fired,
-                    ..
-                } => Slot::Reply {
-                    caller,
-                    run,
-                    tag,
-                    sent: now,
-                    redo,
-                    due,
-                    fired,
-                },
-                other => other,
-            };
-            node.cmd.queue_redo(slot, r.redo, &b);
+            // Its owner, if it still waits, hears from the new master.
+            node.cmd.queue_redo(r.slot.resent(now), r.redo, &b);
             node.kept.push(&b, r.redo.before as usize, 0, false);
             self.touch(ConnId {
                 node: to,
@@ -1236,32 +1215,9 @@ impl Endpoint {
         for r in node.retries.drain(..) {
             let end = at + r.redo.len as usize;
             if r.redo.until > now {
-                let slot = match r.slot {
-                    // The caller still waiting for it gets the reply, if it still waits.
-                    // Its node timeout still counts from when it was first written: a node
-                    // that refuses every reconnect must not keep the owner waiting. Written
-                    // on the new connection, it gets a node timeout from then on.
-                    Slot::Reply {
-                        caller,
-                        run,
-                        tag,
-                        redo,
-                        due,
-                        fired,
-                        ..
-                    } => Slot::Reply {
-                        caller,
-                        run,
-                        tag,
-                        sent: now,
-                        redo,
-                        due,
-                        fired,
-                    },
-                    other => other,
-                };
+                // Written on the new connection, it gets a node timeout from then on.
                 node.cmd
-                    .queue_redo(slot, r.redo, &node.retry_bytes[at..end]);
+                    .queue_redo(r.slot.resent(now), r.redo, &node.retry_bytes[at..end]);
                 if self.topo[node.member].is_some() {
                     node.kept
                         .push(&node.retry_bytes[at..end], r.redo.before as usize, 0, false);

@@ -141,6 +141,68 @@ impl Cluster {
     }
 }
 
+/// Where a cluster run's idle-then-check step is: once every caller is done and every fault
+/// healed, the clients stay idle (no `close()`) for a while, and then no key of a lock may be
+/// left on any master; only then do the clients close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Callers still run.
+    Running,
+    /// Some client is done; waiting for the others and for the faults to heal.
+    Waiting,
+    /// Everything healed; the clients idle until the check.
+    Quiet,
+    /// Checked: the clients close.
+    Checked,
+}
+
+/// The idle-then-check step, and what idle clients do not read. A client whose callers are
+/// done reads its command connections only while its endpoint needs tending (the driver's
+/// resender, started when the last operation ended and run until nothing needs it): once
+/// that is over, what lands there waits, unread, until the client closes.
+#[derive(Debug)]
+pub(super) struct Idle {
+    pub phase: Phase,
+    /// Per client: idle, and no longer tended.
+    untended: Vec<bool>,
+    /// Connections whose landings wait for the client to read again.
+    parked: Vec<usize>,
+    /// Every lock whose release returned `Ok`.
+    released: Vec<Released>,
+    /// When every fault had healed, in ns.
+    since: u64,
+}
+
+/// A lock whose release returned `Ok`: its entries, its token, its operations.
+#[derive(Debug)]
+struct Released {
+    names: Vec<Vec<u8>>,
+    token: Vec<u8>,
+    ops: Vec<usize>,
+}
+
+impl Idle {
+    pub(super) fn new(clients: usize) -> Idle {
+        Idle {
+            phase: Phase::Running,
+            untended: vec![false; clients],
+            parked: Vec::new(),
+            released: Vec::new(),
+            since: 0,
+        }
+    }
+
+    /// A release of the lock of entries `names` and token `token`, of operations `ops`,
+    /// returned `Ok`.
+    pub(super) fn released(&mut self, names: &[Vec<u8>], token: &[u8], ops: &[usize]) {
+        self.released.push(Released {
+            names: names.to_vec(),
+            token: token.to_vec(),
+            ops: ops.to_vec(),
+        });
+    }
+}
+
 /// Every cluster member's state, with its processes placed and sharing the clock of its
 /// first; the slots spread evenly over the masters.
 pub(super) fn build(p: &Settings, layout: &[Place], nodes: &mut [SimNode]) -> Vec<Option<Cluster>> {
@@ -201,6 +263,20 @@ impl Settings {
                     0
                 };
             }
+        }
+        self.readdress = scenario == Scenario::ClusterModel && rng.chance(0.1);
+        if self.readdress && self.masters.iter().all(|&k| k < 2) {
+            // A master that moves needs a seed that stays: a second master.
+            let m = rng.below(self.nodes as u64) as usize;
+            self.masters[m] = 2;
+        }
+        if scenario == Scenario::ClusterModel && rng.chance(0.04) {
+            // A cluster of more than 64 masters (more links than a `u64` of bits): one member
+            // is one, the run kept cheap with few keys and callers.
+            let big = rng.below(self.nodes as u64) as usize;
+            self.masters[big] = rng.range(65, 90) as usize;
+            self.keys = self.keys.min(2);
+            self.callers = self.callers.min(2);
         }
         self.wait = u32::from(scenario == Scenario::ClusterWait);
         // Replicas lag by up to a TTL; far behind where the failovers lose grants.
@@ -279,6 +355,20 @@ impl<'a> World<'a> {
         }
     }
 
+    /// Whether process `node` was a cluster master that moved to a new address (see
+    /// [`World::readdress`]): gone for good, no shard names it.
+    pub(super) fn retired(&self, node: usize) -> bool {
+        match self.nodes[node].place {
+            Some(Place {
+                member,
+                shard: Some(s),
+            }) => self.clusters[member]
+                .as_ref()
+                .is_some_and(|c| c.shards[s].master != node && c.shards[s].replica != node),
+            _ => false,
+        }
+    }
+
     /// Whether subscribers of process `listener` hear what `publisher` publishes: its own, or
     /// (a cluster passing messages on to all its nodes) another node's of the same cluster.
     pub(super) fn hears(&self, listener: usize, publisher: usize) -> bool {
@@ -327,9 +417,21 @@ impl<'a> World<'a> {
                 let first = m == self.first_cluster();
                 let mixed = self.clusters.iter().any(Option::is_none);
                 self.stats.cluster_runs += u64::from(first);
+                let big = self.clusters[m]
+                    .as_ref()
+                    .is_some_and(|c| c.shards.len() > 64);
+                self.stats.big_clusters += u64::from(big);
                 self.stats.mixed_cluster_runs += u64::from(first && mixed);
                 let at = self.rng.range(0, self.p.replication);
                 self.schedule(at, Ev::Replicate { member: m });
+                let shards = self.clusters[m].as_ref().map_or(0, |c| c.shards.len());
+                if self.p.readdress && shards >= 2 {
+                    // One master other than the first (whose address is the URL's seed)
+                    // moves again and again, every 2 to 6 ms until the horizon.
+                    let shard = self.rng.range(1, shards as u64 - 1) as usize;
+                    let at = self.rng.range(0, 6 * MS);
+                    self.schedule(at, Ev::Readdress { member: m, shard });
+                }
             }
         }
     }
@@ -493,19 +595,15 @@ impl<'a> World<'a> {
             Some((_, map, _)) if stale => map,
             _ => &cl.owner,
         };
-        let ranges = |s: usize| {
-            let mut out: Vec<(usize, usize)> = Vec::new();
-            for (slot, &o) in map.iter().enumerate() {
-                if usize::from(o) != s {
-                    continue;
-                }
-                match out.last_mut() {
-                    Some((_, b)) if *b + 1 == slot => *b = slot,
-                    _ => out.push((slot, slot)),
-                }
+        let mut by_shard: Vec<Vec<(usize, usize)>> = vec![Vec::new(); cl.shards.len()];
+        for (slot, &o) in map.iter().enumerate() {
+            let out = &mut by_shard[usize::from(o)];
+            match out.last_mut() {
+                Some((_, b)) if *b + 1 == slot => *b = slot,
+                _ => out.push((slot, slot)),
             }
-            out
-        };
+        }
+        let ranges = |s: usize| by_shard[s].clone();
         let mut out = Vec::new();
         let node_info = |out: &mut Vec<u8>, n: usize, master: bool, healthy: bool| {
             resp::write_array_len(out, 14);
@@ -607,6 +705,13 @@ impl<'a> World<'a> {
                 "member {m}: slot {slot} moves at once from node {a} to node {b}"
             ));
             while self.move_one(m, g) {}
+            if self.rng.chance(0.5) {
+                // The old owner is slow for a while: its `MOVED` to a round's command (a
+                // release's) comes after the other members decided the round.
+                let slow = self.rng.range(0, 2 * self.p.node_timeout.as_nanos() as u64);
+                self.nodes[a].busy_until = self.nodes[a].busy_until.max(self.now + slow);
+                self.stats.slow_old_owners += 1;
+            }
             return self.migration_ends(m);
         }
         self.log(format_args!(
@@ -754,6 +859,13 @@ impl<'a> World<'a> {
         let after = match self.scenario {
             Scenario::ClusterWait => self.rng.range(0, max_ttl),
             Scenario::LossyFailover => self.rng.range(0, self.p.ttl_ms * MS / 2),
+            // A replica that has every write of its master loses no grant: promoted within a
+            // fraction of a TTL, while the keys it took over still live (what a release
+            // re-sent after the break owes goes to it).
+            _ if same && self.rng.chance(0.7) => {
+                self.stats.quick_failovers += 1;
+                self.rng.range(0, self.p.ttl_ms * MS / 4)
+            }
             _ => self.rng.range(max_ttl, 3 * max_ttl),
         };
         self.log(format_args!(
@@ -811,5 +923,216 @@ impl<'a> World<'a> {
             "member {m}: node {a} is back, a replica of {b}"
         ));
         self.catch_up(m, s);
+    }
+}
+
+impl World<'_> {
+    /// Client `c`'s callers are done: in [`Scenario::ClusterModel`] it stays idle, without
+    /// `close()`, until the idle-then-check step is over (see [`Idle`]). Whether it must wait.
+    pub(super) fn idles_first(&mut self, c: usize) -> bool {
+        if self.scenario != Scenario::ClusterModel || self.idle.phase == Phase::Checked {
+            return false;
+        }
+        let now = self.instant(self.now);
+        if !self.clients[c].ep.needs_tending(now) {
+            self.idle.untended[c] = true;
+        }
+        if self.idle.phase == Phase::Running {
+            self.idle.phase = Phase::Waiting;
+            self.schedule(self.p.ttl_ms * MS / 8, Ev::IdleCheck);
+        }
+        true
+    }
+
+    /// Whether what lands on `sock` waits unread: its client is idle and untended (see
+    /// [`Idle`]); it is then parked until the client closes.
+    pub(super) fn unread(&mut self, sock: usize) -> bool {
+        let s = &self.socks[sock];
+        let c = s.client;
+        if self.idle.phase == Phase::Running
+            || self.idle.phase == Phase::Checked
+            || s.id.sub
+            || !self.clients[c].callers.iter().all(|k| k.done)
+        {
+            return false;
+        }
+        if !self.idle.untended[c] {
+            let now = self.instant(self.now);
+            if self.clients[c].ep.needs_tending(now) {
+                return false;
+            }
+            self.idle.untended[c] = true;
+        }
+        if !self.idle.parked.contains(&sock) {
+            self.idle.parked.push(sock);
+            self.stats.unread_landings += 1;
+        }
+        true
+    }
+
+    /// Whether client `c` is idle and untended: its endpoint's timers do not run either.
+    pub(super) fn untended(&self, c: usize) -> bool {
+        matches!(self.idle.phase, Phase::Waiting | Phase::Quiet) && self.idle.untended[c]
+    }
+
+    /// Every fault healed: no partition, every standalone server up and taking writes, no
+    /// shard without a master, no slot migrating, no master paused or loading. A failed
+    /// master need not be back: its replica serves in its place.
+    fn healed(&self) -> bool {
+        if self.blocked.iter().flatten().any(|&b| b) {
+            return false;
+        }
+        if self
+            .clusters
+            .iter()
+            .flatten()
+            .any(|c| c.migration.is_some() || c.shards.iter().any(|s| s.failed))
+        {
+            return false;
+        }
+        (0..self.nodes.len()).filter(|&n| self.votes(n)).all(|n| {
+            let node = &self.nodes[n];
+            node.up
+                && node.server.refusal.is_none()
+                && !node.server.loading
+                && node.busy_until <= self.now
+        })
+    }
+
+    /// The idle-then-check step: once every caller is done, the horizon passed and every
+    /// fault healed, the clients idle half a TTL more; then no key of a lock (fence counters
+    /// apart) may be left on any master or standalone server, and the clients close.
+    pub(super) fn idle_check(&mut self) {
+        match self.idle.phase {
+            Phase::Waiting => {
+                let done = self
+                    .clients
+                    .iter()
+                    .all(|c| c.callers.iter().all(|k| k.done));
+                if done && self.now > self.p.horizon && self.healed() {
+                    self.idle.phase = Phase::Quiet;
+                    self.idle.since = self.now;
+                    self.log(format_args!("every fault healed: the clients idle"));
+                    self.schedule(self.p.ttl_ms * MS / 2, Ev::IdleCheck);
+                } else {
+                    self.schedule(self.p.ttl_ms * MS / 8, Ev::IdleCheck);
+                }
+            }
+            Phase::Quiet => {
+                // What a client wrote may still be on its way to a master (a long delay, a
+                // segment held behind a lost one): looked at once it has landed and run.
+                let in_flight = self
+                    .socks
+                    .iter()
+                    .any(|s| !s.id.sub && !s.to_server.is_empty() && self.votes(s.server))
+                    || (0..self.nodes.len())
+                        .any(|n| self.votes(n) && !self.nodes[n].backlog.is_empty());
+                if in_flight && self.now < self.idle.since + QUIET_WAIT * self.p.ttl_ms * MS {
+                    let after = (self.p.node_timeout.as_nanos() as u64 / 4).max(MS / 4);
+                    self.schedule(after, Ev::IdleCheck);
+                    return;
+                }
+                self.idle.phase = Phase::Checked;
+                self.stats.idle_checks += 1;
+                // Entries of a released lock that still hold its token.
+                let released = std::mem::take(&mut self.idle.released);
+                for node in 0..self.nodes.len() {
+                    if !self.votes(node) || !self.nodes[node].up {
+                        continue;
+                    }
+                    let now_ms = self.nodes[node].clock_ms(self.now);
+                    for Released { names, token, ops } in &released {
+                        for key in names {
+                            let mem = &mut self.nodes[node].server.node;
+                            if mem.holds_token(now_ms, key, token) {
+                                self.log(format_args!(
+                                    "left behind on node {node} after idling: {:?} of ops {ops:?}",
+                                    String::from_utf8_lossy(key)
+                                ));
+                                self.history.left_behind.push((node, key.clone()));
+                            }
+                        }
+                    }
+                }
+                // The clients close, and read what waited.
+                for sock in std::mem::take(&mut self.idle.parked) {
+                    self.schedule(0, Ev::Land { sock, back: true });
+                }
+                for c in 0..self.clients.len() {
+                    self.maybe_close(c);
+                    self.after_io(c);
+                }
+            }
+            Phase::Running | Phase::Checked => {}
+        }
+    }
+}
+
+impl World<'_> {
+    /// Shard `s` of member `m`'s master moves to a new address, its data with it (a pod
+    /// restarted with a new IP on its volume): a new process at a new port takes its place,
+    /// and the old one is gone for good, with its connections. Again a few ms later, until the
+    /// horizon: hundreds of addresses under one client.
+    pub(super) fn readdress(&mut self, m: usize, s: usize) {
+        if self.now > self.p.horizon {
+            return;
+        }
+        let next = self.rng.range(2 * MS, 6 * MS);
+        self.schedule(
+            next,
+            Ev::Readdress {
+                member: m,
+                shard: s,
+            },
+        );
+        let Some(cl) = self.clusters[m].as_ref() else {
+            return;
+        };
+        let a = cl.shards[s].master;
+        if cl.shards[s].failed || cl.migration.is_some() || !self.nodes[a].up {
+            return;
+        }
+        if self.nodes[a].busy_until > self.now || self.nodes[a].server.loading {
+            return;
+        }
+        let n = self.nodes.len();
+        let old = &self.nodes[a];
+        let mut server = Server::new(
+            old.server.node.replica(),
+            old.server.version,
+            run_id(&mut self.rng),
+        );
+        server.password = old.server.password.clone();
+        let node = SimNode {
+            server,
+            refused: false,
+            up: true,
+            incarnation: 0,
+            offset: old.offset,
+            ppm: old.ppm,
+            last_forward_jump: old.last_forward_jump,
+            backlog: VecDeque::new(),
+            busy_until: 0,
+            exec_scheduled: false,
+            service: old.service,
+            reject_connects: 0,
+            refusal_gen: 0,
+            place: old.place,
+        };
+        self.nodes.push(node);
+        for row in &mut self.blocked {
+            row.push(false);
+        }
+        self.kill(a);
+        // The old process never comes back (no shard names it any more).
+        self.nodes[a].server.node = node_memory();
+        if let Some(cl) = self.clusters[m].as_mut() {
+            cl.shards[s].master = n;
+        }
+        self.stats.readdresses += 1;
+        self.stats.most_readdresses += 1;
+        self.log(format_args!(
+            "member {m}: master {a} moves to a new address, node {n}"
+        ));
     }
 }

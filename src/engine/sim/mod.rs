@@ -313,6 +313,8 @@ struct Settings {
     masters: Vec<usize>,
     /// `?wait=N` on the cluster members' URLs.
     wait: u32,
+    /// Cluster runs: a master moves to a new address every few ms.
+    readdress: bool,
     /// How often a cluster's replicas catch up with their masters, in ns.
     replication: u64,
     horizon: u64,
@@ -371,6 +373,7 @@ impl Settings {
             fault_gap: rng.range(ttl_ms / 2, 3 * ttl_ms) * MS,
             masters: vec![0; nodes],
             wait: 0,
+            readdress: false,
             replication: 0,
             horizon: 1500 * MS,
             cycles: rng.range(3, 8) as u32,
@@ -651,6 +654,18 @@ pub(crate) struct Stats {
     pub clusterdowns: u64,
     pub waits: u64,
     pub waits_reached: u64,
+    /// Failovers whose replica, with every write of its master, was promoted within a
+    /// fraction of a TTL; slots moved at once whose old owner was slow after; runs with a
+    /// cluster of more than 64 masters; idle-then-check steps run.
+    pub quick_failovers: u64,
+    pub slow_old_owners: u64,
+    pub big_clusters: u64,
+    pub idle_checks: u64,
+    /// Masters moved to a new address (the old one gone), and the most under one run.
+    pub readdresses: u64,
+    pub most_readdresses: u64,
+    /// Connections whose replies waited unread while their client was idle and untended.
+    pub unread_landings: u64,
 }
 
 impl Stats {
@@ -730,8 +745,15 @@ impl Stats {
             tryagains,
             clusterdowns,
             waits,
-            waits_reached
+            waits_reached,
+            quick_failovers,
+            slow_old_owners,
+            big_clusters,
+            idle_checks,
+            readdresses,
+            unread_landings
         );
+        self.most_readdresses = self.most_readdresses.max(o.most_readdresses);
         self.most_callers = self.most_callers.max(o.most_callers);
         self.longest_backlog_ms = self.longest_backlog_ms.max(o.longest_backlog_ms);
     }
@@ -843,7 +865,9 @@ impl fmt::Display for Stats {
                 "; {} runs with clusters ({} mixed with standalone servers): {} slot migrations ({} at once, {} keys moved), {} \
                  topology views lagging ({} stale replies), {} failovers ({} without some of \
                  the master's keys); {} topology reads, {} MOVED, {} ASK, {} TRYAGAIN, {} \
-                 CLUSTERDOWN, {} WAIT ({} reached a replica), {} sunsubscribe pushes",
+                 CLUSTERDOWN, {} WAIT ({} reached a replica), {} sunsubscribe pushes; {} quick \
+                 failovers, {} slow old owners, {} runs with over 64 masters, {} idle checks, {} masters \
+                 moved to a new address (at most {} in a run), {} replies left unread while idle",
                 self.cluster_runs,
                 self.mixed_cluster_runs,
                 self.migrations,
@@ -860,7 +884,14 @@ impl fmt::Display for Stats {
                 self.clusterdowns,
                 self.waits,
                 self.waits_reached,
-                self.shard_unsubscribes
+                self.shard_unsubscribes,
+                self.quick_failovers,
+                self.slow_old_owners,
+                self.big_clusters,
+                self.idle_checks,
+                self.readdresses,
+                self.most_readdresses,
+                self.unread_landings
             )?;
         }
         Ok(())
@@ -1165,6 +1196,14 @@ enum Ev {
     LeftCheck {
         check: usize,
     },
+    /// A cluster master moves to a new address (see [`World::readdress`]).
+    Readdress {
+        member: usize,
+        shard: usize,
+    },
+    /// Cluster runs: whether every client is idle and every fault healed (see
+    /// [`World::idle_check`]).
+    IdleCheck,
     /// The last instant of a grant's validity: what the nodes hold of it is looked at.
     ValidityEnd {
         client: usize,
@@ -1249,6 +1288,8 @@ struct World<'a> {
     /// once have tickets a microsecond apart).
     fair_waiters: BTreeMap<Vec<u8>, (usize, i64)>,
     trace: bool,
+    /// Cluster runs: where the idle-then-check step is (see [`World::idle_check`]).
+    idle: cluster::Idle,
 }
 
 /// What one seed produced.
@@ -1474,6 +1515,7 @@ fn run_world<'a>(
         .collect();
     let mixed = p.native.contains(&true) && p.native.contains(&false);
     let slow = p.service.iter().any(|&s| s > 0);
+    let p_clients = p.clients;
     let mut w = World {
         scenario,
         blocked: vec![vec![false; nodes.len()]; p.clients],
@@ -1508,6 +1550,7 @@ fn run_world<'a>(
         pending: Vec::new(),
         fair_waiters: BTreeMap::new(),
         trace,
+        idle: cluster::Idle::new(p_clients),
     };
     if scenario == Scenario::Calm {
         // What each fair waiter queued with, as the nodes saw it.
@@ -1761,6 +1804,12 @@ impl<'a> World<'a> {
                 self.after_io(client);
             }
             Ev::Timer { .. } => {}
+            Ev::Endpoint { client, id }
+                if self.clients[client].timer.0 == id && self.untended(client) =>
+            {
+                // An idle client nobody drives runs no timer (see `cluster::Idle`).
+                self.clients[client].timer.1 = None;
+            }
             Ev::Endpoint { client, id } if self.clients[client].timer.0 == id => {
                 let now = self.instant(self.now);
                 let cl = &mut self.clients[client];
@@ -1805,6 +1854,8 @@ impl<'a> World<'a> {
             Ev::MigrateKey { member } => self.migrate_key(member),
             Ev::LeftCheck { check } => self.left_check(check),
             Ev::MigrationEnds { member } => self.migration_ends(member),
+            Ev::IdleCheck => self.idle_check(),
+            Ev::Readdress { member, shard } => self.readdress(member, shard),
             Ev::LoadingEnds { node, incarnation } => {
                 if self.nodes[node].incarnation == incarnation {
                     self.nodes[node].server.loading = false;
@@ -1983,6 +2034,9 @@ impl<'a> World<'a> {
     }
 
     fn land_at_client(&mut self, sock: usize) {
+        if self.unread(sock) {
+            return;
+        }
         if !self.lands(sock, true) {
             return;
         }
@@ -2527,7 +2581,7 @@ impl<'a> World<'a> {
     /// client, with replies maybe still owed.
     fn maybe_close(&mut self, c: usize) {
         let cl = &self.clients[c];
-        if cl.closing || !cl.callers.iter().all(|k| k.done) {
+        if cl.closing || !cl.callers.iter().all(|k| k.done) || self.idles_first(c) {
             return;
         }
         // Idle, not closing, while what its last releases owe is looked for.
@@ -2587,6 +2641,7 @@ impl<'a> World<'a> {
         let names = entry_names(&cycle.spec);
         let quorum = cycle.spec.release_quorum(self.p.nodes);
         let ops = cycle.ops.clone();
+        self.idle.released(&names, token, &ops);
         let mut live_on = Vec::new();
         for node in 0..self.nodes.len() {
             if !self.nodes[node].up || !self.votes(node) {
@@ -2620,7 +2675,11 @@ impl<'a> World<'a> {
         let now = self.now;
         self.nodes
             .iter()
-            .any(|n| !n.up || n.server.loading || n.server.refusal.is_some() || n.busy_until > now)
+            .enumerate()
+            .filter(|&(i, _)| !self.retired(i))
+            .any(|(_, n)| {
+                !n.up || n.server.loading || n.server.refusal.is_some() || n.busy_until > now
+            })
             || self.blocked.iter().flatten().any(|&b| b)
             || self.clusters.iter().flatten().any(|cl| !cl.quiet(now))
     }

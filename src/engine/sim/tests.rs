@@ -510,6 +510,21 @@ fn cluster_members_within_the_model() {
                 ("partitions", s.partitions),
                 ("lost replies", s.lost_replies),
                 ("kept locks", s.kept),
+                // Routing driven hard: a replica with every write promoted while the keys it
+                // took over live (a release re-sent after the break owes it its delete), a
+                // slot moved under a held lock with its old owner slow (its MOVED comes
+                // after the decision), a master moving to a new address hundreds of times
+                // under one client, clusters of more than 64 masters, and idle clients whose
+                // replies wait unread, checked for what they left behind.
+                ("quick failovers", s.quick_failovers),
+                ("slow old owners", s.slow_old_owners),
+                ("runs with over 64 masters", s.big_clusters),
+                (
+                    "a master moved 200 times in one run",
+                    u64::from(s.most_readdresses >= 200),
+                ),
+                ("idle checks", s.idle_checks),
+                ("replies left unread while idle", s.unread_landings),
             ],
         );
         if locks == Locks::ReadWrite {
