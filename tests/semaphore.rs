@@ -206,10 +206,11 @@ fn clients_that_disagree_on_the_permits_get_a_config_error() {
             ..
         }
     )));
-    // k = 3 at N = 3 has 1 slot per node (and a quorum of 1), k = 2 has 2.
+    // k = 3 at N = 3 has 2 slots per node and a quorum of 2; k = 2 has 2 and a quorum of 3,
+    // with the marker of the shape before the slots were chosen.
     assert!(
         e.to_string()
-            .contains("3 permits, 1 per node, not 2 permits"),
+            .contains("3 permits, 2 per node, not 2 permits"),
         "{e}"
     );
 }

@@ -457,9 +457,9 @@ fn permit_runs_hold_at_most_k_at_once() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{stderr}");
-    // At N = 3, 3 permits take 1 slot per node, 2 permits 2.
+    // At N = 3, 3 permits take 2 slots per node (quorum 2), 2 permits 2 (quorum 3).
     assert!(
-        stderr.contains("3 permits, 1 per node, not 2 permits"),
+        stderr.contains("3 permits, 2 per node, not 2 permits"),
         "{stderr}"
     );
     assert!(

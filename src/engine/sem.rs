@@ -62,15 +62,18 @@ pub fn slots_for(permits: u32, nodes: usize, quorum: usize) -> Option<u32> {
 
 /// The semaphore's shape over `nodes` nodes: `(c, q)`, the smallest slots per node, then the
 /// smallest quorum, that keep `permits + 1` holders out and let `permits` in (see
-/// [`slots_for`]). `c = permits` with [`safe_quorum`] always qualifies, so there is one for
+/// [`slots_for`]), with `q ≥ 2` when `nodes ≥ 2` (a release needs `N − q + 1` nodes, so that
+/// it spares one failure too). `c = permits` with [`safe_quorum`] always qualifies, so there is one for
 /// every `permits ≥ 1` and `nodes ≥ 1`.
 pub fn shape(permits: u32, nodes: usize) -> (u32, usize) {
     let k = u128::from(permits.max(1));
     let n = nodes.max(1) as u128;
     // For each quorum, the smallest slots that fit every permit are ⌈k·q / N⌉; the pair with
     // the fewest slots (then the smallest quorum) among those that are also safe.
+    // At least 2 nodes when there are 2: a release needs N − q + 1 acknowledgements, so a
+    // quorum of 1 would leave releases no node to spare.
     let mut best: Option<(u32, usize)> = None;
-    for q in 1..=nodes.max(1) {
+    for q in nodes.clamp(1, 2)..=nodes.max(1) {
         let c = (k * q as u128).div_ceil(n).max(1);
         if c <= k && c * n < (k + 1) * q as u128 && best.is_none_or(|(b, _)| (c as u32) < b) {
             best = Some((c as u32, q));
@@ -509,8 +512,9 @@ mod tests {
         for k in 1..=12u32 {
             for n in 1..=15usize {
                 let (c, q) = shape(k, n);
+                let least_q = (n as u64).min(2);
                 let best = (1..=u64::from(k))
-                    .flat_map(|c| (1..=n as u64).map(move |q| (c, q)))
+                    .flat_map(|c| (least_q..=n as u64).map(move |q| (c, q)))
                     .find(|&(c, q)| sound(u64::from(k), c, n as u64, q))
                     .expect("c = k, q = safe_quorum is sound");
                 assert_eq!((u64::from(c), q as u64), best, "k={k} n={n}");
