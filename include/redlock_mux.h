@@ -701,7 +701,8 @@ redlock_mux_result redlock_mux_client_try_write_lock_fenced(const redlock_mux_cl
  * wakes the waiters at once. At most `permits` holders hold a permit at once, over a quorum
  * of `redlock_mux_semaphore_quorum` nodes. On success writes a new lock to `*out`;
  * `REDLOCK_MUX_INVALID_ARGUMENT` for 0 permits; `REDLOCK_MUX_CONFIG` when the nodes'
- * semaphore on the key was created with another number of permits.
+ * semaphore on the key was created with another number of permits, or with another number
+ * of holders per node (a version that chose them otherwise).
  *
  * # Safety
  * As for `redlock_mux_client_lock`.
@@ -917,9 +918,11 @@ void redlock_mux_client_free(redlock_mux_client *client);
 
 /**
  * Writes to `*out_quorum` how many nodes must admit a holder of a semaphore of `permits`
- * permits over this client's N nodes: the smallest quorum that makes `permits + 1` holders
- * impossible, `floor(permits * N / (permits + 1)) + 1` (the Redlock majority for 1 permit).
- * Acquires stop once more than `N - quorum` nodes are down. `REDLOCK_MUX_INVALID_ARGUMENT`
+ * permits over this client's N nodes. Each node admits `c` holders, the fewest that let
+ * `permits` holders in (`permits * quorum <= c * N`) while keeping `permits + 1` out
+ * (`(permits + 1) * quorum > c * N`), and the quorum is the smallest with that `c` (the
+ * Redlock majority for 1 permit; 2 of 5 nodes for 2 permits, with `c = 1`). Acquires stop
+ * once more than `N - quorum` nodes are down. `REDLOCK_MUX_INVALID_ARGUMENT`
  * for 0 permits or more than the library allows.
  *
  * # Safety

@@ -314,8 +314,9 @@ pub enum InvalidArgument {
         /// The cap.
         max: u32,
     },
-    /// A semaphore's quorum would let more holders than its permits in at once (or is more
-    /// than the nodes): `(permits + 1)·quorum` must exceed `permits·nodes`. See
+    /// A semaphore's quorum is unsafe or unusable whatever the holders each node admits (or
+    /// is more than the nodes): no `c ≤ permits` has `permits·quorum ≤ c·nodes` (every
+    /// permit fits) and `c·nodes < (permits + 1)·quorum` (one more holder does not). See
     /// [`Semaphore`](crate::Semaphore).
     UnsafeQuorum {
         /// The semaphore's permits.
@@ -324,7 +325,8 @@ pub enum InvalidArgument {
         nodes: usize,
         /// The quorum asked for.
         quorum: usize,
-        /// The smallest safe quorum, `⌊permits·nodes / (permits + 1)⌋ + 1`.
+        /// The quorum [`Client::semaphore`](crate::Client::semaphore) takes: the smallest
+        /// with the fewest holders per node.
         min: usize,
     },
     /// A token given to a `resume_*` call is not one this library makes: 40 lowercase hex
@@ -414,7 +416,8 @@ impl fmt::Display for InvalidArgument {
             } => write!(
                 f,
                 "a quorum of {quorum} of {nodes} nodes would let more than {permits} holders \
-                 into a {permits}-permit semaphore; it needs {min} to {nodes}"
+                 into a {permits}-permit semaphore, or not all of them, whatever each node \
+                 admits; {min} is the smallest that works"
             ),
             InvalidArgument::BadToken => f.write_str("a lock token is 40 lowercase hex characters"),
             InvalidArgument::DuplicateKey { key } => write!(

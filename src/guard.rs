@@ -399,6 +399,7 @@ pub(crate) enum Owned {
         resource: Vec<u8>,
         keys: SemKeys,
         permits: u32,
+        slots: u32,
         quorum: usize,
     },
 }
@@ -417,12 +418,14 @@ impl fmt::Debug for Owned {
             Owned::Sem {
                 resource,
                 permits,
+                slots,
                 quorum,
                 ..
             } => f
                 .debug_struct("Sem")
                 .field("resource", &text(resource))
                 .field("permits", permits)
+                .field("slots", slots)
                 .field("quorum", quorum)
                 .finish_non_exhaustive(),
         }
@@ -451,12 +454,20 @@ impl Owned {
         }
     }
 
-    /// A permit of the semaphore of `permits` permits and quorum `quorum` on `key`.
-    pub(crate) fn semaphore(bufs: &BufPool, key: &[u8], permits: u32, quorum: usize) -> Owned {
+    /// A permit of the semaphore of `permits` permits, `slots` slots per node and quorum
+    /// `quorum` on `key`.
+    pub(crate) fn semaphore(
+        bufs: &BufPool,
+        key: &[u8],
+        permits: u32,
+        slots: u32,
+        quorum: usize,
+    ) -> Owned {
         Owned::Sem {
             resource: bufs.copy(key),
             keys: SemKeys::new_in(key, bufs.take(SemKeys::len_for(key))),
             permits,
+            slots,
             quorum,
         }
     }
@@ -501,11 +512,13 @@ impl Owned {
                 resource,
                 keys,
                 permits,
+                slots,
                 quorum,
             } => f(Keys::Semaphore {
                 resource,
                 keys,
-                capacity: *permits,
+                permits: *permits,
+                capacity: *slots,
                 quorum: *quorum,
             }),
         }

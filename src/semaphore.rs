@@ -19,43 +19,48 @@ pub use crate::engine::sem::MAX_PERMITS;
 ///
 /// # Why it is safe, and what that costs
 ///
-/// Each node admits at most `c` live holders of the resource (its capacity; here always
-/// `c = k`, the permits), and a client holds a permit when `q` nodes (the
+/// Each node admits at most `c` live holders of the resource (its
+/// [slots](Semaphore::slots_per_node)), and a client holds a permit when `q` nodes (the
 /// [quorum](Semaphore::quorum)) admitted its token within the validity, exactly as a mutex
 /// holder holds its lock on a majority: the same TTL, drift allowance and validity, the same
-/// cleanup of a lost attempt on every node, entries expiring on each node's own clock.
+/// cleanup of a lost attempt on every node, entries expiring on each node's own clock. When
+/// `c < k`, the slots an acquire was granted beyond its quorum are given back at once, so that
+/// a holder keeps `q` slots and blocks nobody with the others.
 ///
 /// `k + 1` simultaneous holders would need `(k + 1)·q` admissions, and the nodes have only
 /// `c·N` slots. So **`k + 1` holders are impossible iff `(k + 1)·q > c·N`**, under Redlock's
 /// timing assumptions (bounded clock drift, and a node that restarts without its data stays
-/// out for a TTL). With `c = k` the smallest safe quorum is
-///
-/// `q = ⌊k·N / (k + 1)⌋ + 1`
-///
-/// which is what [`Client::semaphore`] uses. For `k = 1` it is the Redlock majority
-/// `⌊N/2⌋ + 1`: the mutex is the special case. `k` holders fit with every node up, as
-/// `k·q ≤ k·N`.
+/// out for a TTL). And **all `k` permits fit while every node is up iff `k·q ≤ c·N`**.
+/// [`Client::semaphore`] takes the smallest `c`, then the smallest `q`, that satisfy both: the
+/// fewer slots per node, the smaller the quorum, and the more nodes may fail. For `k = 1` it is
+/// `c = 1` and the Redlock majority `⌊N/2⌋ + 1`: the mutex is the special case.
 ///
 /// The obvious design, the majority quorum with `c = k`, **admits too many holders for `k ≥ 2`**: with
 /// `N = 5`, `k = 2` and `q = 3`, three clients can each be admitted by 3 nodes, since
 /// 9 admissions fit in 5 × 2 = 10 slots. [`with_quorum`](Semaphore::with_quorum) refuses
 /// such a quorum with [`InvalidArgument::UnsafeQuorum`](crate::InvalidArgument::UnsafeQuorum).
 ///
-/// The price is availability. Acquires (and extends) need `q` nodes, so they stop once more
-/// than `N − q` nodes are down ([`tolerated_failures`](Semaphore::tolerated_failures)). While
-/// `d` nodes are down, at most `min(k, ⌊k·(N − d) / q⌋)` permits can be held at once
+/// Acquires (and extends) need `q` nodes, so they stop once more than `N − q` nodes are down
+/// ([`tolerated_failures`](Semaphore::tolerated_failures)). While `d` nodes are down, at most
+/// `min(k, ⌊c·(N − d) / q⌋)` permits can be held at once
 /// ([`usable_permits`](Semaphore::usable_permits)):
 ///
-/// | N | k | q | nodes that may fail | usable permits with 1 node down |
-/// |---|---|---|---|---|
-/// | 3 | 1 | 2 | 1 | 1 |
-/// | 3 | 2 or more | 3 | 0 | 0 |
-/// | 5 | 1 | 3 | 2 | 1 |
-/// | 5 | 2 | 4 | 1 | 2 (0 with 2 down) |
-/// | 5 | 3 | 4 | 1 | 3 (0 with 2 down) |
-/// | 5 | 4 or more | 5 | 0 | 0 |
+/// | N | k | c | q | nodes that may fail | usable permits with d nodes down (d = 0, 1, 2, …) |
+/// |---|---|---|---|---|---|
+/// | 3 | 1 | 1 | 2 | 1 | 1, 1, 0 |
+/// | 3 | 2 | 2 | 3 | 0 | 2, 0 |
+/// | 5 | 1 | 1 | 3 | 2 | 1, 1, 1, 0 |
+/// | 5 | 2 | 1 | 2 | 3 | 2, 2, 1, 1, 0 |
+/// | 5 | 3 | 2 | 3 | 2 | 3, 2, 2, 0 |
+/// | 7 | 2 | 1 | 3 | 4 | 2, 2, 1, 1, 1, 0 |
+/// | 7 | 3 | 1 | 2 | 5 | 3, 3, 2, 2, 1, 1, 0 |
+/// | 9 | 4 | 1 | 2 | 7 | 4, 4, 3, 3, 2, 2, 1, 1, 0 |
 ///
-/// A larger quorum is also safe (it tolerates fewer failures); a smaller one is refused.
+/// Before the slots were chosen, every node had `c = k` slots, which needs
+/// `q = ⌊k·N / (k + 1)⌋ + 1`: 4 of 5 nodes for `k = 2` or `3` (1 may fail), 5 of 7 for
+/// `k = 2`, 8 of 9 for `k = 4`. Any other quorum is also accepted by
+/// [`with_quorum`](Semaphore::with_quorum) when some `c ≤ k` makes it safe and usable (it
+/// takes the smallest); others are refused.
 /// An [extend](Guard::extend) needs the quorum too; a [release](Guard::release) returns once
 /// `N − q + 1` nodes acknowledged it, so that fewer than a quorum can still hold the permit
 /// (one node when the quorum is every node), and the other nodes still get it.
@@ -64,13 +69,16 @@ pub use crate::engine::sem::MAX_PERMITS;
 ///
 /// Each node keeps one sorted set (`{sem:K}:s` for a key `K` without a hash tag, `K:sem`
 /// with one; see [`KeyNames`](crate::KeyNames)): holder tokens scored by their expiry in ms on
-/// that node's clock, and a marker member `=` scored by `−k`. An acquire prunes the expired
-/// holders and admits when fewer than `k` are left; the set lives as long as its
-/// longest-lived holder, and the release of its last live holder deletes it. A client that asks with another number of permits while the set
-/// exists is refused by that node with a [`NodeErrorKind::Setup`](crate::NodeErrorKind::Setup)
+/// that node's clock, and a marker member `=` scored by minus the shape (`k` when `c = k`, as
+/// every semaphore was before the slots were chosen; `c + k·2²¹` otherwise). An acquire prunes
+/// the expired holders and admits when fewer than `c` are left; the set lives as long as its
+/// longest-lived holder, and the release of its last live holder deletes it. A client that
+/// asks with another number of permits or slots while the set exists (another `k`, or a
+/// version that chose other slots) is refused by that node with a [`NodeErrorKind::Setup`](crate::NodeErrorKind::Setup)
 /// failure (`command` `semaphore`), which ends the acquisition with [`Error::Config`] when too
 /// few nodes are left for a quorum: clients that disagreed on `k` would together admit more
-/// holders than either allows. Releases are announced on the key's wake channel, so waiters
+/// holders than either allows, and a node counted with `c` slots by one and `c'` by another
+/// breaks both counts. Releases are announced on the key's wake channel, so waiters
 /// retry at once.
 ///
 /// ```
@@ -92,12 +100,14 @@ pub struct Semaphore {
     client: Client,
     key: Vec<u8>,
     permits: u32,
+    slots: u32,
     quorum: usize,
 }
 
 impl Client {
-    /// The counting semaphore of `permits` permits on `key`, with the smallest safe quorum
-    /// (see [`Semaphore`]). Nothing is sent.
+    /// The counting semaphore of `permits` permits on `key`, with the fewest slots per node
+    /// and then the smallest quorum that keep it safe and let every permit in (see
+    /// [`Semaphore`]). Nothing is sent.
     ///
     /// Refused with [`InvalidArgument::BadPermits`](crate::InvalidArgument::BadPermits) when
     /// `permits` is 0 or more than [`MAX_PERMITS`], and as every lock call refuses a bad
@@ -105,25 +115,27 @@ impl Client {
     pub fn semaphore(&self, key: impl AsRef<[u8]>, permits: u32) -> Result<Semaphore, Error> {
         let key = key.as_ref();
         check_key(key)?;
-        let quorum = sem::safe_quorum(permits.min(MAX_PERMITS), self.nodes());
-        sem::check(permits, self.nodes(), quorum)?;
+        let (_, quorum) = sem::shape(permits.min(MAX_PERMITS), self.nodes());
+        let slots = sem::check(permits, self.nodes(), quorum)?;
         Ok(Semaphore {
             client: self.clone(),
             key: key.to_vec(),
             permits,
+            slots,
             quorum,
         })
     }
 }
 
 impl Semaphore {
-    /// This semaphore with quorum `quorum` instead of the smallest safe one: a larger quorum
-    /// is safe too, and tolerates fewer node failures. Refused with
-    /// [`InvalidArgument::UnsafeQuorum`](crate::InvalidArgument::UnsafeQuorum) when
-    /// `(permits + 1)·quorum ≤ permits·nodes` (more than `permits` holders could be admitted)
+    /// This semaphore with quorum `quorum` instead of the chosen one, and the fewest slots per
+    /// node `c` that make it safe and usable: `permits·quorum ≤ c·N < (permits + 1)·quorum`
+    /// with `c ≤ permits`. A larger quorum tolerates fewer node failures. Refused with
+    /// [`InvalidArgument::UnsafeQuorum`](crate::InvalidArgument::UnsafeQuorum) when there is no
+    /// such `c` (with `N = 5` and 2 permits, quorums 2, 4 and 5 are accepted, 1 and 3 are not)
     /// or `quorum` is more than the nodes.
     pub fn with_quorum(mut self, quorum: usize) -> Result<Semaphore, Error> {
-        sem::check(self.permits, self.client.nodes(), quorum)?;
+        self.slots = sem::check(self.permits, self.client.nodes(), quorum)?;
         self.quorum = quorum;
         Ok(self)
     }
@@ -138,10 +150,16 @@ impl Semaphore {
         self.permits
     }
 
-    /// How many nodes must admit a holder: `⌊permits·N / (permits + 1)⌋ + 1` unless set with
-    /// [`with_quorum`](Semaphore::with_quorum).
+    /// How many nodes must admit a holder: the smallest that fits with the fewest slots per
+    /// node (see [`Semaphore`]) unless set with [`with_quorum`](Semaphore::with_quorum).
     pub fn quorum(&self) -> usize {
         self.quorum
+    }
+
+    /// How many holders each node admits: the smallest `c` with
+    /// `permits·quorum ≤ c·N < (permits + 1)·quorum`.
+    pub fn slots_per_node(&self) -> u32 {
+        self.slots
     }
 
     /// How many nodes may be down while permits can still be acquired: `N − quorum`.
@@ -150,9 +168,15 @@ impl Semaphore {
     }
 
     /// How many permits can be held at once while `down` nodes are down:
-    /// `min(permits, ⌊permits·(N − down) / quorum⌋)`.
+    /// `min(permits, ⌊slots·(N − down) / quorum⌋)`.
     pub fn usable_permits(&self, down: usize) -> u32 {
-        sem::usable_permits(self.permits, self.client.nodes(), self.quorum, down)
+        sem::usable_permits(
+            self.permits,
+            self.slots,
+            self.client.nodes(),
+            self.quorum,
+            down,
+        )
     }
 
     /// One attempt to take a permit for `ttl`, without retrying. Fails with
@@ -194,6 +218,7 @@ impl Semaphore {
             let mut census = Census::new(
                 keys.holders(),
                 self.permits,
+                self.slots,
                 self.quorum,
                 config.nodes.len(),
             );
@@ -204,7 +229,13 @@ impl Semaphore {
     }
 
     fn owned(&self) -> Owned {
-        Owned::semaphore(self.client.bufs(), &self.key, self.permits, self.quorum)
+        Owned::semaphore(
+            self.client.bufs(),
+            &self.key,
+            self.permits,
+            self.slots,
+            self.quorum,
+        )
     }
 
     fn take(&self, ttl: Duration, attempts: Attempts, opts: &Acquire) -> Result<Permit, Error> {

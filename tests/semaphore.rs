@@ -40,18 +40,31 @@ fn zcount_live(addr: std::net::SocketAddr, key: &[u8]) -> i64 {
 fn unsafe_or_unusable_semaphores_are_refused_before_anything_is_sent() {
     let cluster = RedisCluster::start(5).expect("cluster");
     let c = client(cluster.urls());
-    // The smallest safe quorum: ⌊kN/(k+1)⌋ + 1.
-    assert_eq!(c.semaphore("s", 1).unwrap().quorum(), 3);
-    assert_eq!(c.semaphore("s", 2).unwrap().quorum(), 4);
-    assert_eq!(c.semaphore("s", 3).unwrap().quorum(), 4);
-    assert_eq!(c.semaphore("s", 4).unwrap().quorum(), 5);
+    // The fewest slots per node c, then the smallest quorum q, with (k + 1)·q > c·N (no k + 1
+    // holders) and k·q ≤ c·N (k fit).
+    let shape = |k| {
+        let s = c.semaphore("s", k).unwrap();
+        (s.slots_per_node(), s.quorum())
+    };
+    assert_eq!(shape(1), (1, 3));
+    assert_eq!(shape(2), (1, 2));
+    assert_eq!(shape(3), (2, 3));
+    assert_eq!(shape(4), (4, 5));
     let two = c.semaphore("s", 2).unwrap();
-    assert_eq!(two.tolerated_failures(), 1);
+    assert_eq!(two.tolerated_failures(), 3);
     assert_eq!(
-        (0..3).map(|d| two.usable_permits(d)).collect::<Vec<_>>(),
+        (0..6).map(|d| two.usable_permits(d)).collect::<Vec<_>>(),
+        [2, 2, 1, 1, 0, 0]
+    );
+    // The quorum of 4 with 2 slots per node, as before the slots were chosen.
+    let four = c.semaphore("s", 2).unwrap().with_quorum(4).unwrap();
+    assert_eq!((four.slots_per_node(), four.tolerated_failures()), (2, 1));
+    assert_eq!(
+        (0..3).map(|d| four.usable_permits(d)).collect::<Vec<_>>(),
         [2, 2, 0]
     );
-    // The naive majority admits 3 holders of 2 permits: refused, as a bad argument.
+    // The naive majority admits 3 holders of 2 permits with 2 slots per node, and fits only
+    // one with 1: refused, as a bad argument.
     let e = c.semaphore("s", 2).unwrap().with_quorum(3).unwrap_err();
     assert!(
         matches!(
@@ -60,7 +73,7 @@ fn unsafe_or_unusable_semaphores_are_refused_before_anything_is_sent() {
                 permits: 2,
                 nodes: 5,
                 quorum: 3,
-                min: 4
+                min: 2
             })
         ),
         "{e:?}"
@@ -193,7 +206,142 @@ fn clients_that_disagree_on_the_permits_get_a_config_error() {
             ..
         }
     )));
-    assert!(e.to_string().contains("3 permits, not 2"), "{e}");
+    // k = 3 at N = 3 has 2 slots per node and a quorum of 2; k = 2 has 2 and a quorum of 3,
+    // with the marker of the shape before the slots were chosen.
+    assert!(
+        e.to_string()
+            .contains("3 permits, 2 per node, not 2 permits"),
+        "{e}"
+    );
+}
+
+/// N = 5, k = 2: one slot per node and a quorum of 2. Each holder keeps 2 slots and gives the
+/// others back at once, so both permits are taken, a third is refused, and every node holds at
+/// most one live holder.
+#[test]
+fn one_slot_per_node_holders_keep_a_quorum_and_give_back_the_rest() {
+    let cluster = RedisCluster::start(5).expect("cluster");
+    let c = client(cluster.urls());
+    let sem = c.semaphore("one-slot", 2).unwrap();
+    assert_eq!((sem.slots_per_node(), sem.quorum()), (1, 2));
+    assert_eq!(sem.available().unwrap(), 2);
+    let names = KeyNames::new(b"one-slot");
+    let live = || -> Vec<i64> {
+        cluster
+            .addrs()
+            .into_iter()
+            .map(|a| zcount_live(a, &names.semaphore))
+            .collect()
+    };
+    let a = sem.try_acquire(TTL).unwrap();
+    assert_eq!((a.permits(), a.quorum()), (2, 2));
+    // The slots beyond the quorum are given back.
+    assert!(
+        eventually(Duration::from_secs(2), || live().iter().sum::<i64>() == 2),
+        "first holder's slots: {:?}",
+        live()
+    );
+    let b = sem.try_acquire(TTL).expect("the second permit");
+    assert!(
+        eventually(Duration::from_secs(2), || live().iter().sum::<i64>() == 4),
+        "two holders' slots: {:?}",
+        live()
+    );
+    assert!(live().iter().all(|&n| n <= 1), "{:?}", live());
+    let e = sem.try_acquire(TTL).unwrap_err();
+    assert!(e.is_contended(), "{e:?}");
+    assert_eq!(sem.available().unwrap(), 0);
+    // The marker: minus (slots + permits·2²¹).
+    let marked = cluster
+        .addrs()
+        .into_iter()
+        .filter(|&addr| {
+            cmd(addr, &[b"ZSCORE", &names.semaphore, b"="])
+                == Value::Bulk(Some(b"-4194305".to_vec()))
+        })
+        .count();
+    assert_eq!(marked, 4, "the nodes that hold a holder carry the marker");
+    a.release().unwrap();
+    assert_eq!(sem.available().unwrap(), 1);
+    let mut c2 = sem.try_acquire(TTL).expect("the released permit");
+    c2.extend(Duration::from_secs(20)).unwrap();
+    drop(c2);
+    drop(b);
+    for addr in cluster.addrs() {
+        assert!(eventually(Duration::from_secs(2), || dbsize(addr) == 0));
+    }
+}
+
+/// N = 5, k = 2 (quorum 2) keeps taking permits with three of the five nodes frozen
+/// (SIGSTOP), where the quorum of 4 that 2 slots per node need stops at the second.
+#[test]
+fn one_slot_per_node_tolerates_three_failures_of_five() {
+    let cluster = RedisCluster::start(5).expect("cluster");
+    let c = Client::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(300))
+        .retry_delay(Duration::from_millis(10))
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    let sem = c.semaphore("frozen", 2).unwrap();
+    let old = c
+        .semaphore("frozen-old", 2)
+        .unwrap()
+        .with_quorum(4)
+        .unwrap();
+    for s in &cluster.servers[..3] {
+        s.pause().expect("SIGSTOP");
+    }
+    let taken = sem.acquire(TTL);
+    let refused = old.try_acquire(TTL);
+    for s in &cluster.servers[..3] {
+        s.resume().expect("SIGCONT");
+    }
+    let p = taken.expect("a permit with 2 of 5 nodes up");
+    assert!(refused.is_err(), "a quorum of 4 with 2 nodes up");
+    p.release().unwrap();
+}
+
+/// A semaphore a version with as many slots per node as permits wrote (its marker is minus the
+/// permits) is refused as a configuration error by one that picks fewer, and the reverse.
+#[test]
+fn semaphores_of_another_shape_are_refused_as_configuration_errors() {
+    let cluster = RedisCluster::start(5).expect("cluster");
+    let c = client(cluster.urls());
+    let opts = Acquire::new().timeout(Duration::from_secs(3));
+    // The older shape: 2 slots per node, quorum 4.
+    let older = c.semaphore("shapes", 2).unwrap().with_quorum(4).unwrap();
+    assert_eq!(older.slots_per_node(), 2);
+    let held = older.try_acquire(TTL).unwrap();
+    let names = KeyNames::new(b"shapes");
+    assert_eq!(
+        cmd(cluster.addrs()[0], &[b"ZSCORE", &names.semaphore, b"="]),
+        Value::Bulk(Some(b"-2".to_vec()))
+    );
+    let newer = c.semaphore("shapes", 2).unwrap();
+    assert_eq!(newer.slots_per_node(), 1);
+    let e = newer.acquire_with(TTL, &opts).unwrap_err();
+    assert!(e.is_config(), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("2 permits, not 2 permits, 1 per node"),
+        "{e}"
+    );
+    held.release().unwrap();
+    // The reverse.
+    let held = newer.try_acquire(TTL).unwrap();
+    let e = older.acquire_with(TTL, &opts).unwrap_err();
+    assert!(e.is_config(), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("2 permits, 1 per node, not 2 permits"),
+        "{e}"
+    );
+    held.release().unwrap();
+    for addr in cluster.addrs() {
+        assert!(eventually(Duration::from_secs(2), || dbsize(addr) == 0));
+    }
 }
 
 #[test]
@@ -338,7 +486,9 @@ fn semaphore_child() {
     }
 }
 
-fn contend(nodes: usize, permits: u32) {
+/// `pause`: while the children run, the nodes are frozen one after the other (SIGSTOP for
+/// 250 ms, by PID, then SIGCONT), each longer than the children's node timeout.
+fn contend(nodes: usize, permits: u32, pause: bool) {
     let cluster = RedisCluster::start(nodes).expect("cluster");
     let key = format!("sem-n{nodes}-k{permits}");
     let exe = std::env::current_exe().expect("test binary");
@@ -359,6 +509,16 @@ fn contend(nodes: usize, permits: u32) {
                 .expect("spawn child")
         })
         .collect();
+    if pause {
+        // Bounded: 8 pauses of 250 ms and gaps of 100 ms, within the children's 3 s.
+        for i in 0..8 {
+            let server = &cluster.servers[i % nodes];
+            server.pause().expect("SIGSTOP");
+            thread::sleep(Duration::from_millis(250));
+            server.resume().expect("SIGCONT");
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
     let mut h = History::default();
     for child in children {
         let out = child.wait_with_output().expect("child output");
@@ -382,7 +542,7 @@ fn contend(nodes: usize, permits: u32) {
         }
     }
     let report = h.check();
-    println!("N = {nodes}, k = {permits}: {report}");
+    println!("N = {nodes}, k = {permits}, pauses {pause}: {report}");
     // What makes the run mean something is that holders overlapped (and the checker saw no
     // more than the permits at any instant), not a rate: twelve threads on two permits with a
     // quorum of every node split their votes often, and a loaded machine grants only a few
@@ -404,6 +564,19 @@ fn three_processes_of_four_threads_never_exceed_the_permits() {
         return;
     }
     for (nodes, permits) in [(3, 2), (3, 3), (5, 2), (5, 3)] {
-        contend(nodes, permits);
+        contend(nodes, permits, false);
+    }
+}
+
+/// As above, with the nodes frozen one after the other while the children contend: at N = 5,
+/// k = 2 (1 slot per node, quorum 2) and k = 3 (2 slots, quorum 3), and at N = 7, k = 3 (1
+/// slot, quorum 2), never more holders than permits.
+#[test]
+fn a_paused_node_never_lets_more_holders_in_than_permits() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    for (nodes, permits) in [(5, 2), (5, 3), (7, 3)] {
+        contend(nodes, permits, true);
     }
 }

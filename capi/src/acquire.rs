@@ -518,7 +518,8 @@ pub unsafe extern "C" fn redlock_mux_client_try_write_lock_fenced(
 /// wakes the waiters at once. At most `permits` holders hold a permit at once, over a quorum
 /// of `redlock_mux_semaphore_quorum` nodes. On success writes a new lock to `*out`;
 /// `REDLOCK_MUX_INVALID_ARGUMENT` for 0 permits; `REDLOCK_MUX_CONFIG` when the nodes'
-/// semaphore on the key was created with another number of permits.
+/// semaphore on the key was created with another number of permits, or with another number
+/// of holders per node (a version that chose them otherwise).
 ///
 /// # Safety
 /// As for `redlock_mux_client_lock`.

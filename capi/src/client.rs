@@ -367,9 +367,11 @@ pub unsafe extern "C" fn redlock_mux_client_free(client: *mut redlock_mux_client
 }
 
 /// Writes to `*out_quorum` how many nodes must admit a holder of a semaphore of `permits`
-/// permits over this client's N nodes: the smallest quorum that makes `permits + 1` holders
-/// impossible, `floor(permits * N / (permits + 1)) + 1` (the Redlock majority for 1 permit).
-/// Acquires stop once more than `N - quorum` nodes are down. `REDLOCK_MUX_INVALID_ARGUMENT`
+/// permits over this client's N nodes. Each node admits `c` holders, the fewest that let
+/// `permits` holders in (`permits * quorum <= c * N`) while keeping `permits + 1` out
+/// (`(permits + 1) * quorum > c * N`), and the quorum is the smallest with that `c` (the
+/// Redlock majority for 1 permit; 2 of 5 nodes for 2 permits, with `c = 1`). Acquires stop
+/// once more than `N - quorum` nodes are down. `REDLOCK_MUX_INVALID_ARGUMENT`
 /// for 0 permits or more than the library allows.
 ///
 /// # Safety

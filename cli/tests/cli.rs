@@ -457,7 +457,11 @@ fn permit_runs_hold_at_most_k_at_once() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{stderr}");
-    assert!(stderr.contains("3 permits, not 2"), "{stderr}");
+    // At N = 3, 3 permits take 2 slots per node (quorum 2), 2 permits 2 (quorum 3).
+    assert!(
+        stderr.contains("3 permits, 2 per node, not 2 permits"),
+        "{stderr}"
+    );
     assert!(
         start.elapsed() < Duration::from_secs(10),
         "waited out --wait"

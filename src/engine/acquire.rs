@@ -142,6 +142,10 @@ pub(crate) struct Acquisition<'a> {
     state: State,
     /// Undo of the attempt with this token, to send.
     cleanup: Option<Token>,
+    /// The nodes (bit `i` for node `i`) owed the undo of the won attempt: a semaphore with
+    /// fewer slots per node than permits keeps a quorum of the slots it was granted and gives
+    /// the others back, so that it blocks nobody with them.
+    surplus: u64,
     /// Queues still to leave (the next one, and the end).
     leave: (usize, usize),
     withdraw: bool,
@@ -226,6 +230,7 @@ impl<'a> Acquisition<'a> {
             next_tag: 0,
             state: State::Attempt,
             cleanup: None,
+            surplus: 0,
             leave: (0, 0),
             withdraw: false,
             subscribe: false,
@@ -358,6 +363,7 @@ impl<'a> Acquisition<'a> {
             } => {
                 self.valid_until = until;
                 if self.spec.fence.is_none() {
+                    self.surplus = self.surplus_nodes();
                     let grant = self.grant(None);
                     return self.finish(Ok(grant));
                 }
@@ -398,6 +404,36 @@ impl<'a> Acquisition<'a> {
                 self.lost(error, now, rng)
             }
         }
+    }
+
+    /// The nodes that a won semaphore attempt gives its slot back on: every node but the first
+    /// `q` that granted it (by index), when the semaphore has fewer slots per node than
+    /// permits. Those that refused or have not answered yet are sent the undo too, so that a
+    /// grant that comes late (the undo is pipelined behind the acquire on each connection)
+    /// is given back as well; where the token is not, the undo does nothing.
+    fn surplus_nodes(&self) -> u64 {
+        let Keys::Semaphore {
+            permits,
+            capacity,
+            quorum,
+            ..
+        } = self.spec.keys
+        else {
+            return 0;
+        };
+        if capacity >= permits {
+            return 0;
+        }
+        let mut kept = 0;
+        let mut surplus = 0u64;
+        for (node, vote) in self.fanout.round().votes().iter().enumerate().take(64) {
+            if kept < quorum && matches!(vote, Some(Vote::Yes)) {
+                kept += 1;
+            } else {
+                surplus |= 1 << node;
+            }
+        }
+        surplus
     }
 
     fn grant(&self, fencing_token: Option<u64>) -> Grant {
@@ -836,6 +872,19 @@ impl Machine for Acquisition<'_> {
         }
         if let Some(token) = self.cleanup.take() {
             return cleanup(token, start, self.params.ttl_ms);
+        }
+        if self.surplus != 0 {
+            // After the attempt's resends, as an attempt's cleanup; owed as one is, on the
+            // node's next connection if this one breaks first.
+            let node = self.surplus.trailing_zeros() as usize;
+            self.surplus &= !(1 << node);
+            return Some(Transmit {
+                to: To::Node(node),
+                tag: None,
+                form: ScriptForm::Body,
+                what: What::Cleanup { token: self.token },
+                redo: Some(start + Duration::from_millis(self.params.ttl_ms)),
+            });
         }
         if self.subscribe {
             self.subscribe = false;

@@ -51,7 +51,9 @@ pub(crate) enum Keys<'a> {
         resource: &'a [u8],
         /// Its keys.
         keys: &'a SemKeys,
-        /// How many holders each node admits.
+        /// How many holders the semaphore admits.
+        permits: u32,
+        /// How many holders each node admits (its slots).
         capacity: u32,
         /// How many nodes must admit a holder.
         quorum: usize,
@@ -504,18 +506,36 @@ impl<'a> Spec<'a> {
                 token,
                 ttl_ms,
             }),
-            (Keys::Semaphore { keys, capacity, .. }, Some(fair), _) => f(&FairSemAcquire {
+            (
+                Keys::Semaphore {
+                    keys,
+                    permits,
+                    capacity,
+                    ..
+                },
+                Some(fair),
+                _,
+            ) => f(&FairSemAcquire {
                 keys,
                 ids,
                 ttl_ms,
-                capacity,
+                shape: crate::engine::sem::shape_arg(permits, capacity),
                 fair,
             }),
-            (Keys::Semaphore { keys, capacity, .. }, None, _) => f(&SemAcquire {
+            (
+                Keys::Semaphore {
+                    keys,
+                    permits,
+                    capacity,
+                    ..
+                },
+                None,
+                _,
+            ) => f(&SemAcquire {
                 keys,
                 token,
                 ttl_ms,
-                capacity,
+                shape: crate::engine::sem::shape_arg(permits, capacity),
             }),
         }
     }

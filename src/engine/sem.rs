@@ -1,21 +1,26 @@
 //! A counting semaphore over N independent masters: the quorum arithmetic, the scripts'
 //! commands, and the count of free permits.
 //!
-//! `k` permits over `N` nodes. Each node admits at most `c` live holders (its capacity, here
-//! always `c = k`), and a client holds a permit when `q` nodes admitted its token within the
-//! validity, exactly as a mutex holder holds its lock on a quorum.
+//! `k` permits over `N` nodes. Each node admits at most `c` live holders (its slots), and a
+//! client holds a permit when `q` nodes admitted its token within the validity, exactly as a
+//! mutex holder holds its lock on a quorum.
 //!
 //! - **Safety.** `k + 1` simultaneous holders would need `(k + 1)·q` admissions, and the nodes
-//!   have only `c·N` slots, so they are impossible iff `(k + 1)·q > c·N`. With `c = k` the
-//!   smallest safe quorum is `q = ⌊k·N / (k + 1)⌋ + 1` ([`safe_quorum`]); `k = 1` gives the
-//!   Redlock majority `⌊N/2⌋ + 1`.
-//! - **Liveness.** `k` holders fit when every node is up: `k·q ≤ c·N` holds for any `q ≤ N`.
+//!   have only `c·N` slots, so they are impossible iff `(k + 1)·q > c·N`.
+//! - **Liveness.** All `k` permits fit when every node is up iff `k·q ≤ c·N` (each holder
+//!   keeps `q` slots: the slots it was granted beyond its quorum are given back at once, when
+//!   `c < k`).
+//! - **The choice** ([`shape`]): the smallest `c`, then the smallest `q`, that satisfy both.
+//!   Small `c` means a small quorum: `N = 5`, `k = 2` gives `c = 1`, `q = 2`, where `c = k`
+//!   needed `q = 4`. `k = 1` gives `c = 1` and the Redlock majority `⌊N/2⌋ + 1`.
 //! - **The trap.** The "majority" quorum with `c = k` admits too many holders for `k ≥ 2`: with `N = 5`,
 //!   `k = 2`, `q = 3`, three holders take 9 of the 10 slots. [`check`] refuses it.
 //!
 //! A node's holders are a sorted set of tokens scored by their expiry on that node's own clock
-//! (as a read-write lock's readers are), with a marker member `=` scored by `−c`, so that a
-//! client asking with another capacity is refused instead of silently overfilling the node.
+//! (as a read-write lock's readers are), with a marker member `=` scored by minus the shape
+//! ([`shape_arg`]: `k` when `c = k`, as before there was a choice, and `c + k·2²¹` otherwise),
+//! so that a client asking with other permits or other slots is refused instead of silently
+//! overfilling the node.
 #![forbid(unsafe_code)]
 
 use std::time::Instant;
@@ -35,45 +40,88 @@ use crate::rng::Entropy;
 /// every count stays exact in the scripts' Lua numbers.
 pub const MAX_PERMITS: u32 = 1 << 20;
 
-/// The smallest quorum that makes `permits + 1` holders impossible over `nodes` nodes whose
-/// capacity is `permits` each: `⌊permits·nodes / (permits + 1)⌋ + 1`.
+/// The smallest quorum that makes `permits + 1` holders impossible over `nodes` nodes with
+/// `permits` slots each: `⌊permits·nodes / (permits + 1)⌋ + 1`.
 pub const fn safe_quorum(permits: u32, nodes: usize) -> usize {
     let k = permits as usize;
     k * nodes / (k + 1) + 1
 }
 
-/// Whether quorum `quorum` keeps a semaphore of `permits` (capacity `permits` per node) over
-/// `nodes` nodes safe and usable; the refusal says why not.
-pub fn check(permits: u32, nodes: usize, quorum: usize) -> Result<(), InvalidArgument> {
+/// The slots per node `c` that make quorum `quorum` safe and usable for `permits` permits
+/// over `nodes` nodes: the smallest `c ≤ permits` with `permits·quorum ≤ c·nodes`
+/// (every permit fits) and `c·nodes < (permits + 1)·quorum` (one more holder does not);
+/// `None` when there is none.
+pub fn slots_for(permits: u32, nodes: usize, quorum: usize) -> Option<u32> {
+    if permits == 0 || quorum == 0 || quorum > nodes {
+        return None;
+    }
+    let (k, n, q) = (u128::from(permits), nodes as u128, quorum as u128);
+    let c = (k * q).div_ceil(n).max(1);
+    (c <= k && c * n < (k + 1) * q).then_some(c as u32)
+}
+
+/// The semaphore's shape over `nodes` nodes: `(c, q)`, the smallest slots per node, then the
+/// smallest quorum, that keep `permits + 1` holders out and let `permits` in (see
+/// [`slots_for`]), with `q ≥ 2` when `nodes ≥ 2` (a release needs `N − q + 1` nodes, so that
+/// it spares one failure too). `c = permits` with [`safe_quorum`] always qualifies, so there is one for
+/// every `permits ≥ 1` and `nodes ≥ 1`.
+pub fn shape(permits: u32, nodes: usize) -> (u32, usize) {
+    let k = u128::from(permits.max(1));
+    let n = nodes.max(1) as u128;
+    // For each quorum, the smallest slots that fit every permit are ⌈k·q / N⌉; the pair with
+    // the fewest slots (then the smallest quorum) among those that are also safe.
+    // At least 2 nodes when there are 2: a release needs N − q + 1 acknowledgements, so a
+    // quorum of 1 would leave releases no node to spare.
+    let mut best: Option<(u32, usize)> = None;
+    for q in nodes.clamp(1, 2)..=nodes.max(1) {
+        let c = (k * q as u128).div_ceil(n).max(1);
+        if c <= k && c * n < (k + 1) * q as u128 && best.is_none_or(|(b, _)| (c as u32) < b) {
+            best = Some((c as u32, q));
+        }
+    }
+    best.unwrap_or((permits, safe_quorum(permits, nodes)))
+}
+
+/// The number the scripts are given for a semaphore of `permits` permits and `slots` slots per
+/// node, kept (negated) as the marker's score on each node: `permits` when they are the same
+/// (the one shape there was before the slots were chosen), and `slots + permits·2²¹`
+/// otherwise, which no older marker has ([`MAX_PERMITS`] is 2²⁰). The scripts read the slots
+/// back as the number modulo 2²¹.
+pub fn shape_arg(permits: u32, slots: u32) -> u64 {
+    if slots == permits {
+        u64::from(permits)
+    } else {
+        u64::from(slots) + (u64::from(permits) << 21)
+    }
+}
+
+/// Whether quorum `quorum` keeps a semaphore of `permits` over `nodes` nodes safe and usable
+/// with some number of slots per node ([`slots_for`]); the refusal says why not.
+pub fn check(permits: u32, nodes: usize, quorum: usize) -> Result<u32, InvalidArgument> {
     if permits == 0 || permits > MAX_PERMITS {
         return Err(InvalidArgument::BadPermits {
             permits,
             max: MAX_PERMITS,
         });
     }
-    let k = permits as u128;
-    let (n, q) = (nodes as u128, quorum as u128);
-    if quorum == 0 || quorum > nodes || (k + 1) * q <= k * n {
-        return Err(InvalidArgument::UnsafeQuorum {
-            permits,
-            nodes,
-            quorum,
-            min: safe_quorum(permits, nodes),
-        });
-    }
-    Ok(())
+    slots_for(permits, nodes, quorum).ok_or(InvalidArgument::UnsafeQuorum {
+        permits,
+        nodes,
+        quorum,
+        min: shape(permits, nodes).1,
+    })
 }
 
 /// How many permits can be held at once while `down` of `nodes` nodes are down, with quorum
-/// `quorum` and capacity `permits` per node: `min(k, ⌊k·(N − d) / q⌋)`, and 0 once fewer than
-/// `q` nodes are up.
-pub fn usable_permits(permits: u32, nodes: usize, quorum: usize, down: usize) -> u32 {
+/// `quorum` and `slots` slots per node: `min(k, ⌊c·(N − d) / q⌋)`, and 0 once fewer than `q`
+/// nodes are up.
+pub fn usable_permits(permits: u32, slots: u32, nodes: usize, quorum: usize, down: usize) -> u32 {
     if quorum == 0 || down > nodes || nodes - down < quorum {
         return 0;
     }
     let up = (nodes - down) as u64;
-    let k = u64::from(permits);
-    (k * up / quorum as u64).min(k) as u32
+    let c = u64::from(slots);
+    (c * up / quorum as u64).min(u64::from(permits)) as u32
 }
 
 /// Semaphore acquire; see [`SEM_ACQUIRE`].
@@ -85,8 +133,8 @@ pub struct SemAcquire<'a> {
     pub token: &'a [u8],
     /// TTL in milliseconds.
     pub ttl_ms: u64,
-    /// The capacity of each node.
-    pub capacity: u32,
+    /// The permits and slots per node, as [`shape_arg`] gives them.
+    pub shape: u64,
 }
 
 impl Op for SemAcquire<'_> {
@@ -99,7 +147,7 @@ impl Op for SemAcquire<'_> {
             &[
                 Arg::Bytes(self.token),
                 Arg::Num(self.ttl_ms),
-                Arg::Num(u64::from(self.capacity)),
+                Arg::Num(self.shape),
             ],
         );
     }
@@ -118,8 +166,8 @@ pub struct FairSemAcquire<'a> {
     pub ids: AttemptIds<'a>,
     /// TTL in milliseconds.
     pub ttl_ms: u64,
-    /// The capacity of each node.
-    pub capacity: u32,
+    /// The permits and slots per node, as [`shape_arg`] gives them.
+    pub shape: u64,
     /// Place in the queue, kept across attempts.
     pub fair: &'a FairState,
 }
@@ -135,7 +183,7 @@ impl Op for FairSemAcquire<'_> {
             crate::resp::write_bulk(out, key);
         }
         self.fair
-            .write_args(out, self.ids, self.ttl_ms, Some(u64::from(self.capacity)));
+            .write_args(out, self.ids, self.ttl_ms, Some(self.shape));
     }
 
     fn classify(&self, reply: &Reply<'_>) -> Verdict {
@@ -147,10 +195,11 @@ impl Op for FairSemAcquire<'_> {
     }
 }
 
-/// The error a node answers when its semaphore was created with another capacity.
+/// The error a node answers when its semaphore was created with other permits or slots.
 pub(crate) const MISMATCH: &[u8] = b"ERR redlock-mux semaphore has ";
 
-/// A capacity mismatch is a configuration error (clients disagree on the permits), reported
+/// A shape mismatch is a configuration error (clients disagree on the permits or the slots per
+/// node, or an older version wrote the semaphore with other slots), reported
 /// as a setup failure of that node, so that it ends the acquisition instead of being retried.
 fn classify_acquire(reply: &Reply<'_>, other: impl Fn(&Reply<'_>) -> Verdict) -> Verdict {
     match reply {
@@ -240,6 +289,7 @@ impl Op for SemExtend<'_> {
 pub(crate) struct Census<'a> {
     holders: &'a [u8],
     permits: u32,
+    slots: u32,
     quorum: usize,
     counts: Vec<Option<Option<u64>>>,
     unsent: bool,
@@ -252,10 +302,17 @@ pub(crate) struct Census<'a> {
 impl<'a> Census<'a> {
     /// A count of `holders` on `nodes` nodes; nodes that fail (a node silent past the node
     /// timeout is failed by the driver) count as full.
-    pub fn new(holders: &'a [u8], permits: u32, quorum: usize, nodes: usize) -> Census<'a> {
+    pub fn new(
+        holders: &'a [u8],
+        permits: u32,
+        slots: u32,
+        quorum: usize,
+        nodes: usize,
+    ) -> Census<'a> {
         Census {
             holders,
             permits,
+            slots,
             quorum,
             counts: vec![None; nodes],
             unsent: true,
@@ -266,11 +323,11 @@ impl<'a> Census<'a> {
     }
 
     /// The number of further acquisitions that would win one after the other if nothing else
-    /// changed: each needs `q` nodes with a free slot, so that is the `q`-th largest number of
-    /// free slots over the nodes, a node that failed to answer counting as full.
+    /// changed (see [`estimate`]), a node that failed to answer counting as full.
     pub fn estimate(&self) -> u32 {
         estimate(
             self.permits,
+            self.slots,
             self.quorum,
             self.counts.iter().map(|c| c.flatten()),
         )
@@ -283,17 +340,49 @@ impl<'a> Census<'a> {
     }
 }
 
-/// See [`Census::estimate`]: `counts` are each node's live holders (`None`: no answer).
-pub fn estimate(permits: u32, quorum: usize, counts: impl Iterator<Item = Option<u64>>) -> u32 {
+/// How many further acquisitions would win one after the other if nothing else changed, at
+/// most `permits`: `counts` are each node's live holders (`None`: no answer, counted as full),
+/// of `slots` each. Each acquisition needs `q` nodes with a free slot.
+///
+/// With `slots = permits`, an acquisition keeps a slot on every node that grants it, so that
+/// is the `q`-th largest number of free slots. With fewer slots, it gives back all but `q`,
+/// and `m` acquisitions fit iff the nodes' free slots, each node counted at most `m` times
+/// (one slot per holder on a node), add up to `m·q`: the largest such `m`.
+pub fn estimate(
+    permits: u32,
+    slots: u32,
+    quorum: usize,
+    counts: impl Iterator<Item = Option<u64>>,
+) -> u32 {
     let k = u64::from(permits);
+    let c = u64::from(slots);
     let mut free: Vec<u64> = counts
-        .map(|c| c.map_or(0, |c| k.saturating_sub(c)))
+        .map(|n| n.map_or(0, |n| c.saturating_sub(n)))
         .collect();
-    free.sort_unstable_by(|a, b| b.cmp(a));
-    match quorum.checked_sub(1).and_then(|i| free.get(i)) {
-        Some(&f) => f.min(k) as u32,
-        None => 0,
+    if quorum == 0 {
+        return 0;
     }
+    if slots >= permits {
+        free.sort_unstable_by(|a, b| b.cmp(a));
+        return match free.get(quorum - 1) {
+            Some(&f) => f.min(k) as u32,
+            None => 0,
+        };
+    }
+    let q = quorum as u64;
+    let fits = |m: u64| free.iter().map(|&f| f.min(m)).sum::<u64>() >= m * q;
+    // What fits is 0 up to some m (each step adds a slot from every node with more than m
+    // free, fewer and fewer of them, and takes q): the last m that fits, by bisection.
+    let (mut lo, mut hi) = (0, k.min(free.iter().sum::<u64>() / q));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo as u32
 }
 
 impl Machine for Census<'_> {
@@ -390,10 +479,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_smallest_safe_quorum() {
+    fn the_smallest_safe_quorum_with_as_many_slots_as_permits() {
         // k = 1 is the Redlock majority.
         for n in 1..=9 {
             assert_eq!(safe_quorum(1, n), n / 2 + 1);
+            assert_eq!(shape(1, n), (1, n / 2 + 1));
         }
         assert_eq!(safe_quorum(2, 3), 3);
         assert_eq!(safe_quorum(3, 3), 3);
@@ -401,23 +491,80 @@ mod tests {
         assert_eq!(safe_quorum(3, 5), 4);
         assert_eq!(safe_quorum(4, 5), 5);
         assert_eq!(safe_quorum(100, 5), 5);
-        // Exhaustively: the smallest q with (k + 1)·q > k·N, and it is never above N.
+        // With c = k, the smallest q with (k + 1)·q > k·N is safe and usable, and never above N.
         for k in 1..=20u32 {
             for n in 1..=15usize {
                 let q = safe_quorum(k, n);
                 assert!(q <= n);
-                assert!(check(k, n, q).is_ok());
-                assert!(check(k, n, q - 1).is_err(), "k={k} n={n}");
+                let c = slots_for(k, n, q).expect("c = k qualifies");
+                assert!(c <= k, "k={k} n={n}");
             }
+        }
+    }
+
+    /// The table (N, k: with c = k, then with the smallest c), derived from the two
+    /// inequalities alone, and the shape chosen against an exhaustive search.
+    #[test]
+    fn the_shape_is_the_fewest_slots_then_the_smallest_quorum() {
+        // (k + 1)·q > c·N (no k + 1 holders) and k·q ≤ c·N (k holders fit), q ≤ N.
+        let sound =
+            |k: u64, c: u64, n: u64, q: u64| q <= n && (k + 1) * q > c * n && k * q <= c * n;
+        for k in 1..=12u32 {
+            for n in 1..=15usize {
+                let (c, q) = shape(k, n);
+                let least_q = (n as u64).min(2);
+                let best = (1..=u64::from(k))
+                    .flat_map(|c| (least_q..=n as u64).map(move |q| (c, q)))
+                    .find(|&(c, q)| sound(u64::from(k), c, n as u64, q))
+                    .expect("c = k, q = safe_quorum is sound");
+                assert_eq!((u64::from(c), q as u64), best, "k={k} n={n}");
+                assert_eq!(slots_for(k, n, q), Some(c));
+                // Every quorum with_quorum accepts is sound with the slots it picks, and
+                // every sound pair's quorum is accepted.
+                for q in 0..=n + 1 {
+                    match slots_for(k, n, q) {
+                        Some(c) => assert!(sound(u64::from(k), u64::from(c), n as u64, q as u64)),
+                        None => assert!((1..=u64::from(k)).all(|c| !sound(
+                            u64::from(k),
+                            c,
+                            n as u64,
+                            q as u64
+                        ))),
+                    }
+                }
+            }
+        }
+        // The rows: N, k, then (c, q, failures tolerated) with c = k and with the
+        // smallest c. Every row checks out.
+        let rows = [
+            (5, 2, (2, 4, 1), (1, 2, 3)),
+            (5, 3, (3, 4, 1), (2, 3, 2)),
+            (7, 2, (2, 5, 2), (1, 3, 4)),
+            (7, 3, (3, 6, 1), (1, 2, 5)),
+            (9, 4, (4, 8, 1), (1, 2, 7)),
+        ];
+        println!("| N | k | c = k: c, q, failures | smallest c: c, q, failures | usable permits, d = 0.. |");
+        for (n, k, old, new) in rows {
+            let old_q = safe_quorum(k, n);
+            let (c, q) = shape(k, n);
+            let usable: Vec<u32> = (0..=n).map(|d| usable_permits(k, c, n, q, d)).collect();
+            println!(
+                "| {n} | {k} | {k}, {old_q}, {} | {c}, {q}, {} | {usable:?} |",
+                n - old_q,
+                n - q
+            );
+            assert_eq!((k, old_q, n - old_q), old, "N={n} k={k}");
+            assert_eq!((c, q, n - q), new, "N={n} k={k}");
         }
     }
 
     #[test]
     fn unsound_or_unusable_configurations_are_refused() {
-        // The naive majority: N = 5, k = 2, q = 3 admits 3 holders.
+        // The naive majority: N = 5, k = 2, q = 3 admits 3 holders with 2 slots per node, and
+        // not both permits with 1.
         assert!(matches!(
             check(2, 5, 3),
-            Err(InvalidArgument::UnsafeQuorum { min: 4, .. })
+            Err(InvalidArgument::UnsafeQuorum { min: 2, .. })
         ));
         assert!(matches!(
             check(0, 5, 5),
@@ -426,7 +573,21 @@ mod tests {
         assert!(check(MAX_PERMITS + 1, 5, 5).is_err());
         assert!(check(2, 5, 6).is_err());
         assert!(check(2, 5, 0).is_err());
-        assert!(check(2, 5, 5).is_ok());
+        // One node admitting one holder each, over 5 nodes: 3 holders would need 6 of 5 slots.
+        assert!(matches!(
+            check(2, 5, 1),
+            Err(InvalidArgument::UnsafeQuorum { .. })
+        ));
+        assert_eq!(check(2, 5, 2), Ok(1));
+        assert_eq!(check(2, 5, 4), Ok(2));
+        assert_eq!(check(2, 5, 5), Ok(2));
+        assert_eq!(check(3, 5, 3), Ok(2));
+        assert_eq!(check(3, 5, 4), Ok(3));
+        // The shape argument: the permits alone when the slots are the permits (the older
+        // markers), never one of those otherwise.
+        assert_eq!(shape_arg(2, 2), 2);
+        assert_eq!(shape_arg(2, 1), 1 + (2 << 21));
+        assert!(shape_arg(3, 2) > u64::from(MAX_PERMITS));
     }
 
     #[test]
@@ -437,6 +598,7 @@ mod tests {
             keys: Keys::Semaphore {
                 resource: b"k",
                 keys: &keys,
+                permits: 2,
                 capacity: 2,
                 quorum,
             },
@@ -455,29 +617,40 @@ mod tests {
     #[test]
     fn usable_permits_degrade_with_nodes_down() {
         // N = 5, k = 2, q = 4: one node down keeps both permits, two stop acquires.
-        assert_eq!(usable_permits(2, 5, 4, 0), 2);
-        assert_eq!(usable_permits(2, 5, 4, 1), 2);
-        assert_eq!(usable_permits(2, 5, 4, 2), 0);
+        assert_eq!(usable_permits(2, 2, 5, 4, 0), 2);
+        assert_eq!(usable_permits(2, 2, 5, 4, 1), 2);
+        assert_eq!(usable_permits(2, 2, 5, 4, 2), 0);
         // N = 5, k = 3, q = 4: ⌊3·4/4⌋ = 3 with one down.
-        assert_eq!(usable_permits(3, 5, 4, 1), 3);
-        assert_eq!(usable_permits(3, 5, 4, 2), 0);
+        assert_eq!(usable_permits(3, 3, 5, 4, 1), 3);
+        assert_eq!(usable_permits(3, 3, 5, 4, 2), 0);
         // N = 7, k = 2, q = 5: ⌊2·6/5⌋ = 2 with one down, 2 with two (⌊10/5⌋), 0 with three.
-        assert_eq!(usable_permits(2, 7, 5, 1), 2);
-        assert_eq!(usable_permits(2, 7, 5, 2), 2);
-        assert_eq!(usable_permits(2, 7, 5, 3), 0);
+        assert_eq!(usable_permits(2, 2, 7, 5, 1), 2);
+        assert_eq!(usable_permits(2, 2, 7, 5, 2), 2);
+        assert_eq!(usable_permits(2, 2, 7, 5, 3), 0);
         // A quorum above the minimum degrades sooner: N = 7, k = 3, q = 6, one down: ⌊18/6⌋.
-        assert_eq!(usable_permits(3, 7, 6, 1), 3);
-        assert_eq!(usable_permits(3, 9, 7, 2), 3);
+        assert_eq!(usable_permits(3, 3, 7, 6, 1), 3);
+        assert_eq!(usable_permits(3, 3, 9, 7, 2), 3);
+        // One slot per node: N = 5, k = 2, q = 2 keeps both permits with one node down, one
+        // with two or three, none with four.
+        let c1: Vec<u32> = (0..=5).map(|d| usable_permits(2, 1, 5, 2, d)).collect();
+        assert_eq!(c1, [2, 2, 1, 1, 0, 0]);
+        // N = 5, k = 3, c = 2, q = 3: 3, then 2 with one or two down.
+        let c2: Vec<u32> = (0..=4).map(|d| usable_permits(3, 2, 5, 3, d)).collect();
+        assert_eq!(c2, [3, 2, 2, 0, 0]);
     }
 
     #[test]
     fn the_estimate_is_the_quorum_th_largest_free_count() {
         // Every holder on every node: free = k − holders.
-        assert_eq!(estimate(3, 2, [Some(1), Some(1), Some(1)].into_iter()), 2);
+        assert_eq!(
+            estimate(3, 3, 2, [Some(1), Some(1), Some(1)].into_iter()),
+            2
+        );
         // A node that did not answer counts as full.
-        assert_eq!(estimate(3, 3, [Some(0), Some(0), None].into_iter()), 0);
+        assert_eq!(estimate(3, 3, 3, [Some(0), Some(0), None].into_iter()), 0);
         assert_eq!(
             estimate(
+                2,
                 2,
                 4,
                 [Some(0), Some(2), Some(1), Some(1), Some(0)].into_iter()
@@ -485,6 +658,19 @@ mod tests {
             1
         );
         // More live entries than permits (late cleanups) is still 0, not an underflow.
-        assert_eq!(estimate(2, 1, [Some(5)].into_iter()), 0);
+        assert_eq!(estimate(2, 2, 1, [Some(5)].into_iter()), 0);
+        // One slot per node, k = 2, q = 2: all free fits both; a holder on two nodes leaves
+        // three free slots, room for one more (a second needs two more nodes).
+        let free5 = [Some(0); 5];
+        assert_eq!(estimate(2, 1, 2, free5.into_iter()), 2);
+        let one = [Some(1), Some(1), Some(0), Some(0), Some(0)];
+        assert_eq!(estimate(2, 1, 2, one.into_iter()), 1);
+        // Two free nodes fit one holder, one free node none.
+        let two = [Some(1), Some(1), Some(1), Some(0), Some(0)];
+        assert_eq!(estimate(2, 1, 2, two.into_iter()), 1);
+        let full = [Some(1), Some(1), Some(1), Some(1), Some(0)];
+        assert_eq!(estimate(2, 1, 2, full.into_iter()), 0);
+        // k = 3, c = 2, q = 3 over 5 nodes, all free: 10 slots, 3 holders of 3.
+        assert_eq!(estimate(3, 2, 3, [Some(0); 5].into_iter()), 3);
     }
 }

@@ -75,8 +75,8 @@ Modes:
   write     write locks likewise (the design's write acquire script; release by
             compare-and-delete)
   semaphore permits of a 2-permit semaphore next to the mutex, in rotating
-            blocks, at N = 1, 3 and 5 (its quorum is floor(2N/3)+1: 4 of 5
-            nodes, where the mutex needs 3)
+            blocks, at N = 1, 3 and 5 (with one slot per node at N = 5, its
+            quorum is 2 of 5 nodes, where the mutex needs 3; 3 of 3 at N = 3)
   downgrade a write lock's downgrade to a read lock next to a mutex extend
             (each one round on held locks), in alternating blocks, at N = 1,
             3 and 5

@@ -516,7 +516,7 @@ fn every_lock_script_answers_like_redis_server() {
     }
     assert!(kinds.iter().all(|&n| n > 0), "every kind ran: {kinds:?}");
 
-    // Semaphores: acquires with a capacity that sometimes disagrees with the marker, fair
+    // Semaphores: acquires with a shape that sometimes disagrees with the marker, fair
     // waiters, extends, releases, leaves and counts.
     let sems = [SemKeys::new(b"sem:a"), SemKeys::new(b"{sem}:b")];
     let mut sem_kinds = [0usize; 7];
@@ -529,7 +529,13 @@ fn every_lock_script_answers_like_redis_server() {
         };
         let s = &sems[rng.below(2) as usize];
         let ttl_ms = rng.range(100_000, 200_000);
-        let capacity = if rng.chance(0.9) { 2 } else { 3 };
+        // The shape: mostly 2 permits with 2 slots per node; now and then 3 permits, or 2
+        // permits with 1 slot per node (as a client of N = 5 nodes picks).
+        let shape = match rng.below(20) {
+            0 => crate::engine::sem::shape_arg(3, 3),
+            1 => crate::engine::sem::shape_arg(2, 1),
+            _ => 2,
+        };
         let form = if rng.chance(0.5) {
             ScriptForm::Sha
         } else {
@@ -544,7 +550,7 @@ fn every_lock_script_answers_like_redis_server() {
                     keys: s,
                     token,
                     ttl_ms,
-                    capacity,
+                    shape,
                 };
                 pair.same(&encode(&op, form), &what);
             }
@@ -557,7 +563,7 @@ fn every_lock_script_answers_like_redis_server() {
                     keys: s,
                     ids,
                     ttl_ms,
-                    capacity,
+                    shape,
                     fair: &fair,
                 };
                 pair.same(&encode(&op, form), &what);
@@ -1103,7 +1109,7 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             keys: &s,
             token: a,
             ttl_ms,
-            capacity: 1,
+            shape: 1,
         };
         run(&mut real, &encode(&holder, ScriptForm::Body));
         let extend = SemExtend {
@@ -1116,7 +1122,7 @@ fn key_names_are_exactly_the_keys_the_locks_write() {
             keys: &s,
             ids: ids_b,
             ttl_ms,
-            capacity: 1,
+            shape: 1,
             fair: &fair,
         };
         run(&mut real, &encode(&fair_waiter, ScriptForm::Body));
@@ -1297,7 +1303,7 @@ fn alike(real: &Value, sim: &Value, in_multi: bool) -> bool {
 
 /// Two error replies alike for the library: of one [`ServerErrorKind`] (from the first word,
 /// all it reads of a server's error), and the same text where it reads further: the
-/// semaphore's capacity mismatch, in its own script's words. Servers word the rest as they
+/// semaphore's shape mismatch, in its own script's words. Servers word the rest as they
 /// like: Valkey answers `NOSCRIPT No matching script.` where Redis adds `Please use EVAL.`,
 /// and Redis appends where in a script an error was raised.
 fn same_error(real: &[u8], sim: &[u8]) -> bool {
@@ -1688,7 +1694,7 @@ fn refused_writes_answer_like_redis_7_and_8() {
                     keys: &sem,
                     token: a,
                     ttl_ms: 100_000,
-                    capacity: 2,
+                    shape: 2,
                 },
                 ScriptForm::Sha,
             ));
@@ -1885,7 +1891,7 @@ fn refused_writes_answer_like_redis_7_and_8() {
                             keys: &sem,
                             token: b,
                             ttl_ms: 1000,
-                            capacity: 2,
+                            shape: 2,
                         },
                         ScriptForm::Sha,
                     ),
@@ -2249,7 +2255,7 @@ fn scripts_refuse_writes_like_redis_server() {
                     keys: &sem,
                     token: tokens[0],
                     ttl_ms,
-                    capacity: 2,
+                    shape: 2,
                 },
                 ScriptForm::Body,
             ),
@@ -2545,7 +2551,7 @@ fn scripts_refuse_writes_like_redis_server() {
                         keys: &sem,
                         token: tokens[1],
                         ttl_ms,
-                        capacity: 2,
+                        shape: 2,
                     },
                     ScriptForm::Sha,
                 ),
@@ -2557,7 +2563,7 @@ fn scripts_refuse_writes_like_redis_server() {
                         keys: &sem,
                         ids: ids(2, 2),
                         ttl_ms,
-                        capacity: 2,
+                        shape: 2,
                         fair: &f0,
                     },
                     ScriptForm::Sha,

@@ -229,7 +229,8 @@ pub(crate) enum Locks {
     FencedWrite,
     /// All-or-none sets of keys, mixed with mutexes on single keys of the same sets.
     All,
-    /// Counting semaphores of 2 or 3 permits, with the smallest safe quorum.
+    /// Counting semaphores of 2 or 3 permits, with the fewest slots per node and the smallest
+    /// quorum they allow (or the slots equal to the permits and its smallest safe quorum).
     Semaphore,
     /// Counting semaphores with the naive majority quorum (and capacity k per node), which
     /// admits more than k holders: a broken assumption.
@@ -295,8 +296,9 @@ struct Settings {
     /// select this database.
     password: Option<&'static str>,
     db: u32,
-    /// A semaphore's permits, and the quorum its clients use.
+    /// A semaphore's permits, the slots per node and the quorum its clients use.
     permits: u32,
+    slots: u32,
     quorum: usize,
     /// Which nodes run Redis 8 (hash-field commands), drawn apart from the rest (see
     /// [`Settings::versions`]).
@@ -366,6 +368,7 @@ impl Settings {
             password: None,
             db: 0,
             permits: 1,
+            slots: 1,
             quorum: nodes / 2 + 1,
             native: vec![false; nodes],
             upgrade: 0.0,
@@ -391,11 +394,20 @@ impl Settings {
         }
         if locks.semaphore() {
             // Enough callers on one key to fill every permit and want more.
-            p.permits = rng.range(2, 3) as u32;
-            p.quorum = if locks == Locks::NaiveSemaphore {
-                nodes / 2 + 1
+            // One draw (as many as before the slots were chosen, so that the rest of a
+            // seed's settings stay as they were): 2 or 3 permits, and in a quarter of the runs
+            // as many slots per node as permits with their smallest safe quorum, else the
+            // shape a client picks (the fewest slots per node, then the smallest quorum).
+            // Not 4: on a quorum of every node (k = 4 at N = 5 is c = 4, q = 5), with a
+            // server too slow for the load, runs outgrow the event budget.
+            let draw = rng.below(8);
+            p.permits = 2 + (draw % 2) as u32;
+            (p.slots, p.quorum) = if locks == Locks::NaiveSemaphore {
+                (p.permits, nodes / 2 + 1)
+            } else if draw / 2 == 0 {
+                (p.permits, crate::engine::sem::safe_quorum(p.permits, nodes))
             } else {
-                crate::engine::sem::safe_quorum(p.permits, nodes)
+                crate::engine::sem::shape(p.permits, nodes)
             };
             p.keys = 1;
             if p.clients * p.callers <= p.permits as usize {
@@ -3094,7 +3106,8 @@ impl<'a> World<'a> {
                     keys: Keys::Semaphore {
                         resource: &arena.keys[key],
                         keys: &arena.sems[key],
-                        capacity: self.p.permits,
+                        permits: self.p.permits,
+                        capacity: self.p.slots,
                         quorum: self.p.quorum,
                     },
                     fence: None,
