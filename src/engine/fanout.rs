@@ -162,15 +162,26 @@ impl<'a> Fanout<'a> {
     }
 
     /// After a `NOSCRIPT`, a decided round still waits for the nodes that have not answered
-    /// (until they answer or time out), so that the body goes out to them now.
-    fn serving_stragglers(&self, _now: Instant) -> bool {
-        (self.resend | self.resent) != 0
-            && (0..self.round.nodes()).any(|i| self.round.is_pending(i))
+    /// (until they answer or time out), so that the body goes out to them now; but never past
+    /// the round's [`finish_by`](Round::finish_by): a slow node must not keep a holder
+    /// counting a validity that the nodes which ran a shortening extend no longer hold.
+    fn serving_stragglers(&self, now: Instant) -> bool {
+        self.stragglers() && self.round.finish_by().is_none_or(|f| now < f)
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) has work to do.
+    /// When [`handle_timeout`](Self::handle_timeout) has work to do: the round's deadline,
+    /// or, once it is decided while stragglers are served, its `finish_by`.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.round.decision().is_some() && self.stragglers() {
+            return self.round.finish_by();
+        }
         self.round.poll_timeout()
+    }
+
+    /// After a `NOSCRIPT`, nodes that have not answered yet.
+    fn stragglers(&self) -> bool {
+        (self.resend | self.resent) != 0
+            && (0..self.round.nodes()).any(|i| self.round.is_pending(i))
     }
 
     /// The error for this round, lost; see [`loss`].

@@ -14,7 +14,7 @@ use crate::engine::kind::{Keys, Spec};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{Caps, ScriptForm};
 use crate::engine::round::Round;
-use crate::engine::validity::Timing;
+use crate::engine::validity::{self, Timing};
 use crate::error::{Deadline, Error, NodeErrorKind};
 use crate::resp::{self, Limits, Reply, Status, Value};
 use crate::rng::{Jitter, Token};
@@ -586,6 +586,48 @@ fn a_failed_extend_never_leaves_more_validity_than_the_nodes_may_hold() {
     assert!(sent(&mut m).is_empty());
     let error = m.poll_outcome().expect("done").expect_err("expired");
     assert_eq!(error.deadline(), Some(Deadline::Validity));
+}
+
+/// An extend that shortens the TTL, lost, while a slow node that answered `NOSCRIPT` is still
+/// being sent the body: the nodes that ran it hold the lock only until the TTL it asked for,
+/// so the holder learns its validity is over then, not once the slow node answers (SlowFlush,
+/// read-write locks, seed 224).
+#[test]
+fn an_extend_serving_a_noscript_straggler_still_ends_with_its_validity() {
+    let config = config(3, 5);
+    let (t0, mut rng) = (Instant::now(), Jitter::from_seed([8; 32]));
+    let mut hold = Hold::new(t0 + 30 * MS);
+    let spec = Spec {
+        keys: Keys::Mutex(b"k"),
+        fence: None,
+    };
+    let token = Token::from_random([9; 20]);
+    let timing = Timing {
+        ttl: 20 * MS,
+        drift_factor: 0.01,
+    };
+    let step = Step::Extend { ttl_ms: 20, timing };
+    let round = Round::new(3, t0, None, None);
+    let mut m: HoldRound<'_> = hold.round(spec, token, &config, step, t0, round);
+    let tag = sent(&mut m)[0].tag.unwrap();
+    m.handle_reply(1, tag, &Reply::Integer(1), t0 + MS, &mut rng);
+    m.handle_reply(2, tag, &Reply::Integer(0), t0 + MS, &mut rng);
+    // The slow node answers NOSCRIPT, and is sent the body.
+    let noscript = Reply::Error(b"NOSCRIPT No matching script");
+    m.handle_reply(0, tag, &noscript, t0 + 10 * MS, &mut rng);
+    assert_eq!(sent(&mut m)[0].to, To::Node(0));
+    // Node 1 may hold the lock only until the TTL asked for: the round must be over then.
+    let cap = validity::failed_extend_cap(t0, timing);
+    let due = m.poll_timeout().expect("a deadline");
+    assert!(due <= cap, "{:?} after {:?}", due - t0, cap - t0);
+    m.handle_timeout(due, &mut rng);
+    let outcome = m.poll_outcome();
+    assert!(
+        matches!(outcome, Some(Err(Error::ValidityExpired { .. }))),
+        "the extend is still open at the end of what the nodes hold: {outcome:?}"
+    );
+    drop(m);
+    assert!(hold.valid_until() <= cap);
 }
 
 /// A write lock's downgrade round on `keys`, started at `start`, for a lock valid until

@@ -197,6 +197,12 @@ impl Round {
         self.evaluate(now);
     }
 
+    /// When the round must be decided by: its validity's end, or the hold's; `None` for a
+    /// round that only needs acknowledgements (a release).
+    pub fn finish_by(&self) -> Option<Instant> {
+        self.finish_by
+    }
+
     /// The next instant at which [`handle_timeout`](Self::handle_timeout) has work to do (the
     /// instant the round must be won before), or `None` once it is decided or when it has no
     /// such instant (a release waits for the nodes' answers, or their failures).

@@ -1089,12 +1089,23 @@ impl Endpoint {
         let cluster = self.topo[member].is_some();
         let mut refused = false;
         for r in refusals {
-            let Some(redo) = r.slot.redo() else {
+            let Some(mut redo) = r.slot.redo() else {
                 continue;
             };
+            // The refusal comes after the node ran every command written before it on this
+            // connection, a lock's write that a node slow for its load ran late among them:
+            // what it deletes may live on from now for as long as it was worth sending from
+            // when it was sent.
+            if let Slot::Reply { sent, .. } = r.slot {
+                redo.until = redo
+                    .until
+                    .max(now + redo.until.saturating_duration_since(sent));
+            }
             let bytes = match r.kind {
-                _ if redo.until <= now => None,
+                // Sent again once, with its body: no `NOSCRIPT` can follow, and what it
+                // deletes may have been written late, after the time it was kept for.
                 Refused::NoScript => conn::with_bodies(&r.command),
+                _ if redo.until <= now => None,
                 Refused::Transient => Some(r.command),
             };
             let Some(bytes) = bytes else {

@@ -821,6 +821,42 @@ fn a_release_answered_noscript_goes_again_at_once_with_the_script_body() {
     assert!(net.ep.undelivered(net.now).is_empty());
 }
 
+/// A node too slow for its load runs the lock's write late, then answers the release after
+/// it `NOSCRIPT` (its script cache flushed meanwhile) once the lock's TTL since the release
+/// was sent has passed: the entry was written just before, so it lives on for up to a TTL
+/// from that answer, and the release still goes again with its body (SlowFlush, seed 384).
+#[test]
+fn a_release_answered_noscript_after_its_ttl_from_a_slow_node_still_goes_again() {
+    let mut net = Net::ready(INFO_82, false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([7; 20]);
+    // The lock's TTL is 50 ms: worth sending again until 50 ms after it was sent.
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 50 * MS));
+    release.evalsha = true;
+    net.step(caller, run, &mut release);
+    let sent = net.take_output(Net::cmd(0));
+    assert_eq!(words(&sent), ["EVALSHA"]);
+    net.ep.finish(caller, run, net.now);
+    // The node's backlog: its answer comes 80 ms later, after a write it ran just before.
+    net.now += 80 * MS;
+    net.reply(
+        Net::cmd(0),
+        b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
+    );
+    let again = net.take_output(Net::cmd(0));
+    assert_eq!(
+        words(&again),
+        ["EVAL"],
+        "a release refused NOSCRIPT after its first TTL was not sent again"
+    );
+    assert!(net.ep.busy(net.now) && net.ep.needs_tending(net.now));
+    assert_eq!(net.ep.undelivered(net.now), [0]);
+    net.reply(Net::cmd(0), b":1\r\n");
+    assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+    assert!(net.ep.undelivered(net.now).is_empty());
+}
+
 #[test]
 fn only_our_scripts_by_digest_are_rewritten_with_their_bodies() {
     use crate::engine::ops::{write_eval, Arg, ScriptForm, RELEASE, SCRIPTS};

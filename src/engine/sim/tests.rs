@@ -614,7 +614,8 @@ fn a_seed_replays_exactly() {
 /// Runs the scenario `REDLOCK_SIM_PROBE` names (`Model:Mutex`, `Calm:ReadWrite`, …) seed
 /// after seed until the first violation, and says which seed and what it was: how a defect
 /// planted in the engine is shown to be caught. Seeds up to `REDLOCK_SIM_SEEDS` (10000). A
-/// probe run by hand: without `REDLOCK_SIM_PROBE` it does nothing.
+/// probe run by hand: without `REDLOCK_SIM_PROBE` it does nothing. With `REDLOCK_SIM_SEED`,
+/// replays just that seed, with a trace.
 #[test]
 fn first_violation() {
     let Ok(probe) = std::env::var("REDLOCK_SIM_PROBE") else {
@@ -645,6 +646,16 @@ fn first_violation() {
         "NaiveSemaphore" => Locks::NaiveSemaphore,
         other => panic!("no locks {other}"),
     };
+    if let Some(seed) = replay_seed() {
+        let out = run_locks(seed, scenario, locks, true);
+        println!(
+            "{probe}: seed {seed}: {} violations: {}; {:?}",
+            out.violations(),
+            out.report,
+            out.failures
+        );
+        return;
+    }
     for seed in 0..seed_count(10_000) {
         let out = run_locks(seed, scenario, locks, false);
         if out.violations() > 0 {
