@@ -2742,17 +2742,12 @@ impl<'a> World<'a> {
             if left.is_empty() {
                 continue;
             }
-            let busy = match self.sock_to(c, node, false) {
-                None => false,
-                Some(s) => {
-                    let sock = &self.socks[s];
-                    !sock.open
-                        || !sock.connected
-                        || !sock.to_server.is_empty()
-                        || !sock.to_client.is_empty()
-                        || self.nodes[node].backlog.iter().any(|w| w.sock == s)
-                }
-            };
+            // A cluster client may have more than one connection to a node (one it was given,
+            // one to the name the node announces): what is on its way on any of them counts.
+            let down = self
+                .sock_to(c, node, false)
+                .is_some_and(|s| !self.socks[s].open || !self.socks[s].connected);
+            let busy = down || self.in_flight_to(c, node);
             if busy {
                 again = true;
                 continue;
@@ -2789,6 +2784,19 @@ impl<'a> World<'a> {
         self.left_checks[i].pending = false;
         self.maybe_close(c);
         self.after_io(c);
+    }
+
+    /// Something of client `c` is on its way to or from node `node`, on any of its
+    /// connections there but subscribers', or waits in the node's backlog.
+    fn in_flight_to(&self, c: usize, node: usize) -> bool {
+        self.clients[c].socks.iter().flatten().any(|&s| {
+            let sock = &self.socks[s];
+            sock.server == node
+                && !sock.id.sub
+                && (!sock.to_server.is_empty()
+                    || !sock.to_client.is_empty()
+                    || self.nodes[node].backlog.iter().any(|w| w.sock == s))
+        })
     }
 
     // --- faults ----------------------------------------------------------------------------
