@@ -197,16 +197,6 @@ impl Scenario {
         )
     }
 
-    /// Runs in which what a last cycle's release leaves behind (see `World::left_check`) is
-    /// reported but not yet counted as a violation. With cluster members, about one seed in
-    /// twenty still finds a released key on a master with nothing in flight to it (the first:
-    /// `REDLOCK_SIM_SEED=14` of `cluster_members_with_wait_survive_failovers`, a release after
-    /// a failed extend, on a member whose slots moved). Until that is understood, those runs
-    /// print what they find; then this is empty.
-    fn left_check_pending(self) -> bool {
-        matches!(self, Scenario::ClusterModel | Scenario::ClusterWait)
-    }
-
     /// Runs with Redis Cluster members.
     fn clusters(self) -> bool {
         matches!(
@@ -1292,9 +1282,6 @@ struct World<'a> {
     failures: Vec<String>,
     /// The releases of the last cycles, looked for on the nodes.
     left_checks: Vec<LeftCheck>,
-    /// What they found left behind where that is not yet a violation (see
-    /// [`Scenario::left_check_pending`]).
-    pending: Vec<String>,
     /// In calm runs, the fair waiters by their queue entry: their client, and how far its
     /// ticket is past its wall clock when it started (two waiters of one client that start at
     /// once have tickets a microsecond apart).
@@ -1313,8 +1300,6 @@ pub(crate) struct Outcome {
     /// reported as something else, or (in calm runs) a wait that did not get its lock, or a
     /// kept lock lost.
     pub failures: Vec<String>,
-    /// What the last cycles' releases left behind, where that is not yet a violation.
-    pub pending: Vec<String>,
 }
 
 impl Outcome {
@@ -1559,7 +1544,6 @@ fn run_world<'a>(
         p,
         failures: Vec::new(),
         left_checks: Vec::new(),
-        pending: Vec::new(),
         fair_waiters: BTreeMap::new(),
         trace,
         idle: cluster::Idle::new(p_clients),
@@ -1622,7 +1606,6 @@ fn run_world<'a>(
         report,
         stats: w.stats,
         failures: w.failures,
-        pending: w.pending,
     }
 }
 
@@ -2742,17 +2725,12 @@ impl<'a> World<'a> {
             if left.is_empty() {
                 continue;
             }
-            let busy = match self.sock_to(c, node, false) {
-                None => false,
-                Some(s) => {
-                    let sock = &self.socks[s];
-                    !sock.open
-                        || !sock.connected
-                        || !sock.to_server.is_empty()
-                        || !sock.to_client.is_empty()
-                        || self.nodes[node].backlog.iter().any(|w| w.sock == s)
-                }
-            };
+            // A cluster client may have more than one connection to a node (one it was given,
+            // one to the name the node announces): what is on its way on any of them counts.
+            let down = self
+                .sock_to(c, node, false)
+                .is_some_and(|s| !self.socks[s].open || !self.socks[s].connected);
+            let busy = down || self.in_flight_to(c, node);
             if busy {
                 again = true;
                 continue;
@@ -2767,11 +2745,7 @@ impl<'a> World<'a> {
                 (self.now - at) / MS
             );
             self.log(format_args!("{msg}"));
-            if self.scenario.left_check_pending() {
-                self.pending.push(msg);
-            } else {
-                self.failures.push(msg);
-            }
+            self.failures.push(msg);
         }
         self.left_checks[i].names = names;
         if again && self.now - at > QUIET_WAIT * self.p.ttl_ms * MS {
@@ -2789,6 +2763,19 @@ impl<'a> World<'a> {
         self.left_checks[i].pending = false;
         self.maybe_close(c);
         self.after_io(c);
+    }
+
+    /// Something of client `c` is on its way to or from node `node`, on any of its
+    /// connections there but subscribers', or waits in the node's backlog.
+    fn in_flight_to(&self, c: usize, node: usize) -> bool {
+        self.clients[c].socks.iter().flatten().any(|&s| {
+            let sock = &self.socks[s];
+            sock.server == node
+                && !sock.id.sub
+                && (!sock.to_server.is_empty()
+                    || !sock.to_client.is_empty()
+                    || self.nodes[node].backlog.iter().any(|w| w.sock == s))
+        })
     }
 
     // --- faults ----------------------------------------------------------------------------
@@ -3965,8 +3952,6 @@ pub(crate) struct Summary {
     pub failing: Vec<u64>,
     /// The first few failures beyond the history checker's, with their seeds.
     pub failures: Vec<(u64, String)>,
-    /// What last cycles left behind where that is not yet a violation, with their seeds.
-    pub pending: Vec<(u64, String)>,
 }
 
 impl Summary {
@@ -3975,7 +3960,6 @@ impl Summary {
         self.stats.absorb(&o.stats);
         self.failing.extend(o.failing);
         self.failures.extend(o.failures);
-        self.pending.extend(o.pending);
     }
 }
 
@@ -3999,8 +3983,6 @@ pub(crate) fn run_many_locks(
                         }
                         sum.failures
                             .extend(out.failures.into_iter().take(2).map(|f| (seed, f)));
-                        sum.pending
-                            .extend(out.pending.into_iter().take(1).map(|f| (seed, f)));
                         sum.report.absorb(&out.report);
                         sum.stats.absorb(&out.stats);
                     }
@@ -4019,7 +4001,6 @@ pub(crate) fn run_many_locks(
     }
     sum.failing.sort_unstable();
     sum.failures.sort();
-    sum.pending.sort();
     sum
 }
 

@@ -81,9 +81,6 @@ fn replay_hint(seed: u64, scenario: Scenario, locks: Locks, test: &str) -> Strin
 fn within(scenario: Scenario, locks: Locks, seeds: u64, test: &str) -> Option<Summary> {
     if let Some(seed) = replay_seed() {
         let out = run_locks(seed, scenario, locks, true);
-        if !out.pending.is_empty() {
-            println!("pending (known defects): {:?}", out.pending);
-        }
         assert_eq!(out.violations(), 0, "{}\n{:?}", out.report, out.failures);
         return None;
     }
@@ -97,15 +94,6 @@ fn within(scenario: Scenario, locks: Locks, seeds: u64, test: &str) -> Option<Su
     }
     for (seed, f) in sum.failures.iter().take(5) {
         println!("seed {seed}: {f}");
-    }
-    if !sum.pending.is_empty() {
-        println!(
-            "pending (known defects, not yet violations): {} seeds left something behind",
-            sum.pending.len()
-        );
-        for (seed, f) in sum.pending.iter().take(5) {
-            println!("seed {seed}: {f}");
-        }
     }
     assert!(
         sum.failing.is_empty(),
