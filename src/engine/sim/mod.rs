@@ -157,8 +157,8 @@ pub(crate) enum Scenario {
     Slow,
     /// [`Scenario::Slow`] with script caches flushed now and then (`SCRIPT FLUSH`), the slow
     /// node's most often, so that what it answers after a round was decided meets
-    /// `NOSCRIPT`. Run by hand (`REDLOCK_SIM_PROBE=SlowFlush:…`): it still finds keys left
-    /// behind on today's engine (see `first_violation`).
+    /// `NOSCRIPT`: a release refused late must still go again with its body, and an extend's
+    /// decision must not wait on the slow node past its round's end.
     SlowFlush,
     /// Crashed nodes restart at once, empty: no persistence, no delayed restart.
     InstantRestart,

@@ -301,6 +301,21 @@ fn a_server_too_slow_for_the_load_is_left_nothing() {
 /// The obvious semaphore, a majority quorum over nodes that admit k holders each, lets more
 /// than k clients hold a permit at once under partitions and lost messages: the checker must
 /// see it.
+/// A server too slow for the load whose script cache is flushed now and then: what it answers
+/// after a round was decided meets `NOSCRIPT` (half the slow runs' seeds).
+#[test]
+fn script_caches_flushed_on_a_slow_server_leave_nothing() {
+    let test = "script_caches_flushed_on_a_slow_server_leave_nothing";
+    for locks in [Locks::Mutex, Locks::ReadWrite, Locks::Semaphore] {
+        let seeds = (slow_seeds(locks) / 2).max(1);
+        let Some(sum) = within(Scenario::SlowFlush, locks, seeds, test) else {
+            continue;
+        };
+        let s = &sum.stats;
+        require(s, &[("script caches flushed", s.script_flushes)]);
+    }
+}
+
 #[test]
 fn the_naive_majority_semaphore_admits_more_than_k_holders() {
     if let Some(seed) = replay_seed() {
