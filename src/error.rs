@@ -314,8 +314,8 @@ pub enum InvalidArgument {
         /// The cap.
         max: u32,
     },
-    /// A semaphore's quorum is unsafe or unusable whatever the holders each node admits (or
-    /// is more than the nodes): no `c ≤ permits` has `permits·quorum ≤ c·nodes` (every
+    /// A semaphore's quorum admits too many holders or cannot be met whatever the holders
+    /// each node admits (or is more than the nodes): no `c ≤ permits` has `permits·quorum ≤ c·nodes` (every
     /// permit fits) and `c·nodes < (permits + 1)·quorum` (one more holder does not). See
     /// [`Semaphore`](crate::Semaphore).
     UnsafeQuorum {

@@ -18,22 +18,12 @@ fn ms(n: u64) -> Duration {
 }
 
 fn client(urls: &[String]) -> Client {
-    Client::builder()
-        .nodes(urls)
-        .node_timeout(ms(500))
-        .retry_count(0)
-        .build()
-        .expect("valid client")
+    one_try_client(urls, ms(500))
 }
 
 /// A client whose node timeout leaves a replica time to acknowledge under load.
 fn patient_client(urls: &[String]) -> Client {
-    Client::builder()
-        .nodes(urls)
-        .node_timeout(ms(2000))
-        .retry_count(0)
-        .build()
-        .expect("valid client")
+    one_try_client(urls, ms(2000))
 }
 
 /// A master and a replica of it, the replica's link up.

@@ -19,12 +19,7 @@ fn ms(n: u64) -> Duration {
 }
 
 fn client(urls: &[String]) -> Client {
-    Client::builder()
-        .nodes(urls)
-        .node_timeout(ms(500))
-        .retry_count(0)
-        .build()
-        .expect("valid client")
+    one_try_client(urls, ms(500))
 }
 
 /// A master (and, with `replica`, a replica of it) of `program` persisting with an append-only

@@ -14,3 +14,14 @@ pub mod cluster;
 pub mod process;
 #[allow(dead_code)]
 pub mod sentinel;
+
+/// A client of `urls` that makes one attempt per operation, with the given node timeout.
+#[allow(dead_code)]
+pub fn one_try_client(urls: &[String], node_timeout: std::time::Duration) -> redlock_mux::Client {
+    redlock_mux::Client::builder()
+        .nodes(urls)
+        .node_timeout(node_timeout)
+        .retry_count(0)
+        .build()
+        .expect("valid client")
+}
