@@ -56,7 +56,8 @@ pub(crate) enum Keys<'a> {
         keys: &'a SemKeys,
         /// How many holders the semaphore admits.
         permits: u32,
-        /// How many holders each node admits (its slots).
+        /// How many holders each node admits (its slots); with 1, a node's slot is one string
+        /// key, taken and released as a mutex's key is.
         capacity: u32,
         /// How many nodes must admit a holder.
         quorum: usize,
