@@ -334,9 +334,29 @@ fn one_slot_per_node_is_one_string_key_per_node() {
             .contains("2 permits, 1 per node, not 1 permits"),
         "{e}"
     );
+    // A waiter is woken by the release: it gets the permit long before its retry delay.
+    let slow = Client::builder()
+        .nodes(cluster.urls())
+        .retry_delay(Duration::from_secs(3))
+        .wait_timeout(Duration::from_secs(8))
+        .build()
+        .unwrap();
+    let waiter = {
+        let sem = slow.semaphore("strings", 2).unwrap();
+        thread::spawn(move || {
+            let t = Instant::now();
+            let p = sem.acquire(TTL);
+            let took = t.elapsed();
+            (p.and_then(|p| p.release()), took)
+        })
+    };
+    thread::sleep(Duration::from_millis(300));
     // Release, extend and keep-alive work on the keys.
     let a_token = a.token().to_vec();
     a.release().unwrap();
+    let (released, took) = waiter.join().unwrap();
+    released.expect("the waiter got the released permit");
+    assert!(took < Duration::from_millis(2500), "woken after {took:?}");
     assert!(eventually(Duration::from_secs(2), || held_by(&a_token) == 0));
     let mut c2 = sem.try_acquire(TTL).expect("the released permit");
     c2.extend(Duration::from_secs(20)).unwrap();
