@@ -63,23 +63,36 @@ pub use crate::engine::sem::MAX_PERMITS;
 /// takes the smallest); others are refused.
 /// An [extend](Guard::extend) needs the quorum too; a [release](Guard::release) returns once
 /// `N − q + 1` nodes acknowledged it, so that fewer than a quorum can still hold the permit
-/// (one node when the quorum is every node), and the other nodes still get it.
+/// (one node when the quorum is every node), and the other nodes still get it. That is the
+/// other side of the trade: the smallest quorum lets acquires survive the most failures, and
+/// makes releases need the most nodes (4 of 5 for `N = 5`, `k = 2`, `q = 2`);
+/// [`with_quorum`](Semaphore::with_quorum) picks another point (`with_quorum(4)` there: 4
+/// nodes to acquire, 2 to release).
 ///
 /// # On the nodes
 ///
-/// Each node keeps one sorted set (`{sem:K}:s` for a key `K` without a hash tag, `K:sem`
-/// with one; see [`KeyNames`](crate::KeyNames)): holder tokens scored by their expiry in ms on
-/// that node's clock, and a marker member `=` scored by minus the shape (`k` when `c = k`, as
-/// every semaphore was before the slots were chosen; `c + k·2²¹` otherwise). An acquire prunes
-/// the expired holders and admits when fewer than `c` are left; the set lives as long as its
-/// longest-lived holder, and the release of its last live holder deletes it. A client that
-/// asks with another number of permits or slots while the set exists (another `k`, or a
-/// version that chose other slots) is refused by that node with a [`NodeErrorKind::Setup`](crate::NodeErrorKind::Setup)
-/// failure (`command` `semaphore`), which ends the acquisition with [`Error::Config`] when too
-/// few nodes are left for a quorum: clients that disagreed on `k` would together admit more
-/// holders than either allows, and a node counted with `c` slots by one and `c'` by another
-/// breaks both counts. Releases are announced on the key's wake channel, so waiters
-/// retry at once.
+/// With one slot per node (`c = 1`), a node's part of a permit is one string key (`{sem:K}:s`
+/// for a key `K` without a hash tag, `K:sem` with one; see [`KeyNames`](crate::KeyNames)),
+/// taken with the mutex's own command, `SET key value NX PX ttl GET`, sent to every node at
+/// once: nil is a grant, a value another holder. The value is the holder's token followed by
+/// `:sem:` and the permits. A release is the mutex's compare-and-delete of that value (`DELEX`
+/// where the node has it), an extend its compare-and-`PEXPIRE`.
+///
+/// With more slots, each node keeps one sorted set under the same name: holder tokens scored
+/// by their expiry in ms on that node's clock, and a marker member `=` scored by minus the
+/// shape (`k` when `c = k`, as every semaphore was before the slots were chosen; `c + k·2²¹`
+/// otherwise). An acquire prunes the expired holders and admits when fewer than `c` are left;
+/// the set lives as long as its longest-lived holder, and the release of its last live holder
+/// deletes it.
+///
+/// A client that asks with another number of permits or slots (another `k`, or a version that
+/// chose other slots: a sorted set where a key is expected, or the reverse), or finds another
+/// lock's value there, is refused by that node with a
+/// [`NodeErrorKind::Setup`](crate::NodeErrorKind::Setup) failure (`command` `semaphore`),
+/// never with contention; that ends the acquisition with [`Error::Config`] when too few nodes
+/// are left for a quorum: clients that disagreed on `k` would together admit more holders
+/// than either allows, and a node counted with `c` slots by one and `c'` by another breaks
+/// both counts. Releases are announced on the key's wake channel, so waiters retry at once.
 ///
 /// ```
 /// use std::time::Duration;

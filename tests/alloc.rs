@@ -264,6 +264,8 @@ enum Case {
     Fenced,
     FencedWrite,
     Permit,
+    /// A permit of a semaphore with one slot per node: one key per node.
+    KeyPermit,
     All,
 }
 
@@ -276,6 +278,7 @@ impl Case {
             Case::Fenced => "fenced lock",
             Case::FencedWrite => "fenced write lock",
             Case::Permit => "semaphore permit",
+            Case::KeyPermit => "one-slot semaphore permit",
             Case::All => "lock_all",
         }
     }
@@ -483,6 +486,14 @@ fn every_kind_is_allocation_free_once_warm() {
         rows.push(measure(Case::Permit, label(), cycles, || {
             semaphore.try_acquire(ttl)
         }));
+        // One permit over 3 nodes: one slot per node, a key, on another key name.
+        let mut one_key = key.clone();
+        *one_key.last_mut().unwrap() = b'1';
+        let one = client.semaphore(&one_key, 1).unwrap();
+        assert_eq!(one.slots_per_node(), 1);
+        rows.push(measure(Case::KeyPermit, label(), cycles, || {
+            one.try_acquire(ttl)
+        }));
         // Two keys of this length: the second differs in its last byte.
         let mut other = key.clone();
         *other.last_mut().unwrap() = b'2';
@@ -515,7 +526,7 @@ fn every_kind_is_allocation_free_once_warm() {
     let mut failures = Vec::new();
     for r in &rows {
         println!(
-            "  {:<17} {:<19} {}, {}",
+            "  {:<25} {:<19} {}, {}",
             r.case.name(),
             r.label,
             show_phase(&r.cycle, r.cycles, "acquire+release cycles"),

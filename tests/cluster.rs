@@ -125,6 +125,17 @@ fn every_lock_kind_works_on_cluster_members() {
     assert!(sem.try_acquire(TTL).is_err(), "two permits only");
     p1.release().expect("release");
     p2.release().expect("release");
+    // One permit: one key per node, in the slot of the semaphore's hash tag.
+    let one = client.semaphore("kinds:sem1", 1).expect("semaphore");
+    assert_eq!(one.slots_per_node(), 1);
+    let mut p = one.try_acquire(TTL).expect("permit");
+    assert!(one.try_acquire(TTL).unwrap_err().is_contended());
+    p.extend(TTL).expect("extend");
+    p.release().expect("release");
+    one.try_acquire(TTL)
+        .expect("permit")
+        .release()
+        .expect("release");
 
     let set = client
         .try_lock_all(["{order:42}:a", "{order:42}:b", "{order:42}:c"], TTL)

@@ -215,7 +215,7 @@ fn clients_that_disagree_on_the_permits_get_a_config_error() {
     );
 }
 
-/// N = 5, k = 2: one slot per node and a quorum of 2. Each holder keeps 2 slots and gives the
+/// N = 5, k = 2: one slot per node and a quorum of 2. Each holder keeps 2 keys and gives the
 /// others back at once, so both permits are taken, a third is refused, and every node holds at
 /// most one live holder.
 #[test]
@@ -230,43 +230,231 @@ fn one_slot_per_node_holders_keep_a_quorum_and_give_back_the_rest() {
         cluster
             .addrs()
             .into_iter()
-            .map(|a| zcount_live(a, &names.semaphore))
+            .map(|a| match cmd(a, &[b"EXISTS", &names.semaphore]) {
+                Value::Integer(n) => n,
+                other => panic!("unexpected reply {}", show(&other)),
+            })
             .collect()
     };
     let a = sem.try_acquire(TTL).unwrap();
     assert_eq!((a.permits(), a.quorum()), (2, 2));
-    // The slots beyond the quorum are given back.
+    // The keys beyond the quorum are given back.
     assert!(
         eventually(Duration::from_secs(2), || live().iter().sum::<i64>() == 2),
-        "first holder's slots: {:?}",
+        "first holder's keys: {:?}",
         live()
     );
     let b = sem.try_acquire(TTL).expect("the second permit");
     assert!(
         eventually(Duration::from_secs(2), || live().iter().sum::<i64>() == 4),
-        "two holders' slots: {:?}",
+        "two holders' keys: {:?}",
         live()
     );
-    assert!(live().iter().all(|&n| n <= 1), "{:?}", live());
     let e = sem.try_acquire(TTL).unwrap_err();
     assert!(e.is_contended(), "{e:?}");
     assert_eq!(sem.available().unwrap(), 0);
-    // The marker: minus (slots + permits·2²¹).
-    let marked = cluster
-        .addrs()
-        .into_iter()
-        .filter(|&addr| {
-            cmd(addr, &[b"ZSCORE", &names.semaphore, b"="])
-                == Value::Bulk(Some(b"-4194305".to_vec()))
-        })
-        .count();
-    assert_eq!(marked, 4, "the nodes that hold a holder carry the marker");
+    // Each key: a holder's token, then the permits.
+    for addr in cluster.addrs() {
+        if let Value::Bulk(Some(v)) = cmd(addr, &[b"GET", &names.semaphore]) {
+            assert!(
+                v.starts_with(a.token()) || v.starts_with(b.token()),
+                "{v:?}"
+            );
+            assert!(v.ends_with(b":sem:2"), "{v:?}");
+        }
+    }
     a.release().unwrap();
     assert_eq!(sem.available().unwrap(), 1);
     let mut c2 = sem.try_acquire(TTL).expect("the released permit");
     c2.extend(Duration::from_secs(20)).unwrap();
     drop(c2);
     drop(b);
+    for addr in cluster.addrs() {
+        assert!(eventually(Duration::from_secs(2), || dbsize(addr) == 0));
+    }
+}
+
+/// With one slot per node (N = 5, k = 2, quorum 2) a node's part of a permit is one string key,
+/// taken with `SET NX PX GET` as a mutex takes its key: the holder's token followed by the
+/// permits. A key that holds another semaphore's permits, a sorted set of the shape with more
+/// slots per node, or another lock's value is refused as a configuration error, never as
+/// contention.
+#[test]
+fn one_slot_per_node_is_one_string_key_per_node() {
+    let cluster = RedisCluster::start(5).expect("cluster");
+    let c = client(cluster.urls());
+    let opts = Acquire::new().timeout(Duration::from_secs(3));
+    let sem = c.semaphore("strings", 2).unwrap();
+    assert_eq!((sem.slots_per_node(), sem.quorum()), (1, 2));
+    let names = KeyNames::new(b"strings");
+    let key = &names.semaphore;
+    let held_by = |token: &[u8]| -> usize {
+        cluster
+            .addrs()
+            .into_iter()
+            .filter(|&addr| match cmd(addr, &[b"GET", key]) {
+                Value::Bulk(Some(v)) => v.starts_with(token) && v.len() > token.len(),
+                _ => false,
+            })
+            .count()
+    };
+    let a = sem.try_acquire(TTL).unwrap();
+    // The grants beyond the quorum are given back at once.
+    assert!(
+        eventually(Duration::from_secs(2), || held_by(a.token()) == 2),
+        "the first holder's keys: {}",
+        held_by(a.token())
+    );
+    for addr in cluster.addrs() {
+        let kind = cmd(addr, &[b"TYPE", key]);
+        assert!(
+            kind == Value::Simple(b"string".to_vec()) || kind == Value::Simple(b"none".to_vec()),
+            "{}",
+            show(&kind)
+        );
+        if kind == Value::Simple(b"string".to_vec()) {
+            assert!(pttl(addr, key) > 9_000);
+        }
+    }
+    let b = sem.try_acquire(TTL).expect("the second permit");
+    assert!(eventually(Duration::from_secs(2), || held_by(b.token()) == 2));
+    let e = sem.try_acquire(TTL).unwrap_err();
+    assert!(e.is_contended(), "{e:?}");
+    assert_eq!(sem.available().unwrap(), 0);
+    // Another number of permits with one slot per node (k = 1: quorum 3) is refused by the
+    // four nodes that hold a permit of 2: a configuration error, not contention.
+    let one = c.semaphore("strings", 1).unwrap();
+    assert_eq!(one.slots_per_node(), 1);
+    let t = Instant::now();
+    let e = one.acquire_with(TTL, &opts).unwrap_err();
+    assert!(e.is_config(), "{e:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "not retried: {e:?}");
+    assert!(
+        e.to_string()
+            .contains("2 permits, 1 per node, not 1 permits"),
+        "{e}"
+    );
+    // A waiter is woken by the release: it gets the permit long before its retry delay.
+    let slow = Client::builder()
+        .nodes(cluster.urls())
+        .retry_delay(Duration::from_secs(3))
+        .wait_timeout(Duration::from_secs(8))
+        .build()
+        .unwrap();
+    let waiter = {
+        let sem = slow.semaphore("strings", 2).unwrap();
+        thread::spawn(move || {
+            let t = Instant::now();
+            let p = sem.acquire(TTL);
+            let took = t.elapsed();
+            (p.and_then(|p| p.release()), took)
+        })
+    };
+    thread::sleep(Duration::from_millis(300));
+    // Release, extend and keep-alive work on the keys.
+    let a_token = a.token().to_vec();
+    a.release().unwrap();
+    let (released, took) = waiter.join().unwrap();
+    released.expect("the waiter got the released permit");
+    assert!(took < Duration::from_millis(2500), "woken after {took:?}");
+    assert!(eventually(Duration::from_secs(2), || held_by(&a_token) == 0));
+    let mut c2 = sem.try_acquire(TTL).expect("the released permit");
+    c2.extend(Duration::from_secs(20)).unwrap();
+    assert!(
+        cluster
+            .addrs()
+            .into_iter()
+            .filter(|&addr| pttl(addr, key) > 15_000)
+            .count()
+            >= 2
+    );
+    // Resume from the token, and keep-alive.
+    let token = c2.token().to_vec();
+    std::mem::forget(c2);
+    let resumed = sem.resume(&token, Duration::from_secs(30)).unwrap();
+    assert!(resumed.validity() > Duration::from_secs(29));
+    assert!(sem
+        .resume(b"0123456789abcdef0123456789abcdef01234567", TTL)
+        .is_err());
+    let ttl = Duration::from_millis(600);
+    let kept = resumed
+        .keep_alive(KeepAlive::new(ttl))
+        .map_err(|e| e.error)
+        .unwrap();
+    drop(b);
+    thread::sleep(Duration::from_millis(1500));
+    assert!(!kept.is_lost());
+    kept.release().unwrap();
+    for addr in cluster.addrs() {
+        assert!(eventually(Duration::from_secs(2), || dbsize(addr) == 0));
+    }
+    let stats = c.stats();
+    assert!(stats.kinds.semaphore.won >= 3, "{stats:?}");
+    assert!(stats.kinds.semaphore.contended >= 1, "{stats:?}");
+    // A value no semaphore wrote (a mutex on the same key name) is told apart too.
+    for addr in cluster.addrs() {
+        cmd(addr, &[b"SET", key, b"a-mutex-token", b"PX", b"10000"]);
+    }
+    let e = sem.acquire_with(TTL, &opts).unwrap_err();
+    assert!(e.is_config(), "{e:?}");
+    assert!(e.failures().iter().all(|f| matches!(
+        &f.kind,
+        NodeErrorKind::Setup {
+            command: "semaphore",
+            ..
+        }
+    )));
+    for addr in cluster.addrs() {
+        cmd(addr, &[b"DEL", key]);
+    }
+}
+
+/// A fair semaphore with one slot per node (N = 5, k = 2) serves its waiters through the fair
+/// queue's script, and refuses a sorted set where its key should be as a configuration error.
+#[test]
+fn a_fair_one_slot_semaphore_serves_its_waiters() {
+    let cluster = RedisCluster::start(5).expect("cluster");
+    let c = Client::builder()
+        .nodes(cluster.urls())
+        .fair(true)
+        .retry_delay(Duration::from_millis(20))
+        .wait_timeout(Duration::from_secs(8))
+        .build()
+        .unwrap();
+    let sem = c.semaphore("fair-one", 2).unwrap();
+    assert_eq!(sem.slots_per_node(), 1);
+    let held: Vec<_> = (0..2).map(|_| sem.acquire(TTL).unwrap()).collect();
+    assert!(sem.try_acquire(TTL).unwrap_err().is_contended());
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let sem = sem.clone();
+            thread::spawn(move || {
+                let p = sem.acquire(Duration::from_secs(2))?;
+                thread::sleep(Duration::from_millis(20));
+                p.release()
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(200));
+    drop(held);
+    for w in waiters {
+        w.join().unwrap().expect("every fair waiter got a permit");
+    }
+    for addr in cluster.addrs() {
+        assert!(eventually(Duration::from_secs(2), || dbsize(addr) == 0));
+    }
+    // The shape with two slots per node holds a sorted set there.
+    let older = c.semaphore("fair-one", 2).unwrap().with_quorum(4).unwrap();
+    let kept = older.try_acquire(TTL).unwrap();
+    let opts = Acquire::new().timeout(Duration::from_secs(3));
+    let e = sem.acquire_with(TTL, &opts).unwrap_err();
+    assert!(e.is_config(), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("more than 1 per node, not 2 permits, 1 per node"),
+        "{e}"
+    );
+    kept.release().unwrap();
     for addr in cluster.addrs() {
         assert!(eventually(Duration::from_secs(2), || dbsize(addr) == 0));
     }
@@ -303,8 +491,9 @@ fn one_slot_per_node_tolerates_three_failures_of_five() {
     p.release().unwrap();
 }
 
-/// A semaphore a version with as many slots per node as permits wrote (its marker is minus the
-/// permits) is refused as a configuration error by one that picks fewer, and the reverse.
+/// A semaphore a version with as many slots per node as permits wrote (a sorted set, its marker
+/// minus the permits) is refused as a configuration error by one that picks one slot per node
+/// (one string key), and the reverse.
 #[test]
 fn semaphores_of_another_shape_are_refused_as_configuration_errors() {
     let cluster = RedisCluster::start(5).expect("cluster");
@@ -325,7 +514,7 @@ fn semaphores_of_another_shape_are_refused_as_configuration_errors() {
     assert!(e.is_config(), "{e:?}");
     assert!(
         e.to_string()
-            .contains("2 permits, not 2 permits, 1 per node"),
+            .contains("has more than 1 per node, not 2 permits, 1 per node"),
         "{e}"
     );
     held.release().unwrap();
@@ -335,7 +524,7 @@ fn semaphores_of_another_shape_are_refused_as_configuration_errors() {
     assert!(e.is_config(), "{e:?}");
     assert!(
         e.to_string()
-            .contains("2 permits, 1 per node, not 2 permits"),
+            .contains("has 1 per node or another lock, not 2 permits"),
         "{e}"
     );
     held.release().unwrap();

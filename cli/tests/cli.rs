@@ -466,7 +466,25 @@ fn permit_runs_hold_at_most_k_at_once() {
         start.elapsed() < Duration::from_secs(10),
         "waited out --wait"
     );
+    // One permit is one key per node (one slot each), where the sorted set of 3 permits is.
+    let out = output(
+        &cluster,
+        &["run", "--permits", "1", "--wait", "20s", KEY, "--", "true"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("more than 1 per node, not 1 permits, 1 per node"),
+        "{stderr}"
+    );
     held.release().expect("release");
+    // `--permits 1` runs hold the key one at a time.
+    let out = output(&cluster, &["run", "--permits", "1", KEY, "--", "true"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for bad in [
         &["--permits", "0"][..],
         &["--permits", "x"],

@@ -180,6 +180,12 @@ impl FairState {
         if let Some(intent_ms) = intent_ms {
             resp::write_bulk_u64(out, intent_ms);
         }
+        self.write_queue_args(out, ids);
+    }
+
+    /// Writes the four arguments the fair gate takes last: the waiter id, ticket, entry TTL,
+    /// join (for a script that writes its own before them).
+    pub fn write_queue_args(&self, out: &mut Vec<u8>, ids: AttemptIds<'_>) {
         resp::write_bulk(out, ids.waiter);
         resp::write_bulk_u64(out, self.ticket);
         resp::write_bulk_u64(out, self.entry_ttl_ms);

@@ -121,8 +121,9 @@ pub enum Derived {
     /// is [`Derived::Fence`] of [`Derived::Writer`]: the writer key always has a hash tag, so
     /// the counter is `FENCE_PREFIX ++` the writer key, in its slot.
     WriterFence,
-    /// The semaphore: holder tokens scored by their expiry, in ms on the node's clock, and
-    /// the marker member `=` scored by minus the per-node capacity.
+    /// The semaphore: with one slot per node, the holder's token and the permits as a string
+    /// that expires with it; with more, holder tokens scored by their expiry, in ms on the
+    /// node's clock, and the marker member `=` scored by minus the shape.
     Semaphore,
     /// The semaphore's fair queue: waiters' ids scored by ticket.
     SemQueue,
@@ -439,8 +440,10 @@ pub struct KeyNames {
     pub fence: Vec<u8>,
     /// The fenced write lock's counter (the writer key's), kept like `fence`.
     pub writer_fence: Vec<u8>,
-    /// The semaphore's holders: their tokens scored by their expiry in ms on the node's
-    /// clock, and the member `=` scored by minus the number of permits.
+    /// The semaphore's holders: with one slot per node, a string (the holder's token
+    /// followed by `:sem:` and the permits) that expires with its holder; with more, their
+    /// tokens scored by their expiry in ms on the node's clock, and the member `=` scored by
+    /// minus the shape.
     pub semaphore: Vec<u8>,
     /// The semaphore's fair queue: waiters' ids scored by ticket.
     pub semaphore_queue: Vec<u8>,

@@ -19,7 +19,10 @@ use crate::engine::rw::{
     self, Downgrade, DowngradeUndo, FairRwAcquire, ReadAcquire, ReadExtend, ReadRelease,
     SetRelease, WriteAcquire, WriteCleanup, WriteExtend, WriteRelease,
 };
-use crate::engine::sem::{FairSemAcquire, SemAcquire, SemExtend, SemRelease};
+use crate::engine::sem::{
+    FairSemAcquire, FairSemKeyAcquire, SemAcquire, SemExtend, SemKeyAcquire, SemKeyExtend,
+    SemKeyRelease, SemRelease,
+};
 use crate::engine::Vote;
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Reply};
@@ -53,7 +56,8 @@ pub(crate) enum Keys<'a> {
         keys: &'a SemKeys,
         /// How many holders the semaphore admits.
         permits: u32,
-        /// How many holders each node admits (its slots).
+        /// How many holders each node admits (its slots); with 1, a node's slot is one string
+        /// key, taken and released as a mutex's key is.
         capacity: u32,
         /// How many nodes must admit a holder.
         quorum: usize,
@@ -294,6 +298,18 @@ impl<'a> Spec<'a> {
                     intent_ms,
                 }),
                 Keys::All(keys) => f(&ReleaseAll::new(keys, ids.token)),
+                Keys::Semaphore {
+                    resource,
+                    keys,
+                    permits,
+                    capacity: 1,
+                    ..
+                } => f(&SemKeyRelease {
+                    resource,
+                    key: keys.holders(),
+                    token: ids.token,
+                    permits,
+                }),
                 Keys::Semaphore { resource, keys, .. } => f(&SemRelease {
                     resource,
                     holders: keys.holders(),
@@ -385,6 +401,17 @@ impl<'a> Spec<'a> {
                     token,
                     ttl_ms,
                 }),
+                Keys::Semaphore {
+                    keys,
+                    permits,
+                    capacity: 1,
+                    ..
+                } => f(&SemKeyExtend {
+                    key: keys.holders(),
+                    token,
+                    ttl_ms,
+                    permits,
+                }),
                 Keys::Semaphore { keys, .. } => f(&SemExtend {
                     holders: keys.holders(),
                     token,
@@ -405,6 +432,18 @@ impl<'a> Spec<'a> {
                     token,
                 }),
                 Keys::All(keys) => f(&ReleaseAll::new(keys, token)),
+                Keys::Semaphore {
+                    resource,
+                    keys,
+                    permits,
+                    capacity: 1,
+                    ..
+                } => f(&SemKeyRelease {
+                    resource,
+                    key: keys.holders(),
+                    token,
+                    permits,
+                }),
                 Keys::Semaphore { resource, keys, .. } => f(&SemRelease {
                     resource,
                     holders: keys.holders(),
@@ -505,6 +544,37 @@ impl<'a> Spec<'a> {
                 keys,
                 token,
                 ttl_ms,
+            }),
+            (
+                Keys::Semaphore {
+                    keys,
+                    permits,
+                    capacity: 1,
+                    ..
+                },
+                Some(fair),
+                _,
+            ) => f(&FairSemKeyAcquire {
+                keys,
+                ids,
+                ttl_ms,
+                permits,
+                fair,
+            }),
+            (
+                Keys::Semaphore {
+                    keys,
+                    permits,
+                    capacity: 1,
+                    ..
+                },
+                None,
+                _,
+            ) => f(&SemKeyAcquire {
+                key: keys.holders(),
+                token,
+                ttl_ms,
+                permits,
             }),
             (
                 Keys::Semaphore {

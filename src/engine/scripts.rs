@@ -375,6 +375,13 @@ pub static FAIR_SEM_ACQUIRE: Script = Script::new(code!(concat!(
     lua!("sem_acquire.lua")
 )));
 
+/// A fair acquire of a semaphore's one slot per node, its key: the fair queue's gate, then
+/// `sem_key_acquire.lua` (the unfair acquire is `SET NX PX GET`, without a script).
+pub static FAIR_SEM_KEY_ACQUIRE: Script = Script::new(code!(concat!(
+    fair_gate!("", "false"),
+    lua!("sem_key_acquire.lua")
+)));
+
 announcing!(
     /// A semaphore holder's release (and a lost attempt's cleanup), deleting the set with its
     /// last live holder: `sem_release.lua`.
@@ -508,6 +515,7 @@ pub static SCRIPTS: &[&Script] = &[
     &FENCE_WRITE,
     &SEM_ACQUIRE,
     &FAIR_SEM_ACQUIRE,
+    &FAIR_SEM_KEY_ACQUIRE,
     &SEM_COUNT,
     &SEM_RELEASE,
 ];

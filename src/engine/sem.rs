@@ -16,11 +16,16 @@
 //! - **The trap.** The "majority" quorum with `c = k` admits too many holders for `k ≥ 2`: with `N = 5`,
 //!   `k = 2`, `q = 3`, three holders take 9 of the 10 slots. [`check`] refuses it.
 //!
-//! A node's holders are a sorted set of tokens scored by their expiry on that node's own clock
-//! (as a read-write lock's readers are), with a marker member `=` scored by minus the shape
-//! ([`shape_arg`]: `k` when `c = k`, as before there was a choice, and `c + k·2²¹` otherwise),
-//! so that a client asking with other permits or other slots is refused instead of silently
-//! overfilling the node.
+//! With one slot per node (`c = 1`), a node's part of a permit is one string key, taken and
+//! given back as a mutex takes its key ([`SemKeyAcquire`]: `SET key value NX PX ttl GET`,
+//! [`SemKeyRelease`], [`SemKeyExtend`]), whose value is the holder's token followed by a
+//! [`Mark`] (`:sem:` and `k`): a key admits one live holder, and it expires on the node's own
+//! clock. With more, a node's holders are a sorted set of tokens scored by their expiry on that
+//! node's own clock (as a read-write lock's readers are), with a marker member `=` scored by
+//! minus the shape ([`shape_arg`]: `k` when `c = k`, as before there was a choice, and
+//! `c + k·2²¹` otherwise). Either way a client asking with other permits or other slots (the
+//! other representation answers `WRONGTYPE`) is refused instead of silently overfilling the
+//! node.
 #![forbid(unsafe_code)]
 
 use std::time::Instant;
@@ -30,10 +35,12 @@ use crate::engine::keys::{self, SemKeys};
 use crate::engine::machine::{Machine, Tag, To, Transmit, What};
 use crate::engine::ops::{error_verdict, int_verdict, write_eval, Arg, Caps, Op, ScriptForm};
 use crate::engine::ops::{server_error, Verdict};
-pub use crate::engine::scripts::{FAIR_SEM_ACQUIRE, SEM_ACQUIRE, SEM_COUNT, SEM_RELEASE};
+pub use crate::engine::scripts::{
+    FAIR_SEM_ACQUIRE, FAIR_SEM_KEY_ACQUIRE, SEM_ACQUIRE, SEM_COUNT, SEM_RELEASE,
+};
 use crate::engine::Vote;
 use crate::error::{InvalidArgument, NodeErrorKind};
-use crate::resp::Reply;
+use crate::resp::{Reply, ServerErrorKind};
 use crate::rng::Entropy;
 
 /// The most permits a semaphore may have: far beyond any real use, and small enough that
@@ -203,13 +210,323 @@ pub(crate) const MISMATCH: &[u8] = b"ERR redlock-mux semaphore has ";
 /// as a setup failure of that node, so that it ends the acquisition instead of being retried.
 fn classify_acquire(reply: &Reply<'_>, other: impl Fn(&Reply<'_>) -> Verdict) -> Verdict {
     match reply {
-        Reply::Error(m) if m.starts_with(MISMATCH) => {
+        Reply::Error(m)
+            if m.starts_with(MISMATCH) || ServerErrorKind::of(m) == ServerErrorKind::WrongType =>
+        {
             Verdict::Vote(Vote::Failed(NodeErrorKind::Setup {
                 command: "semaphore",
                 cause: Box::new(server_error(m)),
             }))
         }
         other_reply => other(other_reply),
+    }
+}
+
+/// What a one-slot semaphore's key holds after the holder's token: `:sem:` and the permits,
+/// so that a client that asks with other permits, or another lock on the same key name, is
+/// told apart from a holder of the same semaphore (a sorted set there, the shape with more
+/// slots per node or an older version, answers `WRONGTYPE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    buf: [u8; 16],
+    len: u8,
+}
+
+impl Mark {
+    const HEAD: &'static [u8] = b":sem:";
+
+    /// The mark of a semaphore of `permits` permits.
+    pub fn new(permits: u32) -> Mark {
+        let mut buf = [0u8; 16];
+        let head = Self::HEAD.len();
+        buf[..head].copy_from_slice(Self::HEAD);
+        // At most 10 digits after the 5 bytes of the head.
+        let mut digits = [0u8; 10];
+        let (mut n, mut i) = (permits, digits.len());
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let len = head + digits.len() - i;
+        buf[head..len].copy_from_slice(&digits[i..]);
+        Mark {
+            buf,
+            len: len as u8,
+        }
+    }
+
+    /// The mark's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+
+    /// The permits a key's value says, when it is a one-slot semaphore's (a token, then a mark).
+    pub fn permits_of(value: &[u8]) -> Option<u32> {
+        let at = value
+            .windows(Self::HEAD.len())
+            .rposition(|w| w == Self::HEAD)?;
+        let digits = &value[at + Self::HEAD.len()..];
+        if at == 0 || digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(digits).ok()?.parse().ok()
+    }
+}
+
+/// Writes `token ++ mark` as one bulk string: the value a one-slot semaphore's key holds.
+fn write_value(out: &mut Vec<u8>, token: &[u8], mark: &Mark) {
+    crate::resp::write_bulk_parts(out, &[token, mark.as_bytes()]);
+}
+
+/// Whether `value` is `token ++ mark`.
+fn is_value(value: &[u8], token: &[u8], mark: &Mark) -> bool {
+    value.len() == token.len() + mark.as_bytes().len()
+        && value.starts_with(token)
+        && value.ends_with(mark.as_bytes())
+}
+
+/// A setup failure of the node for a semaphore key that holds something else than a holder of
+/// this semaphore, with what it holds (`has`).
+fn mismatch(has: &str, permits: u32) -> Verdict {
+    let message = format!(
+        "{}{has}, not {permits} permits, 1 per node",
+        String::from_utf8_lossy(MISMATCH)
+    );
+    Verdict::Vote(Vote::Failed(NodeErrorKind::Setup {
+        command: "semaphore",
+        cause: Box::new(server_error(message.as_bytes())),
+    }))
+}
+
+/// A one-slot semaphore's acquire on one node: `SET key token++mark NX PX ttl GET`, the
+/// mutex's command with the old value back. Nil is a grant; a holder of the same semaphore is a
+/// refusal; a sorted set (`WRONGTYPE`: more slots per node, or an older version), other
+/// permits, or a value no semaphore wrote is a configuration error, never contention.
+#[derive(Debug, Clone, Copy)]
+pub struct SemKeyAcquire<'a> {
+    /// The semaphore's key on each node.
+    pub key: &'a [u8],
+    /// This attempt's token.
+    pub token: &'a [u8],
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// The semaphore's permits.
+    pub permits: u32,
+}
+
+impl Op for SemKeyAcquire<'_> {
+    fn encode(&self, out: &mut Vec<u8>, _form: ScriptForm) {
+        let mark = Mark::new(self.permits);
+        crate::resp::write_array_len(out, 7);
+        crate::resp::write_bulk(out, b"SET");
+        crate::resp::write_bulk(out, self.key);
+        write_value(out, self.token, &mark);
+        crate::resp::write_bulk(out, b"NX");
+        crate::resp::write_bulk(out, b"PX");
+        crate::resp::write_bulk_u64(out, self.ttl_ms);
+        crate::resp::write_bulk(out, b"GET");
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        let mark = Mark::new(self.permits);
+        match reply {
+            Reply::Bulk(None) => Verdict::Vote(Vote::Yes),
+            // Our own value: this attempt's command went through before (its reply was lost).
+            Reply::Bulk(Some(v)) if is_value(v, self.token, &mark) => Verdict::Vote(Vote::Yes),
+            Reply::Bulk(Some(v)) => match Mark::permits_of(v) {
+                Some(k) if k == self.permits => Verdict::Vote(Vote::No),
+                Some(k) => mismatch(&format!("{k} permits, 1 per node"), self.permits),
+                None => mismatch("another lock there", self.permits),
+            },
+            Reply::Error(m) if ServerErrorKind::of(m) == ServerErrorKind::WrongType => {
+                mismatch("more than 1 per node", self.permits)
+            }
+            Reply::Error(m) => error_verdict(m),
+            _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+        }
+    }
+}
+
+/// [`SemKeyAcquire`] behind the fair queue, where only the head goes: [`FAIR_SEM_KEY_ACQUIRE`].
+#[derive(Debug)]
+pub struct FairSemKeyAcquire<'a> {
+    /// The semaphore's keys.
+    pub keys: &'a SemKeys,
+    /// This attempt's token, and the waiter's queue entry.
+    pub ids: AttemptIds<'a>,
+    /// TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// The semaphore's permits.
+    pub permits: u32,
+    /// Place in the queue, kept across attempts.
+    pub fair: &'a FairState,
+}
+
+impl Op for FairSemKeyAcquire<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        let mark = Mark::new(self.permits);
+        write_eval_head(out, &FAIR_SEM_KEY_ACQUIRE, form, 3, 7);
+        for key in [
+            self.keys.holders(),
+            self.keys.queue(),
+            self.keys.queue_expiries(),
+        ] {
+            crate::resp::write_bulk(out, key);
+        }
+        write_value(out, self.ids.token, &mark);
+        crate::resp::write_bulk_u64(out, self.ttl_ms);
+        crate::resp::write_bulk(out, mark.as_bytes());
+        self.fair.write_queue_args(out, self.ids);
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        classify_acquire(reply, |r| self.fair.classify(r))
+    }
+
+    fn queue_rank(&self, reply: &Reply<'_>) -> Option<u32> {
+        crate::engine::fair::queued_rank(reply)
+    }
+}
+
+/// A one-slot semaphore's release, and the cleanup of a lost attempt or of a grant beyond the
+/// quorum: the mutex's compare-and-delete of `token ++ mark`, announced on the semaphore's wake
+/// channel. `DELEX key IFEQ value` in a transaction with the announcement where the node has
+/// it (Redis 8.4), the `RELEASE` script elsewhere. Every integer is an acknowledgement (0: the
+/// value was not there), and so is `WRONGTYPE` (a sorted set there holds nothing of ours).
+#[derive(Debug, Clone, Copy)]
+pub struct SemKeyRelease<'a> {
+    /// The resource key, whose wake channel announces the release.
+    pub resource: &'a [u8],
+    /// The semaphore's key on each node.
+    pub key: &'a [u8],
+    /// The holder's token.
+    pub token: &'a [u8],
+    /// The semaphore's permits.
+    pub permits: u32,
+}
+
+impl Op for SemKeyRelease<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        self.encode_for(out, form, Caps::default());
+    }
+
+    fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
+        let mark = Mark::new(self.permits);
+        let channel = keys::wake_channel_for(self.resource, keys::Family::Semaphore, caps.sharded);
+        if !caps.delex {
+            let script = crate::engine::scripts::RELEASE.announcing(caps.sharded);
+            crate::resp::write_array_len(out, 6);
+            match form {
+                ScriptForm::Sha => {
+                    crate::resp::write_bulk(out, b"EVALSHA");
+                    crate::resp::write_bulk(out, &script.sha);
+                }
+                ScriptForm::Body => {
+                    crate::resp::write_bulk(out, b"EVAL");
+                    crate::resp::write_bulk(out, script.body.as_bytes());
+                }
+            }
+            crate::resp::write_bulk(out, b"1");
+            crate::resp::write_bulk(out, self.key);
+            write_value(out, self.token, &mark);
+            channel.write_bulk(out);
+            return 0;
+        }
+        crate::resp::encode_command(out, &[b"MULTI"]);
+        crate::resp::write_array_len(out, 4);
+        crate::resp::write_bulk(out, b"DELEX");
+        crate::resp::write_bulk(out, self.key);
+        crate::resp::write_bulk(out, b"IFEQ");
+        write_value(out, self.token, &mark);
+        crate::resp::write_array_len(out, 3);
+        crate::resp::write_bulk(
+            out,
+            if caps.sharded {
+                b"SPUBLISH"
+            } else {
+                b"PUBLISH"
+            },
+        );
+        channel.write_bulk(out);
+        crate::resp::write_bulk(out, &self.token[..self.token.len().min(16)]);
+        crate::resp::encode_command(out, &[b"EXEC"]);
+        3
+    }
+
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        match reply {
+            // `[DELEX's reply, PUBLISH's reply]`: the release is `DELEX`'s.
+            Reply::Array(Some(items)) => match items.as_slice() {
+                [delex, Reply::Integer(_)] => ack_verdict(delex),
+                [_, Reply::Error(m)] => error_verdict(m),
+                _ => Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply)),
+            },
+            other => ack_verdict(other),
+        }
+    }
+}
+
+/// Every integer a delete answers acknowledges a release (0: nothing of ours there), and so
+/// does `WRONGTYPE`; any other error is a failure, never an acknowledgement.
+fn ack_verdict(reply: &Reply<'_>) -> Verdict {
+    match reply {
+        Reply::Integer(n) if *n >= 0 => Verdict::Vote(Vote::Yes),
+        Reply::Error(m) if ServerErrorKind::of(m) == ServerErrorKind::WrongType => {
+            Verdict::Vote(Vote::Yes)
+        }
+        other => int_verdict(other),
+    }
+}
+
+/// A one-slot semaphore's extend: the mutex's compare-and-`PEXPIRE` ([`EXTEND`]) of
+/// `token ++ mark`.
+///
+/// [`EXTEND`]: crate::engine::scripts::EXTEND
+#[derive(Debug, Clone, Copy)]
+pub struct SemKeyExtend<'a> {
+    /// The semaphore's key on each node.
+    pub key: &'a [u8],
+    /// The holder's token.
+    pub token: &'a [u8],
+    /// The new TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// The semaphore's permits.
+    pub permits: u32,
+}
+
+impl Op for SemKeyExtend<'_> {
+    fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
+        let mark = Mark::new(self.permits);
+        let script = &crate::engine::scripts::EXTEND;
+        crate::resp::write_array_len(out, 6);
+        match form {
+            ScriptForm::Sha => {
+                crate::resp::write_bulk(out, b"EVALSHA");
+                crate::resp::write_bulk(out, &script.sha);
+            }
+            ScriptForm::Body => {
+                crate::resp::write_bulk(out, b"EVAL");
+                crate::resp::write_bulk(out, script.body.as_bytes());
+            }
+        }
+        crate::resp::write_bulk(out, b"1");
+        crate::resp::write_bulk(out, self.key);
+        write_value(out, self.token, &mark);
+        crate::resp::write_bulk_u64(out, self.ttl_ms);
+    }
+
+    /// `WRONGTYPE`: the key holds a sorted set, so not our token.
+    fn classify(&self, reply: &Reply<'_>) -> Verdict {
+        match reply {
+            Reply::Error(m) if ServerErrorKind::of(m) == ServerErrorKind::WrongType => {
+                Verdict::Vote(Vote::No)
+            }
+            other => int_verdict(other),
+        }
     }
 }
 
@@ -460,7 +777,12 @@ impl Machine for Census<'_> {
     }
 
     fn encode(&self, t: &Transmit, _caps: Caps, out: &mut Vec<u8>) -> usize {
-        write_eval(out, &SEM_COUNT, t.form, &[self.holders], &[]);
+        if self.slots == 1 {
+            // One slot per node is one key, whose TTL is its holder's.
+            crate::resp::encode_command(out, &[b"EXISTS", self.holders]);
+        } else {
+            write_eval(out, &SEM_COUNT, t.form, &[self.holders], &[]);
+        }
         0
     }
 
@@ -612,6 +934,103 @@ mod tests {
             fence: None,
         };
         assert_eq!((mutex.quorum(5), mutex.release_quorum(5)), (3, 3));
+    }
+
+    #[test]
+    fn a_one_slot_key_holds_the_token_then_the_permits() {
+        assert_eq!(Mark::new(2).as_bytes(), b":sem:2");
+        assert_eq!(Mark::new(MAX_PERMITS).as_bytes(), b":sem:1048576");
+        assert_eq!(Mark::new(u32::MAX).as_bytes(), b":sem:4294967295");
+        assert_eq!(Mark::permits_of(b"abc:sem:2"), Some(2));
+        assert_eq!(Mark::permits_of(b"a:sem:x:sem:17"), Some(17));
+        for not in [&b":sem:2"[..], b"abc", b"abc:sem:", b"abc:sem:2x", b""] {
+            assert_eq!(Mark::permits_of(not), None, "{not:?}");
+        }
+        let op = SemKeyAcquire {
+            key: b"{sem:k}:s",
+            token: b"tok",
+            ttl_ms: 1000,
+            permits: 2,
+        };
+        let mut out = Vec::new();
+        op.encode(&mut out, ScriptForm::Sha);
+        assert_eq!(
+            out,
+            b"*7\r\n$3\r\nSET\r\n$9\r\n{sem:k}:s\r\n$9\r\ntok:sem:2\r\n$2\r\nNX\r\n$2\r\nPX\r\n$4\r\n1000\r\n$3\r\nGET\r\n"
+        );
+        let setup = |v: &Verdict| {
+            matches!(
+                v,
+                Verdict::Vote(Vote::Failed(NodeErrorKind::Setup {
+                    command: "semaphore",
+                    ..
+                }))
+            )
+        };
+        assert_eq!(op.classify(&Reply::Bulk(None)), Verdict::Vote(Vote::Yes));
+        // Its own value: the command went through before.
+        assert_eq!(
+            op.classify(&Reply::Bulk(Some(b"tok:sem:2"))),
+            Verdict::Vote(Vote::Yes)
+        );
+        assert_eq!(
+            op.classify(&Reply::Bulk(Some(b"other:sem:2"))),
+            Verdict::Vote(Vote::No)
+        );
+        let k3 = op.classify(&Reply::Bulk(Some(b"other:sem:3")));
+        assert!(setup(&k3), "{k3:?}");
+        assert!(format!("{k3:?}").contains("has 3 permits, 1 per node, not 2 permits"));
+        assert!(setup(&op.classify(&Reply::Bulk(Some(b"a-mutex-token")))));
+        let wrong = b"WRONGTYPE Operation against a key holding the wrong kind of value";
+        assert!(setup(&op.classify(&Reply::Error(wrong))));
+        // Any other error is the node's failure, not a configuration error.
+        let readonly = op.classify(&Reply::Error(b"READONLY You can't write"));
+        assert!(
+            matches!(readonly, Verdict::Vote(Vote::Failed(_))) && !setup(&readonly),
+            "{readonly:?}"
+        );
+        assert!(matches!(
+            op.classify(&Reply::Simple(b"OK")),
+            Verdict::Vote(Vote::Failed(NodeErrorKind::UnexpectedReply))
+        ));
+        // The release: every integer and WRONGTYPE acknowledge it, an error does not.
+        let release = SemKeyRelease {
+            resource: b"k",
+            key: b"{sem:k}:s",
+            token: b"tok",
+            permits: 2,
+        };
+        for ack in [Reply::Integer(0), Reply::Integer(1), Reply::Error(wrong)] {
+            assert_eq!(release.classify(&ack), Verdict::Vote(Vote::Yes));
+        }
+        assert!(matches!(
+            release.classify(&Reply::Error(b"READONLY You can't write")),
+            Verdict::Vote(Vote::Failed(_))
+        ));
+        let mut out = Vec::new();
+        assert_eq!(
+            release.encode_for(&mut out, ScriptForm::Sha, Caps::default()),
+            0
+        );
+        assert!(out.starts_with(b"*6\r\n$7\r\nEVALSHA\r\n"));
+        assert!(out.windows(9).any(|w| w == b"tok:sem:2"));
+        let delex = Caps {
+            delex: true,
+            ..Caps::default()
+        };
+        let mut out = Vec::new();
+        assert_eq!(release.encode_for(&mut out, ScriptForm::Sha, delex), 3);
+        assert!(out
+            .windows(36)
+            .any(|w| w == b"$5\r\nDELEX\r\n$9\r\n{sem:k}:s\r\n$4\r\nIFEQ\r\n"));
+        assert!(out.ends_with(b"*1\r\n$4\r\nEXEC\r\n"));
+        assert_eq!(
+            release.classify(&Reply::Array(Some(vec![
+                Reply::Integer(1),
+                Reply::Integer(0)
+            ]))),
+            Verdict::Vote(Vote::Yes)
+        );
     }
 
     #[test]

@@ -1996,6 +1996,29 @@ static void test_semaphores(redlock_mux_client *client, int count) {
     redlock_mux_lock_free(p1);
     redlock_mux_lock_free(NULL);
 
+    /* One permit: one slot per node, one key on each node, as a mutex keeps it. */
+    {
+        static const uint8_t one[] = "c-api-sem1";
+        redlock_mux_lock *a = NULL, *b = SENTINEL(redlock_mux_lock, 0);
+        uint8_t ta[REDLOCK_MUX_TOKEN_LEN];
+        CHECK_OK(redlock_mux_client_try_acquire_permit(client, one, 10, 1, 10000, &a));
+        CHECK_RESULT(redlock_mux_client_try_acquire_permit(client, one, 10, 1, 10000, &b),
+                     REDLOCK_MUX_CONTENDED);
+        /* Two permits there are a sorted set's shape: misconfigured, not contended. */
+        CHECK_RESULT(redlock_mux_client_try_acquire_permit(client, one, 10, 2, 10000, &b),
+                     REDLOCK_MUX_CONFIG);
+        CHECK(b == SENTINEL(redlock_mux_lock, 0));
+        CHECK_OK(redlock_mux_lock_extend(a, 20000));
+        CHECK_OK(redlock_mux_lock_token(a, ta, sizeof ta, &n));
+        b = NULL;
+        CHECK_OK(redlock_mux_client_resume_permit(client, one, 10, 1, ta, n, 10000, &b));
+        CHECK_OK(redlock_mux_lock_release(b));
+        redlock_mux_lock_free(b);
+        redlock_mux_lock_free(a);
+        CHECK_OK(redlock_mux_client_semaphore_available(client, one, 10, 1, &available));
+        CHECK(available == 1);
+    }
+
     CHECK_OK(redlock_mux_client_stats(client, &s));
     CHECK(s.semaphore.won >= 3 && s.semaphore.contended >= 1);
 }

@@ -7,7 +7,8 @@
 //! - `read`, `write`: read and write locks next to `rawQ-rw` ([`crate::raw::RawQRw`], the ideal
 //!   client of the read-write lock design: its scripts by `EVALSHA` to all N sockets at once,
 //!   returning at the quorum) and to the library's own mutex.
-//! - `semaphore`: a semaphore of 2 permits (its quorum is 4 of 5 nodes) next to the mutex.
+//! - `semaphore`: a semaphore of 2 permits next to the mutex (at N = 5 one slot per node, one
+//!   key per node taken with the mutex's own command, and a quorum of 2 of 5 nodes).
 //! - `downgrade`: a write lock's downgrade next to a mutex extend.
 //! - `handoff`: threads contending for one lock, each holding it for 1 ms; the figure is the
 //!   gap from one thread's release to another's acquire.
@@ -75,8 +76,9 @@ Modes:
   write     write locks likewise (the design's write acquire script; release by
             compare-and-delete)
   semaphore permits of a 2-permit semaphore next to the mutex, in rotating
-            blocks, at N = 1, 3 and 5 (with one slot per node at N = 5, its
-            quorum is 2 of 5 nodes, where the mutex needs 3; 3 of 3 at N = 3)
+            blocks, at N = 1, 3 and 5 (with one slot per node at N = 5, one key
+            per node as the mutex's, its quorum is 2 of 5 nodes, where the mutex
+            needs 3, and a release needs 4; 3 of 3 at N = 3)
   downgrade a write lock's downgrade to a read lock next to a mutex extend
             (each one round on held locks), in alternating blocks, at N = 1,
             3 and 5

@@ -13,17 +13,22 @@
 --
 -- Returns 1 when the holder went in, 0 when every slot is taken, and (fair only) 2 + rank when
 -- refused with the waiter queued (see fair_gate.lua). Fails when the semaphore was created here
--- with another shape: clients that disagree on it would together admit more holders than
--- either allows.
+-- with another shape (or the key is a string: one slot per node, or another lock): clients
+-- that disagree on it would together admit more holders than either allows.
 local shape = tonumber(ARGV[3])
 local cap = shape % 2097152
-local mark = redis.call('zscore', KEYS[1], '=')
+local function says(s)
+  if s < 2097152 then return tostring(s) .. ' permits' end
+  return tostring((s - s % 2097152) / 2097152) .. ' permits, ' .. tostring(s % 2097152) ..
+    ' per node'
+end
+local mark = redis.pcall('zscore', KEYS[1], '=')
+-- A string there (WRONGTYPE): the key of a semaphore with one slot per node, or another lock.
+if type(mark) == 'table' then
+  return redis.error_reply('ERR redlock-mux semaphore has 1 per node or another lock, not ' ..
+    says(shape))
+end
 if mark and -tonumber(mark) ~= shape then
-  local function says(s)
-    if s < 2097152 then return tostring(s) .. ' permits' end
-    return tostring((s - s % 2097152) / 2097152) .. ' permits, ' .. tostring(s % 2097152) ..
-      ' per node'
-  end
   return redis.error_reply('ERR redlock-mux semaphore has ' .. says(-tonumber(mark)) ..
     ', not ' .. says(shape))
 end

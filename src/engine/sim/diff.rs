@@ -21,7 +21,8 @@ use crate::engine::rw::{
     SetRelease, WriteAcquire, WriteCleanup, WriteExtend, WriteRelease,
 };
 use crate::engine::sem::{
-    FairSemAcquire, SemAcquire, SemExtend, SemRelease, MISMATCH as SEM_MISMATCH, SEM_COUNT,
+    FairSemAcquire, FairSemKeyAcquire, SemAcquire, SemExtend, SemKeyAcquire, SemKeyExtend,
+    SemKeyRelease, SemRelease, MISMATCH as SEM_MISMATCH, SEM_COUNT,
 };
 use crate::resp::{self, Limits, ServerErrorKind, Status, Value};
 
@@ -195,6 +196,10 @@ fn simulated_node_answers_like_redis_server() {
         command(&[b"EXISTS", b"rw:a"]),
         command(&[b"SET", b"k", b"v", b"PX", b"0"]),
         command(&[b"SET", b"k", b"v", b"NX", b"PX", b"x1"]),
+        command(&[b"SET", b"k", b"v", b"NX", b"PX", b"1000", b"GET"]),
+        command(&[b"SET", b"k", b"w", b"NX", b"PX", b"1000", b"GET"]),
+        command(&[b"SET", b"rw:a", b"v", b"NX", b"PX", b"1000", b"GET"]),
+        command(&[b"SET", b"k", b"x", b"PX", b"1000", b"GET"]),
         command(&[b"EVALSHA", b"0123", b"0"]),
     ] {
         pair.same(&cmd, &String::from_utf8_lossy(&cmd));
@@ -519,7 +524,7 @@ fn every_lock_script_answers_like_redis_server() {
     // Semaphores: acquires with a shape that sometimes disagrees with the marker, fair
     // waiters, extends, releases, leaves and counts.
     let sems = [SemKeys::new(b"sem:a"), SemKeys::new(b"{sem}:b")];
-    let mut sem_kinds = [0usize; 7];
+    let mut sem_kinds = [0usize; 11];
     for i in 0..400 {
         let token = tokens[rng.below(3) as usize];
         let w = rng.below(3) as usize;
@@ -541,8 +546,10 @@ fn every_lock_script_answers_like_redis_server() {
         } else {
             ScriptForm::Body
         };
-        let kind = rng.below(7) as usize;
+        let kind = rng.below(11) as usize;
         sem_kinds[kind] += 1;
+        // One slot per node: the key of 2 permits, now and then 1 (another number of permits).
+        let permits = if rng.chance(0.1) { 1 } else { 2 };
         let what = format!("semaphore op {i} ({kind})");
         match kind {
             0 | 1 => {
@@ -598,6 +605,48 @@ fn every_lock_script_answers_like_redis_server() {
                     waiter: tokens[w],
                 };
                 pair.same(&encode(&op, form), &what);
+            }
+            7 => {
+                let op = SemKeyAcquire {
+                    key: s.holders(),
+                    token,
+                    ttl_ms,
+                    permits,
+                };
+                pair.same(&encode(&op, form), &what);
+            }
+            8 => {
+                let fair = FairState::new([7, 7, 3][w] + rng.below(2), ttl_ms, Duration::ZERO);
+                if rng.chance(0.5) {
+                    fair.on_retry(Duration::ZERO);
+                }
+                let op = FairSemKeyAcquire {
+                    keys: s,
+                    ids,
+                    ttl_ms,
+                    permits,
+                    fair: &fair,
+                };
+                pair.same(&encode(&op, form), &what);
+            }
+            9 => {
+                let op = SemKeyExtend {
+                    key: s.holders(),
+                    token,
+                    ttl_ms,
+                    permits,
+                };
+                pair.same(&encode(&op, form), &what);
+            }
+            10 => {
+                let op = SemKeyRelease {
+                    resource: b"sem",
+                    key: s.holders(),
+                    token,
+                    permits,
+                };
+                pair.same(&encode(&op, form), &what);
+                pair.same(&command(&[b"GET", s.holders()]), &what);
             }
             _ => {
                 let mut count = Vec::new();

@@ -212,14 +212,20 @@ impl Node {
         self.data.values().any(|e| matches!(e.data, Data::Hash(_)))
     }
 
-    /// Whether the key `key` holds `token` live: as its string value, as a hash field that has
+    /// Whether the key `key` holds `token` live: as its string value (followed by a one-slot
+    /// semaphore's mark, or not), as a hash field that has
     /// not expired, or as a member of a sorted set scored by an expiry still ahead (a reader,
     /// a semaphore holder).
     pub fn holds_token(&mut self, now_ms: i64, key: &[u8], token: &[u8]) -> bool {
         self.now = now_ms;
         let now = now_ms;
         match self.entry(key).map(|e| &e.data) {
-            Some(Data::Str(v)) => v == token,
+            // A one-slot semaphore's key holds the token followed by its mark.
+            Some(Data::Str(v)) => {
+                v == token
+                    || v.strip_prefix(token)
+                        .is_some_and(|mark| mark.starts_with(b":sem:"))
+            }
             Some(Data::Hash(h)) => h.get(token).is_some_and(|(_, at)| !field_expired(*at, now)),
             Some(Data::ZSet(z)) => z.get(token).is_some_and(|s| *s > now as f64),
             None => false,
@@ -368,16 +374,17 @@ impl Node {
         r.unwrap_or_else(|e| e)
     }
 
-    /// `SET key value [NX|XX] [PX ms|EX s]`
+    /// `SET key value [NX|XX] [PX ms|EX s] [GET]`
     fn set_command(&mut self, args: &[&[u8]]) -> Value {
         let (key, value) = (args[0], args[1]);
-        let (mut nx, mut xx, mut px) = (false, false, None);
+        let (mut nx, mut xx, mut px, mut get) = (false, false, None, false);
         let mut i = 2;
         while i < args.len() {
             let opt = args[i].to_ascii_uppercase();
             match opt.as_slice() {
                 b"NX" if !xx => nx = true,
                 b"XX" if !nx => xx = true,
+                b"GET" if !get => get = true,
                 b"PX" | b"EX" if px.is_none() && i + 1 < args.len() => {
                     i += 1;
                     let Some(n) = parse_i64(args[i]) else {
@@ -397,9 +404,19 @@ impl Node {
             }
             i += 1;
         }
+        // With GET, the old value comes back (nil when there was none), and a key that holds
+        // something other than a string is refused before anything is written.
+        let old = if get {
+            match self.get(key) {
+                Ok(v) => Value::Bulk(v.map(<[u8]>::to_vec)),
+                Err(e) => return e,
+            }
+        } else {
+            Value::Bulk(None)
+        };
         let exists = self.entry(key).is_some();
         if (nx && exists) || (xx && !exists) {
-            return Value::Bulk(None);
+            return old;
         }
         self.data.insert(
             key.to_vec(),
@@ -408,6 +425,9 @@ impl Node {
                 expire_at: px.map(|ms| self.now.saturating_add(ms)),
             },
         );
+        if get {
+            return old;
+        }
         Value::Simple(b"OK".to_vec())
     }
 
