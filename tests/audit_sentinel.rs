@@ -493,3 +493,120 @@ fn a_stale_only_sentinel_is_followed_once_it_names_the_master() {
     assert!(got.is_ok(), "{got:?}");
     assert_settles_eq!(dbsize(master.addr()), 0, "a key was left on the master");
 }
+
+/// `total_connections_received` of the server at `addr`.
+fn connections_received(addr: SocketAddr) -> u64 {
+    let Value::Bulk(Some(text)) = cmd(addr, &[b"INFO", b"stats"]) else {
+        panic!("INFO stats on {addr}");
+    };
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_connections_received")
+}
+
+/// `?wait=N` with N above the replicas a master has: `WAIT` answers a short count after the
+/// node timeout. Every grant fails (never a vote), within a bound of the node timeout, the
+/// grants it wrote are cleaned up on the masters and on their replicas, and the connection
+/// is kept (a `WAIT` that runs out is an answer, not a dead peer).
+#[test]
+fn wait_above_the_replicas_never_votes_and_leaves_nothing() {
+    let pairs: Vec<(RedisServer, RedisServer)> = (0..3).map(|_| master_with_replica()).collect();
+    let urls: Vec<String> = pairs
+        .iter()
+        .map(|(m, _)| format!("{}?wait=2", m.url()))
+        .collect();
+    let node_timeout = ms(300);
+    let c = one_try_client(&urls, node_timeout);
+    // Warm: the connections are open.
+    let _ = c.try_lock("audit:wait:warm", TTL);
+    let before: Vec<u64> = pairs
+        .iter()
+        .map(|(m, _)| connections_received(m.addr()))
+        .collect();
+    let mut took = Vec::new();
+    for i in 0..5 {
+        let started = Instant::now();
+        match c.try_lock(format!("audit:wait:{i}"), TTL) {
+            Err(Error::QuorumUnreachable { failures, .. }) => {
+                for f in &failures {
+                    assert!(
+                        format!("{:?}", f.kind).contains("NOREPLICAS"),
+                        "{failures:?}"
+                    );
+                }
+            }
+            other => panic!("a grant with WAIT 2 and one replica: {other:?}"),
+        }
+        took.push(started.elapsed());
+    }
+    println!("try_lock with WAIT 2 on one replica, node timeout {node_timeout:?}: {took:?}");
+    for t in &took {
+        assert!(*t < node_timeout * 3, "{took:?}");
+    }
+    let after: Vec<u64> = pairs
+        .iter()
+        .map(|(m, _)| connections_received(m.addr()))
+        .collect();
+    println!("connections received by the masters during 5 attempts: {before:?} -> {after:?}");
+    for (m, r) in &pairs {
+        assert_settles_eq!(dbsize(m.addr()), 0, "a key was left on {}", m.addr());
+        assert_settles_eq!(dbsize(r.addr()), 0, "a key was left on {}", r.addr());
+    }
+    // The probe that reads the count is one connection.
+    let opened: Vec<u64> = before.iter().zip(&after).map(|(b, a)| a - b - 1).collect();
+    assert_eq!(opened, [0, 0, 0], "connections were opened again");
+}
+
+/// `?wait=1` and the replica stops (SIGSTOP) while locks are held: a release queued behind a
+/// `WAIT` that runs to the node timeout is never reported done unless it was; every key is
+/// gone once every release returned Ok and the client idled.
+#[test]
+fn releases_behind_a_blocked_wait_are_honest() {
+    let pairs: Vec<(RedisServer, RedisServer)> = (0..3).map(|_| master_with_replica()).collect();
+    let urls: Vec<String> = pairs
+        .iter()
+        .map(|(m, _)| format!("{}?wait=1", m.url()))
+        .collect();
+    let c = one_try_client(&urls, ms(1000));
+    let held: Vec<_> = (0..8)
+        .map(|i| c.try_lock(format!("audit:held:{i}"), TTL).expect("lock"))
+        .collect();
+    for (_, r) in &pairs {
+        r.pause().expect("pause the replica");
+    }
+    // Grants now block in WAIT for the node timeout; releases are queued behind them.
+    let blocker = {
+        let c = c.clone();
+        thread::spawn(move || {
+            for i in 0..3 {
+                let _ = c.try_lock(format!("audit:blocked:{i}"), TTL);
+            }
+        })
+    };
+    thread::sleep(ms(100));
+    let mut ok = 0;
+    let mut failed = Vec::new();
+    for lock in held {
+        match lock.release() {
+            Ok(()) => ok += 1,
+            Err(e) => failed.push(format!("{e:?}")),
+        }
+    }
+    blocker.join().expect("blocker");
+    println!("releases behind a blocked WAIT: {ok} Ok, failed {failed:?}");
+    for (_, r) in &pairs {
+        r.resume().expect("resume the replica");
+    }
+    // Whatever the releases returned, they were owed: once the replicas are back and the
+    // client idles, nothing is left (well within the 10 s TTL).
+    for (m, _) in &pairs {
+        let clean = eventually(Duration::from_secs(5), || dbsize(m.addr()) == 0);
+        let keys: Vec<String> = keys(m.addr())
+            .iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        assert!(clean, "keys left on {}: {keys:?}", m.addr());
+    }
+}
