@@ -665,3 +665,57 @@ fn the_command_takes_waitaof_urls() {
     }
     assert_settles_eq!(dbsize(master.addr()), 0, "a key was left");
 }
+
+/// `inspect` and `run` with Sentinel URLs: a master the sentinel names is read (exit 0);
+/// sentinels that refuse the credentials are a configuration error (78, at once); sentinels
+/// all down are unavailable (`inspect` 69, `run` 75), within a bound.
+#[test]
+fn the_command_with_sentinel_urls() {
+    let (master, _replica) = master_with_replica();
+    let good = FakeSentinel::start(names(master.addr()));
+    let wrong = FakeSentinel::start(names(master.addr()));
+    wrong.set_auth(b"-WRONGPASS invalid username-password pair or user is disabled.\r\n".to_vec());
+    let gone = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let cases = [
+        (sentinel_url(&[good.addr], "svc", ""), 0, 0),
+        (
+            sentinel_url(&[wrong.addr], "svc", "?sentinel_password=x"),
+            78,
+            78,
+        ),
+        (sentinel_url(&[gone], "svc", ""), 69, 75),
+    ];
+    for (url, inspect, run) in cases {
+        let started = Instant::now();
+        let out = std::process::Command::new(command())
+            .env_remove("REDLOCK_NODES")
+            .args(["inspect", "--nodes", &url, "audit:inspect"])
+            .output()
+            .expect("inspect");
+        println!(
+            "inspect {url}: {:?} in {:?}: {}",
+            out.status.code(),
+            started.elapsed(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        assert_eq!(out.status.code(), Some(inspect), "inspect {url}");
+        let started = Instant::now();
+        let out = std::process::Command::new(command())
+            .env_remove("REDLOCK_NODES")
+            .args(["run", "-w", "1", "--nodes", &url, "audit:run", "--", "true"])
+            .output()
+            .expect("run");
+        println!(
+            "run {url}: {:?} in {:?}: {}",
+            out.status.code(),
+            started.elapsed(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        assert_eq!(out.status.code(), Some(run), "run {url}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    assert_settles_eq!(dbsize(master.addr()), 0, "a key was left");
+}
