@@ -751,3 +751,183 @@ fn close_owes_nothing_to_a_member_never_reached() {
         );
     }
 }
+
+/// Real sentinels, two replicas per member and `?wait=1` (with one replica, the promoted one
+/// has none left and `WAIT 1` grants nothing until the old master is back: see the report).
+/// The masters of two of three members
+/// are killed while 8 threads lock and release one key with a long TTL, a kept lock (keep-alive)
+/// is held throughout, and a second client releases and closes during the failover:
+/// - no two holders (history checker), the kept lock never lost nor taken by another;
+/// - `close` during the failover returns within its documented 10 s;
+/// - the lock is granted again after the promotion;
+/// - once every release returned and the client idled, nothing is left on the surviving
+///   servers (the TTL, 30 s, is far longer than the wait here).
+#[test]
+fn a_failover_with_wait_1_keeps_kept_locks_and_leaves_nothing() {
+    use redlock_mux::KeepAlive;
+    use redlock_mux_kit::history::{History, Kind, Op};
+    use std::sync::atomic::AtomicBool;
+
+    const KEY: &str = "audit:fo";
+    const LONG_TTL: Duration = Duration::from_secs(30);
+    let starting: Vec<_> = (0..3)
+        .map(|_| {
+            thread::spawn(|| {
+                common::sentinel::SentinelMember::start_with(2, None).expect("sentinel member")
+            })
+        })
+        .collect();
+    let mut members: Vec<common::sentinel::SentinelMember> = starting
+        .into_iter()
+        .map(|t| t.join().expect("start"))
+        .collect();
+    let urls: Vec<String> = members.iter().map(|m| m.url("?wait=1")).collect();
+    let client = Client::builder()
+        .nodes(&urls)
+        .node_timeout(ms(300))
+        .retry_delay(ms(20))
+        .wait_timeout(ms(500))
+        .build()
+        .expect("client");
+    let other = one_try_client(&urls, ms(300));
+    let kept = client
+        .try_lock("audit:kept", Duration::from_secs(4))
+        .expect("lock")
+        .keep_alive(KeepAlive::new(Duration::from_secs(4)))
+        .expect("keep alive");
+    let closing = one_try_client(&urls, ms(300));
+    let to_release = closing.try_lock("audit:close", LONG_TTL).expect("lock");
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let grants = Arc::new(Mutex::new(Vec::<(Duration, Duration)>::new()));
+    let hard_stop = origin + Duration::from_secs(60);
+    let workers: Vec<_> = (0..8u64)
+        .map(|id| {
+            let (client, stop, grants) = (client.clone(), stop.clone(), grants.clone());
+            thread::spawn(move || {
+                let mut h = History::default();
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) && Instant::now() < hard_stop && n < 20_000 {
+                    n += 1;
+                    let invoke = origin.elapsed();
+                    let Ok(lock) = client.lock(KEY, LONG_TTL) else {
+                        continue;
+                    };
+                    let ok = origin.elapsed();
+                    grants.lock().unwrap().push((invoke, ok));
+                    let op = h.push(Op {
+                        client: id,
+                        kind: Kind::Mutex,
+                        key: KEY.as_bytes().to_vec(),
+                        invoke,
+                        ok: Some(ok),
+                        fence: None,
+                        valid_until: Some(ok + lock.validity()),
+                        release: None,
+                    });
+                    thread::sleep(ms(1));
+                    h.ops[op].release = Some(origin.elapsed());
+                    // The holder stops using the lock when it releases, whatever the
+                    // release returns (a failed one is owed, or left to the TTL).
+                    let _ = lock.release();
+                }
+                h
+            })
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(10), || !grants
+            .lock()
+            .unwrap()
+            .is_empty()),
+        "no grant before the failover"
+    );
+    thread::sleep(ms(500));
+    let old: Vec<SocketAddr> = members[..2].iter().map(|m| m.servers[0].addr()).collect();
+    for m in &members[..2] {
+        m.servers[0].pause().expect("stop the master");
+    }
+    let killed = origin.elapsed();
+    for m in &mut members[..2] {
+        m.servers[0].kill().expect("kill the master");
+    }
+    let closer = thread::spawn(move || {
+        let released = to_release.release();
+        let started = Instant::now();
+        let closed = closing.close();
+        (released, closed, started.elapsed())
+    });
+    let granted_again = || {
+        grants
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&(invoke, _)| invoke > killed)
+            .map(|&(_, ok)| ok)
+            .min()
+    };
+    let moved =
+        |m: &common::sentinel::SentinelMember, was| m.named_master().is_some_and(|a| a != was);
+    let promoted = eventually(Duration::from_secs(30), || {
+        members[..2].iter().zip(&old).all(|(m, &was)| moved(m, was))
+    });
+    println!(
+        "promoted {promoted} at {:?} after the kill; kept lock lost: {}",
+        origin.elapsed() - killed,
+        kept.is_lost()
+    );
+    let regained = eventually(Duration::from_secs(30), || granted_again().is_some());
+    // Meanwhile nobody else gets the kept lock.
+    let stolen = (0..20).any(|_| {
+        thread::sleep(ms(50));
+        other.try_lock("audit:kept", TTL).is_ok()
+    });
+    thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::SeqCst);
+    let mut h = History::default();
+    for w in workers {
+        h.merge(w.join().expect("worker"));
+    }
+    let (released, closed, close_took) = closer.join().expect("closer");
+    let report = h.check();
+    println!(
+        "killed at {killed:?}: next grant {:?} later; {report}; the kept lock lost: {}; \
+         release during the failover {released:?}, close {closed:?} in {close_took:?}",
+        granted_again().map(|t| t - killed),
+        kept.is_lost()
+    );
+    assert_eq!(report.lock_violations(), 0, "{report}");
+    assert!(regained, "no grant within 30 s of the masters' death");
+    assert!(!stolen, "another client took the kept lock");
+    assert!(
+        !kept.is_lost(),
+        "the kept lock was lost across the failover"
+    );
+    assert!(
+        close_took < Duration::from_secs(12),
+        "close took {close_took:?}"
+    );
+    kept.release().expect("release the kept lock");
+    drop(other);
+    let closed = client.close();
+    println!("close after the failover: {closed:?}");
+    // Every release returned and the client idled: nothing left.
+    thread::sleep(Duration::from_secs(3));
+    let mut left = Vec::new();
+    for m in &members {
+        for s in m.servers.iter().filter(|s| !old.contains(&s.addr())) {
+            for k in keys(s.addr()) {
+                left.push(format!(
+                    "{} on {} (pttl {})",
+                    String::from_utf8_lossy(&k),
+                    s.addr(),
+                    pttl(s.addr(), &k)
+                ));
+            }
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "keys left 3 s after the last release: {left:?}"
+    );
+}
