@@ -931,3 +931,95 @@ fn a_failover_with_wait_1_keeps_kept_locks_and_leaves_nothing() {
         "keys left 3 s after the last release: {left:?}"
     );
 }
+
+/// A release that a quorum acknowledged, while one member's master is down (killed, its
+/// sentinel still naming it): the compare-and-delete is owed to that member. `close` must not
+/// say every release arrived: it returns `Undelivered` naming that member once it made no
+/// progress for 2 s, as it does for a plain node that is down.
+#[test]
+fn close_does_not_say_an_owed_release_arrived() {
+    let mut results = Vec::new();
+    for sentinel in [false, true] {
+        let mut servers: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start().expect("server"))
+            .collect();
+        let fake = FakeSentinel::start(names(servers[0].addr()));
+        let mut urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+        if sentinel {
+            urls[0] = sentinel_url(&[fake.addr], "svc", "");
+        }
+        let c = one_try_client(&urls, ms(300));
+        let lock = c.try_lock("audit:owed", TTL).expect("lock");
+        servers[0].pause().expect("pause");
+        servers[0].kill().expect("kill");
+        let released = lock.release();
+        let started = Instant::now();
+        let closed = c.close();
+        let took = started.elapsed();
+        println!(
+            "{}: release {released:?}, close {closed:?} in {took:?}",
+            if sentinel {
+                "sentinel member"
+            } else {
+                "plain member"
+            }
+        );
+        results.push((sentinel, released.is_ok(), closed));
+        drop(fake);
+    }
+    for (sentinel, released, closed) in results {
+        assert!(released, "the quorum released");
+        assert!(
+            matches!(&closed, Err(Error::Undelivered { failures }) if failures.iter().any(|f| f.node == 0)),
+            "sentinel {sentinel}: close said {closed:?} with a release owed to node 0"
+        );
+    }
+}
+
+/// [`close_does_not_say_an_owed_release_arrived`] with two of three masters down: the release
+/// fails (no quorum), and its compare-and-deletes are owed to both. `close` must not
+/// say every release arrived: it returns `Undelivered` naming that member once it made no
+/// progress for 2 s, as it does for a plain node that is down.
+#[test]
+fn close_does_not_say_a_failed_release_arrived() {
+    let mut results = Vec::new();
+    for sentinel in [false, true] {
+        let mut servers: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start().expect("server"))
+            .collect();
+        let fake = FakeSentinel::start(names(servers[0].addr()));
+        let mut urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+        if sentinel {
+            urls[0] = sentinel_url(&[fake.addr], "svc", "");
+        }
+        let c = one_try_client(&urls, ms(300));
+        let lock = c.try_lock("audit:owed", TTL).expect("lock");
+        for s in &mut servers[..2] {
+            s.pause().expect("pause");
+        }
+        for s in &mut servers[..2] {
+            s.kill().expect("kill");
+        }
+        let released = lock.release();
+        let started = Instant::now();
+        let closed = c.close();
+        let took = started.elapsed();
+        println!(
+            "{}: release {released:?}, close {closed:?} in {took:?}",
+            if sentinel {
+                "sentinel member"
+            } else {
+                "plain member"
+            }
+        );
+        results.push((sentinel, released.is_ok(), closed));
+        drop(fake);
+    }
+    for (sentinel, released, closed) in results {
+        assert!(!released, "no quorum to release");
+        assert!(
+            matches!(&closed, Err(Error::Undelivered { failures }) if failures.iter().any(|f| f.node == 0)),
+            "sentinel {sentinel}: close said {closed:?} with a release owed to node 0"
+        );
+    }
+}
