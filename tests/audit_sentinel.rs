@@ -1023,3 +1023,64 @@ fn close_does_not_say_a_failed_release_arrived() {
         );
     }
 }
+
+/// Real sentinels: the masters of two of three members are killed while a lock with a long
+/// TTL is held; its release fails (no quorum) and is owed to both. `close`, called at once,
+/// must not return `Ok` (every release arrived) before the new masters exist to receive them.
+#[test]
+fn close_during_a_real_failover_is_honest() {
+    let starting: Vec<_> = (0..3)
+        .map(|_| {
+            thread::spawn(|| {
+                common::sentinel::SentinelMember::start_with(1, None).expect("sentinel member")
+            })
+        })
+        .collect();
+    let mut members: Vec<common::sentinel::SentinelMember> = starting
+        .into_iter()
+        .map(|t| t.join().expect("start"))
+        .collect();
+    let urls: Vec<String> = members.iter().map(|m| m.url("")).collect();
+    let c = one_try_client(&urls, ms(300));
+    let lock = c
+        .try_lock("audit:close", Duration::from_secs(30))
+        .expect("lock");
+    // The replicas have the key.
+    for m in &members {
+        assert_settles!(
+            get(m.servers[1].addr(), b"audit:close").is_some(),
+            "replicated"
+        );
+    }
+    let old: Vec<SocketAddr> = members[..2].iter().map(|m| m.servers[0].addr()).collect();
+    for m in &members[..2] {
+        m.servers[0].pause().expect("stop the master");
+    }
+    let killed = Instant::now();
+    for m in &mut members[..2] {
+        m.servers[0].kill().expect("kill the master");
+    }
+    let released = lock.release();
+    let closed = c.close();
+    let closed_at = killed.elapsed();
+    // Right when close returned: where is the key still?
+    let still: Vec<SocketAddr> = members[..2]
+        .iter()
+        .map(|m| m.servers[1].addr())
+        .filter(|&a| get(a, b"audit:close").is_some())
+        .collect();
+    let moved =
+        |m: &common::sentinel::SentinelMember, was| m.named_master().is_some_and(|a| a != was);
+    let promoted = eventually(Duration::from_secs(30), || {
+        members[..2].iter().zip(&old).all(|(m, &was)| moved(m, was))
+    });
+    println!(
+        "release {released:?}; close {closed:?} at {closed_at:?} after the kill; the key \
+         still on {still:?} then; promoted {promoted}"
+    );
+    assert!(promoted);
+    assert!(
+        closed.is_err() || still.is_empty(),
+        "close said Ok at {closed_at:?} with the key still on {still:?}"
+    );
+}
