@@ -120,6 +120,13 @@ impl FakeSentinel {
         subs.len()
     }
 
+    /// Writes raw bytes to every subscriber.
+    fn push_raw(&self, bytes: &[u8]) -> usize {
+        let mut subs = self.subscribers.lock().unwrap();
+        subs.retain_mut(|s| s.write_all(bytes).is_ok());
+        subs.len()
+    }
+
     fn subscribed(&self) -> usize {
         self.subscribers.lock().unwrap().len()
     }
@@ -1082,5 +1089,72 @@ fn close_during_a_real_failover_is_honest() {
     assert!(
         closed.is_err() || still.is_empty(),
         "close said Ok at {closed_at:?} with the key still on {still:?}"
+    );
+}
+
+/// Hostile messages on the `+switch-master` subscription (wrong types, a huge declared
+/// length, garbage): no panic, no hang; the member keeps working, and a genuine
+/// `+switch-master` after them is still followed (the subscription is made again).
+#[test]
+fn hostile_pushes_from_a_sentinel() {
+    let (master, replica) = master_with_replica();
+    let (master2, _r2) = master_with_replica();
+    let sentinel = FakeSentinel::start(names(master.addr()));
+    let url = sentinel_url(&[sentinel.addr], "svc", "");
+    let c = one_try_client(&[url], ms(500));
+    grants_within(&c, "audit:push:warm", Duration::from_secs(5)).expect("warm");
+    assert_settles!(sentinel.subscribed() > 0, "the client subscribed");
+    let hostile: Vec<&[u8]> = vec![
+        b"*3\r\n$7\r\nmessage\r\n$14\r\n+switch-master\r\n:5\r\n",
+        b"*3\r\n$7\r\nmessage\r\n$14\r\n+switch-master\r\n$9\r\nsvc a b c\r\n",
+        b"*3\r\n$7\r\nmessage\r\n$14\r\n+switch-master\r\n$28\r\nsvc 1.1.1.1 1 127.0.0.1 99999\r\n",
+        b"*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+        b">3\r\n$7\r\nmessage\r\n$1\r\nx\r\n$1\r\ny\r\n",
+        b"*2000000000\r\n",
+        b"$2000000000\r\n",
+        b"\x00\x01garbage\r\n",
+    ];
+    for (n, bytes) in hostile.into_iter().enumerate() {
+        let to = sentinel.push_raw(bytes);
+        println!(
+            "push {n} to {to}; asked {}",
+            sentinel.asked.load(Ordering::SeqCst)
+        );
+        let got = grants_within(&c, &format!("audit:push:{n}"), Duration::from_secs(5));
+        assert!(got.is_ok(), "push {n}: {got:?}");
+    }
+    // A genuine switch, to another master (the sentinel names it too from now on).
+    sentinel.set_answer(names(master2.addr()));
+    // The client has no thread of its own: its calls drive the subscription made again.
+    let subscribed = eventually(Duration::from_secs(15), || {
+        if let Ok(lock) = c.try_lock("audit:push:poke", TTL) {
+            let _ = lock.release();
+        }
+        sentinel.subscribed() > 0
+    });
+    assert!(subscribed, "no subscription again after the hostile pushes");
+    sentinel.set_answer(names(master2.addr()));
+    let payload = format!(
+        "svc 127.0.0.1 {} 127.0.0.1 {}",
+        master.addr().port(),
+        master2.addr().port()
+    );
+    let started = Instant::now();
+    assert!(sentinel.push("+switch-master", &payload) > 0);
+    let moved = eventually(Duration::from_secs(10), || {
+        let Ok(lock) = c.try_lock("audit:push:moved", TTL) else {
+            return false;
+        };
+        let there = get(master2.addr(), b"audit:push:moved").is_some();
+        lock.release().expect("release");
+        there
+    });
+    println!(
+        "moved to the new master: {moved} after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        moved,
+        "the switch after the hostile pushes was not followed"
     );
 }
