@@ -1098,7 +1098,7 @@ fn close_during_a_real_failover_is_honest() {
 /// `+switch-master` after them is still followed (the subscription is made again).
 #[test]
 fn hostile_pushes_from_a_sentinel() {
-    let (master, replica) = master_with_replica();
+    let (master, _replica) = master_with_replica();
     let (master2, _r2) = master_with_replica();
     let sentinel = FakeSentinel::start(names(master.addr()));
     let url = sentinel_url(&[sentinel.addr], "svc", "");
