@@ -1395,3 +1395,115 @@ fn waitaof_on_a_server_without_the_command() {
         assert_settles_eq!(dbsize(r.addr()), 0, "a key was left on {}", r.addr());
     }
 }
+
+/// `SENTINEL master SERVICE` on `s`: the field `name`.
+fn sentinel_field(s: &common::sentinel::Sentinel, service: &str, name: &str) -> Option<String> {
+    let Value::Array(Some(items)) = s.cmd(&[b"SENTINEL", b"master", service.as_bytes()]) else {
+        return None;
+    };
+    items.chunks(2).find_map(|pair| match pair {
+        [Value::Bulk(Some(k)), Value::Bulk(Some(v))] if k == name.as_bytes() => {
+            Some(String::from_utf8_lossy(v).into_owned())
+        }
+        _ => None,
+    })
+}
+
+/// A release acknowledged by a master whose replica had not received it (the replication
+/// link stalls: the replica replicates through a fault proxy), then the master dies and the
+/// sentinels promote that replica, which has the grant (`?wait=1` made sure of it). Every
+/// release returned `Ok`; the client idles. The key must not be left on the new master (a key
+/// left behind after every release returned): the release should be owed until it is gone
+/// there, as a grant is not counted until the replicas have it.
+#[test]
+#[ignore = "defect: a release acknowledged by a master and lost in its failover leaves the key on the new master for its TTL"]
+fn a_release_lost_in_a_failover_leaves_no_key() {
+    use redlock_mux_kit::fault_proxy::{FaultProxy, ProxyFault};
+    let mut master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]).expect("master");
+    let proxy = FaultProxy::start(master.addr(), Duration::ZERO).expect("proxy");
+    let proxy_port = proxy.url().rsplit(':').next().expect("port").to_owned();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &proxy_port]).expect("replica");
+    assert_settles!(
+        matches!(
+            cmd(master.addr(), &[b"INFO", b"replication"]),
+            Value::Bulk(Some(t)) if String::from_utf8_lossy(&t).contains("state=online")
+        ),
+        "the replica is linked"
+    );
+    let service = format!("back{}", std::process::id());
+    let sentinels: Vec<common::sentinel::Sentinel> = (0..3)
+        .map(|_| {
+            common::sentinel::Sentinel::start(&service, master.addr(), None).expect("sentinel")
+        })
+        .collect();
+    let ready = eventually(Duration::from_secs(20), || {
+        sentinels.iter().all(|s| {
+            sentinel_field(s, &service, "num-other-sentinels").as_deref() == Some("2")
+                && sentinel_field(s, &service, "num-slaves").as_deref() == Some("1")
+        })
+    });
+    assert!(
+        ready,
+        "the sentinels did not find the replica and one another"
+    );
+    let plain: Vec<RedisServer> = (0..2)
+        .map(|_| RedisServer::start().expect("server"))
+        .collect();
+    let addrs: Vec<SocketAddr> = sentinels.iter().map(|s| s.addr()).collect();
+    let mut urls = vec![sentinel_url(&addrs, &service, "?wait=1")];
+    urls.extend(plain.iter().map(|s| s.url()));
+    let c = one_try_client(&urls, ms(500));
+    // The member's vote counts (a quorum of the two plain servers would do without it).
+    let mut lock = None;
+    let counted = eventually(Duration::from_secs(10), || {
+        let Ok(l) = c.try_lock("audit:back", Duration::from_secs(30)) else {
+            return false;
+        };
+        if get(replica.addr(), b"audit:back").is_some() {
+            lock = Some(l);
+            return true;
+        }
+        l.release().expect("release");
+        false
+    });
+    assert!(counted, "no grant reached the member's replica");
+    let lock = lock.expect("lock");
+    // The replication link stalls; the release is acknowledged by the master alone.
+    proxy.set(ProxyFault::Blackhole);
+    let released = lock.release();
+    master.pause().expect("stop the master");
+    master.kill().expect("kill the master");
+    proxy.set(ProxyFault::Reset);
+    assert!(released.is_ok(), "{released:?}");
+    let named = |s: &common::sentinel::Sentinel| match s.cmd(&[
+        b"SENTINEL",
+        b"get-master-addr-by-name",
+        service.as_bytes(),
+    ]) {
+        Value::Array(Some(items)) => match &items[..] {
+            [Value::Bulk(Some(_)), Value::Bulk(Some(p))] => {
+                String::from_utf8_lossy(p).parse::<u16>().ok()
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    let promoted = eventually(Duration::from_secs(30), || {
+        named(&sentinels[0]) == Some(replica.port())
+    });
+    assert!(promoted, "the replica was not promoted");
+    // The client idles, then is used again; nothing of the released lock may be left.
+    thread::sleep(Duration::from_secs(2));
+    let _ = c.try_lock("audit:back:other", TTL).map(|l| l.release());
+    let gone = eventually(Duration::from_secs(3), || {
+        get(replica.addr(), b"audit:back").is_none()
+    });
+    let ttl = pttl(replica.addr(), b"audit:back");
+    assert!(
+        gone,
+        "the released key is on the new master {}, {ttl} ms to live, 5 s after the \
+         promotion; the release returned {released:?}",
+        replica.addr()
+    );
+}
