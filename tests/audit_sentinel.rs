@@ -1511,3 +1511,21 @@ fn a_release_lost_in_a_failover_leaves_no_key() {
         replica.addr()
     );
 }
+
+/// The master the sentinels name wants a password the URL does not give (or gives wrong):
+/// `build` fails with `Error::Config`, as for a server named directly.
+#[test]
+fn wrong_master_credentials_through_sentinels() {
+    let master = RedisServer::start_with(&["--requirepass", "right"]).expect("master");
+    let sentinel = FakeSentinel::start(names(master.addr()));
+    for creds in ["", ":wrong@"] {
+        let url = format!("redis+sentinel://{creds}{}/svc", sentinel.addr);
+        match Client::builder().nodes([url.as_str()]).build() {
+            Err(Error::Config { failures }) => assert_eq!(failures.len(), 1, "{failures:?}"),
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    let url = format!("redis+sentinel://:right@{}/svc", sentinel.addr);
+    let c = one_try_client(&[url], ms(500));
+    grants_within(&c, "audit:creds:master", Duration::from_secs(5)).expect("lock");
+}
