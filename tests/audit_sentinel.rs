@@ -1529,3 +1529,24 @@ fn wrong_master_credentials_through_sentinels() {
     let c = one_try_client(&[url], ms(500));
     grants_within(&c, "audit:creds:master", Duration::from_secs(5)).expect("lock");
 }
+
+/// Every sentinel goes down after `build`: the master in use keeps being used, even after its
+/// connection is cut (the sentinels cannot be asked; the master named last is reconnected).
+#[test]
+fn sentinels_down_later_leave_the_master_in_use() {
+    let (master, _replica) = master_with_replica();
+    let sentinel = FakeSentinel::start(names(master.addr()));
+    let url = sentinel_url(&[sentinel.addr], "svc", "");
+    let c = one_try_client(&[url], ms(500));
+    grants_within(&c, "audit:later:warm", Duration::from_secs(5)).expect("warm");
+    drop(sentinel);
+    grants_within(&c, "audit:later:1", Duration::from_secs(5)).expect("with the sentinels down");
+    cmd(
+        master.addr(),
+        &[b"CLIENT", b"KILL", b"TYPE", b"normal", b"SKIPME", b"yes"],
+    );
+    let got = grants_within(&c, "audit:later:2", Duration::from_secs(10));
+    println!("after the cut, with the sentinels down: {got:?}");
+    assert!(got.is_ok(), "{got:?}");
+    assert_settles_eq!(dbsize(master.addr()), 0, "a key was left");
+}
