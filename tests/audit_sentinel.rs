@@ -1420,7 +1420,6 @@ fn sentinel_field(s: &common::sentinel::Sentinel, service: &str, name: &str) -> 
 /// left behind after every release returned): the release should be owed until it is gone
 /// there, as a grant is not counted until the replicas have it.
 #[test]
-#[ignore = "defect: a release acknowledged by a master and lost in its failover leaves the key on the new master for its TTL"]
 fn a_release_lost_in_a_failover_leaves_no_key() {
     use redlock_mux_kit::fault_proxy::{FaultProxy, ProxyFault};
     let mut master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]).expect("master");
