@@ -300,14 +300,12 @@ fn a_first_sentinel_naming(first: impl FnOnce(&RedisServer) -> SocketAddr) {
 }
 
 #[test]
-#[ignore = "defect: a sentinel that names a replica is asked again forever, the next never"]
 fn a_sentinel_naming_a_replica_leaves_the_question_to_the_next() {
     a_first_sentinel_naming(|replica| replica.addr());
 }
 
 /// A sentinel cut off from the others keeps naming the master that died.
 #[test]
-#[ignore = "defect: a sentinel that names a dead master is asked again forever, the next never"]
 fn a_sentinel_naming_a_dead_master_leaves_the_question_to_the_next() {
     a_first_sentinel_naming(|_| {
         let gone = TcpListener::bind("127.0.0.1:0").expect("bind");

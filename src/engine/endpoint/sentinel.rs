@@ -54,6 +54,10 @@ pub(crate) struct Watch {
     last_config: Option<NodeErrorKind>,
     /// Something happened during the round under way that calls for another one.
     again: bool,
+    /// The master the sentinel at `at` named failed (a connect refused, `ROLE` said replica,
+    /// a broken connection): the next round starts with the next sentinel, not the same one
+    /// forever (one cut off from the others may keep naming a dead master, or a replica).
+    skip: bool,
     /// When the next round starts, while none is under way.
     next: Option<Instant>,
     /// The wait before the next round after one that found no master.
@@ -78,6 +82,7 @@ impl Watch {
             all_config: true,
             last_config: None,
             again: false,
+            skip: false,
             next: Some(now),
             backoff: ROUND_GAP,
             config_error: None,
@@ -274,6 +279,13 @@ impl Endpoint {
             }
             Some(_) => {}
             None if w.next.is_some_and(|t| t <= now) => {
+                if std::mem::take(&mut w.skip) {
+                    let count = self.config.nodes[member]
+                        .sentinel
+                        .as_ref()
+                        .map_or(1, |s| s.sentinels.len());
+                    w.at = (w.at + 1) % count;
+                }
                 w.next = None;
                 w.asking = Some(now);
                 w.failed = 0;
@@ -287,11 +299,13 @@ impl Endpoint {
     }
 
     /// Something about member `member`'s master is wrong (its connection failed, it refused a
-    /// write as a replica, it said it is one): its sentinels are asked again.
+    /// write as a replica, it said it is one): its sentinels are asked again, from the one
+    /// after the sentinel that named it.
     pub(super) fn suspect_master(&mut self, member: usize, now: Instant) {
         let Some(w) = self.sentinels[member].as_mut() else {
             return;
         };
+        w.skip = true;
         if w.asking.is_some() {
             w.again = true;
         } else {
