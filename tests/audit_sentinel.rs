@@ -733,7 +733,6 @@ fn the_command_with_sentinel_urls() {
 /// A member whose sentinels are all down fails its commands at once, before anything is sent
 /// to it: nothing can be owed to it. `close` then has nothing to wait for.
 #[test]
-#[ignore = "defect: a cleanup for a member whose sentinels named no master is kept owed; close waits 2 s and says Undelivered"]
 fn close_owes_nothing_to_a_member_never_reached() {
     let gone = TcpListener::bind("127.0.0.1:0")
         .expect("bind")

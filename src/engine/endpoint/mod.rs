@@ -525,6 +525,12 @@ impl Endpoint {
                 }
             },
         };
+        if let (None, What::Cleanup { token }) = (t.tag, t.what) {
+            if self.nodes[i].was_unsent(token) {
+                // The attempt never went there: nothing of it to delete.
+                return;
+            }
+        }
         if let Some(why) = self.without_master(i) {
             // No master named yet: as on a node that is down, a compare-and-delete waits for
             // the next connection (to whichever master is named), anything else fails.
@@ -538,12 +544,6 @@ impl Endpoint {
                 m.handle_failure(member, tag, why, now, rng);
             }
             return;
-        }
-        if let (None, What::Cleanup { token }) = (t.tag, t.what) {
-            if self.nodes[i].was_unsent(token) {
-                // The attempt never went there: nothing of it to delete.
-                return;
-            }
         }
         let conn = &self.nodes[i].cmd;
         let Some(tag) = t.tag else {
