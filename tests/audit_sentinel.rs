@@ -1209,7 +1209,6 @@ fn a_switch_heard_while_idle_is_followed_by_the_next_grant() {
 /// plain members: see tests/fork_children.rs), none hangs, and the parent still hears the
 /// next `+switch-master` (no child took it).
 #[test]
-#[ignore = "defect: a forked child's first call on a Sentinel member fails at once with MASTERDOWN"]
 fn forked_children_with_a_sentinel_member() {
     let (master, _replica) = master_with_replica();
     let (master2, _replica2) = master_with_replica();

@@ -410,11 +410,13 @@ impl Endpoint {
     /// Takes what `other` (an endpoint over the same nodes) knows of each node's server, so
     /// that commands queued before this one's first setups are answered go in the right form:
     /// for a client used in a child process after `fork()`, which opens connections of its own.
+    /// The masters its Sentinel members were using are taken too (see `adopt_masters`).
     pub fn adopt_servers(&mut self, other: &Endpoint) {
         for (mine, theirs) in self.nodes.iter_mut().zip(&other.nodes) {
             mine.server = theirs.server;
             mine.known = theirs.known;
         }
+        self.adopt_masters(other);
     }
 
     /// Whether a setup of node `i` has ever completed: its server is known to answer.

@@ -226,6 +226,23 @@ impl Endpoint {
                 .is_some_and(|w| w.link == i)
     }
 
+    /// Takes the masters `other` (an endpoint over the same members, in the parent of a
+    /// forked child) was using for its Sentinel members: the child's first commands go there
+    /// rather than fail until its own sentinels answer. Its connections check `ROLE` in their
+    /// setup as any does, and its sentinels are asked all the same.
+    pub(super) fn adopt_masters(&mut self, other: &Endpoint) {
+        for member in 0..self.members.min(other.members) {
+            let theirs = other.sentinels.get(member).and_then(Option::as_ref);
+            let (Some(w), Some(master)) = (self.sentinels[member].as_mut(), theirs) else {
+                continue;
+            };
+            if let (Some(addr), Some(node)) = (master.master, &other.nodes[member].addr) {
+                w.master = Some(addr);
+                self.nodes[member].addr = Some(node.clone());
+            }
+        }
+    }
+
     /// Why nothing can go to node `i` now, when it is a Sentinel member whose sentinels have
     /// not named a master yet (or a sentinel link, which takes no lock command).
     pub(super) fn without_master(&self, i: usize) -> Option<NodeErrorKind> {
