@@ -1273,7 +1273,6 @@ fn forked_children_with_a_sentinel_member() {
 /// `+switch-master` messages alike. The answer is followed (the README: a name is resolved);
 /// so must the message be, as one with an address is.
 #[test]
-#[ignore = "defect: a +switch-master that names the new master by host name is ignored"]
 fn a_switch_to_a_host_name_is_followed() {
     let (master, _replica) = master_with_replica();
     let (master2, _replica2) = master_with_replica();

@@ -160,16 +160,7 @@ fn parse_master(
                 .and_then(|p| p.parse::<u16>().ok())
                 .filter(|&p| p != 0)
                 .ok_or(NodeErrorKind::UnexpectedReply)?;
-            let addr = match host.parse::<IpAddr>() {
-                Ok(ip) => SocketAddr::new(ip, port),
-                // Sentinels announce addresses unless told to announce names
-                // (`resolve-hostnames`): a name is resolved here, once per answer.
-                Err(_) => (host, port)
-                    .to_socket_addrs()
-                    .ok()
-                    .and_then(|mut a| a.next())
-                    .ok_or(NodeErrorKind::UnexpectedReply)?,
-            };
+            let addr = master_addr(host, port).ok_or(NodeErrorKind::UnexpectedReply)?;
             Ok(Some((addr, host.to_owned())))
         }
         // Sentinels that want credentials the URL does not give, or a user not allowed to ask.
@@ -186,6 +177,19 @@ fn parse_master(
         }
         Reply::Error(m) => Err(crate::engine::ops::server_error(m)),
         _ => Err(NodeErrorKind::UnexpectedReply),
+    }
+}
+
+/// The address of the master a sentinel names as `host` and `port`, in an answer or in a
+/// `+switch-master` message alike. Sentinels announce addresses unless told to announce names
+/// (`resolve-hostnames`): a name is resolved here, once per answer or message.
+fn master_addr(host: &str, port: u16) -> Option<SocketAddr> {
+    match host.parse::<IpAddr>() {
+        Ok(ip) => Some(SocketAddr::new(ip, port)),
+        Err(_) => (host, port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next()),
     }
 }
 
@@ -213,8 +217,8 @@ fn parse_switch(
         return None;
     }
     let (_, _, host, port) = (words.next()?, words.next()?, words.next()?, words.next()?);
-    let ip = host.parse::<IpAddr>().ok()?;
-    Some((SocketAddr::new(ip, port.parse().ok()?), host.to_owned()))
+    let port = port.parse::<u16>().ok().filter(|&p| p != 0)?;
+    Some((master_addr(host, port)?, host.to_owned()))
 }
 
 impl Endpoint {
