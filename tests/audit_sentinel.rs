@@ -636,7 +636,6 @@ fn command() -> Option<std::path::PathBuf> {
 /// the URL is accepted and the lock taken. The command's node list is comma-separated, so
 /// the comma inside the value must not split the URL.
 #[test]
-#[ignore = "defect: the command splits ?waitaof=L,R at its comma: every such URL exits 64"]
 fn the_command_takes_waitaof_urls() {
     let Some(program) = redis8_program() else {
         println!("skipped: Redis 8.2 not found (bash .ci/redis8)");
