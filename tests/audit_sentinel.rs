@@ -1165,7 +1165,6 @@ fn hostile_pushes_from_a_sentinel() {
 /// demoted yet it still takes writes, and a grant there counts for a master that is no
 /// longer the member's).
 #[test]
-#[ignore = "defect: the first attempt after a +switch-master heard while idle writes to the old master, its cleanup goes to the new one"]
 fn a_switch_heard_while_idle_is_followed_by_the_next_grant() {
     let (master, _replica) = master_with_replica();
     let (master2, _replica2) = master_with_replica();

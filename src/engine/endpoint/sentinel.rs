@@ -247,6 +247,23 @@ impl Endpoint {
         }
     }
 
+    /// The connections to read before a caller's commands go out (by [`ConnId::index`]), into
+    /// `into` (emptied first): the open `+switch-master` subscriptions. A message that came
+    /// while nobody read (the client idle) names the master the next commands must go to;
+    /// read after they went out, they would have gone to the old one.
+    pub fn read_first(&self, into: &mut super::Bits) {
+        into.clear();
+        for w in self.sentinels.iter().flatten() {
+            let id = ConnId {
+                node: w.link,
+                sub: true,
+            };
+            if self.nodes[w.link].sub.is_up() {
+                into.insert(id.index());
+            }
+        }
+    }
+
     /// Why nothing can go to node `i` now, when it is a Sentinel member whose sentinels have
     /// not named a master yet (or a sentinel link, which takes no lock command).
     pub(super) fn without_master(&self, i: usize) -> Option<NodeErrorKind> {
