@@ -2062,8 +2062,12 @@ impl Endpoint {
     /// may be closed already, its node may answer `NOSCRIPT` or `BUSY`, or, on a cluster
     /// member, `MOVED` or `ASK`, and only reading it tells). Worth it only until what they
     /// delete expires.
+    ///
+    /// So do the sentinels of a member that has no master yet, or whose round is under way: a
+    /// call fails at once on such a member, without waiting for anything, and the round would
+    /// otherwise move on only while some other call waits.
     pub fn needs_tending(&self, now: Instant) -> bool {
-        self.nodes.iter().any(|n| n.owes_until(now))
+        self.nodes.iter().any(|n| n.owes_until(now)) || self.sentinels_pending()
     }
 
     /// Whether a command connection still owes replies, or a node still has compare-and-deletes

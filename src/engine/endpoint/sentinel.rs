@@ -264,6 +264,15 @@ impl Endpoint {
         }
     }
 
+    /// Whether a Sentinel member has no master named yet, or a round of its sentinels is
+    /// under way: someone must drive the endpoint (its timers, and reading the answers).
+    pub(super) fn sentinels_pending(&self) -> bool {
+        self.sentinels.iter().enumerate().any(|(member, w)| {
+            w.as_ref()
+                .is_some_and(|w| w.asking.is_some() || self.nodes[member].addr.is_none())
+        })
+    }
+
     /// Why nothing can go to node `i` now, when it is a Sentinel member whose sentinels have
     /// not named a master yet (or a sentinel link, which takes no lock command).
     pub(super) fn without_master(&self, i: usize) -> Option<NodeErrorKind> {
