@@ -194,10 +194,21 @@ pub fn nodes_or_none(
 /// sentinels are separated by commas too (`redis+cluster://a:1,b:2`,
 /// `redis+sentinel://a:26379,b:26379/svc`), so a piece without a scheme that follows such a URL
 /// whose host list is still open (no `/` or `?` after it yet) belongs to it. A bare `host:port`
-/// node after a cluster URL is read as one of its seeds: write it `redis://host:port`.
+/// node after a cluster URL is read as one of its seeds: write it `redis://host:port`. A comma
+/// inside a query string (`?waitaof=1,0`) never splits nodes: a piece that is a number (with
+/// more parameters after it, `0&db=1`) after a URL with a query is the rest of that query.
 fn split_nodes(list: &str) -> Vec<String> {
     let mut urls: Vec<String> = Vec::new();
     for piece in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let value = piece.split('&').next().unwrap_or("");
+        let in_query = urls.last().is_some_and(|last| last.contains('?'))
+            && !value.is_empty()
+            && value.bytes().all(|b| b.is_ascii_digit());
+        if let (true, Some(last)) = (in_query, urls.last_mut()) {
+            last.push(',');
+            last.push_str(piece);
+            continue;
+        }
         let open = urls.last().is_some_and(|last| {
             let lower = last.to_ascii_lowercase();
             let hosts = [
@@ -248,6 +259,14 @@ mod tests {
             ]
         );
         assert_eq!(split_nodes(" a:1 ,, b:2 "), ["a:1", "b:2"]);
+        assert_eq!(
+            split_nodes("redis://a:1?waitaof=1,0,redis://b:2?db=1&waitaof=0,1&wait=1,c:3"),
+            [
+                "redis://a:1?waitaof=1,0",
+                "redis://b:2?db=1&waitaof=0,1&wait=1",
+                "c:3"
+            ]
+        );
     }
 
     #[test]

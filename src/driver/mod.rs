@@ -493,6 +493,7 @@ impl Session<'_> {
                 // Replies that came while nobody polled are read before the slow-node breaker
                 // judges a node by them.
                 core.read_late(now);
+                core.read_first(now);
             }
             core.ep.step(slot, run, m, now, &mut entropy);
             core.do_io(now);
@@ -1044,6 +1045,19 @@ impl Core {
             );
         }
         self.bits = late;
+    }
+
+    /// Reads the connections the endpoint wants read before commands go out (see
+    /// `Endpoint::read_first`).
+    fn read_first(&mut self, now: Instant) {
+        let mut first = std::mem::take(&mut self.bits);
+        self.ep.read_first(&mut first);
+        while let Some(i) = first.pop_first() {
+            if self.sockets.get(i).is_some_and(Option::is_some) {
+                self.service(ConnId::from_index(i), now);
+            }
+        }
+        self.bits = first;
     }
 
     /// Fails the TLS handshakes still unanswered at the connect timeout, on connections whose

@@ -689,6 +689,9 @@ pub(crate) enum Refused {
     /// `BUSY` (a script running), `TRYAGAIN` (a slot mid-migration), `LOADING` (a restart
     /// loading its data): it did nothing, and may do it a moment later.
     Transient,
+    /// It ran, but the `WAIT` (or `WAITAOF`) after it said too few replicas (or fsyncs) have
+    /// it: kept for the node's next connection, which may be to another master.
+    Unacknowledged,
 }
 
 impl Refused {

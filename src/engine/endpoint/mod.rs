@@ -43,6 +43,12 @@
 //!   the server's side (it was closed, reset or found dead), so no command of the old
 //!   connection can still run after it. On a cluster member, it goes to the master that serves
 //!   its key's slot once the topology is read again, which may not be the one it was sent to.
+//! - **Releases reach the replicas a member asks for.** On a member with `?wait=N` (or
+//!   `?waitaof=L,R`), a release counts as done there only once the `WAIT` after it says N
+//!   replicas have it; one that falls short (or whose connection breaks before the `WAIT`
+//!   answers) stays owed as one of a broken connection, and goes again, with its `WAIT`, on
+//!   the node's next connection (to the master promoted in a failover, which may not have had
+//!   it). Every compare-and-delete sent again is waited for the same way.
 //! - **Releases survive a refusal that passes.** A compare-and-delete answered `NOSCRIPT` is
 //!   sent again at once with its script's body; one answered `BUSY`, `TRYAGAIN` or `LOADING`
 //!   (it did not run) is sent again on the same connection after a short backoff, until
@@ -137,6 +143,42 @@ struct Retry {
     redo: Redo,
 }
 
+/// A reply held until the `WAIT` and `WAITAOF` queued after its command say enough replicas
+/// (and fsyncs) have the write: only then does it count. A compare-and-delete (a release, a
+/// cleanup, an undo) keeps its bytes: one that falls short stays owed, as one of a broken
+/// connection does, until what it deletes has expired anyway. A master's acknowledgment alone
+/// is lost with the master in a failover, and the key with it would be left on the replica
+/// promoted in its place.
+#[derive(Debug)]
+struct Awaiting {
+    slot: Slot,
+    reply: Vec<u8>,
+    /// A compare-and-delete's commands (empty for any other command).
+    command: Vec<u8>,
+    /// The replies read for it so far: its own, and the waits that said enough.
+    reads: u64,
+}
+
+impl Awaiting {
+    fn new(slot: Slot, reply: &[u8], command: &[u8]) -> Awaiting {
+        Awaiting {
+            slot,
+            reply: reply.to_vec(),
+            command: if slot.redo().is_some() {
+                command.to_vec()
+            } else {
+                Vec::new()
+            },
+            reads: 1,
+        }
+    }
+
+    /// Until when it is worth holding on to, for a compare-and-delete.
+    fn redo_until(&self) -> Option<Instant> {
+        self.slot.redo().map(|r| r.until)
+    }
+}
+
 /// One node: its connections, and what the endpoint knows of its server. The first nodes are
 /// the quorum members, one each; a member that is a Redis Cluster has more, one per master in
 /// use (its *links*; see the `cluster` module).
@@ -148,8 +190,9 @@ struct Node {
     addr: Option<Box<NodeAddr>>,
     /// On a cluster member's links: the bytes of the commands owed a reply, to redirect.
     kept: Kept,
-    /// On a cluster member's links: a grant's reply held until the `WAIT` after it answers.
-    awaiting: Option<(Slot, Vec<u8>)>,
+    /// A reply held until the `WAIT` (and `WAITAOF`) after its command answers: a grant's,
+    /// an extend's, or a compare-and-delete's (see [`Awaiting`]).
+    awaiting: Option<Awaiting>,
     cmd: Conn,
     sub: Conn,
     /// As the last completed setup said; what commands are written for.
@@ -179,6 +222,14 @@ impl Node {
     fn unsent(&mut self, token: Token) {
         self.unsent[self.unsent_next] = Some(token);
         self.unsent_next = (self.unsent_next + 1) % UNSENT;
+    }
+
+    /// Whether compare-and-deletes are owed here that are still worth it at `now`: kept to
+    /// send again, not answered yet, or answered and waiting for the replicas to have them.
+    fn owes_until(&self, now: Instant) -> bool {
+        self.retries.iter().any(|r| r.redo.until > now)
+            || self.cmd.redo_until().is_some_and(|u| u > now)
+            || self.awaiting.as_ref().and_then(Awaiting::redo_until) > Some(now)
     }
 
     /// Whether the attempt with `token` was not sent here (forgetting it: its cleanup is the
@@ -359,11 +410,13 @@ impl Endpoint {
     /// Takes what `other` (an endpoint over the same nodes) knows of each node's server, so
     /// that commands queued before this one's first setups are answered go in the right form:
     /// for a client used in a child process after `fork()`, which opens connections of its own.
+    /// The masters its Sentinel members were using are taken too (see `adopt_masters`).
     pub fn adopt_servers(&mut self, other: &Endpoint) {
         for (mine, theirs) in self.nodes.iter_mut().zip(&other.nodes) {
             mine.server = theirs.server;
             mine.known = theirs.known;
         }
+        self.adopt_masters(other);
     }
 
     /// Whether a setup of node `i` has ever completed: its server is known to answer.
@@ -474,6 +527,12 @@ impl Endpoint {
                 }
             },
         };
+        if let (None, What::Cleanup { token }) = (t.tag, t.what) {
+            if self.nodes[i].was_unsent(token) {
+                // The attempt never went there: nothing of it to delete.
+                return;
+            }
+        }
         if let Some(why) = self.without_master(i) {
             // No master named yet: as on a node that is down, a compare-and-delete waits for
             // the next connection (to whichever master is named), anything else fails.
@@ -487,12 +546,6 @@ impl Endpoint {
                 m.handle_failure(member, tag, why, now, rng);
             }
             return;
-        }
-        if let (None, What::Cleanup { token }) = (t.tag, t.what) {
-            if self.nodes[i].was_unsent(token) {
-                // The attempt never went there: nothing of it to delete.
-                return;
-            }
         }
         let conn = &self.nodes[i].cmd;
         let Some(tag) = t.tag else {
@@ -522,6 +575,8 @@ impl Endpoint {
                 .queue(Slot::Discard { redo: None }, t.redo, |out| {
                     encoded.write(caps, out, |out| m.encode(t, caps, out))
                 });
+            // A cleanup's first try is not waited for (every lost attempt sends one to every
+            // node: a `WAIT` behind each would hold up the connection); sent again, it is.
             self.keep_sent(i, false);
             return;
         };
@@ -570,15 +625,18 @@ impl Endpoint {
             t.redo,
             |out| encoded.write(caps, out, |out| m.encode(t, caps, out)),
         );
-        let node = &self.config.nodes[member];
-        let wait = (node.wait > 0 || node.waitaof.is_some())
-            && matches!(
-                t.what,
-                What::Acquire { .. }
-                    | What::Extend { .. }
-                    | What::Downgrade { .. }
-                    | What::FenceWrite { .. }
-            );
+        // Every write that must outlive a failover: grants, extends, downgrades, fence writes,
+        // and releases (one acknowledged by the master alone is lost with it, and the key is
+        // left on the replica promoted in its place).
+        let wait = self.waits(member)
+            && (t.redo.is_some()
+                || matches!(
+                    t.what,
+                    What::Acquire { .. }
+                        | What::Extend { .. }
+                        | What::Downgrade { .. }
+                        | What::FenceWrite { .. }
+                ));
         self.keep_sent(i, wait);
         if wait {
             self.queue_wait(i);
@@ -598,32 +656,42 @@ impl Endpoint {
             .push(&self.encoded.bytes, before, 0, wait);
     }
 
-    /// Queues on `link`, after a grant, `WAIT N ms` for the replicas its member's URL asks a
-    /// grant to reach (`?wait=N`), then `WAITAOF L R ms` for the append-only fsyncs it asks
-    /// for (`?waitaof=L,R`), each bounded by the node timeout: the grant's reply is held until
-    /// they answer, and counts only if every one says enough.
+    /// Whether member `member`'s URL asks its writes to reach replicas (`?wait=N`) or
+    /// append-only files (`?waitaof=L,R`) before they count.
+    fn waits(&self, member: usize) -> bool {
+        let node = &self.config.nodes[member];
+        node.wait > 0 || node.waitaof.is_some()
+    }
+
+    /// Queues on `link`, after a grant (or a compare-and-delete), `WAIT N ms` for the
+    /// replicas its member's URL asks a write to reach (`?wait=N`), then `WAITAOF L R ms` for
+    /// the append-only fsyncs it asks for (`?waitaof=L,R`), each bounded by the node timeout:
+    /// the command's reply is held until they answer, and counts only if every one says
+    /// enough.
     fn queue_wait(&mut self, link: usize) {
         let node = &self.config.nodes[self.nodes[link].member];
-        let (n, aof) = (node.wait, node.waitaof);
         let ms = (self.config.node_timeout.as_millis() as u64).max(1);
-        if n > 0 {
-            self.nodes[link].cmd.queue(Slot::Wait, None, |out| {
-                crate::resp::write_array_len(out, 3);
-                crate::resp::write_bulk(out, b"WAIT");
-                crate::resp::write_bulk_u64(out, n.into());
-                crate::resp::write_bulk_u64(out, ms);
-                0
-            });
+        queue_waits(&mut self.nodes[link].cmd, node.wait, node.waitaof, ms);
+    }
+
+    /// Queues on node `i`'s command connection the compare-and-delete `bytes` owed there
+    /// (`slot`, `redo`), with the waits after it that its member asks for: one sent again
+    /// counts as delivered only once the replicas have it.
+    fn queue_owed(&mut self, i: usize, slot: Slot, redo: Redo, bytes: &[u8]) {
+        let member = self.nodes[i].member;
+        let wait = self.waits(member);
+        let ms = (self.config.node_timeout.as_millis() as u64).max(1);
+        let (n, aof) = (
+            self.config.nodes[member].wait,
+            self.config.nodes[member].waitaof,
+        );
+        let node = &mut self.nodes[i];
+        node.cmd.queue_redo(slot, redo, bytes);
+        if self.topo[member].is_some() {
+            node.kept.push(bytes, redo.before as usize, 0, wait);
         }
-        if let Some((local, replicas)) = aof {
-            self.nodes[link].cmd.queue(Slot::WaitAof, None, |out| {
-                crate::resp::write_array_len(out, 4);
-                crate::resp::write_bulk(out, b"WAITAOF");
-                crate::resp::write_bulk_u64(out, local.into());
-                crate::resp::write_bulk_u64(out, replicas.into());
-                crate::resp::write_bulk_u64(out, ms);
-                0
-            });
+        if wait {
+            queue_waits(&mut node.cmd, n, aof, ms);
         }
     }
 
@@ -958,8 +1026,7 @@ impl Endpoint {
                 continue;
             }
             // Its owner, if it still waits, hears from the new master.
-            node.cmd.queue_redo(r.slot.resent(now), r.redo, &b);
-            node.kept.push(&b, r.redo.before as usize, 0, false);
+            self.queue_owed(to, r.slot.resent(now), r.redo, &b);
             self.touch(ConnId {
                 node: to,
                 sub: false,
@@ -1068,25 +1135,31 @@ impl Endpoint {
     /// connection; one not sent again (expired, or nothing to rewrite) gives its owner the
     /// reply as it came.
     ///
-    /// While the client closes, replies that were all such refusals are no progress: a node
-    /// that refuses what it owes for as long as closing waits is one it gives up on.
+    /// A compare-and-delete that ran, but that the replicas (or fsyncs) its member asks for
+    /// did not acknowledge in time ([`Refused::Unacknowledged`]), stays owed for the node's
+    /// next connection, as one of a broken connection: the master has run it, and only a
+    /// master that changes (its connection then fails) could lose it.
+    ///
+    /// While the client closes, replies that were all such refusals (`idle` of those read) are
+    /// no progress: a node that refuses what it owes for as long as closing waits is one it
+    /// gives up on.
     fn owe_again(
         &mut self,
         i: usize,
         refusals: Vec<Refusal>,
+        idle: u64,
         was: Option<(Instant, u64)>,
         now: Instant,
     ) {
-        if refusals.is_empty() {
-            return;
-        }
         if let (Some(c), Some((progress, read))) = (&mut self.closing, was) {
-            if self.nodes[i].cmd.read - read <= refusals.len() as u64 {
+            if idle > 0 && self.nodes[i].cmd.read - read <= idle {
                 c.progress = progress;
             }
         }
+        if refusals.is_empty() {
+            return;
+        }
         let member = self.nodes[i].member;
-        let cluster = self.topo[member].is_some();
         let mut refused = false;
         for r in refusals {
             let Some(mut redo) = r.slot.redo() else {
@@ -1106,7 +1179,7 @@ impl Endpoint {
                 // deletes may have been written late, after the time it was kept for.
                 Refused::NoScript => conn::with_bodies(&r.command),
                 _ if redo.until <= now => None,
-                Refused::Transient => Some(r.command),
+                Refused::Transient | Refused::Unacknowledged => Some(r.command),
             };
             let Some(bytes) = bytes else {
                 if let Slot::Reply {
@@ -1123,18 +1196,15 @@ impl Endpoint {
                 before: r.before as u32,
                 ..redo
             };
-            let node = &mut self.nodes[i];
-            if r.kind == Refused::NoScript && node.cmd.is_up() {
-                node.cmd.queue_redo(r.slot, redo, &bytes);
-                if cluster {
-                    node.kept.push(&bytes, r.before, 0, false);
-                }
+            if r.kind == Refused::NoScript && self.nodes[i].cmd.is_up() {
+                self.queue_owed(i, r.slot, redo, &bytes);
                 self.touch(ConnId {
                     node: i,
                     sub: false,
                 });
                 continue;
             }
+            let node = &mut self.nodes[i];
             node.retry_bytes.extend_from_slice(&bytes);
             node.retries.push(Retry { slot: r.slot, redo });
             refused |= r.kind == Refused::Transient;
@@ -1222,17 +1292,15 @@ impl Endpoint {
     fn requeue(&mut self, i: usize, why: NodeErrorKind, now: Instant) {
         let node = &mut self.nodes[i];
         node.again_at = None;
+        let member = node.member;
+        let mut retries = std::mem::take(&mut node.retries);
+        let mut bytes = std::mem::take(&mut node.retry_bytes);
         let mut at = 0;
-        for r in node.retries.drain(..) {
+        for r in &retries {
             let end = at + r.redo.len as usize;
             if r.redo.until > now {
                 // Written on the new connection, it gets a node timeout from then on.
-                node.cmd
-                    .queue_redo(r.slot.resent(now), r.redo, &node.retry_bytes[at..end]);
-                if self.topo[node.member].is_some() {
-                    node.kept
-                        .push(&node.retry_bytes[at..end], r.redo.before as usize, 0, false);
-                }
+                self.queue_owed(i, r.slot.resent(now), r.redo, &bytes[at..end]);
             } else if let Slot::Reply {
                 caller,
                 run,
@@ -1247,7 +1315,7 @@ impl Endpoint {
                     caller as usize,
                     run,
                     Event::Failure {
-                        node: node.member,
+                        node: member,
                         tag,
                         why: why.clone(),
                     },
@@ -1255,7 +1323,12 @@ impl Endpoint {
             }
             at = end;
         }
-        node.retry_bytes.clear();
+        // Nothing was kept meanwhile: the buffers are reused.
+        retries.clear();
+        bytes.clear();
+        let node = &mut self.nodes[i];
+        node.retries = retries;
+        node.retry_bytes = bytes;
     }
 
     // --- I/O -----------------------------------------------------------------------------
@@ -1406,6 +1479,7 @@ impl Endpoint {
         }
         let mut pushes = Vec::new();
         let mut refusals = Vec::new();
+        let mut idle = 0;
         let mut readonly = false;
         let result = if id.sub {
             let channels = &mut self.channels;
@@ -1420,6 +1494,7 @@ impl Endpoint {
             let mail = &mut self.mail;
             let stats = &self.stats;
             let refusals = &mut refusals;
+            let idle = &mut idle;
             let wants = (
                 self.config.nodes[member].wait,
                 self.config.nodes[member].waitaof,
@@ -1440,53 +1515,42 @@ impl Endpoint {
                 if let Some(redo) = slot.redo() {
                     match Refused::of(bytes).or(demoted.then_some(Refused::Transient)) {
                         Some(kind) => {
+                            *idle += 1;
                             return refusals.push(Refusal {
                                 slot,
                                 kind,
                                 command: command.to_vec(),
                                 before: redo.before as usize,
                                 reply: bytes.to_vec(),
-                            })
+                            });
                         }
+                        // One the replicas must acknowledge is not done yet.
+                        None if waits => {}
                         None => *again_backoff = BACKOFF_MIN,
                     }
                 }
                 match slot {
-                    // A grant's reply counts once its `WAIT` says enough replicas have it.
-                    Slot::Reply { .. } if waits => *awaiting = Some((slot, bytes.to_vec())),
+                    // A write's reply counts once its `WAIT` says enough replicas have it.
+                    Slot::Reply { .. } | Slot::Discard { .. } if waits => {
+                        *awaiting = Some(Awaiting::new(slot, bytes, command))
+                    }
                     wait_slot @ (Slot::Wait | Slot::WaitAof) => {
-                        if let Some((
-                            slot @ Slot::Reply {
-                                caller,
-                                run,
-                                tag,
-                                sent,
-                                ..
+                        *idle += answer_wait(
+                            awaiting,
+                            Waited {
+                                bytes,
+                                slot: wait_slot,
+                                more: waits,
+                                wants,
+                                member,
+                                now,
                             },
-                            reply,
-                        )) = awaiting.take()
-                        {
-                            match waited(bytes, wants, wait_slot, &limits) {
-                                // A `WAITAOF` follows this `WAIT`: the grant waits for it.
-                                Ok(()) if waits => *awaiting = Some((slot, reply)),
-                                Ok(()) => {
-                                    stats.reply(i, now.saturating_duration_since(sent));
-                                    mail.post_reply(caller as usize, run, i, tag, &reply)
-                                }
-                                Err(why) => {
-                                    stats.reply(i, now.saturating_duration_since(sent));
-                                    mail.post(
-                                        caller as usize,
-                                        run,
-                                        Event::Failure {
-                                            node: member,
-                                            tag,
-                                            why,
-                                        },
-                                    )
-                                }
-                            }
-                        }
+                            &limits,
+                            stats,
+                            mail,
+                            refusals,
+                            again_backoff,
+                        );
                     }
                     Slot::Reply {
                         caller,
@@ -1519,7 +1583,7 @@ impl Endpoint {
         for push in pushes {
             self.handle_sharded_push(i, push, now);
         }
-        self.owe_again(i, refusals, was, now);
+        self.owe_again(i, refusals, idle, was, now);
         if readonly && !self.nodes[i].cmd.is_down() {
             let why = NodeErrorKind::Server {
                 kind: crate::resp::ServerErrorKind::ReadOnly,
@@ -1540,6 +1604,7 @@ impl Endpoint {
         let mut topology: Vec<Vec<u8>> = Vec::new();
         let mut redirected: Vec<Redirected> = Vec::new();
         let mut refusals: Vec<Refusal> = Vec::new();
+        let mut idle = 0;
         let wants = (
             self.config.nodes[member].wait,
             self.config.nodes[member].waitaof,
@@ -1556,44 +1621,28 @@ impl Endpoint {
             again_backoff,
             ..
         } = &mut self.nodes[link];
+        let idle_reads = &mut idle;
         let result = cmd.take_replies(&limits, |slot, bytes, _, waits| match slot {
             Slot::Topology => topology.push(bytes.to_vec()),
             // After a redirection, nothing waits for it.
             wait_slot @ (Slot::Wait | Slot::WaitAof) => {
                 progress = true;
-                let Some((
-                    slot @ Slot::Reply {
-                        caller,
-                        run,
-                        tag,
-                        sent,
-                        ..
+                *idle_reads += answer_wait(
+                    awaiting,
+                    Waited {
+                        bytes,
+                        slot: wait_slot,
+                        more: waits,
+                        wants,
+                        member,
+                        now,
                     },
-                    reply,
-                )) = awaiting.take()
-                else {
-                    return;
-                };
-                match waited(bytes, wants, wait_slot, &limits) {
-                    // A `WAITAOF` follows this `WAIT`: the grant waits for it.
-                    Ok(()) if waits => *awaiting = Some((slot, reply)),
-                    Ok(()) => {
-                        stats.reply(member, now.saturating_duration_since(sent));
-                        mail.post_reply(caller as usize, run, member, tag, &reply)
-                    }
-                    Err(why) => {
-                        stats.reply(member, now.saturating_duration_since(sent));
-                        mail.post(
-                            caller as usize,
-                            run,
-                            Event::Failure {
-                                node: member,
-                                tag,
-                                why,
-                            },
-                        );
-                    }
-                }
+                    &limits,
+                    stats,
+                    mail,
+                    &mut refusals,
+                    again_backoff,
+                );
             }
             Slot::Reply { .. } | Slot::Discard { .. } => {
                 progress = true;
@@ -1604,18 +1653,20 @@ impl Endpoint {
                 } else {
                     None
                 };
-                if let (Some((b, before, _, _)), Some(_)) = (command, slot.redo()) {
+                if let (Some((b, before, _, wait)), Some(_)) = (command, slot.redo()) {
                     match Refused::of(bytes) {
                         Some(kind) => {
+                            *idle_reads += 1;
                             return refusals.push(Refusal {
                                 slot,
                                 kind,
                                 command: b.to_vec(),
                                 before,
                                 reply: bytes.to_vec(),
-                            })
+                            });
                         }
-                        None if to.is_none() => *again_backoff = BACKOFF_MIN,
+                        // One the replicas must acknowledge is not done yet.
+                        None if to.is_none() && !wait => *again_backoff = BACKOFF_MIN,
                         None => {}
                     }
                 }
@@ -1631,8 +1682,8 @@ impl Endpoint {
                     });
                     return;
                 }
-                if command.is_some_and(|c| c.3) && matches!(slot, Slot::Reply { .. }) {
-                    *awaiting = Some((slot, bytes.to_vec()));
+                if let Some((b, _, _, true)) = command {
+                    *awaiting = Some(Awaiting::new(slot, bytes, b));
                     return;
                 }
                 if let Slot::Reply {
@@ -1672,7 +1723,7 @@ impl Endpoint {
         for r in redirected {
             self.follow(link, r, now);
         }
-        self.owe_again(link, refusals, was, now);
+        self.owe_again(link, refusals, idle, was, now);
         if down {
             // The cluster is electing a master, or lost a slot's: read again soon.
             if let Some(topo) = self.topo[member].as_mut() {
@@ -1780,23 +1831,33 @@ impl Endpoint {
             ..
         } = &mut self.nodes[i];
         kept.clear();
-        if let Some((
-            Slot::Reply {
+        if let Some(a) = awaiting.take() {
+            // Its `WAIT` will not answer: the write does not count.
+            if let Slot::Reply {
                 caller, run, tag, ..
-            },
-            _,
-        )) = awaiting.take()
-        {
-            // Its `WAIT` will not answer: the grant does not count.
-            self.mail.post(
-                caller as usize,
-                run,
-                Event::Failure {
-                    node: member,
-                    tag,
-                    why: why.clone(),
-                },
-            );
+            } = a.slot
+            {
+                self.mail.post(
+                    caller as usize,
+                    run,
+                    Event::Failure {
+                        node: member,
+                        tag,
+                        why: why.clone(),
+                    },
+                );
+            }
+            // A compare-and-delete stays owed, first of those of this connection.
+            if let Some(redo) = a.slot.redo().filter(|r| r.until > now) {
+                retry_bytes.extend_from_slice(&a.command);
+                retries.push(Retry {
+                    slot: Slot::Discard { redo: None },
+                    redo: Redo {
+                        len: a.command.len() as u32,
+                        ..redo
+                    },
+                });
+            }
         }
         let mail = &mut self.mail;
         cmd.fail(why.clone(), now, |slot, bytes| {
@@ -2001,11 +2062,12 @@ impl Endpoint {
     /// may be closed already, its node may answer `NOSCRIPT` or `BUSY`, or, on a cluster
     /// member, `MOVED` or `ASK`, and only reading it tells). Worth it only until what they
     /// delete expires.
+    ///
+    /// So do the sentinels of a member that has no master yet, or whose round is under way: a
+    /// call fails at once on such a member, without waiting for anything, and the round would
+    /// otherwise move on only while some other call waits.
     pub fn needs_tending(&self, now: Instant) -> bool {
-        self.nodes.iter().any(|n| {
-            n.retries.iter().any(|r| r.redo.until > now)
-                || n.cmd.redo_until().is_some_and(|u| u > now)
-        })
+        self.nodes.iter().any(|n| n.owes_until(now)) || self.sentinels_pending()
     }
 
     /// Whether a command connection still owes replies, or a node still has compare-and-deletes
@@ -2014,6 +2076,7 @@ impl Endpoint {
         self.nodes.iter().any(|n| {
             (!n.cmd.is_down() && (n.cmd.owes_replies() || n.cmd.has_pending_output()))
                 || n.retries.iter().any(|r| r.redo.until > now)
+                || n.awaiting.as_ref().and_then(Awaiting::redo_until) > Some(now)
         })
     }
 
@@ -2023,10 +2086,7 @@ impl Endpoint {
         let mut members: Vec<usize> = self
             .nodes
             .iter()
-            .filter(|n| {
-                n.retries.iter().any(|r| r.redo.until > now)
-                    || n.cmd.redo_until().is_some_and(|u| u > now)
-            })
+            .filter(|n| n.owes_until(now))
             .map(|n| n.member)
             .collect();
         members.sort_unstable();
@@ -2267,6 +2327,107 @@ impl Endpoint {
                 }
             }
         }
+    }
+}
+
+/// The reply to a `WAIT` or a `WAITAOF` read on a node of member `member`.
+struct Waited<'a> {
+    bytes: &'a [u8],
+    /// [`Slot::Wait`] or [`Slot::WaitAof`].
+    slot: Slot,
+    /// Another wait answers next (a `WAITAOF` after this `WAIT`).
+    more: bool,
+    wants: (u32, Option<(u32, u32)>),
+    member: usize,
+    now: Instant,
+}
+
+/// What a wait's reply `w` does to the reply held behind it (`awaiting`): it waits for the
+/// next wait, or counts (its owner gets it), or falls short (its owner gets the failure, never
+/// a vote; a compare-and-delete stays owed, into `unacked`). Returns how many replies read
+/// were no progress: the wait's own if nothing waited for it (its command was refused, or
+/// redirected), or every one read for a compare-and-delete that stays owed.
+fn answer_wait(
+    awaiting: &mut Option<Awaiting>,
+    w: Waited<'_>,
+    limits: &crate::resp::Limits,
+    stats: &Recorder,
+    mail: &mut Mail,
+    unacked: &mut Vec<Refusal>,
+    again_backoff: &mut Duration,
+) -> u64 {
+    let Some(mut a) = awaiting.take() else {
+        return 1;
+    };
+    let verdict = waited(w.bytes, w.wants, w.slot, limits);
+    if verdict.is_ok() && w.more {
+        a.reads += 1;
+        *awaiting = Some(a);
+        return 0;
+    }
+    if let Slot::Reply {
+        caller,
+        run,
+        tag,
+        sent,
+        ..
+    } = a.slot
+    {
+        stats.reply(w.member, w.now.saturating_duration_since(sent));
+        match &verdict {
+            Ok(()) => mail.post_reply(caller as usize, run, w.member, tag, &a.reply),
+            Err(why) => mail.post(
+                caller as usize,
+                run,
+                Event::Failure {
+                    node: w.member,
+                    tag,
+                    why: why.clone(),
+                },
+            ),
+        }
+    }
+    match (verdict, a.slot.redo()) {
+        (Ok(()), Some(_)) => {
+            *again_backoff = BACKOFF_MIN;
+            0
+        }
+        (Err(_), Some(redo)) => {
+            // Nobody waits for it any more: its owner heard the failure.
+            unacked.push(Refusal {
+                slot: Slot::Discard { redo: Some(redo) },
+                kind: Refused::Unacknowledged,
+                command: a.command,
+                before: redo.before as usize,
+                reply: Vec::new(),
+            });
+            a.reads + 1
+        }
+        _ => 0,
+    }
+}
+
+/// Queues on `cmd` `WAIT n ms` when `n` > 0, then `WAITAOF L R ms` for `aof` (see
+/// [`Endpoint::queue_wait`]).
+fn queue_waits(cmd: &mut Conn, n: u32, aof: Option<(u32, u32)>, ms: u64) {
+    if n > 0 {
+        cmd.queue(Slot::Wait, None, |out| {
+            crate::resp::write_array_len(out, 3);
+            crate::resp::write_bulk(out, b"WAIT");
+            crate::resp::write_bulk_u64(out, n.into());
+            crate::resp::write_bulk_u64(out, ms);
+            0
+        });
+    }
+    if let Some((local, replicas)) = aof {
+        cmd.queue(Slot::WaitAof, None, |out| {
+            crate::resp::write_array_len(out, 4);
+            crate::resp::write_bulk(out, b"WAITAOF");
+            crate::resp::write_bulk_u64(out, local.into());
+            crate::resp::write_bulk_u64(out, replicas.into());
+            crate::resp::write_bulk_u64(out, ms);
+            0
+        });
     }
 }
 

@@ -54,6 +54,10 @@ pub(crate) struct Watch {
     last_config: Option<NodeErrorKind>,
     /// Something happened during the round under way that calls for another one.
     again: bool,
+    /// The master the sentinel at `at` named failed (a connect refused, `ROLE` said replica,
+    /// a broken connection): the next round starts with the next sentinel, not the same one
+    /// forever (one cut off from the others may keep naming a dead master, or a replica).
+    skip: bool,
     /// When the next round starts, while none is under way.
     next: Option<Instant>,
     /// The wait before the next round after one that found no master.
@@ -78,6 +82,7 @@ impl Watch {
             all_config: true,
             last_config: None,
             again: false,
+            skip: false,
             next: Some(now),
             backoff: ROUND_GAP,
             config_error: None,
@@ -155,16 +160,7 @@ fn parse_master(
                 .and_then(|p| p.parse::<u16>().ok())
                 .filter(|&p| p != 0)
                 .ok_or(NodeErrorKind::UnexpectedReply)?;
-            let addr = match host.parse::<IpAddr>() {
-                Ok(ip) => SocketAddr::new(ip, port),
-                // Sentinels announce addresses unless told to announce names
-                // (`resolve-hostnames`): a name is resolved here, once per answer.
-                Err(_) => (host, port)
-                    .to_socket_addrs()
-                    .ok()
-                    .and_then(|mut a| a.next())
-                    .ok_or(NodeErrorKind::UnexpectedReply)?,
-            };
+            let addr = master_addr(host, port).ok_or(NodeErrorKind::UnexpectedReply)?;
             Ok(Some((addr, host.to_owned())))
         }
         // Sentinels that want credentials the URL does not give, or a user not allowed to ask.
@@ -181,6 +177,19 @@ fn parse_master(
         }
         Reply::Error(m) => Err(crate::engine::ops::server_error(m)),
         _ => Err(NodeErrorKind::UnexpectedReply),
+    }
+}
+
+/// The address of the master a sentinel names as `host` and `port`, in an answer or in a
+/// `+switch-master` message alike. Sentinels announce addresses unless told to announce names
+/// (`resolve-hostnames`): a name is resolved here, once per answer or message.
+fn master_addr(host: &str, port: u16) -> Option<SocketAddr> {
+    match host.parse::<IpAddr>() {
+        Ok(ip) => Some(SocketAddr::new(ip, port)),
+        Err(_) => (host, port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next()),
     }
 }
 
@@ -208,8 +217,8 @@ fn parse_switch(
         return None;
     }
     let (_, _, host, port) = (words.next()?, words.next()?, words.next()?, words.next()?);
-    let ip = host.parse::<IpAddr>().ok()?;
-    Some((SocketAddr::new(ip, port.parse().ok()?), host.to_owned()))
+    let port = port.parse::<u16>().ok().filter(|&p| p != 0)?;
+    Some((master_addr(host, port)?, host.to_owned()))
 }
 
 impl Endpoint {
@@ -219,6 +228,49 @@ impl Endpoint {
             && self.sentinels[self.nodes[i].member]
                 .as_ref()
                 .is_some_and(|w| w.link == i)
+    }
+
+    /// Takes the masters `other` (an endpoint over the same members, in the parent of a
+    /// forked child) was using for its Sentinel members: the child's first commands go there
+    /// rather than fail until its own sentinels answer. Its connections check `ROLE` in their
+    /// setup as any does, and its sentinels are asked all the same.
+    pub(super) fn adopt_masters(&mut self, other: &Endpoint) {
+        for member in 0..self.members.min(other.members) {
+            let theirs = other.sentinels.get(member).and_then(Option::as_ref);
+            let (Some(w), Some(master)) = (self.sentinels[member].as_mut(), theirs) else {
+                continue;
+            };
+            if let (Some(addr), Some(node)) = (master.master, &other.nodes[member].addr) {
+                w.master = Some(addr);
+                self.nodes[member].addr = Some(node.clone());
+            }
+        }
+    }
+
+    /// The connections to read before a caller's commands go out (by [`ConnId::index`]), into
+    /// `into` (emptied first): the open `+switch-master` subscriptions. A message that came
+    /// while nobody read (the client idle) names the master the next commands must go to;
+    /// read after they went out, they would have gone to the old one.
+    pub fn read_first(&self, into: &mut super::Bits) {
+        into.clear();
+        for w in self.sentinels.iter().flatten() {
+            let id = ConnId {
+                node: w.link,
+                sub: true,
+            };
+            if self.nodes[w.link].sub.is_up() {
+                into.insert(id.index());
+            }
+        }
+    }
+
+    /// Whether a Sentinel member has no master named yet, or a round of its sentinels is
+    /// under way: someone must drive the endpoint (its timers, and reading the answers).
+    pub(super) fn sentinels_pending(&self) -> bool {
+        self.sentinels.iter().enumerate().any(|(member, w)| {
+            w.as_ref()
+                .is_some_and(|w| w.asking.is_some() || self.nodes[member].addr.is_none())
+        })
     }
 
     /// Why nothing can go to node `i` now, when it is a Sentinel member whose sentinels have
@@ -274,6 +326,13 @@ impl Endpoint {
             }
             Some(_) => {}
             None if w.next.is_some_and(|t| t <= now) => {
+                if std::mem::take(&mut w.skip) {
+                    let count = self.config.nodes[member]
+                        .sentinel
+                        .as_ref()
+                        .map_or(1, |s| s.sentinels.len());
+                    w.at = (w.at + 1) % count;
+                }
                 w.next = None;
                 w.asking = Some(now);
                 w.failed = 0;
@@ -287,11 +346,13 @@ impl Endpoint {
     }
 
     /// Something about member `member`'s master is wrong (its connection failed, it refused a
-    /// write as a replica, it said it is one): its sentinels are asked again.
+    /// write as a replica, it said it is one): its sentinels are asked again, from the one
+    /// after the sentinel that named it.
     pub(super) fn suspect_master(&mut self, member: usize, now: Instant) {
         let Some(w) = self.sentinels[member].as_mut() else {
             return;
         };
+        w.skip = true;
         if w.asking.is_some() {
             w.again = true;
         } else {

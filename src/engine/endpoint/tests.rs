@@ -932,3 +932,75 @@ fn waitaof_counts_only_enough_fsyncs() {
     );
     assert!(waited(b":0\r\n", (1, Some((1, 1))), Slot::Wait, &limits).is_err());
 }
+
+/// On a member with `?wait=1`, a release counts only once `WAIT 1` says a replica has it: one
+/// that falls short fails for its owner (never a vote) and stays owed, not sent again on the
+/// same connection, but first thing, with its `WAIT`, on the next one (in a failover, to the
+/// promoted replica, which may not have it). So does one whose connection breaks before its
+/// `WAIT` answers.
+#[test]
+fn a_release_the_replicas_did_not_acknowledge_stays_owed_for_the_next_connection() {
+    let mut config = Arc::try_unwrap(config(1)).expect("one owner");
+    config.nodes[0] = NodeAddr::parse("redis://127.0.0.1:7000?wait=1").unwrap();
+    let now = Instant::now();
+    let mut net = Net {
+        ep: Endpoint::new(Arc::new(config), Arc::new(Recorder::new(1)), now),
+        now,
+    };
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([9; 20]);
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 10_000 * MS));
+    net.step(caller, run, &mut release);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA", "WAIT"]);
+    // The master ran it; no replica acknowledged it in time.
+    net.reply(Net::cmd(0), b":1\r\n:0\r\n");
+    net.step(caller, run, &mut release);
+    assert!(release.replies.is_empty(), "{:?}", release.replies);
+    assert_eq!(release.failures.len(), 1, "{:?}", release.failures);
+    assert!(format!("{:?}", release.failures[0].1).contains("NOREPLICAS"));
+    assert_eq!(net.ep.undelivered(net.now), [0]);
+    assert!(net.ep.busy(net.now) && net.ep.needs_tending(net.now));
+    net.ep.finish(caller, run, net.now);
+    // Not sent again on this connection: the master has it.
+    net.now += 100 * MS;
+    net.ep.handle_timeout(net.now);
+    assert!(!net.ep.wants_write(Net::cmd(0)));
+    // The connection breaks: it goes again on the next one, with its `WAIT`.
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    let due = net.ep.poll_timeout().expect("a reconnect is due");
+    net.now = due;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.connect_all(), [Net::cmd(0)]);
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA", "WAIT"]);
+    // Run, and the `WAIT` not answered yet when this connection breaks too: still owed.
+    net.reply(Net::cmd(0), b":0\r\n");
+    assert_eq!(net.ep.undelivered(net.now), [0]);
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    assert_eq!(net.ep.undelivered(net.now), [0]);
+    let due = net.ep.poll_timeout().expect("a reconnect is due");
+    net.now = due;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.connect_all(), [Net::cmd(0)]);
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA", "WAIT"]);
+    // A replica has it: delivered.
+    net.reply(Net::cmd(0), b":0\r\n:1\r\n");
+    assert!(net.ep.undelivered(net.now).is_empty());
+    assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+}
