@@ -628,7 +628,35 @@ fn command() -> Option<std::path::PathBuf> {
         );
         return None;
     }
+    // A command older than the sources it is built from would test yesterday's code: only a
+    // run that built it with them (`cargo test --all-targets`, as CI does) uses it.
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok()?;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    if newest_source(&[root.join("src"), root.join("cli/src")]).is_some_and(|t| t > built) {
+        println!(
+            "skipped: {} is older than its sources (cargo build -p redlock-mux-cli)",
+            bin.display()
+        );
+        return None;
+    }
     Some(bin)
+}
+
+/// The newest modification time of any file under `dirs`.
+fn newest_source(dirs: &[std::path::PathBuf]) -> Option<std::time::SystemTime> {
+    let mut stack: Vec<std::path::PathBuf> = dirs.to_vec();
+    let mut newest = None;
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(t) = entry.metadata().and_then(|m| m.modified()) {
+                newest = newest.max(Some(t));
+            }
+        }
+    }
+    newest
 }
 
 /// `redlock-mux run` with a node URL that asks for `?waitaof=1,0` (the README's own example
