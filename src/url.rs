@@ -489,19 +489,12 @@ impl NodeAddr {
         let mut seed_hosts: Vec<String> = Vec::new();
         let mut first_host = None;
         let mut display = String::new();
-        for seed in hostport.split(',') {
-            let (host, port) =
-                split_host_port(seed).ok_or_else(|| bad(url, "bad host:port among the seeds"))?;
-            let port = match port {
-                Some(p) => p.parse::<u16>().map_err(|_| bad(url, "bad port"))?,
-                None => DEFAULT_PORT,
-            };
-            if port == 0 {
-                return Err(bad(url, "port 0"));
-            }
-            let resolved = (host, port)
-                .to_socket_addrs()
-                .map_err(|_| bad(url, "a seed host does not resolve"))?;
+        let seeds = HostList {
+            default_port: DEFAULT_PORT,
+            bad_host: "bad host:port among the seeds",
+            unresolved: "a seed host does not resolve",
+        };
+        seeds.each(url, hostport, &mut |host, shown, resolved| {
             for addr in resolved {
                 if !addrs.contains(&addr) {
                     addrs.push(addr);
@@ -512,12 +505,9 @@ impl NodeAddr {
             if !display.is_empty() {
                 display.push(',');
             }
-            if host.contains(':') {
-                display.push_str(&format!("[{host}]:{port}"));
-            } else {
-                display.push_str(&format!("{host}:{port}"));
-            }
-        }
+            display.push_str(&shown);
+            Ok(())
+        })?;
         if addrs.is_empty() {
             return Err(bad(url, "a seed host does not resolve"));
         }
@@ -607,33 +597,15 @@ impl NodeAddr {
         let mut sentinels: Vec<NodeAddr> = Vec::new();
         let mut addrs: Vec<SocketAddr> = Vec::new();
         let mut display = String::new();
-        for one in hostport.split(',') {
-            let (host, port) = split_host_port(one)
-                .ok_or_else(|| bad(url, "bad host:port among the sentinels"))?;
-            let port = match port {
-                Some(p) => p.parse::<u16>().map_err(|_| bad(url, "bad port"))?,
-                None => DEFAULT_SENTINEL_PORT,
-            };
-            if port == 0 {
-                return Err(bad(url, "port 0"));
-            }
-            let mut resolved: Vec<SocketAddr> = Vec::new();
-            for addr in (host, port)
-                .to_socket_addrs()
-                .map_err(|_| bad(url, "a sentinel host does not resolve"))?
-            {
-                if !resolved.contains(&addr) {
-                    resolved.push(addr);
-                }
-            }
+        let list = HostList {
+            default_port: DEFAULT_SENTINEL_PORT,
+            bad_host: "bad host:port among the sentinels",
+            unresolved: "a sentinel host does not resolve",
+        };
+        list.each(url, hostport, &mut |host, shown, resolved| {
             if resolved.is_empty() {
-                return Err(bad(url, "a sentinel host does not resolve"));
+                return Err(bad(url, list.unresolved));
             }
-            let shown = if host.contains(':') {
-                format!("[{host}]:{port}")
-            } else {
-                format!("{host}:{port}")
-            };
             if sentinels.iter().any(|s| s.display == shown) {
                 return Err(bad(url, "a sentinel is named twice"));
             }
@@ -662,7 +634,8 @@ impl NodeAddr {
                 sentinel: None,
                 role: false,
             });
-        }
+            Ok(())
+        })?;
         Ok(NodeAddr {
             display,
             host: sentinels[0].host.clone(),
@@ -1044,6 +1017,56 @@ impl fmt::Debug for NodeUrl {
     }
 }
 
+/// A comma-separated host list in a URL: a cluster's seeds or a Sentinel member's sentinels,
+/// with the port a host without one gets and what an error says of a host.
+struct HostList {
+    default_port: u16,
+    /// A host that is not `host`, `host:port`, `[v6]` or `[v6]:port`.
+    bad_host: &'static str,
+    /// A host whose name does not resolve.
+    unresolved: &'static str,
+}
+
+impl HostList {
+    /// Reads `hostport`'s hosts in order, each resolved, and hands `each` the host as written,
+    /// how it is shown (`host:port`, `[v6]:port`) and its addresses (each once, possibly none);
+    /// the first error, from reading a host or from `each`, ends the list. `each` is a trait
+    /// object, so that both lists share one copy of this code (512 bytes of the small command).
+    fn each<'a>(
+        &self,
+        url: &str,
+        hostport: &'a str,
+        each: &mut dyn FnMut(&'a str, String, Vec<SocketAddr>) -> Result<(), InvalidArgument>,
+    ) -> Result<(), InvalidArgument> {
+        for one in hostport.split(',') {
+            let (host, port) = split_host_port(one).ok_or_else(|| bad(url, self.bad_host))?;
+            let port = match port {
+                Some(p) => p.parse::<u16>().map_err(|_| bad(url, "bad port"))?,
+                None => self.default_port,
+            };
+            if port == 0 {
+                return Err(bad(url, "port 0"));
+            }
+            let mut resolved: Vec<SocketAddr> = Vec::new();
+            for addr in (host, port)
+                .to_socket_addrs()
+                .map_err(|_| bad(url, self.unresolved))?
+            {
+                if !resolved.contains(&addr) {
+                    resolved.push(addr);
+                }
+            }
+            let shown = if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            };
+            each(host, shown, resolved)?;
+        }
+        Ok(())
+    }
+}
+
 /// `host`, `host:port`, `[v6]`, `[v6]:port`.
 fn split_host_port(s: &str) -> Option<(&str, Option<&str>)> {
     if let Some(rest) = s.strip_prefix('[') {
@@ -1281,6 +1304,70 @@ mod tests {
         }
         #[cfg(not(feature = "tls"))]
         assert!(NodeAddr::parse("rediss+cluster://127.0.0.1:7000").is_err());
+    }
+
+    /// The seeds of a cluster and the sentinels of a Sentinel member are read by one parser:
+    /// each list's own errors, the first error in the list's order, the default port, how the
+    /// hosts are shown, and every address once.
+    #[test]
+    fn host_lists_read_alike() {
+        let reason = |url: &str| match NodeAddr::parse(url) {
+            Err(InvalidArgument::BadUrl { reason, .. }) => reason,
+            other => panic!("{url}: {other:?}"),
+        };
+        for (url, why) in [
+            (
+                "redis+cluster://127.0.0.1:1,[::1:2",
+                "bad host:port among the seeds",
+            ),
+            ("redis+cluster://127.0.0.1:1,127.0.0.1:x", "bad port"),
+            ("redis+cluster://127.0.0.1:0,127.0.0.1:x", "port 0"),
+            ("redis+cluster://127.0.0.1:x,127.0.0.1:0", "bad port"),
+            (
+                "redis+cluster://127.0.0.1:1,no such host.invalid:2",
+                "bad host:port among the seeds",
+            ),
+            (
+                "redis+sentinel://127.0.0.1:1,[::1:2/m",
+                "bad host:port among the sentinels",
+            ),
+            ("redis+sentinel://127.0.0.1:1,127.0.0.1:x/m", "bad port"),
+            (
+                "redis+sentinel://127.0.0.1:1,127.0.0.1:1,127.0.0.1:x/m",
+                "a sentinel is named twice",
+            ),
+            (
+                "redis+sentinel://127.0.0.1:0,127.0.0.1:1,127.0.0.1:1/m",
+                "port 0",
+            ),
+        ] {
+            assert_eq!(reason(url), why, "{url}");
+        }
+        let c = NodeAddr::parse("redis+cluster://127.0.0.1,[::1]:7001,127.0.0.1:6379").unwrap();
+        assert_eq!(c.display, "127.0.0.1:6379,[::1]:7001,127.0.0.1:6379");
+        assert_eq!(
+            c.addrs,
+            [
+                "127.0.0.1:6379".parse().unwrap(),
+                "[::1]:7001".parse().unwrap()
+            ]
+        );
+        assert_eq!(c.seed_hosts, ["127.0.0.1", "::1"]);
+        assert_eq!(c.host, "127.0.0.1");
+        let s = NodeAddr::parse("redis+sentinel://127.0.0.1,[::1]:26380/m").unwrap();
+        assert_eq!(s.display, "127.0.0.1:26379,[::1]:26380");
+        assert_eq!(
+            s.addrs,
+            [
+                "127.0.0.1:26379".parse().unwrap(),
+                "[::1]:26380".parse().unwrap()
+            ]
+        );
+        let sentinels = &s.sentinel.as_ref().unwrap().sentinels;
+        assert_eq!(sentinels.len(), 2);
+        assert_eq!(sentinels[1].display, "[::1]:26380");
+        assert_eq!(sentinels[1].host, "::1");
+        assert_eq!(s.host, "127.0.0.1");
     }
 
     #[test]

@@ -55,13 +55,25 @@ pub fn seconds(name: &str, value: std::ffi::OsString) -> Result<Duration, UsageE
     if !bare {
         return parse_duration(&text).map_err(|e| usage!("{name}: {e}"));
     }
-    let secs: f64 = text
-        .parse()
-        .map_err(|_| usage!("{name}: {text:?} is not a number of seconds"))?;
-    if secs > MAX_DURATION.as_secs_f64() {
+    // Whole seconds and a fraction, read as integers (to the nanosecond; finer digits are
+    // dropped): parsing a float would bring the decimal-to-float tables into the command.
+    let (whole, fraction) = text.split_once('.').unwrap_or((&text, ""));
+    let secs = match whole {
+        "" => 0,
+        whole => whole
+            .parse::<u64>()
+            .map_err(|_| usage!("{name}: {text:?} is too long (at most 8760h)"))?,
+    };
+    let nanos = fraction
+        .bytes()
+        .chain(std::iter::repeat(b'0'))
+        .take(9)
+        .fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
+    let d = Duration::new(secs, nanos);
+    if d > MAX_DURATION {
         return Err(usage!("{name}: {text:?} is too long (at most 8760h)"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
 /// Option `name`'s value as a positive integer.
@@ -295,5 +307,11 @@ mod tests {
         assert!(s("1.2.3").is_err());
         assert!(s("-1").is_err());
         assert!(s("99999999999").is_err());
+        assert!(s("99999999999999999999999").is_err());
+        assert_eq!(s(".25").unwrap(), Duration::from_millis(250));
+        assert_eq!(s("2.").unwrap(), Duration::from_secs(2));
+        assert_eq!(s("1.0000000019").unwrap(), Duration::new(1, 1));
+        assert_eq!(s("31536000").unwrap(), MAX_DURATION);
+        assert!(s("31536000.000000001").is_err());
     }
 }

@@ -567,8 +567,12 @@ fn probe(
     let mut readers = scored(&mut conn, &names.readers, now_ms)?;
     if matches!(&writer, Slot::Other { kind } if kind == "hash") {
         writer = Slot::Free;
-        readers.extend(hash_readers(&mut conn, &names.writer)?);
-        readers.sort_by_key(|m| m.left_ms);
+        // The set's members come in score order, soonest to expire first; each field goes in
+        // its place, after those that expire no later (an insertion: no sort of its own).
+        for reader in hash_readers(&mut conn, &names.writer)? {
+            let at = readers.partition_point(|m| m.left_ms <= reader.left_ms);
+            readers.insert(at, reader);
+        }
     }
     Ok(Node {
         server,
@@ -580,11 +584,53 @@ fn probe(
     })
 }
 
+/// A number a server sent (a port, `TIME`'s parts, a sorted set's score), truncated toward zero
+/// to an integer: `-12`, `1732800000000`, `1.7328e+12` (how Redis 7.2 and later may write a
+/// score), `12.5`; 0 for what is not a number. Integer arithmetic only: parsing a float would
+/// bring the standard library's decimal-to-float tables into the small command.
 fn number(bytes: &[u8]) -> i64 {
-    std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .map_or(0, |f| f as i64)
+    let text = std::str::from_utf8(bytes).unwrap_or("").trim();
+    let (negative, text) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let (mantissa, exponent) = match text.find(['e', 'E']) {
+        Some(at) => match text[at + 1..].parse::<i32>() {
+            Ok(e) => (&text[..at], e),
+            Err(_) => return 0,
+        },
+        None => (text, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = || whole.bytes().chain(fraction.bytes());
+    if whole.len() + fraction.len() == 0 || !digits().all(|b| b.is_ascii_digit()) {
+        return 0;
+    }
+    // The digits as one integer, and the power of ten that scales it; beyond i64 it saturates.
+    let mut value: i128 = 0;
+    let mut scale = i64::from(exponent) - fraction.len() as i64;
+    for d in digits() {
+        if value > i128::from(i64::MAX) {
+            scale += 1;
+        } else {
+            value = value * 10 + i128::from(d - b'0');
+        }
+    }
+    while scale > 0 && value != 0 && value <= i128::from(i64::MAX) {
+        value *= 10;
+        scale -= 1;
+    }
+    while scale < 0 && value != 0 {
+        value /= 10;
+        scale += 1;
+    }
+    let value = i64::try_from(value).unwrap_or(i64::MAX);
+    if negative {
+        -value
+    } else {
+        value
+    }
 }
 
 fn string_slot(conn: &mut NodeConn, key: &[u8]) -> Result<Slot, Failure> {
@@ -741,10 +787,10 @@ fn on_quorum(up: &[&Node], set: fn(&Node) -> &[Member], quorum: usize) -> Vec<St
 /// The queue length a quorum agrees on at least (the quorum-th longest), and the longest.
 fn queue_lengths(up: &[&Node], quorum: usize) -> (usize, usize) {
     let mut lengths: Vec<usize> = up.iter().map(|n| n.queue).collect();
-    lengths.sort_unstable_by(|a, b| b.cmp(a));
+    lengths.sort_unstable();
     (
-        lengths.get(quorum - 1).copied().unwrap_or(0),
-        lengths.first().copied().unwrap_or(0),
+        lengths.len().checked_sub(quorum).map_or(0, |i| lengths[i]),
+        lengths.last().copied().unwrap_or(0),
     )
 }
 
@@ -762,5 +808,41 @@ fn pttl(ms: i64) -> String {
         -1 => "no expiry".into(),
         -2 => "-".into(),
         ms => format!("{ms}ms"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::number;
+
+    #[test]
+    fn numbers_as_servers_write_them() {
+        for (text, n) in [
+            ("0", 0),
+            ("6379", 6379),
+            ("-12", -12),
+            ("+7", 7),
+            (" 42 ", 42),
+            ("1732800000000", 1_732_800_000_000),
+            ("1.7328e+12", 1_732_800_000_000),
+            ("1.7328E12", 1_732_800_000_000),
+            ("17328e8", 1_732_800_000_000),
+            ("12.5", 12),
+            ("-12.9", -12),
+            ("1e-3", 0),
+            ("1732800000123.75", 1_732_800_000_123),
+            ("99999999999999999999999", i64::MAX),
+            ("1e400", i64::MAX),
+            ("", 0),
+            ("-", 0),
+            (".", 0),
+            ("inf", 0),
+            ("nan", 0),
+            ("1e", 0),
+            ("1.2.3", 0),
+            ("12ab", 0),
+        ] {
+            assert_eq!(number(text.as_bytes()), n, "{text:?}");
+        }
     }
 }

@@ -324,7 +324,14 @@ fn bench_exits_cleanly_on_a_broken_pipe() {
 #[test]
 fn bench_speaks_to_users_not_of_issues() {
     let cluster = RedisCluster::start(1).expect("start redis-server");
-    for mode in ["mutex", "read", "semaphore", "downgrade"] {
+    for mode in [
+        "mutex",
+        "read",
+        "write",
+        "semaphore",
+        "downgrade",
+        "handoff",
+    ] {
         let out = output(
             &cluster,
             &[

@@ -542,12 +542,34 @@ impl Probe {
     /// The server's CPU time so far: `used_cpu_sys` + `used_cpu_user` of `INFO cpu`.
     pub fn cpu(&mut self) -> io::Result<Duration> {
         let info = self.info("cpu")?;
-        let sys: f64 = info_field(&info, "used_cpu_sys")
-            .ok_or_else(|| io::Error::other("INFO cpu: no used_cpu_sys"))?;
-        let user: f64 = info_field(&info, "used_cpu_user")
-            .ok_or_else(|| io::Error::other("INFO cpu: no used_cpu_user"))?;
-        Ok(Duration::from_secs_f64((sys + user).max(0.0)))
+        let field = |name: &str| {
+            info_field::<String>(&info, name)
+                .and_then(|text| decimal_seconds(&text))
+                .ok_or_else(|| io::Error::other(format!("INFO cpu: no {name}")))
+        };
+        Ok(field("used_cpu_sys")? + field("used_cpu_user")?)
     }
+}
+
+/// A number of seconds written in decimal (`12.345678`, as `INFO cpu` gives them), to the
+/// nanosecond, finer digits dropped. Integer arithmetic only: parsing a float would bring the
+/// standard library's decimal-to-float tables into the small command, which uses this.
+pub fn decimal_seconds(text: &str) -> Option<Duration> {
+    let (whole, fraction) = text.trim().split_once('.').unwrap_or((text.trim(), ""));
+    if whole.len() + fraction.len() == 0 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let secs = match whole {
+        "" => 0,
+        whole if whole.bytes().all(|b| b.is_ascii_digit()) => whole.parse().ok()?,
+        _ => return None,
+    };
+    let nanos = fraction
+        .bytes()
+        .chain(std::iter::repeat(b'0'))
+        .take(9)
+        .fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
+    Some(Duration::new(secs, nanos))
 }
 
 /// A node's client connections, as `CLIENT LIST` shows them, without the probe's own.
@@ -990,6 +1012,20 @@ mod tests {
         assert_eq!(used, reply.len());
         assert_eq!(info_field::<u64>(&text, "connected_clients"), Some(7));
         assert_eq!(info_field::<f64>(&text, "x"), Some(1.5));
+        assert_eq!(decimal_seconds("1.5"), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            decimal_seconds("12.345678"),
+            Some(Duration::new(12, 345_678_000))
+        );
+        assert_eq!(decimal_seconds("3"), Some(Duration::from_secs(3)));
+        assert_eq!(decimal_seconds(".25"), Some(Duration::from_millis(250)));
+        assert_eq!(
+            decimal_seconds("0.1234567891"),
+            Some(Duration::new(0, 123_456_789))
+        );
+        for bad in ["", ".", "-1.5", "1e3", "1.2.3", "x"] {
+            assert_eq!(decimal_seconds(bad), None, "{bad:?}");
+        }
         assert_eq!(info_field::<u64>(&text, "connected"), None);
         assert!(parse_bulk(b"-ERR no\r\n").is_err());
     }

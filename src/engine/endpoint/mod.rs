@@ -2060,14 +2060,20 @@ impl Endpoint {
     /// answered, even when no caller has an operation under way: those of a broken connection
     /// or refused for a while, to send again, and every one not answered yet (its connection
     /// may be closed already, its node may answer `NOSCRIPT` or `BUSY`, or, on a cluster
-    /// member, `MOVED` or `ASK`, and only reading it tells). Worth it only until what they
-    /// delete expires.
+    /// member, `MOVED` or `ASK`, and only reading it tells). Those to send again are worth it
+    /// only until what they delete expires; one not answered yet on a live connection is
+    /// tended until its reply comes, whenever that is: a node slow for its load may run a
+    /// lock's write queued before it only then, and that write lives a TTL from there (a
+    /// `NOSCRIPT` then sends the release again with its body, see `owe_again`). A connection
+    /// whose peer is gone breaks within the dead-peer timeout, which bounds the wait.
     ///
     /// So do the sentinels of a member that has no master yet, or whose round is under way: a
     /// call fails at once on such a member, without waiting for anything, and the round would
     /// otherwise move on only while some other call waits.
     pub fn needs_tending(&self, now: Instant) -> bool {
-        self.nodes.iter().any(|n| n.owes_until(now)) || self.sentinels_pending()
+        self.nodes.iter().any(|n| {
+            n.owes_until(now) || (n.cmd.redo_until().is_some() && !n.cmd.is_down())
+        }) || self.sentinels_pending()
     }
 
     /// Whether a command connection still owes replies, or a node still has compare-and-deletes
