@@ -826,9 +826,9 @@ impl Core {
             (Some(tls), true) => tls.connect(self.ep.tls_name(id)).map(Some),
             // Never plaintext to a TLS node: the client is built with a TLS configuration
             // whenever a node is one, so this does not happen.
-            (None, true) => Err(crate::tls::handshake_failed(crate::TlsFailure::Handshake(
-                "no TLS configuration".into(),
-            ))),
+            (None, true) => Err(crate::tls::handshake_failed(
+                crate::error::TlsFailure::Handshake("no TLS configuration".into()),
+            )),
             (_, false) => Ok(None),
         }
     }
@@ -848,7 +848,7 @@ impl Core {
         if !tls {
             return socket::answers_tls(addr, timeout).then(|| NodeErrorKind::Setup {
                 command: "TLS",
-                cause: Box::new(NodeErrorKind::Tls(crate::TlsFailure::TlsPort)),
+                cause: Box::new(NodeErrorKind::Tls(crate::error::TlsFailure::TlsPort)),
             });
         }
         #[cfg(feature = "tls")]
@@ -864,7 +864,7 @@ impl Core {
     /// A plaintext TCP connection that the server closed before answering anything may have
     /// reached a TLS port, which closes the connection at the first plaintext bytes: if the
     /// server answers a TLS hello, that is a configuration error
-    /// ([`TlsFailure::TlsPort`](crate::TlsFailure::TlsPort)), not a failure to retry.
+    /// ([`TlsFailure::TlsPort`](crate::error::TlsFailure::TlsPort)), not a failure to retry.
     fn failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
         let connecting = self.sockets[id.index()]
             .as_ref()
@@ -1047,7 +1047,7 @@ impl Core {
     }
 
     /// Fails the TLS handshakes still unanswered at the connect timeout, on connections whose
-    /// TCP connect went through, as [`TlsFailure::NotTls`](crate::TlsFailure::NotTls): a
+    /// TCP connect went through, as [`TlsFailure::NotTls`](crate::error::TlsFailure::NotTls): a
     /// plaintext Redis reads a TLS hello as the start of a command line, and waits for its end
     /// without a word. Called before the endpoint's own timers, which would take them for
     /// connects that timed out.
@@ -1063,7 +1063,7 @@ impl Core {
             if handshaking && overdue && self.ep.node_addr(id.node).tls {
                 let why = NodeErrorKind::Setup {
                     command: "TLS",
-                    cause: Box::new(NodeErrorKind::Tls(crate::TlsFailure::NotTls)),
+                    cause: Box::new(NodeErrorKind::Tls(crate::error::TlsFailure::NotTls)),
                 };
                 self.failed(id, why, now);
             }
