@@ -55,7 +55,7 @@ use mio::Token;
 use sync::{AtomicBool, Events, Mutex, MutexGuard, Poll, Registry, Thread, TryLockError, Waker};
 
 use crate::config::Config;
-use crate::engine::endpoint::{Bits, CallerId, ConnId, Endpoint, Io};
+use crate::engine::endpoint::{Bits, CallerId, CallerLoop, ConnId, Endpoint, Io, Next};
 use crate::engine::machine::Machine;
 use crate::engine::Round;
 use crate::error::NodeErrorKind;
@@ -107,9 +107,6 @@ enum Resender {
     /// Running, or parked until a caller that finishes wakes it.
     Running(Thread),
 }
-
-/// How long a caller waits at most without anything scheduled, before it looks again.
-const IDLE_LOOK: Duration = Duration::from_millis(100);
 
 /// How long a closing caller waits at most before it looks again whether every node answered:
 /// while another caller leads, nobody posts to it when they do.
@@ -481,64 +478,35 @@ impl Session<'_> {
         let run = core.ep.begin(slot);
         // Without a waker (the system refused one), the flag is still read at every wake-up.
         let registration = cancel.map(|c| c.register(core.waker.clone(), sync::current()));
-        let mut cancelled = false;
-        let mut drained = false;
+        let mut lp = CallerLoop::new(slot, run);
+        let mut now = sync::now();
         let outcome = loop {
-            let now = sync::now();
-            if !cancelled && cancel.is_some_and(Cancel::is_cancelled) {
-                cancelled = true;
-                m.handle_cancel(now, &mut entropy);
+            if lp.turn_starts() {
+                now = sync::now();
             }
-            if core.leader.is_none() {
-                // Replies that came while nobody polled are read before the slow-node breaker
-                // judges a node by them.
-                core.read_late(now);
-            }
-            core.ep.step(slot, run, m, now, &mut entropy);
-            core.do_io(now);
-            core.write_or_leave(slot, now);
-            core.notify(slot, &mut self.wakeups);
-            if core.ep.has_mail(slot) {
-                continue;
-            }
-            if let Some(outcome) = m.poll_outcome() {
-                break outcome;
-            }
-            // The machine's own deadline (its validity, a retry), and the endpoint's (a node
-            // timeout, a reconnect): whichever caller sees one pass acts on it.
-            let mine = m.poll_timeout();
-            let endpoint = core.ep.poll_timeout();
-            let deadline = match (mine, endpoint) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(t), None) | (None, Some(t)) => t,
-                // Nothing scheduled: the machine waits for input that must come (a reply, a
-                // failure); look again now and then all the same.
-                (None, None) => now + IDLE_LOOK,
-            };
-            if now >= deadline {
-                if !drained {
-                    // What came but was not read yet is no timeout.
-                    drained = true;
-                    core.read_all(now);
-                    continue;
+            let cancelled = cancel.is_some_and(Cancel::is_cancelled);
+            let polled = core.leader.is_some();
+            match lp.next(&mut core.ep, m, now, &mut entropy, cancelled, polled) {
+                Next::ReadLate => core.read_late(now),
+                Next::Io => {
+                    core.do_io(now);
+                    core.write_or_leave(slot, now);
+                    core.notify(slot, &mut self.wakeups);
                 }
-                drained = false;
-                if endpoint.is_some_and(|t| now >= t) {
-                    core.handshake_timeouts(now);
-                    core.ep.handle_timeout(now);
+                Next::ReadAll => core.read_all(now),
+                Next::Timers => {
                     core.do_io(now);
                     core.end_close(now);
                 }
-                if mine.is_some_and(|t| now >= t) {
-                    m.handle_timeout(now, &mut entropy);
+                Next::Again => {}
+                Next::Wait { until, wanted } => {
+                    let timeout = until.saturating_duration_since(now);
+                    core = local.wait(core, slot, timeout, wanted, &mut self.wakeups);
                 }
-                continue;
+                Next::Done(outcome) => break outcome,
             }
-            drained = false;
-            let wanted = m.replies_wanted();
-            core = local.wait(core, slot, deadline - now, wanted, &mut self.wakeups);
         };
-        let next = core.finish(slot, run);
+        let next = core.finish(slot, lp.run());
         let resend = core.needs_resender(sync::now());
         let (resender, start) = match (&core.resender, resend) {
             (_, false) | (Resender::Starting, true) => (None, false),
@@ -967,7 +935,12 @@ impl Core {
                 }
                 self.ep.handle_connected(id);
             }
-            Ok(false) => return,
+            Ok(false) => {
+                if s.is_handshaking() {
+                    self.ep.handle_linked(id);
+                }
+                return;
+            }
             Err(why) => return self.failed(id, why, now),
         }
         self.flush(id, now);
@@ -1046,37 +1019,12 @@ impl Core {
         self.bits = late;
     }
 
-    /// Fails the TLS handshakes still unanswered at the connect timeout, on connections whose
-    /// TCP connect went through, as [`TlsFailure::NotTls`](crate::error::TlsFailure::NotTls): a
-    /// plaintext Redis reads a TLS hello as the start of a command line, and waits for its end
-    /// without a word. Called before the endpoint's own timers, which would take them for
-    /// connects that timed out.
-    fn handshake_timeouts(&mut self, now: Instant) {
-        let connect = self.ep.config().connect_timeout;
-        for i in 0..self.sockets.len() {
-            let id = ConnId::from_index(i);
-            let handshaking = self.sockets[i].as_ref().is_some_and(Socket::is_handshaking);
-            let overdue = self
-                .ep
-                .connecting_since(id)
-                .is_some_and(|since| now.saturating_duration_since(since) >= connect);
-            if handshaking && overdue && self.ep.node_addr(id.node).tls {
-                let why = NodeErrorKind::Setup {
-                    command: "TLS",
-                    cause: Box::new(NodeErrorKind::Tls(crate::error::TlsFailure::NotTls)),
-                };
-                self.failed(id, why, now);
-            }
-        }
-    }
-
     /// Runs the endpoint's timers that are due (node timeouts, connect timeouts, reconnects for
     /// releases), after reading every connection: a reply that came is never taken for a
     /// timeout.
     fn timers(&mut self, now: Instant) {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.read_all(now);
-            self.handshake_timeouts(now);
             self.ep.handle_timeout(now);
             self.do_io(now);
             self.flush_all(now);

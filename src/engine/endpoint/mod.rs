@@ -64,6 +64,7 @@
 #![forbid(unsafe_code)]
 
 mod bits;
+mod caller;
 pub(crate) mod cluster;
 mod conn;
 mod mail;
@@ -79,13 +80,14 @@ use crate::config::Config;
 use crate::engine::machine::{Machine, To, Transmit, What};
 use crate::engine::ops::Caps;
 use crate::engine::timings;
-use crate::error::NodeErrorKind;
+use crate::error::{NodeErrorKind, TlsFailure};
 use crate::resp::Reply;
 use crate::rng::{Entropy, Token};
 use crate::stats::Recorder;
 use crate::url::{NodeAddr, Target};
 
 pub(crate) use bits::Bits;
+pub(crate) use caller::{CallerLoop, Next};
 use cluster::{Kept, Topology};
 use conn::{Conn, Redo, Refused, Slot, BACKOFF_MAX, BACKOFF_MIN, MAX_OWED};
 pub(crate) use mail::Event;
@@ -1309,10 +1311,11 @@ impl Endpoint {
         self.conn(id).connected();
     }
 
-    /// When the connect of `id` under way started, if one is.
-    pub fn connecting_since(&self, id: ConnId) -> Option<Instant> {
-        let node = &self.nodes[id.node];
-        if id.sub { &node.sub } else { &node.cmd }.connecting_since()
+    /// The stream of `id` is connected, and its TLS handshake goes on: should the handshake
+    /// still be unanswered at the connect timeout, the node is no TLS server (see
+    /// [`handle_timeout`](Self::handle_timeout)).
+    pub fn handle_linked(&mut self, id: ConnId) {
+        self.conn(id).linked();
     }
 
     /// The address the connect of `id` is to.
@@ -1907,7 +1910,17 @@ impl Endpoint {
                     .is_some_and(|s| now.saturating_duration_since(s) >= connect);
                 if overdue {
                     self.io.push_back(Io::Close(id));
-                    let why = NodeErrorKind::Connect(std::io::ErrorKind::TimedOut);
+                    // A TLS handshake unanswered at the connect timeout, on a stream that is
+                    // connected: a plaintext Redis reads a TLS hello as the start of a command
+                    // line, and waits for its end without a word. A configuration error.
+                    let why = if self.conn(id).is_handshaking() && self.node_addr(i).tls {
+                        NodeErrorKind::Setup {
+                            command: "TLS",
+                            cause: Box::new(NodeErrorKind::Tls(TlsFailure::NotTls)),
+                        }
+                    } else {
+                        NodeErrorKind::Connect(std::io::ErrorKind::TimedOut)
+                    };
                     self.handle_connect_failed(id, why, now);
                 }
             }

@@ -932,3 +932,37 @@ fn waitaof_counts_only_enough_fsyncs() {
     );
     assert!(waited(b":0\r\n", (1, Some((1, 1))), Slot::Wait, &limits).is_err());
 }
+
+#[cfg(feature = "tls")]
+#[test]
+fn a_tls_handshake_unanswered_at_the_connect_timeout_is_a_configuration_error() {
+    // One `rediss://` node and one plaintext node, both connected at the TCP level and silent.
+    let mut config = Arc::into_inner(config(2)).expect("one owner");
+    config.nodes[0] = NodeAddr::parse("rediss://127.0.0.1:7000").unwrap();
+    let mut net = Net::new(2);
+    net.ep = Endpoint::new(Arc::new(config), Arc::new(Recorder::new(2)), net.now);
+    net.ep.connect_all(net.now);
+    let mut connecting = Vec::new();
+    while let Some(io) = net.ep.poll_io() {
+        if let Io::Connect(id) = io {
+            connecting.push(id);
+        }
+    }
+    assert_eq!(connecting, [Net::cmd(0), Net::cmd(1)]);
+    // The shell reports both streams linked: the TLS one waits for its handshake.
+    for &id in &connecting {
+        net.ep.handle_linked(id);
+    }
+    net.now += 100 * MS;
+    assert!(net.ep.poll_timeout().is_some_and(|t| t <= net.now));
+    net.ep.handle_timeout(net.now);
+    let failures = net.ep.setup_failures();
+    assert!(
+        matches!(
+            failures.as_slice(),
+            [(0, NodeErrorKind::Setup { command: "TLS", cause })]
+                if matches!(**cause, NodeErrorKind::Tls(TlsFailure::NotTls))
+        ),
+        "{failures:?}"
+    );
+}
