@@ -55,7 +55,7 @@ use mio::Token;
 use sync::{AtomicBool, Events, Mutex, MutexGuard, Poll, Registry, Thread, TryLockError, Waker};
 
 use crate::config::Config;
-use crate::engine::endpoint::{Bits, CallerId, CallerLoop, ConnId, Endpoint, Io, Next};
+use crate::engine::endpoint::{Bits, CallerId, CallerLoop, ConnId, Endpoint, Io, Next, Probed};
 use crate::engine::machine::Machine;
 use crate::engine::Round;
 use crate::error::NodeErrorKind;
@@ -64,10 +64,8 @@ use crate::process::PerProcess;
 use crate::rng::OsEntropy;
 use crate::stats::Recorder;
 use crate::tls::TlsContext;
+use crate::url::Target;
 use socket::Socket;
-
-/// How long a probe for a TLS port may take at most (see `Core::failed`).
-const TLS_PROBE_LIMIT: Duration = Duration::from_secs(1);
 
 /// The poll token of the shared [`Waker`]: no connection has it.
 const WAKER: Token = Token(usize::MAX);
@@ -782,6 +780,10 @@ impl Core {
                         s.close(&self.registry);
                     }
                 }
+                Io::Probe { id, timeout } => {
+                    let found = self.probe(id, timeout);
+                    self.ep.handle_probed(id, found, now);
+                }
             }
         }
     }
@@ -807,56 +809,34 @@ impl Core {
         Ok(None)
     }
 
-    /// Why the server at `addr` closed a connection of `id` before answering anything, if it
-    /// is a configuration error: a TLS port reached without TLS (a plaintext connection), or a
-    /// client certificate it wants (a TLS one). Found with a blocking probe, made only after
-    /// such a close, and bounded by the connect timeout (1 s at most).
-    fn refusal(&self, id: ConnId, addr: std::net::SocketAddr, tls: bool) -> Option<NodeErrorKind> {
-        let timeout = self.ep.config().connect_timeout.min(TLS_PROBE_LIMIT);
-        if !tls {
-            return socket::answers_tls(addr, timeout).then(|| NodeErrorKind::Setup {
-                command: "TLS",
-                cause: Box::new(NodeErrorKind::Tls(crate::error::TlsFailure::TlsPort)),
-            });
+    /// Probes the server of `id` (see `Io::Probe`): blocking, `timeout` at most.
+    fn probe(&self, id: ConnId, timeout: Duration) -> Probed {
+        let Target::Tcp(addr) = self.ep.connect_addr(id) else {
+            return Probed::Nothing;
+        };
+        if !self.ep.node_addr(id.node).tls {
+            return match socket::answers_tls(addr, timeout) {
+                true => Probed::AnswersTls,
+                false => Probed::Nothing,
+            };
         }
         #[cfg(feature = "tls")]
         if let Ok(Some(session)) = self.tls_session(id) {
-            return socket::tls_refusal(addr, session, timeout);
+            if let Some(why) = socket::tls_refusal(addr, session, timeout) {
+                return Probed::Refused(why);
+            }
         }
-        let _ = id;
-        None
+        Probed::Nothing
     }
 
     /// The connection `id` failed at the socket: it is closed, and the endpoint told.
-    ///
-    /// A plaintext TCP connection that the server closed before answering anything may have
-    /// reached a TLS port, which closes the connection at the first plaintext bytes: if the
-    /// server answers a TLS hello, that is a configuration error
-    /// ([`TlsFailure::TlsPort`](crate::error::TlsFailure::TlsPort)), not a failure to retry.
     fn failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
         let connecting = self.sockets[id.index()]
             .as_ref()
             .is_some_and(Socket::is_connecting);
-        let unheard = self.sockets[id.index()].as_ref().and_then(Socket::unheard);
         if let Some(s) = self.sockets[id.index()].take() {
             s.close(&self.registry);
         }
-        let closed = matches!(
-            why,
-            NodeErrorKind::Io(
-                io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::UnexpectedEof
-                    | io::ErrorKind::BrokenPipe
-            )
-        );
-        // Only for a node that never answered a setup: a configuration error shows from the
-        // first connect, and a node that answered before is not probed (the probe blocks).
-        let why = match unheard {
-            Some((addr, tls)) if closed && !self.ep.has_answered(id.node) => {
-                self.refusal(id, addr, tls).unwrap_or(why)
-            }
-            _ => why,
-        };
         if connecting {
             self.ep.handle_connect_failed(id, why, now);
         } else {

@@ -172,6 +172,8 @@ pub(crate) struct Conn {
     pub trying: usize,
     /// How many replies this connection (and those before it) have read, in all.
     pub read: u64,
+    /// Bytes were received on this connection.
+    pub heard: bool,
 }
 
 impl Conn {
@@ -198,6 +200,7 @@ impl Conn {
             learnt: Server::default(),
             trying: 0,
             read: 0,
+            heard: false,
         }
     }
 
@@ -300,6 +303,7 @@ impl Conn {
             since: now,
             linked: false,
         };
+        self.heard = false;
         self.trying = 0;
         self.learnt = Server::default();
         let owed = &mut self.owed;
@@ -526,6 +530,7 @@ impl Conn {
     /// `n` bytes were read into [`recv_buf`](Self::recv_buf).
     pub fn received(&mut self, n: usize) {
         self.inp_end = (self.inp_end + n).min(self.inp.len());
+        self.heard |= n > 0;
     }
 
     /// Frames every complete reply received and hands each, with the slot it answers, its

@@ -130,7 +130,28 @@ pub(crate) enum Io {
     Connect(ConnId),
     /// Close the connection's socket: the endpoint has given it up.
     Close(ConnId),
+    /// Find out, with a blocking probe of `timeout` at most, why the server of the connection
+    /// (its socket closed already) closed it before answering anything: whether it answers a
+    /// TLS hello (the connection was plaintext), or its verdict on this client's certificate
+    /// (a TLS one). Report with [`Endpoint::handle_probed`]: the connection's failure waits
+    /// for it.
+    Probe { id: ConnId, timeout: Duration },
 }
+
+/// What a probe ([`Io::Probe`]) found.
+#[derive(Debug)]
+pub(crate) enum Probed {
+    /// Nothing that says the configuration is wrong.
+    Nothing,
+    /// The server answered a TLS hello: a TLS port.
+    AnswersTls,
+    /// The TLS server refused this client, for this reason.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    Refused(NodeErrorKind),
+}
+
+/// How long a probe (see [`Io::Probe`]) may take at most: the connect timeout, up to this.
+const PROBE_LIMIT: Duration = Duration::from_secs(1);
 
 /// A compare-and-delete owed by a broken connection, to send again on the next one.
 #[derive(Debug, Clone, Copy)]
@@ -246,6 +267,8 @@ pub(crate) struct Endpoint {
     channels: Channels,
     encoded: Encoded,
     io: VecDeque<Io>,
+    /// The connections whose failure waits for a probe ([`Io::Probe`]), with the failure.
+    probing: Vec<(ConnId, NodeErrorKind)>,
     next_run: u64,
     /// While the client closes: when it gives up at the latest, and when a node last answered.
     closing: Option<Closing>,
@@ -334,6 +357,7 @@ impl Endpoint {
             channels: Channels::new(n, n),
             encoded: Encoded::default(),
             io: VecDeque::new(),
+            probing: Vec::new(),
             next_run: 1,
             closing: None,
             closed_until: None,
@@ -366,11 +390,6 @@ impl Endpoint {
             mine.server = theirs.server;
             mine.known = theirs.known;
         }
-    }
-
-    /// Whether a setup of node `i` has ever completed: its server is known to answer.
-    pub fn has_answered(&self, i: usize) -> bool {
-        self.nodes[i].known
     }
 
     // --- callers -------------------------------------------------------------------------
@@ -1738,7 +1757,50 @@ impl Endpoint {
     /// The connection `id` failed with `why` at `now` (its socket is closed, or to be closed):
     /// every reply it owed fails for its owner, but for the compare-and-deletes, which are
     /// kept for the node's next connection.
+    ///
+    /// A TCP connection that its server closed before answering anything, to a node that
+    /// never answered a setup, may say that the configuration is wrong: a plaintext
+    /// connection may have reached a TLS port, which closes it at the first plaintext bytes; a
+    /// TLS server may refuse this client's certificate once the handshake is over, and its
+    /// alert is lost when it closes the connection with our first commands unread. Its failure
+    /// then waits for a probe ([`Io::Probe`]). A node that answered before is not probed (the
+    /// probe blocks): a configuration error shows from the first connect.
     pub fn handle_failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
+        let closed = matches!(
+            why,
+            NodeErrorKind::Io(
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::BrokenPipe
+            )
+        );
+        let node = &self.nodes[id.node];
+        let conn = if id.sub { &node.sub } else { &node.cmd };
+        let unheard = conn.is_up() && !conn.heard && !node.known;
+        if closed && unheard && matches!(self.connect_addr(id), Target::Tcp(_)) {
+            let timeout = self.config.connect_timeout.min(PROBE_LIMIT);
+            self.probing.push((id, why));
+            self.io.push_back(Io::Probe { id, timeout });
+            return;
+        }
+        self.fail(id, why, now);
+    }
+
+    /// The probe of `id` ([`Io::Probe`]) found `found`: the connection fails, with a
+    /// configuration error if that is what the probe found.
+    pub fn handle_probed(&mut self, id: ConnId, found: Probed, now: Instant) {
+        let Some(k) = self.probing.iter().position(|(p, _)| *p == id) else {
+            return;
+        };
+        let (_, why) = self.probing.swap_remove(k);
+        let why = match (found, self.node_addr(id.node).tls) {
+            (Probed::AnswersTls, false) => NodeErrorKind::Setup {
+                command: "TLS",
+                cause: Box::new(NodeErrorKind::Tls(TlsFailure::TlsPort)),
+            },
+            (Probed::Refused(refusal), true) => refusal,
+            _ => why,
+        };
         self.fail(id, why, now);
     }
 

@@ -966,3 +966,45 @@ fn a_tls_handshake_unanswered_at_the_connect_timeout_is_a_configuration_error() 
         "{failures:?}"
     );
 }
+
+#[test]
+fn a_close_before_any_answer_is_probed_and_a_tls_port_is_a_configuration_error() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    // The server closes the connection at the first plaintext bytes, as a TLS port does.
+    let reset = NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset);
+    net.ep.handle_failed(Net::cmd(0), reset, net.now);
+    let probe = Io::Probe {
+        id: Net::cmd(0),
+        timeout: 100 * MS,
+    };
+    assert_eq!(net.ep.poll_io(), Some(probe));
+    // The connection's failure waits for the probe's answer.
+    assert!(net.ep.setup_failures().is_empty());
+    net.ep
+        .handle_probed(Net::cmd(0), Probed::AnswersTls, net.now);
+    let failures = net.ep.setup_failures();
+    assert!(
+        matches!(
+            failures.as_slice(),
+            [(0, NodeErrorKind::Setup { command: "TLS", cause })]
+                if matches!(**cause, NodeErrorKind::Tls(TlsFailure::TlsPort))
+        ),
+        "{failures:?}"
+    );
+}
+
+#[test]
+fn a_node_that_answered_before_is_not_probed() {
+    let mut net = Net::ready(INFO_82, true);
+    let reset = NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset);
+    net.ep.handle_failed(Net::cmd(0), reset, net.now);
+    let mut io = Vec::new();
+    while let Some(x) = net.ep.poll_io() {
+        io.push(x);
+    }
+    assert!(!io.iter().any(|x| matches!(x, Io::Probe { .. })), "{io:?}");
+    assert!(net.ep.setup_failures().is_empty());
+}

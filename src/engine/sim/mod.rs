@@ -90,7 +90,7 @@ use rand_core::{Rng as _, SeedableRng};
 
 use crate::config::{Config, RwPolicy};
 use crate::engine::acquire::{Acquisition, Grant, Params};
-use crate::engine::endpoint::{CallerId, CallerLoop, ConnId, Endpoint, Io, Next};
+use crate::engine::endpoint::{CallerId, CallerLoop, ConnId, Endpoint, Io, Next, Probed};
 use crate::engine::fair::Tickets;
 use crate::engine::hold::{Hold, HoldRound, Step};
 use crate::engine::keepalive::{KeptValidity, Schedule};
@@ -2444,6 +2444,11 @@ impl<'a> World<'a> {
                     if let Some(&Some(sock)) = self.clients[c].socks.get(id.index()) {
                         self.close_client_end(sock);
                     }
+                }
+                // The simulated servers are plaintext Redis: none answers a TLS hello.
+                Io::Probe { id, .. } => {
+                    let now = self.instant(self.now);
+                    self.clients[c].ep.handle_probed(id, Probed::Nothing, now);
                 }
             }
         }
