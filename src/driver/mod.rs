@@ -23,8 +23,10 @@
 //! a single caller there is no hand-off at all: it leads, and its system calls are those of a
 //! private connection set.
 //!
-//! Before a caller acts on a passed deadline, every connection is read once more, so that a
-//! reply that came but was not read yet is never taken for a timeout.
+//! What a caller does between its waits is the endpoint's caller loop
+//! (`engine::endpoint::caller`), which the simulation runs too: among its rules, before a caller
+//! acts on a passed deadline, every connection is read once more, so that a reply that came but
+//! was not read yet is never taken for a timeout.
 //!
 //! # Across `fork()`
 //!
