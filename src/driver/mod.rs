@@ -23,8 +23,10 @@
 //! a single caller there is no hand-off at all: it leads, and its system calls are those of a
 //! private connection set.
 //!
-//! Before a caller acts on a passed deadline, every connection is read once more, so that a
-//! reply that came but was not read yet is never taken for a timeout.
+//! What a caller does between its waits is the endpoint's caller loop
+//! (`engine::endpoint::caller`), which the simulation runs too: among its rules, before a caller
+//! acts on a passed deadline, every connection is read once more, so that a reply that came but
+//! was not read yet is never taken for a timeout.
 //!
 //! # Across `fork()`
 //!
@@ -55,7 +57,7 @@ use mio::Token;
 use sync::{AtomicBool, Events, Mutex, MutexGuard, Poll, Registry, Thread, TryLockError, Waker};
 
 use crate::config::Config;
-use crate::engine::endpoint::{Bits, CallerId, ConnId, Endpoint, Io};
+use crate::engine::endpoint::{Bits, CallerId, CallerLoop, ConnId, Endpoint, Io, Next, Probed};
 use crate::engine::machine::Machine;
 use crate::engine::Round;
 use crate::error::NodeErrorKind;
@@ -64,10 +66,8 @@ use crate::process::PerProcess;
 use crate::rng::OsEntropy;
 use crate::stats::Recorder;
 use crate::tls::TlsContext;
+use crate::url::Target;
 use socket::Socket;
-
-/// How long a probe for a TLS port may take at most (see `Core::failed`).
-const TLS_PROBE_LIMIT: Duration = Duration::from_secs(1);
 
 /// The poll token of the shared [`Waker`]: no connection has it.
 const WAKER: Token = Token(usize::MAX);
@@ -107,9 +107,6 @@ enum Resender {
     /// Running, or parked until a caller that finishes wakes it.
     Running(Thread),
 }
-
-/// How long a caller waits at most without anything scheduled, before it looks again.
-const IDLE_LOOK: Duration = Duration::from_millis(100);
 
 /// How long a closing caller waits at most before it looks again whether every node answered:
 /// while another caller leads, nobody posts to it when they do.
@@ -481,65 +478,40 @@ impl Session<'_> {
         let run = core.ep.begin(slot);
         // Without a waker (the system refused one), the flag is still read at every wake-up.
         let registration = cancel.map(|c| c.register(core.waker.clone(), sync::current()));
-        let mut cancelled = false;
-        let mut drained = false;
+        let mut lp = CallerLoop::new(slot, run);
+        let mut now = sync::now();
         let outcome = loop {
-            let now = sync::now();
-            if !cancelled && cancel.is_some_and(Cancel::is_cancelled) {
-                cancelled = true;
-                m.handle_cancel(now, &mut entropy);
+            if lp.turn_starts() {
+                now = sync::now();
             }
-            if core.leader.is_none() {
-                // Replies that came while nobody polled are read before the slow-node breaker
-                // judges a node by them.
-                core.read_late(now);
-                core.read_first(now);
-            }
-            core.ep.step(slot, run, m, now, &mut entropy);
-            core.do_io(now);
-            core.write_or_leave(slot, now);
-            core.notify(slot, &mut self.wakeups);
-            if core.ep.has_mail(slot) {
-                continue;
-            }
-            if let Some(outcome) = m.poll_outcome() {
-                break outcome;
-            }
-            // The machine's own deadline (its validity, a retry), and the endpoint's (a node
-            // timeout, a reconnect): whichever caller sees one pass acts on it.
-            let mine = m.poll_timeout();
-            let endpoint = core.ep.poll_timeout();
-            let deadline = match (mine, endpoint) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(t), None) | (None, Some(t)) => t,
-                // Nothing scheduled: the machine waits for input that must come (a reply, a
-                // failure); look again now and then all the same.
-                (None, None) => now + IDLE_LOOK,
-            };
-            if now >= deadline {
-                if !drained {
-                    // What came but was not read yet is no timeout.
-                    drained = true;
-                    core.read_all(now);
-                    continue;
+            let cancelled = cancel.is_some_and(Cancel::is_cancelled);
+            let polled = core.leader.is_some();
+            match lp.next(&mut core.ep, m, now, &mut entropy, cancelled, polled) {
+                Next::ReadLate => {
+                    // Replies that came while nobody polled, and the pushes that must be read
+                    // before commands go out (a `+switch-master`).
+                    core.read_late(now);
+                    core.read_first(now);
                 }
-                drained = false;
-                if endpoint.is_some_and(|t| now >= t) {
-                    core.handshake_timeouts(now);
-                    core.ep.handle_timeout(now);
+                Next::Io => {
+                    core.do_io(now);
+                    core.write_or_leave(slot, now);
+                    core.notify(slot, &mut self.wakeups);
+                }
+                Next::ReadAll => core.read_all(now),
+                Next::Timers => {
                     core.do_io(now);
                     core.end_close(now);
                 }
-                if mine.is_some_and(|t| now >= t) {
-                    m.handle_timeout(now, &mut entropy);
+                Next::Again => {}
+                Next::Wait { until, wanted } => {
+                    let timeout = until.saturating_duration_since(now);
+                    core = local.wait(core, slot, timeout, wanted, &mut self.wakeups);
                 }
-                continue;
+                Next::Done(outcome) => break outcome,
             }
-            drained = false;
-            let wanted = m.replies_wanted();
-            core = local.wait(core, slot, deadline - now, wanted, &mut self.wakeups);
         };
-        let next = core.finish(slot, run);
+        let next = core.finish(slot, lp.run());
         let resend = core.needs_resender(sync::now());
         let (resender, start) = match (&core.resender, resend) {
             (_, false) | (Resender::Starting, true) => (None, false),
@@ -815,6 +787,10 @@ impl Core {
                         s.close(&self.registry);
                     }
                 }
+                Io::Probe { id, timeout } => {
+                    let found = self.probe(id, timeout);
+                    self.ep.handle_probed(id, found, now);
+                }
             }
         }
     }
@@ -827,9 +803,9 @@ impl Core {
             (Some(tls), true) => tls.connect(self.ep.tls_name(id)).map(Some),
             // Never plaintext to a TLS node: the client is built with a TLS configuration
             // whenever a node is one, so this does not happen.
-            (None, true) => Err(crate::tls::handshake_failed(crate::TlsFailure::Handshake(
-                "no TLS configuration".into(),
-            ))),
+            (None, true) => Err(crate::tls::handshake_failed(
+                crate::error::TlsFailure::Handshake("no TLS configuration".into()),
+            )),
             (_, false) => Ok(None),
         }
     }
@@ -840,56 +816,34 @@ impl Core {
         Ok(None)
     }
 
-    /// Why the server at `addr` closed a connection of `id` before answering anything, if it
-    /// is a configuration error: a TLS port reached without TLS (a plaintext connection), or a
-    /// client certificate it wants (a TLS one). Found with a blocking probe, made only after
-    /// such a close, and bounded by the connect timeout (1 s at most).
-    fn refusal(&self, id: ConnId, addr: std::net::SocketAddr, tls: bool) -> Option<NodeErrorKind> {
-        let timeout = self.ep.config().connect_timeout.min(TLS_PROBE_LIMIT);
-        if !tls {
-            return socket::answers_tls(addr, timeout).then(|| NodeErrorKind::Setup {
-                command: "TLS",
-                cause: Box::new(NodeErrorKind::Tls(crate::TlsFailure::TlsPort)),
-            });
+    /// Probes the server of `id` (see `Io::Probe`): blocking, `timeout` at most.
+    fn probe(&self, id: ConnId, timeout: Duration) -> Probed {
+        let Target::Tcp(addr) = self.ep.connect_addr(id) else {
+            return Probed::Nothing;
+        };
+        if !self.ep.node_addr(id.node).tls {
+            return match socket::answers_tls(addr, timeout) {
+                true => Probed::AnswersTls,
+                false => Probed::Nothing,
+            };
         }
         #[cfg(feature = "tls")]
         if let Ok(Some(session)) = self.tls_session(id) {
-            return socket::tls_refusal(addr, session, timeout);
+            if let Some(why) = socket::tls_refusal(addr, session, timeout) {
+                return Probed::Refused(why);
+            }
         }
-        let _ = id;
-        None
+        Probed::Nothing
     }
 
     /// The connection `id` failed at the socket: it is closed, and the endpoint told.
-    ///
-    /// A plaintext TCP connection that the server closed before answering anything may have
-    /// reached a TLS port, which closes the connection at the first plaintext bytes: if the
-    /// server answers a TLS hello, that is a configuration error
-    /// ([`TlsFailure::TlsPort`](crate::TlsFailure::TlsPort)), not a failure to retry.
     fn failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
         let connecting = self.sockets[id.index()]
             .as_ref()
             .is_some_and(Socket::is_connecting);
-        let unheard = self.sockets[id.index()].as_ref().and_then(Socket::unheard);
         if let Some(s) = self.sockets[id.index()].take() {
             s.close(&self.registry);
         }
-        let closed = matches!(
-            why,
-            NodeErrorKind::Io(
-                io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::UnexpectedEof
-                    | io::ErrorKind::BrokenPipe
-            )
-        );
-        // Only for a node that never answered a setup: a configuration error shows from the
-        // first connect, and a node that answered before is not probed (the probe blocks).
-        let why = match unheard {
-            Some((addr, tls)) if closed && !self.ep.has_answered(id.node) => {
-                self.refusal(id, addr, tls).unwrap_or(why)
-            }
-            _ => why,
-        };
         if connecting {
             self.ep.handle_connect_failed(id, why, now);
         } else {
@@ -968,7 +922,12 @@ impl Core {
                 }
                 self.ep.handle_connected(id);
             }
-            Ok(false) => return,
+            Ok(false) => {
+                if s.is_handshaking() {
+                    self.ep.handle_linked(id);
+                }
+                return;
+            }
             Err(why) => return self.failed(id, why, now),
         }
         self.flush(id, now);
@@ -1060,37 +1019,12 @@ impl Core {
         self.bits = first;
     }
 
-    /// Fails the TLS handshakes still unanswered at the connect timeout, on connections whose
-    /// TCP connect went through, as [`TlsFailure::NotTls`](crate::TlsFailure::NotTls): a
-    /// plaintext Redis reads a TLS hello as the start of a command line, and waits for its end
-    /// without a word. Called before the endpoint's own timers, which would take them for
-    /// connects that timed out.
-    fn handshake_timeouts(&mut self, now: Instant) {
-        let connect = self.ep.config().connect_timeout;
-        for i in 0..self.sockets.len() {
-            let id = ConnId::from_index(i);
-            let handshaking = self.sockets[i].as_ref().is_some_and(Socket::is_handshaking);
-            let overdue = self
-                .ep
-                .connecting_since(id)
-                .is_some_and(|since| now.saturating_duration_since(since) >= connect);
-            if handshaking && overdue && self.ep.node_addr(id.node).tls {
-                let why = NodeErrorKind::Setup {
-                    command: "TLS",
-                    cause: Box::new(NodeErrorKind::Tls(crate::TlsFailure::NotTls)),
-                };
-                self.failed(id, why, now);
-            }
-        }
-    }
-
     /// Runs the endpoint's timers that are due (node timeouts, connect timeouts, reconnects for
     /// releases), after reading every connection: a reply that came is never taken for a
     /// timeout.
     fn timers(&mut self, now: Instant) {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.read_all(now);
-            self.handshake_timeouts(now);
             self.ep.handle_timeout(now);
             self.do_io(now);
             self.flush_all(now);

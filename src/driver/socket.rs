@@ -108,10 +108,6 @@ pub(crate) struct Socket {
     linked: bool,
     /// The poller reported a hang-up or error: read until the socket says so.
     hangup: bool,
-    /// The peer's TCP address.
-    peer: Option<SocketAddr>,
-    /// Something of the connection's own was read from the peer (past the TLS handshake).
-    heard: bool,
     #[cfg(feature = "tls")]
     tls: Option<Box<Tls>>,
 }
@@ -151,10 +147,6 @@ impl Socket {
         registry: &Registry,
         token: Token,
     ) -> io::Result<Socket> {
-        let peer = match target {
-            Target::Tcp(addr) => Some(addr),
-            Target::Unix(_) => None,
-        };
         let stream = match target {
             Target::Tcp(addr) => Stream::Tcp(connect_tcp(addr, dead_after)?),
             #[cfg(unix)]
@@ -171,8 +163,6 @@ impl Socket {
             connecting: true,
             linked: false,
             hangup: false,
-            peer,
-            heard: false,
             #[cfg(feature = "tls")]
             tls: tls.map(|session| {
                 Box::new(Tls {
@@ -193,19 +183,6 @@ impl Socket {
     /// Whether the stream is connected and its TLS handshake under way.
     pub fn is_handshaking(&self) -> bool {
         self.connecting && self.linked
-    }
-
-    /// The peer's address, if the connection is TCP, connected (with its TLS handshake
-    /// over), and nothing of its own was read on it yet; with whether it is TLS.
-    pub fn unheard(&self) -> Option<(SocketAddr, bool)> {
-        #[cfg(feature = "tls")]
-        let tls = self.tls.is_some();
-        #[cfg(not(feature = "tls"))]
-        let tls = false;
-        match self.peer {
-            Some(addr) if !self.heard && !self.connecting => Some((addr, tls)),
-            _ => None,
-        }
     }
 
     /// Checks a connect in progress after a readiness event: `Ok(true)` once it has finished
@@ -313,10 +290,7 @@ impl Socket {
                 }
                 // A short read emptied the receive queue, unless the peer hung up: then read on
                 // until the socket reports it, or the hang-up is never seen.
-                Ok(n) => {
-                    self.heard |= n > 0;
-                    return Ok(Some((n, n < buf.len() && !self.hangup)));
-                }
+                Ok(n) => return Ok(Some((n, n < buf.len() && !self.hangup))),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(NodeErrorKind::Io(e.kind())),
@@ -338,10 +312,7 @@ impl Socket {
                 Ok(0) if !buf.is_empty() => {
                     return Err(NodeErrorKind::Io(io::ErrorKind::UnexpectedEof))
                 }
-                Ok(n) => {
-                    self.heard = true;
-                    return Ok(Some((n, false)));
-                }
+                Ok(n) => return Ok(Some((n, false))),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(NodeErrorKind::Io(e.kind())),
             }

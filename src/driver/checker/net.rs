@@ -177,10 +177,6 @@ impl Socket {
         false
     }
 
-    pub fn unheard(&self) -> Option<(SocketAddr, bool)> {
-        None
-    }
-
     pub fn finish_connect(&mut self) -> Result<bool, NodeErrorKind> {
         self.connecting = false;
         Ok(true)

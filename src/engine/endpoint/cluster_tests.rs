@@ -770,6 +770,7 @@ fn dead_master(
                 }
                 Io::Connect(id) => net.ep.handle_connected(id),
                 Io::Close(_) => {}
+                Io::Probe { id, .. } => net.ep.handle_probed(id, Probed::Nothing, net.now),
             }
         }
         for link in [0, 1] {

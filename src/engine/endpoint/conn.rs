@@ -119,9 +119,11 @@ enum State {
     Down {
         retry_at: Instant,
     },
-    /// Connect in progress since `since`.
+    /// Connect in progress since `since`; `linked` once the stream's own connect finished (a
+    /// TLS handshake goes on).
     Connecting {
         since: Instant,
+        linked: bool,
     },
     Up,
 }
@@ -170,6 +172,8 @@ pub(crate) struct Conn {
     pub trying: usize,
     /// How many replies this connection (and those before it) have read, in all.
     pub read: u64,
+    /// Bytes were received on this connection.
+    pub heard: bool,
 }
 
 impl Conn {
@@ -196,6 +200,7 @@ impl Conn {
             learnt: Server::default(),
             trying: 0,
             read: 0,
+            heard: false,
         }
     }
 
@@ -218,7 +223,7 @@ impl Conn {
     /// When a connect in progress started.
     pub fn connecting_since(&self) -> Option<Instant> {
         match self.state {
-            State::Connecting { since } => Some(since),
+            State::Connecting { since, .. } => Some(since),
             _ => None,
         }
     }
@@ -294,7 +299,11 @@ impl Conn {
     /// of a Redis Cluster member, whose scripts announce with `SPUBLISH`.
     pub fn start(&mut self, node: &NodeAddr, sharded: bool, now: Instant) {
         debug_assert!(self.owed.is_empty() && self.out.is_empty() && self.held.is_empty());
-        self.state = State::Connecting { since: now };
+        self.state = State::Connecting {
+            since: now,
+            linked: false,
+        };
+        self.heard = false;
         self.trying = 0;
         self.learnt = Server::default();
         let owed = &mut self.owed;
@@ -312,7 +321,10 @@ impl Conn {
             return false;
         }
         self.trying += 1;
-        self.state = State::Connecting { since: now };
+        self.state = State::Connecting {
+            since: now,
+            linked: false,
+        };
         true
     }
 
@@ -322,6 +334,18 @@ impl Conn {
         if let State::Down { retry_at } = &mut self.state {
             *retry_at = (*retry_at).min(now);
         }
+    }
+
+    /// The stream's own connect finished; its TLS handshake goes on.
+    pub fn linked(&mut self) {
+        if let State::Connecting { linked, .. } = &mut self.state {
+            *linked = true;
+        }
+    }
+
+    /// Whether the stream is connected and its TLS handshake under way.
+    pub fn is_handshaking(&self) -> bool {
+        matches!(self.state, State::Connecting { linked: true, .. })
     }
 
     /// The connect finished. The backoff starts again from its least once the setup is
@@ -506,6 +530,7 @@ impl Conn {
     /// `n` bytes were read into [`recv_buf`](Self::recv_buf).
     pub fn received(&mut self, n: usize) {
         self.inp_end = (self.inp_end + n).min(self.inp.len());
+        self.heard |= n > 0;
     }
 
     /// Frames every complete reply received and hands each, with the slot it answers, its

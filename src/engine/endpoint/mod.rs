@@ -70,6 +70,7 @@
 #![forbid(unsafe_code)]
 
 mod bits;
+mod caller;
 pub(crate) mod cluster;
 mod conn;
 mod mail;
@@ -85,13 +86,14 @@ use crate::config::Config;
 use crate::engine::machine::{Machine, To, Transmit, What};
 use crate::engine::ops::Caps;
 use crate::engine::timings;
-use crate::error::NodeErrorKind;
+use crate::error::{NodeErrorKind, TlsFailure};
 use crate::resp::Reply;
 use crate::rng::{Entropy, Token};
 use crate::stats::Recorder;
 use crate::url::{NodeAddr, Target};
 
 pub(crate) use bits::Bits;
+pub(crate) use caller::{CallerLoop, Next};
 use cluster::{Kept, Topology};
 use conn::{Conn, Redo, Refused, Slot, BACKOFF_MAX, BACKOFF_MIN, MAX_OWED};
 pub(crate) use mail::Event;
@@ -134,7 +136,28 @@ pub(crate) enum Io {
     Connect(ConnId),
     /// Close the connection's socket: the endpoint has given it up.
     Close(ConnId),
+    /// Find out, with a blocking probe of `timeout` at most, why the server of the connection
+    /// (its socket closed already) closed it before answering anything: whether it answers a
+    /// TLS hello (the connection was plaintext), or its verdict on this client's certificate
+    /// (a TLS one). Report with [`Endpoint::handle_probed`]: the connection's failure waits
+    /// for it.
+    Probe { id: ConnId, timeout: Duration },
 }
+
+/// What a probe ([`Io::Probe`]) found.
+#[derive(Debug)]
+pub(crate) enum Probed {
+    /// Nothing that says the configuration is wrong.
+    Nothing,
+    /// The server answered a TLS hello: a TLS port.
+    AnswersTls,
+    /// The TLS server refused this client, for this reason.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    Refused(NodeErrorKind),
+}
+
+/// How long a probe (see [`Io::Probe`]) may take at most: the connect timeout, up to this.
+const PROBE_LIMIT: Duration = Duration::from_secs(1);
 
 /// A compare-and-delete owed by a broken connection, to send again on the next one.
 #[derive(Debug, Clone, Copy)]
@@ -295,6 +318,8 @@ pub(crate) struct Endpoint {
     channels: Channels,
     encoded: Encoded,
     io: VecDeque<Io>,
+    /// The connections whose failure waits for a probe ([`Io::Probe`]), with the failure.
+    probing: Vec<(ConnId, NodeErrorKind)>,
     next_run: u64,
     /// While the client closes: when it gives up at the latest, and when a node last answered.
     closing: Option<Closing>,
@@ -383,6 +408,7 @@ impl Endpoint {
             channels: Channels::new(n, n),
             encoded: Encoded::default(),
             io: VecDeque::new(),
+            probing: Vec::new(),
             next_run: 1,
             closing: None,
             closed_until: None,
@@ -417,11 +443,6 @@ impl Endpoint {
             mine.known = theirs.known;
         }
         self.adopt_masters(other);
-    }
-
-    /// Whether a setup of node `i` has ever completed: its server is known to answer.
-    pub fn has_answered(&self, i: usize) -> bool {
-        self.nodes[i].known
     }
 
     // --- callers -------------------------------------------------------------------------
@@ -1382,10 +1403,11 @@ impl Endpoint {
         self.conn(id).connected();
     }
 
-    /// When the connect of `id` under way started, if one is.
-    pub fn connecting_since(&self, id: ConnId) -> Option<Instant> {
-        let node = &self.nodes[id.node];
-        if id.sub { &node.sub } else { &node.cmd }.connecting_since()
+    /// The stream of `id` is connected, and its TLS handshake goes on: should the handshake
+    /// still be unanswered at the connect timeout, the node is no TLS server (see
+    /// [`handle_timeout`](Self::handle_timeout)).
+    pub fn handle_linked(&mut self, id: ConnId) {
+        self.conn(id).linked();
     }
 
     /// The address the connect of `id` is to.
@@ -1786,7 +1808,50 @@ impl Endpoint {
     /// The connection `id` failed with `why` at `now` (its socket is closed, or to be closed):
     /// every reply it owed fails for its owner, but for the compare-and-deletes, which are
     /// kept for the node's next connection.
+    ///
+    /// A TCP connection that its server closed before answering anything, to a node that
+    /// never answered a setup, may say that the configuration is wrong: a plaintext
+    /// connection may have reached a TLS port, which closes it at the first plaintext bytes; a
+    /// TLS server may refuse this client's certificate once the handshake is over, and its
+    /// alert is lost when it closes the connection with our first commands unread. Its failure
+    /// then waits for a probe ([`Io::Probe`]). A node that answered before is not probed (the
+    /// probe blocks): a configuration error shows from the first connect.
     pub fn handle_failed(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
+        let closed = matches!(
+            why,
+            NodeErrorKind::Io(
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::BrokenPipe
+            )
+        );
+        let node = &self.nodes[id.node];
+        let conn = if id.sub { &node.sub } else { &node.cmd };
+        let unheard = conn.is_up() && !conn.heard && !node.known;
+        if closed && unheard && matches!(self.connect_addr(id), Target::Tcp(_)) {
+            let timeout = self.config.connect_timeout.min(PROBE_LIMIT);
+            self.probing.push((id, why));
+            self.io.push_back(Io::Probe { id, timeout });
+            return;
+        }
+        self.fail(id, why, now);
+    }
+
+    /// The probe of `id` ([`Io::Probe`]) found `found`: the connection fails, with a
+    /// configuration error if that is what the probe found.
+    pub fn handle_probed(&mut self, id: ConnId, found: Probed, now: Instant) {
+        let Some(k) = self.probing.iter().position(|(p, _)| *p == id) else {
+            return;
+        };
+        let (_, why) = self.probing.swap_remove(k);
+        let why = match (found, self.node_addr(id.node).tls) {
+            (Probed::AnswersTls, false) => NodeErrorKind::Setup {
+                command: "TLS",
+                cause: Box::new(NodeErrorKind::Tls(TlsFailure::TlsPort)),
+            },
+            (Probed::Refused(refusal), true) => refusal,
+            _ => why,
+        };
         self.fail(id, why, now);
     }
 
@@ -1968,7 +2033,17 @@ impl Endpoint {
                     .is_some_and(|s| now.saturating_duration_since(s) >= connect);
                 if overdue {
                     self.io.push_back(Io::Close(id));
-                    let why = NodeErrorKind::Connect(std::io::ErrorKind::TimedOut);
+                    // A TLS handshake unanswered at the connect timeout, on a stream that is
+                    // connected: a plaintext Redis reads a TLS hello as the start of a command
+                    // line, and waits for its end without a word. A configuration error.
+                    let why = if self.conn(id).is_handshaking() && self.node_addr(i).tls {
+                        NodeErrorKind::Setup {
+                            command: "TLS",
+                            cause: Box::new(NodeErrorKind::Tls(TlsFailure::NotTls)),
+                        }
+                    } else {
+                        NodeErrorKind::Connect(std::io::ErrorKind::TimedOut)
+                    };
                     self.handle_connect_failed(id, why, now);
                 }
             }
@@ -2071,9 +2146,10 @@ impl Endpoint {
     /// call fails at once on such a member, without waiting for anything, and the round would
     /// otherwise move on only while some other call waits.
     pub fn needs_tending(&self, now: Instant) -> bool {
-        self.nodes.iter().any(|n| {
-            n.owes_until(now) || (n.cmd.redo_until().is_some() && !n.cmd.is_down())
-        }) || self.sentinels_pending()
+        self.nodes
+            .iter()
+            .any(|n| n.owes_until(now) || (n.cmd.redo_until().is_some() && !n.cmd.is_down()))
+            || self.sentinels_pending()
     }
 
     /// Whether a command connection still owes replies, or a node still has compare-and-deletes

@@ -1004,3 +1004,79 @@ fn a_release_the_replicas_did_not_acknowledge_stays_owed_for_the_next_connection
     assert!(net.ep.undelivered(net.now).is_empty());
     assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
 }
+
+#[cfg(feature = "tls")]
+#[test]
+fn a_tls_handshake_unanswered_at_the_connect_timeout_is_a_configuration_error() {
+    // One `rediss://` node and one plaintext node, both connected at the TCP level and silent.
+    let mut config = Arc::into_inner(config(2)).expect("one owner");
+    config.nodes[0] = NodeAddr::parse("rediss://127.0.0.1:7000").unwrap();
+    let mut net = Net::new(2);
+    net.ep = Endpoint::new(Arc::new(config), Arc::new(Recorder::new(2)), net.now);
+    net.ep.connect_all(net.now);
+    let mut connecting = Vec::new();
+    while let Some(io) = net.ep.poll_io() {
+        if let Io::Connect(id) = io {
+            connecting.push(id);
+        }
+    }
+    assert_eq!(connecting, [Net::cmd(0), Net::cmd(1)]);
+    // The shell reports both streams linked: the TLS one waits for its handshake.
+    for &id in &connecting {
+        net.ep.handle_linked(id);
+    }
+    net.now += 100 * MS;
+    assert!(net.ep.poll_timeout().is_some_and(|t| t <= net.now));
+    net.ep.handle_timeout(net.now);
+    let failures = net.ep.setup_failures();
+    assert!(
+        matches!(
+            failures.as_slice(),
+            [(0, NodeErrorKind::Setup { command: "TLS", cause })]
+                if matches!(**cause, NodeErrorKind::Tls(TlsFailure::NotTls))
+        ),
+        "{failures:?}"
+    );
+}
+
+#[test]
+fn a_close_before_any_answer_is_probed_and_a_tls_port_is_a_configuration_error() {
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    net.connect_all();
+    net.take_output(Net::cmd(0));
+    // The server closes the connection at the first plaintext bytes, as a TLS port does.
+    let reset = NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset);
+    net.ep.handle_failed(Net::cmd(0), reset, net.now);
+    let probe = Io::Probe {
+        id: Net::cmd(0),
+        timeout: 100 * MS,
+    };
+    assert_eq!(net.ep.poll_io(), Some(probe));
+    // The connection's failure waits for the probe's answer.
+    assert!(net.ep.setup_failures().is_empty());
+    net.ep
+        .handle_probed(Net::cmd(0), Probed::AnswersTls, net.now);
+    let failures = net.ep.setup_failures();
+    assert!(
+        matches!(
+            failures.as_slice(),
+            [(0, NodeErrorKind::Setup { command: "TLS", cause })]
+                if matches!(**cause, NodeErrorKind::Tls(TlsFailure::TlsPort))
+        ),
+        "{failures:?}"
+    );
+}
+
+#[test]
+fn a_node_that_answered_before_is_not_probed() {
+    let mut net = Net::ready(INFO_82, true);
+    let reset = NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset);
+    net.ep.handle_failed(Net::cmd(0), reset, net.now);
+    let mut io = Vec::new();
+    while let Some(x) = net.ep.poll_io() {
+        io.push(x);
+    }
+    assert!(!io.iter().any(|x| matches!(x, Io::Probe { .. })), "{io:?}");
+    assert!(net.ep.setup_failures().is_empty());
+}

@@ -90,7 +90,7 @@ use rand_core::{Rng as _, SeedableRng};
 
 use crate::config::{Config, RwPolicy};
 use crate::engine::acquire::{Acquisition, Grant, Params};
-use crate::engine::endpoint::{CallerId, ConnId, Endpoint, Io};
+use crate::engine::endpoint::{CallerId, CallerLoop, ConnId, Endpoint, Io, Next, Probed};
 use crate::engine::fair::Tickets;
 use crate::engine::hold::{Hold, HoldRound, Step};
 use crate::engine::keepalive::{KeptValidity, Schedule};
@@ -1068,8 +1068,8 @@ struct Caller<'a> {
     id: CallerId,
     /// Its number in the history, over every client's callers.
     global: u64,
-    /// The endpoint's run of the machine being driven.
-    run: u64,
+    /// The loop (and the endpoint's run) of the machine being driven.
+    lp: Option<CallerLoop>,
     job: Job<'a>,
     cycle: Option<Cycle<'a>>,
     /// Carried from one acquisition to the next, as the driver does.
@@ -1482,7 +1482,7 @@ fn run_world<'a>(
                 .map(|k| Caller {
                     id: ep.open_caller(),
                     global: (c * p.callers + k) as u64,
-                    run: 0,
+                    lp: None,
                     job: Job::None,
                     cycle: None,
                     spread: Duration::ZERO,
@@ -2358,7 +2358,7 @@ impl<'a> World<'a> {
             let Some(k) = self.clients[c].ep.poll_notified() else {
                 break;
             };
-            if self.clients[c].callers[k].run != 0 {
+            if self.clients[c].callers[k].lp.is_some() {
                 self.drive(c, k);
             }
         }
@@ -2445,6 +2445,11 @@ impl<'a> World<'a> {
                         self.close_client_end(sock);
                     }
                 }
+                // The simulated servers are plaintext Redis: none answers a TLS hello.
+                Io::Probe { id, .. } => {
+                    let now = self.instant(self.now);
+                    self.clients[c].ep.handle_probed(id, Probed::Nothing, now);
+                }
             }
         }
     }
@@ -2507,7 +2512,7 @@ impl<'a> World<'a> {
         let id = self.clients[c].callers[k].id;
         let run = self.clients[c].ep.begin(id);
         let caller = self.caller(c, k);
-        caller.run = run;
+        caller.lp = Some(CallerLoop::new(id, run));
         caller.job = job;
         self.drive(c, k);
     }
@@ -2533,41 +2538,49 @@ impl<'a> World<'a> {
         }
     }
 
-    /// The driver's loop for one caller: the machine takes its mail (or its deadline), the
-    /// endpoint queues its commands and they are written, until it waits for its mailbox or
-    /// its deadline (the machine timer is set), or is over (the run finishes).
+    /// The caller loop for one caller, as the driver runs it (see `endpoint::caller`): the
+    /// machine takes its mail (or its deadline), the endpoint queues its commands and they are
+    /// written, until it waits for its mailbox or its deadline (the machine timer is set), or is
+    /// over (the run finishes).
     fn step<M: Machine>(&mut self, c: usize, k: usize, m: &mut M) -> Option<M::Output> {
-        let (id, run) = (
-            self.clients[c].callers[k].id,
-            self.clients[c].callers[k].run,
-        );
+        let id = self.clients[c].callers[k].id;
+        let mut lp = self
+            .caller(c, k)
+            .lp
+            .take()
+            .expect("a caller loop under way");
         for _ in 0..100_000 {
             let now = self.instant(self.now);
-            self.clients[c].ep.step(id, run, m, now, &mut self.rng.0);
-            self.do_io(c);
-            self.flush(c);
-            if self.clients[c].ep.has_mail(id) {
-                continue;
+            // Nobody polls here: the network hands the endpoint every byte as it lands, so
+            // reading late nodes, or every connection, finds nothing left unread.
+            match lp.next(
+                &mut self.clients[c].ep,
+                m,
+                now,
+                &mut self.rng.0,
+                false,
+                false,
+            ) {
+                Next::ReadLate | Next::ReadAll | Next::Again => {}
+                Next::Io | Next::Timers => {
+                    self.do_io(c);
+                    self.flush(c);
+                }
+                Next::Wait { until, wanted } => {
+                    if self.clients[c].ep.is_ready(id, wanted) {
+                        continue;
+                    }
+                    let at = self.nanos(until);
+                    self.set_timer(c, k, MACHINE, at - self.now);
+                    self.caller(c, k).lp = Some(lp);
+                    return None;
+                }
+                Next::Done(outcome) => {
+                    self.cancel_timer(c, k, MACHINE);
+                    self.clients[c].ep.finish(id, lp.run(), now);
+                    return Some(outcome);
+                }
             }
-            if let Some(outcome) = m.poll_outcome() {
-                self.cancel_timer(c, k, MACHINE);
-                self.clients[c].ep.finish(id, run, now);
-                self.caller(c, k).run = 0;
-                return Some(outcome);
-            }
-            // A machine that is not done always has a deadline; should one not, it still gets
-            // its input, as the driver does.
-            let deadline = m.poll_timeout().unwrap_or(now + self.p.node_timeout);
-            if now >= deadline {
-                m.handle_timeout(now, &mut self.rng.0);
-                continue;
-            }
-            if self.clients[c].ep.is_ready(id, m.replies_wanted()) {
-                continue;
-            }
-            let at = self.nanos(deadline);
-            self.set_timer(c, k, MACHINE, at - self.now);
-            return None;
         }
         panic!("a machine that never waits");
     }

@@ -76,6 +76,7 @@ fn io(net: &mut Net) -> (Vec<ConnId>, Vec<ConnId>) {
                 opened.push(id);
             }
             Io::Close(id) => closed.push(id),
+            Io::Probe { id, .. } => net.ep.handle_probed(id, Probed::Nothing, net.now),
         }
     }
     (opened, closed)
