@@ -668,6 +668,12 @@ pub(crate) struct Stats {
     pub most_readdresses: u64,
     /// Connections whose replies waited unread while their client was idle and untended.
     pub unread_landings: u64,
+    /// Last cycles that met a fault of their own while holding or releasing (see
+    /// [`World::tail`]): connections broken, quick failovers, slots moved at once with a
+    /// slow old owner.
+    pub tail_breaks: u64,
+    pub tail_failovers: u64,
+    pub tail_moves: u64,
 }
 
 impl Stats {
@@ -753,7 +759,10 @@ impl Stats {
             big_clusters,
             idle_checks,
             readdresses,
-            unread_landings
+            unread_landings,
+            tail_breaks,
+            tail_failovers,
+            tail_moves
         );
         self.most_readdresses = self.most_readdresses.max(o.most_readdresses);
         self.most_callers = self.most_callers.max(o.most_callers);
@@ -861,6 +870,14 @@ impl fmt::Display for Stats {
             self.server_downgrades,
             self.native_commands
         )?;
+        if self.tail_breaks + self.tail_failovers + self.tail_moves > 0 {
+            write!(
+                f,
+                "; last cycles meeting a fault: {} connections broken, {} quick failovers, {} \
+                 slots moved with a slow old owner",
+                self.tail_breaks, self.tail_failovers, self.tail_moves
+            )?;
+        }
         if self.cluster_runs > 0 {
             write!(
                 f,
@@ -1040,6 +1057,9 @@ struct Cycle<'a> {
     /// were queued on a quorum when it started, with the tickets they queued with.
     member: Vec<u8>,
     ahead: Vec<(Vec<u8>, f64)>,
+    /// The TTL its keys are written with, in ms: the run's, or (a last cycle within the
+    /// model) [`LAST_TTL_MS`] more.
+    ttl_ms: u64,
 }
 
 struct Held {
@@ -1080,6 +1100,9 @@ struct Caller<'a> {
     done: bool,
     /// Where it is with its last cycle, run once every fault healed (runs within the model).
     last: Last,
+    /// When its operation under way (an acquisition, or a round of its held lock) began, in
+    /// ns: it must return within [`World::live_bound`].
+    since: Option<u64>,
 }
 
 /// A caller's last cycle, run within the model once every fault healed: what its release
@@ -1206,6 +1229,12 @@ enum Ev {
     /// Cluster runs: whether every client is idle and every fault healed (see
     /// [`World::idle_check`]).
     IdleCheck,
+    /// A last cycle's hold (or its release, on its way) meets a fault (see [`World::tail`]).
+    Tail {
+        client: usize,
+        caller: usize,
+        grant: u64,
+    },
     /// The last instant of a grant's validity: what the nodes hold of it is looked at.
     ValidityEnd {
         client: usize,
@@ -1494,6 +1523,7 @@ fn run_world<'a>(
                     } else {
                         Last::Over
                     },
+                    since: None,
                 })
                 .collect();
             Client {
@@ -1584,6 +1614,16 @@ fn run_world<'a>(
         if !client.closed {
             w.failures
                 .push(format!("client {c} never finished closing"));
+        }
+        // Liveness, in every scenario: no caller is left inside an operation that never
+        // returned.
+        for (k, caller) in client.callers.iter().enumerate() {
+            if let Some(since) = caller.since {
+                w.failures.push(format!(
+                    "caller {c}.{k}'s operation, begun at {} ms, never returned",
+                    since / MS
+                ));
+            }
         }
     }
     for (k, v) in w.counters.iter().enumerate() {
@@ -1851,6 +1891,11 @@ impl<'a> World<'a> {
             Ev::MigrationEnds { member } => self.migration_ends(member),
             Ev::IdleCheck => self.idle_check(),
             Ev::Readdress { member, shard } => self.readdress(member, shard),
+            Ev::Tail {
+                client,
+                caller,
+                grant,
+            } => self.tail(client, caller, grant),
             Ev::LoadingEnds { node, incarnation } => {
                 if self.nodes[node].incarnation == incarnation {
                     self.nodes[node].server.loading = false;
@@ -2725,6 +2770,9 @@ impl<'a> World<'a> {
         };
         let names = std::mem::take(&mut self.left_checks[i].names);
         let mut again = false;
+        // A fault a last cycle met (see [`World::tail`]) is over, and the client had the time
+        // to find where its release now goes.
+        let settling = self.now < self.idle.settle_until || self.faults_active();
         for node in 0..self.nodes.len() {
             if !self.nodes[node].up || !self.votes(node) {
                 continue;
@@ -2743,7 +2791,12 @@ impl<'a> World<'a> {
             let down = self
                 .sock_to(c, node, false)
                 .is_some_and(|s| !self.socks[s].open || !self.socks[s].connected);
-            let busy = down || self.in_flight_to(c, node);
+            // What the client finds out about its cluster (a topology read on its way)
+            // counts as in flight too.
+            let member = self.member_of(node);
+            let finding = (0..self.nodes.len())
+                .any(|n| n != node && self.member_of(n) == member && self.in_flight_to(c, n));
+            let busy = down || settling || finding || self.in_flight_to(c, node);
             if busy {
                 again = true;
                 continue;
@@ -2761,7 +2814,7 @@ impl<'a> World<'a> {
             self.failures.push(msg);
         }
         self.left_checks[i].names = names;
-        if again && self.now - at > QUIET_WAIT * self.p.ttl_ms * MS {
+        if again && self.now - at > (QUIET_WAIT * self.p.ttl_ms + 2 * LAST_TTL_MS) * MS {
             self.failures.push(format!(
                 "client {c}'s last release still has something in flight, or a connection not up, {} ms after it returned",
                 (self.now - at) / MS
@@ -3140,7 +3193,12 @@ impl<'a> World<'a> {
             })
             .collect();
         let wait = !self.rng.chance(self.p.try_once);
-        let ttl_ms = self.p.ttl_ms;
+        // A last cycle's keys live long enough for what its release owes after a fault (see
+        // `World::tail`) to be looked for while they would still be there.
+        let ttl_ms = match self.clients[c].callers[k].last {
+            Last::Running => self.p.ttl_ms + LAST_TTL_MS,
+            _ => self.p.ttl_ms,
+        };
         let timing = self.timing(ttl_ms);
         let keep = if wait && self.rng.chance(self.p.keep) {
             // Kept with any TTL, shorter than the lock's too, at the default interval or one
@@ -3203,6 +3261,7 @@ impl<'a> World<'a> {
             held: None,
             member: Vec::new(),
             ahead,
+            ttl_ms,
         });
         let round = Round::new(self.p.nodes, now, None, None);
         let m = Acquisition::new(spec, config, params, now, round, &mut self.rng.0);
@@ -3218,6 +3277,7 @@ impl<'a> World<'a> {
                 cy.member = member;
             }
         }
+        self.caller(c, k).since = Some(self.now);
         self.start_job(c, k, Job::Acquire(Box::new(m)));
     }
 
@@ -3340,6 +3400,7 @@ impl<'a> World<'a> {
 
     /// The acquisition of client `c`'s cycle is over.
     fn acquired(&mut self, c: usize, k: usize, outcome: Result<Grant, Error>) {
+        self.returned(c, k, "an acquisition");
         let refused_quorum = self.p.nodes - self.p.refused < self.p.quorum;
         let wait = self.clients[c].callers[k]
             .cycle
@@ -3400,7 +3461,7 @@ impl<'a> World<'a> {
         cycle.held = Some(Held {
             grant: grant_id,
             token: grant.token,
-            hold: Hold::new(grant.valid_until).written_with(Duration::from_millis(self.p.ttl_ms)),
+            hold: Hold::new(grant.valid_until).written_with(Duration::from_millis(cycle.ttl_ms)),
             steps,
             reading: true,
             read: Vec::new(),
@@ -3420,6 +3481,7 @@ impl<'a> World<'a> {
         } else {
             self.look_at_validity_end(c, k, grant_id, grant.valid_until);
         }
+        self.maybe_tail(c, k, false);
         self.next_step(c, k);
     }
 
@@ -3543,10 +3605,43 @@ impl<'a> World<'a> {
         }
     }
 
+    /// How long a caller's operation may take, in ns, in every scenario: its wait timeout
+    /// (which bounds an acquisition; a round of a held lock takes much less) and a generous
+    /// allowance beyond it (connect timeouts, a round's node timeouts, a slow node's backlog).
+    fn live_bound(&self) -> u64 {
+        let wait = self.p.wait_timeout.as_nanos() as u64;
+        let connect = self.p.connect_timeout.as_nanos() as u64;
+        wait + 4 * connect + (20 * self.p.ttl_ms + 1000) * MS
+    }
+
+    /// Caller `k` of client `c`'s operation (`what`) returned: a caller that took longer than
+    /// [`World::live_bound`] is a liveness failure, whatever the scenario.
+    fn returned(&mut self, c: usize, k: usize, what: &str) {
+        let Some(since) = self.caller(c, k).since.take() else {
+            return;
+        };
+        let took = self.now - since;
+        if took > self.live_bound() {
+            self.failures.push(format!(
+                "caller {c}.{k}'s {what} returned {} ms after it began, past its wait timeout and then some ({} ms)",
+                took / MS,
+                self.live_bound() / MS
+            ));
+        }
+    }
+
+    /// The TTL caller `k` of client `c`'s cycle writes its keys with, in ms.
+    fn cycle_ttl(&self, c: usize, k: usize) -> u64 {
+        self.clients[c].callers[k]
+            .cycle
+            .as_ref()
+            .map_or(self.p.ttl_ms, |cy| cy.ttl_ms)
+    }
+
     /// Schedules the holder's next work step.
     fn next_step(&mut self, c: usize, k: usize) {
         let now = self.instant(self.now);
-        let ttl = self.p.ttl_ms * MS;
+        let ttl = self.cycle_ttl(c, k) * MS;
         let Some(held) = self.clients[c].callers[k]
             .cycle
             .as_ref()
@@ -3587,7 +3682,7 @@ impl<'a> World<'a> {
             }
             let read = keys.iter().map(|&k| self.counters[k]).collect();
             let now = self.instant(self.now);
-            let ttl = self.p.ttl_ms * MS;
+            let ttl = self.cycle_ttl(c, k) * MS;
             let held = self.held(c, k);
             held.read = read;
             held.reading = false;
@@ -3647,7 +3742,7 @@ impl<'a> World<'a> {
         if !kept && side == Side::Write && self.rng.chance(0.3) {
             // The writer goes on as a reader: any TTL, as for an extend. Its write window ends
             // as the round starts (it writes no more); its read window starts there.
-            let ttl = self.p.ttl_ms;
+            let ttl = self.cycle_ttl(c, k);
             let ttl_ms = self.rng.range((ttl / 4).max(10), 2 * ttl);
             let ops = self.clients[c].callers[k]
                 .cycle
@@ -3667,7 +3762,7 @@ impl<'a> World<'a> {
         }
         if !kept && self.rng.chance(0.4) {
             // Any TTL, a shorter one than the lock's too.
-            let ttl = self.p.ttl_ms;
+            let ttl = self.cycle_ttl(c, k);
             let ttl_ms = self.rng.range((ttl / 4).max(10), 2 * ttl);
             self.stats.extends += 1;
             self.stats.shorter_extends += u64::from(ttl_ms < ttl);
@@ -3750,6 +3845,7 @@ impl<'a> World<'a> {
         *slot = held.hold;
         let round = Round::new(self.p.nodes, now, None, None);
         let m = slot.round(cycle.spec, held.token, config, step, now, round);
+        self.caller(c, k).since = Some(self.now);
         self.start_job(c, k, Job::Round(Box::new(m), purpose));
     }
 
@@ -3774,6 +3870,7 @@ impl<'a> World<'a> {
         }
         self.log(format_args!("caller {c}.{k} releases"));
         self.start_round(c, k, Step::Release, Purpose::Release);
+        self.maybe_tail(c, k, true);
     }
 
     /// A round of the held lock is over; `hold` is what it left.
@@ -3785,6 +3882,7 @@ impl<'a> World<'a> {
         result: Result<(), Error>,
         hold: Hold,
     ) {
+        self.returned(c, k, "a round of a held lock");
         let now = self.instant(self.now);
         self.log(format_args!(
             "caller {c}.{k}: {purpose:?} {result:?}, valid until {:?}",
@@ -3928,6 +4026,12 @@ impl<'a> World<'a> {
 /// How long, in TTLs past the horizon, callers wait for the last fault to heal before their
 /// last cycle (faults stop at the horizon, and heal within a few TTLs).
 const QUIET_WAIT: u64 = 20;
+
+/// How much longer than the run's a last cycle's TTL is within the model, in ms: longer than
+/// what a client takes to find where its release goes after a fault (see `World::tail`: two
+/// connect timeouts of up to 3 TTLs, two topology reads' least gap of 100 ms), so that what
+/// the release owes is looked for while its keys would still be there.
+const LAST_TTL_MS: u64 = 1500;
 
 /// The keys that hold the entries of the lock `spec` (its token's).
 fn entry_names(spec: &Spec<'_>) -> Vec<Vec<u8>> {
