@@ -1532,6 +1532,115 @@ fn a_release_lost_in_a_failover_leaves_no_key() {
     );
 }
 
+/// A lost attempt's cleanup on a `?wait=1` member: the grant reached the member's replica
+/// (its `WAIT` said so), the attempt lost elsewhere (one member holds the key for another
+/// owner, one is stopped), and its cleanup is acknowledged by the master alone (the
+/// replication link stalls first). The master dies; the sentinels promote the replica, which
+/// has the attempt's key. The cleanup must go again there: no key may be left once the call
+/// returned and the client idles.
+#[test]
+#[ignore = "defect: a lost attempt's cleanup acknowledged by the master alone is lost in a failover (issue 33)"]
+fn a_cleanup_lost_in_a_failover_leaves_no_key() {
+    use redlock_mux_kit::fault_proxy::{FaultProxy, ProxyFault};
+    let mut master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]).expect("master");
+    let proxy = FaultProxy::start(master.addr(), Duration::ZERO).expect("proxy");
+    let proxy_port = proxy.url().rsplit(':').next().expect("port").to_owned();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &proxy_port]).expect("replica");
+    assert_settles!(
+        matches!(
+            cmd(master.addr(), &[b"INFO", b"replication"]),
+            Value::Bulk(Some(t)) if String::from_utf8_lossy(&t).contains("state=online")
+        ),
+        "the replica is linked"
+    );
+    let service = format!("clean{}", std::process::id());
+    let sentinels: Vec<common::sentinel::Sentinel> = (0..3)
+        .map(|_| {
+            common::sentinel::Sentinel::start(&service, master.addr(), None).expect("sentinel")
+        })
+        .collect();
+    let ready = eventually(Duration::from_secs(20), || {
+        sentinels.iter().all(|s| {
+            sentinel_field(s, &service, "num-other-sentinels").as_deref() == Some("2")
+                && sentinel_field(s, &service, "num-slaves").as_deref() == Some("1")
+        })
+    });
+    assert!(
+        ready,
+        "the sentinels did not find the replica and one another"
+    );
+    let plain: Vec<RedisServer> = (0..2)
+        .map(|_| RedisServer::start().expect("server"))
+        .collect();
+    let addrs: Vec<SocketAddr> = sentinels.iter().map(|s| s.addr()).collect();
+    let mut urls = vec![sentinel_url(&addrs, &service, "?wait=1")];
+    urls.extend(plain.iter().map(|s| s.url()));
+    let c = one_try_client(&urls, Duration::from_secs(2));
+    grants_within(&c, "audit:clean:warm", Duration::from_secs(10)).expect("warm");
+    let key = b"audit:clean";
+    // Another owner holds the key on one plain member; the other is stopped: the attempt
+    // waits for it until the node timeout, then loses.
+    cmd(
+        plain[0].addr(),
+        &[b"SET", key, b"someone else", b"PX", b"60000"],
+    );
+    plain[1].pause().expect("stop a plain member");
+    let (tried, stalled) = thread::scope(|s| {
+        let attempt = s.spawn(|| c.try_lock("audit:clean", Duration::from_secs(30)));
+        // The grant reached the replica; then the replication link stalls.
+        let granted = eventually(Duration::from_secs(2), || {
+            get(replica.addr(), key).is_some()
+        });
+        proxy.set(ProxyFault::Blackhole);
+        (attempt.join().expect("attempt"), granted)
+    });
+    plain[1].resume().expect("resume");
+    assert!(stalled, "the grant never reached the replica");
+    assert!(tried.is_err(), "the attempt won: {:?}", tried.map(|_| ()));
+    // The master ran the cleanup; its replica did not get it.
+    assert_settles!(
+        get(master.addr(), key).is_none(),
+        "the cleanup ran on the master"
+    );
+    assert!(
+        get(replica.addr(), key).is_some(),
+        "the replica lost the grant"
+    );
+    master.pause().expect("stop the master");
+    master.kill().expect("kill the master");
+    proxy.set(ProxyFault::Reset);
+    let named = |s: &common::sentinel::Sentinel| match s.cmd(&[
+        b"SENTINEL",
+        b"get-master-addr-by-name",
+        service.as_bytes(),
+    ]) {
+        Value::Array(Some(items)) => match &items[..] {
+            [Value::Bulk(Some(_)), Value::Bulk(Some(p))] => {
+                String::from_utf8_lossy(p).parse::<u16>().ok()
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    let promoted = eventually(Duration::from_secs(30), || {
+        named(&sentinels[0]) == Some(replica.port())
+    });
+    assert!(promoted, "the replica was not promoted");
+    // The client idles, then is used again; nothing of the lost attempt may be left.
+    let gone = eventually(Duration::from_secs(10), || {
+        let _ = c.try_lock("audit:clean:other", TTL).map(|l| l.release());
+        get(replica.addr(), key).is_none()
+    });
+    let ttl = pttl(replica.addr(), key);
+    assert!(
+        gone,
+        "the lost attempt's key is on the new master {}, {ttl} ms to live, 10 s after the \
+         promotion",
+        replica.addr()
+    );
+}
+
 /// The master the sentinels name wants a password the URL does not give (or gives wrong):
 /// `build` fails with `Error::Config`, as for a server named directly.
 #[test]
