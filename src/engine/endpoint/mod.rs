@@ -1977,12 +1977,19 @@ impl Endpoint {
             consider(topo.due());
         }
         consider(self.sentinels_due());
-        for n in &mut self.nodes {
+        // A Sentinel member without a master named cannot connect: what it keeps waits for
+        // the sentinels' answer (their round is due above), not for its backoff.
+        let masterless: Vec<bool> = (0..self.nodes.len())
+            .map(|i| self.without_master(i).is_some())
+            .collect();
+        for (n, masterless) in self.nodes.iter_mut().zip(masterless) {
             consider(n.cmd.next_due());
             consider(n.cmd.connecting_since().map(|s| s + connect));
             consider(n.sub.connecting_since().map(|s| s + connect));
             if !n.retries.is_empty() {
-                consider(n.cmd.retry_at());
+                if !masterless {
+                    consider(n.cmd.retry_at());
+                }
                 if !n.cmd.is_down() {
                     consider(n.again_at);
                 }

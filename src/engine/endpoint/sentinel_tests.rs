@@ -299,3 +299,33 @@ fn a_sentinel_member_uses_only_a_master_its_sentinels_named_and_follows_it() {
     assert_eq!(release.replies, ["Integer(1)"]);
     assert!(!net.ep.needs_tending(net.now));
 }
+
+/// A release kept for a Sentinel member before its sentinels named a master waits for the
+/// sentinels' answer: the endpoint's timer is not due again and again meanwhile (a driver
+/// would spin on it, and the simulation never got past that instant).
+#[test]
+fn a_release_kept_before_a_master_is_named_does_not_keep_the_timer_due() {
+    let mut net = Net::new();
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let mut release = One::new(
+        What::Release {
+            token: Token::from_random([3; 20]),
+        },
+        Some(net.now + 10_000 * MS),
+    );
+    net.step(caller, run, &mut release);
+    net.ep.connect_all(net.now);
+    assert_eq!(net.io(), [Io::Connect(ASK)]);
+    assert_eq!(net.out(ASK), ["SENTINEL get-master-addr-by-name svc"]);
+    net.now += MS;
+    net.ep.handle_timeout(net.now);
+    net.io();
+    let due = net.ep.poll_timeout();
+    assert!(
+        due.is_some_and(|t| t > net.now),
+        "the timer is due at {:?}, {:?} before now, while the sentinels are asked",
+        due,
+        due.map(|t| net.now.saturating_duration_since(t))
+    );
+}

@@ -356,6 +356,13 @@ impl<'a> World<'a> {
             }) => self.clusters[member]
                 .as_ref()
                 .is_some_and(|c| c.shards[s].master == node),
+            // A Sentinel member's process: its master only (see `sentinel`).
+            Some(Place {
+                member,
+                shard: None,
+            }) => self.sentinels[member]
+                .as_ref()
+                .is_none_or(|w| w.master == node),
             _ => true,
         }
     }

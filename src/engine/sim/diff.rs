@@ -2791,3 +2791,116 @@ fn scripts_refuse_writes_like_redis_server() {
         println!("differential ({mode}): {} commands compared", pair.compared);
     }
 }
+
+/// A `ROLE` reply with its replication offsets set to 0 (the simulation's): what the rest
+/// says must match.
+fn without_offsets(v: &Value) -> Value {
+    let Value::Array(Some(items)) = v else {
+        return v.clone();
+    };
+    let mut items = items.clone();
+    match items.first() {
+        Some(Value::Bulk(Some(r))) if r.as_slice() == b"master" => {
+            items[1] = Value::Integer(0);
+            if let Some(Value::Array(Some(replicas))) = items.get_mut(2) {
+                for r in replicas {
+                    if let Value::Array(Some(f)) = r {
+                        f[2] = Value::Bulk(Some(b"0".to_vec()));
+                    }
+                }
+            }
+        }
+        Some(Value::Bulk(Some(r))) if r.as_slice() == b"slave" => items[4] = Value::Integer(0),
+        _ => {}
+    }
+    Value::Array(Some(items))
+}
+
+/// What the simulated Sentinel members answer beyond the data (see `sentinel.rs`) against a
+/// real master, its replica and three `redis-server --sentinel`: `ROLE` on each, `WAIT`,
+/// `READONLY` on the replica, `SENTINEL get-master-addr-by-name` for the service and for
+/// one unknown, and the `+switch-master` message of a failover.
+#[test]
+fn sentinel_replies_answer_like_redis_sentinel() {
+    use super::sentinel as sim;
+    use redlock_mux_kit::sentinel::SentinelMember;
+    let member = SentinelMember::start(None).expect("a master, a replica, three sentinels");
+    let (master, replica) = (&member.servers[0], &member.servers[1]);
+    let (mp, rp) = (master.port(), replica.port());
+    let mut m = Real::connect(master.addr());
+    let mut r = Real::connect(replica.addr());
+    let role = command(&[b"ROLE"]);
+    assert_eq!(
+        without_offsets(&m.call(&role)),
+        value(&sim::role_master(&[rp])),
+        "ROLE on the master"
+    );
+    assert_eq!(
+        without_offsets(&r.call(&role)),
+        value(&sim::role_replica(mp)),
+        "ROLE on the replica"
+    );
+    assert_eq!(
+        m.call(&command(&[b"SET", b"k", b"v"])),
+        Value::Simple(b"OK".to_vec())
+    );
+    assert_eq!(
+        m.call(&command(&[b"WAIT", b"1", b"1000"])),
+        Value::Integer(1),
+        "WAIT on the master"
+    );
+    let wait = r.call(&command(&[b"WAIT", b"1", b"10"]));
+    // Valkey words it without "since Redis 4.0": the kind is what the library reads.
+    assert!(
+        alike(&wait, &value(sim::WAIT_ON_REPLICA), false),
+        "WAIT on the replica: {}",
+        shown(&wait)
+    );
+    let refused = r.call(&command(&[b"SET", b"k", b"w"]));
+    let Value::Error(e) = &refused else {
+        panic!("a write on the replica: {refused:?}");
+    };
+    assert_eq!(
+        String::from_utf8_lossy(e),
+        String::from_utf8_lossy(super::server::Refusal::ReadOnly.message()),
+        "READONLY on the replica"
+    );
+    let svc = member.service.as_bytes();
+    for s in &member.sentinels {
+        let mut c = Real::connect(s.addr());
+        let ask = command(&[b"SENTINEL", b"get-master-addr-by-name", svc]);
+        assert_eq!(
+            c.call(&ask),
+            value(&sim::master_addr(Some(mp))),
+            "the master"
+        );
+        let unknown = command(&[b"SENTINEL", b"get-master-addr-by-name", b"no-such"]);
+        assert_eq!(c.call(&unknown), value(&sim::master_addr(None)), "unknown");
+    }
+    // A failover: the message every subscriber of a sentinel hears.
+    let mut sub = Real::connect(member.sentinels[0].addr());
+    sub.stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let confirm = sub.call(&command(&[b"SUBSCRIBE", b"+switch-master"]));
+    let mut out = Vec::new();
+    super::server::subscription_reply(&mut out, b"subscribe", b"+switch-master", 1);
+    assert_eq!(confirm, value(&out), "SUBSCRIBE on a sentinel");
+    let mut admin = Real::connect(member.sentinels[1].addr());
+    assert_eq!(
+        admin.call(&command(&[b"SENTINEL", b"FAILOVER", svc])),
+        Value::Simple(b"OK".to_vec())
+    );
+    let message = sub.next();
+    let payload = sim::switch_payload(&member.service, mp, rp);
+    assert_eq!(
+        message,
+        value(&super::message_push(
+            b"+switch-master",
+            payload.as_bytes(),
+            false
+        )),
+        "+switch-master"
+    );
+    println!("differential (Sentinel): ROLE, WAIT, READONLY, SENTINEL, +switch-master alike");
+}

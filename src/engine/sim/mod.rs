@@ -71,6 +71,7 @@
 
 mod cluster;
 pub(crate) mod node;
+mod sentinel;
 pub(crate) mod server;
 
 pub(crate) use redlock_mux_kit::history;
@@ -181,6 +182,15 @@ pub(crate) enum Scenario {
     /// Clusters without `?wait` whose failovers promote a replica at once, without the
     /// master's last writes: grants are lost with them.
     LossyFailover,
+    /// Every fault of [`Scenario::Model`], on quorums of which some or all members are
+    /// masters managed by Redis Sentinel (`redis+sentinel://…?wait=1`), plus Sentinel's own
+    /// (see the `sentinel` module): failovers to the replica that acknowledged the grants,
+    /// sentinels that name the old master for a while, lost `+switch-master` messages, old
+    /// masters back as replicas, sentinels down.
+    SentinelModel,
+    /// Sentinel members without `?wait` whose failovers promote a lagging replica at once,
+    /// on a majority of members: grants are lost with them.
+    SentinelLossy,
 }
 
 impl Scenario {
@@ -193,7 +203,10 @@ impl Scenario {
     fn model(self) -> bool {
         matches!(
             self,
-            Scenario::Model | Scenario::ClusterModel | Scenario::ClusterWait
+            Scenario::Model
+                | Scenario::ClusterModel
+                | Scenario::ClusterWait
+                | Scenario::SentinelModel
         )
     }
 
@@ -307,6 +320,8 @@ struct Settings {
     wait: u32,
     /// Cluster runs: a master moves to a new address every few ms.
     readdress: bool,
+    /// Replicas of each member that is a Sentinel-managed master (1 or 2); 0 for another.
+    replicas: Vec<usize>,
     /// How often a cluster's replicas catch up with their masters, in ns.
     replication: u64,
     horizon: u64,
@@ -367,6 +382,7 @@ impl Settings {
             masters: vec![0; nodes],
             wait: 0,
             readdress: false,
+            replicas: vec![0; nodes],
             replication: 0,
             horizon: 1500 * MS,
             cycles: rng.range(3, 8) as u32,
@@ -420,6 +436,13 @@ impl Settings {
             Scenario::ClusterModel | Scenario::ClusterWait => {
                 // A cluster has database 0 only; misconfigured members are not what is tested.
                 (p.refused, p.db) = (0, 0);
+            }
+            Scenario::SentinelModel => p.refused = 0,
+            Scenario::SentinelLossy => {
+                p.refused = 0;
+                p.fault_gap = ttl_ms * MS / 2;
+                p.request_loss = 0.02;
+                p.pause = 0.0;
             }
             Scenario::LossyFailover => {
                 (p.refused, p.db) = (0, 0);
@@ -674,6 +697,19 @@ pub(crate) struct Stats {
     pub tail_breaks: u64,
     pub tail_failovers: u64,
     pub tail_moves: u64,
+    /// Runs with Sentinel members; questions sentinels answered (and with an old master, a
+    /// view lagging behind a failover); `+switch-master` messages delivered and lost; ROLE
+    /// replies saying `slave`; masters demoted to replicas with their connections up; old
+    /// masters back as replicas; sentinels down.
+    pub sentinel_runs: u64,
+    pub sentinel_questions: u64,
+    pub stale_answers: u64,
+    pub switches: u64,
+    pub lost_switches: u64,
+    pub replica_roles: u64,
+    pub demotions: u64,
+    pub rejoins: u64,
+    pub sentinels_down: u64,
 }
 
 impl Stats {
@@ -762,7 +798,16 @@ impl Stats {
             unread_landings,
             tail_breaks,
             tail_failovers,
-            tail_moves
+            tail_moves,
+            sentinel_runs,
+            sentinel_questions,
+            stale_answers,
+            switches,
+            lost_switches,
+            replica_roles,
+            demotions,
+            rejoins,
+            sentinels_down
         );
         self.most_readdresses = self.most_readdresses.max(o.most_readdresses);
         self.most_callers = self.most_callers.max(o.most_callers);
@@ -911,6 +956,28 @@ impl fmt::Display for Stats {
                 self.readdresses,
                 self.most_readdresses,
                 self.unread_landings
+            )?;
+        }
+        if self.sentinel_runs > 0 {
+            write!(
+                f,
+                "; {} runs with Sentinel members: {} failovers ({} without some of the \
+                 master's keys, {} masters demoted in place, {} old masters back as replicas), \
+                 {} sentinel questions ({} answered with an old master), {} +switch-master \
+                 ({} lost), {} ROLE slave, {} sentinels down, {} WAIT ({} reached a replica)",
+                self.sentinel_runs,
+                self.failovers,
+                self.lossy_failovers,
+                self.demotions,
+                self.rejoins,
+                self.sentinel_questions,
+                self.stale_answers,
+                self.switches,
+                self.lost_switches,
+                self.replica_roles,
+                self.sentinels_down,
+                self.waits,
+                self.waits_reached
             )?;
         }
         Ok(())
@@ -1235,6 +1302,8 @@ enum Ev {
         caller: usize,
         grant: u64,
     },
+    /// Something of a Sentinel member (see the `sentinel` module).
+    Sentinel(sentinel::Event),
     /// The last instant of a grant's validity: what the nodes hold of it is looked at.
     ValidityEnd {
         client: usize,
@@ -1292,6 +1361,8 @@ struct World<'a> {
     nodes: Vec<SimNode>,
     /// The state of each member that is a Redis Cluster.
     clusters: Vec<Option<cluster::Cluster>>,
+    /// The state of each member that is a Sentinel-managed master.
+    sentinels: Vec<Option<sentinel::Watched>>,
     /// The hash slots the run's lock keys live in.
     lock_slots: Vec<u16>,
     clients: Vec<Client<'a>>,
@@ -1354,10 +1425,15 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
     p.versions(seed);
     p.pressure(seed, scenario);
     p.clusters(seed, scenario);
-    let layout = cluster::layout(&p.masters);
+    p.sentinels(seed, scenario);
+    let mut layout = cluster::layout(&p.masters);
+    sentinel::layout(&p, &mut layout);
     let addrs: Vec<NodeAddr> = (0..p.nodes)
         .map(|i| {
             let auth = p.password.map_or(String::new(), |pw| format!(":{pw}@"));
+            if p.replicas[i] > 0 {
+                return sentinel::url(&p, &layout, i, &auth);
+            }
             if p.masters[i] > 0 {
                 let seeds: Vec<String> = cluster::seeds(&layout, i)
                     .map(|n| format!("127.0.0.1:{}", cluster::port(n)))
@@ -1501,6 +1577,7 @@ fn run_world<'a>(
         })
         .collect();
     let clusters = cluster::build(&p, &layout, &mut nodes);
+    let sentinels = sentinel::build(&p, &layout, &mut nodes);
     let clients = (0..p.clients)
         .map(|c| {
             let fair = rng.chance(p.fair);
@@ -1555,6 +1632,7 @@ fn run_world<'a>(
         queue: BinaryHeap::new(),
         nodes,
         clusters,
+        sentinels,
         lock_slots: cluster::lock_slots(arena),
         clients,
         socks: Vec::new(),
@@ -1597,6 +1675,7 @@ fn run_world<'a>(
         w.after_io(c);
     }
     w.start_replication();
+    w.start_sentinels();
     if w.p.fault_gap > 0 {
         let first_fault = w.rng.below(2 * w.p.fault_gap);
         w.schedule(first_fault, Ev::Fault);
@@ -1890,6 +1969,7 @@ impl<'a> World<'a> {
             Ev::LeftCheck { check } => self.left_check(check),
             Ev::MigrationEnds { member } => self.migration_ends(member),
             Ev::IdleCheck => self.idle_check(),
+            Ev::Sentinel(e) => self.sentinel_event(e),
             Ev::Readdress { member, shard } => self.readdress(member, shard),
             Ev::Tail {
                 client,
@@ -2305,7 +2385,11 @@ impl<'a> World<'a> {
                 self.socks[work.sock].client
             ));
         }
-        if let Some(answer) = self.cluster_gate(node, work.sock, now_ms, &work.command, &name) {
+        let gate = match self.cluster_gate(node, work.sock, now_ms, &work.command, &name) {
+            None => self.sentinel_gate(node, work.sock, &work.command, &name),
+            answer => answer,
+        };
+        if let Some(answer) = gate {
             out = answer;
         } else {
             let session = &mut self.socks[work.sock].session;
@@ -2417,7 +2501,10 @@ impl<'a> World<'a> {
                 return self.closed(c, left);
             }
         }
-        if self.clients[c].closed && self.clusters.iter().any(Option::is_some) {
+        if self.clients[c].closed
+            && (self.clusters.iter().any(Option::is_some)
+                || self.sentinels.iter().any(Option::is_some))
+        {
             // The client is gone (a driver drops a closed endpoint): its timers with it, such
             // as a cluster member's periodic topology read, which would run for ever.
             return;
@@ -2730,11 +2817,14 @@ impl<'a> World<'a> {
             .iter()
             .enumerate()
             .filter(|&(i, _)| !self.retired(i))
-            .any(|(_, n)| {
-                !n.up || n.server.loading || n.server.refusal.is_some() || n.busy_until > now
+            .any(|(i, n)| {
+                // A Sentinel member's replica refuses writes for good: no fault.
+                let refusing = n.server.refusal.is_some() && !self.is_sentinel_replica(i);
+                !n.up || n.server.loading || refusing || n.busy_until > now
             })
             || self.blocked.iter().flatten().any(|&b| b)
             || self.clusters.iter().flatten().any(|cl| !cl.quiet(now))
+            || self.sentinels.iter().flatten().any(|s| !s.quiet(now))
     }
 
     /// Caller `k` of client `c`'s last cycle released (whatever the release returned): its
@@ -2864,6 +2954,12 @@ impl<'a> World<'a> {
         let kind = match self.scenario {
             Scenario::ClusterModel | Scenario::ClusterWait => self.rng.below(12),
             Scenario::LossyFailover => 10,
+            // Sentinel's own faults (14), or those of the model.
+            Scenario::SentinelModel => match self.rng.below(12) {
+                k if k >= 9 => 14,
+                k => k,
+            },
+            Scenario::SentinelLossy => 14,
             // A crashed node cannot show that its setup would be refused: runs with
             // misconfigured nodes keep theirs up, so that the check on configuration
             // errors (see `acquired`) applies.
@@ -2977,6 +3073,7 @@ impl<'a> World<'a> {
                 self.log(format_args!("node {node}'s script cache is flushed"));
                 self.nodes[node].server.node.forget_scripts();
             }
+            14 => self.sentinel_fault(),
             9 => self.cluster_fault(false, false),
             10 => self.cluster_fault(true, false),
             11 => self.cluster_fault(false, true),
@@ -3000,6 +3097,9 @@ impl<'a> World<'a> {
     /// it restarts later (with its data if it persists it).
     fn crash(&mut self, node: usize) {
         if !self.nodes[node].up {
+            return;
+        }
+        if self.sentinel_crash(node) {
             return;
         }
         self.stats.crashes += 1;
@@ -3077,6 +3177,7 @@ impl<'a> World<'a> {
             let lasts = self.rng.range(0, self.p.ttl_ms * MS);
             self.schedule(lasts, Ev::LoadingEnds { node, incarnation });
         }
+        self.sentinel_restarted(node);
     }
     // --- the clients' programs -------------------------------------------------------------
 

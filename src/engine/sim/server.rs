@@ -168,6 +168,11 @@ impl Session {
 }
 
 impl Session {
+    /// Whether `AUTH` succeeded on it.
+    pub fn authed(&self) -> bool {
+        self.authed
+    }
+
     /// The commands queued since `MULTI`, if a transaction is under way.
     pub fn queued(&self) -> Option<&[Vec<u8>]> {
         self.multi.as_ref().map(|(q, _)| q.as_slice())

@@ -29,6 +29,17 @@ fn cluster_seeds() -> u64 {
         .and_then(|s| s.parse().ok())
         .unwrap_or(CLUSTER_SEEDS)
 }
+/// Seeds of runs with Sentinel members within the model, for each kind of lock: 5,000 by
+/// hand in a release build.
+const SENTINEL_SEEDS: u64 = if cfg!(debug_assertions) { 20 } else { 5000 };
+/// [`SENTINEL_SEEDS`], or `REDLOCK_SIM_SENTINEL_SEEDS` (CI runs fewer, to stay within its
+/// time; `REDLOCK_SIM_SEEDS` still overrides every count).
+fn sentinel_seeds() -> u64 {
+    std::env::var("REDLOCK_SIM_SENTINEL_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SENTINEL_SEEDS)
+}
 /// Seeds of runs with a server too slow for the load, for each kind of lock tried: 5,000 by
 /// hand in a release build (seed 537 of read-write locks once found a writer's intent left
 /// behind, which the 200 seeds CI ran then never reach).
@@ -600,6 +611,83 @@ fn failovers_that_lose_writes_break_the_lock() {
     assert!(!sum.report.overlaps.is_empty(), "{}", sum.report);
 }
 
+/// Sentinel-managed members whose URL asks for `?wait=1`, through every fault of the model
+/// and Sentinel's own: failovers to the replica that acknowledged the grants (losing what
+/// the master wrote since), sentinels that name the old master for a while, lost
+/// `+switch-master` messages, old masters back as replicas, masters demoted under their
+/// connections, sentinels and replicas down. Every kind of lock.
+#[test]
+fn sentinel_members_with_wait_survive_failovers() {
+    let test = "sentinel_members_with_wait_survive_failovers";
+    for locks in [
+        Locks::Mutex,
+        Locks::ReadWrite,
+        Locks::Fenced,
+        Locks::FencedWrite,
+        Locks::All,
+        Locks::Semaphore,
+    ] {
+        let Some(sum) = within(Scenario::SentinelModel, locks, sentinel_seeds(), test) else {
+            continue;
+        };
+        let s = &sum.stats;
+        require(
+            s,
+            &[
+                ("failovers", s.failovers),
+                (
+                    "failovers without some of the master's keys",
+                    s.lossy_failovers,
+                ),
+                ("masters demoted in place", s.demotions),
+                ("old masters back as replicas", s.rejoins),
+                ("answers naming an old master", s.stale_answers),
+                ("+switch-master messages", s.switches),
+                ("ROLE slave", s.replica_roles),
+                ("WAIT reaching a replica", s.waits_reached),
+            ],
+        );
+        if sentinel_seeds() >= 100 {
+            require(
+                s,
+                &[
+                    ("+switch-master messages lost", s.lost_switches),
+                    ("sentinels down", s.sentinels_down),
+                    ("READONLY replies", s.refused_commands),
+                ],
+            );
+        }
+    }
+}
+
+/// Sentinel members without `?wait` whose failovers promote a lagging replica at once, on
+/// every member: grants are lost with them, and the checker must see two holders at once.
+#[test]
+fn sentinel_failovers_that_lose_writes_break_the_lock() {
+    if let Some(seed) = replay_seed() {
+        run_locks(seed, Scenario::SentinelLossy, Locks::Mutex, true);
+        return;
+    }
+    let sum = until(Scenario::SentinelLossy, Locks::Mutex, |r| {
+        !r.overlaps.is_empty()
+    });
+    println!(
+        "Mutex, SentinelLossy: {}\nchecker: {}",
+        sum.stats, sum.report
+    );
+    if let Some(&seed) = sum.failing.first() {
+        let hint = replay_hint(
+            seed,
+            Scenario::SentinelLossy,
+            Locks::Mutex,
+            "sentinel_failovers_that",
+        );
+        println!("e.g. {hint}");
+    }
+    assert!(sum.stats.lossy_failovers > 0, "{}", sum.stats);
+    assert!(!sum.report.overlaps.is_empty(), "{}", sum.report);
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     for seed in [1, 77, 4242] {
@@ -637,6 +725,8 @@ fn first_violation() {
         "ClusterModel" => Scenario::ClusterModel,
         "ClusterWait" => Scenario::ClusterWait,
         "LossyFailover" => Scenario::LossyFailover,
+        "SentinelModel" => Scenario::SentinelModel,
+        "SentinelLossy" => Scenario::SentinelLossy,
         other => panic!("no scenario {other}"),
     };
     let locks = match locks {
