@@ -39,6 +39,28 @@ fn master_with_replica() -> (RedisServer, RedisServer) {
         "the replica of {} is linked",
         master.addr()
     );
+    // "online" is not yet streaming: the master sends its replica nothing until the
+    // replica's first acknowledgment, which comes with its once-a-second cron. A `WAIT`
+    // before it blocks up to a second, and every command pipelined behind it on that
+    // connection waits with it (the client keeps writing to the node until its oldest reply
+    // is a node timeout old). A write acknowledged once opens the stream.
+    assert_eq!(
+        cmds(
+            master.addr(),
+            &[
+                &[b"SET", b"linked", b"1"],
+                &[b"WAIT", b"1", b"10000"],
+                &[b"DEL", b"linked"]
+            ]
+        ),
+        vec![
+            Value::Simple("OK".into()),
+            Value::Integer(1),
+            Value::Integer(1)
+        ],
+        "the replica of {} acknowledges",
+        master.addr()
+    );
     (master, replica)
 }
 
