@@ -247,10 +247,13 @@ impl Conn {
         matches!(self.state, State::Down { .. })
     }
 
-    /// The configuration error that closed this connection last, if that is why it is down.
+    /// The configuration error that closed this connection last, if that is why it is down
+    /// or why it is being set up again: a refusal stands until a setup goes through, so a
+    /// reconnect in flight never makes a misconfigured node look like one that may still vote
+    /// (a wait would then end as contention, not as the configuration error it is).
     pub fn setup_error(&self) -> Option<&NodeErrorKind> {
-        match (&self.state, &self.last_error) {
-            (State::Down { .. }, Some(e @ NodeErrorKind::Setup { .. })) => Some(e),
+        match &self.last_error {
+            Some(e @ NodeErrorKind::Setup { .. }) if !self.is_ready() => Some(e),
             _ => None,
         }
     }
@@ -357,7 +360,10 @@ impl Conn {
             if self.setup_owed == 0 {
                 self.backoff = BACKOFF_MIN;
             }
-            self.last_error = None;
+            // A refused setup stands until a setup goes through (see `setup_error`).
+            if !matches!(self.last_error, Some(NodeErrorKind::Setup { .. })) {
+                self.last_error = None;
+            }
         }
     }
 
@@ -591,6 +597,7 @@ impl Conn {
                     if self.setup_owed == 0 {
                         set_up = true;
                         self.backoff = BACKOFF_MIN;
+                        self.last_error = None;
                     }
                 }
                 Slot::Before => {

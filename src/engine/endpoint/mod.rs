@@ -601,8 +601,16 @@ impl Endpoint {
             self.keep_sent(i, false);
             return;
         };
-        if !conn.can_send(now) {
-            let why = conn.down_reason();
+        // A node whose setup was refused votes with that refusal until a setup goes through,
+        // reconnecting or not: queued behind a new setup, the vote would come too late for
+        // the round to see a configuration error, and a wait would end as contention.
+        let refused = conn.setup_error().is_some();
+        if !conn.can_send(now) || refused {
+            if refused && conn.can_send(now) {
+                // Its setup is tried again all the same: a fixed server is found again.
+                self.connect_if_down(i, now);
+            }
+            let why = self.nodes[i].cmd.down_reason();
             if let What::Acquire { token } = t.what {
                 self.nodes[i].unsent(token);
             }

@@ -1183,3 +1183,38 @@ fn a_cleanup_is_confirmed_by_the_next_wait_on_its_connection() {
     assert!(net.ep.undelivered(net.now).is_empty());
     assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
 }
+
+/// A node whose setup was refused votes with that refusal while its connection is set up again:
+/// queued behind the new setup, the vote came only once the setup was refused again, after the
+/// round was decided, and a wait on a quorum that too few nodes accept ended as contention
+/// (the simulation's seed 139 of its model runs).
+#[test]
+fn a_node_refused_before_votes_its_refusal_while_it_is_set_up_again() {
+    let mut net = Net::new(1);
+    let caller = net.ep.open_caller();
+    let run = net.ep.begin(caller);
+    let mut m = Probe::new(What::Subscribe, None);
+    net.step(caller, run, &mut m);
+    assert_eq!(net.connect_all(), [Net::cmd(0)]);
+    net.take_output(Net::cmd(0));
+    net.reply(
+        Net::cmd(0),
+        b"-NOAUTH Authentication required.\r\n-NOAUTH Authentication required.\r\n",
+    );
+    assert_eq!(net.ep.poll_io(), Some(Io::Close(Net::cmd(0))));
+    net.ep.finish(caller, run, net.now);
+    // Once the backoff passed, the next command starts a new connection, and fails at once.
+    let due = net.ep.poll_timeout().unwrap_or(net.now);
+    net.now = due.max(net.now) + 10_000 * MS;
+    let run = net.ep.begin(caller);
+    let mut m = Probe::new(What::Subscribe, None);
+    net.step(caller, run, &mut m);
+    assert_eq!(net.connect_all(), [Net::cmd(0)], "the setup is tried again");
+    assert!(
+        matches!(m.failures.as_slice(), [(0, NodeErrorKind::Setup { .. })]),
+        "the vote waits for the new setup: {:?}",
+        m.failures
+    );
+    assert_eq!(net.ep.setup_failures().len(), 1);
+    net.ep.finish(caller, run, net.now);
+}
