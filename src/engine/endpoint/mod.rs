@@ -1987,10 +1987,9 @@ impl Endpoint {
         consider(self.sentinels_due());
         // A Sentinel member without a master named cannot connect: what it keeps waits for
         // the sentinels' answer (their round is due above), not for its backoff.
-        let masterless: Vec<bool> = (0..self.nodes.len())
-            .map(|i| self.without_master(i).is_some())
-            .collect();
-        for (n, masterless) in self.nodes.iter_mut().zip(masterless) {
+        for i in 0..self.nodes.len() {
+            let masterless = !self.nodes[i].retries.is_empty() && self.without_master(i).is_some();
+            let n = &mut self.nodes[i];
             consider(n.cmd.next_due());
             consider(n.cmd.connecting_since().map(|s| s + connect));
             consider(n.sub.connecting_since().map(|s| s + connect));
