@@ -419,18 +419,7 @@ impl Op for SemKeyRelease<'_> {
         let channel = keys::wake_channel_for(self.resource, keys::Family::Semaphore, caps.sharded);
         if !caps.delex {
             let script = crate::engine::scripts::RELEASE.announcing(caps.sharded);
-            crate::resp::write_array_len(out, 6);
-            match form {
-                ScriptForm::Sha => {
-                    crate::resp::write_bulk(out, b"EVALSHA");
-                    crate::resp::write_bulk(out, &script.sha);
-                }
-                ScriptForm::Body => {
-                    crate::resp::write_bulk(out, b"EVAL");
-                    crate::resp::write_bulk(out, script.body.as_bytes());
-                }
-            }
-            crate::resp::write_bulk(out, b"1");
+            crate::engine::fair::write_eval_head(out, script, form, 1, 2);
             crate::resp::write_bulk(out, self.key);
             write_value(out, self.token, &mark);
             channel.write_bulk(out);
@@ -502,18 +491,7 @@ impl Op for SemKeyExtend<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
         let mark = Mark::new(self.permits);
         let script = &crate::engine::scripts::EXTEND;
-        crate::resp::write_array_len(out, 6);
-        match form {
-            ScriptForm::Sha => {
-                crate::resp::write_bulk(out, b"EVALSHA");
-                crate::resp::write_bulk(out, &script.sha);
-            }
-            ScriptForm::Body => {
-                crate::resp::write_bulk(out, b"EVAL");
-                crate::resp::write_bulk(out, script.body.as_bytes());
-            }
-        }
-        crate::resp::write_bulk(out, b"1");
+        crate::engine::fair::write_eval_head(out, script, form, 1, 2);
         crate::resp::write_bulk(out, self.key);
         write_value(out, self.token, &mark);
         crate::resp::write_bulk_u64(out, self.ttl_ms);
