@@ -750,11 +750,13 @@ void redlock_mux_client_builder_free(redlock_mux_client_builder *builder);
  * Adds one node, as `redis://[user:password@]host[:port][/db]`, bare `host:port`,
  * `rediss://...` (TLS, when the library has it: see `redlock_mux_has_tls`), or a Unix socket,
  * `unix:///path/to/redis.sock[?db=N&user=U&pass=P]` (or `redis+unix://`), or a Redis
- * Cluster as one node, `redis+cluster://[user:password@]host:port[,host:port...][?wait=N]`
+ * Cluster as one node, `redis+cluster://[user:password@]host:port[,host:port...][?wait=N&waitaof=L,R]`
  * (its seeds; `rediss+cluster://` with TLS), or a master managed by Redis Sentinel as one
- * node, `redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[?db=N&wait=N&sentinel_user=U&sentinel_password=P]`
+ * node, `redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[?db=N&wait=N&waitaof=L,R&sentinel_user=U&sentinel_password=P]`
  * (its sentinels; `rediss+sentinel://` with TLS), given as `url_len` bytes of UTF-8 (no
- * terminating NUL needed). The URL is checked and resolved by
+ * terminating NUL needed). Every form takes `?wait=N` (a grant, or a release, counts once
+ * `WAIT N` says N replicas have it) and `?waitaof=L,R` (`L` 0 or 1, `R` 0 to 16, not both 0:
+ * once `WAITAOF L R` says the master's append-only file, and R replicas', have it). The URL is checked and resolved by
  * `redlock_mux_client_builder_build`. The quorum is N / 2 + 1 of the nodes added.
  *
  * # Safety
