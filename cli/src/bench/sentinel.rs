@@ -113,11 +113,12 @@ pub fn run(n: usize, iters: usize, json: bool, progress: &Progress) -> Result<i3
     progress.clear();
     let mut out = io::stdout().lock();
     if json {
-        let variants: serde_json::Map<String, serde_json::Value> = VARIANTS
-            .iter()
-            .zip(rows.iter_mut())
-            .map(|(v, p)| (v.to_string(), phases_json(p)))
-            .collect();
+        // Inserted one by one: collecting into the map (a BTreeMap) would sort the pairs first,
+        // with a copy of the standard library's stable sort for them alone.
+        let mut variants = serde_json::Map::new();
+        for (v, p) in VARIANTS.iter().zip(rows.iter_mut()) {
+            variants.insert(v.to_string(), phases_json(p));
+        }
         writeln!(
             out,
             "{}",
