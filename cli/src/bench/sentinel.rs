@@ -18,7 +18,7 @@ use super::phases::{
 };
 use super::{Progress, BLOCK};
 use crate::local_servers::RedisServer;
-use crate::stats::{fmt_duration, ratio};
+use crate::stats::{fmt_duration, ratio, Fixed};
 use crate::Fail;
 
 /// The variants measured, in the order of the rows: the plain members first (the baseline).
@@ -165,9 +165,9 @@ fn print(
                 v,
                 op,
                 fmt_duration(q50),
-                ratio(q50, b50),
+                Fixed(ratio(q50, b50)),
                 fmt_duration(q99),
-                ratio(q99, b99),
+                Fixed(ratio(q99, b99)),
             )?;
         }
         Ok(())

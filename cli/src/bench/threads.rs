@@ -11,7 +11,7 @@ use redlock_mux::{Client, NodeUrl};
 use serde_json::json;
 
 use crate::raw::{raw_cycle, Connections, Probe, Raw, Target, Tokens};
-use crate::stats::{failure_kind, fmt_duration, ratio, us, Samples};
+use crate::stats::{failure_kind, fmt_duration, ratio, us, Fixed, Samples};
 use crate::Fail;
 
 use super::phases::{histogram_json, rate_ratio, summary_json, targets};
@@ -543,7 +543,7 @@ pub(super) fn print_threads(
                 t.n,
                 t.threads,
                 who,
-                f.ops_per_sec(),
+                Fixed(f.ops_per_sec()),
                 fmt_duration(a.p50),
                 fmt_duration(a.p99),
                 fmt_duration(c.p50),
@@ -551,7 +551,7 @@ pub(super) fn print_threads(
                 f.failed(),
                 f.connections(),
                 f.subscribers(),
-                format!("{:.1}µs", f.cpu_us_per_cycle()),
+                format!("{:.1}µs", Fixed(f.cpu_us_per_cycle())),
             )?;
         }
     }
@@ -578,7 +578,8 @@ pub(super) fn print_threads(
                 .map(|&m| {
                     let part = by.get(at..at + m).unwrap_or(&[]);
                     at += m;
-                    let each: Vec<String> = part.iter().map(|c| format!("{c:.1}")).collect();
+                    let each: Vec<String> =
+                        part.iter().map(|c| format!("{:.1}", Fixed(*c))).collect();
                     format!("[{}]", each.join(" "))
                 })
                 .collect();
@@ -588,7 +589,7 @@ pub(super) fn print_threads(
                 "  T={:<4} {} µs; mean per master {:.1}µs",
                 t.threads,
                 nodes.join(" "),
-                t.ours.cpu_us_per_cycle() / total.max(1) as f64
+                Fixed(t.ours.cpu_us_per_cycle() / total.max(1) as f64)
             )?;
         }
     }
@@ -602,13 +603,20 @@ pub(super) fn print_threads(
             out,
             "  T={:<4} ops/s {:.2}x; cycle p50 {:.2}x, p99 {:.2}x",
             t.threads,
-            rate_ratio(t.ours.ops_per_sec(), t.raw.ops_per_sec()),
-            ratio(t.ours.cycle.quantile(0.5), t.raw.cycle.quantile(0.5)),
-            ratio(t.ours.cycle.quantile(0.99), t.raw.cycle.quantile(0.99)),
+            Fixed(rate_ratio(t.ours.ops_per_sec(), t.raw.ops_per_sec())),
+            Fixed(ratio(t.ours.cycle.quantile(0.5), t.raw.cycle.quantile(0.5))),
+            Fixed(ratio(
+                t.ours.cycle.quantile(0.99),
+                t.raw.cycle.quantile(0.99)
+            )),
         )?;
     }
     if let Some((top, one)) = scale_ratio(results) {
-        writeln!(out, "  ours at T={top} ÷ ours at T=1, ops/s: {one:.2}x")?;
+        writeln!(
+            out,
+            "  ours at T={top} ÷ ours at T=1, ops/s: {:.2}x",
+            Fixed(one)
+        )?;
     }
     let failed: Vec<_> = results
         .iter()
