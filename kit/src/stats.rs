@@ -182,12 +182,13 @@ pub fn fmt_duration(d: Duration) -> String {
     }
 }
 
-/// A figure written with as many decimals as the format's precision asks for (`{:.3}`: three;
-/// none: none), rounded to the nearest (ties to even), and right-aligned in a width as numbers
-/// are: `format!("{:>7.2}", Fixed(x))` writes what `format!("{x:>7.2}")` does (up to 2^52 in
-/// units of the last place; beyond, to the nearest of the product as rounded). It stands in for the standard library's formatting
-/// of floats, which is about 12 KiB of the small static command. A figure beyond what a `u128`
-/// holds at that precision (no latency, rate or ratio comes near) is written as `inf`.
+/// A figure written with as many decimals as the format's precision asks for (`{:.3}`: three,
+/// up to 18; none: none), rounded to the nearest (ties to even), and right-aligned in a width as
+/// numbers are: `format!("{:>7.2}", Fixed(x))` writes what `format!("{x:>7.2}")` does (exactly
+/// up to 2^52 units of the last place; beyond, from the product as rounded). It stands in for
+/// the standard library's formatting of floats, about 14 KB of the small static command. A
+/// figure beyond what a `u128` holds at that precision (no latency, rate or ratio comes near)
+/// is written as `inf`.
 #[derive(Debug, Clone, Copy)]
 pub struct Fixed(pub f64);
 
