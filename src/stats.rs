@@ -163,14 +163,15 @@ impl NodeCell {
     fn snapshot(&self) -> NodeStats {
         let f = |i: usize| self.failures[i].load(Relaxed);
         let n = self.recorded.load(Relaxed).min(LATENCY_WINDOW);
-        let mut window = [0u32; LATENCY_WINDOW];
+        // Sorted as u64, the element type the rest of the library (and most programs) sort
+        // already: a sort of u32 would be a copy of the standard library's for this alone.
+        let mut window = [0u64; LATENCY_WINDOW];
         for (slot, cell) in window.iter_mut().zip(&self.ring).take(n) {
-            *slot = cell.load(Relaxed);
+            *slot = u64::from(cell.load(Relaxed));
         }
         let window = &mut window[..n];
         window.sort_unstable();
-        let pct =
-            |p: usize| (n > 0).then(|| Duration::from_micros(u64::from(window[(n - 1) * p / 100])));
+        let pct = |p: usize| (n > 0).then(|| Duration::from_micros(window[(n - 1) * p / 100]));
         NodeStats {
             failures: NodeFailures {
                 timeout: f(0),

@@ -29,6 +29,7 @@ use serde_json::json;
 use crate::args::{self, usage};
 use crate::lock::EXIT_CONFIG;
 use crate::node::{Failure, NodeConn, ServerInfo};
+use crate::stats::Fixed;
 use crate::Fail;
 
 const HELP: &str = "\
@@ -316,7 +317,7 @@ impl Report {
             };
             let ms = |d: Option<Duration>| {
                 d.map_or("-".to_owned(), |d| {
-                    format!("{:.3}ms", d.as_secs_f64() * 1e3)
+                    format!("{:.3}ms", Fixed(d.as_secs_f64() * 1e3))
                 })
             };
             let f = &node.failures;

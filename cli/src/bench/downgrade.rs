@@ -7,7 +7,7 @@ use std::time::Instant;
 use redlock_mux::Client;
 use serde_json::json;
 
-use crate::stats::{fmt_duration, ratio, Samples};
+use crate::stats::{fmt_duration, ratio, Fixed, Samples};
 use crate::Fail;
 
 use super::phases::summary_json;
@@ -132,10 +132,10 @@ pub(super) fn print_downgrade(
             r.n,
             fmt_duration(d.p50),
             fmt_duration(e.p50),
-            ratio(d.p50, e.p50),
+            Fixed(ratio(d.p50, e.p50)),
             fmt_duration(d.p99),
             fmt_duration(e.p99),
-            ratio(d.p99, e.p99),
+            Fixed(ratio(d.p99, e.p99)),
             r.errors,
         )?;
     }

@@ -8,7 +8,7 @@ use redlock_mux::Client;
 use serde_json::json;
 
 use crate::raw::{RawQRw, Side, Tokens};
-use crate::stats::{fmt_duration, ratio};
+use crate::stats::{fmt_duration, ratio, Fixed};
 use crate::Fail;
 
 use super::phases::{
@@ -259,14 +259,14 @@ pub(super) fn print_rw(
                     name,
                     fmt_duration(o.p50),
                     fmt_duration(q.p50),
-                    ratio(o.p50, q.p50),
+                    Fixed(ratio(o.p50, q.p50)),
                     fmt_duration(m.p50),
-                    ratio(o.p50, m.p50),
+                    Fixed(ratio(o.p50, m.p50)),
                     fmt_duration(o.p99),
                     fmt_duration(q.p99),
-                    ratio(o.p99, q.p99),
+                    Fixed(ratio(o.p99, q.p99)),
                     fmt_duration(m.p99),
-                    ratio(o.p99, m.p99),
+                    Fixed(ratio(o.p99, m.p99)),
                 )?;
             }
         }

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::args::usage;
 use crate::raw::{Raw, Side, Target, Tokens};
-use crate::stats::{fmt_duration, ratio, us, Samples, Summary};
+use crate::stats::{fmt_duration, ratio, us, Fixed, Samples, Summary};
 use crate::Fail;
 
 use super::TTL;
@@ -243,10 +243,10 @@ pub(super) fn print_ratio_rows(
             name,
             fmt_duration(o.p50),
             fmt_duration(b.p50),
-            ratio(o.p50, b.p50),
+            Fixed(ratio(o.p50, b.p50)),
             fmt_duration(o.p99),
             fmt_duration(b.p99),
-            ratio(o.p99, b.p99),
+            Fixed(ratio(o.p99, b.p99)),
         )?;
     }
     Ok(())
@@ -279,7 +279,7 @@ pub(super) fn print_detail_rows(
             fmt_duration(sum.p999),
             fmt_duration(sum.max),
             if cycle {
-                format!("{:.0}", sum.ops_per_sec())
+                format!("{:.0}", Fixed(sum.ops_per_sec()))
             } else {
                 String::new()
             },

@@ -18,7 +18,7 @@ use super::phases::{
 };
 use super::{Progress, BLOCK};
 use crate::local_servers::RedisServer;
-use crate::stats::{fmt_duration, ratio};
+use crate::stats::{fmt_duration, ratio, Fixed};
 use crate::Fail;
 
 /// The variants measured, in the order of the rows: the plain members first (the baseline).
@@ -113,11 +113,12 @@ pub fn run(n: usize, iters: usize, json: bool, progress: &Progress) -> Result<i3
     progress.clear();
     let mut out = io::stdout().lock();
     if json {
-        let variants: serde_json::Map<String, serde_json::Value> = VARIANTS
-            .iter()
-            .zip(rows.iter_mut())
-            .map(|(v, p)| (v.to_string(), phases_json(p)))
-            .collect();
+        // Inserted one by one: collecting into the map (a BTreeMap) would sort the pairs first,
+        // with a copy of the standard library's stable sort for them alone.
+        let mut variants = serde_json::Map::new();
+        for (v, p) in VARIANTS.iter().zip(rows.iter_mut()) {
+            variants.insert(v.to_string(), phases_json(p));
+        }
         writeln!(
             out,
             "{}",
@@ -164,9 +165,9 @@ fn print(
                 v,
                 op,
                 fmt_duration(q50),
-                ratio(q50, b50),
+                Fixed(ratio(q50, b50)),
                 fmt_duration(q99),
-                ratio(q99, b99),
+                Fixed(ratio(q99, b99)),
             )?;
         }
         Ok(())

@@ -11,7 +11,7 @@ use redlock_mux::{Client, NodeUrl};
 use serde_json::json;
 
 use crate::raw::{raw_cycle, Connections, Probe, Raw, Target, Tokens};
-use crate::stats::{failure_kind, fmt_duration, ratio, us, Samples};
+use crate::stats::{failure_kind, fmt_duration, ratio, us, Fixed, Samples};
 use crate::Fail;
 
 use super::phases::{histogram_json, rate_ratio, summary_json, targets};
@@ -138,9 +138,24 @@ pub(super) fn count_failure(into: &mut BTreeMap<String, u64>, why: String, count
 
 /// The median of `values` (the upper one of an even count); 0 when empty.
 pub(super) fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    // Sorted as integers in the order of `f64::total_cmp`: the sort of `u64` the statistics
+    // use already, where sorting the floats would bring a copy of the standard library's sort.
+    const SIGN: u64 = 1 << 63;
+    let mut keys: Vec<u64> = values
+        .iter()
+        .map(|v| {
+            let bits = v.to_bits();
+            if bits & SIGN != 0 {
+                !bits
+            } else {
+                bits | SIGN
+            }
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.get(keys.len() / 2).map_or(0.0, |&k| {
+        f64::from_bits(if k & SIGN != 0 { k & !SIGN } else { !k })
+    })
 }
 
 /// Scale figures for one thread count: ours next to rawN.
@@ -528,7 +543,7 @@ pub(super) fn print_threads(
                 t.n,
                 t.threads,
                 who,
-                f.ops_per_sec(),
+                Fixed(f.ops_per_sec()),
                 fmt_duration(a.p50),
                 fmt_duration(a.p99),
                 fmt_duration(c.p50),
@@ -536,7 +551,7 @@ pub(super) fn print_threads(
                 f.failed(),
                 f.connections(),
                 f.subscribers(),
-                format!("{:.1}µs", f.cpu_us_per_cycle()),
+                format!("{:.1}µs", Fixed(f.cpu_us_per_cycle())),
             )?;
         }
     }
@@ -563,7 +578,8 @@ pub(super) fn print_threads(
                 .map(|&m| {
                     let part = by.get(at..at + m).unwrap_or(&[]);
                     at += m;
-                    let each: Vec<String> = part.iter().map(|c| format!("{c:.1}")).collect();
+                    let each: Vec<String> =
+                        part.iter().map(|c| format!("{:.1}", Fixed(*c))).collect();
                     format!("[{}]", each.join(" "))
                 })
                 .collect();
@@ -573,7 +589,7 @@ pub(super) fn print_threads(
                 "  T={:<4} {} µs; mean per master {:.1}µs",
                 t.threads,
                 nodes.join(" "),
-                t.ours.cpu_us_per_cycle() / total.max(1) as f64
+                Fixed(t.ours.cpu_us_per_cycle() / total.max(1) as f64)
             )?;
         }
     }
@@ -587,13 +603,20 @@ pub(super) fn print_threads(
             out,
             "  T={:<4} ops/s {:.2}x; cycle p50 {:.2}x, p99 {:.2}x",
             t.threads,
-            rate_ratio(t.ours.ops_per_sec(), t.raw.ops_per_sec()),
-            ratio(t.ours.cycle.quantile(0.5), t.raw.cycle.quantile(0.5)),
-            ratio(t.ours.cycle.quantile(0.99), t.raw.cycle.quantile(0.99)),
+            Fixed(rate_ratio(t.ours.ops_per_sec(), t.raw.ops_per_sec())),
+            Fixed(ratio(t.ours.cycle.quantile(0.5), t.raw.cycle.quantile(0.5))),
+            Fixed(ratio(
+                t.ours.cycle.quantile(0.99),
+                t.raw.cycle.quantile(0.99)
+            )),
         )?;
     }
     if let Some((top, one)) = scale_ratio(results) {
-        writeln!(out, "  ours at T={top} ÷ ours at T=1, ops/s: {one:.2}x")?;
+        writeln!(
+            out,
+            "  ours at T={top} ÷ ours at T=1, ops/s: {:.2}x",
+            Fixed(one)
+        )?;
     }
     let failed: Vec<_> = results
         .iter()
@@ -653,4 +676,22 @@ pub(super) fn json(results: &mut [ThreadsResult]) -> Vec<serde_json::Value> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_is_the_upper_middle_in_total_order() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[2.5]), 2.5);
+        assert_eq!(median(&[3.0, -1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 3.0);
+        assert_eq!(median(&[-0.5, -3.0, -2.0]), -2.0);
+        // -0.0 sorts before 0.0, as in f64::total_cmp.
+        assert!(median(&[0.0, -0.0]).is_sign_positive());
+        assert!(median(&[-0.0, -0.0, 0.0]).is_sign_negative());
+        assert_eq!(median(&[f64::INFINITY, 1.0, f64::NEG_INFINITY]), 1.0);
+    }
 }

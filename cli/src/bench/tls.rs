@@ -14,7 +14,7 @@ use super::phases::{
 };
 use super::{Progress, BLOCK};
 use crate::local_servers::{free_port, RedisServer};
-use crate::stats::{fmt_duration, ratio};
+use crate::stats::{fmt_duration, ratio, Fixed};
 use crate::Fail;
 
 /// A private directory with the run's certificates, removed when done.
@@ -239,10 +239,10 @@ fn print(out: &mut dyn Write, origin: &str, iters: usize, rows: &mut [Row]) -> i
                 op,
                 fmt_duration(t50),
                 fmt_duration(p50),
-                ratio(t50, p50),
+                Fixed(ratio(t50, p50)),
                 fmt_duration(t99),
                 fmt_duration(p99),
-                ratio(t99, p99),
+                Fixed(ratio(t99, p99)),
             )?;
         }
     }

@@ -2200,11 +2200,17 @@ impl Endpoint {
     /// The nodes whose last connection was closed because its setup was refused (see
     /// [`NodeErrorKind::Setup`]), with the reason.
     pub fn setup_failures(&self) -> Vec<(usize, NodeErrorKind)> {
+        // Kept in member order by inserting each after those before it and its equals (a
+        // stable sort, with no copy of the standard library's sort for this cold path).
         let mut failures: Vec<(usize, NodeErrorKind)> = Vec::new();
+        let insert = |failures: &mut Vec<(usize, NodeErrorKind)>, member, e: &NodeErrorKind| {
+            let at = failures.partition_point(|(m, _)| *m <= member);
+            failures.insert(at, (member, e.clone()));
+        };
         for w in self.sentinels.iter().flatten() {
             // Every sentinel refused the credentials, or did not know the service.
             if let Some(e) = &w.config_error {
-                failures.push((self.nodes[w.link].member, e.clone()));
+                insert(&mut failures, self.nodes[w.link].member, e);
             }
         }
         for (i, n) in self.nodes.iter().enumerate() {
@@ -2213,11 +2219,10 @@ impl Endpoint {
             }
             if let Some(e) = n.cmd.setup_error() {
                 if !failures.iter().any(|(m, _)| *m == n.member) {
-                    failures.push((n.member, e.clone()));
+                    insert(&mut failures, n.member, e);
                 }
             }
         }
-        failures.sort_by_key(|(m, _)| *m);
         failures
     }
 
