@@ -48,7 +48,9 @@
 //!   replicas have it; one that falls short (or whose connection breaks before the `WAIT`
 //!   answers) stays owed as one of a broken connection, and goes again, with its `WAIT`, on
 //!   the node's next connection (to the master promoted in a failover, which may not have had
-//!   it). Every compare-and-delete sent again is waited for the same way.
+//!   it). Every compare-and-delete sent again is waited for the same way. A lost attempt's
+//!   cleanup goes first without a `WAIT` of its own, and counts as done only once a `WAIT`
+//!   sent after it on its connection says enough replicas have it (see the `confirm` module).
 //! - **Releases survive a refusal that passes.** A compare-and-delete answered `NOSCRIPT` is
 //!   sent again at once with its script's body; one answered `BUSY`, `TRYAGAIN` or `LOADING`
 //!   (it did not run) is sent again on the same connection after a short backoff, until
@@ -72,6 +74,7 @@
 mod bits;
 mod caller;
 pub(crate) mod cluster;
+mod confirm;
 mod conn;
 mod mail;
 mod sentinel;
@@ -95,6 +98,7 @@ use crate::url::{NodeAddr, Target};
 pub(crate) use bits::Bits;
 pub(crate) use caller::{CallerLoop, Next};
 use cluster::{Kept, Topology};
+use confirm::Unconfirmed;
 use conn::{Conn, Redo, Refused, Slot, BACKOFF_MAX, BACKOFF_MIN, MAX_OWED};
 pub(crate) use mail::Event;
 use mail::Mail;
@@ -234,6 +238,9 @@ struct Node {
     /// their cleanups have nothing to delete here.
     unsent: [Option<Token>; UNSENT],
     unsent_next: usize,
+    /// On a member that waits for replicas: the cleanups its command connection ran that no
+    /// `WAIT` confirmed yet (see the `confirm` module).
+    unconfirmed: Unconfirmed,
 }
 
 /// How many attempts kept off a node are remembered, so that their cleanups are not sent
@@ -253,6 +260,7 @@ impl Node {
         self.retries.iter().any(|r| r.redo.until > now)
             || self.cmd.redo_until().is_some_and(|u| u > now)
             || self.awaiting.as_ref().and_then(Awaiting::redo_until) > Some(now)
+            || self.unconfirmed.owes_until(now)
     }
 
     /// Whether the attempt with `token` was not sent here (forgetting it: its cleanup is the
@@ -394,6 +402,7 @@ impl Endpoint {
                     again_backoff: BACKOFF_MIN,
                     unsent: [None; UNSENT],
                     unsent_next: 0,
+                    unconfirmed: Unconfirmed::default(),
                 })
                 .collect(),
             members: n,
@@ -596,8 +605,10 @@ impl Endpoint {
                 .queue(Slot::Discard { redo: None }, t.redo, |out| {
                     encoded.write(caps, out, |out| m.encode(t, caps, out))
                 });
-            // A cleanup's first try is not waited for (every lost attempt sends one to every
-            // node: a `WAIT` behind each would hold up the connection); sent again, it is.
+            // A cleanup's first try has no `WAIT` of its own (every lost attempt sends one to
+            // every node: a `WAIT` behind each would hold up the connection); it counts once
+            // a later `WAIT` on its connection says so (see the `confirm` module). Sent again,
+            // it has its own.
             self.keep_sent(i, false);
             return;
         };
@@ -814,6 +825,7 @@ impl Endpoint {
             again_backoff: BACKOFF_MIN,
             unsent: [None; UNSENT],
             unsent_next: 0,
+            unconfirmed: Unconfirmed::default(),
         };
         let link = match self.free.pop() {
             Some(l) => {
@@ -1529,12 +1541,14 @@ impl Endpoint {
                 self.config.nodes[member].wait,
                 self.config.nodes[member].waitaof,
             );
+            let confirms = wants.0 > 0 || wants.1.is_some();
             let sentinel = self.sentinels[member].is_some();
             let readonly = &mut readonly;
             let Node {
                 cmd,
                 again_backoff,
                 awaiting,
+                unconfirmed,
                 ..
             } = &mut self.nodes[i];
             cmd.take_replies(&limits, |slot, bytes, command, waits| {
@@ -1556,7 +1570,14 @@ impl Endpoint {
                         }
                         // One the replicas must acknowledge is not done yet.
                         None if waits => {}
-                        None => *again_backoff = BACKOFF_MIN,
+                        None => {
+                            *again_backoff = BACKOFF_MIN;
+                            // A cleanup's first try, without a `WAIT` of its own: done once
+                            // a later one says the replicas have it.
+                            if confirms && matches!(slot, Slot::Discard { .. }) {
+                                unconfirmed.push(redo, command);
+                            }
+                        }
                     }
                 }
                 match slot {
@@ -1580,6 +1601,7 @@ impl Endpoint {
                             mail,
                             refusals,
                             again_backoff,
+                            unconfirmed,
                         );
                     }
                     Slot::Reply {
@@ -1622,6 +1644,9 @@ impl Endpoint {
             self.fail(id, why, now);
             self.io.push_back(Io::Close(id));
         }
+        if !id.sub {
+            self.confirm_if_idle(i, now);
+        }
     }
 
     /// [`handle_recv`](Self::handle_recv) for the command connection of `link`, a link of a
@@ -1644,11 +1669,13 @@ impl Endpoint {
         let mut progress = false;
         let mail = &mut self.mail;
         let stats = &self.stats;
+        let confirms = wants.0 > 0 || wants.1.is_some();
         let Node {
             cmd,
             kept,
             awaiting,
             again_backoff,
+            unconfirmed,
             ..
         } = &mut self.nodes[link];
         let idle_reads = &mut idle;
@@ -1672,6 +1699,7 @@ impl Endpoint {
                     mail,
                     &mut refusals,
                     again_backoff,
+                    unconfirmed,
                 );
             }
             Slot::Reply { .. } | Slot::Discard { .. } => {
@@ -1683,7 +1711,7 @@ impl Endpoint {
                 } else {
                     None
                 };
-                if let (Some((b, before, _, wait)), Some(_)) = (command, slot.redo()) {
+                if let (Some((b, before, _, wait)), Some(redo)) = (command, slot.redo()) {
                     match Refused::of(bytes) {
                         Some(kind) => {
                             *idle_reads += 1;
@@ -1696,7 +1724,14 @@ impl Endpoint {
                             });
                         }
                         // One the replicas must acknowledge is not done yet.
-                        None if to.is_none() && !wait => *again_backoff = BACKOFF_MIN,
+                        None if to.is_none() && !wait => {
+                            *again_backoff = BACKOFF_MIN;
+                            // A cleanup's first try, without a `WAIT` of its own: done once
+                            // a later one says the replicas have it.
+                            if confirms && matches!(slot, Slot::Discard { .. }) {
+                                unconfirmed.push(redo, b);
+                            }
+                        }
                         None => {}
                     }
                 }
@@ -1760,7 +1795,26 @@ impl Endpoint {
                 topo.want = true;
             }
         }
+        self.confirm_if_idle(link, now);
         self.refresh_if_due(member, now);
+    }
+
+    /// Sends on node `i`'s command connection a `WAIT` (and `WAITAOF`) of the endpoint's own
+    /// for the cleanups it ran that no `WAIT` confirmed, once it is idle (see the `confirm`
+    /// module). It waits a quarter of the node timeout at most: a grant queued behind it still
+    /// has its reply within its own.
+    fn confirm_if_idle(&mut self, i: usize, now: Instant) {
+        let node = &mut self.nodes[i];
+        if !node.unconfirmed.wants_wait(&node.cmd, now) {
+            return;
+        }
+        let member = &self.config.nodes[node.member];
+        let ms = (self.config.node_timeout.as_millis() as u64 / 4).max(1);
+        queue_waits(&mut node.cmd, member.wait, member.waitaof, ms);
+        self.touch(ConnId {
+            node: i,
+            sub: false,
+        });
     }
 
     /// Sends a topology read of cluster member `member` if one is due (none is under way, or
@@ -1901,9 +1955,19 @@ impl Endpoint {
             retry_bytes,
             kept,
             awaiting,
+            unconfirmed,
             ..
         } = &mut self.nodes[i];
         kept.clear();
+        // The cleanups it ran that no `WAIT` confirmed go again, with theirs, on the next
+        // connection (to the master promoted in a failover, which may not have had them).
+        unconfirmed.drain(now, |redo, bytes| {
+            retry_bytes.extend_from_slice(bytes);
+            retries.push(Retry {
+                slot: Slot::Discard { redo: None },
+                redo,
+            });
+        });
         if let Some(a) = awaiting.take() {
             // Its `WAIT` will not answer: the write does not count.
             if let Slot::Reply {
@@ -1990,6 +2054,7 @@ impl Endpoint {
         for i in 0..self.nodes.len() {
             let masterless = !self.nodes[i].retries.is_empty() && self.without_master(i).is_some();
             let n = &mut self.nodes[i];
+            consider(n.unconfirmed.due(&n.cmd));
             consider(n.cmd.next_due());
             consider(n.cmd.connecting_since().map(|s| s + connect));
             consider(n.sub.connecting_since().map(|s| s + connect));
@@ -2061,6 +2126,7 @@ impl Endpoint {
                     self.handle_connect_failed(id, why, now);
                 }
             }
+            self.confirm_if_idle(i, now);
             let node = &mut self.nodes[i];
             if !node.retries.is_empty() {
                 // A release kept to send again while its node is unreachable: its owner, if it
@@ -2173,6 +2239,7 @@ impl Endpoint {
             (!n.cmd.is_down() && (n.cmd.owes_replies() || n.cmd.has_pending_output()))
                 || n.retries.iter().any(|r| r.redo.until > now)
                 || n.awaiting.as_ref().and_then(Awaiting::redo_until) > Some(now)
+                || n.unconfirmed.owes_until(now)
         })
     }
 
@@ -2440,9 +2507,12 @@ struct Waited<'a> {
 
 /// What a wait's reply `w` does to the reply held behind it (`awaiting`): it waits for the
 /// next wait, or counts (its owner gets it), or falls short (its owner gets the failure, never
-/// a vote; a compare-and-delete stays owed, into `unacked`). Returns how many replies read
-/// were no progress: the wait's own if nothing waited for it (its command was refused, or
-/// redirected), or every one read for a compare-and-delete that stays owed.
+/// a vote; a compare-and-delete stays owed, into `unacked`). The cleanups its connection ran
+/// before it without a wait of their own (`unconfirmed`) are confirmed if it said enough, and
+/// kept if not. Returns how many replies read were no progress: the wait's own if nothing
+/// waited for it (its command was refused, or redirected, or it is the endpoint's own for
+/// the cleanups), or every one read for a compare-and-delete that stays owed.
+#[allow(clippy::too_many_arguments)]
 fn answer_wait(
     awaiting: &mut Option<Awaiting>,
     w: Waited<'_>,
@@ -2451,11 +2521,15 @@ fn answer_wait(
     mail: &mut Mail,
     unacked: &mut Vec<Refusal>,
     again_backoff: &mut Duration,
+    unconfirmed: &mut Unconfirmed,
 ) -> u64 {
+    let verdict = waited(w.bytes, w.wants, w.slot, limits);
+    // It answers for every earlier write of its connection: the cleanups kept too.
+    let first = w.slot == Slot::Wait || w.wants.0 == 0;
+    unconfirmed.waited(first, verdict.is_ok(), w.more, w.now);
     let Some(mut a) = awaiting.take() else {
         return 1;
     };
-    let verdict = waited(w.bytes, w.wants, w.slot, limits);
     if verdict.is_ok() && w.more {
         a.reads += 1;
         *awaiting = Some(a);
