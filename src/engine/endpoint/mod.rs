@@ -50,7 +50,8 @@
 //!   the node's next connection (to the master promoted in a failover, which may not have had
 //!   it). Every compare-and-delete sent again is waited for the same way. A lost attempt's
 //!   cleanup goes first without a `WAIT` of its own, and counts as done only once a `WAIT`
-//!   sent after it on its connection says enough replicas have it (see the `confirm` module).
+//!   sent after it on its connection says enough replicas have it (see the `confirm` module);
+//!   those sent again on a new connection go behind one `WAIT` for them all.
 //! - **Releases survive a refusal that passes.** A compare-and-delete answered `NOSCRIPT` is
 //!   sent again at once with its script's body; one answered `BUSY`, `TRYAGAIN` or `LOADING`
 //!   (it did not run) is sent again on the same connection after a short backoff, until
@@ -241,6 +242,9 @@ struct Node {
     /// On a member that waits for replicas: the cleanups its command connection ran that no
     /// `WAIT` confirmed yet (see the `confirm` module).
     unconfirmed: Unconfirmed,
+    /// Compare-and-deletes were queued again without a `WAIT` behind them (see
+    /// [`Endpoint::wait_after_owed`]).
+    unwaited: bool,
 }
 
 /// How many attempts kept off a node are remembered, so that their cleanups are not sent
@@ -403,6 +407,7 @@ impl Endpoint {
                     unsent: [None; UNSENT],
                     unsent_next: 0,
                     unconfirmed: Unconfirmed::default(),
+                    unwaited: false,
                 })
                 .collect(),
             members: n,
@@ -716,10 +721,17 @@ impl Endpoint {
 
     /// Queues on node `i`'s command connection the compare-and-delete `bytes` owed there
     /// (`slot`, `redo`), with the waits after it that its member asks for: one sent again
-    /// counts as delivered only once the replicas have it.
+    /// counts as delivered only once the replicas have it. One whose owner waits for its reply
+    /// has its own; one nobody waits for (a cleanup, a release given up on) is confirmed by the
+    /// next `WAIT` on the connection, as a cleanup's first try is (see the `confirm` module),
+    /// and [`wait_after_owed`](Self::wait_after_owed) queues one after a batch of them: a
+    /// `WAIT` behind each would hold up the new connection for as many node timeouts while the
+    /// promoted master's replicas attach, and every grant queued behind them.
     fn queue_owed(&mut self, i: usize, slot: Slot, redo: Redo, bytes: &[u8]) {
         let member = self.nodes[i].member;
-        let wait = self.waits(member);
+        let confirmed_later = self.waits(member) && matches!(slot, Slot::Discard { .. });
+        self.nodes[i].unwaited |= confirmed_later;
+        let wait = self.waits(member) && !confirmed_later;
         let ms = (self.config.node_timeout.as_millis() as u64).max(1);
         let (n, aof) = (
             self.config.nodes[member].wait,
@@ -732,7 +744,17 @@ impl Endpoint {
         }
         if wait {
             queue_waits(&mut node.cmd, n, aof, ms);
+            node.unwaited = false;
         }
+    }
+
+    /// Queues on node `i`'s command connection one `WAIT` (and `WAITAOF`) after the
+    /// compare-and-deletes just queued again without one (see [`queue_owed`](Self::queue_owed)).
+    fn wait_after_owed(&mut self, i: usize) {
+        if !std::mem::take(&mut self.nodes[i].unwaited) {
+            return;
+        }
+        self.queue_wait(i);
     }
 
     /// The link of cluster member `member` that `t` goes to: the master of the slot of its
@@ -826,6 +848,7 @@ impl Endpoint {
             unsent: [None; UNSENT],
             unsent_next: 0,
             unconfirmed: Unconfirmed::default(),
+            unwaited: false,
         };
         let link = match self.free.pop() {
             Some(l) => {
@@ -1068,6 +1091,7 @@ impl Endpoint {
             }
             // Its owner, if it still waits, hears from the new master.
             self.queue_owed(to, r.slot.resent(now), r.redo, &b);
+            self.wait_after_owed(to);
             self.touch(ConnId {
                 node: to,
                 sub: false,
@@ -1239,6 +1263,7 @@ impl Endpoint {
             };
             if r.kind == Refused::NoScript && self.nodes[i].cmd.is_up() {
                 self.queue_owed(i, r.slot, redo, &bytes);
+                self.wait_after_owed(i);
                 self.touch(ConnId {
                     node: i,
                     sub: false,
@@ -1364,6 +1389,7 @@ impl Endpoint {
             }
             at = end;
         }
+        self.wait_after_owed(i);
         // Nothing was kept meanwhile: the buffers are reused.
         retries.clear();
         bytes.clear();
@@ -1556,6 +1582,9 @@ impl Endpoint {
                 // they are asked again, and what it refused goes to the master they name.
                 let demoted = sentinel && bytes.starts_with(b"-READONLY");
                 *readonly |= demoted;
+                // A compare-and-delete nobody waits for, on a member that waits for replicas:
+                // done once a `WAIT` after it says so, its own or a later one.
+                let confirmed_later = confirms && matches!(slot, Slot::Discard { .. });
                 if let Some(redo) = slot.redo() {
                     match Refused::of(bytes).or(demoted.then_some(Refused::Transient)) {
                         Some(kind) => {
@@ -1569,18 +1598,16 @@ impl Endpoint {
                             });
                         }
                         // One the replicas must acknowledge is not done yet.
-                        None if waits => {}
-                        None => {
+                        None if confirmed_later => {
                             *again_backoff = BACKOFF_MIN;
-                            // A cleanup's first try, without a `WAIT` of its own: done once
-                            // a later one says the replicas have it.
-                            if confirms && matches!(slot, Slot::Discard { .. }) {
-                                unconfirmed.push(redo, command);
-                            }
+                            unconfirmed.push(redo, command);
                         }
+                        None if waits => {}
+                        None => *again_backoff = BACKOFF_MIN,
                     }
                 }
                 match slot {
+                    Slot::Discard { redo: Some(_) } if confirmed_later => {}
                     // A write's reply counts once its `WAIT` says enough replicas have it.
                     Slot::Reply { .. } | Slot::Discard { .. } if waits => {
                         *awaiting = Some(Awaiting::new(slot, bytes, command))
@@ -1711,6 +1738,7 @@ impl Endpoint {
                 } else {
                     None
                 };
+                let confirmed_later = confirms && matches!(slot, Slot::Discard { .. });
                 if let (Some((b, before, _, wait)), Some(redo)) = (command, slot.redo()) {
                     match Refused::of(bytes) {
                         Some(kind) => {
@@ -1723,15 +1751,13 @@ impl Endpoint {
                                 reply: bytes.to_vec(),
                             });
                         }
-                        // One the replicas must acknowledge is not done yet.
-                        None if to.is_none() && !wait => {
+                        // One the replicas must acknowledge is not done yet: nobody waits for
+                        // it, so a `WAIT` after it says when, its own or a later one.
+                        None if to.is_none() && confirmed_later => {
                             *again_backoff = BACKOFF_MIN;
-                            // A cleanup's first try, without a `WAIT` of its own: done once
-                            // a later one says the replicas have it.
-                            if confirms && matches!(slot, Slot::Discard { .. }) {
-                                unconfirmed.push(redo, b);
-                            }
+                            unconfirmed.push(redo, b);
                         }
+                        None if to.is_none() && !wait => *again_backoff = BACKOFF_MIN,
                         None => {}
                     }
                 }
@@ -1748,7 +1774,9 @@ impl Endpoint {
                     return;
                 }
                 if let Some((b, _, _, true)) = command {
-                    *awaiting = Some(Awaiting::new(slot, bytes, b));
+                    if !(confirmed_later && slot.redo().is_some()) {
+                        *awaiting = Some(Awaiting::new(slot, bytes, b));
+                    }
                     return;
                 }
                 if let Slot::Reply {

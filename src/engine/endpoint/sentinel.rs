@@ -131,6 +131,7 @@ pub(super) fn link_node(member: usize, node: &NodeAddr, now: Instant) -> Option<
         unsent: [None; UNSENT],
         unsent_next: 0,
         unconfirmed: Default::default(),
+        unwaited: false,
     })
 }
 

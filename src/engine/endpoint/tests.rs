@@ -1225,6 +1225,56 @@ fn an_idle_connection_confirms_its_cleanups_with_a_wait_of_its_own() {
     assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
 }
 
+/// Cleanups owed by a broken connection go again on the next one behind one `WAIT`, not one
+/// each: while a promoted master's replicas attach, every `WAIT` runs to its timeout, and one
+/// behind each cleanup would hold up the new connection (and every grant queued behind them)
+/// for as many node timeouts.
+#[test]
+fn cleanups_owed_by_a_broken_connection_go_again_behind_one_wait() {
+    let (mut net, caller, run) = waiting_net();
+    for k in 0..3u8 {
+        let mut cleanup = Probe::new(
+            What::Cleanup {
+                token: Token::from_random([10 + k; 20]),
+            },
+            Some(net.now + 10_000 * MS),
+        );
+        cleanup.tag = None;
+        net.step(caller, run, &mut cleanup);
+    }
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA", "LUA", "LUA"]);
+    net.reply(Net::cmd(0), b":1\r\n:1\r\n:1\r\n");
+    // The master ran them; the connection breaks before a `WAIT` said a replica has them.
+    net.take_output(Net::cmd(0));
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    let due = net.ep.poll_timeout().expect("a reconnect is due");
+    net.now = due;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.connect_all(), [Net::cmd(0)]);
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    assert_eq!(
+        words(&net.take_output(Net::cmd(0))),
+        ["LUA", "LUA", "LUA", "WAIT"],
+        "one WAIT after the cleanups sent again"
+    );
+    // It falls short: every one is still owed.
+    net.reply(Net::cmd(0), b":1\r\n:1\r\n:1\r\n:0\r\n");
+    assert_eq!(net.ep.undelivered(net.now), [0]);
+    // The next says a replica has every one.
+    let due = net.ep.poll_timeout().expect("the next WAIT is due");
+    net.now = due;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["WAIT"]);
+    net.reply(Net::cmd(0), b":1\r\n");
+    assert!(net.ep.undelivered(net.now).is_empty());
+    assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+}
+
 /// A node whose setup was refused votes with that refusal while its connection is set up again:
 /// queued behind the new setup, the vote came only once the setup was refused again, after the
 /// round was decided, and a wait on a quorum that too few nodes accept ended as contention
