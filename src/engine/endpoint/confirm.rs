@@ -9,9 +9,9 @@
 //! same connection says enough replicas (and fsyncs) have it: `WAIT` acknowledges every
 //! earlier write of its connection, so the next grant's, extend's or release's does, or one
 //! the endpoint sends itself once the connection is idle. One still kept when its connection
-//! breaks goes again on the node's next connection (to the master promoted in a failover),
-//! with its `WAIT`, as a release does: it is a compare-and-delete of the attempt's own token,
-//! which never deletes another holder's key.
+//! breaks goes again on the node's next connection (to the master promoted in a failover), as
+//! a release does, those owed together behind one `WAIT`: it is a compare-and-delete of the
+//! attempt's own token, which never deletes another holder's key.
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
