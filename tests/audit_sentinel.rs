@@ -799,11 +799,9 @@ fn close_owes_nothing_to_a_member_never_reached() {
 /// - once every release returned and the client idled, nothing is left on the surviving
 ///   servers (the TTL, 30 s, is far longer than the wait here).
 ///
-/// It fails now and then on the known defect `a_cleanup_lost_in_a_failover_leaves_no_key`
-/// shows deterministically (a lost attempt's cleanup acknowledged by the master alone), so it
-/// is kept out of the default run until that is fixed.
+/// It failed now and then on the defect `a_cleanup_lost_in_a_failover_leaves_no_key` shows
+/// deterministically (a lost attempt's cleanup acknowledged by the master alone).
 #[test]
-#[ignore = "defect: a lost attempt's cleanup can be lost in the failover (see a_cleanup_lost_in_a_failover_leaves_no_key)"]
 fn a_failover_with_wait_1_keeps_kept_locks_and_leaves_nothing() {
     use redlock_mux::KeepAlive;
     use redlock_mux_kit::history::{History, Kind, Op};
@@ -1544,7 +1542,6 @@ fn a_release_lost_in_a_failover_leaves_no_key() {
 /// has the attempt's key. The cleanup must go again there: no key may be left once the call
 /// returned and the client idles.
 #[test]
-#[ignore = "defect: a lost attempt's cleanup acknowledged by the master alone is lost in a failover (issue 33)"]
 fn a_cleanup_lost_in_a_failover_leaves_no_key() {
     use redlock_mux_kit::fault_proxy::{FaultProxy, ProxyFault};
     let mut master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]).expect("master");

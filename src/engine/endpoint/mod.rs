@@ -48,7 +48,10 @@
 //!   replicas have it; one that falls short (or whose connection breaks before the `WAIT`
 //!   answers) stays owed as one of a broken connection, and goes again, with its `WAIT`, on
 //!   the node's next connection (to the master promoted in a failover, which may not have had
-//!   it). Every compare-and-delete sent again is waited for the same way.
+//!   it). Every compare-and-delete sent again is waited for the same way. A lost attempt's
+//!   cleanup goes first without a `WAIT` of its own, and counts as done only once a `WAIT`
+//!   sent after it on its connection says enough replicas have it (see the `confirm` module);
+//!   those sent again on a new connection go behind one `WAIT` for them all.
 //! - **Releases survive a refusal that passes.** A compare-and-delete answered `NOSCRIPT` is
 //!   sent again at once with its script's body; one answered `BUSY`, `TRYAGAIN` or `LOADING`
 //!   (it did not run) is sent again on the same connection after a short backoff, until
@@ -72,6 +75,7 @@
 mod bits;
 mod caller;
 pub(crate) mod cluster;
+mod confirm;
 mod conn;
 mod mail;
 mod sentinel;
@@ -95,6 +99,7 @@ use crate::url::{NodeAddr, Target};
 pub(crate) use bits::Bits;
 pub(crate) use caller::{CallerLoop, Next};
 use cluster::{Kept, Topology};
+use confirm::Unconfirmed;
 use conn::{Conn, Redo, Refused, Slot, BACKOFF_MAX, BACKOFF_MIN, MAX_OWED};
 pub(crate) use mail::Event;
 use mail::Mail;
@@ -234,6 +239,12 @@ struct Node {
     /// their cleanups have nothing to delete here.
     unsent: [Option<Token>; UNSENT],
     unsent_next: usize,
+    /// On a member that waits for replicas: the cleanups its command connection ran that no
+    /// `WAIT` confirmed yet (see the `confirm` module).
+    unconfirmed: Unconfirmed,
+    /// Compare-and-deletes were queued again without a `WAIT` behind them (see
+    /// [`Endpoint::wait_after_owed`]).
+    unwaited: bool,
 }
 
 /// How many attempts kept off a node are remembered, so that their cleanups are not sent
@@ -253,6 +264,7 @@ impl Node {
         self.retries.iter().any(|r| r.redo.until > now)
             || self.cmd.redo_until().is_some_and(|u| u > now)
             || self.awaiting.as_ref().and_then(Awaiting::redo_until) > Some(now)
+            || self.unconfirmed.owes_until(now)
     }
 
     /// Whether the attempt with `token` was not sent here (forgetting it: its cleanup is the
@@ -394,6 +406,8 @@ impl Endpoint {
                     again_backoff: BACKOFF_MIN,
                     unsent: [None; UNSENT],
                     unsent_next: 0,
+                    unconfirmed: Unconfirmed::default(),
+                    unwaited: false,
                 })
                 .collect(),
             members: n,
@@ -596,8 +610,10 @@ impl Endpoint {
                 .queue(Slot::Discard { redo: None }, t.redo, |out| {
                     encoded.write(caps, out, |out| m.encode(t, caps, out))
                 });
-            // A cleanup's first try is not waited for (every lost attempt sends one to every
-            // node: a `WAIT` behind each would hold up the connection); sent again, it is.
+            // A cleanup's first try has no `WAIT` of its own (every lost attempt sends one to
+            // every node: a `WAIT` behind each would hold up the connection); it counts once
+            // a later `WAIT` on its connection says so (see the `confirm` module). Sent again,
+            // it has its own.
             self.keep_sent(i, false);
             return;
         };
@@ -705,10 +721,17 @@ impl Endpoint {
 
     /// Queues on node `i`'s command connection the compare-and-delete `bytes` owed there
     /// (`slot`, `redo`), with the waits after it that its member asks for: one sent again
-    /// counts as delivered only once the replicas have it.
+    /// counts as delivered only once the replicas have it. One whose owner waits for its reply
+    /// has its own; one nobody waits for (a cleanup, a release given up on) is confirmed by the
+    /// next `WAIT` on the connection, as a cleanup's first try is (see the `confirm` module),
+    /// and [`wait_after_owed`](Self::wait_after_owed) queues one after a batch of them: a
+    /// `WAIT` behind each would hold up the new connection for as many node timeouts while the
+    /// promoted master's replicas attach, and every grant queued behind them.
     fn queue_owed(&mut self, i: usize, slot: Slot, redo: Redo, bytes: &[u8]) {
         let member = self.nodes[i].member;
-        let wait = self.waits(member);
+        let confirmed_later = self.waits(member) && matches!(slot, Slot::Discard { .. });
+        self.nodes[i].unwaited |= confirmed_later;
+        let wait = self.waits(member) && !confirmed_later;
         let ms = (self.config.node_timeout.as_millis() as u64).max(1);
         let (n, aof) = (
             self.config.nodes[member].wait,
@@ -721,7 +744,17 @@ impl Endpoint {
         }
         if wait {
             queue_waits(&mut node.cmd, n, aof, ms);
+            node.unwaited = false;
         }
+    }
+
+    /// Queues on node `i`'s command connection one `WAIT` (and `WAITAOF`) after the
+    /// compare-and-deletes just queued again without one (see [`queue_owed`](Self::queue_owed)).
+    fn wait_after_owed(&mut self, i: usize) {
+        if !std::mem::take(&mut self.nodes[i].unwaited) {
+            return;
+        }
+        self.queue_wait(i);
     }
 
     /// The link of cluster member `member` that `t` goes to: the master of the slot of its
@@ -814,6 +847,8 @@ impl Endpoint {
             again_backoff: BACKOFF_MIN,
             unsent: [None; UNSENT],
             unsent_next: 0,
+            unconfirmed: Unconfirmed::default(),
+            unwaited: false,
         };
         let link = match self.free.pop() {
             Some(l) => {
@@ -1056,6 +1091,7 @@ impl Endpoint {
             }
             // Its owner, if it still waits, hears from the new master.
             self.queue_owed(to, r.slot.resent(now), r.redo, &b);
+            self.wait_after_owed(to);
             self.touch(ConnId {
                 node: to,
                 sub: false,
@@ -1227,6 +1263,7 @@ impl Endpoint {
             };
             if r.kind == Refused::NoScript && self.nodes[i].cmd.is_up() {
                 self.queue_owed(i, r.slot, redo, &bytes);
+                self.wait_after_owed(i);
                 self.touch(ConnId {
                     node: i,
                     sub: false,
@@ -1352,6 +1389,7 @@ impl Endpoint {
             }
             at = end;
         }
+        self.wait_after_owed(i);
         // Nothing was kept meanwhile: the buffers are reused.
         retries.clear();
         bytes.clear();
@@ -1529,12 +1567,14 @@ impl Endpoint {
                 self.config.nodes[member].wait,
                 self.config.nodes[member].waitaof,
             );
+            let confirms = wants.0 > 0 || wants.1.is_some();
             let sentinel = self.sentinels[member].is_some();
             let readonly = &mut readonly;
             let Node {
                 cmd,
                 again_backoff,
                 awaiting,
+                unconfirmed,
                 ..
             } = &mut self.nodes[i];
             cmd.take_replies(&limits, |slot, bytes, command, waits| {
@@ -1542,6 +1582,9 @@ impl Endpoint {
                 // they are asked again, and what it refused goes to the master they name.
                 let demoted = sentinel && bytes.starts_with(b"-READONLY");
                 *readonly |= demoted;
+                // A compare-and-delete nobody waits for, on a member that waits for replicas:
+                // done once a `WAIT` after it says so, its own or a later one.
+                let confirmed_later = confirms && matches!(slot, Slot::Discard { .. });
                 if let Some(redo) = slot.redo() {
                     match Refused::of(bytes).or(demoted.then_some(Refused::Transient)) {
                         Some(kind) => {
@@ -1555,11 +1598,16 @@ impl Endpoint {
                             });
                         }
                         // One the replicas must acknowledge is not done yet.
+                        None if confirmed_later => {
+                            *again_backoff = BACKOFF_MIN;
+                            unconfirmed.push(redo, command);
+                        }
                         None if waits => {}
                         None => *again_backoff = BACKOFF_MIN,
                     }
                 }
                 match slot {
+                    Slot::Discard { redo: Some(_) } if confirmed_later => {}
                     // A write's reply counts once its `WAIT` says enough replicas have it.
                     Slot::Reply { .. } | Slot::Discard { .. } if waits => {
                         *awaiting = Some(Awaiting::new(slot, bytes, command))
@@ -1580,6 +1628,7 @@ impl Endpoint {
                             mail,
                             refusals,
                             again_backoff,
+                            unconfirmed,
                         );
                     }
                     Slot::Reply {
@@ -1622,6 +1671,9 @@ impl Endpoint {
             self.fail(id, why, now);
             self.io.push_back(Io::Close(id));
         }
+        if !id.sub {
+            self.confirm_if_idle(i, now);
+        }
     }
 
     /// [`handle_recv`](Self::handle_recv) for the command connection of `link`, a link of a
@@ -1644,11 +1696,13 @@ impl Endpoint {
         let mut progress = false;
         let mail = &mut self.mail;
         let stats = &self.stats;
+        let confirms = wants.0 > 0 || wants.1.is_some();
         let Node {
             cmd,
             kept,
             awaiting,
             again_backoff,
+            unconfirmed,
             ..
         } = &mut self.nodes[link];
         let idle_reads = &mut idle;
@@ -1672,6 +1726,7 @@ impl Endpoint {
                     mail,
                     &mut refusals,
                     again_backoff,
+                    unconfirmed,
                 );
             }
             Slot::Reply { .. } | Slot::Discard { .. } => {
@@ -1683,7 +1738,8 @@ impl Endpoint {
                 } else {
                     None
                 };
-                if let (Some((b, before, _, wait)), Some(_)) = (command, slot.redo()) {
+                let confirmed_later = confirms && matches!(slot, Slot::Discard { .. });
+                if let (Some((b, before, _, wait)), Some(redo)) = (command, slot.redo()) {
                     match Refused::of(bytes) {
                         Some(kind) => {
                             *idle_reads += 1;
@@ -1695,7 +1751,12 @@ impl Endpoint {
                                 reply: bytes.to_vec(),
                             });
                         }
-                        // One the replicas must acknowledge is not done yet.
+                        // One the replicas must acknowledge is not done yet: nobody waits for
+                        // it, so a `WAIT` after it says when, its own or a later one.
+                        None if to.is_none() && confirmed_later => {
+                            *again_backoff = BACKOFF_MIN;
+                            unconfirmed.push(redo, b);
+                        }
                         None if to.is_none() && !wait => *again_backoff = BACKOFF_MIN,
                         None => {}
                     }
@@ -1713,7 +1774,9 @@ impl Endpoint {
                     return;
                 }
                 if let Some((b, _, _, true)) = command {
-                    *awaiting = Some(Awaiting::new(slot, bytes, b));
+                    if !(confirmed_later && slot.redo().is_some()) {
+                        *awaiting = Some(Awaiting::new(slot, bytes, b));
+                    }
                     return;
                 }
                 if let Slot::Reply {
@@ -1760,7 +1823,26 @@ impl Endpoint {
                 topo.want = true;
             }
         }
+        self.confirm_if_idle(link, now);
         self.refresh_if_due(member, now);
+    }
+
+    /// Sends on node `i`'s command connection a `WAIT` (and `WAITAOF`) of the endpoint's own
+    /// for the cleanups it ran that no `WAIT` confirmed, once it is idle (see the `confirm`
+    /// module). It waits a quarter of the node timeout at most: a grant queued behind it still
+    /// has its reply within its own.
+    fn confirm_if_idle(&mut self, i: usize, now: Instant) {
+        let node = &mut self.nodes[i];
+        if !node.unconfirmed.wants_wait(&node.cmd, now) {
+            return;
+        }
+        let member = &self.config.nodes[node.member];
+        let ms = (self.config.node_timeout.as_millis() as u64 / 4).max(1);
+        queue_waits(&mut node.cmd, member.wait, member.waitaof, ms);
+        self.touch(ConnId {
+            node: i,
+            sub: false,
+        });
     }
 
     /// Sends a topology read of cluster member `member` if one is due (none is under way, or
@@ -1901,9 +1983,19 @@ impl Endpoint {
             retry_bytes,
             kept,
             awaiting,
+            unconfirmed,
             ..
         } = &mut self.nodes[i];
         kept.clear();
+        // The cleanups it ran that no `WAIT` confirmed go again, with theirs, on the next
+        // connection (to the master promoted in a failover, which may not have had them).
+        unconfirmed.drain(now, |redo, bytes| {
+            retry_bytes.extend_from_slice(bytes);
+            retries.push(Retry {
+                slot: Slot::Discard { redo: None },
+                redo,
+            });
+        });
         if let Some(a) = awaiting.take() {
             // Its `WAIT` will not answer: the write does not count.
             if let Slot::Reply {
@@ -1990,6 +2082,7 @@ impl Endpoint {
         for i in 0..self.nodes.len() {
             let masterless = !self.nodes[i].retries.is_empty() && self.without_master(i).is_some();
             let n = &mut self.nodes[i];
+            consider(n.unconfirmed.due(&n.cmd));
             consider(n.cmd.next_due());
             consider(n.cmd.connecting_since().map(|s| s + connect));
             consider(n.sub.connecting_since().map(|s| s + connect));
@@ -2061,6 +2154,7 @@ impl Endpoint {
                     self.handle_connect_failed(id, why, now);
                 }
             }
+            self.confirm_if_idle(i, now);
             let node = &mut self.nodes[i];
             if !node.retries.is_empty() {
                 // A release kept to send again while its node is unreachable: its owner, if it
@@ -2173,6 +2267,7 @@ impl Endpoint {
             (!n.cmd.is_down() && (n.cmd.owes_replies() || n.cmd.has_pending_output()))
                 || n.retries.iter().any(|r| r.redo.until > now)
                 || n.awaiting.as_ref().and_then(Awaiting::redo_until) > Some(now)
+                || n.unconfirmed.owes_until(now)
         })
     }
 
@@ -2445,9 +2540,12 @@ struct Waited<'a> {
 
 /// What a wait's reply `w` does to the reply held behind it (`awaiting`): it waits for the
 /// next wait, or counts (its owner gets it), or falls short (its owner gets the failure, never
-/// a vote; a compare-and-delete stays owed, into `unacked`). Returns how many replies read
-/// were no progress: the wait's own if nothing waited for it (its command was refused, or
-/// redirected), or every one read for a compare-and-delete that stays owed.
+/// a vote; a compare-and-delete stays owed, into `unacked`). The cleanups its connection ran
+/// before it without a wait of their own (`unconfirmed`) are confirmed if it said enough, and
+/// kept if not. Returns how many replies read were no progress: the wait's own if nothing
+/// waited for it (its command was refused, or redirected, or it is the endpoint's own for
+/// the cleanups), or every one read for a compare-and-delete that stays owed.
+#[allow(clippy::too_many_arguments)]
 fn answer_wait(
     awaiting: &mut Option<Awaiting>,
     w: Waited<'_>,
@@ -2456,11 +2554,15 @@ fn answer_wait(
     mail: &mut Mail,
     unacked: &mut Vec<Refusal>,
     again_backoff: &mut Duration,
+    unconfirmed: &mut Unconfirmed,
 ) -> u64 {
+    let verdict = waited(w.bytes, w.wants, w.slot, limits);
+    // It answers for every earlier write of its connection: the cleanups kept too.
+    let first = w.slot == Slot::Wait || w.wants.0 == 0;
+    unconfirmed.waited(first, verdict.is_ok(), w.more, w.now);
     let Some(mut a) = awaiting.take() else {
         return 1;
     };
-    let verdict = waited(w.bytes, w.wants, w.slot, limits);
     if verdict.is_ok() && w.more {
         a.reads += 1;
         *awaiting = Some(a);

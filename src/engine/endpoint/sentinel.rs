@@ -130,6 +130,8 @@ pub(super) fn link_node(member: usize, node: &NodeAddr, now: Instant) -> Option<
         again_backoff: super::BACKOFF_MIN,
         unsent: [None; UNSENT],
         unsent_next: 0,
+        unconfirmed: Default::default(),
+        unwaited: false,
     })
 }
 

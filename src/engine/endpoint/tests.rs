@@ -1100,7 +1100,6 @@ fn waiting_net() -> (Net, CallerId, u64) {
 }
 
 #[test]
-#[ignore = "defect: a lost attempt's cleanup on a ?wait member counts as done on the master's word alone (issue 33)"]
 fn a_cleanup_no_wait_confirmed_stays_owed_for_the_next_connection() {
     let (mut net, caller, run) = waiting_net();
     let mut cleanup = Probe::new(
@@ -1140,7 +1139,6 @@ fn a_cleanup_no_wait_confirmed_stays_owed_for_the_next_connection() {
 }
 
 #[test]
-#[ignore = "defect: a lost attempt's cleanup on a ?wait member counts as done on the master's word alone (issue 33)"]
 fn a_cleanup_is_confirmed_by_the_next_wait_on_its_connection() {
     let (mut net, caller, run) = waiting_net();
     let mut cleanup = Probe::new(
@@ -1180,6 +1178,99 @@ fn a_cleanup_is_confirmed_by_the_next_wait_on_its_connection() {
     net.step(caller, run, &mut again);
     assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA", "WAIT"]);
     net.reply(Net::cmd(0), b":1\r\n:1\r\n");
+    assert!(net.ep.undelivered(net.now).is_empty());
+    assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+}
+
+/// A lost attempt's cleanup answered on a connection left idle: the endpoint sends a `WAIT` of
+/// its own for it, bounded by a quarter of the node timeout (a grant queued behind it still
+/// answers within its own), and the cleanup counts once that says a replica has it. One that
+/// falls short leaves it owed, and the next follows after a backoff, not at once.
+#[test]
+fn an_idle_connection_confirms_its_cleanups_with_a_wait_of_its_own() {
+    let (mut net, caller, run) = waiting_net();
+    let mut cleanup = Probe::new(
+        What::Cleanup {
+            token: Token::from_random([8; 20]),
+        },
+        Some(net.now + 10_000 * MS),
+    );
+    cleanup.tag = None;
+    net.step(caller, run, &mut cleanup);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    net.reply(Net::cmd(0), b":1\r\n");
+    let wait = net.take_output(Net::cmd(0));
+    assert_eq!(
+        String::from_utf8_lossy(&wait),
+        "*3\r\n$4\r\nWAIT\r\n$1\r\n1\r\n$2\r\n12\r\n",
+        "the idle connection's own WAIT (node timeout 50 ms)"
+    );
+    net.reply(Net::cmd(0), b":0\r\n");
+    assert_eq!(
+        net.ep.undelivered(net.now),
+        [0],
+        "after a WAIT that fell short"
+    );
+    assert!(
+        net.ep.pending(Net::cmd(0)).is_empty(),
+        "a WAIT again at once"
+    );
+    let due = net.ep.poll_timeout().expect("the next WAIT is due");
+    assert!(due > net.now);
+    net.now = due;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["WAIT"]);
+    net.reply(Net::cmd(0), b":1\r\n");
+    assert!(net.ep.undelivered(net.now).is_empty());
+    assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+}
+
+/// Cleanups owed by a broken connection go again on the next one behind one `WAIT`, not one
+/// each: while a promoted master's replicas attach, every `WAIT` runs to its timeout, and one
+/// behind each cleanup would hold up the new connection (and every grant queued behind them)
+/// for as many node timeouts.
+#[test]
+fn cleanups_owed_by_a_broken_connection_go_again_behind_one_wait() {
+    let (mut net, caller, run) = waiting_net();
+    for k in 0..3u8 {
+        let mut cleanup = Probe::new(
+            What::Cleanup {
+                token: Token::from_random([10 + k; 20]),
+            },
+            Some(net.now + 10_000 * MS),
+        );
+        cleanup.tag = None;
+        net.step(caller, run, &mut cleanup);
+    }
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA", "LUA", "LUA"]);
+    net.reply(Net::cmd(0), b":1\r\n:1\r\n:1\r\n");
+    // The master ran them; the connection breaks before a `WAIT` said a replica has them.
+    net.take_output(Net::cmd(0));
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    let due = net.ep.poll_timeout().expect("a reconnect is due");
+    net.now = due;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.connect_all(), [Net::cmd(0)]);
+    net.take_output(Net::cmd(0));
+    net.answer_setup(0, INFO_82, 'a', false);
+    assert_eq!(
+        words(&net.take_output(Net::cmd(0))),
+        ["LUA", "LUA", "LUA", "WAIT"],
+        "one WAIT after the cleanups sent again"
+    );
+    // It falls short: every one is still owed.
+    net.reply(Net::cmd(0), b":1\r\n:1\r\n:1\r\n:0\r\n");
+    assert_eq!(net.ep.undelivered(net.now), [0]);
+    // The next says a replica has every one.
+    let due = net.ep.poll_timeout().expect("the next WAIT is due");
+    net.now = due;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["WAIT"]);
+    net.reply(Net::cmd(0), b":1\r\n");
     assert!(net.ep.undelivered(net.now).is_empty());
     assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
 }
