@@ -339,6 +339,60 @@ fn one_slot_give_backs_go_by_digest_and_survive_a_flushed_script_cache() {
     }
 }
 
+/// How many times the server at `addr` ran `command` (`INFO commandstats`).
+fn calls(addr: std::net::SocketAddr, command: &str) -> u64 {
+    let Value::Bulk(Some(info)) = cmd(addr, &[b"INFO", b"commandstats"]) else {
+        panic!("INFO commandstats");
+    };
+    let prefix = format!("cmdstat_{command}:calls=");
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// N = 5, k = 2: a node that answered a holder's give-back holds nothing of it, and that
+/// answer (or, while the give-back is on its way, the answer to come) is its part of the
+/// holder's release. So a release goes only to the 2 nodes the holder kept, and returns at the
+/// first of their answers once the give-backs are answered (4 of 5 nodes then hold nothing of
+/// it): a cycle runs 5 compare-and-deletes, as a mutex's does, not 8. Nothing is left behind.
+#[test]
+fn a_release_after_the_give_backs_goes_only_to_the_nodes_kept() {
+    let cluster = RedisCluster::start(5).expect("cluster");
+    let c = client(cluster.urls());
+    let sem = c.semaphore("kept", 2).unwrap();
+    assert_eq!((sem.slots_per_node(), sem.quorum()), (1, 2));
+    let scripts = || -> u64 {
+        cluster
+            .addrs()
+            .into_iter()
+            .map(|a| calls(a, "evalsha") + calls(a, "eval"))
+            .sum()
+    };
+    let before = scripts();
+    const CYCLES: u64 = 8;
+    for cycle in 0..CYCLES {
+        let p = sem.try_acquire(TTL).unwrap();
+        if cycle % 2 == 0 {
+            // `available` waits for every node's answer, each behind the give-back sent
+            // there: the give-backs' answers are read by then.
+            assert_eq!(sem.available().unwrap(), 1);
+        }
+        p.release().unwrap();
+        for addr in cluster.addrs() {
+            assert!(eventually(Duration::from_secs(2), || dbsize(addr) == 0));
+        }
+    }
+    // Behind everything sent before it on every connection: all of it has run.
+    assert_eq!(sem.available().unwrap(), 2);
+    assert_eq!(
+        scripts() - before,
+        5 * CYCLES,
+        "compare-and-deletes in {CYCLES} cycles (3 give-backs and 2 releases each)"
+    );
+}
+
 /// With one slot per node (N = 5, k = 2, quorum 2) a node's part of a permit is one string key,
 /// taken with `SET NX PX GET` as a mutex takes its key: the holder's token followed by the
 /// permits. A key that holds another semaphore's permits, a sorted set of the shape with more

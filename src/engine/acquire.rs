@@ -586,7 +586,7 @@ impl<'a> Acquisition<'a> {
                 native: matches!(self.config.rw_policy, RwPolicy::ReadPreferring),
                 read: &self.read,
             },
-            What::Cleanup { token } => Cmd::Cleanup {
+            What::Cleanup { token } | What::GiveBack { token } => Cmd::Cleanup {
                 ids: AttemptIds {
                     waiter,
                     token: token.as_bytes(),
@@ -885,7 +885,7 @@ impl Machine for Acquisition<'_> {
                 to: To::Node(node),
                 tag: None,
                 form: ScriptForm::Sha,
-                what: What::Cleanup { token: self.token },
+                what: What::GiveBack { token: self.token },
                 redo: Some(start + Duration::from_millis(self.params.ttl_ms)),
             });
         }
