@@ -586,7 +586,7 @@ impl<'a> Acquisition<'a> {
                 native: matches!(self.config.rw_policy, RwPolicy::ReadPreferring),
                 read: &self.read,
             },
-            What::Cleanup { token } => Cmd::Cleanup {
+            What::Cleanup { token } | What::GiveBack { token } => Cmd::Cleanup {
                 ids: AttemptIds {
                     waiter,
                     token: token.as_bytes(),
@@ -875,14 +875,17 @@ impl Machine for Acquisition<'_> {
         }
         if self.surplus != 0 {
             // After the attempt's resends, as an attempt's cleanup; owed as one is, on the
-            // node's next connection if this one breaks first.
+            // node's next connection if this one breaks first. By digest, as a release: one
+            // goes out with every uncontended acquire, and the endpoint sends it again with
+            // its body should the node answer `NOSCRIPT`, as for every compare-and-delete it
+            // keeps.
             let node = self.surplus.trailing_zeros() as usize;
             self.surplus &= !(1 << node);
             return Some(Transmit {
                 to: To::Node(node),
                 tag: None,
-                form: ScriptForm::Body,
-                what: What::Cleanup { token: self.token },
+                form: ScriptForm::Sha,
+                what: What::GiveBack { token: self.token },
                 redo: Some(start + Duration::from_millis(self.params.ttl_ms)),
             });
         }

@@ -69,6 +69,11 @@ pub(crate) enum What {
     Acquire { token: Token },
     /// Undoes a lost attempt with this token (and refreshes a waiting writer's intent).
     Cleanup { token: Token },
+    /// Gives back, on one node, the slot that the won semaphore attempt with this token was
+    /// granted there beyond its quorum: the same compare-and-delete as the holder's release
+    /// (and encoded as a [`Cleanup`](What::Cleanup)), so that once the node has answered it, a
+    /// release of this token has nothing left to do there (see `Endpoint::step`).
+    GiveBack { token: Token },
     /// A fair waiter leaves the queue of the lock's key number `key`.
     Leave { key: usize },
     /// A write-preferring writer withdraws its intent.

@@ -14,6 +14,7 @@ use super::setup::{self, Server, Setup};
 use crate::engine::machine::Tag;
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Reply, ServerErrorKind, Status};
+use crate::rng::Token;
 use crate::url::NodeAddr;
 
 /// How many replies a connection may owe before it takes no more commands: every thread of a
@@ -60,8 +61,13 @@ pub(crate) enum Slot {
     /// sequence (`MULTI` and the commands queued inside a transaction). Dropped, but an error
     /// among them is what the vote reports if the transaction is aborted for it.
     Before,
-    /// A reply nobody waits for (cleanup after a lost round, a queue leave).
-    Discard { redo: Option<Redo> },
+    /// A reply nobody waits for (cleanup after a lost round, a queue leave). `given`: the
+    /// give-back of a semaphore's slot granted beyond its quorum, by the holder with this
+    /// token (see `What::GiveBack`), on the connection it was first sent on.
+    Discard {
+        redo: Option<Redo>,
+        given: Option<Token>,
+    },
     /// A message on a subscriber connection (confirmations and published messages alike).
     Push,
     /// The reply to a topology read (`CLUSTER SHARDS`) on a link of a cluster member.
@@ -80,7 +86,7 @@ pub(crate) enum Slot {
 impl Slot {
     pub fn redo(&self) -> Option<Redo> {
         match *self {
-            Slot::Reply { redo, .. } | Slot::Discard { redo } => redo,
+            Slot::Reply { redo, .. } | Slot::Discard { redo, .. } => redo,
             _ => None,
         }
     }
@@ -439,7 +445,7 @@ impl Conn {
                 due,
                 fired: false,
             },
-            Slot::Discard { .. } => Slot::Discard { redo },
+            Slot::Discard { given, .. } => Slot::Discard { redo, given },
             other => other,
         };
         self.owed.push_back(slot);
@@ -471,6 +477,50 @@ impl Conn {
                 *due = (*due).max(due_now);
             }
         }
+    }
+
+    /// Makes the reply still owed to the give-back of the holder with `token` (a
+    /// [`Slot::Discard`] with that token) the reply to the transmit tagged `tag` of `caller`'s
+    /// run `run`, as if queued at `now`: that holder's release, the same compare-and-delete,
+    /// already on its way. It stays owed until `until` at least, the release's own (the
+    /// holder may have extended what it deletes since the give-back was sent). Its node
+    /// timeout counts from `now` (no later than that of a reply owed after it, so that dues
+    /// still grow along the queue). Returns whether one was owed.
+    pub fn adopt(
+        &mut self,
+        token: Token,
+        (caller, run, tag): (u32, u64, Tag),
+        until: Option<Instant>,
+        now: Instant,
+        node_timeout: Duration,
+    ) -> bool {
+        let Some(at) = self
+            .owed
+            .iter()
+            .position(|s| matches!(s, Slot::Discard { given: Some(t), .. } if *t == token))
+        else {
+            return false;
+        };
+        let redo = self.owed[at].redo().map(|r| Redo {
+            until: r.until.max(until.unwrap_or(r.until)),
+            ..r
+        });
+        let later = self.owed.range(at + 1..).find_map(|s| match s {
+            Slot::Reply { due, .. } => Some(*due),
+            _ => None,
+        });
+        let due = crate::engine::timings::node_deadline(now, node_timeout);
+        self.owed[at] = Slot::Reply {
+            caller,
+            run,
+            tag,
+            sent: now,
+            redo,
+            due: later.map_or(due, |l| l.min(due)),
+            fired: false,
+        };
+        self.checked = self.checked.min(at);
+        true
     }
 
     /// When the next command still unanswered and not yet timed out is due.

@@ -37,6 +37,11 @@
 //!   answers its backlog in order when it can, so an acquisition queued there can never land
 //!   after its release. Dead peers are found by the transport (TCP keepalive and a user
 //!   timeout on unacknowledged data), which the shell reports as a failure.
+//! - **A give-back is its holder's release there.** A semaphore holder's give-back of a slot
+//!   granted beyond its quorum (`What::GiveBack`) is the compare-and-delete its release sends:
+//!   on a plain node (no `?wait`, no sentinels, no cluster) that answered it on the connection
+//!   it still has, the release is answered with that answer and not sent; while it is on its
+//!   way, its answer is the release's. A failed connection forgets what its node answered.
 //! - **Releases survive a broken connection.** A compare-and-delete (a release, a cleanup, an
 //!   undo) whose connection broke before its reply came is sent again first thing on the
 //!   node's next connection, until what it deletes has expired anyway. The connection broke on
@@ -245,11 +250,19 @@ struct Node {
     /// Compare-and-deletes were queued again without a `WAIT` behind them (see
     /// [`Endpoint::wait_after_owed`]).
     unwaited: bool,
+    /// The holders whose give-backs (see `What::GiveBack`) this node answered on its command
+    /// connection as it is: a release of one of them has nothing left to do here.
+    given: [Option<Token>; GIVEN],
+    given_next: usize,
 }
 
 /// How many attempts kept off a node are remembered, so that their cleanups are not sent
 /// there (one forgotten only costs a useless cleanup).
 const UNSENT: usize = 64;
+
+/// How many answered give-backs a node remembers (one forgotten only costs its holder's
+/// release being sent there too).
+const GIVEN: usize = 16;
 
 impl Node {
     /// The attempt with `token` was not sent to this node.
@@ -265,6 +278,18 @@ impl Node {
             || self.cmd.redo_until().is_some_and(|u| u > now)
             || self.awaiting.as_ref().and_then(Awaiting::redo_until) > Some(now)
             || self.unconfirmed.owes_until(now)
+    }
+
+    /// Whether this node answered the give-back of the holder with `token` on its command
+    /// connection as it is (forgetting it: the holder's release is the last command about it).
+    fn was_given(&mut self, token: Token) -> bool {
+        match self.given.iter_mut().find(|t| **t == Some(token)) {
+            Some(t) => {
+                *t = None;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether the attempt with `token` was not sent here (forgetting it: its cleanup is the
@@ -408,6 +433,8 @@ impl Endpoint {
                     unsent_next: 0,
                     unconfirmed: Unconfirmed::default(),
                     unwaited: false,
+                    given: [None; GIVEN],
+                    given_next: 0,
                 })
                 .collect(),
             members: n,
@@ -562,10 +589,27 @@ impl Endpoint {
                 }
             },
         };
-        if let (None, What::Cleanup { token }) = (t.tag, t.what) {
+        if let (None, What::Cleanup { token } | What::GiveBack { token }) = (t.tag, t.what) {
             if self.nodes[i].was_unsent(token) {
                 // The attempt never went there: nothing of it to delete.
                 return;
+            }
+        }
+        if let (Some(tag), What::Release { token }) = (t.tag, t.what) {
+            if self.gives_back(member) {
+                if self.nodes[i].was_given(token) {
+                    // The node answered the holder's give-back, the same compare-and-delete,
+                    // on the connection it has now, which has not failed since: nothing of
+                    // the holder is left there, and that answer is the release's.
+                    self.mail.post_reply(caller, run, member, tag, b":1\r\n");
+                    return;
+                }
+                let owner = (caller as u32, run, tag);
+                let timeout = self.config.node_timeout;
+                if self.nodes[i].cmd.adopt(token, owner, t.redo, now, timeout) {
+                    // The give-back is on its way there: its answer is the release's.
+                    return;
+                }
             }
         }
         if let Some(why) = self.without_master(i) {
@@ -605,9 +649,13 @@ impl Endpoint {
             });
             let caps = self.nodes[i].server.caps;
             let encoded = &mut self.encoded;
+            let given = match t.what {
+                What::GiveBack { token } => Some(token),
+                _ => None,
+            };
             self.nodes[i]
                 .cmd
-                .queue(Slot::Discard { redo: None }, t.redo, |out| {
+                .queue(Slot::Discard { redo: None, given }, t.redo, |out| {
                     encoded.write(caps, out, |out| m.encode(t, caps, out))
                 });
             // A cleanup's first try has no `WAIT` of its own (every lost attempt sends one to
@@ -699,6 +747,13 @@ impl Endpoint {
         self.nodes[link]
             .kept
             .push(&self.encoded.bytes, before, 0, wait);
+    }
+
+    /// Whether a give-back that member `member` answered stands for its holder's release
+    /// there (see `What::GiveBack`): a plain node, whose writes count without a `WAIT` and
+    /// whose master no sentinel may change (and not a cluster, whose slots may move).
+    fn gives_back(&self, member: usize) -> bool {
+        self.topo[member].is_none() && self.sentinels[member].is_none() && !self.waits(member)
     }
 
     /// Whether member `member`'s URL asks its writes to reach replicas (`?wait=N`) or
@@ -849,6 +904,8 @@ impl Endpoint {
             unsent_next: 0,
             unconfirmed: Unconfirmed::default(),
             unwaited: false,
+            given: [None; GIVEN],
+            given_next: 0,
         };
         let link = match self.free.pop() {
             Some(l) => {
@@ -1121,7 +1178,7 @@ impl Endpoint {
             }
         }
         let redo = match r.slot {
-            Slot::Reply { redo, .. } | Slot::Discard { redo } => redo,
+            Slot::Reply { redo, .. } | Slot::Discard { redo, .. } => redo,
             _ => None,
         };
         let worth = match (redo, r.slot) {
@@ -1150,7 +1207,10 @@ impl Endpoint {
                 let node = &mut self.nodes[t];
                 node.retry_bytes.extend_from_slice(&r.bytes);
                 node.retries.push(Retry {
-                    slot: Slot::Discard { redo: None },
+                    slot: Slot::Discard {
+                        redo: None,
+                        given: None,
+                    },
                     redo: Redo {
                         until: redo.until,
                         len: r.bytes.len() as u32,
@@ -1292,7 +1352,10 @@ impl Endpoint {
             .encoded
             .write(caps, &mut node.retry_bytes, |out| m.encode(t, caps, out));
         node.retries.push(Retry {
-            slot: Slot::Discard { redo: None },
+            slot: Slot::Discard {
+                redo: None,
+                given: None,
+            },
             redo: Redo {
                 until,
                 len: (node.retry_bytes.len() - start) as u32,
@@ -1569,12 +1632,17 @@ impl Endpoint {
             );
             let confirms = wants.0 > 0 || wants.1.is_some();
             let sentinel = self.sentinels[member].is_some();
+            // A give-back answered here stands for its holder's release only where a write
+            // counts without a `WAIT` and no sentinel may name another master.
+            let plain = !sentinel && wants.0 == 0 && wants.1.is_none();
             let readonly = &mut readonly;
             let Node {
                 cmd,
                 again_backoff,
                 awaiting,
                 unconfirmed,
+                given,
+                given_next,
                 ..
             } = &mut self.nodes[i];
             cmd.take_replies(&limits, |slot, bytes, command, waits| {
@@ -1606,8 +1674,20 @@ impl Endpoint {
                         None => *again_backoff = BACKOFF_MIN,
                     }
                 }
+                if let Slot::Discard {
+                    given: Some(token), ..
+                } = slot
+                {
+                    // It ran: an integer (it deleted the key, or found it gone), or the
+                    // transaction's with `DELEX`'s integer first.
+                    let ran = bytes.starts_with(b":") || bytes.starts_with(b"*2\r\n:");
+                    if ran && plain && !waits {
+                        given[*given_next] = Some(token);
+                        *given_next = (*given_next + 1) % GIVEN;
+                    }
+                }
                 match slot {
-                    Slot::Discard { redo: Some(_) } if confirmed_later => {}
+                    Slot::Discard { redo: Some(_), .. } if confirmed_later => {}
                     // A write's reply counts once its `WAIT` says enough replicas have it.
                     Slot::Reply { .. } | Slot::Discard { .. } if waits => {
                         *awaiting = Some(Awaiting::new(slot, bytes, command))
@@ -1972,6 +2052,9 @@ impl Endpoint {
         if self.nodes[i].cmd.is_up() {
             self.stats.disconnect(member);
         }
+        // What this connection answered says nothing of the next one's server (a restart, a
+        // failover): every release goes there again.
+        self.nodes[i].given = [None; GIVEN];
         if let Some(topo) = self.topo[member].as_mut() {
             // A topology read on it is lost, and the cluster may have changed.
             topo.asked = None;
@@ -1992,7 +2075,10 @@ impl Endpoint {
         unconfirmed.drain(now, |redo, bytes| {
             retry_bytes.extend_from_slice(bytes);
             retries.push(Retry {
-                slot: Slot::Discard { redo: None },
+                slot: Slot::Discard {
+                    redo: None,
+                    given: None,
+                },
                 redo,
             });
         });
@@ -2016,7 +2102,10 @@ impl Endpoint {
             if let Some(redo) = a.slot.redo().filter(|r| r.until > now) {
                 retry_bytes.extend_from_slice(&a.command);
                 retries.push(Retry {
-                    slot: Slot::Discard { redo: None },
+                    slot: Slot::Discard {
+                        redo: None,
+                        given: None,
+                    },
                     redo: Redo {
                         len: a.command.len() as u32,
                         ..redo
@@ -2027,7 +2116,7 @@ impl Endpoint {
         let mail = &mut self.mail;
         cmd.fail(why.clone(), now, |slot, bytes| {
             let redo = match slot {
-                Slot::Reply { redo, .. } | Slot::Discard { redo } => redo,
+                Slot::Reply { redo, .. } | Slot::Discard { redo, .. } => redo,
                 _ => None,
             };
             match (redo.filter(|r| r.until > now), bytes) {
@@ -2598,7 +2687,10 @@ fn answer_wait(
         (Err(_), Some(redo)) => {
             // Nobody waits for it any more: its owner heard the failure.
             unacked.push(Refusal {
-                slot: Slot::Discard { redo: Some(redo) },
+                slot: Slot::Discard {
+                    redo: Some(redo),
+                    given: None,
+                },
                 kind: Refused::Unacknowledged,
                 command: a.command,
                 before: redo.before as usize,

@@ -26,7 +26,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::conn::{Conn, Slot, BACKOFF_MAX};
-use super::{ConnId, Endpoint, Io, Node, UNSENT};
+use super::{ConnId, Endpoint, Io, Node, GIVEN, UNSENT};
 use crate::error::NodeErrorKind;
 use crate::resp::{self, Reply, ServerErrorKind};
 use crate::url::NodeAddr;
@@ -132,6 +132,8 @@ pub(super) fn link_node(member: usize, node: &NodeAddr, now: Instant) -> Option<
         unsent_next: 0,
         unconfirmed: Default::default(),
         unwaited: false,
+        given: [None; GIVEN],
+        given_next: 0,
     })
 }
 

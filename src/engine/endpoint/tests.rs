@@ -1309,3 +1309,89 @@ fn a_node_refused_before_votes_its_refusal_while_it_is_set_up_again() {
     assert_eq!(net.ep.setup_failures().len(), 1);
     net.ep.finish(caller, run, net.now);
 }
+
+/// A node that answered a holder's give-back (a semaphore's slot granted beyond its quorum,
+/// the same compare-and-delete as its release) holds nothing of it: the holder's release is
+/// answered there at once, and nothing is sent. One still on its way is the release's: its
+/// answer is. Not a give-back answered with an error, nor once the connection failed since
+/// (the next one may reach a restarted server).
+#[test]
+fn a_release_where_the_give_back_was_answered_is_answered_at_once() {
+    let mut net = Net::ready(INFO_82, false);
+    let caller = net.ep.open_caller();
+    let until = net.now + 10_000 * MS;
+    let give_back = |net: &mut Net, token: Token, reply: &[u8]| {
+        let run = net.ep.begin(caller);
+        let mut give = Probe::new(What::GiveBack { token }, Some(until));
+        give.tag = None;
+        net.step(caller, run, &mut give);
+        assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+        if !reply.is_empty() {
+            net.reply(Net::cmd(0), reply);
+        }
+        net.ep.finish(caller, run, net.now);
+    };
+    let release = |net: &mut Net, token: Token| -> (Vec<String>, Probe) {
+        let run = net.ep.begin(caller);
+        let mut release = Probe::new(What::Release { token }, Some(until));
+        net.step(caller, run, &mut release);
+        net.step(caller, run, &mut release);
+        let sent = words(&net.take_output(Net::cmd(0)));
+        net.ep.finish(caller, run, net.now);
+        (sent, release)
+    };
+    // Answered: the release is answered at once, nothing goes out.
+    let a = Token::from_random([8; 20]);
+    give_back(&mut net, a, b":1\r\n");
+    let (sent, r) = release(&mut net, a);
+    assert!(sent.is_empty(), "sent {sent:?}");
+    assert_eq!(r.replies, [(0, "Integer(1)".to_owned())]);
+    // Once only: a second release of the same token goes.
+    let (sent, _) = release(&mut net, a);
+    assert_eq!(sent, ["LUA"]);
+    net.reply(Net::cmd(0), b":0\r\n");
+    // Not answered yet: nothing goes, and its answer is the release's.
+    let b = Token::from_random([9; 20]);
+    give_back(&mut net, b, b"");
+    let run = net.ep.begin(caller);
+    let mut r = Probe::new(What::Release { token: b }, Some(until));
+    net.step(caller, run, &mut r);
+    assert!(!net.ep.wants_write(Net::cmd(0)), "the release was queued");
+    net.reply(Net::cmd(0), b":1\r\n");
+    net.step(caller, run, &mut r);
+    assert_eq!(r.replies, [(0, "Integer(1)".to_owned())]);
+    net.ep.finish(caller, run, net.now);
+    assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+    // Answered with an error: it did not run, the release goes.
+    let c = Token::from_random([10; 20]);
+    give_back(&mut net, c, b"-ERR something\r\n");
+    let (sent, _) = release(&mut net, c);
+    assert_eq!(sent, ["LUA"]);
+    net.reply(Net::cmd(0), b":0\r\n");
+    // Answered, then the connection failed: the release is not answered at once.
+    let d = Token::from_random([11; 20]);
+    give_back(&mut net, d, b":1\r\n");
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    let (_, r) = release(&mut net, d);
+    assert!(r.replies.is_empty(), "{:?}", r.replies);
+    // On its way when the connection failed: owed for the next one, and the release is not
+    // answered at once either.
+    net.now += 1_000 * MS;
+    let e = Token::from_random([12; 20]);
+    let run = net.ep.begin(caller);
+    let mut give = Probe::new(What::GiveBack { token: e }, Some(until));
+    give.tag = None;
+    net.step(caller, run, &mut give);
+    net.ep.finish(caller, run, net.now);
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    let (_, r) = release(&mut net, e);
+    assert!(r.replies.is_empty(), "{:?}", r.replies);
+}
