@@ -791,6 +791,13 @@ impl Core {
                     let found = self.probe(id, timeout);
                     self.ep.handle_probed(id, found, now);
                 }
+                Io::Resolve { member, switch } => {
+                    let addr = self
+                        .ep
+                        .name_to_resolve(member, switch)
+                        .and_then(|(host, port)| socket::resolve(host, port));
+                    self.ep.handle_resolved(member, switch, addr, now);
+                }
             }
         }
     }

@@ -405,6 +405,13 @@ fn connect_tcp(addr: SocketAddr, dead_after: Duration) -> io::Result<TcpStream> 
     Ok(TcpStream::from_std(socket.into()))
 }
 
+/// The first address of `host` (a name a sentinel gave for its master) at `port`, if it
+/// resolves: a blocking lookup.
+pub(crate) fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    (host, port).to_socket_addrs().ok()?.next()
+}
+
 #[cfg(unix)]
 fn connect_unix(path: &Path) -> io::Result<UnixStream> {
     UnixStream::connect(path)
