@@ -135,7 +135,6 @@ struct Core {
     /// The poller, while nobody polls with it.
     poll: Option<Poller>,
     /// The TLS configuration of `rediss://` nodes.
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     tls: Option<TlsContext>,
     /// Registers sockets with the poller, from any thread, while the leader polls.
     registry: Registry,
@@ -803,24 +802,9 @@ impl Core {
     }
 
     /// The TLS session for a connect of `id`, if its node is `rediss://`.
-    #[cfg(feature = "tls")]
     fn tls_session(&self, id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
-        let node = self.ep.node_addr(id.node);
-        match (&self.tls, node.tls) {
-            (Some(tls), true) => tls.connect(self.ep.tls_name(id)).map(Some),
-            // Never plaintext to a TLS node: the client is built with a TLS configuration
-            // whenever a node is one, so this does not happen.
-            (None, true) => Err(crate::tls::handshake_failed(
-                crate::error::TlsFailure::Handshake("no TLS configuration".into()),
-            )),
-            (_, false) => Ok(None),
-        }
-    }
-
-    /// Without the `tls` feature, no node is `rediss://`.
-    #[cfg(not(feature = "tls"))]
-    fn tls_session(&self, _id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
-        Ok(None)
+        let node_tls = self.ep.node_addr(id.node).tls;
+        crate::tls::session_for(self.tls.as_ref(), node_tls, self.ep.tls_name(id))
     }
 
     /// Probes the server of `id` (see `Io::Probe`): blocking, `timeout` at most.
