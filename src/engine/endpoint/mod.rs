@@ -74,6 +74,7 @@ mod caller;
 pub(crate) mod cluster;
 mod conn;
 mod mail;
+pub(crate) mod seats;
 mod sentinel;
 pub(crate) mod setup;
 mod subs;
