@@ -21,7 +21,9 @@
 //! park until then, or until their deadline passes. When the leader's own operation is over it
 //! steps down; if every other caller is parked, it unparks one, which leads from then on. With
 //! a single caller there is no hand-off at all: it leads, and its system calls are those of a
-//! private connection set.
+//! private connection set. Who leads, who is parked, whom to wake and who leads next are
+//! decided by the callers' seats (`engine::endpoint::seats`), without threads: this module
+//! parks, unparks and spawns the threads those decisions name.
 //!
 //! What a caller does between its waits is the endpoint's caller loop
 //! (`engine::endpoint::caller`), which the simulation runs too: among its rules, before a caller
