@@ -21,7 +21,9 @@
 //! park until then, or until their deadline passes. When the leader's own operation is over it
 //! steps down; if every other caller is parked, it unparks one, which leads from then on. With
 //! a single caller there is no hand-off at all: it leads, and its system calls are those of a
-//! private connection set.
+//! private connection set. Who leads, who is parked, whom to wake and who leads next are
+//! decided by the callers' seats (`engine::endpoint::seats`), without threads: this module
+//! parks, unparks and spawns the threads those decisions name.
 //!
 //! What a caller does between its waits is the endpoint's caller loop
 //! (`engine::endpoint::caller`), which the simulation runs too: among its rules, before a caller
@@ -57,6 +59,8 @@ use mio::Token;
 use sync::{AtomicBool, Events, Mutex, MutexGuard, Poll, Registry, Thread, TryLockError, Waker};
 
 use crate::config::Config;
+use crate::engine::endpoint::seats::{self, Resender, ResenderTurn, Seats, Writer};
+use crate::engine::endpoint::seats::{RESEND_IDLE_LOOK, RESEND_LIMIT};
 use crate::engine::endpoint::{Bits, CallerId, CallerLoop, ConnId, Endpoint, Io, Next, Probed};
 use crate::engine::machine::Machine;
 use crate::engine::Round;
@@ -91,27 +95,6 @@ struct Local {
     unwarmed: AtomicBool,
 }
 
-/// How long the thread that sends releases again runs at most, and how long it polls at a
-/// time; how long it stays (parked) once nothing is owed, and how often it looks meanwhile
-/// whether its client is gone.
-const RESEND_LIMIT: Duration = Duration::from_secs(10);
-const RESEND_POLL: Duration = Duration::from_millis(50);
-const RESEND_LINGER: Duration = Duration::from_secs(60);
-const RESEND_IDLE_LOOK: Duration = Duration::from_secs(1);
-
-/// The thread that drives the compare-and-deletes still owed while no caller runs.
-enum Resender {
-    None,
-    /// Spawned, not yet running.
-    Starting,
-    /// Running, or parked until a caller that finishes wakes it.
-    Running(Thread),
-}
-
-/// How long a closing caller waits at most before it looks again whether every node answered:
-/// while another caller leads, nobody posts to it when they do.
-const CLOSE_LOOK: Duration = Duration::from_millis(20);
-
 /// The poller, held by the leader while it polls.
 struct Poller {
     poll: Poll,
@@ -119,11 +102,9 @@ struct Poller {
     ready: Vec<usize>,
 }
 
-/// One caller's thread, and what its operations reuse.
-struct Caller {
-    thread: Option<Thread>,
-    parked: bool,
-    in_use: bool,
+/// What a caller's operations reuse, kept in its seat between sessions.
+#[derive(Default)]
+struct Kept {
     entropy: Option<OsEntropy>,
     wakeups: Vec<Thread>,
     round: Option<Round>,
@@ -135,32 +116,20 @@ struct Core {
     /// The poller, while nobody polls with it.
     poll: Option<Poller>,
     /// The TLS configuration of `rediss://` nodes.
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     tls: Option<TlsContext>,
     /// Registers sockets with the poller, from any thread, while the leader polls.
     registry: Registry,
     /// Wakes the leader's poll: for a cancel, or for commands a follower queued.
     waker: Option<Arc<Waker>>,
-    /// The leader's poll was woken for queued commands since it last started polling.
-    nudged: bool,
-    /// The caller slot of the leader, if any.
-    leader: Option<CallerId>,
+    /// The callers' seats: the leader, who is parked, the closings, the resender (a child
+    /// after `fork()` starts with none).
+    seats: Seats<Thread, Kept>,
     /// Sockets by [`ConnId::index`].
     sockets: Vec<Option<Socket>>,
-    callers: Vec<Caller>,
-    free: Vec<CallerId>,
     /// Kept between finishes, for the threads a finishing caller unparks.
     unparked: Vec<Thread>,
-    /// The callers waiting in [`Shared::close`] for the closing under way.
-    closers: Vec<CallerId>,
-    /// How many closings have ended, and what the last one left undelivered: every caller
-    /// that waited for it returns that.
-    closes: u64,
-    close_left: Vec<usize>,
     /// Kept between flushes and late reads: the connections (or nodes) to go through.
     bits: Bits,
-    /// This process's resender thread (a child after `fork()` starts with none).
-    resender: Resender,
 }
 
 impl Shared {
@@ -229,8 +198,8 @@ impl Shared {
     /// have reached them.
     ///
     /// The closing thread is a caller like any other: it leads the polling if nobody does,
-    /// and otherwise leaves it to the leader and looks again every [`CLOSE_LOOK`]. Whoever
-    /// sees the closing end (see `Core::end_close`) ends it for every thread that waits in
+    /// and otherwise leaves it to the leader and looks again every 20 ms at most. Whoever
+    /// sees the closing end (see `Seats::end_close`) ends it for every thread that waits in
     /// `close` at the time.
     pub fn close(this: &Arc<Shared>) -> io::Result<Vec<usize>> {
         Ok(Shared::session(this)?.close())
@@ -243,36 +212,18 @@ impl Shared {
             local.warm_up(this.config.connect_timeout);
         }
         let mut core = local.lock();
-        let slot = match core.free.pop() {
-            Some(s) => s,
-            None => {
-                let s = core.ep.open_caller();
-                debug_assert_eq!(s, core.callers.len());
-                core.callers.push(Caller {
-                    thread: None,
-                    parked: false,
-                    in_use: false,
-                    entropy: None,
-                    wakeups: Vec::new(),
-                    round: None,
-                    spread: Duration::ZERO,
-                });
-                s
-            }
-        };
-        let c = &mut core.callers[slot];
-        c.thread = Some(sync::current());
-        c.in_use = true;
-        let entropy = c.entropy.take().unwrap_or_else(OsEntropy::new);
-        let wakeups = std::mem::take(&mut c.wakeups);
+        let c = &mut *core;
+        let slot = c.seats.sit(&mut c.ep, sync::current());
+        let kept = &mut c.seats.seat(slot).kept;
+        let entropy = kept.entropy.take().unwrap_or_else(OsEntropy::new);
         Ok(Session {
             shared: this,
             local,
             slot,
-            wakeups,
+            wakeups: std::mem::take(&mut kept.wakeups),
             entropy: Some(entropy),
-            round: c.round.take(),
-            spread: c.spread,
+            round: kept.round.take(),
+            spread: kept.spread,
         })
     }
 }
@@ -333,10 +284,7 @@ impl Local {
         wanted: usize,
         wakeups: &mut Vec<Thread>,
     ) -> MutexGuard<'a, Core> {
-        if core.leader.is_none() {
-            core.leader = Some(slot);
-        }
-        if core.leader == Some(slot) {
+        if core.seats.lead(slot) {
             // What followers queued since the last poll goes out now, one write per node.
             let now = sync::now();
             core.flush_all(now);
@@ -350,7 +298,7 @@ impl Local {
                 sync::sleep(timeout.min(Duration::from_millis(1)));
                 return self.lock();
             };
-            core.nudged = false;
+            core.seats.nudged = false;
             drop(core);
             if let Err(e) = poller.poll.poll(&mut poller.events, Some(timeout)) {
                 if e.kind() != io::ErrorKind::Interrupted {
@@ -367,10 +315,10 @@ impl Local {
             core.notify(slot, wakeups);
             self.unpark(core, wakeups)
         } else {
-            core.callers[slot].parked = true;
+            core.seats.seat(slot).parked = true;
             if core.ep.is_ready(slot, wanted) {
                 // Posted to while it was not parked: enough is here already.
-                core.callers[slot].parked = false;
+                core.seats.seat(slot).parked = false;
                 return core;
             }
             drop(core);
@@ -382,7 +330,7 @@ impl Local {
             }
             sync::park_follower(timeout);
             let mut core = self.lock();
-            core.callers[slot].parked = false;
+            core.seats.seat(slot).parked = false;
             core
         }
     }
@@ -485,7 +433,7 @@ impl Session<'_> {
                 now = sync::now();
             }
             let cancelled = cancel.is_some_and(Cancel::is_cancelled);
-            let polled = core.leader.is_some();
+            let polled = core.seats.leader.is_some();
             match lp.next(&mut core.ep, m, now, &mut entropy, cancelled, polled) {
                 Next::ReadLate => {
                     // Replies that came while nobody polled, and the pushes that must be read
@@ -512,15 +460,8 @@ impl Session<'_> {
             }
         };
         let next = core.finish(slot, lp.run());
-        let resend = core.needs_resender(sync::now());
-        let (resender, start) = match (&core.resender, resend) {
-            (_, false) | (Resender::Starting, true) => (None, false),
-            (Resender::Running(t), true) => (Some(t.clone()), false),
-            (Resender::None, true) => {
-                core.resender = Resender::Starting;
-                (None, true)
-            }
-        };
+        let c = &mut *core;
+        let (resender, start) = c.seats.resender_after(&c.ep, sync::now());
         drop(core);
         // Those it posted to on its last step are woken too, and the resender when something
         // is owed.
@@ -544,14 +485,14 @@ impl Shared {
     /// master named by a `MOVED` or `ASK` on a cluster member. The thread leads the polling
     /// like any caller while something is owed (10 s at a time); then it stays parked, holding
     /// no reference to the client, until a caller that finishes with something owed wakes it,
-    /// and ends once nothing was owed for [`RESEND_LINGER`] or the client is gone. So a steady
+    /// and ends once nothing was owed for a minute or the client is gone. So a steady
     /// flow of releases starts one thread, not one per release. It runs in the process that
     /// started it (threads do not cross a `fork()`), on that process's connections.
     fn start_resender(this: &Arc<Shared>, local: &Local) {
         let weak = Arc::downgrade(this);
         let started = sync::spawn("redlock-mux-resend", move || Shared::resender(weak));
         if started.is_err() {
-            local.lock().resender = Resender::None;
+            local.lock().seats.resender = Resender::None;
         }
     }
 
@@ -566,17 +507,15 @@ impl Shared {
                 return;
             };
             let mut core = local.lock();
-            let now = sync::now();
-            if !matches!(core.resender, Resender::Running(_)) {
-                core.resender = Resender::Running(sync::current());
-            }
-            let wanted = core.needs_resender(now);
-            if !wanted && now.saturating_duration_since(idle_since) >= RESEND_LINGER {
-                core.resender = Resender::None;
+            let c = &mut *core;
+            let turn = c
+                .seats
+                .resender_turn(&c.ep, sync::current, sync::now(), idle_since);
+            drop(core);
+            if turn == ResenderTurn::Quit {
                 return;
             }
-            drop(core);
-            if wanted {
+            if turn == ResenderTurn::Work {
                 let Ok(session) = Shared::session(&shared) else {
                     return;
                 };
@@ -604,13 +543,11 @@ impl Session<'_> {
             let now = sync::now();
             // The client's last handle dropped (this thread's aside): it is let go, and its
             // drop settles what is left, within its own bound.
-            if now >= until || !core.ep.needs_tending(now) || Arc::strong_count(self.shared) <= 1 {
+            if seats::resend_over(&core.ep, now, until) || Arc::strong_count(self.shared) <= 1 {
                 break;
             }
             core.timers(now);
-            let timeout = core.ep.poll_timeout().map_or(RESEND_POLL, |t| {
-                t.saturating_duration_since(now).min(RESEND_POLL)
-            });
+            let timeout = seats::resend_wait(&mut core.ep, now);
             core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
         }
         let next = core.finish(slot, run);
@@ -627,12 +564,9 @@ impl Session<'_> {
         let mut core = local.lock();
         let run = core.ep.begin(slot);
         let now = sync::now();
-        let ended = core.closes;
         // A closing under way is waited for as it is, not made longer.
-        if core.closers.is_empty() {
-            core.ep.begin_close(now);
-        }
-        core.closers.push(slot);
+        let c = &mut *core;
+        let ended = c.seats.join_close(&mut c.ep, slot, now);
         core.do_io(now);
         core.write_or_leave(slot, now);
         // Each turn ends the closing or waits (at least 1 ms): bounded by the closing's own
@@ -640,19 +574,15 @@ impl Session<'_> {
         let left = loop {
             let now = sync::now();
             // The timers that are due run first (the closing's end among them), whoever leads:
-            // a follower's turn comes at least every `CLOSE_LOOK`.
+            // a follower's turn comes at least every `Seats::close_wait`.
             core.timers(now);
-            if core.closes == ended {
+            if core.seats.close_ended(ended).is_none() {
                 core.end_close(now);
             }
-            if core.closes != ended {
-                break core.close_left.clone();
+            if let Some(left) = core.seats.close_ended(ended) {
+                break left.to_vec();
             }
-            let timeout = core
-                .ep
-                .poll_timeout()
-                .map_or(CLOSE_LOOK, |t| t.saturating_duration_since(now))
-                .clamp(Duration::from_millis(1), CLOSE_LOOK);
+            let timeout = seats::close_wait(&mut core.ep, now);
             core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
         };
         let next = core.finish(slot, run);
@@ -670,15 +600,13 @@ impl Drop for Session<'_> {
         // An operation that unwound (a panic) did not finish: it must not stay the leader, or
         // keep its channels and mailbox.
         let next = core.abandon(self.slot);
-        if let Some(c) = core.callers.get_mut(self.slot) {
-            c.entropy = self.entropy.take();
-            c.wakeups = std::mem::take(&mut self.wakeups);
-            c.round = self.round.take();
-            c.spread = self.spread;
-            c.thread = None;
-            c.in_use = false;
-            core.free.push(self.slot);
-        }
+        core.seats.seat(self.slot).kept = Kept {
+            entropy: self.entropy.take(),
+            wakeups: std::mem::take(&mut self.wakeups),
+            round: self.round.take(),
+            spread: self.spread,
+        };
+        core.seats.leave(self.slot);
         drop(core);
         if let Some(t) = next {
             t.unpark();
@@ -703,17 +631,10 @@ impl Core {
             registry,
             tls,
             waker,
-            nudged: false,
-            leader: None,
+            seats: Seats::new(),
             sockets: (0..2 * n).map(|_| None).collect(),
-            callers: Vec::new(),
-            free: Vec::new(),
             unparked: Vec::new(),
-            closers: Vec::new(),
-            closes: 0,
-            close_left: Vec::new(),
             bits: Bits::with_room(2 * n),
-            resender: Resender::None,
         })
     }
 
@@ -728,28 +649,16 @@ impl Core {
         self.waker = None;
     }
 
-    /// Ends the closing under way once it is over (see `Endpoint::close_outcome`), for every
-    /// caller waiting in [`Shared::close`], which are woken. Whichever thread sees the
-    /// closing's end first ends it, so that the end is not taken for a timer still due.
+    /// Ends the closing under way once it is over (see `Seats::end_close`), for every caller
+    /// waiting in [`Shared::close`], which are woken. Whichever thread sees the closing's end
+    /// first ends it, so that the end is not taken for a timer still due.
     fn end_close(&mut self, now: Instant) {
-        if self.closers.is_empty() {
-            return;
+        let mut wake = std::mem::take(&mut self.unparked);
+        self.seats.end_close(&mut self.ep, now, &mut wake);
+        for t in wake.drain(..) {
+            t.unpark();
         }
-        let Some(left) = self.ep.close_outcome(now) else {
-            return;
-        };
-        self.closes += 1;
-        self.close_left = left;
-        for c in std::mem::take(&mut self.closers) {
-            if let Some(caller) = self.callers.get_mut(c) {
-                if caller.parked {
-                    caller.parked = false;
-                    if let Some(t) = &caller.thread {
-                        t.unpark();
-                    }
-                }
-            }
-        }
+        self.unparked = wake;
     }
 
     /// Makes the system calls the endpoint asks for.
@@ -791,29 +700,21 @@ impl Core {
                     let found = self.probe(id, timeout);
                     self.ep.handle_probed(id, found, now);
                 }
+                Io::Resolve { member, switch } => {
+                    let addr = self
+                        .ep
+                        .name_to_resolve(member, switch)
+                        .and_then(|(host, port)| socket::resolve(host, port));
+                    self.ep.handle_resolved(member, switch, addr, now);
+                }
             }
         }
     }
 
     /// The TLS session for a connect of `id`, if its node is `rediss://`.
-    #[cfg(feature = "tls")]
     fn tls_session(&self, id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
-        let node = self.ep.node_addr(id.node);
-        match (&self.tls, node.tls) {
-            (Some(tls), true) => tls.connect(self.ep.tls_name(id)).map(Some),
-            // Never plaintext to a TLS node: the client is built with a TLS configuration
-            // whenever a node is one, so this does not happen.
-            (None, true) => Err(crate::tls::handshake_failed(
-                crate::error::TlsFailure::Handshake("no TLS configuration".into()),
-            )),
-            (_, false) => Ok(None),
-        }
-    }
-
-    /// Without the `tls` feature, no node is `rediss://`.
-    #[cfg(not(feature = "tls"))]
-    fn tls_session(&self, _id: ConnId) -> Result<Option<socket::Session>, NodeErrorKind> {
-        Ok(None)
+        let node_tls = self.ep.node_addr(id.node).tls;
+        crate::tls::session_for(self.tls.as_ref(), node_tls, self.ep.tls_name(id))
     }
 
     /// Probes the server of `id` (see `Io::Probe`): blocking, `timeout` at most.
@@ -890,22 +791,20 @@ impl Core {
         self.bits = dirty;
     }
 
-    /// After a caller queued commands: it writes them itself if it leads or nobody does;
-    /// while another caller leads, they are left for the leader, whose poll is woken (once per
-    /// poll) to write everything queued on each connection in one system call.
+    /// After a caller queued commands: it writes them, or leaves them to the leader (see
+    /// `Seats::writer`).
     fn write_or_leave(&mut self, slot: CallerId, now: Instant) {
-        match (self.leader, &self.waker) {
-            (Some(leader), Some(waker)) if leader != slot => {
-                // The poller is out: the leader polls, or is about to, or has just come back
-                // (then the wake-up only makes its next poll return at once).
-                if self.poll.is_none() && !self.nudged {
-                    self.nudged = true;
-                    if waker.wake().is_err() {
-                        self.flush_all(now);
-                    }
+        match self
+            .seats
+            .writer(slot, self.waker.is_some(), self.poll.is_none())
+        {
+            Writer::Caller => self.flush_all(now),
+            Writer::WakeLeader => {
+                if self.waker.as_ref().is_some_and(|w| w.wake().is_err()) {
+                    self.flush_all(now);
                 }
             }
-            _ => self.flush_all(now),
+            Writer::Leader => {}
         }
     }
 
@@ -1035,43 +934,22 @@ impl Core {
     /// Collects into `wakeups` the threads of the callers the endpoint posted to that are
     /// parked (but `me`), now marked as not parked.
     fn notify(&mut self, me: CallerId, wakeups: &mut Vec<Thread>) {
-        while let Some(c) = self.ep.poll_notified() {
-            if c == me {
-                continue;
-            }
-            if let Some(caller) = self.callers.get_mut(c) {
-                if caller.parked {
-                    caller.parked = false;
-                    if let Some(t) = &caller.thread {
-                        wakeups.push(t.clone());
-                    }
-                }
-            }
-        }
+        self.seats.notify(&mut self.ep, me, wakeups);
     }
 
-    /// The caller's operation `run` is over: its mailbox closes, and a leader steps down. If
-    /// every other caller is parked, one of them must lead from now on: its thread is
-    /// returned, to be unparked once the lock is let go. A caller that runs (or was just
-    /// unparked) will wait or finish soon, and so take over or pass it on.
+    /// The caller's operation `run` is over: its mailbox closes, and a leader steps down,
+    /// writing for the followers first. Returns the thread of a parked caller that must lead
+    /// from now on (see `Seats::hand_over`), to be unparked once the lock is let go; the
+    /// callers posted to are unparked now.
     #[must_use]
     fn finish(&mut self, slot: CallerId, run: u64) -> Option<Thread> {
         let now = sync::now();
         self.ep.finish(slot, run, now);
         let mut next = None;
-        // A leader steps down; a caller woken to lead that finished without leading passes
-        // the wake-up on, so that parked callers are never left without a leader.
-        if self.leader == Some(slot) || self.leader.is_none() {
+        if self.seats.steps_down(slot) {
             // Nobody writes for the followers once the leader is gone.
             self.flush_all(now);
-            self.leader = None;
-            let running = self.ep.active_callers().any(|c| !self.callers[c].parked);
-            if !running {
-                if let Some(c) = self.ep.active_callers().find(|&c| self.callers[c].parked) {
-                    self.callers[c].parked = false;
-                    next = self.callers[c].thread.clone();
-                }
-            }
+            next = self.seats.hand_over(&self.ep);
         }
         let mut wakeups = std::mem::take(&mut self.unparked);
         self.notify(slot, &mut wakeups);
@@ -1086,17 +964,7 @@ impl Core {
     /// none of them may be parked (see `checker::watch`).
     #[cfg(all(test, shuttle))]
     fn marked_awake(&self) -> Vec<Thread> {
-        self.ep
-            .active_callers()
-            .filter(|&c| !self.callers[c].parked)
-            .filter_map(|c| self.callers[c].thread.clone())
-            .collect()
-    }
-
-    /// Whether releases wait to be sent again, or seen through, while no caller is left to
-    /// drive them (see `Endpoint::needs_tending`).
-    fn needs_resender(&self, now: Instant) -> bool {
-        self.ep.active_callers().next().is_none() && self.ep.needs_tending(now)
+        self.seats.marked_awake(&self.ep)
     }
 
     /// A session ends: an operation it left unfinished (a panic unwound it) is finished now.

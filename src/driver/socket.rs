@@ -6,7 +6,9 @@
 //! `connect` finishes only after a WRITABLE event, a clean `take_error()` and a `peer_addr()`
 //! that answers; anything earlier is a spurious wake-up. On a TLS connection the connect then
 //! goes on until the handshake is over: nothing of the connection's own (its setup, with the
-//! password) is written before the server's certificate and name have been verified.
+//! password) is written before the server's certificate and name have been verified. The TLS
+//! session itself ([`crate::tls::session`]) encrypts and decrypts: the socket moves its
+//! ciphertext.
 #![forbid(unsafe_code)]
 
 use std::io::{self, Read, Write};
@@ -23,6 +25,7 @@ use mio::{Interest, Registry, Token};
 use socket2::{Domain, Protocol, Socket as RawSocket, TcpKeepalive, Type};
 
 use crate::error::NodeErrorKind;
+use crate::tls::hello;
 use crate::url::Target;
 
 /// Keepalive probes sent to an idle peer before the kernel gives the connection up.
@@ -87,15 +90,6 @@ impl Write for Stream {
     }
 }
 
-/// A TLS session over the stream, while and after its handshake.
-#[cfg(feature = "tls")]
-#[derive(Debug)]
-struct Tls {
-    session: rustls::ClientConnection,
-    /// The handshake is not over yet.
-    handshaking: bool,
-}
-
 /// A connection's socket.
 #[derive(Debug)]
 pub(crate) struct Socket {
@@ -109,7 +103,7 @@ pub(crate) struct Socket {
     /// The poller reported a hang-up or error: read until the socket says so.
     hangup: bool,
     #[cfg(feature = "tls")]
-    tls: Option<Box<Tls>>,
+    tls: Option<Box<Session>>,
 }
 
 /// `connect` on a non-blocking socket reports this while the handshake is under way (std has no
@@ -121,7 +115,7 @@ const EINPROGRESS: i32 = 36;
 
 /// A TLS session to start once the stream is connected, under the `tls` feature.
 #[cfg(feature = "tls")]
-pub(crate) type Session = rustls::ClientConnection;
+pub(crate) use crate::tls::session::Session;
 /// Without the `tls` feature there is no session to give.
 #[cfg(not(feature = "tls"))]
 pub(crate) type Session = std::convert::Infallible;
@@ -164,12 +158,7 @@ impl Socket {
             linked: false,
             hangup: false,
             #[cfg(feature = "tls")]
-            tls: tls.map(|session| {
-                Box::new(Tls {
-                    session,
-                    handshaking: true,
-                })
-            }),
+            tls: tls.map(Box::new),
         };
         s.update_interest(registry, false)?;
         Ok(s)
@@ -217,28 +206,9 @@ impl Socket {
     /// for a plaintext connection).
     #[cfg(feature = "tls")]
     fn handshake(&mut self) -> Result<bool, NodeErrorKind> {
-        let Some(tls) = self.tls.as_deref_mut() else {
-            return Ok(true);
-        };
-        loop {
-            flush_tls(&mut tls.session, &mut self.stream)?;
-            if !tls.session.is_handshaking() {
-                tls.handshaking = false;
-                return Ok(true);
-            }
-            match tls.session.read_tls(&mut self.stream) {
-                Ok(0) => return Err(NodeErrorKind::Io(io::ErrorKind::UnexpectedEof)),
-                Ok(_) => {
-                    if let Err(e) = tls.session.process_new_packets() {
-                        // The alert that says why goes out, if it can.
-                        let _ = flush_tls(&mut tls.session, &mut self.stream);
-                        return Err(crate::tls::failure(e, true));
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(NodeErrorKind::Io(e.kind())),
-            }
+        match self.tls.as_deref_mut() {
+            Some(tls) => tls.handshake(&mut self.stream),
+            None => Ok(true),
         }
     }
 
@@ -253,14 +223,7 @@ impl Socket {
     pub fn write(&mut self, bytes: &[u8]) -> Result<usize, NodeErrorKind> {
         #[cfg(feature = "tls")]
         if let Some(tls) = self.tls.as_deref_mut() {
-            flush_tls(&mut tls.session, &mut self.stream)?;
-            let n = tls
-                .session
-                .writer()
-                .write(bytes)
-                .map_err(|e| NodeErrorKind::Io(e.kind()))?;
-            flush_tls(&mut tls.session, &mut self.stream)?;
-            return Ok(n);
+            return tls.write(&mut self.stream, bytes);
         }
         let mut done = 0;
         while done < bytes.len() {
@@ -280,8 +243,8 @@ impl Socket {
     /// nothing is there. The peer's end of stream is an error.
     pub fn read(&mut self, buf: &mut [u8]) -> Result<Option<(usize, bool)>, NodeErrorKind> {
         #[cfg(feature = "tls")]
-        if self.tls.is_some() {
-            return self.read_tls(buf);
+        if let Some(tls) = self.tls.as_deref_mut() {
+            return tls.read(&mut self.stream, buf);
         }
         loop {
             match self.stream.read(buf) {
@@ -298,50 +261,11 @@ impl Socket {
         }
     }
 
-    /// [`read`](Self::read) on a TLS connection: what the session has decrypted, then more
-    /// from the socket, until the socket has nothing more (it never reports a short read as
-    /// drained: a record may hold more than `buf` takes).
-    #[cfg(feature = "tls")]
-    fn read_tls(&mut self, buf: &mut [u8]) -> Result<Option<(usize, bool)>, NodeErrorKind> {
-        let Some(tls) = self.tls.as_deref_mut() else {
-            return Ok(None);
-        };
-        loop {
-            match tls.session.reader().read(buf) {
-                // The peer closed the session (close_notify).
-                Ok(0) if !buf.is_empty() => {
-                    return Err(NodeErrorKind::Io(io::ErrorKind::UnexpectedEof))
-                }
-                Ok(n) => return Ok(Some((n, false))),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(NodeErrorKind::Io(e.kind())),
-            }
-            match tls.session.read_tls(&mut self.stream) {
-                Ok(0) => return Err(NodeErrorKind::Io(io::ErrorKind::UnexpectedEof)),
-                Ok(_) => {
-                    if let Err(e) = tls.session.process_new_packets() {
-                        let _ = flush_tls(&mut tls.session, &mut self.stream);
-                        return Err(crate::tls::failure(e, tls.handshaking));
-                    }
-                    // What the session has to say in return (a key update) goes out now.
-                    flush_tls(&mut tls.session, &mut self.stream)?;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(NodeErrorKind::Io(e.kind())),
-            }
-        }
-    }
-
     /// Registers for WRITABLE only while a connect is in progress or output is pending: the
     /// connection's (`output`), or the TLS session's own.
     pub fn update_interest(&mut self, registry: &Registry, output: bool) -> io::Result<()> {
         #[cfg(feature = "tls")]
-        let output = output
-            || self
-                .tls
-                .as_ref()
-                .is_some_and(|tls| tls.session.wants_write());
+        let output = output || self.tls.as_ref().is_some_and(|tls| tls.wants_write());
         let want = if self.connecting || output {
             Interest::READABLE | Interest::WRITABLE
         } else {
@@ -368,24 +292,6 @@ impl Socket {
     }
 }
 
-/// Writes what the TLS session has to send, until it has nothing or the socket takes no more.
-#[cfg(feature = "tls")]
-fn flush_tls(
-    session: &mut rustls::ClientConnection,
-    stream: &mut Stream,
-) -> Result<(), NodeErrorKind> {
-    while session.wants_write() {
-        match session.write_tls(stream) {
-            Ok(0) => return Err(NodeErrorKind::Io(io::ErrorKind::WriteZero)),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(NodeErrorKind::Io(e.kind())),
-        }
-    }
-    Ok(())
-}
-
 fn connect_tcp(addr: SocketAddr, dead_after: Duration) -> io::Result<TcpStream> {
     let socket = RawSocket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_nonblocking(true)?;
@@ -405,6 +311,13 @@ fn connect_tcp(addr: SocketAddr, dead_after: Duration) -> io::Result<TcpStream> 
     Ok(TcpStream::from_std(socket.into()))
 }
 
+/// The first address of `host` (a name a sentinel gave for its master) at `port`, if it
+/// resolves: a blocking lookup.
+pub(crate) fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    (host, port).to_socket_addrs().ok()?.next()
+}
+
 #[cfg(unix)]
 fn connect_unix(path: &Path) -> io::Result<UnixStream> {
     UnixStream::connect(path)
@@ -416,84 +329,34 @@ fn connect_unix(path: &Path) -> io::Result<UnixStream> {
 /// blocking probe, made only then: a plaintext server is silent to it, a TLS one answers at
 /// once.
 pub(crate) fn answers_tls(addr: SocketAddr, timeout: Duration) -> bool {
-    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
+    let Ok(mut stream) = probe_stream(addr, timeout) else {
         return false;
     };
-    let ok = stream.set_read_timeout(Some(timeout)).is_ok()
-        && stream.set_write_timeout(Some(timeout)).is_ok()
-        && stream.write_all(&client_hello()).is_ok();
     let mut head = [0u8; 2];
-    // A handshake record (0x16) or an alert (0x15), of TLS (major version 3).
-    ok && stream.read_exact(&mut head).is_ok() && matches!(head, [0x15 | 0x16, 0x03])
+    stream.write_all(&hello::client_hello()).is_ok()
+        && stream.read_exact(&mut head).is_ok()
+        && hello::answers_like_tls(head)
 }
 
-/// A TLS 1.2 ClientHello that any TLS server answers, with a ServerHello or an alert: ECDHE
-/// suites with AES-GCM, the common groups and signature schemes. Only the first bytes of the
-/// answer are read.
-fn client_hello() -> Vec<u8> {
-    let mut body = vec![0x03, 0x03]; // TLS 1.2
-    body.extend_from_slice(&[0x5a; 32]); // random
-    body.push(0); // no session id
-    let suites: [u16; 5] = [0xc02b, 0xc02f, 0xc02c, 0xc030, 0x1301];
-    body.extend_from_slice(&((suites.len() * 2) as u16).to_be_bytes());
-    for s in suites {
-        body.extend_from_slice(&s.to_be_bytes());
-    }
-    body.extend_from_slice(&[0x01, 0x00]); // null compression
-    let extensions: &[u8] = &[
-        0x00, 0x0a, 0x00, 0x06, 0x00, 0x04, 0x00, 0x1d, 0x00, 0x17, // groups: x25519, P-256
-        0x00, 0x0b, 0x00, 0x02, 0x01, 0x00, // point formats: uncompressed
-        0x00, 0x0d, 0x00, 0x0a, 0x00, 0x08, 0x04, 0x03, 0x08, 0x04, 0x04, 0x01, 0x05,
-        0x01, // signature schemes
-    ];
-    body.extend_from_slice(&(extensions.len() as u16).to_be_bytes());
-    body.extend_from_slice(extensions);
-    let mut handshake = vec![0x01]; // ClientHello
-    handshake.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
-    handshake.extend_from_slice(&body);
-    let mut record = vec![0x16, 0x03, 0x01];
-    record.extend_from_slice(&(handshake.len() as u16).to_be_bytes());
-    record.extend_from_slice(&handshake);
-    record
-}
-
-/// What a TLS server that closed a connection right after its handshake, before answering
-/// anything, has against this client: a TLS 1.3 server judges the client's certificate once
-/// the client has finished its part, and its alert is lost when it closes the connection with
-/// our first commands unread (the kernel resets it). This probe makes a handshake with
-/// `session` and sends nothing after it, so the server's verdict (an alert, or nothing until
-/// `timeout`) can be read. A blocking probe, made only then.
+/// What a TLS server that closed a connection right after its handshake has against this
+/// client (see [`Session::refusal`]), asked with `session` over a new connection to `addr`,
+/// `timeout` at most. A blocking probe, made only then.
 #[cfg(feature = "tls")]
 pub(crate) fn tls_refusal(
     addr: SocketAddr,
-    mut session: rustls::ClientConnection,
+    session: Session,
     timeout: Duration,
 ) -> Option<NodeErrorKind> {
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    stream.set_write_timeout(Some(timeout)).ok()?;
+    let mut stream = probe_stream(addr, timeout).ok()?;
     let deadline = std::time::Instant::now() + timeout;
-    let mut byte = [0u8; 1];
-    while std::time::Instant::now() < deadline {
-        if session.wants_write() {
-            session.write_tls(&mut stream).ok()?;
-            continue;
-        }
-        if !session.is_handshaking() {
-            match session.reader().read(&mut byte) {
-                Ok(_) => return None,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => return None,
-            }
-        }
-        match session.read_tls(&mut stream) {
-            Ok(0) | Err(_) => return None,
-            Ok(_) => {
-                if let Err(e) = session.process_new_packets() {
-                    return Some(crate::tls::failure(e, true));
-                }
-            }
-        }
-    }
-    None
+    session.refusal(&mut stream, || std::time::Instant::now() < deadline)
+}
+
+/// A blocking connection to `addr` for a probe, whose connect, reads and writes each take
+/// `timeout` at most.
+fn probe_stream(addr: SocketAddr, timeout: Duration) -> io::Result<std::net::TcpStream> {
+    let stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    Ok(stream)
 }

@@ -771,6 +771,8 @@ fn dead_master(
                 Io::Connect(id) => net.ep.handle_connected(id),
                 Io::Close(_) => {}
                 Io::Probe { id, .. } => net.ep.handle_probed(id, Probed::Nothing, net.now),
+                // No Sentinel member here.
+                Io::Resolve { .. } => {}
             }
         }
         for link in [0, 1] {

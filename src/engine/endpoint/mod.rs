@@ -83,6 +83,7 @@ pub(crate) mod cluster;
 mod confirm;
 mod conn;
 mod mail;
+pub(crate) mod seats;
 mod sentinel;
 pub(crate) mod setup;
 mod subs;
@@ -152,6 +153,10 @@ pub(crate) enum Io {
     /// (a TLS one). Report with [`Endpoint::handle_probed`]: the connection's failure waits
     /// for it.
     Probe { id: ConnId, timeout: Duration },
+    /// Resolve the host name a sentinel of Sentinel member `member` named its master by
+    /// ([`Endpoint::name_to_resolve`]: from its answer, or from a `+switch-master` message
+    /// with `switch`), and report the first address with [`Endpoint::handle_resolved`].
+    Resolve { member: usize, switch: bool },
 }
 
 /// What a probe ([`Io::Probe`]) found.

@@ -22,7 +22,7 @@
 //! with `Error::Config`). Rounds that find nothing are tried again with a backoff.
 #![forbid(unsafe_code)]
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::conn::{Conn, Slot, BACKOFF_MAX};
@@ -69,6 +69,11 @@ pub(crate) struct Watch {
     /// The sentinel whose `+switch-master` messages the link's pub/sub connection hears,
     /// while it is open.
     subscribed_to: Option<usize>,
+    /// The master a sentinel named by a host name, while the shell resolves it (see
+    /// [`Io::Resolve`]): from an answer (with the sentinel that gave it), and from a
+    /// `+switch-master` message.
+    answer_name: Option<(String, u16, usize)>,
+    switch_name: Option<(String, u16)>,
 }
 
 impl Watch {
@@ -88,6 +93,8 @@ impl Watch {
             config_error: None,
             master: None,
             subscribed_to: None,
+            answer_name: None,
+            switch_name: None,
         }
     }
 
@@ -143,10 +150,7 @@ pub(super) fn new_watch(link: usize, now: Instant) -> Watch {
 
 /// The master a reply to `SENTINEL get-master-addr-by-name` names: `Ok(None)` when the
 /// sentinel does not know the service, `Err` for a reply no sentinel gives.
-fn parse_master(
-    bytes: &[u8],
-    limits: &resp::Limits,
-) -> Result<Option<(SocketAddr, String)>, NodeErrorKind> {
+fn parse_master(bytes: &[u8], limits: &resp::Limits) -> Result<Option<Named>, NodeErrorKind> {
     let Some(reply) = super::cluster::decode(bytes, limits) else {
         return Err(NodeErrorKind::UnexpectedReply);
     };
@@ -164,8 +168,7 @@ fn parse_master(
                 .and_then(|p| p.parse::<u16>().ok())
                 .filter(|&p| p != 0)
                 .ok_or(NodeErrorKind::UnexpectedReply)?;
-            let addr = master_addr(host, port).ok_or(NodeErrorKind::UnexpectedReply)?;
-            Ok(Some((addr, host.to_owned())))
+            Ok(Some(named(host, port)))
         }
         // Sentinels that want credentials the URL does not give, or a user not allowed to ask.
         Reply::Error(m)
@@ -184,26 +187,29 @@ fn parse_master(
     }
 }
 
-/// The address of the master a sentinel names as `host` and `port`, in an answer or in a
-/// `+switch-master` message alike. Sentinels announce addresses unless told to announce names
-/// (`resolve-hostnames`): a name is resolved here, once per answer or message.
-fn master_addr(host: &str, port: u16) -> Option<SocketAddr> {
+/// A master as a sentinel names it, by `host` and `port`.
+#[derive(Debug)]
+enum Named {
+    /// An address, the host as it was given.
+    Addr(SocketAddr, String),
+    /// A host name: the shell resolves it (see [`Io::Resolve`]).
+    Name(String, u16),
+}
+
+/// The master a sentinel names as `host` and `port`, in an answer or in a `+switch-master`
+/// message alike. Sentinels announce addresses unless told to announce names
+/// (`resolve-hostnames`): a name is left for the shell to resolve, once per answer or message
+/// (the endpoint makes no system call).
+fn named(host: &str, port: u16) -> Named {
     match host.parse::<IpAddr>() {
-        Ok(ip) => Some(SocketAddr::new(ip, port)),
-        Err(_) => (host, port)
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next()),
+        Ok(ip) => Named::Addr(SocketAddr::new(ip, port), host.to_owned()),
+        Err(_) => Named::Name(host.to_owned(), port),
     }
 }
 
 /// The new master a `+switch-master` message names for `service`: its payload is
 /// `name old-ip old-port new-ip new-port`.
-fn parse_switch(
-    bytes: &[u8],
-    service: &[u8],
-    limits: &resp::Limits,
-) -> Option<(SocketAddr, String)> {
+fn parse_switch(bytes: &[u8], service: &[u8], limits: &resp::Limits) -> Option<Named> {
     let Some(Reply::Array(Some(items))) = super::cluster::decode(bytes, limits) else {
         return None;
     };
@@ -222,7 +228,7 @@ fn parse_switch(
     }
     let (_, _, host, port) = (words.next()?, words.next()?, words.next()?, words.next()?);
     let port = port.parse::<u16>().ok().filter(|&p| p != 0)?;
-    Some((master_addr(host, port)?, host.to_owned()))
+    Some(named(host, port))
 }
 
 impl Endpoint {
@@ -446,7 +452,7 @@ impl Endpoint {
     /// Replies read on sentinel link `link`.
     pub(super) fn sentinel_recv(&mut self, link: usize, now: Instant) {
         let limits = self.config.limits;
-        let mut answers: Vec<Result<Option<(SocketAddr, String)>, NodeErrorKind>> = Vec::new();
+        let mut answers: Vec<Result<Option<Named>, NodeErrorKind>> = Vec::new();
         let result = self.nodes[link]
             .cmd
             .take_replies(&limits, |slot, bytes, _, _| {
@@ -472,7 +478,16 @@ impl Endpoint {
         let member = self.nodes[link].member;
         for answer in answers {
             match answer {
-                Ok(Some((addr, host))) => self.master_named(member, addr, &host, now),
+                Ok(Some(Named::Addr(addr, host))) => self.master_named(member, addr, &host, now),
+                Ok(Some(Named::Name(host, port))) => {
+                    if let Some(w) = self.sentinels[member].as_mut() {
+                        w.answer_name = Some((host, port, w.at));
+                        self.io.push_back(Io::Resolve {
+                            member,
+                            switch: false,
+                        });
+                    }
+                }
                 Ok(None) => {
                     let service = self.config.nodes[member]
                         .sentinel
@@ -622,7 +637,7 @@ impl Endpoint {
             return;
         };
         let service = spec.service.as_bytes();
-        let mut switched: Option<(SocketAddr, String)> = None;
+        let mut switched: Option<Named> = None;
         let result = self.nodes[link]
             .sub
             .take_replies(&limits, |_, bytes, _, _| {
@@ -645,8 +660,71 @@ impl Endpoint {
                 return self.sentinel_sub_failed(link, why, now);
             }
         }
-        if let Some((addr, host)) = switched {
-            self.use_master(member, addr, &host, now);
+        match switched {
+            Some(Named::Addr(addr, host)) => self.use_master(member, addr, &host, now),
+            Some(Named::Name(host, port)) => {
+                if let Some(w) = self.sentinels[member].as_mut() {
+                    w.switch_name = Some((host, port));
+                    self.io.push_back(Io::Resolve {
+                        member,
+                        switch: true,
+                    });
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The host name and port that [`Io::Resolve`] asks the shell to resolve, while it is
+    /// still wanted.
+    pub fn name_to_resolve(&self, member: usize, switch: bool) -> Option<(&str, u16)> {
+        let w = self.sentinels.get(member)?.as_ref()?;
+        match switch {
+            false => w.answer_name.as_ref().map(|(h, p, _)| (h.as_str(), *p)),
+            true => w.switch_name.as_ref().map(|(h, p)| (h.as_str(), *p)),
+        }
+    }
+
+    /// The shell resolved the name of [`Io::Resolve`] to `addr` (`None`: it could not). A
+    /// sentinel's answer then names that master, or, unresolvable, fails that sentinel as an
+    /// answer no sentinel gives; a `+switch-master` message moves the member to it, or is let
+    /// go.
+    pub fn handle_resolved(
+        &mut self,
+        member: usize,
+        switch: bool,
+        addr: Option<SocketAddr>,
+        now: Instant,
+    ) {
+        let Some(w) = self.sentinels.get_mut(member).and_then(Option::as_mut) else {
+            return;
+        };
+        if switch {
+            if let (Some((host, _)), Some(addr)) = (w.switch_name.take(), addr) {
+                self.use_master(member, addr, &host, now);
+            }
+            return;
+        }
+        let Some((host, _, at)) = w.answer_name.take() else {
+            return;
+        };
+        // The sentinel that gave the name is no longer the one asked: the answer is stale.
+        if w.connected_to != Some(at) {
+            return;
+        }
+        let link = w.link;
+        match addr {
+            Some(addr) => self.master_named(member, addr, &host, now),
+            None => {
+                let id = ConnId {
+                    node: link,
+                    sub: false,
+                };
+                if self.is_open(id) {
+                    self.io.push_back(Io::Close(id));
+                }
+                self.sentinel_failed(link, NodeErrorKind::UnexpectedReply, now);
+            }
         }
     }
 }

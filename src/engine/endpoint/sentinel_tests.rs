@@ -329,3 +329,78 @@ fn a_release_kept_before_a_master_is_named_does_not_keep_the_timer_due() {
         due.map(|t| net.now.saturating_duration_since(t))
     );
 }
+
+/// A sentinel that names its master by a host name (`resolve-hostnames yes`): the endpoint
+/// makes no system call to resolve it, it asks the shell (`Io::Resolve`), and uses the
+/// address the shell hands back; a name the shell cannot resolve moves the question on.
+#[test]
+fn a_master_named_by_a_host_name_is_resolved_by_the_shell() {
+    let mut net = Net::new();
+    net.ep.connect_all(net.now);
+    assert_eq!(net.io(), [Io::Connect(ASK)]);
+    assert_eq!(net.out(ASK), ["SENTINEL get-master-addr-by-name svc"]);
+    net.reply(ASK, &bulk_array(&["master.redlock-mux.invalid", "6400"]));
+    let io = net.io();
+    assert!(
+        !io.contains(&Io::Close(ASK)),
+        "the endpoint resolved the name itself and gave the sentinel up: {io:?}"
+    );
+    let ask = Io::Resolve {
+        member: 0,
+        switch: false,
+    };
+    assert_eq!(io, [ask]);
+    assert_eq!(
+        net.ep.name_to_resolve(0, false),
+        Some(("master.redlock-mux.invalid", 6400))
+    );
+    // The shell resolves it: the member connects to that address.
+    let addr = "127.0.0.1:6400".parse().unwrap();
+    net.ep.handle_resolved(0, false, Some(addr), net.now);
+    assert_eq!(net.io(), [Io::Connect(HEAR), Io::Connect(MASTER)]);
+    assert_eq!(net.ep.connect_addr(MASTER), Target::Tcp(addr));
+    net.out(MASTER);
+    net.answer_setup("master", 'a');
+    // A `+switch-master` to a name: resolved by the shell too, and followed.
+    net.out(HEAR);
+    net.reply(HEAR, &bulk_array(&["subscribe", "+switch-master"]));
+    let switch = "svc 127.0.0.1 6400 master2.redlock-mux.invalid 6401";
+    net.reply(HEAR, &bulk_array(&["message", "+switch-master", switch]));
+    let ask = Io::Resolve {
+        member: 0,
+        switch: true,
+    };
+    assert_eq!(net.io(), [ask]);
+    let moved = "127.0.0.1:6401".parse().unwrap();
+    net.ep.handle_resolved(0, true, Some(moved), net.now);
+    let io = net.io();
+    assert!(
+        io.contains(&Io::Close(MASTER)) && io.contains(&Io::Connect(MASTER)),
+        "{io:?}"
+    );
+    assert_eq!(net.ep.connect_addr(MASTER), Target::Tcp(moved));
+    // A name the shell cannot resolve is an answer no sentinel gives: the next one is asked
+    // (the round asked the second sentinel, the one after the sentinel that named a replica).
+    net.out(MASTER);
+    net.answer_setup("slave", 'b');
+    net.io();
+    net.now += 60 * MS;
+    net.ep.handle_timeout(net.now);
+    net.io();
+    assert_eq!(net.out(ASK), ["SENTINEL get-master-addr-by-name svc"]);
+    net.reply(ASK, &bulk_array(&["gone.redlock-mux.invalid", "6402"]));
+    assert_eq!(
+        net.io(),
+        [Io::Resolve {
+            member: 0,
+            switch: false
+        }]
+    );
+    net.ep.handle_resolved(0, false, None, net.now);
+    assert_eq!(net.io(), [Io::Close(ASK), Io::Connect(ASK)]);
+    assert_eq!(
+        net.ep.connect_addr(ASK),
+        Target::Tcp("127.0.0.1:26379".parse().unwrap())
+    );
+    assert_eq!(net.out(ASK), ["SENTINEL get-master-addr-by-name svc"]);
+}

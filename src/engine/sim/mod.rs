@@ -2582,6 +2582,17 @@ impl<'a> World<'a> {
                     let now = self.instant(self.now);
                     self.clients[c].ep.handle_probed(id, Probed::Nothing, now);
                 }
+                // The simulated sentinels name masters by address; a name is looked up in the
+                // simulation's own table: `localhost` alone.
+                Io::Resolve { member, switch } => {
+                    let now = self.instant(self.now);
+                    let ep = &mut self.clients[c].ep;
+                    let addr = ep
+                        .name_to_resolve(member, switch)
+                        .filter(|&(host, _)| host == "localhost")
+                        .map(|(_, port)| ([127, 0, 0, 1], port).into());
+                    ep.handle_resolved(member, switch, addr, now);
+                }
             }
         }
     }

@@ -77,6 +77,8 @@ fn io(net: &mut Net) -> (Vec<ConnId>, Vec<ConnId>) {
             }
             Io::Close(id) => closed.push(id),
             Io::Probe { id, .. } => net.ep.handle_probed(id, Probed::Nothing, net.now),
+            // No Sentinel member here.
+            Io::Resolve { .. } => {}
         }
     }
     (opened, closed)

@@ -2,10 +2,16 @@
 //! with the `tls` feature, the rustls client configuration made from it once per client, and
 //! what a failed handshake means.
 //!
-//! The handshake itself runs in the driver's socket ([`crate::driver`]): rustls is sans-IO, so
-//! it takes the bytes the non-blocking socket reads and gives those to write, on the same poll
-//! as every other connection.
+//! A connection's session ([`session`], with the `tls` feature) runs its handshake, encrypts
+//! and decrypts without a system call of its own: rustls is sans-IO, so it takes the bytes the
+//! driver's non-blocking socket reads and gives those to write, on the same poll as every other
+//! connection; the driver only moves the ciphertext. [`hello`] holds the bytes of the probe
+//! that tells a TLS port from a plaintext one.
 #![forbid(unsafe_code)]
+
+pub(crate) mod hello;
+#[cfg(feature = "tls")]
+pub(crate) mod session;
 
 use std::path::PathBuf;
 
@@ -32,6 +38,16 @@ impl TlsOptions {
 #[cfg(not(feature = "tls"))]
 #[derive(Debug, Clone)]
 pub(crate) enum TlsContext {}
+
+/// Without the `tls` feature there is no session to start, and no node is `rediss://`.
+#[cfg(not(feature = "tls"))]
+pub(crate) fn session_for(
+    _tls: Option<&TlsContext>,
+    _node_tls: bool,
+    _name: &str,
+) -> Result<Option<std::convert::Infallible>, crate::error::NodeErrorKind> {
+    Ok(None)
+}
 
 /// What a client without the `tls` feature says to TLS settings: none may be set.
 #[cfg(not(feature = "tls"))]
@@ -137,6 +153,26 @@ mod with_rustls {
             })?;
             ClientConnection::new(self.config.clone(), name)
                 .map_err(|e| handshake_failed(TlsFailure::Handshake(e.to_string())))
+        }
+    }
+
+    /// The TLS session of a connect to a node (`node_tls`: a `rediss://` one) by the name
+    /// `name`, with the client's configuration `tls`: none for a plaintext node, and never
+    /// plaintext to a TLS node (the client is built with a TLS configuration whenever a node is
+    /// one, so that error does not happen).
+    pub(crate) fn session_for(
+        tls: Option<&TlsContext>,
+        node_tls: bool,
+        name: &str,
+    ) -> Result<Option<super::session::Session>, NodeErrorKind> {
+        match (tls, node_tls) {
+            (Some(tls), true) => tls
+                .connect(name)
+                .map(|s| Some(super::session::Session::new(s))),
+            (None, true) => Err(handshake_failed(TlsFailure::Handshake(
+                "no TLS configuration".into(),
+            ))),
+            (_, false) => Ok(None),
         }
     }
 
