@@ -34,11 +34,15 @@ fn master_with_replica() -> (RedisServer, RedisServer) {
 /// A lock granted and released within 10 s (the replica's first acknowledgements may take a
 /// while on a loaded machine), trying every 50 ms.
 fn warm(c: &redlock_mux::Client, key: &str) {
+    let mut last = String::new();
     let granted = eventually(Duration::from_secs(10), || match c.try_lock(key, TTL) {
         Ok(lock) => lock.release().is_ok(),
-        Err(_) => false,
+        Err(e) => {
+            last = format!("{e:?}");
+            false
+        }
     });
-    assert!(granted, "no grant within 10 s");
+    assert!(granted, "no grant within 10 s: {last}");
 }
 
 /// This process's CPU time (user + system), from /proc/self/stat.
@@ -178,4 +182,114 @@ fn a_forked_child_does_not_send_its_parents_kept_cleanup() {
     println!("the child's close: exit {code:?}; scripts on the master {before} -> {after}");
     assert_eq!(code, Some(0), "the child's close (3: Undelivered)");
     assert_eq!(after, before, "the child sent its parent's cleanup");
+}
+
+/// A master of `program` (with a linked replica if `replica`), with `args` on both.
+fn pair_of(program: &std::path::Path, args: &[&str], replica: bool) -> Vec<RedisServer> {
+    let mut m = vec!["--repl-diskless-sync-delay", "0"];
+    m.extend(args);
+    let master = RedisServer::start_program(program, &m).expect("master");
+    if !replica {
+        return vec![master];
+    }
+    let port = master.port().to_string();
+    let mut r = vec!["--replicaof", "127.0.0.1", &port];
+    r.extend(args);
+    let replica = RedisServer::start_program(program, &r).expect("replica");
+    assert_settles!(
+        matches!(
+            cmd(master.addr(), &[b"INFO", b"replication"]),
+            Value::Bulk(Some(text)) if String::from_utf8_lossy(&text).contains("state=online")
+        ),
+        "the replica of {} is linked",
+        master.addr()
+    );
+    vec![master, replica]
+}
+
+/// Members whose replicas (or fsyncs) can never say enough: `?wait=2` on one replica,
+/// `?waitaof=1,0` without an append-only file, `?waitaof=1,1` with the replica paused.
+/// Lost attempts there leave nothing on the master, their cleanups are kept, and the idle
+/// client does not spin on its own waits (its CPU time over 3 s next to a plain client's);
+/// `close` is bounded (2 s without progress) and says what it could not confirm.
+#[test]
+fn short_counts_leave_nothing_and_do_not_spin() {
+    let Some(program) = redis8_program() else {
+        println!("skipped: WAITAOF needs Redis >= 7.2 and no Redis 8 binary is here (.ci/redis8)");
+        return;
+    };
+    let idle = |c: &redlock_mux::Client, name: &str| {
+        let cpu0 = cpu_time();
+        std::thread::sleep(Duration::from_secs(3));
+        let used = cpu_time() - cpu0;
+        println!("{name}: CPU time over 3 s idle: {used:?}");
+        let _ = c;
+        used
+    };
+    // The baseline: a plain member, the same lost attempts (keys held by another client).
+    let plain_servers = pair_of(&program, &[], false);
+    let plain = one_try_client(&[plain_servers[0].url()], ms(400));
+    let other = one_try_client(&[plain_servers[0].url()], ms(400));
+    let held = other.try_lock("audit:short:0", TTL).expect("held");
+    for _ in 0..5 {
+        assert!(plain.try_lock("audit:short:0", TTL).is_err());
+    }
+    let base = idle(&plain, "plain");
+    held.release().expect("release");
+    let cases: [(&str, &[&str], bool, bool); 3] = [
+        ("?wait=2", &[], true, false),
+        ("?waitaof=1,0", &[], false, false),
+        (
+            "?waitaof=1,1",
+            &["--appendonly", "yes", "--appendfsync", "always"],
+            true,
+            true,
+        ),
+    ];
+    let mut spun = Vec::new();
+    let mut dishonest = Vec::new();
+    for (query, args, replica, pause) in cases {
+        let servers = pair_of(&program, args, replica);
+        let timeout = if pause { ms(1500) } else { ms(400) };
+        let c = one_try_client(&[format!("{}{query}", servers[0].url())], timeout);
+        if pause {
+            warm(&c, "audit:short:warm");
+            servers[1].pause().expect("pause");
+        }
+        for i in 0..5 {
+            let started = Instant::now();
+            let got = c.try_lock(format!("audit:short:{i}"), TTL);
+            assert!(got.is_err(), "{query}: a grant counted");
+            assert!(
+                started.elapsed() < timeout * 3,
+                "{query}: {:?}",
+                started.elapsed()
+            );
+        }
+        let left = eventually(Duration::from_secs(5), || dbsize(servers[0].addr()) == 0);
+        let used = idle(&c, query);
+        let started = Instant::now();
+        let closed = c.clone().close();
+        let took = started.elapsed();
+        println!("{query}: close {closed:?} in {took:?}");
+        if pause {
+            servers[1].resume().expect("resume");
+        }
+        assert!(left, "{query}: keys left {:?}", keys(servers[0].addr()));
+        assert!(
+            took < Duration::from_secs(4),
+            "{query}: close took {took:?}"
+        );
+        if used > base + ms(200) {
+            spun.push(format!("{query}: {used:?} (plain {base:?})"));
+        }
+        if closed.is_ok() {
+            dishonest.push(format!("{query}: close said Ok"));
+        }
+    }
+    assert!(spun.is_empty(), "idle clients spun: {spun:?}");
+    assert!(
+        dishonest.is_empty(),
+        "cleanups no replica confirmed reported delivered: {dishonest:?}"
+    );
 }
