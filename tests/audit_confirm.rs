@@ -293,3 +293,157 @@ fn short_counts_leave_nothing_and_do_not_spin() {
         "cleanups no replica confirmed reported delivered: {dishonest:?}"
     );
 }
+
+/// A cluster member with `?waitaof=0,1` whose replica has no append-only file: a lost
+/// attempt's cleanup on its master can never be confirmed there, and is kept. The master
+/// then fails over to its replica (`CLUSTER FAILOVER`, the old master's connection stays up)
+/// and the client reads the new topology: the kept cleanup must go to the slot's new master
+/// (as it would had the connection broken), not be dropped with the link to the old one.
+#[test]
+fn a_kept_cleanup_follows_a_cluster_failover() {
+    let Some(program) = redis8_program() else {
+        println!("skipped: WAITAOF needs Redis >= 7.2 and no Redis 8 binary is here (.ci/redis8)");
+        return;
+    };
+    let member = common::cluster::ClusterMember::start_program(&program, 3, 1).expect("cluster");
+    let old = member.masters()[0];
+    let replica = member.servers[3].addr();
+    // Seeded on another master: the old master has a link of its own.
+    let url = format!("redis+cluster://{}?waitaof=0,1", member.masters()[1]);
+    let c = one_try_client(&[url], ms(500));
+    let key = (0..10_000)
+        .map(|i| format!("audit:cfo:{i}"))
+        .find(|k| member.owner(member.slot(k.as_bytes()), old) == Some(old))
+        .expect("a key of the first master");
+    let trigger = (0..10_000)
+        .map(|i| format!("audit:cfo:t:{i}"))
+        .find(|k| member.owner(member.slot(k.as_bytes()), old) == Some(old))
+        .expect("another key of the first master");
+    assert!(c.try_lock(&key, TTL).is_err(), "a grant no replica fsynced");
+    assert_settles_eq!(dbsize(old), 0, "the cleanup ran on the old master");
+    let v = cmd(replica, &[b"CLUSTER", b"FAILOVER"]);
+    assert!(matches!(v, Value::Simple(_)), "{v:?}");
+    assert!(
+        eventually(common::cluster::SETTLE, || {
+            member.owner(member.slot(key.as_bytes()), replica) == Some(replica)
+        }),
+        "the replica took over"
+    );
+    let before = script_calls(replica);
+    // One attempt on the promoted master: MOVED, then a topology read; its own cleanup is one
+    // script call there.
+    let stats = |a| match cmd(a, &[b"INFO", b"commandstats"]) {
+        Value::Bulk(Some(t)) => String::from_utf8_lossy(&t)
+            .lines()
+            .filter(|l| l.starts_with("cmdstat"))
+            .map(|l| l.split(",usec=").next().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    };
+    println!("promoted before the trigger: {}", stats(replica));
+    let t = c.try_lock(&trigger, TTL).map(|_| ());
+    println!("trigger: {t:?}");
+    let again = eventually(Duration::from_secs(5), || {
+        script_calls(replica) >= before + 2
+    });
+    let after = script_calls(replica);
+    println!("scripts on the promoted master: {before} -> {after}");
+    let third = (0..10_000)
+        .map(|i| format!("audit:cfo:u:{i}"))
+        .find(|k| member.owner(member.slot(k.as_bytes()), replica) == Some(replica))
+        .expect("a key of the promoted master");
+    let b2 = script_calls(replica);
+    let t = c.try_lock(&third, TTL).map(|_| ());
+    println!("third: {t:?}");
+    std::thread::sleep(ms(1000));
+    println!("promoted at the end: {}", stats(replica));
+    println!("one more attempt there: {b2} -> {}", script_calls(replica),);
+    assert!(
+        again,
+        "the cleanup kept for the old master was not sent to the promoted one \
+         ({before} -> {after} scripts: the trigger's cleanup only)"
+    );
+}
+
+/// [`a_kept_cleanup_follows_a_cluster_failover`] where the old master's connection stays up:
+/// every slot of the master moves to another (a scale-in), the client reads the new topology
+/// and closes its link to the master that serves nothing now. The cleanup kept there must go
+/// to the slot's new master, not be dropped with the link.
+#[test]
+fn a_kept_cleanup_follows_its_slot_when_the_link_is_closed() {
+    let Some(program) = redis8_program() else {
+        println!("skipped: WAITAOF needs Redis >= 7.2 and no Redis 8 binary is here (.ci/redis8)");
+        return;
+    };
+    let member = common::cluster::ClusterMember::start_program(&program, 3, 1).expect("cluster");
+    let old = member.masters()[0];
+    let new = member.masters()[1];
+    let url = format!("redis+cluster://{new}?waitaof=0,1");
+    let c = one_try_client(&[url], ms(500));
+    let of_old = |prefix: &str| {
+        (0..10_000)
+            .map(|i| format!("{prefix}{i}"))
+            .find(|k| member.owner(member.slot(k.as_bytes()), old) == Some(old))
+            .expect("a key of the first master")
+    };
+    let (key, trigger) = (of_old("audit:move:"), of_old("audit:move:t:"));
+    assert!(c.try_lock(&key, TTL).is_err(), "a grant no replica fsynced");
+    assert_settles_eq!(dbsize(old), 0, "the cleanup ran on the old master");
+    let before = script_calls(new);
+    // Every slot of the old master to the new one, on every node (the new one first, its
+    // epoch bumped so that its claim wins).
+    let _ = cmd(new, &[b"CLUSTER", b"BUMPEPOCH"]);
+    let new_id = member.node_id(new);
+    let slots: Vec<String> = (0..16384u16)
+        .filter(|s| member.owner(*s, old) == Some(old))
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>();
+    assert!(!slots.is_empty());
+    let mut nodes = vec![new, old];
+    nodes.extend(
+        member
+            .servers
+            .iter()
+            .map(|s| s.addr())
+            .filter(|a| *a != new && *a != old),
+    );
+    for addr in nodes {
+        let commands: Vec<Vec<&[u8]>> = slots
+            .iter()
+            .map(|s| {
+                vec![
+                    &b"CLUSTER"[..],
+                    b"SETSLOT",
+                    s.as_bytes(),
+                    b"NODE",
+                    new_id.as_bytes(),
+                ]
+            })
+            .collect();
+        let refs: Vec<&[&[u8]]> = commands.iter().map(|c| &c[..]).collect();
+        let _ = cmds(addr, &refs);
+    }
+    assert!(
+        eventually(common::cluster::SETTLE, || {
+            member.owner(member.slot(key.as_bytes()), new) == Some(new)
+                && member.owner(member.slot(key.as_bytes()), old) == Some(new)
+        }),
+        "the slots moved"
+    );
+    // One attempt there: MOVED from the old master, a topology read, its own cleanup (one
+    // script call on the new master).
+    let t = c.try_lock(&trigger, TTL).map(|_| ());
+    println!("trigger: {t:?}");
+    let again = eventually(Duration::from_secs(5), || script_calls(new) >= before + 2);
+    let after = script_calls(new);
+    println!(
+        "scripts on the new master: {before} -> {after}; old master still connected: {:?}",
+        script_calls(old)
+    );
+    assert!(
+        again,
+        "the cleanup kept for the old master was not sent to the slot's new one \
+         ({before} -> {after} scripts: the trigger's cleanup only)"
+    );
+}
