@@ -934,8 +934,8 @@ impl Endpoint {
     /// After a topology read of cluster member `member` (read on link `reading`), whose map
     /// names the links `in_use`: its other links to masters (not its seed link) are closed and
     /// their places freed for the next masters, once they owe nothing (no reply to a command,
-    /// no compare-and-delete to send again, no `WAIT`, no wake channel there and no
-    /// subscription or unsubscription unconfirmed).
+    /// no compare-and-delete to send again or waiting for a `WAIT` to confirm it, no `WAIT`,
+    /// no wake channel there and no subscription or unsubscription unconfirmed).
     /// A link that still owes is looked at again after the next read; so is `reading`, whose
     /// socket is being read. Without this, a master that changes address (a pod restarted with
     /// a new IP, a failover to a replacement node) would leave a link behind every time.
@@ -946,6 +946,7 @@ impl Endpoint {
                 && !node.cmd.has_pending_output()
                 && node.retries.is_empty()
                 && node.awaiting.is_none()
+                && !node.unconfirmed.owes_until(now)
                 && !node.sub.has_pending_output()
                 && !self.channels.uses(l, member);
             if node.member != member
@@ -967,6 +968,7 @@ impl Endpoint {
             let node = &mut self.nodes[l];
             node.addr = None;
             node.kept.clear();
+            node.unconfirmed = Unconfirmed::default();
             node.cmd = Conn::new(true, now);
             node.sub = Conn::new(false, now);
             node.server = Server::for_member(true);
@@ -1093,6 +1095,26 @@ impl Endpoint {
         for link in linked.iter().filter_map(|&(_, _, l)| l) {
             in_use.insert(link);
             self.connect_if_down(link, now);
+        }
+        // The cleanups a link no longer in the map ran and no `WAIT` confirmed go to the
+        // masters that serve their slots now, as they would had its connection broken.
+        for l in self.members..self.nodes.len() {
+            let node = &mut self.nodes[l];
+            if node.member == member && l != link && !in_use.contains(l) && node.cmd.owed() == 0 {
+                let Node {
+                    unconfirmed,
+                    retries,
+                    retry_bytes,
+                    ..
+                } = node;
+                unconfirmed.drain(now, |redo, bytes| {
+                    retry_bytes.extend_from_slice(bytes);
+                    retries.push(Retry {
+                        slot: Slot::Discard { redo: None },
+                        redo,
+                    });
+                });
+            }
         }
         self.reroute_retries(member, now);
         self.resubscribe(member, now);
