@@ -3163,6 +3163,8 @@ impl<'a> World<'a> {
         let n = &mut self.nodes[node];
         n.up = true;
         n.server.run_id = id;
+        // A process killed while it loaded does not load on: this one loads only if drawn.
+        n.server.loading = false;
         if persistent {
             n.server.node.forget_scripts();
         } else {
