@@ -915,6 +915,71 @@ fn a_release_owed_to_a_killed_master_goes_to_the_promoted_replica() {
     );
 }
 
+/// A release made while no master serves its key's slot (the master killed and marked failed,
+/// its replica not elected yet) is kept for the cluster member and goes to the master the
+/// cluster elects next. The replica takes over only when told (`cluster-replica-no-failover`),
+/// after the client has read a topology with no master for the slot (its own CLUSTERDOWN says
+/// so) and the release returned; the client then stays idle, and the promoted replica must
+/// lose the key well within its 60 s TTL.
+#[test]
+fn a_release_while_its_slot_has_no_master_goes_to_the_master_elected_next() {
+    let ttl = Duration::from_secs(60);
+    let mut cluster = ClusterMember::start(3, 1).expect("cluster with a replica");
+    let client = client(&[cluster.url()]);
+    let old = cluster.masters()[0];
+    let replica = cluster.servers[3].addr();
+    ok(common::cmd(
+        replica,
+        &[b"CONFIG", b"SET", b"cluster-replica-no-failover", b"yes"],
+    ));
+    let key = cluster.key_of(old, "nomaster");
+    let slot = cluster.slot(key.as_bytes());
+    // Another key of the same slot, to see what the client knows of it.
+    let probe = format!("{{{key}}}:probe");
+    let lock = client.try_lock(&key, ttl).expect("lock");
+    assert!(
+        common::eventually(Duration::from_secs(5), || has_key(replica, key.as_bytes())),
+        "the replica has it"
+    );
+    cluster.servers[0].kill().expect("kill -9");
+    let killed = Instant::now();
+    let mut last = String::new();
+    let masterless = common::eventually(common::cluster::SETTLE, || {
+        last = format!("{:?}", client.try_lock(&probe, ttl).map(|_| ()));
+        last.contains("no master serves hash slot")
+    });
+    assert!(
+        masterless,
+        "the client never read a topology without a master for slot {slot}: {last}"
+    );
+    let failed = killed.elapsed();
+    let released = lock.release();
+    ok(common::cmd(
+        replica,
+        &[b"CLUSTER", b"FAILOVER", b"TAKEOVER"],
+    ));
+    assert!(
+        common::eventually(common::cluster::SETTLE, || is_master(replica)
+            && cluster.owner(slot, replica) == Some(replica)),
+        "the replica was promoted"
+    );
+    let promoted = Instant::now();
+    let gone = common::eventually(Duration::from_secs(10), || {
+        !has_key(replica, key.as_bytes())
+    });
+    let left = common::pttl(replica, key.as_bytes());
+    eprintln!(
+        "slot {slot} without a master {failed:?} after the kill; the release: {released:?};          the key gone from the new master: {gone} ({:?} after the promotion; PTTL now {left} ms)",
+        promoted.elapsed()
+    );
+    assert!(
+        gone,
+        "the promoted replica still holds {key} {:?} after its promotion (PTTL {left} ms)",
+        promoted.elapsed()
+    );
+    client.close().expect("nothing owed");
+}
+
 /// Closing gives up after 2 s without progress when a release is owed to a slot that no master
 /// serves any more (its master killed, no replica): the other masters still answer topology
 /// reads, which are no progress on what is owed. Close tells the truth: the cluster member is

@@ -696,11 +696,26 @@ fn standalone_members_subscribe_as_before() {
     assert_eq!(w.wakes.len(), 1);
 }
 
-/// Sends `DEL key` to every member as a release whose reply nobody reads, owed until `until`.
+/// Sends `DEL key` to every member as a release owed until `until`, whose reply nobody reads
+/// unless `tag` is set (a release's round); records the failures its owner is told of.
 struct Deleting {
     key: &'static [u8],
     until: Instant,
     sent: bool,
+    tag: Option<Tag>,
+    failures: Vec<NodeErrorKind>,
+}
+
+impl Deleting {
+    fn new(key: &'static [u8], until: Instant) -> Deleting {
+        Deleting {
+            key,
+            until,
+            sent: false,
+            tag: None,
+            failures: Vec::new(),
+        }
+    }
 }
 
 impl Machine for Deleting {
@@ -712,10 +727,11 @@ impl Machine for Deleting {
         &mut self,
         _: usize,
         _: Tag,
-        _: NodeErrorKind,
+        why: NodeErrorKind,
         _: Instant,
         _: &mut dyn Entropy,
     ) {
+        self.failures.push(why);
     }
 
     fn handle_timeout(&mut self, _: Instant, _: &mut dyn Entropy) {}
@@ -726,7 +742,7 @@ impl Machine for Deleting {
         }
         Some(Transmit {
             to: To::All,
-            tag: None,
+            tag: self.tag,
             form: ScriptForm::Sha,
             what: What::Release {
                 token: Token::from_random([1; 20]),
@@ -793,11 +809,7 @@ fn a_delete_owed_by_a_dead_master_goes_to_the_master_its_slot_moved_to() {
     let a = key_slot(b"a");
     assert!(a >= 8192, "{a}");
     let mut net = member(&[(0, 8191, 7001), (8192, 16383, 7002)]);
-    let mut m = Deleting {
-        key: b"a",
-        until: net.now + Duration::from_secs(60),
-        sent: false,
-    };
+    let mut m = Deleting::new(b"a", net.now + Duration::from_secs(60));
     net.run(None, &mut m);
     assert_eq!(net.output(2), ["DEL a"]);
     net.ep.handle_failed(
@@ -825,13 +837,84 @@ fn a_delete_owed_by_a_dead_master_goes_to_the_master_its_slot_moved_to() {
 }
 
 #[test]
+fn a_delete_for_a_slot_without_a_master_goes_to_the_master_named_next() {
+    let a = key_slot(b"a");
+    assert!(a >= 8192, "{a}");
+    let mut net = member(&[(0, 8191, 7001), (8192, 16383, 7002)]);
+    // Key a's master dies, and the cluster marks it failed: its topology names no master for
+    // key a's slot while it elects the replica.
+    net.ep.handle_failed(
+        cmd(2),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    dead_master(&mut net, &[(0, 8191, 7001)], 100 * MS, 3, |_| false);
+    // A release now: no master to send it to, a failure of the member for its round.
+    let mut m = Deleting::new(b"a", net.now + Duration::from_secs(60));
+    m.tag = Some(1);
+    let run = net.run(None, &mut m);
+    net.run(Some(run), &mut m);
+    assert!(
+        matches!(
+            &m.failures[..],
+            [NodeErrorKind::Server {
+                kind: crate::resp::ServerErrorKind::ClusterDown,
+                ..
+            }]
+        ),
+        "{:?}",
+        m.failures
+    );
+    // The seed's connection breaks and comes back meanwhile: the delete is not sent to the
+    // seed (a replica, or a master that would redirect it to the dead one).
+    net.ep.handle_failed(
+        cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    let mut seed = Vec::new();
+    for _ in 0..30 {
+        net.now += 50 * MS;
+        net.ep.handle_timeout(net.now);
+        if net.connect_ids().contains(&cmd(0)) {
+            seed = net.output(0);
+            break;
+        }
+    }
+    assert!(!seed.is_empty(), "the seed reconnects");
+    net.answer_setup(0, 's');
+    seed.extend(net.output(0));
+    seed.retain(|c| !c.starts_with("SCRIPT LOAD"));
+    assert!(
+        !seed.iter().any(|c| c.starts_with("DEL")),
+        "nothing owed goes to the seed: {seed:?}"
+    );
+    if seed.iter().any(|c| c.ends_with("SLOTS")) {
+        net.reply(0, &slots(&[(0, 8191, 7001)]));
+    }
+    // The replica is promoted (at link 1's address, which now serves every slot).
+    let mut sent = Vec::new();
+    dead_master(&mut net, &[(0, 16383, 7001)], 100 * MS, 30, |net| {
+        sent = net.output(1);
+        !sent.is_empty()
+    });
+    assert_eq!(
+        sent,
+        ["DEL a"],
+        "the delete goes to the master named for its slot once there is one"
+    );
+    net.reply(1, b":1\r\n");
+    assert!(
+        !net.ep.busy(net.now),
+        "nothing left owed: {:?}",
+        net.ep.undelivered(net.now)
+    );
+}
+
+#[test]
 fn closing_gives_up_when_only_topology_reads_answer() {
     let mut net = member(&[(0, 8191, 7001), (8192, 16383, 7002)]);
-    let mut m = Deleting {
-        key: b"a",
-        until: net.now + Duration::from_secs(60),
-        sent: false,
-    };
+    let mut m = Deleting::new(b"a", net.now + Duration::from_secs(60));
     net.run(None, &mut m);
     assert_eq!(net.output(2), ["DEL a"]);
     net.ep.handle_failed(

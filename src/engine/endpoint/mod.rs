@@ -587,6 +587,17 @@ impl Endpoint {
             Some(_) => match self.route(member, t, m, now) {
                 Ok(link) => link,
                 Err(why) => {
+                    // No master serves the key's slot (the cluster electing one, its master
+                    // marked failed): as on a node that is down, a compare-and-delete is kept
+                    // for the member (on its seed link, which never serves a slot) and goes to
+                    // the master the topology names next (see `reroute_retries`); anything
+                    // else fails.
+                    match (t.what, t.redo) {
+                        (What::Acquire { token }, _) => self.nodes[member].unsent(token),
+                        (What::Cleanup { token }, _) if self.nodes[member].was_unsent(token) => {}
+                        (_, Some(until)) => self.retry_later(member, t, m, until),
+                        _ => {}
+                    }
                     if let Some(tag) = t.tag {
                         m.handle_failure(member, tag, why, now, rng);
                     }
@@ -1133,19 +1144,29 @@ impl Endpoint {
             return;
         };
         let mut moved: Vec<(usize, Retry, Vec<u8>)> = Vec::new();
+        // A delete whose slot has no master yet (the cluster electing one): the topology is
+        // read again soon, until one is named.
+        let mut masterless = false;
         for l in 0..self.nodes.len() {
             let node = &mut self.nodes[l];
             if node.member != member || node.retries.is_empty() {
                 continue;
             }
             let owner = |b: &[u8]| cluster::first_key_slot(b).and_then(|s| topo.link(s));
-            let mut at = 0;
-            let elsewhere = node.retries.iter().any(|r| {
+            let (mut at, mut elsewhere) = (0, false);
+            for r in &node.retries {
                 let end = at + r.redo.len as usize;
-                let to = owner(&node.retry_bytes[at..end]);
+                let slot = cluster::first_key_slot(&node.retry_bytes[at..end]);
                 at = end;
-                r.redo.until > now && to.is_some_and(|t| t != l)
-            });
+                if r.redo.until <= now {
+                    continue;
+                }
+                match slot.map(|s| topo.link(s)) {
+                    Some(Some(to)) => elsewhere |= to != l,
+                    Some(None) => masterless = true,
+                    None => {}
+                }
+            }
             if !elsewhere {
                 continue;
             }
@@ -1163,6 +1184,11 @@ impl Endpoint {
                         node.retries.push(r);
                     }
                 }
+            }
+        }
+        if masterless {
+            if let Some(topo) = self.topo[member].as_mut() {
+                topo.want = true;
             }
         }
         for (to, r, b) in moved {
@@ -1449,6 +1475,12 @@ impl Endpoint {
         let node = &mut self.nodes[i];
         node.again_at = None;
         let member = node.member;
+        if i == member && self.topo[member].as_ref().is_some_and(|t| t.known) {
+            // A cluster member's seed link keeps what no master serves yet: it goes to the
+            // master the topology names (see `reroute_retries`), never to whichever node the
+            // seed reaches (a replica, or a master that would redirect it to the dead one).
+            return;
+        }
         let mut retries = std::mem::take(&mut node.retries);
         let mut bytes = std::mem::take(&mut node.retry_bytes);
         let mut at = 0;

@@ -2103,7 +2103,8 @@ impl<'a> World<'a> {
         let node = self.socks[sock].server;
         match seg {
             Seg::Syn => {
-                if !self.nodes[node].up {
+                // A node that is down, or a handshake broken on its way, refuses it.
+                if !self.nodes[node].up || self.socks[sock].cut.is_some() {
                     self.send_to_client(sock, Back::Refused);
                     return;
                 }
@@ -2232,6 +2233,13 @@ impl<'a> World<'a> {
     fn break_sock(&mut self, sock: usize, why: NodeErrorKind) {
         let s = &self.socks[sock];
         if !s.server_open && s.cut.is_some() {
+            return;
+        }
+        if s.accepted.is_none() {
+            // Its handshake is still on its way: the connect fails (see `land_at_server`),
+            // and nothing of it reaches the server. (Left open at the server's end, it would
+            // be accepted later and swallow all that its client writes, with no word.)
+            self.socks[sock].cut = Some(0);
             return;
         }
         let (landed, sent) = (s.session.received, s.sent);
@@ -3174,6 +3182,8 @@ impl<'a> World<'a> {
         let n = &mut self.nodes[node];
         n.up = true;
         n.server.run_id = id;
+        // A process killed while it loaded does not load on: this one loads only if drawn.
+        n.server.loading = false;
         if persistent {
             n.server.node.forget_scripts();
         } else {
