@@ -608,10 +608,6 @@ fn fmt_i64(n: i64, buf: &mut [u8; 21]) -> &[u8] {
     }
 }
 
-fn write_u64(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(fmt_u64(n, &mut [0; 20]));
-}
-
 fn write_i64(out: &mut Vec<u8>, n: i64) {
     out.extend_from_slice(fmt_i64(n, &mut [0; 21]));
 }
@@ -648,17 +644,37 @@ pub fn encode_command(out: &mut Vec<u8>, args: &[&[u8]]) {
 
 /// Appends an array header, `*<n>\r\n`; the caller then writes `n` elements.
 pub fn write_array_len(out: &mut Vec<u8>, n: usize) {
-    out.push(b'*');
-    write_u64(out, n as u64);
-    out.extend_from_slice(b"\r\n");
+    let (line, start) = header_line(b'*', n);
+    out.extend_from_slice(&line[start..]);
+}
+
+/// The line `<prefix><n>\r\n` (an array's or a bulk string's header), in `line[start..]`:
+/// written in one copy rather than byte by byte.
+fn header_line(prefix: u8, n: usize) -> ([u8; 24], usize) {
+    let mut line = [0u8; 24];
+    line[22] = b'\r';
+    line[23] = b'\n';
+    let mut i = 22;
+    let mut n = n as u64;
+    loop {
+        i -= 1;
+        line[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    i -= 1;
+    line[i] = prefix;
+    (line, i)
 }
 
 /// Appends a bulk string, `$<len>\r\n<arg>\r\n`.
 pub fn write_bulk(out: &mut Vec<u8>, arg: &[u8]) {
-    out.reserve(bulk_size(arg.len()));
-    out.push(b'$');
-    write_u64(out, arg.len() as u64);
-    out.extend_from_slice(b"\r\n");
+    let (line, start) = header_line(b'$', arg.len());
+    let head = &line[start..];
+    out.reserve(head.len() + arg.len() + 2);
+    out.extend_from_slice(head);
     out.extend_from_slice(arg);
     out.extend_from_slice(b"\r\n");
 }
@@ -667,10 +683,10 @@ pub fn write_bulk(out: &mut Vec<u8>, arg: &[u8]) {
 /// (for derived names such as a prefix followed by a key).
 pub fn write_bulk_parts(out: &mut Vec<u8>, parts: &[&[u8]]) {
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    out.reserve(bulk_size(len));
-    out.push(b'$');
-    write_u64(out, len as u64);
-    out.extend_from_slice(b"\r\n");
+    let (line, start) = header_line(b'$', len);
+    let head = &line[start..];
+    out.reserve(head.len() + len + 2);
+    out.extend_from_slice(head);
     parts.iter().for_each(|p| out.extend_from_slice(p));
     out.extend_from_slice(b"\r\n");
 }
@@ -790,6 +806,25 @@ impl fmt::Display for ServerErrorKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn headers_at_every_digit_count() {
+        for n in [0usize, 9, 10, 99, 100, 12345, usize::MAX] {
+            let mut out = Vec::new();
+            write_array_len(&mut out, n);
+            assert_eq!(out, format!("*{n}\r\n").as_bytes());
+            if n <= 100 {
+                let arg = vec![b'x'; n];
+                let want = [format!("${n}\r\n").as_bytes(), &arg[..], b"\r\n"].concat();
+                let mut out = Vec::new();
+                write_bulk(&mut out, &arg);
+                assert_eq!(out, want);
+                let mut out = Vec::new();
+                write_bulk_parts(&mut out, &[&arg[..n / 2], &arg[n / 2..]]);
+                assert_eq!(out, want);
+            }
+        }
+    }
 
     fn dec(input: &[u8]) -> Result<Status<(Reply<'_>, usize)>, DecodeError> {
         decode(input, &Limits::default())

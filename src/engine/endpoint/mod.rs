@@ -1441,13 +1441,15 @@ impl Endpoint {
     /// Starts a connection to node `i` for commands if it is down and due, with the
     /// compare-and-deletes of its broken connections first behind the setup.
     fn connect_if_down(&mut self, i: usize, now: Instant) {
+        // The connection's own state first: it is up on nearly every call.
+        let cmd = &self.nodes[i].cmd;
+        if !cmd.is_down() || !cmd.can_send(now) {
+            return;
+        }
         if self.is_free(i) || self.without_master(i).is_some() {
             return;
         }
         let node = &mut self.nodes[i];
-        if !node.cmd.is_down() || !node.cmd.can_send(now) {
-            return;
-        }
         let why = node.cmd.down_reason();
         let addr = match &node.addr {
             Some(a) => a,
