@@ -270,6 +270,12 @@ impl Settings {
             }
         }
         self.readdress = scenario == Scenario::ClusterModel && rng.chance(0.1);
+        if self.readdress {
+            // Waits long enough for the last cycles to try again once the client had the
+            // time to find out what changed (see `World::unavailable`).
+            self.retry_count = self.retry_count.max(100);
+            self.wait_timeout = self.wait_timeout.max(Duration::from_secs(2));
+        }
         if self.readdress && self.masters.iter().all(|&k| k < 2) {
             // A master that moves needs a seed that stays: a second master.
             let m = rng.below(self.nodes as u64) as usize;
@@ -439,8 +445,16 @@ impl<'a> World<'a> {
                 let shards = self.clusters[m].as_ref().map_or(0, |c| c.shards.len());
                 if self.p.readdress && shards >= 2 {
                     // One master other than the first (whose address is the URL's seed)
-                    // moves again and again, every 2 to 6 ms until the horizon.
+                    // moves again and again, every 2 to 6 ms until the horizon. It serves the
+                    // slots of the run's locks from the start, so that the last cycles show
+                    // whether locks there are still granted once it moved hundreds of times
+                    // (see `World::unavailable`).
                     let shard = self.rng.range(1, shards as u64 - 1) as usize;
+                    if let Some(cl) = self.clusters[m].as_mut() {
+                        for &slot in &self.lock_slots {
+                            cl.owner[usize::from(slot)] = shard as u8;
+                        }
+                    }
                     let at = self.rng.range(0, 6 * MS);
                     self.schedule(at, Ev::Readdress { member: m, shard });
                 }

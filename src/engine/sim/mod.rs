@@ -41,7 +41,11 @@
 //! closed (in runs without faults). Within the model, once the last fault healed, every caller
 //! runs one last cycle and its client stays idle (it does not close): once nothing of that
 //! client is in flight to a node, the node may hold nothing of what the cycle released,
-//! whatever the release returned (`World::left_check`). Lock kinds: the mutex, read and write
+//! whatever the release returned (`World::left_check`); no node fails its attempts, once the
+//! client had the time to find out what changed, for being sent to the wrong place or in the
+//! wrong form (`World::unavailable`); and a write-preferring writer's intent whose withdrawal
+//! met a broken connection is gone once nothing is owed there (`World::intent_check`). Lock
+//! kinds: the mutex, read and write
 //! locks (writers downgrading to readers now and then), all-or-none sets (mixed with single
 //! keys), fenced mutexes and fenced write locks, semaphores; callers wait or try once, in fair queues or not,
 //! read- or write-preferring; holders extend with any TTL (shorter ones too) and go on working
@@ -710,6 +714,9 @@ pub(crate) struct Stats {
     pub demotions: u64,
     pub rejoins: u64,
     pub sentinels_down: u64,
+    /// Last cycles whose writer's withdrawal of its intent met a broken connection (see
+    /// [`World::withdrawal_meets_a_break`]).
+    pub broken_withdrawals: u64,
 }
 
 impl Stats {
@@ -807,7 +814,8 @@ impl Stats {
             replica_roles,
             demotions,
             rejoins,
-            sentinels_down
+            sentinels_down,
+            broken_withdrawals
         );
         self.most_readdresses = self.most_readdresses.max(o.most_readdresses);
         self.most_callers = self.most_callers.max(o.most_callers);
@@ -1127,6 +1135,8 @@ struct Cycle<'a> {
     /// The TTL its keys are written with, in ms: the run's, or (a last cycle within the
     /// model) [`LAST_TTL_MS`] more.
     ttl_ms: u64,
+    /// A writer's waiter id, which names its intent; empty for the others.
+    waiter: Vec<u8>,
 }
 
 struct Held {
@@ -1194,6 +1204,15 @@ struct LeftCheck {
     at: u64,
     /// Still to look at: its client does not close meanwhile.
     pending: bool,
+}
+
+/// A writer's intent on a node, looked for there (see [`World::intent_check`]).
+struct IntentCheck {
+    client: usize,
+    node: usize,
+    /// The intent set, and the waiter id that names the writer's intent in it.
+    name: Vec<u8>,
+    waiter: Vec<u8>,
 }
 
 /// A simulated client: one endpoint, shared by its callers.
@@ -1286,6 +1305,16 @@ enum Ev {
     },
     /// A last cycle's release is looked for on the nodes (see [`World::left_check`]).
     LeftCheck {
+        check: usize,
+    },
+    /// A client's command connection to a node breaks (see
+    /// [`World::withdrawal_meets_a_break`]).
+    BreakTo {
+        client: usize,
+        node: usize,
+    },
+    /// A writer's intent is looked for on a node (see [`World::intent_check`]).
+    IntentCheck {
         check: usize,
     },
     /// A cluster master moves to a new address (see [`World::readdress`]).
@@ -1382,6 +1411,11 @@ struct World<'a> {
     failures: Vec<String>,
     /// The releases of the last cycles, looked for on the nodes.
     left_checks: Vec<LeftCheck>,
+    /// The intents of writers whose withdrawal met a broken connection, looked for on their
+    /// node (see [`World::intent_check`]).
+    intent_checks: Vec<IntentCheck>,
+    /// When a last cycle first found every fault healed, in ns (see [`World::unavailable`]).
+    quiet_since: Option<u64>,
     /// In calm runs, the fair waiters by their queue entry: their client, and how far its
     /// ticket is past its wall clock when it started (two waiters of one client that start at
     /// once have tickets a microsecond apart).
@@ -1652,6 +1686,8 @@ fn run_world<'a>(
         p,
         failures: Vec::new(),
         left_checks: Vec::new(),
+        intent_checks: Vec::new(),
+        quiet_since: None,
         fair_waiters: BTreeMap::new(),
         trace,
         idle: cluster::Idle::new(p_clients),
@@ -1967,6 +2003,18 @@ impl<'a> World<'a> {
             Ev::Rejoin { member, shard } => self.rejoin(member, shard),
             Ev::MigrateKey { member } => self.migrate_key(member),
             Ev::LeftCheck { check } => self.left_check(check),
+            Ev::BreakTo { client, node } => {
+                if let Some(sock) = self.sock_to(client, node, false) {
+                    if self.socks[sock].open {
+                        self.stats.resets += 1;
+                        self.log(format_args!(
+                            "client {client}'s connection to {node} resets"
+                        ));
+                        self.break_sock(sock, reset_error());
+                    }
+                }
+            }
+            Ev::IntentCheck { check } => self.intent_check(check),
             Ev::MigrationEnds { member } => self.migration_ends(member),
             Ev::IdleCheck => self.idle_check(),
             Ev::Sentinel(e) => self.sentinel_event(e),
@@ -2675,6 +2723,7 @@ impl<'a> World<'a> {
             Job::Acquire(mut m) => match self.step(c, k, &mut *m) {
                 Some(outcome) => {
                     self.caller(c, k).spread = m.learnt_spread();
+                    self.unavailable(c, k, &m.into_round());
                     self.acquired(c, k, outcome);
                 }
                 None => self.caller(c, k).job = Job::Acquire(m),
@@ -2938,6 +2987,20 @@ impl<'a> World<'a> {
         self.left_checks[i].pending = false;
         self.maybe_close(c);
         self.after_io(c);
+    }
+
+    /// Something client `c` wrote to node `node` is on its way there and will run (on a
+    /// broken connection, only what lies before the break), or waits in the node's backlog.
+    fn will_run_at(&self, c: usize, node: usize) -> bool {
+        self.clients[c].socks.iter().flatten().any(|&s| {
+            let sock = &self.socks[s];
+            sock.server == node
+                && !sock.id.sub
+                && (sock.to_server.iter().any(|(_, seg)| match seg {
+                    Seg::Data { offset, .. } => sock.cut.is_none_or(|cut| *offset < cut),
+                    Seg::Syn => sock.cut.is_none(),
+                }) || self.nodes[node].backlog.iter().any(|w| w.sock == s))
+        })
     }
 
     /// Something of client `c` is on its way to or from node `node`, on any of its
@@ -3229,6 +3292,7 @@ impl<'a> World<'a> {
                 return self.start_cycle(c, k);
             }
             self.log(format_args!("caller {c}.{k} runs its last cycle"));
+            self.quiet_since.get_or_insert(self.now);
         }
         let global = self.clients[c].callers[k].global;
         let arena = self.arena;
@@ -3384,9 +3448,15 @@ impl<'a> World<'a> {
             member: Vec::new(),
             ahead,
             ttl_ms,
+            waiter: Vec::new(),
         });
         let round = Round::new(self.p.nodes, now, None, None);
         let m = Acquisition::new(spec, config, params, now, round, &mut self.rng.0);
+        if side == Side::Write {
+            if let Some(cy) = self.caller(c, k).cycle.as_mut() {
+                cy.waiter = m.waiter().to_vec();
+            }
+        }
         if config.fair && wait && self.scenario == Scenario::Calm {
             let mut member = match side {
                 Side::Read => b"r".to_vec(),
@@ -3604,7 +3674,129 @@ impl<'a> World<'a> {
             self.look_at_validity_end(c, k, grant_id, grant.valid_until);
         }
         self.maybe_tail(c, k, false);
+        self.withdrawal_meets_a_break(c, k);
         self.next_step(c, k);
+    }
+
+    /// Within the model ([`Scenario::Model`]), the last cycle of a write-preferring writer
+    /// whose lost attempts left its intent on some node: half the time, its withdrawal meets
+    /// a broken connection on its way to one of those nodes. Once the client owes that node
+    /// nothing (no withdrawal kept for its next connection, nothing in flight), the node may
+    /// hold the intent no more (see [`World::intent_check`]): an intent left there keeps
+    /// readers out with no writer waiting.
+    fn withdrawal_meets_a_break(&mut self, c: usize, k: usize) {
+        if self.scenario != Scenario::Model || self.clients[c].callers[k].last != Last::Running {
+            return;
+        }
+        let config = self.clients[c].config;
+        let Some(cy) = self.clients[c].callers[k].cycle.as_ref() else {
+            return;
+        };
+        if cy.side != Side::Write || config.rw_policy != RwPolicy::WritePreferring {
+            return;
+        }
+        let name = self.arena.rw[cy.keys[0]].intents().to_vec();
+        let waiter = cy.waiter.clone();
+        let holding: Vec<usize> = (0..self.nodes.len())
+            .filter(|&n| {
+                let now_ms = self.nodes[n].clock_ms(self.now);
+                self.nodes[n].up
+                    && self.nodes[n]
+                        .server
+                        .node
+                        .holds_token(now_ms, &name, &waiter)
+            })
+            .collect();
+        if holding.is_empty() || !self.rng.chance(0.5) {
+            return;
+        }
+        let node = holding[self.rng.below(holding.len() as u64) as usize];
+        self.stats.broken_withdrawals += 1;
+        self.schedule(0, Ev::BreakTo { client: c, node });
+        self.intent_checks.push(IntentCheck {
+            client: c,
+            node,
+            name,
+            waiter,
+        });
+        let check = self.intent_checks.len() - 1;
+        self.schedule(MS / 4, Ev::IntentCheck { check });
+    }
+
+    /// A writer's intent, whose withdrawal met a broken connection (see
+    /// [`World::withdrawal_meets_a_break`]), is looked for on its node: still there while its
+    /// client owes that node nothing and has nothing on its way there that will still run,
+    /// it is left behind. Looked at again while something is owed or on its way, until it is
+    /// gone or expired.
+    fn intent_check(&mut self, i: usize) {
+        let (c, node) = (self.intent_checks[i].client, self.intent_checks[i].node);
+        if !self.nodes[node].up || self.clients[c].closing {
+            return;
+        }
+        let now_ms = self.nodes[node].clock_ms(self.now);
+        let chk = &self.intent_checks[i];
+        let live = self.nodes[node]
+            .server
+            .node
+            .holds_token(now_ms, &chk.name, &chk.waiter);
+        if !live {
+            return;
+        }
+        let now = self.instant(self.now);
+        let owed = self.clients[c]
+            .ep
+            .undelivered(now)
+            .contains(&self.member_of(node));
+        if owed || self.will_run_at(c, node) {
+            let after = (self.p.node_timeout.as_nanos() as u64 / 4).max(MS / 4);
+            self.schedule(after, Ev::IntentCheck { check: i });
+            return;
+        }
+        let msg = format!(
+            "a writer's intent left behind: node {node} holds {:?} of client {c}'s writer, whose withdrawal met a broken connection, with nothing owed or in flight there",
+            String::from_utf8_lossy(&self.intent_checks[i].name)
+        );
+        self.log(format_args!("{msg}"));
+        self.failures.push(msg);
+    }
+
+    /// Availability once every fault healed (within the model, [`Scenario::Model`] and
+    /// [`Scenario::ClusterModel`]): a last cycle (see [`Last`]) may lose its lock to
+    /// contention, but its attempts that start once the client had the time to find out
+    /// what changed (a topology read, a connect) are not failed by a node for being sent
+    /// to the wrong place or in the wrong form: `CLUSTERDOWN` (which the client also makes
+    /// up for a slot it knows no master of), `MOVED`, `ASK`, or a command the server does
+    /// not have (alone, or in a transaction it then aborts). A client that stops following its cluster (links to masters that moved,
+    /// never given up, until there is no room for the new ones) fails every lock on their
+    /// slots for good; one that keeps what it learnt of a server across a restart as
+    /// another version sends it commands it lacks. `round` is the acquisition's last
+    /// attempt.
+    fn unavailable(&mut self, c: usize, k: usize, round: &Round) {
+        use crate::resp::ServerErrorKind as K;
+        let last = self.clients[c].callers[k].last == Last::Running;
+        if !last || !matches!(self.scenario, Scenario::Model | Scenario::ClusterModel) {
+            return;
+        }
+        let Some(since) = self.quiet_since else {
+            return;
+        };
+        // Two topology reads' least gap, and a connect.
+        let grace = 200 * MS + self.p.connect_timeout.as_nanos() as u64;
+        if self.nanos(round.start()) < since + grace {
+            return;
+        }
+        let failed = round.failures().find(|(_, f)| match f {
+            NodeErrorKind::Server { kind, message } => {
+                matches!(kind, K::ClusterDown | K::Moved | K::Ask | K::ExecAbort)
+                    || message.starts_with("ERR unknown command")
+            }
+            _ => false,
+        });
+        if let Some((node, why)) = failed {
+            self.failures.push(format!(
+                "caller {c}.{k}'s last cycle, every fault healed, failed on member {node}: {why}"
+            ));
+        }
     }
 
     /// Looks at the nodes at the last nanosecond of grant `grant`'s validity, which ends at

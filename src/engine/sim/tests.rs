@@ -749,8 +749,30 @@ fn first_violation() {
         );
         return;
     }
+    // `REDLOCK_SIM_PROBE_ALL=1`: every violating seed, not only the first.
+    let all = std::env::var_os("REDLOCK_SIM_PROBE_ALL").is_some();
+    let mut found = 0;
     for seed in 0..seed_count(10_000) {
-        let out = run_locks(seed, scenario, locks, false);
+        let run = || run_locks(seed, scenario, locks, false);
+        let out = if all {
+            // A seed that panics (one that does not settle) is listed, and the probe goes on.
+            match std::panic::catch_unwind(run) {
+                Ok(out) => out,
+                Err(e) => {
+                    found += 1;
+                    let why = e.downcast_ref::<String>().cloned().unwrap_or_default();
+                    println!("{probe}: seed {seed}: panicked: {why}");
+                    continue;
+                }
+            }
+        } else {
+            run()
+        };
+        if out.violations() > 0 && all {
+            found += 1;
+            println!("{probe}: seed {seed}: {}; {:?}", out.report, out.failures);
+            continue;
+        }
         if out.violations() > 0 {
             println!(
                 "{probe}: first violation at seed {seed} ({} seeds run): {}; {:?}",
@@ -761,5 +783,7 @@ fn first_violation() {
             return;
         }
     }
-    println!("{probe}: no violation");
+    if found == 0 {
+        println!("{probe}: no violation");
+    }
 }
