@@ -485,7 +485,9 @@ impl Shared {
     /// master named by a `MOVED` or `ASK` on a cluster member. The thread leads the polling
     /// like any caller while something is owed (10 s at a time); then it stays parked, holding
     /// no reference to the client, until a caller that finishes with something owed wakes it,
-    /// and ends once nothing was owed for a minute or the client is gone. So a steady
+    /// and ends once nothing was owed for a minute or the client is gone. Replies still to come
+    /// on ready connections are left a short look (30 ms) to the next call, which reads them
+    /// anyway, before the thread drives them (see `Seats::resender_turn`). So a steady
     /// flow of releases starts one thread, not one per release. It runs in the process that
     /// started it (threads do not cross a `fork()`), on that process's connections.
     fn start_resender(this: &Arc<Shared>, local: &Local) {
@@ -512,21 +514,27 @@ impl Shared {
                 .seats
                 .resender_turn(&c.ep, sync::current, sync::now(), idle_since);
             drop(core);
-            if turn == ResenderTurn::Quit {
-                return;
-            }
-            if turn == ResenderTurn::Work {
-                let Ok(session) = Shared::session(&shared) else {
-                    return;
-                };
-                session.resend();
-                idle_since = sync::now();
-                continue;
-            }
+            let look = match turn {
+                ResenderTurn::Quit => return,
+                ResenderTurn::Work => {
+                    let Ok(session) = Shared::session(&shared) else {
+                        return;
+                    };
+                    session.resend();
+                    idle_since = sync::now();
+                    continue;
+                }
+                ResenderTurn::Look(look) => {
+                    // Something is owed: it is not idle.
+                    idle_since = sync::now();
+                    look
+                }
+                ResenderTurn::Idle => RESEND_IDLE_LOOK,
+            };
             // Parked without a reference: dropping the client's last handle closes it there
             // and then, as if this thread did not exist.
             drop(shared);
-            sync::park_timeout(RESEND_IDLE_LOOK);
+            sync::park_timeout(look);
         }
     }
 }

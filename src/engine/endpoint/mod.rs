@@ -62,7 +62,8 @@
 //!   (it did not run) is sent again on the same connection after a short backoff, until
 //!   what it deletes has expired anyway. Every compare-and-delete not answered yet asks to be
 //!   seen through while no caller runs ([`needs_tending`](Endpoint::needs_tending)): only
-//!   reading its reply tells whether it ran.
+//!   reading its reply tells whether it ran (on a ready connection, that can wait a moment
+//!   for the next call: see [`tending_urgent`](Endpoint::tending_urgent)).
 //! - **Duplicate servers.** Two nodes whose setups report the same `run_id` are one server
 //!   reached twice: the later one's setup fails as a configuration error. (The links of one
 //!   cluster member may reach one server twice; two members may not share one.)
@@ -2411,6 +2412,27 @@ impl Endpoint {
             .iter()
             .any(|n| n.owes_until(now) || (n.cmd.redo_until().is_some() && !n.cmd.is_down()))
             || self.sentinels_pending()
+    }
+
+    /// Whether some of what [`needs_tending`](Self::needs_tending) asks for cannot wait for the
+    /// next call: everything but compare-and-deletes written on a ready connection (nothing
+    /// left to write on it) whose replies are still to come. Those are read by whichever call
+    /// comes next, or by a thread of the client a short while later; a compare-and-delete to
+    /// send again (its connection broke, or its node refused it for now), one whose replicas'
+    /// `WAIT` is still owed, a connection being set up or with bytes still to write, and a
+    /// Sentinel round need someone at once.
+    pub fn tending_urgent(&self, now: Instant) -> bool {
+        self.sentinels_pending()
+            || self.nodes.iter().any(|n| {
+                let waits = n.cmd.is_ready() && !n.cmd.has_pending_output();
+                n.retries.iter().any(|r| r.redo.until > now)
+                    || n.awaiting.as_ref().and_then(Awaiting::redo_until) > Some(now)
+                    || n.unconfirmed.owes_until(now)
+                    || (!waits
+                        && n.cmd
+                            .redo_until()
+                            .is_some_and(|u| u > now || !n.cmd.is_down()))
+            })
     }
 
     /// Whether a command connection still owes replies, or a node still has compare-and-deletes

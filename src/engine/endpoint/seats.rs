@@ -14,8 +14,12 @@
 //! - A leader that finishes steps down; if every other caller is parked, one of them is woken
 //!   to lead. A caller woken to lead that finishes without leading passes the wake-up on.
 //! - Releases still owed once no caller is left are the resender's: started once, woken by a
-//!   caller that finishes with something owed, stopped once nothing was owed for
-//!   [`RESEND_LINGER`].
+//!   caller that finishes with something owed that cannot wait (see
+//!   `Endpoint::tending_urgent`), stopped once nothing was owed for [`RESEND_LINGER`]. Replies
+//!   still to come on a ready connection are left to the next call: the resender, parked for
+//!   [`RESEND_LOOK`] at most while they are owed, drives them once it finds them still owed
+//!   and no caller running at the end of a look. (A resender parked for [`RESEND_IDLE_LOOK`],
+//!   as it is once nothing is owed, is woken for them too, to take that shorter look.)
 //! - A closing under way is waited for as it is by every caller that closes meanwhile, and
 //!   whoever sees its end ends it for all of them.
 #![forbid(unsafe_code)]
@@ -31,6 +35,10 @@ pub(crate) const RESEND_LIMIT: Duration = Duration::from_secs(10);
 const RESEND_POLL: Duration = Duration::from_millis(50);
 const RESEND_LINGER: Duration = Duration::from_secs(60);
 pub(crate) const RESEND_IDLE_LOOK: Duration = Duration::from_secs(1);
+/// How long the resender stays parked at most while replies to compare-and-deletes are still
+/// to come on ready connections: the next call reads them, and if none comes within it, the
+/// resender does.
+const RESEND_LOOK: Duration = Duration::from_millis(30);
 
 /// How long a closing caller waits at most before it looks again whether every node answered:
 /// while another caller leads, nobody posts to it when they do.
@@ -51,7 +59,7 @@ pub(crate) enum Resender<T> {
     None,
     /// Spawned, not yet running.
     Starting,
-    /// Running, or parked until a caller that finishes wakes it.
+    /// Running, or parked until a caller that finishes wakes it, or until the end of its look.
     Running(T),
 }
 
@@ -62,6 +70,9 @@ pub(crate) enum ResenderTurn {
     Work,
     /// Park a while: nothing is owed.
     Idle,
+    /// Park this long at most: what is owed is only replies still to come, and a caller runs
+    /// or the look is not over.
+    Look(Duration),
     /// End: nothing was owed for [`RESEND_LINGER`].
     Quit,
 }
@@ -93,6 +104,8 @@ pub(crate) struct Seats<T, K> {
     close_left: Vec<usize>,
     /// This process's resender thread.
     pub resender: Resender<T>,
+    /// When the resender's short look ends, while it takes one (see [`ResenderTurn::Look`]).
+    look_until: Option<Instant>,
 }
 
 impl<T: Clone, K: Default> Seats<T, K> {
@@ -106,6 +119,7 @@ impl<T: Clone, K: Default> Seats<T, K> {
             closes: 0,
             close_left: Vec::new(),
             resender: Resender::None,
+            look_until: None,
         }
     }
 
@@ -222,11 +236,18 @@ impl<T: Clone, K: Default> Seats<T, K> {
     }
 
     /// After an operation finished: the resender's thread to wake, and whether one must be
-    /// started (it is marked as starting), when something is owed that no caller drives.
+    /// started (it is marked as starting), when something is owed that no caller drives. A
+    /// resender taking a short look is left to it when what is owed is only replies still to
+    /// come (see `Endpoint::tending_urgent`).
     pub fn resender_after(&mut self, ep: &Endpoint, now: Instant) -> (Option<T>, bool) {
         let resend = self.needs_resender(ep, now);
         match (&self.resender, resend) {
             (_, false) | (Resender::Starting, true) => (None, false),
+            (Resender::Running(_), true)
+                if self.look_until.is_some() && !ep.tending_urgent(now) =>
+            {
+                (None, false)
+            }
             (Resender::Running(t), true) => (Some(t.clone()), false),
             (Resender::None, true) => {
                 self.resender = Resender::Starting;
@@ -246,6 +267,21 @@ impl<T: Clone, K: Default> Seats<T, K> {
         if !matches!(self.resender, Resender::Running(_)) {
             self.resender = Resender::Running(me());
         }
+        if ep.needs_tending(now) && !ep.tending_urgent(now) {
+            // Only replies still to come: the next call reads them; once a whole look went by
+            // without one, the resender does.
+            let until = *self.look_until.get_or_insert(now + RESEND_LOOK);
+            if now < until || ep.active_callers().next().is_some() {
+                if now >= until {
+                    self.look_until = Some(now + RESEND_LOOK);
+                }
+                let until = self.look_until.unwrap_or(now);
+                return ResenderTurn::Look(until.saturating_duration_since(now));
+            }
+            self.look_until = None;
+            return ResenderTurn::Work;
+        }
+        self.look_until = None;
         if self.needs_resender(ep, now) {
             return ResenderTurn::Work;
         }

@@ -1395,3 +1395,55 @@ fn a_release_where_the_give_back_was_answered_is_answered_at_once() {
     let (_, r) = release(&mut net, e);
     assert!(r.replies.is_empty(), "{:?}", r.replies);
 }
+
+#[test]
+fn replies_still_to_come_wait_for_the_next_call_but_a_release_to_send_again_does_not() {
+    use super::seats::{Resender, ResenderTurn, Seats};
+    let mut net = Net::ready(INFO_82, false);
+    let mut seats: Seats<u32, ()> = Seats::new();
+    let caller = seats.sit(&mut net.ep, 1);
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([9; 20]);
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 10_000 * MS));
+    net.step(caller, run, &mut release);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    // Its owner returns at the quorum (won elsewhere): the release's reply is still to come.
+    net.ep.finish(caller, run, net.now);
+    seats.leave(caller);
+    seats.resender = Resender::Running(7);
+    assert!(net.ep.needs_tending(net.now));
+    // The resender, awake, takes a short look rather than driving it at once; a caller that
+    // finishes meanwhile does not wake it.
+    let start = net.now;
+    let turn = seats.resender_turn(&net.ep, || 7, net.now, net.now);
+    let ResenderTurn::Look(look) = turn else {
+        panic!("the resender drives replies still to come at once: {turn:?}");
+    };
+    assert!(look > Duration::ZERO && look <= 50 * MS, "{look:?}");
+    assert!(!net.ep.tending_urgent(net.now));
+    assert_eq!(seats.resender_after(&net.ep, net.now), (None, false));
+    // Woken early, it looks on; once the whole look went by with no caller, it drives them.
+    net.now += look / 2;
+    assert!(matches!(
+        seats.resender_turn(&net.ep, || 7, net.now, start),
+        ResenderTurn::Look(_)
+    ));
+    net.now = start + look;
+    assert_eq!(
+        seats.resender_turn(&net.ep, || 7, net.now, start),
+        ResenderTurn::Work
+    );
+    // The connection breaks: the release is to send again, which wakes the resender at once.
+    net.ep.handle_failed(
+        Net::cmd(0),
+        NodeErrorKind::Io(std::io::ErrorKind::ConnectionReset),
+        net.now,
+    );
+    assert!(net.ep.tending_urgent(net.now));
+    let _ = seats.resender_turn(&net.ep, || 7, net.now, start);
+    assert_eq!(seats.resender_after(&net.ep, net.now), (Some(7), false));
+    assert_eq!(
+        seats.resender_turn(&net.ep, || 7, net.now, start),
+        ResenderTurn::Work
+    );
+}
