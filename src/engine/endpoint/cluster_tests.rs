@@ -704,6 +704,8 @@ struct Deleting {
     sent: bool,
     tag: Option<Tag>,
     failures: Vec<NodeErrorKind>,
+    /// Whether the delete is written inside `MULTI` ... `EXEC`.
+    multi: bool,
 }
 
 impl Deleting {
@@ -714,6 +716,7 @@ impl Deleting {
             sent: false,
             tag: None,
             failures: Vec::new(),
+            multi: false,
         }
     }
 }
@@ -752,8 +755,14 @@ impl Machine for Deleting {
     }
 
     fn encode(&self, _: &Transmit, _: Caps, out: &mut Vec<u8>) -> usize {
+        if !self.multi {
+            resp::encode_command(out, &[b"DEL", self.key]);
+            return 0;
+        }
+        resp::encode_command(out, &[b"MULTI"]);
         resp::encode_command(out, &[b"DEL", self.key]);
-        0
+        resp::encode_command(out, &[b"EXEC"]);
+        2
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -909,6 +918,66 @@ fn a_delete_for_a_slot_without_a_master_goes_to_the_master_named_next() {
         "nothing left owed: {:?}",
         net.ep.undelivered(net.now)
     );
+}
+
+#[test]
+fn a_release_refused_clusterdown_stays_owed_and_goes_again() {
+    let a = key_slot(b"a");
+    assert!(a >= 8192, "{a}");
+    let down = &b"-CLUSTERDOWN The cluster is down\r\n"[..];
+    let aborted = &b"+OK\r\n-CLUSTERDOWN The cluster is down\r\n\
+                    -EXECABORT Transaction discarded because of previous errors.\r\n"[..];
+    for (multi, refusal) in [(false, down), (true, aborted)] {
+        let mut net = member(&[(0, 8191, 7001), (8192, 16383, 7002)]);
+        // A release's round: its master answers during a failover.
+        let mut m = Deleting::new(b"a", net.now + Duration::from_secs(60));
+        m.tag = Some(1);
+        m.multi = multi;
+        let run = net.run(None, &mut m);
+        let first = net.output(2);
+        assert!(first.iter().any(|c| c == "DEL a"), "{first:?}");
+        net.reply(2, refusal);
+        net.run(Some(run), &mut m);
+        assert!(m.failures.is_empty(), "{multi}: {:?}", m.failures);
+        assert_eq!(
+            net.ep.undelivered(net.now),
+            [0],
+            "{multi}: the release stays owed"
+        );
+        // Sent again after a pause (a topology read answered meanwhile names the same master).
+        let mut again = Vec::new();
+        for _ in 0..40 {
+            net.now += 10 * MS;
+            net.ep.handle_timeout(net.now);
+            for link in [0, 1, 2] {
+                let out = net.output(link);
+                if out.iter().any(|c| c.ends_with("SLOTS")) {
+                    net.reply(link, &slots(&[(0, 8191, 7001), (8192, 16383, 7002)]));
+                }
+                if link == 2 && out.iter().any(|c| c == "DEL a") {
+                    again = out;
+                }
+            }
+            if !again.is_empty() {
+                break;
+            }
+        }
+        assert!(
+            again.iter().any(|c| c == "DEL a"),
+            "{multi}: the release goes again"
+        );
+        let ran = if multi {
+            &b"+OK\r\n+QUEUED\r\n*1\r\n:1\r\n"[..]
+        } else {
+            b":1\r\n"
+        };
+        net.reply(2, ran);
+        assert!(
+            !net.ep.busy(net.now),
+            "{multi}: nothing left owed: {:?}",
+            net.ep.undelivered(net.now)
+        );
+    }
 }
 
 #[test]

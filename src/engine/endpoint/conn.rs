@@ -769,7 +769,9 @@ pub(crate) enum Refused {
     /// `NOSCRIPT`: its script cache was flushed; sent again at once with the script's body.
     NoScript,
     /// `BUSY` (a script running), `TRYAGAIN` (a slot mid-migration), `LOADING` (a restart
-    /// loading its data): it did nothing, and may do it a moment later.
+    /// loading its data), `CLUSTERDOWN` (a cluster mid-failover): it did nothing, and may do it
+    /// a moment later (in a cluster, perhaps at another master, found by a topology read).
+    /// A transaction aborted (`EXECABORT`) for one of these is one too.
     Transient,
     /// It ran, but the `WAIT` (or `WAITAOF`) after it said too few replicas (or fsyncs) have
     /// it: kept for the node's next connection, which may be to another master.
@@ -783,9 +785,10 @@ impl Refused {
         let message = message.strip_suffix(b"\r\n").unwrap_or(message);
         match ServerErrorKind::of(message) {
             ServerErrorKind::NoScript => Some(Refused::NoScript),
-            ServerErrorKind::Busy | ServerErrorKind::TryAgain | ServerErrorKind::Loading => {
-                Some(Refused::Transient)
-            }
+            ServerErrorKind::Busy
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::Loading
+            | ServerErrorKind::ClusterDown => Some(Refused::Transient),
             _ => None,
         }
     }
