@@ -1121,7 +1121,10 @@ impl Endpoint {
                 unconfirmed.drain(now, |redo, bytes| {
                     retry_bytes.extend_from_slice(bytes);
                     retries.push(Retry {
-                        slot: Slot::Discard { redo: None },
+                        slot: Slot::Discard {
+                            redo: None,
+                            given: None,
+                        },
                         redo,
                     });
                 });
