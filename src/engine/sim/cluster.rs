@@ -7,6 +7,7 @@
 //! address it names. What a cluster answers before a command reaches the data (see
 //! [`World::cluster_gate`]), as Redis 7 and 8 do:
 //!
+//! - a command (or a transaction) whose keys hash to several slots: `-CROSSSLOT`;
 //! - a command whose keys' slot another master serves: `-MOVED slot host:port`; on a replica,
 //!   `MOVED` to its master; while a shard has no master (a failover under way), every command
 //!   with keys: `-CLUSTERDOWN The cluster is down` (`cluster-require-full-coverage`);
@@ -556,7 +557,11 @@ impl<'a> World<'a> {
                 .filter(|k| self.nodes[n].server.node.has_key(now_ms, k))
                 .count()
         };
-        let answer: Option<String> = if masters[shard] != node {
+        // Redis refuses a command (or a transaction) whose keys hash to several slots before
+        // it looks at who serves them.
+        let answer: Option<String> = if keys.iter().any(|k| key_slot(k) != slot) {
+            Some("CROSSSLOT Keys in request don't hash to the same slot".to_owned())
+        } else if masters[shard] != node {
             Some(format!("MOVED {slot} {}", addr(owner)))
         } else if down {
             Some("CLUSTERDOWN The cluster is down".to_owned())
@@ -590,6 +595,7 @@ impl<'a> World<'a> {
             Some("MOVED") => stats.moved += 1,
             Some("ASK") => stats.asks += 1,
             Some("TRYAGAIN") => stats.tryagains += 1,
+            Some("CROSSSLOT") => {}
             _ => stats.clusterdowns += 1,
         }
         let session = &mut self.socks[sock].session;

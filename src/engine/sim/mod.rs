@@ -1514,7 +1514,18 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
             })
         })
         .collect();
-    let keys: Vec<Vec<u8>> = (0..p.keys).map(key_name).collect();
+    // A cluster runs a script only on keys of one slot, and the library refuses an all-or-none
+    // set whose keys hash to several (`InvalidArgument::KeysInSeveralSlots`): with cluster
+    // members, the keys of all-or-none runs share one hash tag, as the README asks of callers.
+    let keys: Vec<Vec<u8>> = (0..p.keys)
+        .map(|k| {
+            if scenario.clusters() && p.locks == Locks::All {
+                format!("{{lock}}:{k}").into_bytes()
+            } else {
+                key_name(k)
+            }
+        })
+        .collect();
     let rw: Vec<RwKeys> = keys.iter().map(|k| RwKeys::new(k)).collect();
     let arena = Arena {
         configs,
@@ -1742,7 +1753,7 @@ fn run_world<'a>(
         }
     }
     for (k, v) in w.counters.iter().enumerate() {
-        w.history.counters.insert(key_name(k), (0, *v));
+        w.history.counters.insert(w.arena.keys[k].clone(), (0, *v));
     }
     w.stats.shared_reads = shared_reads(&w.history);
     if w.scenario == Scenario::Calm && !w.p.locks.semaphore() {
@@ -3369,7 +3380,7 @@ impl<'a> World<'a> {
                 self.history.push(history::Op {
                     client: global,
                     kind,
-                    key: key_name(k),
+                    key: self.arena.keys[k].clone(),
                     invoke,
                     ok: None,
                     fence: None,
@@ -4039,7 +4050,7 @@ impl<'a> World<'a> {
                 self.counters[key] = r + 1;
                 self.history.increments.push(Increment {
                     client: global,
-                    key: key_name(key),
+                    key: self.arena.keys[key].clone(),
                     read: r,
                     at: Duration::from_nanos(self.now),
                     op,
@@ -4299,7 +4310,7 @@ impl<'a> World<'a> {
         let op = self.history.push(history::Op {
             client: global,
             kind: Kind::Read,
-            key: key_name(key),
+            key: self.arena.keys[key].clone(),
             invoke: Duration::from_nanos(at),
             ok: Some(Duration::from_nanos(at)),
             fence: None,
