@@ -3791,9 +3791,10 @@ impl<'a> World<'a> {
         let Some(since) = self.quiet_since else {
             return;
         };
-        // Two topology reads' least gap, and a connect.
+        // Two topology reads' least gap, and a connect; and a last cycle's own fault (see
+        // [`World::tail`]), met before or during this attempt, settled first.
         let grace = 200 * MS + self.p.connect_timeout.as_nanos() as u64;
-        if self.nanos(round.start()) < since + grace {
+        if self.nanos(round.start()) < (since + grace).max(self.idle.settle_until) {
             return;
         }
         let failed = round.failures().find(|(_, f)| match f {
