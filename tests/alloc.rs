@@ -136,10 +136,13 @@ fn start_resender(client: &Client, cluster: &RedisCluster) {
 
 const CYCLES: u64 = 1000;
 
-/// Allocations in all `CYCLES` steady-state acquire+release cycles, at most. Measured: 0 to 2,
-/// none of them per cycle: a buffer or queue that grows once to a new high-water mark (a reply
-/// owed by a slow node, a longer pipeline). A cost per cycle would show as 1000 or more.
-const MAX_TOTAL: u64 = 10;
+/// Allocations in all `CYCLES` steady-state acquire+release cycles, at most. Measured: 0 to 11,
+/// none of them per cycle: a buffer that grows once to a new high-water mark, each of the five
+/// connections' own (the compare-and-deletes a connection owes at once, at least doubling each
+/// time: `conn::keep`). Replies still to come after a release now wait for the next call rather
+/// than waking the resender, so a loaded machine sees deeper backlogs than the warm-up did. A
+/// cost per cycle would show as 1000 or more.
+const MAX_TOTAL: u64 = 30;
 
 #[test]
 fn steady_state_acquire_and_release_do_not_allocate() {
