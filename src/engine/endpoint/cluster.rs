@@ -17,7 +17,16 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use super::bits::Bits;
+use super::confirm::Unconfirmed;
+use super::conn::{Conn, Redo, Slot, BACKOFF_MIN};
+use super::setup::Server;
+use super::subs::Push;
+use super::{ConnId, Endpoint, Io, Node, Redirected, Retry, GIVEN, UNSENT};
+use crate::engine::machine::{Machine, Transmit};
+use crate::error::NodeErrorKind;
 use crate::resp::{self, Limits, Reply, Status};
+use crate::url::Target;
 
 /// How many hash slots a Redis Cluster has.
 pub(crate) const SLOTS: usize = 16384;
@@ -438,6 +447,613 @@ impl Topology {
             Some(g) => next.max(g),
             None => next,
         })
+    }
+}
+
+impl Endpoint {
+    /// The link of cluster member `member` that `t` goes to: the master of the slot of its
+    /// first key, as the slot map says; the seed link while no topology was read, or for a
+    /// command without a key. A slot that the topology last read gives no master fails the
+    /// member for this command, as the cluster would (`CLUSTERDOWN`).
+    pub(super) fn route<M: Machine>(
+        &mut self,
+        member: usize,
+        t: &Transmit,
+        m: &M,
+        now: Instant,
+    ) -> Result<usize, NodeErrorKind> {
+        let caps = self.nodes[member].server.caps;
+        self.scratch.clear();
+        m.encode(t, caps, &mut self.scratch);
+        let slot = first_key_slot(&self.scratch);
+        self.refresh_if_due(member, now);
+        let Some(topo) = &self.topo[member] else {
+            return Ok(member);
+        };
+        match slot.map(|s| (s, topo.link(s))) {
+            None => Ok(member),
+            Some((_, Some(link))) => Ok(link),
+            Some((_, None)) if !topo.known => Ok(member),
+            Some((s, None)) => {
+                // The cluster may be electing a new master for it: read again soon.
+                if let Some(topo) = self.topo[member].as_mut() {
+                    topo.want = true;
+                }
+                Err(NodeErrorKind::Server {
+                    kind: crate::resp::ServerErrorKind::ClusterDown,
+                    message: format!(
+                        "CLUSTERDOWN no master serves hash slot {s} in the cluster's topology"
+                    ),
+                })
+            }
+        }
+    }
+
+    /// The address node `link`'s command connection is to (or was last to).
+    pub(super) fn link_target(&self, link: usize) -> Option<std::net::SocketAddr> {
+        match self.node_addr(link).target(self.nodes[link].cmd.trying) {
+            Target::Tcp(a) => Some(a),
+            Target::Unix(_) => None,
+        }
+    }
+
+    /// The link of cluster member `member` to the master at `addr`, added if there is none
+    /// (in the place of a link given up, if there is one; its server taken to be what the
+    /// member's seed said, until its setup says). `None` is never returned today: a member
+    /// has as many links as its cluster has masters.
+    pub(super) fn link_for(
+        &mut self,
+        member: usize,
+        addr: std::net::SocketAddr,
+        now: Instant,
+    ) -> Option<usize> {
+        let found = (self.members..self.nodes.len()).find(|&l| {
+            self.nodes[l].member == member
+                && self.nodes[l]
+                    .addr
+                    .as_ref()
+                    .is_some_and(|a| a.addrs[0] == addr)
+        });
+        if found.is_some() {
+            return found;
+        }
+        let server = self.nodes[member].server;
+        let node = Node {
+            member,
+            addr: Some(Box::new(self.config.nodes[member].master(addr))),
+            kept: Kept::default(),
+            awaiting: None,
+            cmd: Conn::new(true, now),
+            sub: Conn::new(false, now),
+            server,
+            known: false,
+            retries: Vec::new(),
+            retry_bytes: Vec::new(),
+            again_at: None,
+            again_backoff: BACKOFF_MIN,
+            unsent: [None; UNSENT],
+            unsent_next: 0,
+            unconfirmed: Unconfirmed::default(),
+            unwaited: false,
+            given: [None; GIVEN],
+            given_next: 0,
+        };
+        let link = match self.free.pop() {
+            Some(l) => {
+                self.nodes[l] = node;
+                l
+            }
+            None => {
+                self.nodes.push(node);
+                self.channels.grow(self.nodes.len());
+                self.nodes.len() - 1
+            }
+        };
+        Some(link)
+    }
+
+    /// Whether node `i` is the place of a link given up: nothing is connected there.
+    pub(super) fn is_free(&self, i: usize) -> bool {
+        i >= self.members && self.nodes[i].addr.is_none()
+    }
+
+    /// After a topology read of cluster member `member` (read on link `reading`), whose map
+    /// names the links `in_use`: its other links to masters (not its seed link) are closed and
+    /// their places freed for the next masters, once they owe nothing (no reply to a command,
+    /// no compare-and-delete to send again or waiting for a `WAIT` to confirm it, no `WAIT`,
+    /// no wake channel there and no subscription or unsubscription unconfirmed).
+    /// A link that still owes is looked at again after the next read; so is `reading`, whose
+    /// socket is being read. Without this, a master that changes address (a pod restarted with
+    /// a new IP, a failover to a replacement node) would leave a link behind every time.
+    pub(super) fn reclaim_links(
+        &mut self,
+        member: usize,
+        reading: usize,
+        in_use: &Bits,
+        now: Instant,
+    ) {
+        for l in self.members..self.nodes.len() {
+            let node = &self.nodes[l];
+            let idle = node.cmd.owed() == 0
+                && !node.cmd.has_pending_output()
+                && node.retries.is_empty()
+                && node.awaiting.is_none()
+                && !node.unconfirmed.owes_until(now)
+                && !node.sub.has_pending_output()
+                && !self.channels.uses(l, member);
+            if node.member != member
+                || self.is_free(l)
+                || l == reading
+                || in_use.contains(l)
+                || !idle
+            {
+                continue;
+            }
+            for sub in [false, true] {
+                let id = ConnId { node: l, sub };
+                if self.is_open(id) {
+                    self.io.push_back(Io::Close(id));
+                }
+            }
+            // Confirmations its pub/sub connection owed will not come: nobody waits for them.
+            self.channels.lost_subscriber(l, &mut self.mail);
+            let node = &mut self.nodes[l];
+            node.addr = None;
+            node.kept.clear();
+            node.unconfirmed = Unconfirmed::default();
+            node.cmd = Conn::new(true, now);
+            node.sub = Conn::new(false, now);
+            node.server = Server::for_member(true);
+            node.known = false;
+            node.retry_bytes.clear();
+            self.free.push(l);
+        }
+    }
+
+    /// Sends a topology read of cluster member `member`: on its seed link if that is set up,
+    /// else on a master's link that is, else on the seed link if it can take it (connecting
+    /// it), else on any link that is up; if none can, it stays wanted.
+    pub(super) fn refresh(&mut self, member: usize, now: Instant) {
+        let links = || (self.members..self.nodes.len()).filter(|&l| self.nodes[l].member == member);
+        let link = if self.nodes[member].cmd.is_ready() {
+            Some(member)
+        } else if let Some(l) = links().find(|&l| self.nodes[l].cmd.is_ready()) {
+            Some(l)
+        } else if self.nodes[member].cmd.can_send(now) {
+            Some(member)
+        } else {
+            links().find(|&l| self.nodes[l].cmd.is_up())
+        };
+        let Some(topo) = self.topo[member].as_mut() else {
+            return;
+        };
+        topo.last = Some(now);
+        topo.next = now + REFRESH_PERIOD;
+        let Some(link) = link else {
+            topo.want = true;
+            return;
+        };
+        topo.want = false;
+        topo.asked = Some(now);
+        let slots_only = topo.slots_only;
+        self.connect_if_down(link, now);
+        self.nodes[link].cmd.queue(Slot::Topology, None, |out| {
+            let what: &[u8] = if slots_only { b"SLOTS" } else { b"SHARDS" };
+            crate::resp::encode_command(out, &[b"CLUSTER", what]);
+            0
+        });
+        self.touch(ConnId {
+            node: link,
+            sub: false,
+        });
+    }
+
+    /// A topology read's reply came on `link`: the member's slot map is what it says (or the
+    /// older form is asked next, for a server without `CLUSTER SHARDS`). A server with cluster
+    /// support disabled fails the link as a configuration error.
+    pub(super) fn read_topology(&mut self, link: usize, bytes: &[u8], now: Instant) {
+        let member = self.nodes[link].member;
+        let from = self.link_target(link);
+        let tls = self.config.nodes[member].tls;
+        let limits = self.config.limits;
+        let Some(slots_only) = self.topo[member].as_ref().map(|t| t.slots_only) else {
+            return;
+        };
+        let reply = decode(bytes, &limits);
+        let ranges = match &reply {
+            Some(Reply::Error(m)) if !slots_only && m.starts_with(b"ERR unknown subcommand") => {
+                if let Some(topo) = self.topo[member].as_mut() {
+                    topo.slots_only = true;
+                    topo.asked = None;
+                }
+                self.refresh(member, now);
+                return;
+            }
+            Some(Reply::Error(m)) if m.windows(8).any(|w| w == b"disabled") => {
+                let command = if slots_only {
+                    "CLUSTER SLOTS"
+                } else {
+                    "CLUSTER SHARDS"
+                };
+                let why = NodeErrorKind::Setup {
+                    command,
+                    cause: Box::new(crate::engine::ops::server_error(m)),
+                };
+                let id = ConnId {
+                    node: link,
+                    sub: false,
+                };
+                self.fail(id, why, now);
+                self.io.push_back(Io::Close(id));
+                return;
+            }
+            Some(r) if slots_only => parse_slots(r, from),
+            Some(r) => parse_shards(r, tls, from),
+            None => None,
+        };
+        let Some(ranges) = ranges else {
+            if let Some(topo) = self.topo[member].as_mut() {
+                topo.asked = None;
+                topo.want = true;
+            }
+            return;
+        };
+        let linked: Vec<(u16, u16, Option<usize>)> = ranges
+            .iter()
+            .map(|&(a, b, addr)| (a, b, self.link_for(member, addr, now)))
+            .collect();
+        // A master's certificate is checked against the hostname the cluster announces for it,
+        // where it announces one (from its next connect on).
+        if let (false, Some(r)) = (slots_only, &reply) {
+            for (addr, name) in shard_hostnames(r, tls, from) {
+                let link = (self.members..self.nodes.len()).find(|&l| {
+                    self.nodes[l].member == member
+                        && self.nodes[l]
+                            .addr
+                            .as_ref()
+                            .is_some_and(|a| a.addrs[0] == addr)
+                });
+                if let Some(a) = link.and_then(|l| self.nodes[l].addr.as_mut()) {
+                    a.host = name;
+                }
+            }
+        }
+        if let Some(topo) = self.topo[member].as_mut() {
+            topo.replace(&linked);
+            topo.asked = None;
+        }
+        // Every master in use is connected ahead of its first command, as members are.
+        let mut in_use = Bits::with_room(self.nodes.len());
+        for link in linked.iter().filter_map(|&(_, _, l)| l) {
+            in_use.insert(link);
+            self.connect_if_down(link, now);
+        }
+        // The cleanups a link no longer in the map ran and no `WAIT` confirmed go to the
+        // masters that serve their slots now, as they would had its connection broken.
+        for l in self.members..self.nodes.len() {
+            let node = &mut self.nodes[l];
+            if node.member == member && l != link && !in_use.contains(l) && node.cmd.owed() == 0 {
+                let Node {
+                    unconfirmed,
+                    retries,
+                    retry_bytes,
+                    ..
+                } = node;
+                unconfirmed.drain(now, |redo, bytes| {
+                    retry_bytes.extend_from_slice(bytes);
+                    retries.push(Retry {
+                        slot: Slot::Discard {
+                            redo: None,
+                            given: None,
+                        },
+                        redo,
+                    });
+                });
+            }
+        }
+        self.reroute_retries(member, now);
+        self.resubscribe(member, now);
+        self.reclaim_links(member, link, &in_use, now);
+    }
+
+    /// The compare-and-deletes that the links of cluster member `member` keep for their next
+    /// connection go to the master that serves their key's slot now, as the slot map says: a
+    /// delete owed on a cluster member belongs to the member and the key's slot, not to the
+    /// master it was first sent to (a master that died stays dead; its promoted replica, or
+    /// the master the slot moved to, holds the key). The old connection broke on the server's
+    /// side, so nothing sent on it can still run; on the new master, the delete goes behind
+    /// whatever is queued there (an acquisition redirected there earlier included).
+    pub(super) fn reroute_retries(&mut self, member: usize, now: Instant) {
+        let Some(topo) = self.topo[member].as_ref().filter(|t| t.known) else {
+            return;
+        };
+        let mut moved: Vec<(usize, Retry, Vec<u8>)> = Vec::new();
+        // A delete whose slot has no master yet (the cluster electing one): the topology is
+        // read again soon, until one is named.
+        let mut masterless = false;
+        for l in 0..self.nodes.len() {
+            let node = &mut self.nodes[l];
+            if node.member != member || node.retries.is_empty() {
+                continue;
+            }
+            let owner = |b: &[u8]| first_key_slot(b).and_then(|s| topo.link(s));
+            let (mut at, mut elsewhere) = (0, false);
+            for r in &node.retries {
+                let end = at + r.redo.len as usize;
+                let slot = first_key_slot(&node.retry_bytes[at..end]);
+                at = end;
+                if r.redo.until <= now {
+                    continue;
+                }
+                match slot.map(|s| topo.link(s)) {
+                    Some(Some(to)) => elsewhere |= to != l,
+                    Some(None) => masterless = true,
+                    None => {}
+                }
+            }
+            if !elsewhere {
+                continue;
+            }
+            let retries = std::mem::take(&mut node.retries);
+            let bytes = std::mem::take(&mut node.retry_bytes);
+            let mut at = 0;
+            for r in retries {
+                let end = at + r.redo.len as usize;
+                let b = &bytes[at..end];
+                at = end;
+                match owner(b) {
+                    Some(to) if to != l && r.redo.until > now => moved.push((to, r, b.to_vec())),
+                    _ => {
+                        node.retry_bytes.extend_from_slice(b);
+                        node.retries.push(r);
+                    }
+                }
+            }
+        }
+        if masterless {
+            if let Some(topo) = self.topo[member].as_mut() {
+                topo.want = true;
+            }
+        }
+        for (to, r, b) in moved {
+            let node = &mut self.nodes[to];
+            if node.cmd.is_down() {
+                // Sent first thing on its next connection, started below.
+                node.retry_bytes.extend_from_slice(&b);
+                node.retries.push(r);
+                continue;
+            }
+            // Its owner, if it still waits, hears from the new master.
+            self.queue_owed(to, r.slot.resent(now), r.redo, &b);
+            self.wait_after_owed(to);
+            self.touch(ConnId {
+                node: to,
+                sub: false,
+            });
+        }
+        for l in 0..self.nodes.len() {
+            if self.nodes[l].member == member && !self.nodes[l].retries.is_empty() {
+                self.connect_if_down(l, now);
+            }
+        }
+    }
+
+    /// Follows a redirection read on `from` (see the module docs of `cluster`): `MOVED` moves
+    /// the slot in the map and asks for a topology read; the command is sent to the node named
+    /// (after `ASKING` for `ASK`) within its node timeout, a compare-and-delete until what it
+    /// deletes expires. Otherwise (no such node, too many hops, too late) the owner is given
+    /// the redirection as the reply, a failure of that member: never a vote.
+    pub(super) fn follow(&mut self, from: usize, r: Redirected, now: Instant) {
+        let member = self.nodes[from].member;
+        let target = r.to.to.and_then(|a| self.link_for(member, a, now));
+        if let Some(topo) = self.topo[member].as_mut() {
+            if !r.to.ask {
+                if let Some(t) = target {
+                    topo.set(r.to.slot, t);
+                }
+                topo.want = true;
+            }
+        }
+        let redo = match r.slot {
+            Slot::Reply { redo, .. } | Slot::Discard { redo, .. } => redo,
+            _ => None,
+        };
+        let worth = match (redo, r.slot) {
+            (Some(redo), _) => redo.until > now,
+            // An acquisition only while its round waits for it: once the round is over (its
+            // owner may have released already), sending it again could only leave a key behind.
+            (
+                None,
+                Slot::Reply {
+                    caller,
+                    run,
+                    due,
+                    fired,
+                    ..
+                },
+            ) => !fired && due > now && self.mail.run_of(caller as usize) == Some(run),
+            _ => false,
+        };
+        let to = target.filter(|&t| worth && r.hops < MAX_HOPS && self.nodes[t].cmd.can_send(now));
+        let Some(to) = to else {
+            // A compare-and-delete for a master in its reconnect backoff waits for its next
+            // connection, as on any node.
+            let waits = target.filter(|&t| worth && !self.nodes[t].cmd.can_send(now));
+            if let (Some(t), Some(redo)) = (waits, redo) {
+                let node = &mut self.nodes[t];
+                node.retry_bytes.extend_from_slice(&r.bytes);
+                node.retries.push(Retry {
+                    slot: Slot::Discard {
+                        redo: None,
+                        given: None,
+                    },
+                    redo: Redo {
+                        until: redo.until,
+                        len: r.bytes.len() as u32,
+                        before: r.before as u32,
+                    },
+                });
+            }
+            if let Slot::Reply {
+                caller, run, tag, ..
+            } = r.slot
+            {
+                self.mail
+                    .post_reply(caller as usize, run, member, tag, &r.reply);
+            }
+            return;
+        };
+        self.connect_if_down(to, now);
+        let mut bytes = Vec::with_capacity(r.bytes.len() + 16);
+        let mut before = r.before;
+        if r.to.ask {
+            crate::resp::encode_command(&mut bytes, &[b"ASKING"]);
+            before += 1;
+        }
+        bytes.extend_from_slice(&r.bytes);
+        self.nodes[to]
+            .cmd
+            .queue(r.slot, redo.map(|r| r.until), |out| {
+                out.extend_from_slice(&bytes);
+                before
+            });
+        self.nodes[to].kept.push(&bytes, before, r.hops + 1, r.wait);
+        if r.wait {
+            self.queue_wait(to);
+        }
+        self.touch(ConnId {
+            node: to,
+            sub: false,
+        });
+    }
+
+    /// Sends a topology read of cluster member `member` if one is due (none is under way, or
+    /// the one under way went unanswered for too long).
+    pub(super) fn refresh_if_due(&mut self, member: usize, now: Instant) {
+        self.sentinels_if_due(member, now);
+        let due = self.topo[member]
+            .as_ref()
+            .is_some_and(|t| t.due().is_some_and(|d| d <= now));
+        if due {
+            self.refresh(member, now);
+        }
+    }
+
+    /// Subscribes cluster member `member` to channel `idx`: on the link of the master that
+    /// owns the channel's slot, as the slot map says (the seed link while no map was read,
+    /// or while the slot has no master: the cluster answers where it is).
+    pub(super) fn subscribe_sharded(&mut self, member: usize, idx: usize, now: Instant) {
+        self.refresh_if_due(member, now);
+        let slot = self.channels.slot(idx);
+        let link = self.topo[member]
+            .as_ref()
+            .and_then(|t| t.link(slot))
+            .unwrap_or(member);
+        self.channels.set_on(idx, member, Some(link));
+        if !self.subscribe_on(link, idx, now) {
+            // Its connection waits out its backoff: tried again after the next topology read.
+            self.channels.set_on(idx, member, None);
+            if let Some(topo) = self.topo[member].as_mut() {
+                topo.want = true;
+            }
+        }
+    }
+
+    /// After a topology read of cluster member `member`: every channel callers hold is
+    /// subscribed to at the master its slot's map names, and unsubscribed from where it was.
+    pub(super) fn resubscribe(&mut self, member: usize, now: Instant) {
+        for idx in 0..self.channels.len() {
+            if !self.channels.held(idx) {
+                continue;
+            }
+            let slot = self.channels.slot(idx);
+            let want = self.topo[member].as_ref().and_then(|t| t.link(slot));
+            let was = self.channels.on(idx, member);
+            if was == want && want.is_some() {
+                continue;
+            }
+            if let Some(old) = was {
+                self.channels.set_on(idx, member, None);
+                self.unsubscribe_on(old, idx, true);
+            }
+            if want.is_some() {
+                self.subscribe_sharded(member, idx, now);
+            }
+        }
+    }
+
+    /// What a message on node `i`'s pub/sub connection asked for, on a cluster member: a
+    /// channel whose slot left the master is subscribed to where the map says its slot is
+    /// (a stale map is corrected by the `-MOVED` that answers, and a topology read is asked
+    /// for); a `-MOVED` answer moves the slot in the map and sends the subscriptions it
+    /// answered to the master named. Any other error leaves the channels it answered to the
+    /// next topology read: their waiters are not kept waiting for a confirmation.
+    pub(super) fn handle_sharded_push(&mut self, i: usize, push: Push, now: Instant) {
+        let member = self.nodes[i].member;
+        if self.topo[member].is_none() {
+            return;
+        }
+        match push {
+            Push::Nothing => {}
+            Push::Dropped(idx) => {
+                if let Some(topo) = self.topo[member].as_mut() {
+                    topo.want = true;
+                }
+                self.subscribe_sharded(member, idx, now);
+            }
+            Push::Error(bytes) => {
+                let from = match self.node_addr(i).target(self.nodes[i].sub.trying) {
+                    Target::Tcp(a) => Some(a),
+                    Target::Unix(_) => None,
+                };
+                let redirect = redirect(&bytes, from);
+                let slot = match redirect {
+                    Some(r) => r.slot,
+                    // An error without a slot answers the oldest subscription still owed.
+                    None => match (0..self.channels.len()).find(|&k| {
+                        self.channels.on(k, member) == Some(i)
+                            && !self
+                                .channels
+                                .owed_at(i, member, self.channels.slot(k))
+                                .is_empty()
+                    }) {
+                        Some(k) => self.channels.slot(k),
+                        None => return,
+                    },
+                };
+                let answered = self.channels.owed_at(i, member, slot);
+                let target = redirect
+                    .filter(|r| !r.ask)
+                    .and_then(|r| r.to)
+                    .and_then(|a| self.link_for(member, a, now))
+                    .filter(|&t| t != i);
+                if let Some(topo) = self.topo[member].as_mut() {
+                    if let Some(t) = target {
+                        topo.set(slot, t);
+                    }
+                    topo.want = true;
+                }
+                // One error answers one subscription.
+                let Some(&idx) = answered.first() else {
+                    return;
+                };
+                match target {
+                    Some(t) => {
+                        self.channels.set_on(idx, member, Some(t));
+                        if self.subscribe_on(t, idx, now) {
+                            self.channels.move_awaiting(idx, i, t);
+                        } else {
+                            self.channels.set_on(idx, member, None);
+                            self.channels.not_owed(i, idx, &mut self.mail);
+                        }
+                    }
+                    None => {
+                        self.channels.set_on(idx, member, None);
+                        self.channels.not_owed(i, idx, &mut self.mail);
+                    }
+                }
+            }
+        }
     }
 }
 
