@@ -80,14 +80,17 @@
 
 mod bits;
 mod caller;
+mod close;
 pub(crate) mod cluster;
 mod confirm;
 mod conn;
 mod mail;
+mod node;
 pub(crate) mod seats;
 mod sentinel;
 pub(crate) mod setup;
 mod subs;
+mod timers;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -105,13 +108,16 @@ use crate::url::{NodeAddr, Target};
 
 pub(crate) use bits::Bits;
 pub(crate) use caller::{CallerLoop, Next};
+use close::Closing;
+#[cfg(test)]
+use close::{CLOSE_LIMIT, CLOSE_STALL};
 use cluster::{Kept, Topology};
 use confirm::Unconfirmed;
 use conn::{Conn, Redo, Refused, Slot, BACKOFF_MAX, BACKOFF_MIN, MAX_OWED};
 pub(crate) use mail::Event;
 use mail::Mail;
 use sentinel::Watch;
-use setup::{Server, Setup};
+use setup::Server;
 use subs::{Channels, Push};
 
 /// A caller of an endpoint: one thread (or simulated caller) running lock operations.
@@ -402,17 +408,6 @@ struct Refusal {
     before: usize,
     /// The reply: what the owner is given if it is not sent again.
     reply: Vec<u8>,
-}
-
-/// How long closing waits at most for the nodes to answer what they were sent, and how long
-/// without any answer before it gives up on those that still owe.
-pub(crate) const CLOSE_LIMIT: Duration = Duration::from_secs(10);
-pub(crate) const CLOSE_STALL: Duration = Duration::from_secs(2);
-
-#[derive(Debug, Clone, Copy)]
-struct Closing {
-    until: Instant,
-    progress: Instant,
 }
 
 impl Endpoint {
@@ -950,111 +945,6 @@ impl Endpoint {
         });
     }
 
-    /// Whether node `i`'s command connection still owes a reply to a command queued more than
-    /// the node timeout ago. (The shell reads what has come first: see
-    /// [`late_nodes`](Self::late_nodes).)
-    fn lagging(&self, i: usize, now: Instant) -> bool {
-        self.nodes[i]
-            .cmd
-            .oldest_reply_since()
-            .is_some_and(|sent| now.saturating_duration_since(sent) >= self.config.node_timeout)
-    }
-
-    /// The nodes whose command connection owes a reply older than the node timeout, into
-    /// `into` (emptied first): a shell that reads only when someone waits should read those
-    /// before a caller steps, so that replies that came but were not read yet do not make an
-    /// acquisition skip them.
-    pub fn late_nodes(&self, now: Instant, into: &mut Bits) {
-        into.clear();
-        for i in (0..self.nodes.len()).filter(|&i| self.lagging(i, now)) {
-            into.insert(i);
-        }
-    }
-
-    /// Starts a connection to node `i` for commands if it is down and due, with the
-    /// compare-and-deletes of its broken connections first behind the setup.
-    fn connect_if_down(&mut self, i: usize, now: Instant) {
-        // The connection's own state first: it is up on nearly every call.
-        let cmd = &self.nodes[i].cmd;
-        if !cmd.is_down() || !cmd.can_send(now) {
-            return;
-        }
-        if self.is_free(i) || self.without_master(i).is_some() {
-            return;
-        }
-        let node = &mut self.nodes[i];
-        let why = node.cmd.down_reason();
-        let addr = match &node.addr {
-            Some(a) => a,
-            None => &self.config.nodes[i],
-        };
-        node.cmd.start(addr, self.topo[node.member].is_some(), now);
-        self.dirty.insert(
-            ConnId {
-                node: i,
-                sub: false,
-            }
-            .index(),
-        );
-        self.io.push_back(Io::Connect(ConnId {
-            node: i,
-            sub: false,
-        }));
-        self.requeue(i, why, now);
-    }
-
-    /// Queues on node `i`'s command connection (up, or just started) the compare-and-deletes
-    /// kept for it, those still worth sending; the owners still waiting for the others hear
-    /// `why` they were not sent.
-    fn requeue(&mut self, i: usize, why: NodeErrorKind, now: Instant) {
-        let node = &mut self.nodes[i];
-        node.again_at = None;
-        let member = node.member;
-        if i == member && self.topo[member].as_ref().is_some_and(|t| t.known) {
-            // A cluster member's seed link keeps what no master serves yet: it goes to the
-            // master the topology names (see `reroute_retries`), never to whichever node the
-            // seed reaches (a replica, or a master that would redirect it to the dead one).
-            return;
-        }
-        let mut retries = std::mem::take(&mut node.retries);
-        let mut bytes = std::mem::take(&mut node.retry_bytes);
-        let mut at = 0;
-        for r in &retries {
-            let end = at + r.redo.len as usize;
-            if r.redo.until > now {
-                // Written on the new connection, it gets a node timeout from then on.
-                self.queue_owed(i, r.slot.resent(now), r.redo, &bytes[at..end]);
-            } else if let Slot::Reply {
-                caller,
-                run,
-                tag,
-                fired: false,
-                ..
-            } = r.slot
-            {
-                // Not sent again (what it deletes has expired anyway), but its owner may still
-                // wait: it hears why the node could not be reached.
-                self.mail.post(
-                    caller as usize,
-                    run,
-                    Event::Failure {
-                        node: member,
-                        tag,
-                        why: why.clone(),
-                    },
-                );
-            }
-            at = end;
-        }
-        self.wait_after_owed(i);
-        // Nothing was kept meanwhile: the buffers are reused.
-        retries.clear();
-        bytes.clear();
-        let node = &mut self.nodes[i];
-        node.retries = retries;
-        node.retry_bytes = bytes;
-    }
-
     // --- I/O -----------------------------------------------------------------------------
 
     /// Every command connection that is down and due starts connecting: a client warms its
@@ -1519,44 +1409,6 @@ impl Endpoint {
         });
     }
 
-    /// Node `i`'s command connection has answered its whole setup: the node's server is what
-    /// it said, and what waited behind the setup goes out (see the module docs for what a
-    /// changed server and a duplicate one mean).
-    fn set_up(&mut self, i: usize, now: Instant) {
-        let mut learnt = self.nodes[i].cmd.learnt;
-        learnt.caps.sharded = self.topo[self.nodes[i].member].is_some();
-        // The links of one cluster member may reach one server twice (its seed link and a
-        // master's); servers of two members may not be one.
-        let member = self.nodes[i].member;
-        let twin = learnt.run_id.and_then(|id| {
-            (0..self.nodes.len()).find(|&j| {
-                self.nodes[j].member != member && self.nodes[j].server.run_id == Some(id)
-            })
-        });
-        let id = ConnId {
-            node: i,
-            sub: false,
-        };
-        if let Some(j) = twin {
-            let node = self.nodes[j].member;
-            let why = Setup::Info.failed(NodeErrorKind::SameServer { node });
-            self.fail(id, why, now);
-            self.io.push_back(Io::Close(id));
-            return;
-        }
-        let changed = learnt.caps != self.nodes[i].server.caps;
-        self.nodes[i].server = learnt;
-        self.nodes[i].known = true;
-        if changed && self.nodes[i].cmd.holds_fresh_commands() {
-            // Written for the server the node was: they must not run on the one it is.
-            self.fail(id, NodeErrorKind::ServerChanged, now);
-            self.io.push_back(Io::Close(id));
-            return;
-        }
-        self.nodes[i].cmd.release_held();
-        self.touch(id);
-    }
-
     /// The connection `id` failed with `why` at `now` (its socket is closed, or to be closed):
     /// every reply it owed fails for its owner, but for the compare-and-deletes, which are
     /// kept for the node's next connection.
@@ -1605,309 +1457,6 @@ impl Endpoint {
             _ => why,
         };
         self.fail(id, why, now);
-    }
-
-    fn fail(&mut self, id: ConnId, why: NodeErrorKind, now: Instant) {
-        let i = id.node;
-        if self.is_sentinel_link(i) {
-            return match id.sub {
-                false => self.sentinel_failed(i, why, now),
-                true => self.sentinel_sub_failed(i, why, now),
-            };
-        }
-        if !id.sub && i < self.members {
-            // A master named by sentinels: they are asked again.
-            self.suspect_master(i, now);
-        }
-        if id.sub {
-            let node = &mut self.nodes[i];
-            node.sub.fail(why, now, |_, _| {});
-            self.channels.lost_subscriber(i, &mut self.mail);
-            if let Some(topo) = self.topo[self.nodes[i].member].as_mut() {
-                // Its channels are subscribed to again after the next topology read, at
-                // whichever masters own their slots then.
-                topo.want = true;
-            }
-            return;
-        }
-        let member = self.nodes[i].member;
-        if self.nodes[i].cmd.is_up() {
-            self.stats.disconnect(member);
-        }
-        // What this connection answered says nothing of the next one's server (a restart, a
-        // failover): every release goes there again.
-        self.nodes[i].given = [None; GIVEN];
-        if let Some(topo) = self.topo[member].as_mut() {
-            // A topology read on it is lost, and the cluster may have changed.
-            topo.asked = None;
-            topo.want = true;
-        }
-        let Node {
-            cmd,
-            retries,
-            retry_bytes,
-            kept,
-            awaiting,
-            unconfirmed,
-            ..
-        } = &mut self.nodes[i];
-        kept.clear();
-        // The cleanups it ran that no `WAIT` confirmed go again, with theirs, on the next
-        // connection (to the master promoted in a failover, which may not have had them).
-        unconfirmed.drain(now, |redo, bytes| {
-            retry_bytes.extend_from_slice(bytes);
-            retries.push(Retry {
-                slot: Slot::Discard {
-                    redo: None,
-                    given: None,
-                },
-                redo,
-            });
-        });
-        if let Some(a) = awaiting.take() {
-            // Its `WAIT` will not answer: the write does not count.
-            if let Slot::Reply {
-                caller, run, tag, ..
-            } = a.slot
-            {
-                self.mail.post(
-                    caller as usize,
-                    run,
-                    Event::Failure {
-                        node: member,
-                        tag,
-                        why: why.clone(),
-                    },
-                );
-            }
-            // A compare-and-delete stays owed, first of those of this connection.
-            if let Some(redo) = a.slot.redo().filter(|r| r.until > now) {
-                retry_bytes.extend_from_slice(&a.command);
-                retries.push(Retry {
-                    slot: Slot::Discard {
-                        redo: None,
-                        given: None,
-                    },
-                    redo: Redo {
-                        len: a.command.len() as u32,
-                        ..redo
-                    },
-                });
-            }
-        }
-        let mail = &mut self.mail;
-        cmd.fail(why.clone(), now, |slot, bytes| {
-            let redo = match slot {
-                Slot::Reply { redo, .. } | Slot::Discard { redo, .. } => redo,
-                _ => None,
-            };
-            match (redo.filter(|r| r.until > now), bytes) {
-                // Sent again on the next connection; its owner, if it still waits, gets
-                // that reply.
-                (Some(redo), Some(bytes)) => {
-                    retry_bytes.extend_from_slice(bytes);
-                    retries.push(Retry { slot, redo });
-                }
-                _ => {
-                    if let Slot::Reply {
-                        caller, run, tag, ..
-                    } = slot
-                    {
-                        mail.post(
-                            caller as usize,
-                            run,
-                            Event::Failure {
-                                node: member,
-                                tag,
-                                why: why.clone(),
-                            },
-                        );
-                    }
-                }
-            }
-        });
-        // The slot map may have moved their slots already (a connect to a master that died,
-        // tried again after the topology named its successor).
-        self.reroute_retries(member, now);
-    }
-
-    /// When [`handle_timeout`](Self::handle_timeout) has work to do: a command whose node
-    /// timeout passes, a connect that may be overdue, a node whose compare-and-deletes wait for
-    /// its backoff to pass, the end of closing. The shell reads every connection before it
-    /// acts on a passed node timeout, so that a reply that came but was not read yet is never
-    /// taken for a timeout.
-    pub fn poll_timeout(&mut self) -> Option<Instant> {
-        let connect = self.config.connect_timeout;
-        let mut next = self.closing.map(|c| c.until.min(c.progress + CLOSE_STALL));
-        let mut consider = |t: Option<Instant>| {
-            if let Some(t) = t {
-                next = Some(next.map_or(t, |n| n.min(t)));
-            }
-        };
-        for topo in self.topo.iter().flatten() {
-            consider(topo.due());
-        }
-        consider(self.sentinels_due());
-        // A Sentinel member without a master named cannot connect: what it keeps waits for
-        // the sentinels' answer (their round is due above), not for its backoff.
-        for i in 0..self.nodes.len() {
-            let masterless = !self.nodes[i].retries.is_empty() && self.without_master(i).is_some();
-            let n = &mut self.nodes[i];
-            consider(n.unconfirmed.due(&n.cmd));
-            consider(n.cmd.next_due());
-            consider(n.cmd.connecting_since().map(|s| s + connect));
-            consider(n.sub.connecting_since().map(|s| s + connect));
-            if !n.retries.is_empty() {
-                if !masterless {
-                    consider(n.cmd.retry_at());
-                }
-                if !n.cmd.is_down() {
-                    consider(n.again_at);
-                }
-                // An owner waiting for a release kept to send again hears by its node timeout.
-                for r in &n.retries {
-                    if let Slot::Reply {
-                        due, fired: false, ..
-                    } = r.slot
-                    {
-                        consider(Some(due));
-                    }
-                }
-            }
-        }
-        next
-    }
-
-    /// Tells the owner of every command whose node timeout passed by `now` that the node timed
-    /// out for it (the one place that decides it), fails the connects that took longer than
-    /// the connect timeout, and reconnects the nodes whose compare-and-deletes wait, once their
-    /// backoff has passed.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        let connect = self.config.connect_timeout;
-        for i in 0..self.nodes.len() {
-            let mail = &mut self.mail;
-            let member = self.nodes[i].member;
-            self.nodes[i].cmd.fire_due(now, |slot| {
-                if let Slot::Reply {
-                    caller, run, tag, ..
-                } = *slot
-                {
-                    mail.post(
-                        caller as usize,
-                        run,
-                        Event::Failure {
-                            node: member,
-                            tag,
-                            why: NodeErrorKind::Timeout,
-                        },
-                    );
-                }
-            });
-            for sub in [false, true] {
-                let id = ConnId { node: i, sub };
-                let overdue = self
-                    .conn(id)
-                    .connecting_since()
-                    .is_some_and(|s| now.saturating_duration_since(s) >= connect);
-                if overdue {
-                    self.io.push_back(Io::Close(id));
-                    // A TLS handshake unanswered at the connect timeout, on a stream that is
-                    // connected: a plaintext Redis reads a TLS hello as the start of a command
-                    // line, and waits for its end without a word. A configuration error.
-                    let why = if self.conn(id).is_handshaking() && self.node_addr(i).tls {
-                        NodeErrorKind::Setup {
-                            command: "TLS",
-                            cause: Box::new(NodeErrorKind::Tls(TlsFailure::NotTls)),
-                        }
-                    } else {
-                        NodeErrorKind::Connect(std::io::ErrorKind::TimedOut)
-                    };
-                    self.handle_connect_failed(id, why, now);
-                }
-            }
-            self.confirm_if_idle(i, now);
-            let node = &mut self.nodes[i];
-            if !node.retries.is_empty() {
-                // A release kept to send again while its node is unreachable: its owner, if it
-                // still waits, counts the node as timed out once the node timeout of what it
-                // sent passes (or the release is given up); the release is still sent again,
-                // and a reply that comes later still reaches the owner, as any late reply does.
-                let expired = node.retries.iter().all(|r| r.redo.until <= now);
-                for r in &mut node.retries {
-                    if let Slot::Reply {
-                        caller,
-                        run,
-                        tag,
-                        due,
-                        ref mut fired,
-                        ..
-                    } = r.slot
-                    {
-                        if !*fired && (due <= now || expired) {
-                            *fired = true;
-                            self.mail.post(
-                                caller as usize,
-                                run,
-                                Event::Failure {
-                                    node: member,
-                                    tag,
-                                    why: NodeErrorKind::Timeout,
-                                },
-                            );
-                        }
-                    }
-                }
-                if expired {
-                    node.retries.clear();
-                    node.retry_bytes.clear();
-                    node.again_at = None;
-                } else if !node.cmd.is_down() && node.again_at.is_some_and(|t| t <= now) {
-                    // Refused a moment ago, on a connection that is still up: sent again.
-                    self.requeue(i, NodeErrorKind::Timeout, now);
-                    self.touch(ConnId {
-                        node: i,
-                        sub: false,
-                    });
-                } else {
-                    self.connect_if_down(i, now);
-                }
-            }
-        }
-        for member in 0..self.members {
-            self.refresh_if_due(member, now);
-        }
-    }
-
-    /// The client closes from `now` on: [`close_outcome`](Self::close_outcome) says when
-    /// that is over. Until then the shell keeps writing, reading and running the timers:
-    /// nodes answer what they owe, and the compare-and-deletes of broken connections are sent
-    /// again. It is over once nothing is owed, after [`CLOSE_LIMIT`], or once no node has
-    /// answered anything for [`CLOSE_STALL`] (those that owe are down, or paused; a cluster's
-    /// answers to topology reads are no progress on what is owed). A close that follows another
-    /// with no operation in between (a drop after `close()`) ends by the first one's limit:
-    /// the two together wait [`CLOSE_LIMIT`] at most.
-    pub fn begin_close(&mut self, now: Instant) {
-        let until = *self.closed_until.get_or_insert(now + CLOSE_LIMIT);
-        self.closing = Some(Closing {
-            until,
-            progress: now,
-        });
-        self.handle_timeout(now);
-    }
-
-    /// Once closing is over: the nodes left with compare-and-deletes (releases, cleanups) not
-    /// known to have reached them, which keep what they were to delete until its TTL. `None`
-    /// while it goes on, or when the client is not closing.
-    pub fn close_outcome(&mut self, now: Instant) -> Option<Vec<usize>> {
-        let c = self.closing?;
-        let over = !self.busy(now)
-            || now >= c.until
-            || now.saturating_duration_since(c.progress) >= CLOSE_STALL;
-        if !over {
-            return None;
-        }
-        self.closing = None;
-        Some(self.undelivered(now))
     }
 
     /// Whether compare-and-deletes need someone to drive the endpoint until they are
@@ -2014,91 +1563,6 @@ impl Endpoint {
     }
 
     // --- wake channels -------------------------------------------------------------------
-
-    /// Subscribes the caller to the channels `m` writes for `t` (see [`Channels`]).
-    fn subscribe<M: Machine>(
-        &mut self,
-        t: &Transmit,
-        m: &mut M,
-        caller: CallerId,
-        run: u64,
-        now: Instant,
-    ) {
-        self.channels
-            .add(t, m, caller, run, &self.config.limits, &mut self.mail);
-        for k in 0..self.channels.changed.len() {
-            let idx = self.channels.changed[k];
-            for i in 0..self.members {
-                if self.topo[i].is_some() {
-                    self.subscribe_sharded(i, idx, now);
-                } else {
-                    self.subscribe_on(i, idx, now);
-                }
-            }
-        }
-        self.channels
-            .await_confirmations(caller, run, &mut self.mail);
-    }
-
-    /// Subscribes node `i`'s pub/sub connection to channel `idx`, connecting it first if it is
-    /// down and due (then every live channel of that connection is subscribed to); `false`
-    /// when it cannot be now (a connection in its backoff).
-    fn subscribe_on(&mut self, i: usize, idx: usize, now: Instant) -> bool {
-        if self.is_free(i) || self.without_master(i).is_some() {
-            return false;
-        }
-        let member = self.nodes[i].member;
-        let sharded = self.topo[member].is_some().then_some(member);
-        let node = &mut self.nodes[i];
-        if !node.sub.can_send(now) {
-            return false;
-        }
-        let fresh = node.sub.is_down();
-        if fresh {
-            let addr = match &node.addr {
-                Some(a) => a,
-                None => &self.config.nodes[i],
-            };
-            node.sub.start(addr, sharded.is_some(), now);
-            self.io
-                .push_back(Io::Connect(ConnId { node: i, sub: true }));
-        }
-        let sub = &mut self.nodes[i].sub;
-        self.channels
-            .write_subscribe(i, Some(idx), fresh, sharded, |write| {
-                sub.queue_unmatched(|out| write(out))
-            });
-        self.touch(ConnId { node: i, sub: true });
-        true
-    }
-
-    /// Unsubscribes node `i`'s pub/sub connection from channel `idx`, if it is up.
-    fn unsubscribe_on(&mut self, i: usize, idx: usize, sharded: bool) {
-        let sub = &mut self.nodes[i].sub;
-        if sub.is_up() {
-            self.channels.write_unsubscribe(i, idx, sharded, |write| {
-                sub.queue_unmatched(|out| write(out))
-            });
-            self.dirty.insert(ConnId { node: i, sub: true }.index());
-        }
-    }
-
-    /// Drops the caller's references to its channels; those nobody holds any more are
-    /// unsubscribed from.
-    fn unsubscribe(&mut self, caller: CallerId, run: u64, _now: Instant) {
-        self.channels.remove(caller, run, &mut self.mail);
-        for k in 0..self.channels.changed.len() {
-            let idx = self.channels.changed[k];
-            for i in 0..self.members {
-                if self.topo[i].is_none() {
-                    self.unsubscribe_on(i, idx, false);
-                } else if let Some(link) = self.channels.on(idx, i) {
-                    self.channels.set_on(idx, i, None);
-                    self.unsubscribe_on(link, idx, true);
-                }
-            }
-        }
-    }
 }
 
 /// The reply to a `WAIT` or a `WAITAOF` read on a node of member `member`.

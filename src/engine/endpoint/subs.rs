@@ -14,9 +14,11 @@
 //! `sunsubscribe` a master pushes when the slot leaves it.
 #![forbid(unsafe_code)]
 
+use std::time::Instant;
+
 use super::cluster;
 use super::mail::{Event, Mail};
-use super::CallerId;
+use super::{CallerId, ConnId, Endpoint, Io};
 use crate::engine::machine::{Machine, Transmit};
 use crate::engine::ops::Caps;
 use crate::resp::{self, Limits, Reply, Status};
@@ -435,6 +437,93 @@ impl Channels {
             }
             for (caller, run) in ch.awaiting[node].drain(..) {
                 mail.confirmed(caller, run);
+            }
+        }
+    }
+}
+
+impl Endpoint {
+    /// Subscribes the caller to the channels `m` writes for `t` (see [`Channels`]).
+    pub(super) fn subscribe<M: Machine>(
+        &mut self,
+        t: &Transmit,
+        m: &mut M,
+        caller: CallerId,
+        run: u64,
+        now: Instant,
+    ) {
+        self.channels
+            .add(t, m, caller, run, &self.config.limits, &mut self.mail);
+        for k in 0..self.channels.changed.len() {
+            let idx = self.channels.changed[k];
+            for i in 0..self.members {
+                if self.topo[i].is_some() {
+                    self.subscribe_sharded(i, idx, now);
+                } else {
+                    self.subscribe_on(i, idx, now);
+                }
+            }
+        }
+        self.channels
+            .await_confirmations(caller, run, &mut self.mail);
+    }
+
+    /// Subscribes node `i`'s pub/sub connection to channel `idx`, connecting it first if it is
+    /// down and due (then every live channel of that connection is subscribed to); `false`
+    /// when it cannot be now (a connection in its backoff).
+    pub(super) fn subscribe_on(&mut self, i: usize, idx: usize, now: Instant) -> bool {
+        if self.is_free(i) || self.without_master(i).is_some() {
+            return false;
+        }
+        let member = self.nodes[i].member;
+        let sharded = self.topo[member].is_some().then_some(member);
+        let node = &mut self.nodes[i];
+        if !node.sub.can_send(now) {
+            return false;
+        }
+        let fresh = node.sub.is_down();
+        if fresh {
+            let addr = match &node.addr {
+                Some(a) => a,
+                None => &self.config.nodes[i],
+            };
+            node.sub.start(addr, sharded.is_some(), now);
+            self.io
+                .push_back(Io::Connect(ConnId { node: i, sub: true }));
+        }
+        let sub = &mut self.nodes[i].sub;
+        self.channels
+            .write_subscribe(i, Some(idx), fresh, sharded, |write| {
+                sub.queue_unmatched(|out| write(out))
+            });
+        self.touch(ConnId { node: i, sub: true });
+        true
+    }
+
+    /// Unsubscribes node `i`'s pub/sub connection from channel `idx`, if it is up.
+    pub(super) fn unsubscribe_on(&mut self, i: usize, idx: usize, sharded: bool) {
+        let sub = &mut self.nodes[i].sub;
+        if sub.is_up() {
+            self.channels.write_unsubscribe(i, idx, sharded, |write| {
+                sub.queue_unmatched(|out| write(out))
+            });
+            self.dirty.insert(ConnId { node: i, sub: true }.index());
+        }
+    }
+
+    /// Drops the caller's references to its channels; those nobody holds any more are
+    /// unsubscribed from.
+    pub(super) fn unsubscribe(&mut self, caller: CallerId, run: u64, _now: Instant) {
+        self.channels.remove(caller, run, &mut self.mail);
+        for k in 0..self.channels.changed.len() {
+            let idx = self.channels.changed[k];
+            for i in 0..self.members {
+                if self.topo[i].is_none() {
+                    self.unsubscribe_on(i, idx, false);
+                } else if let Some(link) = self.channels.on(idx, i) {
+                    self.channels.set_on(idx, i, None);
+                    self.unsubscribe_on(link, idx, true);
+                }
             }
         }
     }
