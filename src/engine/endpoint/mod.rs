@@ -86,6 +86,7 @@ mod confirm;
 mod conn;
 mod mail;
 mod node;
+mod recv;
 pub(crate) mod seats;
 mod sentinel;
 pub(crate) mod setup;
@@ -114,11 +115,12 @@ use close::{CLOSE_LIMIT, CLOSE_STALL};
 use cluster::{Kept, Topology};
 use confirm::Unconfirmed;
 use conn::{Conn, Redo, Refused, Slot, BACKOFF_MAX, BACKOFF_MIN, MAX_OWED};
-pub(crate) use mail::Event;
 use mail::Mail;
+#[cfg(test)]
+use recv::waited;
 use sentinel::Watch;
 use setup::Server;
-use subs::{Channels, Push};
+use subs::Channels;
 
 /// A caller of an endpoint: one thread (or simulated caller) running lock operations.
 pub(crate) type CallerId = usize;
@@ -1077,318 +1079,17 @@ impl Endpoint {
     pub fn handle_recv(&mut self, id: ConnId, n: usize, now: Instant) {
         self.conn(id).received(n);
         let was = self.closing.map(|c| (c.progress, self.conn(id).read));
-        let limits = self.config.limits;
         let i = id.node;
-        let member = self.nodes[i].member;
-        if !id.sub && self.topo[member].is_some() {
-            return self.handle_recv_cluster(i, was, now);
-        }
         if self.is_sentinel_link(i) {
             return match id.sub {
                 false => self.sentinel_recv(i, now),
                 true => self.sentinel_push(i, now),
             };
         }
-        if let Some(c) = &mut self.closing {
-            c.progress = now;
+        match id.sub {
+            false => self.recv_replies(i, was, now),
+            true => self.recv_pushes(i, now),
         }
-        let mut pushes = Vec::new();
-        let mut refusals = Vec::new();
-        let mut idle = 0;
-        let mut readonly = false;
-        let result = if id.sub {
-            let channels = &mut self.channels;
-            let mail = &mut self.mail;
-            self.nodes[i].sub.take_replies(&limits, |_, bytes, _, _| {
-                match channels.handle_push(i, member, bytes, &limits, mail) {
-                    Push::Nothing => {}
-                    push => pushes.push(push),
-                }
-            })
-        } else {
-            let mail = &mut self.mail;
-            let stats = &self.stats;
-            let refusals = &mut refusals;
-            let idle = &mut idle;
-            let wants = (
-                self.config.nodes[member].wait,
-                self.config.nodes[member].waitaof,
-            );
-            let confirms = wants.0 > 0 || wants.1.is_some();
-            let sentinel = self.sentinels[member].is_some();
-            // A give-back answered here stands for its holder's release only where a write
-            // counts without a `WAIT` and no sentinel may name another master.
-            let plain = !sentinel && wants.0 == 0 && wants.1.is_none();
-            let readonly = &mut readonly;
-            let Node {
-                cmd,
-                again_backoff,
-                awaiting,
-                unconfirmed,
-                given,
-                given_next,
-                ..
-            } = &mut self.nodes[i];
-            cmd.take_replies(&limits, |slot, bytes, command, waits| {
-                // A master named by sentinels that refuses writes as a replica was demoted:
-                // they are asked again, and what it refused goes to the master they name.
-                let demoted = sentinel && bytes.starts_with(b"-READONLY");
-                *readonly |= demoted;
-                // A compare-and-delete nobody waits for, on a member that waits for replicas:
-                // done once a `WAIT` after it says so, its own or a later one.
-                let confirmed_later = confirms && matches!(slot, Slot::Discard { .. });
-                if let Some(redo) = slot.redo() {
-                    match Refused::of(bytes).or(demoted.then_some(Refused::Transient)) {
-                        Some(kind) => {
-                            *idle += 1;
-                            return refusals.push(Refusal {
-                                slot,
-                                kind,
-                                command: command.to_vec(),
-                                before: redo.before as usize,
-                                reply: bytes.to_vec(),
-                            });
-                        }
-                        // One the replicas must acknowledge is not done yet.
-                        None if confirmed_later => {
-                            *again_backoff = BACKOFF_MIN;
-                            unconfirmed.push(redo, command);
-                        }
-                        None if waits => {}
-                        None => *again_backoff = BACKOFF_MIN,
-                    }
-                }
-                if let Slot::Discard {
-                    given: Some(token), ..
-                } = slot
-                {
-                    // It ran: an integer (it deleted the key, or found it gone), or the
-                    // transaction's with `DELEX`'s integer first.
-                    let ran = bytes.starts_with(b":") || bytes.starts_with(b"*2\r\n:");
-                    if ran && plain && !waits {
-                        given[*given_next] = Some(token);
-                        *given_next = (*given_next + 1) % GIVEN;
-                    }
-                }
-                match slot {
-                    Slot::Discard { redo: Some(_), .. } if confirmed_later => {}
-                    // A write's reply counts once its `WAIT` says enough replicas have it.
-                    Slot::Reply { .. } | Slot::Discard { .. } if waits => {
-                        *awaiting = Some(Awaiting::new(slot, bytes, command))
-                    }
-                    wait_slot @ (Slot::Wait | Slot::WaitAof) => {
-                        *idle += answer_wait(
-                            awaiting,
-                            Waited {
-                                bytes,
-                                slot: wait_slot,
-                                more: waits,
-                                wants,
-                                member,
-                                now,
-                            },
-                            &limits,
-                            stats,
-                            mail,
-                            refusals,
-                            again_backoff,
-                            unconfirmed,
-                        );
-                    }
-                    Slot::Reply {
-                        caller,
-                        run,
-                        tag,
-                        sent,
-                        ..
-                    } => {
-                        // Every reply is timed, the late ones too: a round decided at the
-                        // quorum must not hide the slowest node's latency.
-                        stats.reply(i, now.saturating_duration_since(sent));
-                        mail.post_reply(caller as usize, run, i, tag, bytes);
-                    }
-                    _ => {}
-                }
-            })
-        };
-        match result {
-            Ok(false) => {}
-            Ok(true) if id.sub => {
-                self.nodes[i].sub.release_held();
-                self.touch(id);
-            }
-            Ok(true) => self.set_up(i, now),
-            Err(why) => {
-                self.fail(id, why, now);
-                self.io.push_back(Io::Close(id));
-            }
-        }
-        for push in pushes {
-            self.handle_sharded_push(i, push, now);
-        }
-        self.owe_again(i, refusals, idle, was, now);
-        if readonly && !self.nodes[i].cmd.is_down() {
-            let why = NodeErrorKind::Server {
-                kind: crate::resp::ServerErrorKind::ReadOnly,
-                message: "READONLY the master the sentinels named is a replica now".to_owned(),
-            };
-            self.fail(id, why, now);
-            self.io.push_back(Io::Close(id));
-        }
-        if !id.sub {
-            self.confirm_if_idle(i, now);
-        }
-    }
-
-    /// [`handle_recv`](Self::handle_recv) for the command connection of `link`, a link of a
-    /// cluster member: redirections are followed, topology replies read, and every other
-    /// reply is routed to its caller as the member's.
-    fn handle_recv_cluster(&mut self, link: usize, was: Option<(Instant, u64)>, now: Instant) {
-        let limits = self.config.limits;
-        let member = self.nodes[link].member;
-        let from = self.link_target(link);
-        let mut topology: Vec<Vec<u8>> = Vec::new();
-        let mut redirected: Vec<Redirected> = Vec::new();
-        let mut refusals: Vec<Refusal> = Vec::new();
-        let mut idle = 0;
-        let wants = (
-            self.config.nodes[member].wait,
-            self.config.nodes[member].waitaof,
-        );
-        let mut down = false;
-        // Anything but a topology read answered: the nodes move on with what they owe.
-        let mut progress = false;
-        let mail = &mut self.mail;
-        let stats = &self.stats;
-        let confirms = wants.0 > 0 || wants.1.is_some();
-        let Node {
-            cmd,
-            kept,
-            awaiting,
-            again_backoff,
-            unconfirmed,
-            ..
-        } = &mut self.nodes[link];
-        let idle_reads = &mut idle;
-        let result = cmd.take_replies(&limits, |slot, bytes, _, waits| match slot {
-            Slot::Topology => topology.push(bytes.to_vec()),
-            // After a redirection, nothing waits for it.
-            wait_slot @ (Slot::Wait | Slot::WaitAof) => {
-                progress = true;
-                *idle_reads += answer_wait(
-                    awaiting,
-                    Waited {
-                        bytes,
-                        slot: wait_slot,
-                        more: waits,
-                        wants,
-                        member,
-                        now,
-                    },
-                    &limits,
-                    stats,
-                    mail,
-                    &mut refusals,
-                    again_backoff,
-                    unconfirmed,
-                );
-            }
-            Slot::Reply { .. } | Slot::Discard { .. } => {
-                progress = true;
-                let command = kept.pop();
-                down |= bytes.starts_with(b"-CLUSTERDOWN");
-                let to = if bytes.first() == Some(&b'-') {
-                    cluster::redirect(bytes, from)
-                } else {
-                    None
-                };
-                let confirmed_later = confirms && matches!(slot, Slot::Discard { .. });
-                if let (Some((b, before, _, wait)), Some(redo)) = (command, slot.redo()) {
-                    match Refused::of(bytes) {
-                        Some(kind) => {
-                            *idle_reads += 1;
-                            return refusals.push(Refusal {
-                                slot,
-                                kind,
-                                command: b.to_vec(),
-                                before,
-                                reply: bytes.to_vec(),
-                            });
-                        }
-                        // One the replicas must acknowledge is not done yet: nobody waits for
-                        // it, so a `WAIT` after it says when, its own or a later one.
-                        None if to.is_none() && confirmed_later => {
-                            *again_backoff = BACKOFF_MIN;
-                            unconfirmed.push(redo, b);
-                        }
-                        None if to.is_none() && !wait => *again_backoff = BACKOFF_MIN,
-                        None => {}
-                    }
-                }
-                if let (Some((b, before, hops, wait)), Some(to)) = (command, to) {
-                    redirected.push(Redirected {
-                        to,
-                        slot,
-                        bytes: b.to_vec(),
-                        before,
-                        hops,
-                        wait,
-                        reply: bytes.to_vec(),
-                    });
-                    return;
-                }
-                if let Some((b, _, _, true)) = command {
-                    if !(confirmed_later && slot.redo().is_some()) {
-                        *awaiting = Some(Awaiting::new(slot, bytes, b));
-                    }
-                    return;
-                }
-                if let Slot::Reply {
-                    caller,
-                    run,
-                    tag,
-                    sent,
-                    ..
-                } = slot
-                {
-                    stats.reply(member, now.saturating_duration_since(sent));
-                    mail.post_reply(caller as usize, run, member, tag, bytes);
-                }
-            }
-            _ => {}
-        });
-        let id = ConnId {
-            node: link,
-            sub: false,
-        };
-        if progress || matches!(result, Ok(true)) {
-            if let Some(c) = &mut self.closing {
-                c.progress = now;
-            }
-        }
-        match result {
-            Ok(false) => {}
-            Ok(true) => self.set_up(link, now),
-            Err(why) => {
-                self.fail(id, why, now);
-                self.io.push_back(Io::Close(id));
-            }
-        }
-        for bytes in topology {
-            self.read_topology(link, &bytes, now);
-        }
-        for r in redirected {
-            self.follow(link, r, now);
-        }
-        self.owe_again(link, refusals, idle, was, now);
-        if down {
-            // The cluster is electing a master, or lost a slot's: read again soon.
-            if let Some(topo) = self.topo[member].as_mut() {
-                topo.want = true;
-            }
-        }
-        self.confirm_if_idle(link, now);
-        self.refresh_if_due(member, now);
     }
 
     /// Sends on node `i`'s command connection a `WAIT` (and `WAITAOF`) of the endpoint's own
@@ -1565,93 +1266,6 @@ impl Endpoint {
     // --- wake channels -------------------------------------------------------------------
 }
 
-/// The reply to a `WAIT` or a `WAITAOF` read on a node of member `member`.
-struct Waited<'a> {
-    bytes: &'a [u8],
-    /// [`Slot::Wait`] or [`Slot::WaitAof`].
-    slot: Slot,
-    /// Another wait answers next (a `WAITAOF` after this `WAIT`).
-    more: bool,
-    wants: (u32, Option<(u32, u32)>),
-    member: usize,
-    now: Instant,
-}
-
-/// What a wait's reply `w` does to the reply held behind it (`awaiting`): it waits for the
-/// next wait, or counts (its owner gets it), or falls short (its owner gets the failure, never
-/// a vote; a compare-and-delete stays owed, into `unacked`). The cleanups its connection ran
-/// before it without a wait of their own (`unconfirmed`) are confirmed if it said enough, and
-/// kept if not. Returns how many replies read were no progress: the wait's own if nothing
-/// waited for it (its command was refused, or redirected, or it is the endpoint's own for
-/// the cleanups), or every one read for a compare-and-delete that stays owed.
-#[allow(clippy::too_many_arguments)]
-fn answer_wait(
-    awaiting: &mut Option<Awaiting>,
-    w: Waited<'_>,
-    limits: &crate::resp::Limits,
-    stats: &Recorder,
-    mail: &mut Mail,
-    unacked: &mut Vec<Refusal>,
-    again_backoff: &mut Duration,
-    unconfirmed: &mut Unconfirmed,
-) -> u64 {
-    let verdict = waited(w.bytes, w.wants, w.slot, limits);
-    // It answers for every earlier write of its connection: the cleanups kept too.
-    let first = w.slot == Slot::Wait || w.wants.0 == 0;
-    unconfirmed.waited(first, verdict.is_ok(), w.more, w.now);
-    let Some(mut a) = awaiting.take() else {
-        return 1;
-    };
-    if verdict.is_ok() && w.more {
-        a.reads += 1;
-        *awaiting = Some(a);
-        return 0;
-    }
-    if let Slot::Reply {
-        caller,
-        run,
-        tag,
-        sent,
-        ..
-    } = a.slot
-    {
-        stats.reply(w.member, w.now.saturating_duration_since(sent));
-        match &verdict {
-            Ok(()) => mail.post_reply(caller as usize, run, w.member, tag, &a.reply),
-            Err(why) => mail.post(
-                caller as usize,
-                run,
-                Event::Failure {
-                    node: w.member,
-                    tag,
-                    why: why.clone(),
-                },
-            ),
-        }
-    }
-    match (verdict, a.slot.redo()) {
-        (Ok(()), Some(_)) => {
-            *again_backoff = BACKOFF_MIN;
-            0
-        }
-        (Err(_), Some(redo)) => {
-            // Nobody waits for it any more: its owner heard the failure.
-            unacked.push(Refusal {
-                slot: Slot::Discard {
-                    redo: Some(redo),
-                    given: None,
-                },
-                kind: Refused::Unacknowledged,
-                command: a.command,
-                before: redo.before as usize,
-                reply: Vec::new(),
-            });
-            a.reads + 1
-        }
-        _ => 0,
-    }
-}
-
 /// Queues on `cmd` `WAIT n ms` when `n` > 0, then `WAITAOF L R ms` for `aof` (see
 /// [`Endpoint::queue_wait`]).
 fn queue_waits(cmd: &mut Conn, n: u32, aof: Option<(u32, u32)>, ms: u64) {
@@ -1673,65 +1287,6 @@ fn queue_waits(cmd: &mut Conn, n: u32, aof: Option<(u32, u32)>, ms: u64) {
             crate::resp::write_bulk_u64(out, ms);
             0
         });
-    }
-}
-
-/// What the reply to a `WAIT` or a `WAITAOF` after a grant (`slot`, [`Slot::Wait`] or
-/// [`Slot::WaitAof`]) says of the grant: it counts only if at least as many replicas as
-/// `wants` asks (`?wait=N`, then `?waitaof=L,R`: the master's own fsync and the replicas')
-/// acknowledged it; fewer, or an error (`NOREPLICAS`, a refusal, `WAITAOF` on a server
-/// without an append-only file or too old for it), is a failure of the node for it, never a
-/// vote.
-fn waited(
-    bytes: &[u8],
-    wants: (u32, Option<(u32, u32)>),
-    slot: Slot,
-    limits: &crate::resp::Limits,
-) -> Result<(), NodeErrorKind> {
-    let answer = cluster::decode(bytes, limits);
-    let failed = |message: String| {
-        Err(NodeErrorKind::Server {
-            kind: crate::resp::ServerErrorKind::Other,
-            message,
-        })
-    };
-    if slot == Slot::WaitAof {
-        let (local, replicas) = wants.1.unwrap_or((0, 0));
-        let counts = match &answer {
-            Some(Reply::Array(Some(items))) => match items.as_slice() {
-                [Reply::Integer(l), Reply::Integer(r)] => Some((*l, *r)),
-                _ => None,
-            },
-            _ => None,
-        };
-        return match (counts, answer) {
-            (Some((l, r)), _) if l >= i64::from(local) && r >= i64::from(replicas) => Ok(()),
-            (Some((l, r)), _) => failed(format!(
-                "NOREPLICAS WAITAOF {local} {replicas}: the write was fsynced locally {l} \
-                 and by {r} replicas within the node timeout"
-            )),
-            (None, Some(Reply::Error(e))) => failed(format!(
-                "WAITAOF {local} {replicas} refused: {}",
-                String::from_utf8_lossy(e)
-            )),
-            (None, _) => failed(format!(
-                "WAITAOF {local} {replicas}: an unexpected reply, not [local, replicas]"
-            )),
-        };
-    }
-    let replicas = wants.0;
-    match answer {
-        Some(Reply::Integer(n)) if n >= i64::from(replicas) => Ok(()),
-        answer => {
-            let reached = match answer {
-                Some(Reply::Integer(n)) => n.to_string(),
-                _ => "none".to_owned(),
-            };
-            failed(format!(
-                "NOREPLICAS the write reached {reached} of the {replicas} replicas WAIT \
-                 asked for within the node timeout"
-            ))
-        }
     }
 }
 
