@@ -21,7 +21,6 @@ use super::bits::Bits;
 use super::confirm::Unconfirmed;
 use super::conn::{Conn, Redo, Slot, BACKOFF_MIN};
 use super::setup::Server;
-use super::subs::Push;
 use super::{ConnId, Endpoint, Io, Node, Redirected, Retry, GIVEN, UNSENT};
 use crate::engine::machine::{Machine, Transmit};
 use crate::error::NodeErrorKind;
@@ -936,123 +935,6 @@ impl Endpoint {
             .is_some_and(|t| t.due().is_some_and(|d| d <= now));
         if due {
             self.refresh(member, now);
-        }
-    }
-
-    /// Subscribes cluster member `member` to channel `idx`: on the link of the master that
-    /// owns the channel's slot, as the slot map says (the seed link while no map was read,
-    /// or while the slot has no master: the cluster answers where it is).
-    pub(super) fn subscribe_sharded(&mut self, member: usize, idx: usize, now: Instant) {
-        self.refresh_if_due(member, now);
-        let slot = self.channels.slot(idx);
-        let link = self.topo[member]
-            .as_ref()
-            .and_then(|t| t.link(slot))
-            .unwrap_or(member);
-        self.channels.set_on(idx, member, Some(link));
-        if !self.subscribe_on(link, idx, now) {
-            // Its connection waits out its backoff: tried again after the next topology read.
-            self.channels.set_on(idx, member, None);
-            if let Some(topo) = self.topo[member].as_mut() {
-                topo.want = true;
-            }
-        }
-    }
-
-    /// After a topology read of cluster member `member`: every channel callers hold is
-    /// subscribed to at the master its slot's map names, and unsubscribed from where it was.
-    pub(super) fn resubscribe(&mut self, member: usize, now: Instant) {
-        for idx in 0..self.channels.len() {
-            if !self.channels.held(idx) {
-                continue;
-            }
-            let slot = self.channels.slot(idx);
-            let want = self.topo[member].as_ref().and_then(|t| t.link(slot));
-            let was = self.channels.on(idx, member);
-            if was == want && want.is_some() {
-                continue;
-            }
-            if let Some(old) = was {
-                self.channels.set_on(idx, member, None);
-                self.unsubscribe_on(old, idx, true);
-            }
-            if want.is_some() {
-                self.subscribe_sharded(member, idx, now);
-            }
-        }
-    }
-
-    /// What a message on node `i`'s pub/sub connection asked for, on a cluster member: a
-    /// channel whose slot left the master is subscribed to where the map says its slot is
-    /// (a stale map is corrected by the `-MOVED` that answers, and a topology read is asked
-    /// for); a `-MOVED` answer moves the slot in the map and sends the subscriptions it
-    /// answered to the master named. Any other error leaves the channels it answered to the
-    /// next topology read: their waiters are not kept waiting for a confirmation.
-    pub(super) fn handle_sharded_push(&mut self, i: usize, push: Push, now: Instant) {
-        let member = self.nodes[i].member;
-        if self.topo[member].is_none() {
-            return;
-        }
-        match push {
-            Push::Nothing => {}
-            Push::Dropped(idx) => {
-                if let Some(topo) = self.topo[member].as_mut() {
-                    topo.want = true;
-                }
-                self.subscribe_sharded(member, idx, now);
-            }
-            Push::Error(bytes) => {
-                let from = match self.node_addr(i).target(self.nodes[i].sub.trying) {
-                    Target::Tcp(a) => Some(a),
-                    Target::Unix(_) => None,
-                };
-                let redirect = redirect(&bytes, from);
-                let slot = match redirect {
-                    Some(r) => r.slot,
-                    // An error without a slot answers the oldest subscription still owed.
-                    None => match (0..self.channels.len()).find(|&k| {
-                        self.channels.on(k, member) == Some(i)
-                            && !self
-                                .channels
-                                .owed_at(i, member, self.channels.slot(k))
-                                .is_empty()
-                    }) {
-                        Some(k) => self.channels.slot(k),
-                        None => return,
-                    },
-                };
-                let answered = self.channels.owed_at(i, member, slot);
-                let target = redirect
-                    .filter(|r| !r.ask)
-                    .and_then(|r| r.to)
-                    .and_then(|a| self.link_for(member, a, now))
-                    .filter(|&t| t != i);
-                if let Some(topo) = self.topo[member].as_mut() {
-                    if let Some(t) = target {
-                        topo.set(slot, t);
-                    }
-                    topo.want = true;
-                }
-                // One error answers one subscription.
-                let Some(&idx) = answered.first() else {
-                    return;
-                };
-                match target {
-                    Some(t) => {
-                        self.channels.set_on(idx, member, Some(t));
-                        if self.subscribe_on(t, idx, now) {
-                            self.channels.move_awaiting(idx, i, t);
-                        } else {
-                            self.channels.set_on(idx, member, None);
-                            self.channels.not_owed(i, idx, &mut self.mail);
-                        }
-                    }
-                    None => {
-                        self.channels.set_on(idx, member, None);
-                        self.channels.not_owed(i, idx, &mut self.mail);
-                    }
-                }
-            }
         }
     }
 }
