@@ -34,6 +34,7 @@ fn config(url: &str) -> Arc<Config> {
         fair_after: Duration::ZERO,
         limits: Limits::default(),
         rw_policy: RwPolicy::ReadPreferring,
+        masters: Default::default(),
     })
 }
 

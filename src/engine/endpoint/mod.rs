@@ -110,6 +110,7 @@ use confirm::Unconfirmed;
 use conn::{Conn, Redo, Refused, Slot, BACKOFF_MAX, BACKOFF_MIN, MAX_OWED};
 pub(crate) use mail::Event;
 use mail::Mail;
+pub(crate) use sentinel::sentinels_failure;
 use sentinel::Watch;
 use setup::{Server, Setup};
 use subs::{Channels, Push};

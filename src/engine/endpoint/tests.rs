@@ -29,6 +29,7 @@ fn config(nodes: usize) -> Arc<Config> {
         fair_after: Duration::ZERO,
         limits: Limits::default(),
         rw_policy: RwPolicy::ReadPreferring,
+        masters: Default::default(),
     })
 }
 

@@ -1511,6 +1511,7 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
                 } else {
                     RwPolicy::ReadPreferring
                 },
+                masters: Default::default(),
             })
         })
         .collect();
