@@ -50,9 +50,10 @@
 //!   its key's slot once the topology is read again, which may not be the one it was sent to.
 //! - **Releases reach the replicas a member asks for.** On a member with `?wait=N` (or
 //!   `?waitaof=L,R`), a release counts as done there only once the `WAIT` after it says N
-//!   replicas have it; one that falls short (or whose connection breaks before the `WAIT`
-//!   answers) stays owed as one of a broken connection, and goes again, with its `WAIT`, on
-//!   the node's next connection (to the master promoted in a failover, which may not have had
+//!   replicas have it; one that falls short stays owed: a later `WAIT` on its connection (a
+//!   grant's, or the endpoint's own once the connection is idle, after a backoff) confirms
+//!   it, and one whose connection breaks first (or before its `WAIT` answers) goes again,
+//!   with its `WAIT`, on the node's next connection (to the master promoted in a failover, which may not have had
 //!   it). Every compare-and-delete sent again is waited for the same way. A lost attempt's
 //!   cleanup goes first without a `WAIT` of its own, and counts as done only once a `WAIT`
 //!   sent after it on its connection says enough replicas have it (see the `confirm` module);
@@ -1319,9 +1320,10 @@ impl Endpoint {
     /// reply as it came.
     ///
     /// A compare-and-delete that ran, but that the replicas (or fsyncs) its member asks for
-    /// did not acknowledge in time ([`Refused::Unacknowledged`]), stays owed for the node's
-    /// next connection, as one of a broken connection: the master has run it, and only a
-    /// master that changes (its connection then fails) could lose it.
+    /// did not acknowledge in time ([`Refused::Unacknowledged`]), is not sent again on that
+    /// connection (the master has run it): a later `WAIT` there confirms it, as a cleanup's
+    /// (see the `confirm` module); it goes again on the node's next connection if this one
+    /// breaks first, as one of a broken connection.
     ///
     /// While the client closes, replies that were all such refusals (`idle` of those read) are
     /// no progress: a node that refuses what it owes for as long as closing waits is one it
@@ -1379,6 +1381,12 @@ impl Endpoint {
                 before: r.before as u32,
                 ..redo
             };
+            // It ran on this connection, which is still up: a later `WAIT` on it confirms it
+            // (see the `confirm` module).
+            if r.kind == Refused::Unacknowledged && self.nodes[i].cmd.is_up() {
+                self.nodes[i].unconfirmed.push_short(redo, &bytes, now);
+                continue;
+            }
             if r.kind == Refused::NoScript && self.nodes[i].cmd.is_up() {
                 self.queue_owed(i, r.slot, redo, &bytes);
                 self.wait_after_owed(i);

@@ -936,7 +936,8 @@ fn waitaof_counts_only_enough_fsyncs() {
 
 /// On a member with `?wait=1`, a release counts only once `WAIT 1` says a replica has it: one
 /// that falls short fails for its owner (never a vote) and stays owed, not sent again on the
-/// same connection, but first thing, with its `WAIT`, on the next one (in a failover, to the
+/// same connection (only `WAIT`s go there for it), but first thing, with its `WAIT`, on the
+/// next one (in a failover, to the
 /// promoted replica, which may not have it). So does one whose connection breaks before its
 /// `WAIT` answers.
 #[test]
@@ -967,10 +968,13 @@ fn a_release_the_replicas_did_not_acknowledge_stays_owed_for_the_next_connection
     assert_eq!(net.ep.undelivered(net.now), [0]);
     assert!(net.ep.busy(net.now) && net.ep.needs_tending(net.now));
     net.ep.finish(caller, run, net.now);
-    // Not sent again on this connection: the master has it.
+    // Not sent again on this connection (the master has it): a `WAIT` of the endpoint's own
+    // asks whether the replicas have it now, and falls short too.
     net.now += 100 * MS;
     net.ep.handle_timeout(net.now);
-    assert!(!net.ep.wants_write(Net::cmd(0)));
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["WAIT"]);
+    net.reply(Net::cmd(0), b":0\r\n");
+    assert_eq!(net.ep.undelivered(net.now), [0]);
     // The connection breaks: it goes again on the next one, with its `WAIT`.
     net.ep.handle_failed(
         Net::cmd(0),
@@ -1447,4 +1451,81 @@ fn replies_still_to_come_wait_for_the_next_call_but_a_release_to_send_again_does
         seats.resender_turn(&net.ep, || 7, net.now, start),
         ResenderTurn::Work
     );
+}
+
+/// A release whose `WAIT` fell short stays owed, but not until its connection breaks: the
+/// master ran it, and a later `WAIT` on the same connection says whether the replicas have it
+/// now (`WAIT` acknowledges every earlier write of its connection). The endpoint sends its own
+/// once the connection is idle, after a backoff that grows while they fall short, as for a
+/// lost attempt's cleanup; one that says enough delivers it. Bounded: once what it deletes
+/// has expired, nothing is owed and no `WAIT` goes.
+#[test]
+fn a_release_whose_wait_fell_short_is_confirmed_by_a_later_wait_on_its_connection() {
+    for confirmed in [true, false] {
+        let (mut net, caller, run) = waiting_net();
+        let token = Token::from_random([9; 20]);
+        let mut release = Probe::new(What::Release { token }, Some(net.now + 1_000 * MS));
+        net.step(caller, run, &mut release);
+        assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA", "WAIT"]);
+        net.reply(Net::cmd(0), b":1\r\n:0\r\n");
+        net.step(caller, run, &mut release);
+        assert_eq!(release.failures.len(), 1, "{:?}", release.failures);
+        assert_eq!(net.ep.undelivered(net.now), [0]);
+        net.ep.finish(caller, run, net.now);
+        // The endpoint's own `WAIT`s, after a backoff each, while they fall short.
+        let mut waits = 0;
+        let mut last = net.now;
+        while waits < 4 {
+            let due = net
+                .ep
+                .poll_timeout()
+                .expect("a WAIT for the release is due on its connection");
+            assert!(due > net.now, "a WAIT at once after one fell short");
+            net.now = due;
+            net.ep.handle_timeout(net.now);
+            let out = words(&net.take_output(Net::cmd(0)));
+            if out.is_empty() {
+                continue;
+            }
+            assert_eq!(out, ["WAIT"], "only a WAIT: the master has the release");
+            assert!(net.now - last >= 10 * MS, "a backoff between WAITs");
+            last = net.now;
+            waits += 1;
+            net.reply(Net::cmd(0), b":0\r\n");
+            assert_eq!(
+                net.ep.undelivered(net.now),
+                [0],
+                "after a WAIT that fell short"
+            );
+        }
+        if confirmed {
+            // The replica is back: the next `WAIT` says it has every earlier write.
+            let due = net.ep.poll_timeout().expect("the next WAIT is due");
+            net.now = due;
+            net.ep.handle_timeout(net.now);
+            assert_eq!(words(&net.take_output(Net::cmd(0))), ["WAIT"]);
+            net.reply(Net::cmd(0), b":1\r\n");
+        } else {
+            // Never acknowledged: once what it deletes expired, it is let go.
+            let mut sent = 0;
+            for _ in 0..64 {
+                let Some(due) = net.ep.poll_timeout() else {
+                    break;
+                };
+                net.now = due.max(net.now + MS);
+                net.ep.handle_timeout(net.now);
+                if !net.take_output(Net::cmd(0)).is_empty() {
+                    sent += 1;
+                    net.reply(Net::cmd(0), b":0\r\n");
+                }
+            }
+            assert!(sent < 64, "WAITs without end");
+            assert!(net.now < Instant::now() + 2_000 * MS + 10_000 * MS);
+        }
+        assert!(
+            net.ep.undelivered(net.now).is_empty(),
+            "confirmed {confirmed}"
+        );
+        assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+    }
 }
