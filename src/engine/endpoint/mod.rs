@@ -855,9 +855,10 @@ impl Endpoint {
             Some((_, Some(link))) => Ok(link),
             Some((_, None)) if !topo.known => Ok(member),
             Some((s, None)) => {
-                // The cluster may be electing a new master for it: read again soon.
+                // The cluster may be electing a new master for it: read again soon, and
+                // until a master serves it (see `Topology::chase`).
                 if let Some(topo) = self.topo[member].as_mut() {
-                    topo.want = true;
+                    topo.chase(s, now);
                 }
                 Err(NodeErrorKind::Server {
                     kind: crate::resp::ServerErrorKind::ClusterDown,
@@ -1103,6 +1104,7 @@ impl Endpoint {
         if let Some(topo) = self.topo[member].as_mut() {
             topo.replace(&linked);
             topo.asked = None;
+            topo.read(now);
         }
         // Every master in use is connected ahead of its first command, as members are.
         let mut in_use = Bits::with_room(self.nodes.len());
@@ -2416,11 +2418,23 @@ impl Endpoint {
     /// So do the sentinels of a member that has no master yet, or whose round is under way: a
     /// call fails at once on such a member, without waiting for anything, and the round would
     /// otherwise move on only while some other call waits.
+    ///
+    /// So does a cluster member whose command was refused because its map gave the slot no
+    /// master: its topology is read again until a master serves the slot (for a while at most,
+    /// see `Topology::chase`), so that a lock asked for once the failover settled is routed
+    /// to the new master rather than refused on a map read during the failover.
     pub fn needs_tending(&self, now: Instant) -> bool {
         self.nodes
             .iter()
             .any(|n| n.owes_until(now) || (n.cmd.redo_until().is_some() && !n.cmd.is_down()))
             || self.sentinels_pending()
+            || self.chasing(now)
+    }
+
+    /// Whether a cluster member reads its topology again on its own for a slot a command was
+    /// refused for, the map giving it no master (see `Topology::chase`).
+    fn chasing(&self, now: Instant) -> bool {
+        self.topo.iter().flatten().any(|t| t.chasing(now))
     }
 
     /// Whether some of what [`needs_tending`](Self::needs_tending) asks for cannot wait for the
@@ -2428,10 +2442,11 @@ impl Endpoint {
     /// left to write on it) whose replies are still to come. Those are read by whichever call
     /// comes next, or by a thread of the client a short while later; a compare-and-delete to
     /// send again (its connection broke, or its node refused it for now), one whose replicas'
-    /// `WAIT` is still owed, a connection being set up or with bytes still to write, and a
-    /// Sentinel round need someone at once.
+    /// `WAIT` is still owed, a connection being set up or with bytes still to write, a
+    /// Sentinel round and a cluster slot chased for want of a master need someone at once.
     pub fn tending_urgent(&self, now: Instant) -> bool {
         self.sentinels_pending()
+            || self.chasing(now)
             || self.nodes.iter().any(|n| {
                 let waits = n.cmd.is_ready() && !n.cmd.has_pending_output();
                 n.retries.iter().any(|r| r.redo.until > now)
