@@ -882,6 +882,20 @@ impl<'a> World<'a> {
         let now_ms = self.nodes[a].clock_ms(self.now);
         self.nodes[a].server.node.live_keys_at(now_ms);
         self.nodes[b].server.node.live_keys_at(now_ms);
+        if self.scenario == Scenario::ClusterModel && self.p.locks.fenced() {
+            // Within the model, fencing assumes that no member loses its counter (the README's
+            // "Fencing tokens strictly increase only while no node loses its counter"): as a
+            // standalone node persists it (`appendfsync always`), the replica has every raise
+            // of it, which on a real cluster takes `?wait` (a raise is followed by `WAIT`).
+            // Without that, a lossy failover hands out a token again (seed 1429 of fenced
+            // mutexes: 10 twice).
+            let fences = &self.arena.fences;
+            let write_fences = &self.arena.write_fences;
+            let counters = self.nodes[a].server.node.replica().take_keys(now_ms, |k| {
+                fences.iter().any(|f| f == k) || write_fences.iter().any(|f| f == k)
+            });
+            self.nodes[b].server.node.put_keys(counters);
+        }
         let same = self.nodes[a]
             .server
             .node
