@@ -56,7 +56,8 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use mio::Token;
-use sync::{AtomicBool, Events, Mutex, MutexGuard, Poll, Registry, Thread, TryLockError, Waker};
+use sync::{AtomicBool, Cancellable, Events, Mutex, MutexGuard, Poll, Registration, Registry};
+use sync::{Thread, TryLockError, Waker};
 
 use crate::config::Config;
 use crate::engine::endpoint::seats::{self, Resender, ResenderTurn, Seats, Writer};
@@ -65,7 +66,6 @@ use crate::engine::endpoint::{Bits, CallerId, CallerLoop, ConnId, Endpoint, Io, 
 use crate::engine::machine::Machine;
 use crate::engine::Round;
 use crate::error::NodeErrorKind;
-use crate::options::Cancel;
 use crate::process::PerProcess;
 use crate::rng::OsEntropy;
 use crate::stats::Recorder;
@@ -416,7 +416,7 @@ impl Session<'_> {
     pub fn drive_cancellable<M: Machine>(
         &mut self,
         m: &mut M,
-        cancel: Option<&Cancel>,
+        cancel: Option<&dyn Cancellable>,
     ) -> M::Output {
         let shared = self.shared;
         let local = self.local;
@@ -425,14 +425,15 @@ impl Session<'_> {
         let mut core = local.lock();
         let run = core.ep.begin(slot);
         // Without a waker (the system refused one), the flag is still read at every wake-up.
-        let registration = cancel.map(|c| c.register(core.waker.clone(), sync::current()));
+        let registration =
+            cancel.map(|c| Registration::new(c, core.waker.clone(), sync::current()));
         let mut lp = CallerLoop::new(slot, run);
         let mut now = sync::now();
         let outcome = loop {
             if lp.turn_starts() {
                 now = sync::now();
             }
-            let cancelled = cancel.is_some_and(Cancel::is_cancelled);
+            let cancelled = cancel.is_some_and(|c| c.is_cancelled());
             let polled = core.seats.leader.is_some();
             match lp.next(&mut core.ep, m, now, &mut entropy, cancelled, polled) {
                 Next::ReadLate => {
