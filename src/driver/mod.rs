@@ -60,8 +60,8 @@ use sync::{AtomicBool, Cancellable, Events, Mutex, MutexGuard, Poll, Registratio
 use sync::{Thread, TryLockError, Waker};
 
 use crate::config::Config;
-use crate::engine::endpoint::seats::{self, Resender, ResenderTurn, Seats, Writer};
-use crate::engine::endpoint::seats::{RESEND_IDLE_LOOK, RESEND_LIMIT};
+use crate::engine::endpoint::seats::RESEND_IDLE_LOOK;
+use crate::engine::endpoint::seats::{Resender, ResenderTurn, Seats, Tend, Tending, Writer};
 use crate::engine::endpoint::{Bits, CallerId, CallerLoop, ConnId, Endpoint, Io, Next, Probed};
 use crate::engine::machine::Machine;
 use crate::engine::Round;
@@ -202,7 +202,7 @@ impl Shared {
     /// sees the closing end (see `Seats::end_close`) ends it for every thread that waits in
     /// `close` at the time.
     pub fn close(this: &Arc<Shared>) -> io::Result<Vec<usize>> {
-        Ok(Shared::session(this)?.close())
+        Ok(Shared::session(this)?.tend(true))
     }
 
     /// A caller slot for this thread, for one or more operations in a row.
@@ -521,7 +521,7 @@ impl Shared {
                     let Ok(session) = Shared::session(&shared) else {
                         return;
                     };
-                    session.resend();
+                    session.tend(false);
                     idle_since = sync::now();
                     continue;
                 }
@@ -541,58 +541,37 @@ impl Shared {
 }
 
 impl Session<'_> {
-    /// The resender thread's work (see [`Shared::start_resender`]).
-    fn resend(mut self) {
-        let local = self.local;
-        let slot = self.slot;
-        let until = sync::now() + RESEND_LIMIT;
-        let mut core = local.lock();
-        let run = core.ep.begin(slot);
-        loop {
-            let now = sync::now();
-            // The client's last handle dropped (this thread's aside): it is let go, and its
-            // drop settles what is left, within its own bound.
-            if seats::resend_over(&core.ep, now, until) || Arc::strong_count(self.shared) <= 1 {
-                break;
-            }
-            core.timers(now);
-            let timeout = seats::resend_wait(&mut core.ep, now);
-            core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
-        }
-        let next = core.finish(slot, run);
-        drop(core);
-        for t in self.wakeups.drain(..).chain(next) {
-            t.unpark();
-        }
-    }
-
-    /// Closes the client for this process: see [`Shared::close`].
-    fn close(mut self) -> Vec<usize> {
+    /// The resender thread's work (see [`Shared::start_resender`]), or a close (see
+    /// [`Shared::close`]): the loop of `Tending`, which says what to do at each turn.
+    fn tend(mut self, close: bool) -> Vec<usize> {
         let local = self.local;
         let slot = self.slot;
         let mut core = local.lock();
         let run = core.ep.begin(slot);
-        let now = sync::now();
-        // A closing under way is waited for as it is, not made longer.
+        let mut now = sync::now();
         let c = &mut *core;
-        let ended = c.seats.join_close(&mut c.ep, slot, now);
-        core.do_io(now);
-        core.write_or_leave(slot, now);
-        // Each turn ends the closing or waits (at least 1 ms): bounded by the closing's own
-        // limit.
+        let mut tending = match close {
+            true => Tending::close(&mut c.seats, &mut c.ep, slot, now),
+            false => Tending::resend(now),
+        };
+        if close {
+            core.do_io(now);
+            core.write_or_leave(slot, now);
+        }
         let left = loop {
-            let now = sync::now();
-            // The timers that are due run first (the closing's end among them), whoever leads:
-            // a follower's turn comes at least every `Seats::close_wait`.
-            core.timers(now);
-            if core.seats.close_ended(ended).is_none() {
-                core.end_close(now);
+            if tending.turn_starts() {
+                now = sync::now();
             }
-            if let Some(left) = core.seats.close_ended(ended) {
-                break left.to_vec();
+            let gone = Arc::strong_count(self.shared) <= 1;
+            let c = &mut *core;
+            match tending.next(&c.seats, &mut c.ep, now, gone) {
+                Tend::Timers => core.timers(now),
+                Tend::EndClose => core.end_close(now),
+                Tend::Wait(timeout) => {
+                    core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
+                }
+                Tend::Done(left) => break left,
             }
-            let timeout = seats::close_wait(&mut core.ep, now);
-            core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
         };
         let next = core.finish(slot, run);
         drop(core);

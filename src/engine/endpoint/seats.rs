@@ -31,7 +31,7 @@ use super::{CallerId, Endpoint};
 /// How long the thread that sends releases again runs at most, and how long it polls at a
 /// time; how long it stays (parked) once nothing is owed, and how often it looks meanwhile
 /// whether its client is gone.
-pub(crate) const RESEND_LIMIT: Duration = Duration::from_secs(10);
+const RESEND_LIMIT: Duration = Duration::from_secs(10);
 const RESEND_POLL: Duration = Duration::from_millis(50);
 const RESEND_LINGER: Duration = Duration::from_secs(60);
 pub(crate) const RESEND_IDLE_LOOK: Duration = Duration::from_secs(1);
@@ -332,23 +332,110 @@ impl<T: Clone, K: Default> Seats<T, K> {
     }
 }
 
-/// Whether the resender's work is over: nothing is owed, or it ran until `until`.
-pub(crate) fn resend_over(ep: &Endpoint, now: Instant, until: Instant) -> bool {
-    now >= until || !ep.needs_tending(now)
+/// What a caller that tends the client's owed work, with no machine of its own (the resender's
+/// work, or a close), has the shell do next (see [`Tending::next`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Tend {
+    /// Run the endpoint's timers that are due, after reading every connection.
+    Timers,
+    /// End the closing under way if it is over ([`Seats::end_close`]), waking its callers.
+    EndClose,
+    /// Wait this long at most (leading the polling, or parked).
+    Wait(Duration),
+    /// The tending is over: the nodes left with releases not known to have reached them
+    /// (a close's; none for the resender).
+    Done(Vec<usize>),
 }
 
-/// How long the resender's caller waits at a time: until the endpoint's next timer, at
-/// most a short poll.
-pub(crate) fn resend_wait(ep: &mut Endpoint, now: Instant) -> Duration {
-    ep.poll_timeout().map_or(RESEND_POLL, |t| {
-        t.saturating_duration_since(now).min(RESEND_POLL)
-    })
+/// The loop of a caller that tends the client's owed work: the resender's, for
+/// [`RESEND_LIMIT`] at most while something is owed; or a close's, until the closing it
+/// joined is over. Each turn runs the timers that are due first (the closing's end among them),
+/// whoever leads: a follower's turn comes at least every [`CLOSE_LOOK`] (a closer) or
+/// `RESEND_POLL` (the resender).
+#[derive(Debug)]
+pub(crate) struct Tending {
+    /// The resender's work ends then; `None` for a close.
+    until: Option<Instant>,
+    /// A close: how many closings had ended when it joined (see [`Seats::close_ended`]).
+    ended: u64,
+    /// The turn's step: 0 the top, 1 after the timers, 2 after the closing's end.
+    step: u8,
 }
 
-/// How long a closing caller waits before it looks again: the endpoint's next timer,
-/// between 1 ms and [`CLOSE_LOOK`].
-pub(crate) fn close_wait(ep: &mut Endpoint, now: Instant) -> Duration {
-    ep.poll_timeout()
-        .map_or(CLOSE_LOOK, |t| t.saturating_duration_since(now))
-        .clamp(Duration::from_millis(1), CLOSE_LOOK)
+impl Tending {
+    /// The resender's work, starting at `now`.
+    pub fn resend(now: Instant) -> Tending {
+        Tending {
+            until: Some(now + RESEND_LIMIT),
+            ended: 0,
+            step: 0,
+        }
+    }
+
+    /// `slot` closes the client: it joins the closing under way, as it is, or begins one (see
+    /// [`Seats::join_close`]). The shell then makes the system calls and writes.
+    pub fn close<T: Clone, K: Default>(
+        seats: &mut Seats<T, K>,
+        ep: &mut Endpoint,
+        slot: CallerId,
+        now: Instant,
+    ) -> Tending {
+        Tending {
+            until: None,
+            ended: seats.join_close(ep, slot, now),
+            step: 0,
+        }
+    }
+
+    /// Whether the next call starts a turn: the shell takes the time again.
+    pub fn turn_starts(&self) -> bool {
+        self.step == 0
+    }
+
+    /// What the shell does next at `now`. `gone`: the client's last handle was dropped (the
+    /// resender's work is let go, and the drop settles what is left, within its own bound).
+    pub fn next<T: Clone, K: Default>(
+        &mut self,
+        seats: &Seats<T, K>,
+        ep: &mut Endpoint,
+        now: Instant,
+        gone: bool,
+    ) -> Tend {
+        match (self.until, self.step) {
+            (Some(until), 0) => {
+                if now >= until || !ep.needs_tending(now) || gone {
+                    return Tend::Done(Vec::new());
+                }
+                self.step = 1;
+                Tend::Timers
+            }
+            (Some(_), _) => {
+                self.step = 0;
+                // Until the endpoint's next timer, at most a short poll.
+                Tend::Wait(ep.poll_timeout().map_or(RESEND_POLL, |t| {
+                    t.saturating_duration_since(now).min(RESEND_POLL)
+                }))
+            }
+            (None, 0) => {
+                self.step = 1;
+                Tend::Timers
+            }
+            (None, 1) if seats.close_ended(self.ended).is_none() => {
+                self.step = 2;
+                Tend::EndClose
+            }
+            (None, _) => {
+                if let Some(left) = seats.close_ended(self.ended) {
+                    return Tend::Done(left.to_vec());
+                }
+                self.step = 0;
+                // The endpoint's next timer, between 1 ms and `CLOSE_LOOK`.
+                Tend::Wait(
+                    ep.poll_timeout()
+                        .map_or(CLOSE_LOOK, |t| t.saturating_duration_since(now))
+                        .clamp(Duration::from_millis(1), CLOSE_LOOK),
+                )
+            }
+        }
+    }
 }

@@ -1447,3 +1447,68 @@ fn replies_still_to_come_wait_for_the_next_call_but_a_release_to_send_again_does
         ResenderTurn::Work
     );
 }
+
+#[test]
+fn a_tending_caller_runs_the_timers_first_then_ends_its_close_or_waits() {
+    use super::seats::{Seats, Tend, Tending};
+    let mut net = Net::ready(INFO_82, false);
+    let mut seats: Seats<u32, ()> = Seats::new();
+    let caller = seats.sit(&mut net.ep, 1);
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([9; 20]);
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 10_000 * MS));
+    net.step(caller, run, &mut release);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    net.ep.finish(caller, run, net.now);
+    // The resender, with a release's reply owed: the timers, then a short wait, each turn;
+    // its work is over once the client's last handle is gone.
+    let mut resend = Tending::resend(net.now);
+    assert!(resend.turn_starts());
+    assert_eq!(
+        resend.next(&seats, &mut net.ep, net.now, false),
+        Tend::Timers
+    );
+    assert!(!resend.turn_starts());
+    let Tend::Wait(d) = resend.next(&seats, &mut net.ep, net.now, false) else {
+        panic!("the resender does not wait after its timers");
+    };
+    assert!(d > Duration::ZERO && d <= 50 * MS, "{d:?}");
+    assert_eq!(
+        resend.next(&seats, &mut net.ep, net.now, true),
+        Tend::Done(Vec::new())
+    );
+    // A close while the reply is owed: the timers, the closing's end looked at, a wait
+    // between 1 and 20 ms; once the closing ends (the reply never came, the limit passed),
+    // the close is over with what it left.
+    let mut close = Tending::close(&mut seats, &mut net.ep, caller, net.now);
+    assert_eq!(
+        close.next(&seats, &mut net.ep, net.now, false),
+        Tend::Timers
+    );
+    assert_eq!(
+        close.next(&seats, &mut net.ep, net.now, false),
+        Tend::EndClose
+    );
+    let mut wake = Vec::new();
+    seats.end_close(&mut net.ep, net.now, &mut wake);
+    let Tend::Wait(d) = close.next(&seats, &mut net.ep, net.now, false) else {
+        panic!("a close ended while a reply was owed");
+    };
+    assert!(d >= MS && d <= 20 * MS, "{d:?}");
+    let mut turns = 0;
+    let left = loop {
+        turns += 1;
+        assert!(turns < 10_000, "a close that never ends");
+        net.now += 20 * MS;
+        match close.next(&seats, &mut net.ep, net.now, false) {
+            Tend::Timers => {
+                net.ep.handle_timeout(net.now);
+                while net.ep.poll_io().is_some() {}
+            }
+            Tend::EndClose => seats.end_close(&mut net.ep, net.now, &mut wake),
+            Tend::Wait(_) => {}
+            Tend::Done(left) => break left,
+        }
+    };
+    assert_eq!(left, [0]);
+}
