@@ -76,6 +76,9 @@ use socket::Socket;
 /// The poll token of the shared [`Waker`]: no connection has it.
 const WAKER: Token = Token(usize::MAX);
 
+/// The seats a warm-up or a settling tends without (no caller sits then).
+const NO_SEATS: Option<&Seats<Thread, Kept>> = None;
+
 /// A client's connections, shared by every thread that uses it.
 pub(crate) struct Shared {
     config: Arc<Config>,
@@ -229,36 +232,33 @@ impl Shared {
 }
 
 impl Local {
-    /// See [`Shared::warm_up`].
+    /// See [`Shared::warm_up`]: the loop of `Tending::warm_up`.
     fn warm_up(&self, timeout: Duration) {
         let mut core = self.lock();
         let start = sync::now();
-        // The connects' own timeouts count from the same instant, so that those that run out
-        // (a TLS handshake nobody answers) are judged before the warm-up ends.
-        let deadline = start + timeout;
         core.ep.connect_all(start);
         core.do_io(start);
-        while !core.ep.is_settled() {
-            let now = sync::now();
-            if now >= deadline {
-                // What timed out by now is judged before the warm-up ends.
-                core.timers(now);
-                return;
+        let mut tending = Tending::warm_up(start, timeout);
+        let mut now = start;
+        loop {
+            if tending.turn_starts() {
+                now = sync::now();
             }
-            let Some(mut poller) = core.poll.take() else {
-                return;
-            };
-            let timeout = core.ep.poll_timeout().map_or(deadline, |t| t.min(deadline));
-            drop(core);
-            let _ = poller.poll.poll(
-                &mut poller.events,
-                Some(timeout.saturating_duration_since(now)),
-            );
-            core = self.lock();
-            let now = sync::now();
-            core.service_events(&mut poller, now);
-            core.poll = Some(poller);
-            core.timers(now);
+            match tending.next(NO_SEATS, &mut core.ep, now, false) {
+                Tend::Timers => core.timers(now),
+                Tend::Wait(timeout) => {
+                    let Some(mut poller) = core.poll.take() else {
+                        return;
+                    };
+                    drop(core);
+                    let _ = poller.poll.poll(&mut poller.events, Some(timeout));
+                    core = self.lock();
+                    now = sync::now();
+                    core.service_events(&mut poller, now);
+                    core.poll = Some(poller);
+                }
+                Tend::EndClose | Tend::Done(_) => return,
+            }
         }
     }
 
@@ -564,7 +564,7 @@ impl Session<'_> {
             }
             let gone = Arc::strong_count(self.shared) <= 1;
             let c = &mut *core;
-            match tending.next(&c.seats, &mut c.ep, now, gone) {
+            match tending.next(Some(&c.seats), &mut c.ep, now, gone) {
                 Tend::Timers => core.timers(now),
                 Tend::EndClose => core.end_close(now),
                 Tend::Wait(timeout) => {
@@ -962,12 +962,11 @@ impl Core {
     }
 
     /// Writes what is queued and reads what is owed on every connection, and sends again the
-    /// releases of broken connections, until the endpoint's closing is over (see
-    /// `Endpoint::begin_close`). Returns the nodes left with releases not known to have
-    /// reached them.
+    /// releases of broken connections, until the endpoint's closing is over: the loop of
+    /// `Tending::settle`. Returns the nodes left with releases not known to have reached them.
     fn settle(&mut self) -> Vec<usize> {
-        let now = sync::now();
-        self.ep.begin_close(now);
+        let mut now = sync::now();
+        let mut tending = Tending::settle(&mut self.ep, now);
         self.do_io(now);
         self.flush_all(now);
         let Some(mut poller) = self.poll.take() else {
@@ -975,27 +974,23 @@ impl Core {
             return self.ep.undelivered(now);
         };
         let left = loop {
-            let now = sync::now();
-            if let Some(left) = self.ep.close_outcome(now) {
-                break left;
+            if tending.turn_starts() {
+                now = sync::now();
             }
-            let timeout = self
-                .ep
-                .poll_timeout()
-                .map_or(Duration::from_millis(1), |t| {
-                    t.saturating_duration_since(now)
-                });
-            if let Err(e) = poller.poll.poll(
-                &mut poller.events,
-                Some(timeout.max(Duration::from_millis(1))),
-            ) {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    break self.ep.undelivered(now);
+            match tending.next(NO_SEATS, &mut self.ep, now, false) {
+                Tend::Timers => self.timers(now),
+                Tend::Wait(timeout) => {
+                    if let Err(e) = poller.poll.poll(&mut poller.events, Some(timeout)) {
+                        if e.kind() != io::ErrorKind::Interrupted {
+                            break self.ep.undelivered(now);
+                        }
+                    }
+                    now = sync::now();
+                    self.service_events(&mut poller, now);
                 }
+                Tend::EndClose => {}
+                Tend::Done(left) => break left,
             }
-            let now = sync::now();
-            self.service_events(&mut poller, now);
-            self.timers(now);
         };
         self.poll = Some(poller);
         left

@@ -332,44 +332,61 @@ impl<T: Clone, K: Default> Seats<T, K> {
     }
 }
 
-/// What a caller that tends the client's owed work, with no machine of its own (the resender's
-/// work, or a close), has the shell do next (see [`Tending::next`]).
+/// What a loop that tends the client's connections with no machine of its own (the resender's
+/// work, a close, a warm-up, the settling of a dropped client) has the shell do next (see
+/// [`Tending::next`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Tend {
     /// Run the endpoint's timers that are due, after reading every connection.
     Timers,
     /// End the closing under way if it is over ([`Seats::end_close`]), waking its callers.
     EndClose,
-    /// Wait this long at most (leading the polling, or parked).
+    /// Wait this long at most for input: a caller leads the polling or parks; a warm-up or a
+    /// settling polls, and services what the poller reports. The shell takes the time again.
     Wait(Duration),
-    /// The tending is over: the nodes left with releases not known to have reached them
-    /// (a close's; none for the resender).
+    /// The loop is over: the nodes left with releases not known to have reached them (a
+    /// close's or a settling's; none otherwise).
     Done(Vec<usize>),
 }
 
-/// The loop of a caller that tends the client's owed work: the resender's, for
-/// [`RESEND_LIMIT`] at most while something is owed; or a close's, until the closing it
-/// joined is over. Each turn runs the timers that are due first (the closing's end among them),
-/// whoever leads: a follower's turn comes at least every [`CLOSE_LOOK`] (a closer) or
-/// `RESEND_POLL` (the resender).
+#[derive(Debug, Clone, Copy)]
+enum Tends {
+    /// The resender's work, until then at most while something is owed.
+    Resend { until: Instant },
+    /// A caller's close, which joined after `ended` closings had ended (see
+    /// [`Seats::close_ended`]).
+    Close { ended: u64 },
+    /// Every command connection opened and set up (or failed), until then at most.
+    WarmUp { deadline: Instant },
+    /// The last handle was dropped: everything owed is seen through, within the closing's
+    /// own bound (see `Endpoint::begin_close`).
+    Settle,
+}
+
+/// The loop of a shell that tends the client's connections with no machine of its own: the
+/// resender's work, for [`RESEND_LIMIT`] at most while something is owed; a caller's close,
+/// until the closing it joined is over; a warm-up, until every command connection is set up
+/// (or failed) or its deadline passes; the settling of a dropped client, until its closing is
+/// over. The rules:
+///
+/// - A caller that tends (the resender, a closer) runs the timers that are due first at each
+///   turn (the closing's end among them), whoever leads: a follower's turn comes at least
+///   every [`CLOSE_LOOK`] (a closer) or `RESEND_POLL` (the resender).
+/// - A warm-up or a settling runs the timers after each poll; a warm-up whose deadline
+///   passed runs them once more, so that what timed out by then is judged before it ends.
 #[derive(Debug)]
 pub(crate) struct Tending {
-    /// The resender's work ends then; `None` for a close.
-    until: Option<Instant>,
-    /// A close: how many closings had ended when it joined (see [`Seats::close_ended`]).
-    ended: u64,
-    /// The turn's step: 0 the top, 1 after the timers, 2 after the closing's end.
+    tends: Tends,
+    /// The turn's step: 0 the top, then 1 and 2.
     step: u8,
 }
 
 impl Tending {
     /// The resender's work, starting at `now`.
     pub fn resend(now: Instant) -> Tending {
-        Tending {
-            until: Some(now + RESEND_LIMIT),
-            ended: 0,
-            step: 0,
-        }
+        Tending::of(Tends::Resend {
+            until: now + RESEND_LIMIT,
+        })
     }
 
     /// `slot` closes the client: it joins the closing under way, as it is, or begins one (see
@@ -380,11 +397,28 @@ impl Tending {
         slot: CallerId,
         now: Instant,
     ) -> Tending {
-        Tending {
-            until: None,
-            ended: seats.join_close(ep, slot, now),
-            step: 0,
-        }
+        let ended = seats.join_close(ep, slot, now);
+        Tending::of(Tends::Close { ended })
+    }
+
+    /// A warm-up that began at `start` (`Endpoint::connect_all`), for `timeout` at most: the
+    /// connects' own timeouts count from the same instant, so that those that run out (a TLS
+    /// handshake nobody answers) are judged before the warm-up ends.
+    pub fn warm_up(start: Instant, timeout: Duration) -> Tending {
+        Tending::of(Tends::WarmUp {
+            deadline: start + timeout,
+        })
+    }
+
+    /// The settling of a client whose last handle was dropped: its closing begins (see
+    /// `Endpoint::begin_close`). The shell then makes the system calls and writes.
+    pub fn settle(ep: &mut Endpoint, now: Instant) -> Tending {
+        ep.begin_close(now);
+        Tending::of(Tends::Settle)
+    }
+
+    fn of(tends: Tends) -> Tending {
+        Tending { tends, step: 0 }
     }
 
     /// Whether the next call starts a turn: the shell takes the time again.
@@ -392,48 +426,75 @@ impl Tending {
         self.step == 0
     }
 
-    /// What the shell does next at `now`. `gone`: the client's last handle was dropped (the
-    /// resender's work is let go, and the drop settles what is left, within its own bound).
+    /// What the shell does next at `now`. `seats`: the callers' seats, which a close needs.
+    /// `gone`: the client's last handle was dropped (the resender's work is let go, and the
+    /// drop settles what is left, within its own bound).
     pub fn next<T: Clone, K: Default>(
         &mut self,
-        seats: &Seats<T, K>,
+        seats: Option<&Seats<T, K>>,
         ep: &mut Endpoint,
         now: Instant,
         gone: bool,
     ) -> Tend {
-        match (self.until, self.step) {
-            (Some(until), 0) => {
+        let step = self.step;
+        self.step = 0;
+        match (self.tends, step) {
+            (Tends::Resend { until }, 0) => {
                 if now >= until || !ep.needs_tending(now) || gone {
                     return Tend::Done(Vec::new());
                 }
                 self.step = 1;
                 Tend::Timers
             }
-            (Some(_), _) => {
-                self.step = 0;
-                // Until the endpoint's next timer, at most a short poll.
-                Tend::Wait(ep.poll_timeout().map_or(RESEND_POLL, |t| {
-                    t.saturating_duration_since(now).min(RESEND_POLL)
-                }))
-            }
-            (None, 0) => {
+            // Until the endpoint's next timer, at most a short poll.
+            (Tends::Resend { .. }, _) => Tend::Wait(ep.poll_timeout().map_or(RESEND_POLL, |t| {
+                t.saturating_duration_since(now).min(RESEND_POLL)
+            })),
+            (Tends::Close { .. }, 0) => {
                 self.step = 1;
                 Tend::Timers
             }
-            (None, 1) if seats.close_ended(self.ended).is_none() => {
-                self.step = 2;
-                Tend::EndClose
-            }
-            (None, _) => {
-                if let Some(left) = seats.close_ended(self.ended) {
+            (Tends::Close { ended }, _) => {
+                let left = seats.and_then(|s| s.close_ended(ended));
+                if let Some(left) = left {
                     return Tend::Done(left.to_vec());
                 }
-                self.step = 0;
+                if step == 1 {
+                    self.step = 2;
+                    return Tend::EndClose;
+                }
                 // The endpoint's next timer, between 1 ms and `CLOSE_LOOK`.
                 Tend::Wait(
                     ep.poll_timeout()
                         .map_or(CLOSE_LOOK, |t| t.saturating_duration_since(now))
                         .clamp(Duration::from_millis(1), CLOSE_LOOK),
+                )
+            }
+            (Tends::WarmUp { deadline }, 0) => {
+                if ep.is_settled() {
+                    return Tend::Done(Vec::new());
+                }
+                self.step = if now >= deadline { 2 } else { 1 };
+                if now >= deadline {
+                    // What timed out by now is judged before the warm-up ends.
+                    return Tend::Timers;
+                }
+                let until = ep.poll_timeout().map_or(deadline, |t| t.min(deadline));
+                Tend::Wait(until.saturating_duration_since(now))
+            }
+            (Tends::WarmUp { .. }, 1) | (Tends::Settle, 1) => Tend::Timers,
+            (Tends::WarmUp { .. }, _) => Tend::Done(Vec::new()),
+            (Tends::Settle, _) => {
+                if let Some(left) = ep.close_outcome(now) {
+                    return Tend::Done(left);
+                }
+                self.step = 1;
+                Tend::Wait(
+                    ep.poll_timeout()
+                        .map_or(Duration::from_millis(1), |t| {
+                            t.saturating_duration_since(now)
+                        })
+                        .max(Duration::from_millis(1)),
                 )
             }
         }
