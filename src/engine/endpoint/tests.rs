@@ -1529,3 +1529,104 @@ fn a_release_whose_wait_fell_short_is_confirmed_by_a_later_wait_on_its_connectio
         assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
     }
 }
+
+#[test]
+fn a_tending_caller_runs_the_timers_first_then_ends_its_close_or_waits() {
+    use super::seats::{Seats, Tend, Tending};
+    let mut net = Net::ready(INFO_82, false);
+    let mut seats: Seats<u32, ()> = Seats::new();
+    let caller = seats.sit(&mut net.ep, 1);
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([9; 20]);
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 10_000 * MS));
+    net.step(caller, run, &mut release);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    net.ep.finish(caller, run, net.now);
+    // The resender, with a release's reply owed: the timers, then a short wait, each turn;
+    // its work is over once the client's last handle is gone.
+    let mut resend = Tending::resend(net.now);
+    assert!(resend.turn_starts());
+    assert_eq!(
+        resend.next(Some(&seats), &mut net.ep, net.now, false),
+        Tend::Timers
+    );
+    assert!(!resend.turn_starts());
+    let Tend::Wait(d) = resend.next(Some(&seats), &mut net.ep, net.now, false) else {
+        panic!("the resender does not wait after its timers");
+    };
+    assert!(d > Duration::ZERO && d <= 50 * MS, "{d:?}");
+    assert_eq!(
+        resend.next(Some(&seats), &mut net.ep, net.now, true),
+        Tend::Done(Vec::new())
+    );
+    // A close while the reply is owed: the timers, the closing's end looked at, a wait
+    // between 1 and 20 ms; once the closing ends (the reply never came, the limit passed),
+    // the close is over with what it left.
+    let mut close = Tending::close(&mut seats, &mut net.ep, caller, net.now);
+    assert_eq!(
+        close.next(Some(&seats), &mut net.ep, net.now, false),
+        Tend::Timers
+    );
+    assert_eq!(
+        close.next(Some(&seats), &mut net.ep, net.now, false),
+        Tend::EndClose
+    );
+    let mut wake = Vec::new();
+    seats.end_close(&mut net.ep, net.now, &mut wake);
+    let Tend::Wait(d) = close.next(Some(&seats), &mut net.ep, net.now, false) else {
+        panic!("a close ended while a reply was owed");
+    };
+    assert!(d >= MS && d <= 20 * MS, "{d:?}");
+    let mut turns = 0;
+    let left = loop {
+        turns += 1;
+        assert!(turns < 10_000, "a close that never ends");
+        net.now += 20 * MS;
+        match close.next(Some(&seats), &mut net.ep, net.now, false) {
+            Tend::Timers => {
+                net.ep.handle_timeout(net.now);
+                while net.ep.poll_io().is_some() {}
+            }
+            Tend::EndClose => seats.end_close(&mut net.ep, net.now, &mut wake),
+            Tend::Wait(_) => {}
+            Tend::Done(left) => break left,
+        }
+    };
+    assert_eq!(left, [0]);
+}
+
+#[test]
+fn a_warm_up_ends_once_settled_or_runs_the_timers_at_its_deadline_and_a_settling_at_its_outcome() {
+    use super::seats::{Seats, Tend, Tending};
+    const NONE: Option<&Seats<u32, ()>> = None;
+    // Nothing set up yet: a wait until the connect timeout at most, the timers after it.
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    let mut warm = Tending::warm_up(net.now, 500 * MS);
+    let Tend::Wait(d) = warm.next(NONE, &mut net.ep, net.now, false) else {
+        panic!("a warm-up that does not wait for its connects");
+    };
+    assert!(d > Duration::ZERO && d <= 500 * MS, "{d:?}");
+    assert!(!warm.turn_starts());
+    assert_eq!(warm.next(NONE, &mut net.ep, net.now, false), Tend::Timers);
+    // Its deadline passed: the timers once more, then it ends.
+    net.now += 500 * MS;
+    assert_eq!(warm.next(NONE, &mut net.ep, net.now, false), Tend::Timers);
+    assert_eq!(
+        warm.next(NONE, &mut net.ep, net.now, false),
+        Tend::Done(Vec::new())
+    );
+    // Set up: over at once.
+    let mut net = Net::ready(INFO_82, false);
+    let mut warm = Tending::warm_up(net.now, 500 * MS);
+    assert_eq!(
+        warm.next(NONE, &mut net.ep, net.now, false),
+        Tend::Done(Vec::new())
+    );
+    // Nothing owed: a settling is over at once, with nothing undelivered.
+    let mut settle = Tending::settle(&mut net.ep, net.now);
+    assert_eq!(
+        settle.next(NONE, &mut net.ep, net.now, false),
+        Tend::Done(Vec::new())
+    );
+}
