@@ -366,6 +366,7 @@ impl ClientBuilder {
             fair_after: self.fair_after,
             limits: Limits::default(),
             rw_policy: self.rw_policy,
+            masters: Default::default(),
         });
         let stats = Arc::new(Recorder::new(self.nodes.len()));
         let driver = Arc::new(

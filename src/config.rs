@@ -51,13 +51,47 @@ pub(crate) struct Config {
     pub fair_after: Duration,
     pub limits: Limits,
     pub rw_policy: RwPolicy,
+    /// The master each Sentinel member uses (by node index), as its endpoint last set it: a
+    /// failure of the master names it.
+    pub masters: SentinelMasters,
+}
+
+/// The masters Sentinel members use, for the failures' wording (see [`Config::failure`]).
+#[derive(Debug, Default)]
+pub(crate) struct SentinelMasters(std::sync::Mutex<Vec<Option<std::net::SocketAddr>>>);
+
+impl SentinelMasters {
+    /// Member `node` now uses the master at `addr`.
+    pub fn set(&self, node: usize, addr: std::net::SocketAddr) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() <= node {
+            all.resize(node + 1, None);
+        }
+        all[node] = Some(addr);
+    }
+
+    fn get(&self, node: usize) -> Option<std::net::SocketAddr> {
+        let all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.get(node).copied().flatten()
+    }
 }
 
 impl Config {
     /// A failure of node `node`, named by its address (and, for a connect that failed, by
-    /// the addresses its host name resolved to, which were tried in turn).
+    /// the addresses its host name resolved to, which were tried in turn). A Sentinel
+    /// member's is named by its sentinels and service, and, when it is its master's failure,
+    /// by that master too: `127.0.0.1:6380, master of "svc" named by 127.0.0.1:26379,…`.
     pub fn failure(&self, node: usize, kind: NodeErrorKind) -> NodeFailure {
         let addr = match (self.nodes.get(node), &kind) {
+            (Some(n), _) if n.sentinel.is_some() => {
+                let service = n.sentinel.as_ref().map_or("", |s| s.service.as_str());
+                match self.masters.get(node) {
+                    Some(master) if !crate::engine::endpoint::sentinels_failure(&kind) => {
+                        format!("{master}, master of {service:?} named by {}", n.display)
+                    }
+                    _ => format!("{}/{service}", n.display),
+                }
+            }
             (Some(n), NodeErrorKind::Connect(_)) => n.tried(),
             (Some(n), _) => n.display.clone(),
             (None, _) => String::new(),

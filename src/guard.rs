@@ -628,7 +628,7 @@ impl Held {
                     driver.entropy(),
                 );
                 m.record_to(client.recorder());
-                let result = driver.drive_cancellable(&mut m, opts.cancel.as_ref());
+                let result = driver.drive_cancellable(&mut m, opts.cancel.as_ref().map(|c| c as _));
                 driver.spread = m.learnt_spread();
                 driver.put_round(m.into_round());
                 result.map(|grant: Grant| grant)

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::driver::sync::{AtomicBool, Mutex, MutexGuard, Thread, Waker};
+use crate::driver::sync::{AtomicBool, Cancellable, Mutex, MutexGuard, Thread, Waker};
 use crate::error::InvalidArgument;
 use crate::process::PerProcess;
 
@@ -174,13 +174,24 @@ impl Cancel {
     pub fn is_cancelled(&self) -> bool {
         self.inner.cancelled.load(Ordering::SeqCst)
     }
+}
 
-    /// Wakes `waker` and unparks `thread` when cancelled, until the returned registration is
-    /// dropped. Registered before the flag is read, so a cancel is never missed between the two.
-    pub(crate) fn register(&self, waker: Option<Arc<Waker>>, thread: Thread) -> Registration<'_> {
+impl Cancellable for Cancel {
+    fn is_cancelled(&self) -> bool {
+        Cancel::is_cancelled(self)
+    }
+
+    fn register(&self, waker: Option<Arc<Waker>>, thread: Thread) -> u64 {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         self.inner.wakers().push(Registered { id, waker, thread });
-        Registration { cancel: self, id }
+        id
+    }
+
+    fn unregister(&self, id: u64) {
+        let mut wakers = self.inner.wakers();
+        if let Some(i) = wakers.iter().position(|w| w.id == id) {
+            wakers.swap_remove(i);
+        }
     }
 }
 
@@ -189,20 +200,5 @@ impl fmt::Debug for Cancel {
         f.debug_struct("Cancel")
             .field("cancelled", &self.is_cancelled())
             .finish()
-    }
-}
-
-/// A poller registered with a [`Cancel`]; see [`Cancel::register`].
-pub(crate) struct Registration<'a> {
-    cancel: &'a Cancel,
-    id: u64,
-}
-
-impl Drop for Registration<'_> {
-    fn drop(&mut self) {
-        let mut wakers = self.cancel.inner.wakers();
-        if let Some(i) = wakers.iter().position(|w| w.id == self.id) {
-            wakers.swap_remove(i);
-        }
     }
 }

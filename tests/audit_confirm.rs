@@ -448,3 +448,57 @@ fn a_kept_cleanup_follows_its_slot_when_the_link_is_closed() {
          ({before} -> {after} scripts: the trigger's cleanup only)"
     );
 }
+
+/// `?wait=1`, the replica paused (SIGSTOP) while a lock is released: the master ran the
+/// release, but its `WAIT` fell short (the release reports it). Once the replica continues
+/// (SIGCONT) and catches up, a later `WAIT` on the same connection confirms the release: it is
+/// not owed until the connection breaks, and `close` says nothing is left (the truth: the
+/// replica has it too). While the replica stays paused, `close` says the release is not known
+/// to have arrived, within its limit.
+#[test]
+fn a_release_no_replica_acknowledged_is_confirmed_once_the_replica_continues() {
+    let (master, replica) = master_with_replica();
+    let url = format!("{}?wait=1", master.url());
+    let paused = one_try_client(std::slice::from_ref(&url), ms(400));
+    warm(&paused, "audit:confirm:warm");
+    let lock = paused.try_lock("audit:confirm:paused", TTL).expect("lock");
+    replica.pause().expect("pause the replica");
+    assert!(
+        lock.release().is_err(),
+        "a release no replica acknowledged counted"
+    );
+    let started = Instant::now();
+    let closed = paused.close();
+    let took = started.elapsed();
+    println!("close with the replica paused: {closed:?} in {took:?}");
+    replica.resume().expect("resume the replica");
+    assert!(
+        matches!(&closed, Err(Error::Undelivered { failures }) if failures.iter().any(|f| f.node == 0)),
+        "close said {closed:?} with a release no replica has"
+    );
+    // Within its limit (10 s). (Measured 2.0 s and 4.0 s: an own `WAIT`'s reply may be taken
+    // as progress once.)
+    assert!(took < Duration::from_millis(10_500), "close took {took:?}");
+    let c = one_try_client(&[url], ms(400));
+    warm(&c, "audit:confirm:warm");
+    let lock = c.try_lock("audit:confirm:release", TTL).expect("lock");
+    replica.pause().expect("pause the replica");
+    let released = lock.release();
+    println!("release with the replica paused: {released:?}");
+    assert!(
+        released.is_err(),
+        "a release no replica acknowledged counted"
+    );
+    assert_settles_eq!(dbsize(master.addr()), 0, "the release ran on the master");
+    replica.resume().expect("resume the replica");
+    assert_settles_eq!(dbsize(replica.addr()), 0, "the replica caught up");
+    let started = Instant::now();
+    let closed = c.close();
+    let took = started.elapsed();
+    println!("close once the replica continued: {closed:?} in {took:?}");
+    assert!(
+        closed.is_ok(),
+        "close said {closed:?} once the replica had the release"
+    );
+    assert!(took < Duration::from_secs(4), "close took {took:?}");
+}

@@ -739,6 +739,26 @@ fn the_command_with_sentinel_urls() {
             String::from_utf8_lossy(&out.stderr).trim()
         );
         assert_eq!(out.status.code(), Some(inspect), "inspect {url}");
+        // A failure says what failed, naming the service and the sentinels asked.
+        if inspect != 0 {
+            let said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let sentinel = url
+                .trim_start_matches("redis+sentinel://")
+                .split('/')
+                .next()
+                .unwrap_or_default();
+            assert!(
+                said.contains("\"svc\"") && said.contains(sentinel),
+                "inspect {url} names neither the service nor the sentinel: {said}"
+            );
+            if inspect == 69 {
+                assert!(said.contains("could be reached"), "inspect {url}: {said}");
+            }
+        }
         let started = Instant::now();
         let out = std::process::Command::new(&command)
             .env_remove("REDLOCK_NODES")

@@ -470,3 +470,89 @@ fn a_demoted_master_is_left_for_the_one_the_sentinels_name() {
         assert_settles_eq!(dbsize(m.servers[0].addr()), 0, "a key was left");
     }
 }
+
+/// The error a Sentinel member's failure gives says what failed, naming the service and the
+/// sentinels asked: no sentinel could be reached; the sentinels do not know the service; the
+/// master they named could not be reached (it is named too).
+#[test]
+fn a_member_that_fails_says_what_failed() {
+    let mut member = SentinelMember::start(None).expect("sentinel member");
+    let service = member.service.clone();
+    let sentinels: Vec<String> = member
+        .sentinels
+        .iter()
+        .map(|s| s.addr().to_string())
+        .collect();
+    let names_all = |text: &str, what: &str| {
+        assert!(text.contains(&service), "{what}: no service in {text}");
+        for s in &sentinels {
+            assert!(
+                text.contains(s.as_str()),
+                "{what}: sentinel {s} not in {text}"
+            );
+        }
+    };
+    // No sentinel can be reached: the same sentinels' ports, nothing listening.
+    let gone: Vec<String> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .expect("bind")
+                .local_addr()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let url = format!("redis+sentinel://{}/{}", gone.join(","), member.service);
+    let c = client(&[url]);
+    let text = c
+        .try_lock("sentinel:why", TTL)
+        .expect_err("no sentinel")
+        .to_string();
+    println!("sentinels down: {text}");
+    assert!(text.contains("could be reached"), "sentinels down: {text}");
+    assert!(
+        text.contains(&member.service),
+        "sentinels down: no service in {text}"
+    );
+    for s in &gone {
+        assert!(
+            text.contains(s.as_str()),
+            "sentinels down: {s} not in {text}"
+        );
+    }
+    drop(c);
+    // No sentinel knows the service.
+    let unknown = member.url("").replace(&member.service, "no-such-service");
+    let text = match Client::builder().nodes([unknown]).build() {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a service no sentinel knows"),
+    };
+    println!("unknown service: {text}");
+    assert!(text.contains("no-such-service"), "unknown service: {text}");
+    assert!(text.contains("does not know"), "unknown service: {text}");
+    for s in &sentinels {
+        assert!(
+            text.contains(s.as_str()),
+            "unknown service: sentinel {s} not in {text}"
+        );
+    }
+    // The master the sentinels name is down (killed; the sentinels still name it).
+    let c = client(&[member.url("")]);
+    c.try_lock("sentinel:why", TTL)
+        .expect("lock")
+        .release()
+        .expect("release");
+    let master = member.servers[0].addr().to_string();
+    member.servers[0].kill().expect("kill the master");
+    let text = c
+        .try_lock("sentinel:why", TTL)
+        .expect_err("master down")
+        .to_string();
+    println!("master down: {text}");
+    names_all(&text, "master down");
+    assert!(
+        text.contains(&master),
+        "master down: master {master} not in {text}"
+    );
+    assert!(text.contains("master"), "master down: {text}");
+}

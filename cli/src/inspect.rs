@@ -477,19 +477,31 @@ fn writer_of(n: &Node) -> &Slot {
 
 /// Reads what one node holds for a resource.
 /// The master the sentinels of `url` name for `service`: the first of them that answers with
-/// one is believed; it must say it is a master.
+/// one is believed; it must say it is a master. A failure says what failed, naming the service
+/// and the sentinels asked (and the master, when it is the master's): no sentinel could be
+/// reached (unreachable), the sentinels refused the credentials or do not know the service
+/// (refused), the master named could not be reached or is not a master.
 fn sentinel_master(
     url: &NodeUrl,
     service: &str,
     tls: &args::TlsFiles,
     timeout: Duration,
 ) -> Result<NodeUrl, Failure> {
-    let mut last = Failure::Refused(format!("no sentinel knows the service {service:?}"));
-    for sentinel in url.sentinels() {
-        let asked = NodeConn::connect(&sentinel, tls, timeout).and_then(|mut conn| {
+    let sentinels = url.sentinels();
+    let asked: Vec<String> = sentinels
+        .iter()
+        .map(|s| s.addr().map_or_else(|| s.to_string(), |a| a.to_string()))
+        .collect();
+    let asked = asked.join(", ");
+    // The last failure of a sentinel that answered (credentials refused, service unknown),
+    // and of one that could not be reached.
+    let mut refused: Option<String> = None;
+    let mut unreachable: Option<io::Error> = None;
+    for sentinel in sentinels {
+        let answer = NodeConn::connect(&sentinel, tls, timeout).and_then(|mut conn| {
             conn.call_ok(&[b"SENTINEL", b"get-master-addr-by-name", service.as_bytes()])
         });
-        let named = match asked {
+        let named = match answer {
             Ok(Value::Array(Some(parts))) => match parts.as_slice() {
                 [Value::Bulk(Some(host)), Value::Bulk(Some(port))] => {
                     let host = String::from_utf8_lossy(host).into_owned();
@@ -504,27 +516,55 @@ fn sentinel_master(
                 }
                 _ => None,
             },
-            Ok(_) => None,
-            Err(e) => {
-                last = e;
+            Ok(_) => {
+                refused = Some(format!(
+                    "the sentinel does not know the service {service:?}"
+                ));
+                None
+            }
+            Err(Failure::Unreachable(e)) => {
+                unreachable = Some(e);
+                continue;
+            }
+            Err(Failure::Refused(e) | Failure::NotRedis(e)) => {
+                refused = Some(e);
                 continue;
             }
         };
         let Some(master) = named else {
             continue;
         };
-        let mut conn = NodeConn::connect(&master, tls, timeout)?;
+        let named_by = format!("the master of {service:?} named by {asked}");
+        let mut conn = NodeConn::connect(&master, tls, timeout).map_err(|e| match e {
+            Failure::Unreachable(e) => Failure::Unreachable(io::Error::new(
+                e.kind(),
+                format!("{master}, {named_by}, could not be reached: {e}"),
+            )),
+            Failure::Refused(e) => Failure::Refused(format!("{master}, {named_by}: {e}")),
+            Failure::NotRedis(e) => Failure::NotRedis(format!("{master}, {named_by}: {e}")),
+        })?;
         return match conn.call_ok(&[b"ROLE"])? {
             Value::Array(Some(parts)) if matches!(parts.first(), Some(Value::Bulk(Some(r))) if r == b"master") => {
                 Ok(master)
             }
             _ => Err(Failure::Refused(format!(
-                "{}: the server the sentinels named for {service:?} is not a master",
-                master
+                "{master}, {named_by}, is not a master"
             ))),
         };
     }
-    Err(last)
+    // Every sentinel that could be reached refused: the URL is wrong; else none could be.
+    match (refused, unreachable) {
+        (Some(why), _) => Err(Failure::Refused(format!(
+            "{why} (asked {asked} for the service {service:?})"
+        ))),
+        (None, Some(e)) => Err(Failure::Unreachable(io::Error::new(
+            e.kind(),
+            format!("no sentinel of the service {service:?} could be reached (tried {asked}): {e}"),
+        ))),
+        (None, None) => Err(Failure::Refused(format!(
+            "no sentinel knows the service {service:?} (asked {asked})"
+        ))),
+    }
 }
 
 fn probe(

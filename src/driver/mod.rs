@@ -56,16 +56,16 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use mio::Token;
-use sync::{AtomicBool, Events, Mutex, MutexGuard, Poll, Registry, Thread, TryLockError, Waker};
+use sync::{AtomicBool, Cancellable, Events, Mutex, MutexGuard, Poll, Registration, Registry};
+use sync::{Thread, TryLockError, Waker};
 
 use crate::config::Config;
-use crate::engine::endpoint::seats::{self, Resender, ResenderTurn, Seats, Writer};
-use crate::engine::endpoint::seats::{RESEND_IDLE_LOOK, RESEND_LIMIT};
+use crate::engine::endpoint::seats::RESEND_IDLE_LOOK;
+use crate::engine::endpoint::seats::{Resender, ResenderTurn, Seats, Tend, Tending, Writer};
 use crate::engine::endpoint::{Bits, CallerId, CallerLoop, ConnId, Endpoint, Io, Next, Probed};
 use crate::engine::machine::Machine;
 use crate::engine::Round;
 use crate::error::NodeErrorKind;
-use crate::options::Cancel;
 use crate::process::PerProcess;
 use crate::rng::OsEntropy;
 use crate::stats::Recorder;
@@ -75,6 +75,9 @@ use socket::Socket;
 
 /// The poll token of the shared [`Waker`]: no connection has it.
 const WAKER: Token = Token(usize::MAX);
+
+/// The seats a warm-up or a settling tends without (no caller sits then).
+const NO_SEATS: Option<&Seats<Thread, Kept>> = None;
 
 /// A client's connections, shared by every thread that uses it.
 pub(crate) struct Shared {
@@ -202,7 +205,7 @@ impl Shared {
     /// sees the closing end (see `Seats::end_close`) ends it for every thread that waits in
     /// `close` at the time.
     pub fn close(this: &Arc<Shared>) -> io::Result<Vec<usize>> {
-        Ok(Shared::session(this)?.close())
+        Ok(Shared::session(this)?.tend(true))
     }
 
     /// A caller slot for this thread, for one or more operations in a row.
@@ -229,36 +232,33 @@ impl Shared {
 }
 
 impl Local {
-    /// See [`Shared::warm_up`].
+    /// See [`Shared::warm_up`]: the loop of `Tending::warm_up`.
     fn warm_up(&self, timeout: Duration) {
         let mut core = self.lock();
         let start = sync::now();
-        // The connects' own timeouts count from the same instant, so that those that run out
-        // (a TLS handshake nobody answers) are judged before the warm-up ends.
-        let deadline = start + timeout;
         core.ep.connect_all(start);
         core.do_io(start);
-        while !core.ep.is_settled() {
-            let now = sync::now();
-            if now >= deadline {
-                // What timed out by now is judged before the warm-up ends.
-                core.timers(now);
-                return;
+        let mut tending = Tending::warm_up(start, timeout);
+        let mut now = start;
+        loop {
+            if tending.turn_starts() {
+                now = sync::now();
             }
-            let Some(mut poller) = core.poll.take() else {
-                return;
-            };
-            let timeout = core.ep.poll_timeout().map_or(deadline, |t| t.min(deadline));
-            drop(core);
-            let _ = poller.poll.poll(
-                &mut poller.events,
-                Some(timeout.saturating_duration_since(now)),
-            );
-            core = self.lock();
-            let now = sync::now();
-            core.service_events(&mut poller, now);
-            core.poll = Some(poller);
-            core.timers(now);
+            match tending.next(NO_SEATS, &mut core.ep, now, false) {
+                Tend::Timers => core.timers(now),
+                Tend::Wait(timeout) => {
+                    let Some(mut poller) = core.poll.take() else {
+                        return;
+                    };
+                    drop(core);
+                    let _ = poller.poll.poll(&mut poller.events, Some(timeout));
+                    core = self.lock();
+                    now = sync::now();
+                    core.service_events(&mut poller, now);
+                    core.poll = Some(poller);
+                }
+                Tend::EndClose | Tend::Done(_) => return,
+            }
         }
     }
 
@@ -416,7 +416,7 @@ impl Session<'_> {
     pub fn drive_cancellable<M: Machine>(
         &mut self,
         m: &mut M,
-        cancel: Option<&Cancel>,
+        cancel: Option<&dyn Cancellable>,
     ) -> M::Output {
         let shared = self.shared;
         let local = self.local;
@@ -425,14 +425,15 @@ impl Session<'_> {
         let mut core = local.lock();
         let run = core.ep.begin(slot);
         // Without a waker (the system refused one), the flag is still read at every wake-up.
-        let registration = cancel.map(|c| c.register(core.waker.clone(), sync::current()));
+        let registration =
+            cancel.map(|c| Registration::new(c, core.waker.clone(), sync::current()));
         let mut lp = CallerLoop::new(slot, run);
         let mut now = sync::now();
         let outcome = loop {
             if lp.turn_starts() {
                 now = sync::now();
             }
-            let cancelled = cancel.is_some_and(Cancel::is_cancelled);
+            let cancelled = cancel.is_some_and(|c| c.is_cancelled());
             let polled = core.seats.leader.is_some();
             match lp.next(&mut core.ep, m, now, &mut entropy, cancelled, polled) {
                 Next::ReadLate => {
@@ -520,7 +521,7 @@ impl Shared {
                     let Ok(session) = Shared::session(&shared) else {
                         return;
                     };
-                    session.resend();
+                    session.tend(false);
                     idle_since = sync::now();
                     continue;
                 }
@@ -540,58 +541,37 @@ impl Shared {
 }
 
 impl Session<'_> {
-    /// The resender thread's work (see [`Shared::start_resender`]).
-    fn resend(mut self) {
-        let local = self.local;
-        let slot = self.slot;
-        let until = sync::now() + RESEND_LIMIT;
-        let mut core = local.lock();
-        let run = core.ep.begin(slot);
-        loop {
-            let now = sync::now();
-            // The client's last handle dropped (this thread's aside): it is let go, and its
-            // drop settles what is left, within its own bound.
-            if seats::resend_over(&core.ep, now, until) || Arc::strong_count(self.shared) <= 1 {
-                break;
-            }
-            core.timers(now);
-            let timeout = seats::resend_wait(&mut core.ep, now);
-            core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
-        }
-        let next = core.finish(slot, run);
-        drop(core);
-        for t in self.wakeups.drain(..).chain(next) {
-            t.unpark();
-        }
-    }
-
-    /// Closes the client for this process: see [`Shared::close`].
-    fn close(mut self) -> Vec<usize> {
+    /// The resender thread's work (see [`Shared::start_resender`]), or a close (see
+    /// [`Shared::close`]): the loop of `Tending`, which says what to do at each turn.
+    fn tend(mut self, close: bool) -> Vec<usize> {
         let local = self.local;
         let slot = self.slot;
         let mut core = local.lock();
         let run = core.ep.begin(slot);
-        let now = sync::now();
-        // A closing under way is waited for as it is, not made longer.
+        let mut now = sync::now();
         let c = &mut *core;
-        let ended = c.seats.join_close(&mut c.ep, slot, now);
-        core.do_io(now);
-        core.write_or_leave(slot, now);
-        // Each turn ends the closing or waits (at least 1 ms): bounded by the closing's own
-        // limit.
+        let mut tending = match close {
+            true => Tending::close(&mut c.seats, &mut c.ep, slot, now),
+            false => Tending::resend(now),
+        };
+        if close {
+            core.do_io(now);
+            core.write_or_leave(slot, now);
+        }
         let left = loop {
-            let now = sync::now();
-            // The timers that are due run first (the closing's end among them), whoever leads:
-            // a follower's turn comes at least every `Seats::close_wait`.
-            core.timers(now);
-            if core.seats.close_ended(ended).is_none() {
-                core.end_close(now);
+            if tending.turn_starts() {
+                now = sync::now();
             }
-            if let Some(left) = core.seats.close_ended(ended) {
-                break left.to_vec();
+            let gone = Arc::strong_count(self.shared) <= 1;
+            let c = &mut *core;
+            match tending.next(Some(&c.seats), &mut c.ep, now, gone) {
+                Tend::Timers => core.timers(now),
+                Tend::EndClose => core.end_close(now),
+                Tend::Wait(timeout) => {
+                    core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
+                }
+                Tend::Done(left) => break left,
             }
-            let timeout = seats::close_wait(&mut core.ep, now);
-            core = local.wait(core, slot, timeout, usize::MAX, &mut self.wakeups);
         };
         let next = core.finish(slot, run);
         drop(core);
@@ -982,12 +962,11 @@ impl Core {
     }
 
     /// Writes what is queued and reads what is owed on every connection, and sends again the
-    /// releases of broken connections, until the endpoint's closing is over (see
-    /// `Endpoint::begin_close`). Returns the nodes left with releases not known to have
-    /// reached them.
+    /// releases of broken connections, until the endpoint's closing is over: the loop of
+    /// `Tending::settle`. Returns the nodes left with releases not known to have reached them.
     fn settle(&mut self) -> Vec<usize> {
-        let now = sync::now();
-        self.ep.begin_close(now);
+        let mut now = sync::now();
+        let mut tending = Tending::settle(&mut self.ep, now);
         self.do_io(now);
         self.flush_all(now);
         let Some(mut poller) = self.poll.take() else {
@@ -995,27 +974,23 @@ impl Core {
             return self.ep.undelivered(now);
         };
         let left = loop {
-            let now = sync::now();
-            if let Some(left) = self.ep.close_outcome(now) {
-                break left;
+            if tending.turn_starts() {
+                now = sync::now();
             }
-            let timeout = self
-                .ep
-                .poll_timeout()
-                .map_or(Duration::from_millis(1), |t| {
-                    t.saturating_duration_since(now)
-                });
-            if let Err(e) = poller.poll.poll(
-                &mut poller.events,
-                Some(timeout.max(Duration::from_millis(1))),
-            ) {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    break self.ep.undelivered(now);
+            match tending.next(NO_SEATS, &mut self.ep, now, false) {
+                Tend::Timers => self.timers(now),
+                Tend::Wait(timeout) => {
+                    if let Err(e) = poller.poll.poll(&mut poller.events, Some(timeout)) {
+                        if e.kind() != io::ErrorKind::Interrupted {
+                            break self.ep.undelivered(now);
+                        }
+                    }
+                    now = sync::now();
+                    self.service_events(&mut poller, now);
                 }
+                Tend::EndClose => {}
+                Tend::Done(left) => break left,
             }
-            let now = sync::now();
-            self.service_events(&mut poller, now);
-            self.timers(now);
         };
         self.poll = Some(poller);
         left

@@ -52,3 +52,43 @@ mod imp {
 }
 
 pub(crate) use imp::*;
+
+/// A cancel handle as the driver sees it (the lock API's `Cancel` is one): a flag read at every
+/// turn, and the wake-ups it owes the operations that wait with it.
+pub(crate) trait Cancellable {
+    /// Whether the operation was cancelled.
+    fn is_cancelled(&self) -> bool;
+    /// Wakes `waker` and unparks `thread` when cancelled, until [`unregister`] with the id
+    /// returned. Registered before the flag is read, so a cancel is never missed between the
+    /// two.
+    ///
+    /// [`unregister`]: Cancellable::unregister
+    fn register(&self, waker: Option<std::sync::Arc<Waker>>, thread: Thread) -> u64;
+    /// Forgets the registration `id`.
+    fn unregister(&self, id: u64);
+}
+
+/// An operation registered with a [`Cancellable`], until dropped (a panic that unwinds the
+/// operation included).
+pub(crate) struct Registration<'a> {
+    cancel: &'a dyn Cancellable,
+    id: u64,
+}
+
+impl<'a> Registration<'a> {
+    /// Registers `waker` and `thread` with `cancel` (see [`Cancellable::register`]).
+    pub fn new(
+        cancel: &'a dyn Cancellable,
+        waker: Option<std::sync::Arc<Waker>>,
+        thread: Thread,
+    ) -> Registration<'a> {
+        let id = cancel.register(waker, thread);
+        Registration { cancel, id }
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.cancel.unregister(self.id);
+    }
+}

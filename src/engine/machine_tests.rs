@@ -39,6 +39,7 @@ fn config(nodes: usize, retry_count: u32) -> Config {
         fair_after: Duration::ZERO,
         limits: Limits::default(),
         rw_policy: RwPolicy::ReadPreferring,
+        masters: Default::default(),
     }
 }
 

@@ -391,6 +391,10 @@ pub(crate) struct Topology {
     pub next: Instant,
     /// The cluster does not know `CLUSTER SHARDS` (before 7.0): `CLUSTER SLOTS` is asked.
     pub slots_only: bool,
+    /// A slot a command was refused for, the map giving it no master (a failover under way),
+    /// and until when the topology is read again on its own while the map still gives it
+    /// none (see [`chase`](Self::chase)).
+    chase: Option<(u16, Instant)>,
 }
 
 impl Topology {
@@ -403,6 +407,34 @@ impl Topology {
             want: true,
             next: now,
             slots_only: false,
+            chase: None,
+        }
+    }
+
+    /// A command was refused at `now` because the map gives `slot` no master: the topology is
+    /// read again as soon as [`REFRESH_MIN_GAP`] allows, and again after each read that still
+    /// gives it none, for [`REFRESH_PERIOD`] at most, whether or not another command comes
+    /// (the endpoint asks to be tended meanwhile): a lock asked for once the failover settled
+    /// finds the new master in the map.
+    pub fn chase(&mut self, slot: u16, now: Instant) {
+        self.want = true;
+        self.chase = Some((slot, now + REFRESH_PERIOD));
+    }
+
+    /// Whether a slot refused for want of a master is still chased at `now`.
+    pub fn chasing(&self, now: Instant) -> bool {
+        self.chase
+            .is_some_and(|(slot, until)| until > now && self.map[slot as usize] == NONE)
+    }
+
+    /// A topology read was answered at `now` (the map replaced): a slot chased that has a
+    /// master now is no longer chased; one that has none is read again.
+    pub fn read(&mut self, now: Instant) {
+        match self.chase {
+            Some((slot, until)) if until > now && self.map[slot as usize] == NONE => {
+                self.want = true
+            }
+            _ => self.chase = None,
         }
     }
 
@@ -474,9 +506,10 @@ impl Endpoint {
             Some((_, Some(link))) => Ok(link),
             Some((_, None)) if !topo.known => Ok(member),
             Some((s, None)) => {
-                // The cluster may be electing a new master for it: read again soon.
+                // The cluster may be electing a new master for it: read again soon, and
+                // until a master serves it (see `Topology::chase`).
                 if let Some(topo) = self.topo[member].as_mut() {
-                    topo.want = true;
+                    topo.chase(s, now);
                 }
                 Err(NodeErrorKind::Server {
                     kind: crate::resp::ServerErrorKind::ClusterDown,
@@ -720,6 +753,7 @@ impl Endpoint {
         if let Some(topo) = self.topo[member].as_mut() {
             topo.replace(&linked);
             topo.asked = None;
+            topo.read(now);
         }
         // Every master in use is connected ahead of its first command, as members are.
         let mut in_use = Bits::with_room(self.nodes.len());

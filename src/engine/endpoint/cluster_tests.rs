@@ -34,6 +34,7 @@ fn config(url: &str) -> Arc<Config> {
         fair_after: Duration::ZERO,
         limits: Limits::default(),
         rw_policy: RwPolicy::ReadPreferring,
+        masters: Default::default(),
     })
 }
 
@@ -1019,5 +1020,73 @@ fn closing_gives_up_when_only_topology_reads_answer() {
         "the two closes took {:?} and {:?}",
         again - begun,
         net.now - again
+    );
+}
+
+/// A command refused because the slot map gives its slot no master (a failover under way)
+/// has the endpoint read the topology again on its own, as soon as the gap between reads
+/// allows and again while the new map still gives the slot none, without waiting for the
+/// next command: it asks to be tended meanwhile. Once a read names a master, it stops, and a
+/// command asked for then goes to that master.
+#[test]
+fn a_slot_refused_for_want_of_a_master_is_read_again_until_one_serves_it() {
+    let (a, b) = (key_slot(b"a"), key_slot(b"b"));
+    let (lo, hi) = (a.min(b), a.max(b));
+    let mut net = member(&[(lo, lo, 7001)]);
+    let hi_key: &'static [u8] = if hi == a { b"a" } else { b"b" };
+    let mut m = Keyed::new(hi_key);
+    net.step(&mut m);
+    assert_eq!(m.failures.len(), 1, "{:?}", m.failures);
+    // A read was sent at the refusal (or is wanted): answer it as the failover still runs.
+    net.now += cluster::REFRESH_MIN_GAP;
+    net.ep.handle_timeout(net.now);
+    let out = net.output(0);
+    if !out.is_empty() {
+        assert_eq!(out, ["CLUSTER SLOTS"]);
+        net.reply(0, &slots(&[(lo, lo, 7001)]));
+    }
+    // No command comes; the endpoint reads again on its own.
+    let mut reads = 0;
+    for _ in 0..20 {
+        assert!(
+            net.ep.needs_tending(net.now) && net.ep.tending_urgent(net.now),
+            "a slot refused for want of a master, and nobody drives the endpoint"
+        );
+        let due = net.ep.poll_timeout().expect("a topology read is due");
+        assert!(
+            due <= net.now + cluster::REFRESH_MIN_GAP,
+            "the next read waits"
+        );
+        net.now = due.max(net.now);
+        net.ep.handle_timeout(net.now);
+        let out = net.output(0);
+        if out.is_empty() {
+            continue;
+        }
+        assert_eq!(out, ["CLUSTER SLOTS"]);
+        reads += 1;
+        if reads < 3 {
+            net.reply(0, &slots(&[(lo, lo, 7001)]));
+        } else {
+            // The failover settled: a master serves the slot.
+            net.reply(0, &slots(&[(lo, lo, 7001), (hi, hi, 7002)]));
+            break;
+        }
+    }
+    assert_eq!(
+        reads, 3,
+        "the topology was read again until a master served the slot"
+    );
+    let links = net.connect();
+    assert_eq!(links.len(), 1, "the new master's link");
+    net.output(links[0]);
+    net.answer_setup(links[0], 'z');
+    assert!(!net.ep.tending_urgent(net.now), "nothing left to chase");
+    let mut m = Keyed::new(hi_key);
+    net.step(&mut m);
+    assert!(m.failures.is_empty(), "{:?}", m.failures);
+    assert_eq!(
+        net.output(links[0]),
+        [format!("SET {} v", String::from_utf8_lossy(hi_key))]
     );
 }

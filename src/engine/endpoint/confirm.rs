@@ -1,5 +1,6 @@
 //! The cleanups of lost attempts that a member asked to wait for replicas (`?wait=N`,
-//! `?waitaof=L,R`) has run, but that no `WAIT` has yet said its replicas have.
+//! `?waitaof=L,R`) has run, but that no `WAIT` has yet said its replicas have; and the
+//! releases whose own `WAIT` fell short.
 //!
 //! A cleanup's first try goes without a `WAIT` of its own: every lost attempt sends one to
 //! every node, and a `WAIT` behind each would hold up the connection that every caller
@@ -12,6 +13,13 @@
 //! breaks goes again on the node's next connection (to the master promoted in a failover), as
 //! a release does, those owed together behind one `WAIT`: it is a compare-and-delete of the
 //! attempt's own token, which never deletes another holder's key.
+//!
+//! A release whose own `WAIT` fell short (its owner heard the failure) is kept the same way:
+//! the master ran it, so it is not sent again on that connection, but a later `WAIT` there
+//! (a grant's, or the endpoint's own once the connection is idle, after a backoff that grows
+//! while they fall short) confirms it once the replicas have it. Each is kept until what it
+//! deletes has expired at the latest; one still kept when its connection breaks goes again on
+//! the next one.
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
@@ -53,6 +61,17 @@ impl Unconfirmed {
             len: command.len() as u32,
             ..redo
         });
+    }
+
+    /// The compare-and-delete `command` (`redo`) ran, but the `WAIT` (or `WAITAOF`) behind it
+    /// fell short at `now`: a later one on the same connection may still confirm it, after
+    /// the backoff of one that fell short.
+    pub fn push_short(&mut self, redo: Redo, command: &[u8], now: Instant) {
+        self.push(redo, command);
+        if self.at.is_none() {
+            self.at = Some(now + self.backoff);
+            self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        }
     }
 
     /// Whether one is kept that is still worth it at `now`.

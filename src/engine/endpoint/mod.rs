@@ -50,9 +50,10 @@
 //!   its key's slot once the topology is read again, which may not be the one it was sent to.
 //! - **Releases reach the replicas a member asks for.** On a member with `?wait=N` (or
 //!   `?waitaof=L,R`), a release counts as done there only once the `WAIT` after it says N
-//!   replicas have it; one that falls short (or whose connection breaks before the `WAIT`
-//!   answers) stays owed as one of a broken connection, and goes again, with its `WAIT`, on
-//!   the node's next connection (to the master promoted in a failover, which may not have had
+//!   replicas have it; one that falls short stays owed: a later `WAIT` on its connection (a
+//!   grant's, or the endpoint's own once the connection is idle, after a backoff) confirms
+//!   it, and one whose connection breaks first (or before its `WAIT` answers) goes again,
+//!   with its `WAIT`, on the node's next connection (to the master promoted in a failover, which may not have had
 //!   it). Every compare-and-delete sent again is waited for the same way. A lost attempt's
 //!   cleanup goes first without a `WAIT` of its own, and counts as done only once a `WAIT`
 //!   sent after it on its connection says enough replicas have it (see the `confirm` module);
@@ -118,6 +119,7 @@ use conn::{Conn, Redo, Refused, Slot, BACKOFF_MIN};
 use mail::Mail;
 #[cfg(test)]
 use recv::waited;
+pub(crate) use sentinel::sentinels_failure;
 use sentinel::Watch;
 use setup::Server;
 use subs::Channels;
@@ -785,11 +787,23 @@ impl Endpoint {
     /// So do the sentinels of a member that has no master yet, or whose round is under way: a
     /// call fails at once on such a member, without waiting for anything, and the round would
     /// otherwise move on only while some other call waits.
+    ///
+    /// So does a cluster member whose command was refused because its map gave the slot no
+    /// master: its topology is read again until a master serves the slot (for a while at most,
+    /// see `Topology::chase`), so that a lock asked for once the failover settled is routed
+    /// to the new master rather than refused on a map read during the failover.
     pub fn needs_tending(&self, now: Instant) -> bool {
         self.nodes
             .iter()
             .any(|n| n.owes_until(now) || (n.cmd.redo_until().is_some() && !n.cmd.is_down()))
             || self.sentinels_pending()
+            || self.chasing(now)
+    }
+
+    /// Whether a cluster member reads its topology again on its own for a slot a command was
+    /// refused for, the map giving it no master (see `Topology::chase`).
+    fn chasing(&self, now: Instant) -> bool {
+        self.topo.iter().flatten().any(|t| t.chasing(now))
     }
 
     /// Whether some of what [`needs_tending`](Self::needs_tending) asks for cannot wait for the
@@ -797,10 +811,11 @@ impl Endpoint {
     /// left to write on it) whose replies are still to come. Those are read by whichever call
     /// comes next, or by a thread of the client a short while later; a compare-and-delete to
     /// send again (its connection broke, or its node refused it for now), one whose replicas'
-    /// `WAIT` is still owed, a connection being set up or with bytes still to write, and a
-    /// Sentinel round need someone at once.
+    /// `WAIT` is still owed, a connection being set up or with bytes still to write, a
+    /// Sentinel round and a cluster slot chased for want of a master need someone at once.
     pub fn tending_urgent(&self, now: Instant) -> bool {
         self.sentinels_pending()
+            || self.chasing(now)
             || self.nodes.iter().any(|n| {
                 let waits = n.cmd.is_ready() && !n.cmd.has_pending_output();
                 n.retries.iter().any(|r| r.redo.until > now)

@@ -31,7 +31,7 @@ use super::{CallerId, Endpoint};
 /// How long the thread that sends releases again runs at most, and how long it polls at a
 /// time; how long it stays (parked) once nothing is owed, and how often it looks meanwhile
 /// whether its client is gone.
-pub(crate) const RESEND_LIMIT: Duration = Duration::from_secs(10);
+const RESEND_LIMIT: Duration = Duration::from_secs(10);
 const RESEND_POLL: Duration = Duration::from_millis(50);
 const RESEND_LINGER: Duration = Duration::from_secs(60);
 pub(crate) const RESEND_IDLE_LOOK: Duration = Duration::from_secs(1);
@@ -332,23 +332,171 @@ impl<T: Clone, K: Default> Seats<T, K> {
     }
 }
 
-/// Whether the resender's work is over: nothing is owed, or it ran until `until`.
-pub(crate) fn resend_over(ep: &Endpoint, now: Instant, until: Instant) -> bool {
-    now >= until || !ep.needs_tending(now)
+/// What a loop that tends the client's connections with no machine of its own (the resender's
+/// work, a close, a warm-up, the settling of a dropped client) has the shell do next (see
+/// [`Tending::next`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Tend {
+    /// Run the endpoint's timers that are due, after reading every connection.
+    Timers,
+    /// End the closing under way if it is over ([`Seats::end_close`]), waking its callers.
+    EndClose,
+    /// Wait this long at most for input: a caller leads the polling or parks; a warm-up or a
+    /// settling polls, and services what the poller reports. The shell takes the time again.
+    Wait(Duration),
+    /// The loop is over: the nodes left with releases not known to have reached them (a
+    /// close's or a settling's; none otherwise).
+    Done(Vec<usize>),
 }
 
-/// How long the resender's caller waits at a time: until the endpoint's next timer, at
-/// most a short poll.
-pub(crate) fn resend_wait(ep: &mut Endpoint, now: Instant) -> Duration {
-    ep.poll_timeout().map_or(RESEND_POLL, |t| {
-        t.saturating_duration_since(now).min(RESEND_POLL)
-    })
+#[derive(Debug, Clone, Copy)]
+enum Tends {
+    /// The resender's work, until then at most while something is owed.
+    Resend { until: Instant },
+    /// A caller's close, which joined after `ended` closings had ended (see
+    /// [`Seats::close_ended`]).
+    Close { ended: u64 },
+    /// Every command connection opened and set up (or failed), until then at most.
+    WarmUp { deadline: Instant },
+    /// The last handle was dropped: everything owed is seen through, within the closing's
+    /// own bound (see `Endpoint::begin_close`).
+    Settle,
 }
 
-/// How long a closing caller waits before it looks again: the endpoint's next timer,
-/// between 1 ms and [`CLOSE_LOOK`].
-pub(crate) fn close_wait(ep: &mut Endpoint, now: Instant) -> Duration {
-    ep.poll_timeout()
-        .map_or(CLOSE_LOOK, |t| t.saturating_duration_since(now))
-        .clamp(Duration::from_millis(1), CLOSE_LOOK)
+/// The loop of a shell that tends the client's connections with no machine of its own: the
+/// resender's work, for [`RESEND_LIMIT`] at most while something is owed; a caller's close,
+/// until the closing it joined is over; a warm-up, until every command connection is set up
+/// (or failed) or its deadline passes; the settling of a dropped client, until its closing is
+/// over. The rules:
+///
+/// - A caller that tends (the resender, a closer) runs the timers that are due first at each
+///   turn (the closing's end among them), whoever leads: a follower's turn comes at least
+///   every [`CLOSE_LOOK`] (a closer) or `RESEND_POLL` (the resender).
+/// - A warm-up or a settling runs the timers after each poll; a warm-up whose deadline
+///   passed runs them once more, so that what timed out by then is judged before it ends.
+#[derive(Debug)]
+pub(crate) struct Tending {
+    tends: Tends,
+    /// The turn's step: 0 the top, then 1 and 2.
+    step: u8,
+}
+
+impl Tending {
+    /// The resender's work, starting at `now`.
+    pub fn resend(now: Instant) -> Tending {
+        Tending::of(Tends::Resend {
+            until: now + RESEND_LIMIT,
+        })
+    }
+
+    /// `slot` closes the client: it joins the closing under way, as it is, or begins one (see
+    /// [`Seats::join_close`]). The shell then makes the system calls and writes.
+    pub fn close<T: Clone, K: Default>(
+        seats: &mut Seats<T, K>,
+        ep: &mut Endpoint,
+        slot: CallerId,
+        now: Instant,
+    ) -> Tending {
+        let ended = seats.join_close(ep, slot, now);
+        Tending::of(Tends::Close { ended })
+    }
+
+    /// A warm-up that began at `start` (`Endpoint::connect_all`), for `timeout` at most: the
+    /// connects' own timeouts count from the same instant, so that those that run out (a TLS
+    /// handshake nobody answers) are judged before the warm-up ends.
+    pub fn warm_up(start: Instant, timeout: Duration) -> Tending {
+        Tending::of(Tends::WarmUp {
+            deadline: start + timeout,
+        })
+    }
+
+    /// The settling of a client whose last handle was dropped: its closing begins (see
+    /// `Endpoint::begin_close`). The shell then makes the system calls and writes.
+    pub fn settle(ep: &mut Endpoint, now: Instant) -> Tending {
+        ep.begin_close(now);
+        Tending::of(Tends::Settle)
+    }
+
+    fn of(tends: Tends) -> Tending {
+        Tending { tends, step: 0 }
+    }
+
+    /// Whether the next call starts a turn: the shell takes the time again.
+    pub fn turn_starts(&self) -> bool {
+        self.step == 0
+    }
+
+    /// What the shell does next at `now`. `seats`: the callers' seats, which a close needs.
+    /// `gone`: the client's last handle was dropped (the resender's work is let go, and the
+    /// drop settles what is left, within its own bound).
+    pub fn next<T: Clone, K: Default>(
+        &mut self,
+        seats: Option<&Seats<T, K>>,
+        ep: &mut Endpoint,
+        now: Instant,
+        gone: bool,
+    ) -> Tend {
+        let step = self.step;
+        self.step = 0;
+        match (self.tends, step) {
+            (Tends::Resend { until }, 0) => {
+                if now >= until || !ep.needs_tending(now) || gone {
+                    return Tend::Done(Vec::new());
+                }
+                self.step = 1;
+                Tend::Timers
+            }
+            // Until the endpoint's next timer, at most a short poll.
+            (Tends::Resend { .. }, _) => Tend::Wait(ep.poll_timeout().map_or(RESEND_POLL, |t| {
+                t.saturating_duration_since(now).min(RESEND_POLL)
+            })),
+            (Tends::Close { .. }, 0) => {
+                self.step = 1;
+                Tend::Timers
+            }
+            (Tends::Close { ended }, _) => {
+                let left = seats.and_then(|s| s.close_ended(ended));
+                if let Some(left) = left {
+                    return Tend::Done(left.to_vec());
+                }
+                if step == 1 {
+                    self.step = 2;
+                    return Tend::EndClose;
+                }
+                // The endpoint's next timer, between 1 ms and `CLOSE_LOOK`.
+                Tend::Wait(
+                    ep.poll_timeout()
+                        .map_or(CLOSE_LOOK, |t| t.saturating_duration_since(now))
+                        .clamp(Duration::from_millis(1), CLOSE_LOOK),
+                )
+            }
+            (Tends::WarmUp { deadline }, 0) => {
+                if ep.is_settled() {
+                    return Tend::Done(Vec::new());
+                }
+                self.step = if now >= deadline { 2 } else { 1 };
+                if now >= deadline {
+                    // What timed out by now is judged before the warm-up ends.
+                    return Tend::Timers;
+                }
+                let until = ep.poll_timeout().map_or(deadline, |t| t.min(deadline));
+                Tend::Wait(until.saturating_duration_since(now))
+            }
+            (Tends::WarmUp { .. }, 1) | (Tends::Settle, 1) => Tend::Timers,
+            (Tends::WarmUp { .. }, _) => Tend::Done(Vec::new()),
+            (Tends::Settle, _) => {
+                if let Some(left) = ep.close_outcome(now) {
+                    return Tend::Done(left);
+                }
+                self.step = 1;
+                Tend::Wait(
+                    ep.poll_timeout()
+                        .map_or(Duration::from_millis(1), |t| {
+                            t.saturating_duration_since(now)
+                        })
+                        .max(Duration::from_millis(1)),
+                )
+            }
+        }
+    }
 }

@@ -281,9 +281,10 @@ impl Endpoint {
     /// reply as it came.
     ///
     /// A compare-and-delete that ran, but that the replicas (or fsyncs) its member asks for
-    /// did not acknowledge in time ([`Refused::Unacknowledged`]), stays owed for the node's
-    /// next connection, as one of a broken connection: the master has run it, and only a
-    /// master that changes (its connection then fails) could lose it.
+    /// did not acknowledge in time ([`Refused::Unacknowledged`]), is not sent again on that
+    /// connection (the master has run it): a later `WAIT` there confirms it, as a cleanup's
+    /// (see the `confirm` module); it goes again on the node's next connection if this one
+    /// breaks first, as one of a broken connection.
     ///
     /// While the client closes, replies that were all such refusals (`idle` of those read) are
     /// no progress: a node that refuses what it owes for as long as closing waits is one it
@@ -341,6 +342,12 @@ impl Endpoint {
                 before: r.before as u32,
                 ..redo
             };
+            // It ran on this connection, which is still up: a later `WAIT` on it confirms it
+            // (see the `confirm` module).
+            if r.kind == Refused::Unacknowledged && self.nodes[i].cmd.is_up() {
+                self.nodes[i].unconfirmed.push_short(redo, &bytes, now);
+                continue;
+            }
             if r.kind == Refused::NoScript && self.nodes[i].cmd.is_up() {
                 self.queue_owed(i, r.slot, redo, &bytes);
                 self.wait_after_owed(i);

@@ -20,6 +20,12 @@
 //! When every sentinel of a round that could be reached (one at least) refused the credentials
 //! or did not know the service, the member's URL is wrong: [`Endpoint::setup_failures`] reports it (the client's build fails
 //! with `Error::Config`). Rounds that find nothing are tried again with a backoff.
+//!
+//! A failure says what failed. Without a master, the member's commands fail with a
+//! `MASTERDOWN no master for the service "…"` error saying why (no sentinel could be reached,
+//! the sentinels do not know the service, none answered yet), naming the sentinels asked; a
+//! failure of the master itself (a connect, `ROLE` saying replica, a broken connection) is
+//! named by the master's address, the service and the sentinels (see `Config::failure`).
 #![forbid(unsafe_code)]
 
 use std::net::{IpAddr, SocketAddr};
@@ -52,6 +58,12 @@ pub(crate) struct Watch {
     failed: usize,
     all_config: bool,
     last_config: Option<NodeErrorKind>,
+    /// How many sentinels of the round under way could not be reached, and the last failure
+    /// of one that could (for the wording of [`Endpoint::without_master`]).
+    unreachable: usize,
+    last_other: Option<NodeErrorKind>,
+    /// Why the last round that ended found no master (`None`: none ended so).
+    nothing: Option<String>,
     /// Something happened during the round under way that calls for another one.
     again: bool,
     /// The master the sentinel at `at` named failed (a connect refused, `ROLE` said replica,
@@ -86,6 +98,9 @@ impl Watch {
             failed: 0,
             all_config: true,
             last_config: None,
+            unreachable: 0,
+            last_other: None,
+            nothing: None,
             again: false,
             skip: false,
             next: Some(now),
@@ -111,6 +126,26 @@ impl Watch {
 /// down: its credentials refused, or the service unknown to it.
 fn is_config(why: &NodeErrorKind) -> bool {
     matches!(why, NodeErrorKind::Setup { .. })
+}
+
+/// The start of the message of a failure that says a Sentinel member has no master because
+/// of its sentinels (none reached, none knows the service, none answered yet).
+const NO_MASTER: &str = "MASTERDOWN no master for the service ";
+
+/// Whether a Sentinel member's failure `why` is its sentinels' (no master named, the URL
+/// refused by them) rather than its master's.
+pub(crate) fn sentinels_failure(why: &NodeErrorKind) -> bool {
+    match why {
+        NodeErrorKind::Server { message, .. } => message.starts_with(NO_MASTER),
+        NodeErrorKind::Setup { command, .. } => command.starts_with("SENTINEL"),
+        _ => false,
+    }
+}
+
+/// The sentinels of `spec`, as `a, b, c`.
+fn listed(spec: &crate::url::SentinelSpec) -> String {
+    let all: Vec<&str> = spec.sentinels.iter().map(|s| s.display.as_str()).collect();
+    all.join(", ")
 }
 
 /// Whether a failure of a sentinel says nothing of the URL: it could not be reached.
@@ -288,13 +323,20 @@ impl Endpoint {
     pub(super) fn without_master(&self, i: usize) -> Option<NodeErrorKind> {
         let watch = self.sentinels.get(self.nodes[i].member)?.as_ref()?;
         if i == watch.link || (i < self.members && self.nodes[i].addr.is_none()) {
-            return Some(match &watch.config_error {
-                Some(e) => e.clone(),
-                None => NodeErrorKind::Server {
-                    kind: ServerErrorKind::MasterDown,
-                    message: "MASTERDOWN no sentinel has named a master for the service yet"
-                        .to_owned(),
-                },
+            if let Some(e) = &watch.config_error {
+                return Some(e.clone());
+            }
+            let spec = self.config.nodes[self.nodes[i].member].sentinel.as_ref()?;
+            let why = match &watch.nothing {
+                Some(why) => why.clone(),
+                None => format!(
+                    "the sentinels have not named one yet (asking {})",
+                    listed(spec)
+                ),
+            };
+            return Some(NodeErrorKind::Server {
+                kind: ServerErrorKind::MasterDown,
+                message: format!("{NO_MASTER}{:?}: {why}", spec.service),
             });
         }
         None
@@ -348,6 +390,8 @@ impl Endpoint {
                 w.failed = 0;
                 w.all_config = true;
                 w.last_config = None;
+                w.unreachable = 0;
+                w.last_other = None;
                 w.again = false;
                 self.ask_sentinel(member, now);
             }
@@ -415,10 +459,10 @@ impl Endpoint {
         if !self.nodes[link].cmd.is_down() {
             self.nodes[link].cmd.fail(why.clone(), now, |_, _| {});
         }
-        let count = self.config.nodes[member]
+        let (count, asked) = self.config.nodes[member]
             .sentinel
             .as_ref()
-            .map_or(1, |s| s.sentinels.len());
+            .map_or((1, String::new()), |s| (s.sentinels.len(), listed(s)));
         let Some(w) = self.sentinels[member].as_mut() else {
             return;
         };
@@ -430,8 +474,11 @@ impl Endpoint {
         w.failed += 1;
         if is_config(&why) {
             w.last_config = Some(why);
-        } else if !is_unreachable(&why) {
+        } else if is_unreachable(&why) {
+            w.unreachable += 1;
+        } else {
             w.all_config = false;
+            w.last_other = Some(why);
         }
         w.at = (w.at + 1) % count;
         if w.failed < count {
@@ -440,10 +487,31 @@ impl Endpoint {
         }
         // Every sentinel failed.
         w.asking = None;
+        w.nothing = Some(if w.unreachable == count {
+            format!("no sentinel could be reached (tried {asked})")
+        } else if let Some(NodeErrorKind::Setup { cause, .. }) = &w.last_config {
+            format!("{cause} (asked {asked})")
+        } else if let Some(other) = &w.last_other {
+            format!("no sentinel named one (asked {asked}; the last said: {other})")
+        } else {
+            format!("no sentinel named one (asked {asked})")
+        });
         if w.all_config {
             // Each sentinel reached (one at least) refused the credentials or did not know
-            // the service: the URL is wrong.
-            w.config_error = w.last_config.take();
+            // the service: the URL is wrong. The error names the sentinels asked.
+            w.config_error = w.last_config.take().map(|e| match e {
+                NodeErrorKind::Setup { command, cause } => NodeErrorKind::Setup {
+                    command,
+                    cause: Box::new(match *cause {
+                        NodeErrorKind::Server { kind, message } => NodeErrorKind::Server {
+                            kind,
+                            message: format!("{message} (asked {asked})"),
+                        },
+                        other => other,
+                    }),
+                },
+                other => other,
+            });
         }
         w.next = Some(now + w.backoff);
         w.backoff = (w.backoff * 2).min(BACKOFF_MAX);
@@ -544,6 +612,7 @@ impl Endpoint {
         }
         w.asking = None;
         w.config_error = None;
+        w.nothing = None;
         w.backoff = ROUND_GAP;
         if w.again {
             w.again = false;
@@ -563,6 +632,7 @@ impl Endpoint {
         };
         let moved = w.master != Some(addr);
         w.master = Some(addr);
+        self.config.masters.set(member, addr);
         if !moved && self.nodes[member].addr.is_some() {
             return;
         }

@@ -105,6 +105,7 @@ impl Net {
             fair_after: Duration::ZERO,
             limits: Limits::default(),
             rw_policy: RwPolicy::ReadPreferring,
+            masters: Default::default(),
         });
         Net {
             ep: Endpoint::new(config, Arc::new(Recorder::new(1)), now),

@@ -29,6 +29,7 @@ fn config(nodes: usize) -> Arc<Config> {
         fair_after: Duration::ZERO,
         limits: Limits::default(),
         rw_policy: RwPolicy::ReadPreferring,
+        masters: Default::default(),
     })
 }
 
@@ -935,7 +936,8 @@ fn waitaof_counts_only_enough_fsyncs() {
 
 /// On a member with `?wait=1`, a release counts only once `WAIT 1` says a replica has it: one
 /// that falls short fails for its owner (never a vote) and stays owed, not sent again on the
-/// same connection, but first thing, with its `WAIT`, on the next one (in a failover, to the
+/// same connection (only `WAIT`s go there for it), but first thing, with its `WAIT`, on the
+/// next one (in a failover, to the
 /// promoted replica, which may not have it). So does one whose connection breaks before its
 /// `WAIT` answers.
 #[test]
@@ -966,10 +968,13 @@ fn a_release_the_replicas_did_not_acknowledge_stays_owed_for_the_next_connection
     assert_eq!(net.ep.undelivered(net.now), [0]);
     assert!(net.ep.busy(net.now) && net.ep.needs_tending(net.now));
     net.ep.finish(caller, run, net.now);
-    // Not sent again on this connection: the master has it.
+    // Not sent again on this connection (the master has it): a `WAIT` of the endpoint's own
+    // asks whether the replicas have it now, and falls short too.
     net.now += 100 * MS;
     net.ep.handle_timeout(net.now);
-    assert!(!net.ep.wants_write(Net::cmd(0)));
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["WAIT"]);
+    net.reply(Net::cmd(0), b":0\r\n");
+    assert_eq!(net.ep.undelivered(net.now), [0]);
     // The connection breaks: it goes again on the next one, with its `WAIT`.
     net.ep.handle_failed(
         Net::cmd(0),
@@ -1445,5 +1450,183 @@ fn replies_still_to_come_wait_for_the_next_call_but_a_release_to_send_again_does
     assert_eq!(
         seats.resender_turn(&net.ep, || 7, net.now, start),
         ResenderTurn::Work
+    );
+}
+
+/// A release whose `WAIT` fell short stays owed, but not until its connection breaks: the
+/// master ran it, and a later `WAIT` on the same connection says whether the replicas have it
+/// now (`WAIT` acknowledges every earlier write of its connection). The endpoint sends its own
+/// once the connection is idle, after a backoff that grows while they fall short, as for a
+/// lost attempt's cleanup; one that says enough delivers it. Bounded: once what it deletes
+/// has expired, nothing is owed and no `WAIT` goes.
+#[test]
+fn a_release_whose_wait_fell_short_is_confirmed_by_a_later_wait_on_its_connection() {
+    for confirmed in [true, false] {
+        let (mut net, caller, run) = waiting_net();
+        let token = Token::from_random([9; 20]);
+        let mut release = Probe::new(What::Release { token }, Some(net.now + 1_000 * MS));
+        net.step(caller, run, &mut release);
+        assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA", "WAIT"]);
+        net.reply(Net::cmd(0), b":1\r\n:0\r\n");
+        net.step(caller, run, &mut release);
+        assert_eq!(release.failures.len(), 1, "{:?}", release.failures);
+        assert_eq!(net.ep.undelivered(net.now), [0]);
+        net.ep.finish(caller, run, net.now);
+        // The endpoint's own `WAIT`s, after a backoff each, while they fall short.
+        let mut waits = 0;
+        let mut last = net.now;
+        while waits < 4 {
+            let due = net
+                .ep
+                .poll_timeout()
+                .expect("a WAIT for the release is due on its connection");
+            assert!(due > net.now, "a WAIT at once after one fell short");
+            net.now = due;
+            net.ep.handle_timeout(net.now);
+            let out = words(&net.take_output(Net::cmd(0)));
+            if out.is_empty() {
+                continue;
+            }
+            assert_eq!(out, ["WAIT"], "only a WAIT: the master has the release");
+            assert!(net.now - last >= 10 * MS, "a backoff between WAITs");
+            last = net.now;
+            waits += 1;
+            net.reply(Net::cmd(0), b":0\r\n");
+            assert_eq!(
+                net.ep.undelivered(net.now),
+                [0],
+                "after a WAIT that fell short"
+            );
+        }
+        if confirmed {
+            // The replica is back: the next `WAIT` says it has every earlier write.
+            let due = net.ep.poll_timeout().expect("the next WAIT is due");
+            net.now = due;
+            net.ep.handle_timeout(net.now);
+            assert_eq!(words(&net.take_output(Net::cmd(0))), ["WAIT"]);
+            net.reply(Net::cmd(0), b":1\r\n");
+        } else {
+            // Never acknowledged: once what it deletes expired, it is let go.
+            let mut sent = 0;
+            for _ in 0..64 {
+                let Some(due) = net.ep.poll_timeout() else {
+                    break;
+                };
+                net.now = due.max(net.now + MS);
+                net.ep.handle_timeout(net.now);
+                if !net.take_output(Net::cmd(0)).is_empty() {
+                    sent += 1;
+                    net.reply(Net::cmd(0), b":0\r\n");
+                }
+            }
+            assert!(sent < 64, "WAITs without end");
+            assert!(net.now < Instant::now() + 2_000 * MS + 10_000 * MS);
+        }
+        assert!(
+            net.ep.undelivered(net.now).is_empty(),
+            "confirmed {confirmed}"
+        );
+        assert!(!net.ep.busy(net.now) && !net.ep.needs_tending(net.now));
+    }
+}
+
+#[test]
+fn a_tending_caller_runs_the_timers_first_then_ends_its_close_or_waits() {
+    use super::seats::{Seats, Tend, Tending};
+    let mut net = Net::ready(INFO_82, false);
+    let mut seats: Seats<u32, ()> = Seats::new();
+    let caller = seats.sit(&mut net.ep, 1);
+    let run = net.ep.begin(caller);
+    let token = Token::from_random([9; 20]);
+    let mut release = Probe::new(What::Release { token }, Some(net.now + 10_000 * MS));
+    net.step(caller, run, &mut release);
+    assert_eq!(words(&net.take_output(Net::cmd(0))), ["LUA"]);
+    net.ep.finish(caller, run, net.now);
+    // The resender, with a release's reply owed: the timers, then a short wait, each turn;
+    // its work is over once the client's last handle is gone.
+    let mut resend = Tending::resend(net.now);
+    assert!(resend.turn_starts());
+    assert_eq!(
+        resend.next(Some(&seats), &mut net.ep, net.now, false),
+        Tend::Timers
+    );
+    assert!(!resend.turn_starts());
+    let Tend::Wait(d) = resend.next(Some(&seats), &mut net.ep, net.now, false) else {
+        panic!("the resender does not wait after its timers");
+    };
+    assert!(d > Duration::ZERO && d <= 50 * MS, "{d:?}");
+    assert_eq!(
+        resend.next(Some(&seats), &mut net.ep, net.now, true),
+        Tend::Done(Vec::new())
+    );
+    // A close while the reply is owed: the timers, the closing's end looked at, a wait
+    // between 1 and 20 ms; once the closing ends (the reply never came, the limit passed),
+    // the close is over with what it left.
+    let mut close = Tending::close(&mut seats, &mut net.ep, caller, net.now);
+    assert_eq!(
+        close.next(Some(&seats), &mut net.ep, net.now, false),
+        Tend::Timers
+    );
+    assert_eq!(
+        close.next(Some(&seats), &mut net.ep, net.now, false),
+        Tend::EndClose
+    );
+    let mut wake = Vec::new();
+    seats.end_close(&mut net.ep, net.now, &mut wake);
+    let Tend::Wait(d) = close.next(Some(&seats), &mut net.ep, net.now, false) else {
+        panic!("a close ended while a reply was owed");
+    };
+    assert!(d >= MS && d <= 20 * MS, "{d:?}");
+    let mut turns = 0;
+    let left = loop {
+        turns += 1;
+        assert!(turns < 10_000, "a close that never ends");
+        net.now += 20 * MS;
+        match close.next(Some(&seats), &mut net.ep, net.now, false) {
+            Tend::Timers => {
+                net.ep.handle_timeout(net.now);
+                while net.ep.poll_io().is_some() {}
+            }
+            Tend::EndClose => seats.end_close(&mut net.ep, net.now, &mut wake),
+            Tend::Wait(_) => {}
+            Tend::Done(left) => break left,
+        }
+    };
+    assert_eq!(left, [0]);
+}
+
+#[test]
+fn a_warm_up_ends_once_settled_or_runs_the_timers_at_its_deadline_and_a_settling_at_its_outcome() {
+    use super::seats::{Seats, Tend, Tending};
+    const NONE: Option<&Seats<u32, ()>> = None;
+    // Nothing set up yet: a wait until the connect timeout at most, the timers after it.
+    let mut net = Net::new(1);
+    net.ep.connect_all(net.now);
+    let mut warm = Tending::warm_up(net.now, 500 * MS);
+    let Tend::Wait(d) = warm.next(NONE, &mut net.ep, net.now, false) else {
+        panic!("a warm-up that does not wait for its connects");
+    };
+    assert!(d > Duration::ZERO && d <= 500 * MS, "{d:?}");
+    assert!(!warm.turn_starts());
+    assert_eq!(warm.next(NONE, &mut net.ep, net.now, false), Tend::Timers);
+    // Its deadline passed: the timers once more, then it ends.
+    net.now += 500 * MS;
+    assert_eq!(warm.next(NONE, &mut net.ep, net.now, false), Tend::Timers);
+    assert_eq!(
+        warm.next(NONE, &mut net.ep, net.now, false),
+        Tend::Done(Vec::new())
+    );
+    // Set up: over at once.
+    let mut net = Net::ready(INFO_82, false);
+    let mut warm = Tending::warm_up(net.now, 500 * MS);
+    assert_eq!(
+        warm.next(NONE, &mut net.ep, net.now, false),
+        Tend::Done(Vec::new())
+    );
+    // Nothing owed: a settling is over at once, with nothing undelivered.
+    let mut settle = Tending::settle(&mut net.ep, net.now);
+    assert_eq!(
+        settle.next(NONE, &mut net.ep, net.now, false),
+        Tend::Done(Vec::new())
     );
 }

@@ -322,7 +322,7 @@ struct Settings {
     masters: Vec<usize>,
     /// `?wait=N` on the cluster members' URLs.
     wait: u32,
-    /// Cluster runs: a master moves to a new address every few ms.
+    /// Cluster runs: a master of every member moves to a new address every 10 to 30 ms, for 5 s.
     readdress: bool,
     /// Replicas of each member that is a Sentinel-managed master (1 or 2); 0 for another.
     replicas: Vec<usize>,
@@ -1511,6 +1511,7 @@ pub(crate) fn run_locks(seed: u64, scenario: Scenario, locks: Locks, trace: bool
                 } else {
                     RwPolicy::ReadPreferring
                 },
+                masters: Default::default(),
             })
         })
         .collect();
@@ -3293,17 +3294,27 @@ impl<'a> World<'a> {
                 let poll = self.p.node_timeout.as_nanos() as u64;
                 return self.set_timer(c, k, HOLDER, poll);
             }
-            self.caller(c, k).last = if !quiet {
-                // Never quiet (bounded, so that the run ends): no last cycle to look at.
-                Last::Over
-            } else {
-                Last::Running
+            // A master moved until the horizon: the callers go on with ordinary cycles until
+            // the client had the time to find out where it is now (see
+            // `World::unavailable`), so that the last cycle's every attempt is judged, its
+            // first included, even one the other members grant at once.
+            let warming = quiet && self.p.readdress && {
+                let since = *self.quiet_since.get_or_insert(self.now);
+                self.now < since + self.availability_grace()
             };
-            if self.clients[c].callers[k].last == Last::Over {
-                return self.start_cycle(c, k);
+            if !warming {
+                self.caller(c, k).last = if !quiet {
+                    // Never quiet (bounded, so that the run ends): no last cycle to look at.
+                    Last::Over
+                } else {
+                    Last::Running
+                };
+                if self.clients[c].callers[k].last == Last::Over {
+                    return self.start_cycle(c, k);
+                }
+                self.log(format_args!("caller {c}.{k} runs its last cycle"));
+                self.quiet_since.get_or_insert(self.now);
             }
-            self.log(format_args!("caller {c}.{k} runs its last cycle"));
-            self.quiet_since.get_or_insert(self.now);
         }
         let global = self.clients[c].callers[k].global;
         let arena = self.arena;
@@ -3771,6 +3782,12 @@ impl<'a> World<'a> {
         self.failures.push(msg);
     }
 
+    /// How long after every fault healed a client has had the time to find out what changed:
+    /// two topology reads' least gap, and a connect (see [`World::unavailable`]), in ns.
+    fn availability_grace(&self) -> u64 {
+        200 * MS + self.p.connect_timeout.as_nanos() as u64
+    }
+
     /// Availability once every fault healed (within the model, [`Scenario::Model`] and
     /// [`Scenario::ClusterModel`]): a last cycle (see [`Last`]) may lose its lock to
     /// contention, but its attempts that start once the client had the time to find out
@@ -3791,9 +3808,9 @@ impl<'a> World<'a> {
         let Some(since) = self.quiet_since else {
             return;
         };
-        // Two topology reads' least gap, and a connect; and a last cycle's own fault (see
-        // [`World::tail`]), met before or during this attempt, settled first.
-        let grace = 200 * MS + self.p.connect_timeout.as_nanos() as u64;
+        // A last cycle's own fault (see [`World::tail`]), met before or during this attempt,
+        // settled first.
+        let grace = self.availability_grace();
         if self.nanos(round.start()) < (since + grace).max(self.idle.settle_until) {
             return;
         }

@@ -119,7 +119,13 @@ fn within(scenario: Scenario, locks: Locks, seeds: u64, test: &str) -> Option<Su
     Some(sum)
 }
 
+/// Requires that the runs drew each of `what` at least once. Judged over 100 seeds or more (CI
+/// runs at least that many of every scenario, in release): the few seeds of a debug build (a
+/// plain `cargo test`) need not draw the rarest (a cluster of over 64 masters).
 fn require(stats: &Stats, what: &[(&str, u64)]) {
+    if stats.seeds < 100 {
+        return;
+    }
     for (name, n) in what {
         assert!(*n > 0, "no {name}: {stats}");
     }
