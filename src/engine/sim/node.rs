@@ -1085,4 +1085,44 @@ mod tests {
             assert_eq!(n.live_keys(), 0, "{caps:?}");
         }
     }
+
+    /// A fenced writer's write-back reaches every node, also one where the writer key is the
+    /// hash of native readers (a node that refused the writer): nothing of the writer is there,
+    /// which the script answers as it answers any other holder, not with `WRONGTYPE`.
+    #[test]
+    fn a_write_back_on_a_native_readers_hash_answers_not_held() {
+        use crate::engine::fencing::FenceWrite;
+        use crate::engine::keys::fence_key;
+        use crate::engine::ops::Caps;
+        use crate::engine::rw::{ReadAcquire, RwKeys};
+        let keys = RwKeys::new(b"lock:0");
+        let native = Caps {
+            delex: false,
+            hsetex: true,
+            sharded: false,
+        };
+        let mut n = Node::default();
+        let mut cmd = Vec::new();
+        let join = ReadAcquire {
+            keys: &keys,
+            token: b"r",
+            ttl_ms: 10_000,
+            native: true,
+        };
+        join.encode_for(&mut cmd, ScriptForm::Body, native);
+        assert_eq!(n.execute(1000, &cmd), b":1\r\n");
+        let fence = fence_key(keys.writer());
+        let back = FenceWrite {
+            key: keys.writer(),
+            fence: &fence,
+            token: b"w",
+            value: 7,
+        };
+        assert_eq!(
+            run(&mut n, 1001, &back, ScriptForm::Body),
+            Value::Integer(0),
+            "the write-back where readers hold"
+        );
+        assert!(n.holds_token(1001, keys.writer(), b"r"), "the reader stays");
+    }
 }
