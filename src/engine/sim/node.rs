@@ -1125,4 +1125,60 @@ mod tests {
         );
         assert!(n.holds_token(1001, keys.writer(), b"r"), "the reader stays");
     }
+
+    /// A lost write attempt's cleanup reaches every node, also one where the writer key is the
+    /// hash of native readers: nothing of the writer is there, and a writer that goes on
+    /// waiting still refreshes the intent it left there, rather than the script stopping at
+    /// `WRONGTYPE`.
+    #[test]
+    fn a_write_cleanup_on_a_native_readers_hash_runs_to_its_end() {
+        use crate::engine::fair::AttemptIds;
+        use crate::engine::ops::Caps;
+        use crate::engine::rw::{ReadAcquire, RwKeys, WriteCleanup};
+        let keys = RwKeys::new(b"lock:0");
+        let native = Caps {
+            delex: false,
+            hsetex: true,
+            sharded: false,
+        };
+        let mut n = Node::default();
+        let mut cmd = Vec::new();
+        let join = ReadAcquire {
+            keys: &keys,
+            token: b"r",
+            ttl_ms: 10_000,
+            native: true,
+        };
+        join.encode_for(&mut cmd, ScriptForm::Body, native);
+        assert_eq!(n.execute(1000, &cmd), b":1\r\n");
+        // The waiting writer's intent, left by a refused attempt.
+        let mut add = Vec::new();
+        resp::encode_command(&mut add, &[b"ZADD", keys.intents(), b"1100", b"wid"]);
+        assert_eq!(n.execute(1000, &add), b":1\r\n");
+        let cleanup = WriteCleanup {
+            resource: b"lock:0",
+            keys: &keys,
+            ids: AttemptIds {
+                waiter: b"wid",
+                token: b"w",
+            },
+            intent_ms: 500,
+        };
+        let reply = run(&mut n, 1001, &cleanup, ScriptForm::Body);
+        assert_eq!(
+            reply,
+            Value::Integer(1),
+            "the cleanup where readers hold: {}",
+            String::from_utf8_lossy(match &reply {
+                Value::Error(e) => e,
+                _ => b"",
+            })
+        );
+        assert_eq!(
+            n.zscore(keys.intents(), b"wid"),
+            Ok(Some(1501.0)),
+            "the intent refreshed"
+        );
+        assert!(n.holds_token(1001, keys.writer(), b"r"), "the reader stays");
+    }
 }
