@@ -55,7 +55,10 @@
 //!   script the announcement cannot depend on whether anything was removed). A reader's entry may be in either place on a native node (a hash
 //!   field, or a member of `R` if it joined through a script or before the node was upgraded),
 //!   so both are addressed and no guard has to remember which representation each node used.
-//!   Neither brings back an entry that was deleted.
+//!   The scripted release ([`READ_RELEASE`]) addresses both too: a release may be written
+//!   before its node's server is known (one kept for a cluster master whose link was never set
+//!   up, such as the replica promoted in a failover, with the old master's readers) and still
+//!   reach a native node. Neither brings back an entry that was deleted.
 //! - **writer extend**: `MULTI`, [`EXTEND`](crate::engine::ops::EXTEND) on `W`, `EXISTS R`,
 //!   `EXEC`: extended only where no reader set exists. Writer release and cleanup are the
 //!   usual token-checked deletes; on a reader hash they meet `WRONGTYPE`: nothing of ours.
@@ -79,7 +82,7 @@ use crate::engine::ops::{
 };
 pub use crate::engine::scripts::{
     DOWNGRADE, DOWNGRADE_UNDO, FAIR_READ_ACQUIRE, FAIR_WRITE_ACQUIRE, READ_ACQUIRE, READ_EXTEND,
-    SET_RELEASE, WRITE_ACQUIRE, WRITE_CLEANUP,
+    READ_RELEASE, SET_RELEASE, WRITE_ACQUIRE, WRITE_CLEANUP,
 };
 use crate::engine::Vote;
 use crate::error::NodeErrorKind;
@@ -417,11 +420,12 @@ impl Op for ReadAcquire<'_> {
     }
 }
 
-/// Reader release, and the cleanup of a lost read attempt: the reader's token leaves the reader
-/// set ([`SET_RELEASE`]). On a native node it leaves both places a reader can be there, the
-/// hash at the writer key and the reader set (a reader that joined before the node was
-/// upgraded, or through a script): `HDEL W token`, `ZREM R token`, then, for a release, the
-/// announcement.
+/// Reader release, and the cleanup of a lost read attempt: the reader's token leaves both
+/// places a reader can be, the reader set and the hash at the writer key (a reader that joined
+/// a native node without a script), whatever the node is taken for: [`READ_RELEASE`] where it
+/// is not known to have hash-field expiry (a release kept for a cluster master whose link was
+/// never set up is written so, and may reach a native node); on a native node, `HDEL W token`,
+/// `ZREM R token`, then, for a release, the announcement.
 ///
 /// Without a script the announcement cannot depend on whether anything was removed, so a
 /// cleanup makes none: waiters that lose wake each other with their cleanups otherwise, and
@@ -440,22 +444,22 @@ pub struct ReadRelease<'a> {
 
 impl Op for ReadRelease<'_> {
     fn encode(&self, out: &mut Vec<u8>, form: ScriptForm) {
-        SetRelease {
-            resource: self.resource,
-            set: self.keys.readers(),
-            token: self.token,
-        }
-        .encode(out, form);
+        self.encode_for(out, form, Caps::default());
     }
 
     fn encode_for(&self, out: &mut Vec<u8>, form: ScriptForm, caps: Caps) -> usize {
         if !caps.hsetex {
-            return SetRelease {
-                resource: self.resource,
-                set: self.keys.readers(),
-                token: self.token,
-            }
-            .encode_for(out, form, caps);
+            // The script addresses the hash too: a release written before its node's server
+            // is known (kept for a cluster master whose link was never set up, the replica
+            // promoted in a failover) may reach a native node.
+            write_eval(
+                out,
+                READ_RELEASE.announcing(caps.sharded),
+                form,
+                &[self.keys.readers(), self.keys.writer()],
+                &[Arg::Bytes(self.token), wake(self.resource, caps)],
+            );
+            return 0;
         }
         // One transaction, voted on by the replies of both deletes (read from the `EXEC`), not
         // by the announcement's: a node that refused them (`READONLY`, `MISCONF`) aborts the
@@ -487,8 +491,9 @@ impl Op for ReadRelease<'_> {
     }
 }
 
-/// Removes a member from one of the lock's sorted sets; see [`SET_RELEASE`]. Reader release
-/// (a token, from the reader set) and intent withdrawal (a waiter id, from the intent set).
+/// Removes a member from one of the lock's sorted sets; see [`SET_RELEASE`]. Intent withdrawal
+/// (a waiter id, from the intent set), and the undo of a lost downgrade's reader (a token, from
+/// the reader set, where a downgrade puts its reader).
 #[derive(Debug, Clone, Copy)]
 pub struct SetRelease<'a> {
     /// The resource key, whose wake channel announces the release.
@@ -784,7 +789,7 @@ mod tests {
 
     #[test]
     fn releases_on_cluster_members_announce_with_spublish_in_the_locks_slot() {
-        use crate::engine::scripts::{RELEASE_SHARDED, SET_RELEASE_SHARDED};
+        use crate::engine::scripts::{READ_RELEASE_SHARDED, RELEASE_SHARDED};
         let keys = RwKeys::new(b"k");
         let sharded = Caps {
             sharded: true,
@@ -827,7 +832,7 @@ mod tests {
         };
         out.clear();
         read.encode_for(&mut out, ScriptForm::Sha, sharded);
-        assert!(out.windows(40).any(|w| w == SET_RELEASE_SHARDED.sha));
+        assert!(out.windows(40).any(|w| w == READ_RELEASE_SHARDED.sha));
         out.clear();
         read.encode_for(
             &mut out,
@@ -1137,6 +1142,8 @@ mod tests {
             rel.encode_for(&mut out, ScriptForm::Sha, Caps::default()),
             0
         );
-        assert!(out.starts_with(b"*6\r\n$7\r\nEVALSHA\r\n"));
+        // The script, on both keys: the node may be native all the same.
+        assert!(out.starts_with(b"*7\r\n$7\r\nEVALSHA\r\n"));
+        assert!(out.windows(40).any(|w| w == READ_RELEASE.sha));
     }
 }

@@ -354,6 +354,14 @@ announcing!(
     lua!("set_release.lua")
 );
 
+announcing!(
+    /// Removes a reader's token from the reader set and from the hash at the writer key,
+    /// announcing it: `read_release.lua`.
+    READ_RELEASE,
+    READ_RELEASE_SHARDED,
+    lua!("read_release.lua")
+);
+
 /// A reader's extend, on the node's clock: `read_extend.lua`.
 pub static READ_EXTEND: Script = Script::new(code!(concat!(
     lua!("node_now.lua"),
@@ -501,6 +509,7 @@ pub static SCRIPTS: &[&Script] = &[
     &WRITE_CLEANUP,
     &READ_ACQUIRE,
     &SET_RELEASE,
+    &READ_RELEASE,
     &READ_EXTEND,
     &DOWNGRADE,
     &DOWNGRADE_UNDO,

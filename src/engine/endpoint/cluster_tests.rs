@@ -661,7 +661,7 @@ fn a_masters_setup_loads_the_scripts_that_announce_with_spublish() {
         .iter()
         .filter(|s| !std::ptr::eq(s.announcing(true), **s))
         .count();
-    assert_eq!(sharded, 8);
+    assert_eq!(sharded, 9);
     assert_eq!(loads.len(), SCRIPTS.len() + sharded);
     assert_eq!(
         loads.iter().filter(|c| c.contains("'spublish'")).count(),

@@ -20,6 +20,15 @@ use crate::url::NodeAddr;
 /// How many replies a connection may owe before it takes no more commands: every thread of a
 /// client shares the connection, so this allows for many callers' commands in flight.
 pub(crate) const MAX_OWED: usize = 4096;
+/// Replies a commands connection makes room for when it first starts, and bytes of the
+/// compare-and-deletes among them (kept to be sent again should the connection break): a
+/// node that falls behind (its process not scheduled for a while on a loaded machine, a slow
+/// command) owes the commands of every round the quorum ran without it, and each new
+/// high-water mark of that backlog would otherwise cost an allocation in the steady state.
+/// Room for about 250 acquire + release cycles of a mutex with a short key behind; a deeper
+/// backlog grows the buffers (at least doubling them), which then keep their size.
+const OWED_ROOM: usize = 512;
+const REDO_ROOM: usize = 32 * 1024;
 /// Read granularity; also the first size of the input buffer.
 const READ_CHUNK: usize = 16 * 1024;
 /// Reconnect backoff bounds.
@@ -315,6 +324,12 @@ impl Conn {
         self.heard = false;
         self.trying = 0;
         self.learnt = Server::default();
+        if self.commands {
+            // Sized once: both are empty here, and keep their capacity from one connection
+            // to the next.
+            self.owed.reserve(OWED_ROOM);
+            self.redo.reserve(REDO_ROOM);
+        }
         let owed = &mut self.owed;
         setup::write(&mut self.out, node, self.commands, sharded, |step| {
             owed.push_back(Slot::Setup(step))

@@ -10,8 +10,9 @@
 -- Returns 1 when the key still held the token (the counter is now at least ARGV[2]); 0 when it
 -- did not, with nothing changed.
 -- Only while this node still holds our lock: the token is handed out only when a quorum
--- acknowledged while holding it (see fencing.rs).
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+-- acknowledged while holding it (see fencing.rs). `pcall`: a key of another type (the hash of
+-- a Redis 8 node's readers at a read-write lock's writer key) is not ours either.
+if redis.pcall('get', KEYS[1]) ~= ARGV[1] then return 0 end
 local f = redis.call('get', KEYS[2])
 local n = 0
 if f then

@@ -1016,4 +1016,169 @@ mod tests {
         assert_eq!(n.published, 1);
         assert_eq!(n.live_keys(), 0);
     }
+
+    /// A reader that joined a native node (a field of the hash at the writer key) is
+    /// released by whatever form its release was written in: a compare-and-delete kept for a
+    /// cluster master whose link was never set up (the replica promoted in a failover) is
+    /// written for a server not known yet, without hash-field expiry, and goes to the
+    /// promoted master as it was written.
+    #[test]
+    fn a_reader_release_written_for_an_unknown_server_removes_a_native_reader() {
+        use crate::engine::ops::Caps;
+        use crate::engine::rw::{ReadAcquire, ReadRelease, RwKeys};
+        let keys = RwKeys::new(b"lock:0");
+        let native = Caps {
+            delex: false,
+            hsetex: true,
+            sharded: true,
+        };
+        for (caps, announce) in [
+            (Caps::default(), true),
+            (Caps::default(), false),
+            (
+                Caps {
+                    sharded: true,
+                    ..Caps::default()
+                },
+                true,
+            ),
+            (native, true),
+        ] {
+            let mut n = Node::default();
+            let mut cmd = Vec::new();
+            let join = ReadAcquire {
+                keys: &keys,
+                token: b"t",
+                ttl_ms: 10_000,
+                native: true,
+            };
+            join.encode_for(&mut cmd, ScriptForm::Body, native);
+            assert_eq!(n.execute(1000, &cmd), b":1\r\n");
+            assert!(n.holds_token(1000, keys.writer(), b"t"));
+            let release = ReadRelease {
+                resource: b"lock:0",
+                keys: &keys,
+                token: b"t",
+                announce,
+            };
+            cmd.clear();
+            let before = release.encode_for(&mut cmd, ScriptForm::Body, caps);
+            let mut at = 0;
+            let mut commands: Vec<&[u8]> = Vec::new();
+            while at < cmd.len() {
+                let Ok(Status::Complete((_, len))) = resp::decode(&cmd[at..], &Limits::default())
+                else {
+                    panic!("undecodable command");
+                };
+                commands.push(&cmd[at..at + len]);
+                at += len;
+            }
+            let replies = n.execute_all(1001, &commands);
+            let last = replies.last().expect("a reply");
+            assert_eq!(replies.len(), before + 1);
+            assert!(
+                !n.holds_token(1001, keys.writer(), b"t"),
+                "{caps:?}: the reader is still a field of {:?} after its release answered {:?}",
+                String::from_utf8_lossy(keys.writer()),
+                String::from_utf8_lossy(last)
+            );
+            assert_eq!(n.live_keys(), 0, "{caps:?}");
+        }
+    }
+
+    /// A fenced writer's write-back reaches every node, also one where the writer key is the
+    /// hash of native readers (a node that refused the writer): nothing of the writer is there,
+    /// which the script answers as it answers any other holder, not with `WRONGTYPE`.
+    #[test]
+    fn a_write_back_on_a_native_readers_hash_answers_not_held() {
+        use crate::engine::fencing::FenceWrite;
+        use crate::engine::keys::fence_key;
+        use crate::engine::ops::Caps;
+        use crate::engine::rw::{ReadAcquire, RwKeys};
+        let keys = RwKeys::new(b"lock:0");
+        let native = Caps {
+            delex: false,
+            hsetex: true,
+            sharded: false,
+        };
+        let mut n = Node::default();
+        let mut cmd = Vec::new();
+        let join = ReadAcquire {
+            keys: &keys,
+            token: b"r",
+            ttl_ms: 10_000,
+            native: true,
+        };
+        join.encode_for(&mut cmd, ScriptForm::Body, native);
+        assert_eq!(n.execute(1000, &cmd), b":1\r\n");
+        let fence = fence_key(keys.writer());
+        let back = FenceWrite {
+            key: keys.writer(),
+            fence: &fence,
+            token: b"w",
+            value: 7,
+        };
+        assert_eq!(
+            run(&mut n, 1001, &back, ScriptForm::Body),
+            Value::Integer(0),
+            "the write-back where readers hold"
+        );
+        assert!(n.holds_token(1001, keys.writer(), b"r"), "the reader stays");
+    }
+
+    /// A lost write attempt's cleanup reaches every node, also one where the writer key is the
+    /// hash of native readers: nothing of the writer is there, and a writer that goes on
+    /// waiting still refreshes the intent it left there, rather than the script stopping at
+    /// `WRONGTYPE`.
+    #[test]
+    fn a_write_cleanup_on_a_native_readers_hash_runs_to_its_end() {
+        use crate::engine::fair::AttemptIds;
+        use crate::engine::ops::Caps;
+        use crate::engine::rw::{ReadAcquire, RwKeys, WriteCleanup};
+        let keys = RwKeys::new(b"lock:0");
+        let native = Caps {
+            delex: false,
+            hsetex: true,
+            sharded: false,
+        };
+        let mut n = Node::default();
+        let mut cmd = Vec::new();
+        let join = ReadAcquire {
+            keys: &keys,
+            token: b"r",
+            ttl_ms: 10_000,
+            native: true,
+        };
+        join.encode_for(&mut cmd, ScriptForm::Body, native);
+        assert_eq!(n.execute(1000, &cmd), b":1\r\n");
+        // The waiting writer's intent, left by a refused attempt.
+        let mut add = Vec::new();
+        resp::encode_command(&mut add, &[b"ZADD", keys.intents(), b"1100", b"wid"]);
+        assert_eq!(n.execute(1000, &add), b":1\r\n");
+        let cleanup = WriteCleanup {
+            resource: b"lock:0",
+            keys: &keys,
+            ids: AttemptIds {
+                waiter: b"wid",
+                token: b"w",
+            },
+            intent_ms: 500,
+        };
+        let reply = run(&mut n, 1001, &cleanup, ScriptForm::Body);
+        assert_eq!(
+            reply,
+            Value::Integer(1),
+            "the cleanup where readers hold: {}",
+            String::from_utf8_lossy(match &reply {
+                Value::Error(e) => e,
+                _ => b"",
+            })
+        );
+        assert_eq!(
+            n.zscore(keys.intents(), b"wid"),
+            Ok(Some(1501.0)),
+            "the intent refreshed"
+        );
+        assert!(n.holds_token(1001, keys.writer(), b"r"), "the reader stays");
+    }
 }

@@ -494,7 +494,14 @@ fn restarts_without_persistence_break_fencing() {
 #[test]
 fn cluster_members_within_the_model() {
     let test = "cluster_members_within_the_model";
-    for locks in [Locks::Mutex, Locks::ReadWrite] {
+    for locks in [
+        Locks::Mutex,
+        Locks::ReadWrite,
+        Locks::Fenced,
+        Locks::FencedWrite,
+        Locks::All,
+        Locks::Semaphore,
+    ] {
         let Some(sum) = within(Scenario::ClusterModel, locks, cluster_seeds(), test) else {
             continue;
         };
