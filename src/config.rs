@@ -86,7 +86,7 @@ impl Config {
             (Some(n), _) if n.sentinel.is_some() => {
                 let service = n.sentinel.as_ref().map_or("", |s| s.service.as_str());
                 match self.masters.get(node) {
-                    Some(master) if !crate::engine::endpoint::sentinels_failure(&kind) => {
+                    Some(master) if !kind.is_sentinels() => {
                         format!("{master}, master of {service:?} named by {}", n.display)
                     }
                     _ => format!("{}/{service}", n.display),

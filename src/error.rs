@@ -532,6 +532,22 @@ pub enum NodeErrorKind {
     Tls(TlsFailure),
 }
 
+/// The start of the message of a failure that says a Sentinel member has no master because
+/// of its sentinels (none reached, none knows the service, none answered yet).
+pub(crate) const NO_MASTER: &str = "MASTERDOWN no master for the service ";
+
+impl NodeErrorKind {
+    /// Whether a Sentinel member's failure is its sentinels' (no master named, the URL
+    /// refused by them) rather than its master's.
+    pub(crate) fn is_sentinels(&self) -> bool {
+        match self {
+            NodeErrorKind::Server { message, .. } => message.starts_with(NO_MASTER),
+            NodeErrorKind::Setup { command, .. } => command.starts_with("SENTINEL"),
+            _ => false,
+        }
+    }
+}
+
 /// Why a TLS connection failed; see [`NodeErrorKind::Tls`].
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -119,7 +119,6 @@ use conn::{Conn, Redo, Refused, Slot, BACKOFF_MIN};
 use mail::Mail;
 #[cfg(test)]
 use recv::waited;
-pub(crate) use sentinel::sentinels_failure;
 use sentinel::Watch;
 use setup::Server;
 use subs::Channels;

@@ -128,20 +128,6 @@ fn is_config(why: &NodeErrorKind) -> bool {
     matches!(why, NodeErrorKind::Setup { .. })
 }
 
-/// The start of the message of a failure that says a Sentinel member has no master because
-/// of its sentinels (none reached, none knows the service, none answered yet).
-const NO_MASTER: &str = "MASTERDOWN no master for the service ";
-
-/// Whether a Sentinel member's failure `why` is its sentinels' (no master named, the URL
-/// refused by them) rather than its master's.
-pub(crate) fn sentinels_failure(why: &NodeErrorKind) -> bool {
-    match why {
-        NodeErrorKind::Server { message, .. } => message.starts_with(NO_MASTER),
-        NodeErrorKind::Setup { command, .. } => command.starts_with("SENTINEL"),
-        _ => false,
-    }
-}
-
 /// The sentinels of `spec`, as `a, b, c`.
 fn listed(spec: &crate::url::SentinelSpec) -> String {
     let all: Vec<&str> = spec.sentinels.iter().map(|s| s.display.as_str()).collect();
@@ -336,7 +322,7 @@ impl Endpoint {
             };
             return Some(NodeErrorKind::Server {
                 kind: ServerErrorKind::MasterDown,
-                message: format!("{NO_MASTER}{:?}: {why}", spec.service),
+                message: format!("{}{:?}: {why}", crate::error::NO_MASTER, spec.service),
             });
         }
         None
