@@ -198,6 +198,12 @@ impl Idle {
         }
     }
 
+    /// Whether what lands on `sock` waits unread until its client closes: not in flight
+    /// (see [`World::left_check`]).
+    pub(super) fn parked(&self, sock: usize) -> bool {
+        self.parked.contains(&sock)
+    }
+
     /// A release of the lock of entries `names` and token `token`, of operations `ops`,
     /// returned `Ok`.
     pub(super) fn released(&mut self, names: &[Vec<u8>], token: &[u8], ops: &[usize]) {

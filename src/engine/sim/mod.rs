@@ -3016,14 +3016,16 @@ impl<'a> World<'a> {
     }
 
     /// Something of client `c` is on its way to or from node `node`, on any of its
-    /// connections there but subscribers', or waits in the node's backlog.
+    /// connections there but subscribers', or waits in the node's backlog. A reply parked
+    /// unread while its client idles (see [`cluster::Idle`]) is not: the client reads it only
+    /// when it closes, and what it owes waits on it meanwhile.
     fn in_flight_to(&self, c: usize, node: usize) -> bool {
         self.clients[c].socks.iter().flatten().any(|&s| {
             let sock = &self.socks[s];
             sock.server == node
                 && !sock.id.sub
                 && (!sock.to_server.is_empty()
-                    || !sock.to_client.is_empty()
+                    || (!sock.to_client.is_empty() && !self.idle.parked(s))
                     || self.nodes[node].backlog.iter().any(|w| w.sock == s))
         })
     }
