@@ -762,31 +762,62 @@ impl Endpoint {
             self.connect_if_down(link, now);
         }
         // The cleanups a link no longer in the map ran and no `WAIT` confirmed go to the
-        // masters that serve their slots now, as they would had its connection broken.
+        // masters that serve their slots now, as they would had its connection broken (a link
+        // that still owes a reply hands them on once it has answered: `hand_off_unmapped`).
         for l in self.members..self.nodes.len() {
-            let node = &mut self.nodes[l];
-            if node.member == member && l != link && !in_use.contains(l) && node.cmd.owed() == 0 {
-                let Node {
-                    unconfirmed,
-                    retries,
-                    retry_bytes,
-                    ..
-                } = node;
-                unconfirmed.drain(now, |redo, bytes| {
-                    retry_bytes.extend_from_slice(bytes);
-                    retries.push(Retry {
-                        slot: Slot::Discard {
-                            redo: None,
-                            given: None,
-                        },
-                        redo,
-                    });
-                });
+            if self.nodes[l].member == member && l != link && !in_use.contains(l) {
+                self.hand_off_kept(l, now);
             }
         }
         self.reroute_retries(member, now);
         self.resubscribe(member, now);
         self.reclaim_links(member, link, &in_use, now);
+    }
+
+    /// Link `l`'s cleanups that no `WAIT` confirmed become compare-and-deletes owed again,
+    /// once the link owes no reply (what it still owes may confirm them): for a link the slot
+    /// map no longer names, whose slots other masters serve now.
+    fn hand_off_kept(&mut self, l: usize, now: Instant) -> bool {
+        let node = &mut self.nodes[l];
+        if node.cmd.owed() != 0 || !node.unconfirmed.owes_until(now) {
+            return false;
+        }
+        let Node {
+            unconfirmed,
+            retries,
+            retry_bytes,
+            ..
+        } = node;
+        unconfirmed.drain(now, |redo, bytes| {
+            retry_bytes.extend_from_slice(bytes);
+            retries.push(Retry {
+                slot: Slot::Discard {
+                    redo: None,
+                    given: None,
+                },
+                redo,
+            });
+        });
+        true
+    }
+
+    /// After link `l` of a cluster member answered: if the slot map no longer names it (a
+    /// topology read gave its slots to other masters while it still owed a reply, so its
+    /// kept cleanups stayed), its cleanups go to the masters that serve their slots now, at
+    /// once rather than at the next topology read (up to [`REFRESH_PERIOD`] later, or never
+    /// within the keys' TTL).
+    pub(super) fn hand_off_unmapped(&mut self, l: usize, now: Instant) {
+        let member = self.nodes[l].member;
+        if l < self.members || !self.nodes[l].unconfirmed.owes_until(now) {
+            return;
+        }
+        let mapped = match self.topo[member].as_ref() {
+            Some(t) if t.known => t.map.contains(&(l as u32)),
+            _ => true,
+        };
+        if !mapped && self.hand_off_kept(l, now) {
+            self.reroute_retries(member, now);
+        }
     }
 
     /// The compare-and-deletes that the links of cluster member `member` keep for their next

@@ -215,6 +215,9 @@ impl Endpoint {
                 topo.want = true;
             }
         }
+        if cluster {
+            self.hand_off_unmapped(i, now);
+        }
         self.confirm_if_idle(i, now);
         if cluster {
             self.refresh_if_due(member, now);

@@ -177,3 +177,78 @@ fn a_link_with_a_wake_channel_closes_once_the_channel_moved_and_left() {
         "the old master's link closes once its channel left"
     );
 }
+
+/// A lost attempt's cleanup kept on a `?waitaof` link (no `WAITAOF` confirmed it) while a
+/// topology read gives every slot of that link's master to another: the read comes while the
+/// link still owes its own `WAITAOF`, so the cleanup stays. Once the link has answered, the
+/// cleanup goes to the slot's new master at once, not at the next periodic read (10 s later,
+/// or never within the key's TTL): found by a real-server test that failed under load.
+#[test]
+fn a_kept_cleanup_leaves_a_link_out_of_the_map_once_the_link_has_answered() {
+    assert!(key_slot(b"a") >= 8192);
+    let mut net = Net::new("redis+cluster://127.0.0.1:7000?waitaof=0,1");
+    net.ep.connect_all(net.now);
+    assert_eq!(net.connect(), [0]);
+    net.output(0);
+    net.answer_setup(0, 's');
+    assert_eq!(net.output(0), ["CLUSTER SHARDS"]);
+    net.reply(
+        0,
+        b"-ERR unknown subcommand 'SHARDS'. Try CLUSTER HELP.\r\n",
+    );
+    assert_eq!(net.output(0), ["CLUSTER SLOTS"]);
+    net.reply(0, &slots(&[(0, 8191, 7001), (8192, 16383, 7002)]));
+    let links = net.connect();
+    for &link in &links {
+        net.output(link);
+        net.answer_setup(link, 'a');
+    }
+    let (new, old) = (links[0], links[1]);
+    // A cleanup: no round reads its reply.
+    let mut m = Deleting::new(b"a", net.now + Duration::from_secs(20));
+    net.run(None, &mut m);
+    assert_eq!(
+        net.output(old),
+        ["DEL a"],
+        "the cleanup, without a WAITAOF of its own"
+    );
+    net.reply(old, b":1\r\n");
+    let waits = net.output(old);
+    assert!(
+        waits.len() == 1 && waits[0].starts_with("WAITAOF 0 1"),
+        "the idle link's own WAITAOF: {waits:?}"
+    );
+    // While that WAITAOF is in flight, the periodic read gives every slot to port 7001.
+    net.now += cluster::REFRESH_PERIOD;
+    net.ep.handle_timeout(net.now);
+    assert_eq!(net.output(0), ["CLUSTER SLOTS"]);
+    net.reply(0, &slots(&[(0, 16383, 7001)]));
+    let _ = io(&mut net);
+    assert!(
+        !net.output(new).iter().any(|c| c == "DEL a"),
+        "the link still owes its WAITAOF: what it answers may confirm the cleanup"
+    );
+    // It answers short: the link owes nothing now, and is out of the map.
+    net.reply(old, b"*2\r\n:0\r\n:0\r\n");
+    let mut sent = net.output(new);
+    for _ in 0..20 {
+        if sent.iter().any(|c| c == "DEL a") {
+            break;
+        }
+        net.now += 100 * MS;
+        net.ep.handle_timeout(net.now);
+        let _ = io(&mut net);
+        if net.output(old).iter().any(|c| c.starts_with("WAITAOF")) {
+            net.reply(old, b"*2\r\n:0\r\n:0\r\n");
+        }
+        assert!(
+            net.output(0).is_empty(),
+            "no topology read before the periodic one"
+        );
+        sent.extend(net.output(new));
+    }
+    assert!(
+        sent.iter().any(|c| c == "DEL a"),
+        "the cleanup stayed on the link out of the map: the new master got {sent:?}"
+    );
+}
