@@ -7,7 +7,12 @@ use super::*;
 /// A member whose seed is set up and whose topology (by `CLUSTER SLOTS`) is `ranges`; the
 /// masters' links connected and set up (one server each, as far as run ids go).
 fn wide_member(ranges: &[(u16, u16, u16)]) -> (Net, Vec<usize>) {
-    let mut net = Net::new("redis+cluster://127.0.0.1:7000");
+    wide_member_at("redis+cluster://127.0.0.1:7000", ranges)
+}
+
+/// [`wide_member`] for the member's URL `url`.
+fn wide_member_at(url: &str, ranges: &[(u16, u16, u16)]) -> (Net, Vec<usize>) {
+    let mut net = Net::new(url);
     net.ep.connect_all(net.now);
     assert_eq!(net.connect(), [0]);
     net.output(0);
@@ -186,23 +191,10 @@ fn a_link_with_a_wake_channel_closes_once_the_channel_moved_and_left() {
 #[test]
 fn a_kept_cleanup_leaves_a_link_out_of_the_map_once_the_link_has_answered() {
     assert!(key_slot(b"a") >= 8192);
-    let mut net = Net::new("redis+cluster://127.0.0.1:7000?waitaof=0,1");
-    net.ep.connect_all(net.now);
-    assert_eq!(net.connect(), [0]);
-    net.output(0);
-    net.answer_setup(0, 's');
-    assert_eq!(net.output(0), ["CLUSTER SHARDS"]);
-    net.reply(
-        0,
-        b"-ERR unknown subcommand 'SHARDS'. Try CLUSTER HELP.\r\n",
+    let (mut net, links) = wide_member_at(
+        "redis+cluster://127.0.0.1:7000?waitaof=0,1",
+        &[(0, 8191, 7001), (8192, 16383, 7002)],
     );
-    assert_eq!(net.output(0), ["CLUSTER SLOTS"]);
-    net.reply(0, &slots(&[(0, 8191, 7001), (8192, 16383, 7002)]));
-    let links = net.connect();
-    for &link in &links {
-        net.output(link);
-        net.answer_setup(link, 'a');
-    }
     let (new, old) = (links[0], links[1]);
     // A cleanup: no round reads its reply.
     let mut m = Deleting::new(b"a", net.now + Duration::from_secs(20));
